@@ -1,0 +1,178 @@
+"""Shared fixtures: a real fake-vLLM process, a real ``vllama serve`` process, a model directory.
+
+Everything runs as separate processes talking HTTP over loopback, as in production:
+the proxy is driven by the real ``ollama`` and ``openai`` clients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+FAKE = TESTS / "fake_vllm.py"
+SERVED = "fake-model"
+ALIAS = "fake:7b"
+CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
+    """Poll ``url`` until it answers (any status); fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def write_model_dir(path: Path) -> Path:
+    """A small Hugging Face-style model directory: config, tokenizer config, one safetensors file."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "vocab_size": 1000,
+        "torch_dtype": "bfloat16",
+        "vision_config": {"depth": 1},
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>"}))
+    (path / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.8, "top_k": 20}))
+    # safetensors: 8-byte little-endian header length, JSON header, raw data (1000x64 + 64 bf16).
+    header = {
+        "embed.weight": {"dtype": "BF16", "shape": [1000, 64], "data_offsets": [0, 128000]},
+        "norm.weight": {"dtype": "BF16", "shape": [64], "data_offsets": [128000, 128128]},
+    }
+    h = json.dumps(header).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 128128)
+    return path
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    port: int
+
+
+def start_fake(model_dir: Path, env: dict[str, str] | None = None, extra: list[str] | None = None) -> Server:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+         "--served-model-name", SERVED, "--max-model-len", "4096", *(extra or [])],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", proc)
+    return Server(url, proc, port)
+
+
+VLLM_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+
+
+def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--upstream", upstream, "--port", str(port),
+           "--alias", f"{ALIAS}={SERVED}", *flags]
+    if vllm_args:
+        cmd += ["--", *vllm_args]
+    proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", **(env or {})}, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/", proc)
+    return Server(url, proc, port)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("model") / "fake-model")
+
+
+@pytest.fixture(scope="session")
+def fake(model_dir) -> Iterator[Server]:
+    s = start_fake(model_dir)
+    yield s
+    stop(s.proc)
+
+
+@pytest.fixture(scope="session")
+def proxy(fake) -> Iterator[Server]:
+    s = start_proxy(fake.url)
+    yield s
+    stop(s.proc)
+
+
+@pytest.fixture
+def upstream_requests(fake):
+    """Returns a function giving the requests the fake vLLM received since the test began."""
+    req = urllib.request.Request(fake.url + "/_fake/requests", method="DELETE")
+    urllib.request.urlopen(req, timeout=5)
+
+    def received(path: str | None = None) -> list[dict]:
+        reqs = get_json(fake.url + "/_fake/requests")
+        return [r for r in reqs if path is None or r["path"] == path]
+
+    return received
+
+
+@pytest.fixture
+def client(proxy):
+    import ollama
+
+    return ollama.Client(host=proxy.url)
+
+
+@pytest.fixture
+def aclient(proxy):
+    import ollama
+
+    return ollama.AsyncClient(host=proxy.url)

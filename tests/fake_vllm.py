@@ -1,0 +1,1082 @@
+#!/usr/bin/env python3
+"""A fake vLLM 0.26 OpenAI-compatible server: a real HTTP server process for tests.
+
+Run it like ``vllm serve``::
+
+    python tests/fake_vllm.py serve MODEL [--host H] [--port P]
+        [--served-model-name NAME ...] [--max-model-len N] [--api-key KEY] [anything else]
+
+Unknown arguments (``--gpu-memory-utilization 0.9``, ``--enable-auto-tool-choice``,
+``--tool-call-parser hermes``, ``--runner pooling`` ...) are accepted and ignored.
+``tests/bin/vllm`` is an executable wrapper, so ``PATH=tests/bin:$PATH vllm serve ...`` works.
+Log lines go to stderr, shaped like vLLM's (``INFO ... Starting vLLM API server on http://H:P``).
+
+Knobs (environment variables, read once at start)
+-------------------------------------------------
+FAKE_VLLM_START_DELAY      float s (0): sleep before binding the port, printing loading progress
+                           lines to stderr every 0.5 s. Connections are refused until bound.
+FAKE_VLLM_FAIL_AT_START    str: after the start delay print ``ERROR <msg>`` and a fake traceback
+                           to stderr and exit 1 without binding.
+FAKE_VLLM_CRASH_AFTER      int N: the N-th generation request dies with ``os._exit(3)`` once it
+                           has produced 2 tokens (mid-stream).
+FAKE_VLLM_IGNORE_SIGTERM   1: SIGTERM is ignored (SIG_IGN). SIGINT still stops the server.
+FAKE_VLLM_GRANDCHILD       1: spawn a child process (argv[0] "VLLM::EngineCore") in the same
+                           process group, standing for the engine core. It inherits stdout/stderr
+                           like the real one. Terminated on a graceful exit; survives a SIGKILL of
+                           the server.
+FAKE_VLLM_PIDFILE          path: the grandchild's pid is written there, the server's own pid to
+                           ``<path>.server`` (the latter is written even without a grandchild).
+FAKE_VLLM_TOKEN_DELAY      float s (0): delay before each generated token.
+FAKE_VLLM_HANG_AFTER       int N: from the N-th generation request on, generation produces nothing
+                           (waits forever); /health stays 200, /metrics shows the requests running
+                           while ``vllm:generation_tokens_total`` stops moving.
+FAKE_VLLM_UNHEALTHY_FILE   path: while it exists, /health answers 503.
+FAKE_VLLM_REASONING_FIELD  ``reasoning`` (default) or ``reasoning_content``.
+FAKE_VLLM_EMBED_DIM        int (8): embedding width.
+FAKE_VLLM_ACCESS_LOG       1: log one uvicorn-like access line per request (off by default, so a
+                           parent that does not drain stderr cannot block the fake).
+FAKE_VLLM_LOG_MAX          int (10000): how many requests /_fake/requests keeps (newest).
+
+Generation (deterministic)
+--------------------------
+Prompt tokens are whitespace-split words (chat: all message contents joined, each image/audio part
+counts as 1). Output tokens are ``"tok0 "``, ``"tok1 "``, ...; natural length 8, or N with the
+marker ``[[tokens:N]]``. ``max_tokens`` (completions default 16, chat default max_model_len - P)
+cuts with finish ``length``; ``ignore_eos`` generates exactly max_tokens; ``stop`` strings equal to a
+stripped token stop before it (finish ``stop``, ``stop_reason`` = the string).
+``response_format`` json_object/json_schema (or ``structured_outputs``/``guided_json``) gives
+``{"ok": true}`` as two tokens. Chat with ``chat_template_kwargs.enable_thinking`` true first emits
+3 reasoning tokens ``"think0 "`` .. ``"think2 "``. Chat with ``tools`` and ``[[tool]]`` /
+``[[tools:N]]`` in the last user message answers with N tool calls, arguments
+``{"city": "Paris", "n": i}`` streamed in 4 fragments, finish ``tool_calls``.
+
+Fault markers anywhere in the prompt / message contents:
+``[[fault:http400]]`` (context-length 400), ``[[fault:http500]]``, ``[[fault:reset]]`` (2 tokens then
+the connection is closed without ending the body), ``[[fault:garbage]]`` (2 tokens, then
+``data: {not json`` and the body ends without [DONE]), ``[[fault:hang]]`` (2 tokens then nothing until
+the client leaves), ``[[fault:slow]]`` (0.2 s per token).
+
+Test hooks: ``GET/DELETE /_fake/requests``, ``GET /_fake/stats``
+(``{"started", "completed", "aborted", "failed", "in_flight"}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import hashlib
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+VLLM_VERSION = "0.26.0"
+
+_RE_TOKENS = re.compile(r"\[\[tokens:(\d+)\]\]")
+_RE_FAULT = re.compile(r"\[\[fault:([a-z0-9_]+)\]\]")
+_RE_TOOLS = re.compile(r"\[\[tools:(\d+)\]\]")
+_TOOL_MARK = "[[tool]]"
+
+CONTEXT_400_MSG = (
+    "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+    "in the messages, Please reduce the length of the messages."
+)
+ENGINE_500_MSG = "EngineCore encountered an issue"
+
+_GRANDCHILD_CODE = (
+    "import ctypes, time\n"
+    "try:\n"
+    "    ctypes.CDLL(None).prctl(15, b'VLLM::EngineCor', 0, 0, 0)\n"
+    "except Exception:\n"
+    "    pass\n"
+    "time.sleep(100000)\n"
+)
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def log(level: str, msg: str, where: str = "api_server.py:1") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    sys.stderr.write(f"{level} {stamp} [{where}] {msg}\n")
+    sys.stderr.flush()
+
+
+def raw_log(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------- knobs
+
+
+def _env_float(name: str, default: float) -> float:
+    v = os.environ.get(name, "")
+    try:
+        return float(v) if v.strip() else default
+    except ValueError:
+        return default
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name, "")
+    try:
+        return int(v) if v.strip() else None
+    except ValueError:
+        return None
+
+
+class Knobs:
+    def __init__(self) -> None:
+        env = os.environ
+        self.start_delay = _env_float("FAKE_VLLM_START_DELAY", 0.0)
+        self.fail_at_start = env.get("FAKE_VLLM_FAIL_AT_START") or None
+        self.crash_after = _env_int("FAKE_VLLM_CRASH_AFTER")
+        self.ignore_sigterm = env.get("FAKE_VLLM_IGNORE_SIGTERM", "") not in ("", "0", "false")
+        self.grandchild = env.get("FAKE_VLLM_GRANDCHILD", "") not in ("", "0", "false")
+        self.pidfile = env.get("FAKE_VLLM_PIDFILE") or None
+        self.token_delay = _env_float("FAKE_VLLM_TOKEN_DELAY", 0.0)
+        self.hang_after = _env_int("FAKE_VLLM_HANG_AFTER")
+        self.unhealthy_file = env.get("FAKE_VLLM_UNHEALTHY_FILE") or None
+        self.reasoning_field = env.get("FAKE_VLLM_REASONING_FIELD") or "reasoning"
+        self.embed_dim = _env_int("FAKE_VLLM_EMBED_DIM") or 8
+        self.access_log = env.get("FAKE_VLLM_ACCESS_LOG", "") not in ("", "0", "false")
+        self.log_max = _env_int("FAKE_VLLM_LOG_MAX") or 10000
+
+
+class State:
+    def __init__(self, model: str, served: list[str], max_model_len: int, api_key: str | None,
+                 knobs: Knobs) -> None:
+        self.model = model
+        self.served = served
+        self.max_model_len = max_model_len
+        self.api_key = api_key
+        self.knobs = knobs
+        self.created = int(time.time())
+        self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=knobs.log_max)
+        self.started = 0
+        self.completed = 0
+        self.aborted = 0
+        self.failed = 0
+        self.in_flight = 0
+        self.generation_tokens_total = 0
+        self.prompt_tokens_total = 0
+
+
+STATE_KEY = web.AppKey("state", State)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, err_type: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type or {
+            400: "BadRequestError",
+            401: "UnauthorizedError",
+            404: "NotFoundError",
+            500: "InternalServerError",
+            503: "ServiceUnavailableError",
+        }.get(status, "BadRequestError")
+        self.param = param
+
+
+def error_response(status: int, message: str, err_type: str | None = None,
+                   param: str | None = None) -> web.Response:
+    e = ApiError(status, message, err_type, param)
+    body = {"error": {"message": e.message, "type": e.err_type, "param": e.param, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    parsed = request.get("fake_parsed")
+    if parsed is None:
+        raw = await request.read()
+        parsed = _parse(raw)
+    ok, body = parsed
+    if not ok:
+        raise ApiError(400, f"JSON decode error: {body}")
+    if not isinstance(body, dict):
+        raise ApiError(400, "Input should be a valid dictionary or object to extract fields from")
+    return body
+
+
+def _parse(raw: bytes) -> tuple[bool, Any]:
+    if not raw:
+        return False, "Expecting value: line 1 column 1 (char 0)"
+    try:
+        return True, orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        return False, str(e)
+
+
+def check_model(state: State, body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if model is None or model == "":
+        return state.served[0]
+    if not isinstance(model, str) or model not in state.served:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    return model
+
+
+def _opt_int(body: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        v = body.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ApiError(400, f"Input should be a valid integer: {name}", param=name)
+        if v < 0:
+            raise ApiError(400, f"{name} must be at least 0, got {v}.", param=name)
+        return v
+    return None
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list):
+        return [s for s in stop if isinstance(s, str)]
+    raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+
+
+def _wants_json(body: dict[str, Any]) -> bool:
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"):
+        return True
+    so = body.get("structured_outputs")
+    if isinstance(so, dict) and (so.get("json") is not None or so.get("json_object")):
+        return True
+    return body.get("guided_json") is not None
+
+
+def _content_text(content: Any) -> tuple[str, int]:
+    """Text of an OpenAI message content and its count of non-text parts."""
+    if content is None:
+        return "", 0
+    if isinstance(content, str):
+        return content, 0
+    if isinstance(content, list):
+        texts: list[str] = []
+        extra = 0
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict):
+                if part.get("type") == "text" or ("text" in part and "type" not in part):
+                    t = part.get("text")
+                    if isinstance(t, str):
+                        texts.append(t)
+                else:
+                    extra += 1  # image_url / input_audio / video_url ...
+        return " ".join(texts), extra
+    raise ApiError(400, "message content must be a string or a list of parts", param="messages")
+
+
+# --------------------------------------------------------------------------- generation plan
+
+
+class Plan:
+    """What a request will generate: a list of events, its finish reason and stop reason.
+
+    Events: ("r", text) reasoning, ("c", text) content, ("ts", index, id, name) tool call start,
+    ("ta", index, fragment) tool call argument fragment.
+    """
+
+    def __init__(self, events: list[tuple], finish: str, stop_reason: str | None,
+                 prompt_tokens: int, faults: set[str]) -> None:
+        self.events = events
+        self.finish = finish
+        self.stop_reason = stop_reason
+        self.prompt_tokens = prompt_tokens
+        self.faults = faults
+
+
+def _content_tokens(text: str, max_tokens: int, ignore_eos: bool, stops: list[str],
+                    json_mode: bool) -> tuple[list[str], str, str | None]:
+    if json_mode:
+        natural = ['{"ok":', " true}"]
+    else:
+        m = _RE_TOKENS.findall(text)
+        n = int(m[-1]) if m else 8
+        if ignore_eos:
+            n = max_tokens
+        natural = [f"tok{i} " for i in range(min(n, max_tokens + 1))]
+    stop_at = None
+    stop_reason = None
+    if stops:
+        for i, tok in enumerate(natural):
+            if tok.strip() in stops:
+                stop_at, stop_reason = i, tok.strip()
+                break
+    if stop_at is not None and stop_at < max_tokens:
+        return natural[:stop_at], "stop", stop_reason
+    if len(natural) > max_tokens or (ignore_eos and not json_mode):
+        return natural[:max_tokens], "length", None
+    return natural, "stop", None
+
+
+def _validate_len(state: State, prompt_tokens: int, max_tokens: int | None) -> None:
+    mml = state.max_model_len
+    if prompt_tokens >= mml:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {mml} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+            param="input_tokens")
+    if max_tokens is not None and prompt_tokens + max_tokens > mml:
+        raise ApiError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {mml} tokens and your request has {prompt_tokens} input "
+            f"tokens ({max_tokens} > {mml} - {prompt_tokens}).",
+            param="max_tokens")
+
+
+def _fault_errors(faults: set[str]) -> None:
+    if "http400" in faults:
+        raise ApiError(400, CONTEXT_400_MSG)
+    if "http500" in faults:
+        raise ApiError(500, ENGINE_500_MSG, "InternalServerError")
+
+
+def plan_completion(state: State, body: dict[str, Any]) -> Plan:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        text = prompt
+        ptoks = len(prompt.split())
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        text = ""
+        ptoks = len(prompt)
+    elif prompt is None:
+        raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.",
+                       param="prompt")
+    else:
+        raise ApiError(400, "prompt must be a string, a list of token ids, or a one-element list "
+                            "(batched prompts are not supported by the fake)", param="prompt")
+    faults = set(_RE_FAULT.findall(text))
+    _fault_errors(faults)
+    # vLLM: an absent max_tokens is 16 for completions; an explicit null means no cap
+    # (max_model_len - prompt), which is what vllama sends for Ollama's num_predict -1.
+    mt = _opt_int(body, "max_tokens")
+    if mt is None:
+        mt = 16 if "max_tokens" not in body else state.max_model_len - ptoks
+    _validate_len(state, ptoks, mt)
+    toks, finish, stop_reason = _content_tokens(
+        text, mt, bool(body.get("ignore_eos")), _stops(body), _wants_json(body))
+    return Plan([("c", t) for t in toks], finish, stop_reason, ptoks, faults)
+
+
+def plan_chat(state: State, body: dict[str, Any]) -> Plan:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages: Field required (a non-empty list)", param="messages")
+    texts: list[str] = []
+    extra = 0
+    last_user = ""
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, "each message must be an object with a role", param="messages")
+        t, x = _content_text(m.get("content"))
+        extra += x
+        texts.append(t)
+        if m["role"] == "user":
+            last_user = t
+    text = " ".join(texts)
+    ptoks = len(text.split()) + extra
+    faults = set(_RE_FAULT.findall(text))
+    _fault_errors(faults)
+    asked = _opt_int(body, "max_completion_tokens", "max_tokens")
+    _validate_len(state, ptoks, asked)
+    mt = asked if asked is not None else state.max_model_len - ptoks
+
+    events: list[tuple] = []
+    kwargs = body.get("chat_template_kwargs")
+    thinking = isinstance(kwargs, dict) and bool(
+        kwargs.get("enable_thinking") or kwargs.get("thinking"))
+    if thinking:
+        events.extend(("r", f"think{i} ") for i in range(min(3, mt)))
+        if mt < 3:
+            return Plan(events, "length", None, ptoks, faults)
+
+    tools = body.get("tools")
+    n_calls = 0
+    if isinstance(tools, list) and tools and body.get("tool_choice") != "none":
+        m = _RE_TOOLS.findall(last_user)
+        if m:
+            n_calls = int(m[-1])
+        elif _TOOL_MARK in last_user:
+            n_calls = 1
+    if n_calls:
+        for i in range(n_calls):
+            tool = tools[i] if i < len(tools) else tools[0]
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            events.append(("ts", i, f"chatcmpl-tool-{uuid.uuid4().hex}", name or "tool"))
+            for frag in ('{"city": ', '"Paris"', ', "n": ', f"{i}}}"):
+                events.append(("ta", i, frag))
+        return Plan(events, "tool_calls", None, ptoks, faults)
+
+    toks, finish, stop_reason = _content_tokens(
+        text, mt - len(events), bool(body.get("ignore_eos")), _stops(body), _wants_json(body))
+    events.extend(("c", t) for t in toks)
+    return Plan(events, finish, stop_reason, ptoks, faults)
+
+
+# --------------------------------------------------------------------------- token producer
+
+_FOREVER = 10**9
+
+
+async def produce(state: State, plan: Plan, seq: int):
+    """Yield plan events with delays; yields ("fault", name) in place of the rest on a fault."""
+    knobs = state.knobs
+    if knobs.hang_after is not None and seq >= knobs.hang_after:
+        await asyncio.sleep(_FOREVER)
+    delay = 0.2 if "slow" in plan.faults else knobs.token_delay
+    fault = next((f for f in ("reset", "garbage", "hang") if f in plan.faults), None)
+    crash = knobs.crash_after is not None and seq == knobs.crash_after
+    cut = min(2, len(plan.events))
+    for i, ev in enumerate(plan.events):
+        if i == cut:
+            if crash:
+                yield ("crash",)
+            if fault:
+                yield ("fault", fault)
+                return
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            await asyncio.sleep(0)
+        state.generation_tokens_total += 1
+        yield ev
+    if cut == len(plan.events):
+        if crash:
+            yield ("crash",)
+        if fault:
+            yield ("fault", fault)
+
+
+def die_now() -> None:
+    log("ERROR", "EngineCore encountered a fatal error. (FAKE_VLLM_CRASH_AFTER)", "core.py:1")
+    os._exit(3)
+
+
+async def hang_forever() -> None:
+    await asyncio.sleep(_FOREVER)
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+class Tracker:
+    """started/completed/aborted/failed/in_flight bookkeeping for one generation request."""
+
+    def __init__(self, state: State, plan: Plan) -> None:
+        self.state = state
+        state.started += 1
+        state.in_flight += 1
+        state.prompt_tokens_total += plan.prompt_tokens
+        self.seq = state.started
+        self.done = False
+
+    def finish(self, outcome: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        s = self.state
+        s.in_flight -= 1
+        setattr(s, outcome, getattr(s, outcome) + 1)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def _start_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={
+        "Content-Type": "text/event-stream; charset=utf-8"})
+    await resp.prepare(request)
+    return resp
+
+
+async def _close_transport(request: web.Request) -> None:
+    tr = request.transport
+    if tr is not None:
+        tr.close()
+    await asyncio.sleep(0)
+
+
+async def handle_generation(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    try:
+        body = await read_body(request)
+        model = check_model(state, body)
+        plan = plan_chat(state, body) if chat else plan_completion(state, body)
+        stream = bool(body.get("stream"))
+        so = body.get("stream_options")
+        include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
+    except ApiError as e:
+        return error_response(e.status, e.message, e.err_type, e.param)
+
+    tracker = Tracker(state, plan)
+    try:
+        if stream:
+            return await _stream(request, state, plan, tracker, model, chat, include_usage)
+        return await _non_stream(request, state, plan, tracker, model, chat)
+    except asyncio.CancelledError:
+        tracker.finish("aborted")
+        raise
+    except ConnectionResetError:
+        # The client went away while we were writing; aiohttp swallows the failed write of this.
+        tracker.finish("aborted")
+        return web.Response(status=499)
+    finally:
+        # Any other exit (an unexpected exception) still leaves in_flight right.
+        tracker.finish("failed")
+
+
+async def _stream(request: web.Request, state: State, plan: Plan, tracker: Tracker, model: str,
+                  chat: bool, include_usage: bool) -> web.StreamResponse:
+    created = int(time.time())
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    rfield = state.knobs.reasoning_field
+    n = len(plan.events)
+    resp = await _start_stream(request)
+    sent_role = False
+    count = 0
+
+    def chunk(choice: dict[str, Any]) -> bytes:
+        return _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": model, "choices": [choice], "usage": None})
+
+    async def send_role() -> None:
+        await resp.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None}))
+
+    async for ev in produce(state, plan, tracker.seq):
+        kind = ev[0]
+        if kind == "crash":
+            die_now()
+        if kind == "fault":
+            name = ev[1]
+            if name == "hang":
+                await hang_forever()
+            tracker.finish("failed")
+            if name == "reset":
+                await _close_transport(request)
+                return resp
+            # garbage: an unparsable event, then the body ends without [DONE]
+            await resp.write(b"data: {not json\n\n")
+            await resp.write_eof()
+            return resp
+        count += 1
+        last = count == n
+        finish = plan.finish if last else None
+        stop_reason = plan.stop_reason if last else None
+        if chat:
+            if not sent_role:
+                sent_role = True
+                await send_role()
+            if kind == "r":
+                delta: dict[str, Any] = {rfield: ev[1]}
+            elif kind == "c":
+                delta = {"content": ev[1]}
+            elif kind == "ts":
+                delta = {"tool_calls": [{"index": ev[1], "id": ev[2], "type": "function",
+                                         "function": {"name": ev[3], "arguments": ""}}]}
+            else:
+                delta = {"tool_calls": [{"index": ev[1], "function": {"arguments": ev[2]}}]}
+            await resp.write(chunk({"index": 0, "delta": delta, "logprobs": None,
+                                    "finish_reason": finish, "stop_reason": stop_reason}))
+        else:
+            await resp.write(chunk({"index": 0, "text": ev[1], "logprobs": None,
+                                    "finish_reason": finish, "stop_reason": stop_reason}))
+    if n == 0:
+        if chat:
+            await send_role()
+            await resp.write(chunk({"index": 0, "delta": {"content": ""}, "logprobs": None,
+                                    "finish_reason": plan.finish,
+                                    "stop_reason": plan.stop_reason}))
+        else:
+            await resp.write(chunk({"index": 0, "text": "", "logprobs": None,
+                                    "finish_reason": plan.finish,
+                                    "stop_reason": plan.stop_reason}))
+    if include_usage:
+        p = plan.prompt_tokens
+        await resp.write(_sse({
+            "id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created, "model": model, "choices": [],
+            "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n}}))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    tracker.finish("completed")
+    return resp
+
+
+async def _non_stream(request: web.Request, state: State, plan: Plan, tracker: Tracker,
+                      model: str, chat: bool) -> web.StreamResponse:
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    async for ev in produce(state, plan, tracker.seq):
+        kind = ev[0]
+        if kind == "crash":
+            die_now()
+        elif kind == "fault":
+            name = ev[1]
+            if name == "hang":
+                await hang_forever()
+            tracker.finish("failed")
+            if name == "reset":
+                await _close_transport(request)
+                return web.Response(status=200)
+            return web.Response(status=200, body=b"{not json", content_type="application/json")
+        elif kind == "r":
+            reasoning.append(ev[1])
+        elif kind == "c":
+            content.append(ev[1])
+        elif kind == "ts":
+            calls.append({"id": ev[2], "type": "function",
+                          "function": {"name": ev[3], "arguments": ""}})
+        else:
+            calls[ev[1]]["function"]["arguments"] += ev[2]
+    n = len(plan.events)
+    p = plan.prompt_tokens
+    usage = {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n,
+             "prompt_tokens_details": None}
+    created = int(time.time())
+    if chat:
+        text = "".join(content)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if (calls or (reasoning and not content)) else text,
+            "refusal": None, "annotations": None, "audio": None, "function_call": None,
+            "tool_calls": calls,
+            state.knobs.reasoning_field: "".join(reasoning) if reasoning else None,
+        }
+        out = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion",
+               "created": created, "model": model,
+               "choices": [{"index": 0, "message": message, "logprobs": None,
+                            "finish_reason": plan.finish, "stop_reason": plan.stop_reason}],
+               "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None}
+    else:
+        out = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion",
+               "created": created, "model": model,
+               "choices": [{"index": 0, "text": "".join(content), "logprobs": None,
+                            "finish_reason": plan.finish, "stop_reason": plan.stop_reason,
+                            "prompt_logprobs": None}],
+               "usage": usage, "kv_transfer_params": None}
+    tracker.finish("completed")
+    return json_response(out)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await handle_generation(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await handle_generation(request, chat=True)
+
+
+def embed_vector(text: str, dim: int) -> list[float]:
+    out: list[float] = []
+    counter = 0
+    while len(out) < dim:
+        h = hashlib.sha256(f"{counter}:{text}".encode()).digest()
+        for j in range(0, 32, 2):
+            mag = 1.0 + 9.0 * h[j] / 255.0
+            out.append(round(-mag if h[j + 1] & 1 else mag, 6))
+        counter += 1
+    return out[:dim]
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    try:
+        body = await read_body(request)
+        model = check_model(state, body)
+        inp = body.get("input")
+        items: list[tuple[str, int]] = []  # (text to hash, token count)
+
+        def is_ids(x: Any) -> bool:
+            return isinstance(x, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+        if isinstance(inp, str):
+            items.append((inp, len(inp.split())))
+        elif isinstance(inp, list) and inp and is_ids(inp):
+            items.append((" ".join(map(str, inp)), len(inp)))
+        elif isinstance(inp, list) and inp:
+            for x in inp:
+                if isinstance(x, str):
+                    items.append((x, len(x.split())))
+                elif is_ids(x):
+                    items.append((" ".join(map(str, x)), len(x)))
+                else:
+                    raise ApiError(400, "input must be a string, a list of strings or of token "
+                                        "ids", param="input")
+        else:
+            raise ApiError(400, "input must be a non-empty string or list", param="input")
+        faults: set[str] = set()
+        for t, _ in items:
+            faults.update(_RE_FAULT.findall(t))
+        _fault_errors(faults)
+        dim = state.knobs.embed_dim
+        dims = body.get("dimensions")
+        if dims is not None:
+            if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+                raise ApiError(400, "dimensions must be a positive integer", param="dimensions")
+            if dims > dim:
+                raise ApiError(400, f"dimensions {dims} is larger than the model's hidden size "
+                                    f"{dim}", param="dimensions")
+            dim = dims
+        for _, n in items:
+            if n > state.max_model_len:
+                _validate_len(state, n, None)
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiError(400, f"unsupported encoding_format {fmt!r}", param="encoding_format")
+    except ApiError as e:
+        return error_response(e.status, e.message, e.err_type, e.param)
+    data = []
+    for i, (t, _) in enumerate(items):
+        vec: Any = embed_vector(t, dim)
+        if fmt == "base64":
+            vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": vec})
+    ptoks = sum(n for _, n in items)
+    state.prompt_tokens_total += ptoks
+    return json_response({"id": "embd-" + uuid.uuid4().hex, "object": "list",
+                          "created": int(time.time()), "model": model, "data": data,
+                          "usage": {"prompt_tokens": ptoks, "total_tokens": ptoks,
+                                    "completion_tokens": 0, "prompt_tokens_details": None}})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    try:
+        body = await read_body(request)
+        check_model(state, body)
+        if "messages" in body:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list):
+                raise ApiError(400, "messages must be a list", param="messages")
+            parts = [_content_text(m.get("content") if isinstance(m, dict) else None)
+                     for m in msgs]
+            words = " ".join(t for t, _ in parts).split()
+            extra = sum(x for _, x in parts)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise ApiError(400, "prompt must be a string", param="prompt")
+            words = prompt.split()
+            extra = 0
+    except ApiError as e:
+        return error_response(e.status, e.message, e.err_type, e.param)
+    tokens = [zlib.crc32(w.encode()) % 151936 for w in words] + [151655] * extra
+    return json_response({"count": len(tokens), "max_model_len": state.max_model_len,
+                          "tokens": tokens, "token_strs": None})
+
+
+async def health(request: web.Request) -> web.Response:
+    f = request.app[STATE_KEY].knobs.unhealthy_file
+    if f and os.path.exists(f):
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": VLLM_VERSION})
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    return json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": state.created, "owned_by": "vllm",
+         "root": state.model, "parent": None, "max_model_len": state.max_model_len,
+         "permission": []}
+        for name in state.served]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    s = request.app[STATE_KEY]
+    lbl = f'{{model_name="{s.served[0]}"}}'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{lbl} {float(s.in_flight)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{lbl} 0.0",
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{lbl} {min(1.0, s.in_flight / 256.0)}",
+        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE vllm:prompt_tokens_total counter",
+        f"vllm:prompt_tokens_total{lbl} {float(s.prompt_tokens_total)}",
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{lbl} {float(s.generation_tokens_total)}",
+        "# HELP vllm:request_success_total Count of successfully processed requests.",
+        "# TYPE vllm:request_success_total counter",
+        f"vllm:request_success_total{lbl} {float(s.completed)}",
+    ]
+    return web.Response(text="\n".join(lines) + "\n",
+                        content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
+
+
+async def fake_requests(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if request.method == "DELETE":
+        state.requests.clear()
+        return json_response({"cleared": True})
+    return json_response(list(state.requests))
+
+
+async def fake_stats(request: web.Request) -> web.Response:
+    s = request.app[STATE_KEY]
+    return json_response({"started": s.started, "completed": s.completed, "aborted": s.aborted,
+                          "failed": s.failed, "in_flight": s.in_flight,
+                          "generation_tokens_total": s.generation_tokens_total,
+                          "prompt_tokens_total": s.prompt_tokens_total})
+
+
+@web.middleware
+async def record_and_auth(request: web.Request, handler):
+    state = request.app[STATE_KEY]
+    if request.match_info.http_exception is not None:
+        # Unknown route / method: FastAPI's body, like vLLM.
+        exc = request.match_info.http_exception
+        return json_response({"detail": exc.reason}, status=exc.status)
+    if request.path.startswith("/v1/"):
+        if state.api_key is not None and \
+                request.headers.get("Authorization") != f"Bearer {state.api_key}":
+            return json_response({"error": "Unauthorized"}, status=401)
+        raw = await request.read() if request.can_read_body else b""
+        parsed = _parse(raw) if request.method == "POST" else (True, None)
+        request["fake_parsed"] = parsed
+        ok, body = parsed
+        state.requests.append({
+            "method": request.method,
+            "path": request.path,
+            "body": body if ok else raw.decode("utf-8", "replace"),
+            "headers": {str(k): v for k, v in request.headers.items()},
+        })
+    return await handler(request)
+
+
+def make_app(state: State) -> web.Application:
+    app = web.Application(middlewares=[record_and_auth], client_max_size=256 * 1024 * 1024)
+    app[STATE_KEY] = state
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/version", version)
+    r.add_get("/v1/models", models)
+    r.add_get("/metrics", metrics)
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/v1/embeddings", embeddings)
+    r.add_post("/tokenize", tokenize)
+    r.add_get("/_fake/requests", fake_requests)
+    r.add_delete("/_fake/requests", fake_requests)
+    r.add_get("/_fake/stats", fake_stats)
+    return app
+
+
+# --------------------------------------------------------------------------- process
+
+
+def _parse_len(v: str) -> int:
+    v = v.strip()
+    mult = 1
+    if v[-1:] in ("k", "m"):
+        mult = 1000 if v[-1] == "k" else 1000_000
+        v = v[:-1]
+    elif v[-1:] in ("K", "M"):
+        mult = 1024 if v[-1] == "K" else 1024 * 1024
+        v = v[:-1]
+    return int(float(v) * mult)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    model = None
+    if argv and not argv[0].startswith("-"):
+        model, argv = argv[0], argv[1:]
+    p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
+    p.add_argument("--model", dest="model_opt", default=None)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--max-model-len", type=_parse_len, default=4096)
+    p.add_argument("--api-key", default=None)
+    args, unknown = p.parse_known_args(argv)
+    args.model = model or args.model_opt or "fake-model"
+    return args, unknown
+
+
+class Grandchild:
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def spawn(self, pidfile: str | None) -> None:
+        # Same session and process group as the server (no start_new_session), stdio inherited.
+        self.proc = subprocess.Popen(["VLLM::EngineCore", "-c", _GRANDCHILD_CODE],
+                                     executable=sys.executable, stdin=subprocess.DEVNULL)
+        if pidfile:
+            _write_pid(pidfile, self.proc.pid)
+        log("INFO", f"Started engine core process pid={self.proc.pid}", "core_client.py:1")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _write_pid(path: str, pid: int) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{pid}\n")
+    os.replace(tmp, path)
+
+
+async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    grandchild = Grandchild()
+    served = args.served_model_name or [args.model]
+    log("INFO", f"vLLM API server version {VLLM_VERSION}", "api_server.py:1839")
+    log("INFO", f"args: model={args.model!r} served_model_name={served!r} host={args.host!r} "
+                f"port={args.port} max_model_len={args.max_model_len} ignored={unknown!r}",
+        "utils.py:233")
+    if knobs.pidfile:
+        _write_pid(knobs.pidfile + ".server", os.getpid())
+    if knobs.grandchild:
+        grandchild.spawn(knobs.pidfile)
+    if knobs.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+
+    try:
+        # Loading: nothing is bound yet, so connections are refused.
+        if knobs.start_delay > 0:
+            t0 = time.monotonic()
+            shards = 5
+            while True:
+                elapsed = time.monotonic() - t0
+                if elapsed >= knobs.start_delay:
+                    break
+                try:
+                    await asyncio.wait_for(stop.wait(), min(0.5, knobs.start_delay - elapsed))
+                except asyncio.TimeoutError:
+                    pass
+                if stop.is_set():
+                    log("INFO", "Interrupted while loading.", "api_server.py:1")
+                    return 0
+                elapsed = time.monotonic() - t0
+                frac = min(1.0, elapsed / knobs.start_delay)
+                done = int(frac * shards)
+                raw_log(f"Loading safetensors checkpoint shards: {int(frac * 100):3d}% Completed "
+                        f"| {done}/{shards} [00:{int(elapsed):02d}<00:00, 2.00it/s]")
+                if frac < 1.0:
+                    log("INFO", f"Loading model weights ({elapsed:.2f} s elapsed)",
+                        "gpu_model_runner.py:2602")
+            log("INFO", f"Loading weights took {time.monotonic() - t0:.2f} seconds",
+                "default_loader.py:267")
+        if knobs.fail_at_start:
+            log("ERROR", knobs.fail_at_start, "core.py:708")
+            raw_log("Traceback (most recent call last):")
+            raw_log('  File "/usr/lib/python3/site-packages/vllm/v1/engine/core.py", line 699, '
+                    "in run_engine_core")
+            raw_log(f"RuntimeError: {knobs.fail_at_start}")
+            raw_log("RuntimeError: Engine core initialization failed. See root cause above. "
+                    "Failed core proc(s): {}")
+            return 1
+
+        state = State(args.model, served, args.max_model_len, args.api_key, knobs)
+        app = make_app(state)
+        if knobs.access_log:
+            import logging
+
+            alog = logging.getLogger("aiohttp.access")
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            alog.addHandler(handler)
+            alog.setLevel(logging.INFO)
+            alog.propagate = False
+        log_kw: dict[str, Any] = (
+            {"access_log_format": 'INFO:     %a - "%r" %s'} if knobs.access_log
+            else {"access_log": None})
+        runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True,
+                               shutdown_timeout=0.5, **log_kw)
+        await runner.setup()
+        log("INFO", f"Starting vLLM API server on http://{args.host}:{args.port}",
+            "launcher.py:37")
+        site = web.TCPSite(runner, args.host, args.port, reuse_address=True, backlog=1024)
+        try:
+            await site.start()
+        except OSError as e:
+            log("ERROR", f"[Errno {e.errno}] error while attempting to bind on address "
+                         f"({args.host!r}, {args.port}): {e.strerror}", "launcher.py:1")
+            await runner.cleanup()
+            return 1
+        raw_log("INFO:     Application startup complete.")
+        await stop.wait()
+        log("INFO", "Shutting down FastAPI HTTP server.", "launcher.py:80")
+        try:
+            await asyncio.wait_for(runner.cleanup(), 5)
+        except (asyncio.TimeoutError, Exception):  # pragma: no cover - best effort
+            pass
+        return 0
+    finally:
+        grandchild.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, unknown = parse_args(list(sys.argv[1:] if argv is None else argv))
+    knobs = Knobs()
+    try:
+        import uvloop  # type: ignore
+    except ImportError:
+        uvloop = None
+    if uvloop is not None and hasattr(uvloop, "run"):
+        return uvloop.run(serve(args, unknown, knobs))
+    return asyncio.run(serve(args, unknown, knobs))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The aiohttp application: routes, the error/log middleware, app-scoped resources.
+
+Request flow: ``app.py`` (middleware: request id, errors -> Ollama shape, access
+log) -> ``routes/<group>.py`` (parse, resolve model) -> ``translate.py`` (Ollama ->
+OpenAI body) -> ``upstream.py`` (the shared vLLM client) -> ``stream.py`` (vLLM
+chunks -> Ollama NDJSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from .catalog import Catalog
+from .errors import RequestTooLarge, VllamaError, error_body, error_response
+from .logs import get_logger
+from .routes import chat, embed, generate, manage, meta, models, openai
+from .settings import Settings
+from .state import CATALOG, SETTINGS, UPSTREAM
+from .upstream import Upstream
+
+log = get_logger("vllama.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def errors_and_access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind a ``request_id``, map every error to Ollama's ``{"error"}``, log one line per request.
+
+    A client that disconnects cancels the handler (``handler_cancellation=True``); that
+    is logged with Ollama's status for it, 499 ``request canceled``.
+    """
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request.headers.get("X-Request-ID") or uuid.uuid4().hex[:16])
+    start = time.perf_counter()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except VllamaError as e:
+        status = e.status
+        if status >= 500:
+            log.warning("upstream_error", error=e.message, status=status)
+        return error_response(e)
+    except web.HTTPException as e:
+        status = e.status
+        if status == 413:
+            limit = request.app[SETTINGS].max_body_size
+            return error_response(RequestTooLarge(f"request body too large: the limit is {limit} bytes"))
+        if e.empty_body or status < 400:
+            raise
+        text = "404 page not found" if status == 404 else (e.reason or "").lower()
+        return web.Response(status=status, body=error_body(text), content_type="application/json", headers=_allow(e))
+    except asyncio.CancelledError:
+        status = 499  # Ollama: client gone -> "request canceled"
+        raise
+    except Exception:
+        log.exception("unhandled_error")
+        return web.Response(status=500, body=error_body("internal error; see the vllama log"), content_type="application/json")
+    finally:
+        if request.app[SETTINGS].access_log:
+            extra = {"stream_error": request["vllama.stream_error"]} if "vllama.stream_error" in request else {}
+            log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2), **extra)
+
+
+def _allow(e: web.HTTPException) -> dict[str, str] | None:
+    allow = e.headers.get("Allow")
+    return {"Allow": allow} if allow else None
+
+
+def build_app(settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None = None) -> web.Application:
+    """The Ollama-API app proxying the vLLM server at ``upstream_url``.
+
+    Args:
+        settings: the validated settings.
+        upstream_url: vLLM's base URL (no ``/v1``).
+        vllm_args: ``vllm serve`` arguments per served name (``"*"``: all), read for capabilities.
+    """
+    app = web.Application(middlewares=[errors_and_access_log], client_max_size=settings.max_body_size)
+    upstream = Upstream(
+        upstream_url,
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        api_key=settings.api_key_upstream,
+    )
+    app[SETTINGS] = settings
+    app[UPSTREAM] = upstream
+    app[CATALOG] = Catalog(
+        upstream,
+        aliases=settings.alias,
+        vllm_args=vllm_args if vllm_args is not None else {"*": settings.vllm_args},
+        ttl=settings.models_ttl,
+    )
+
+    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
+        await upstream.start()
+        yield
+        await upstream.close()
+
+    app.cleanup_ctx.append(upstream_session)
+    r = app.router
+    r.add_get("/", meta.root)  # GET also answers HEAD
+    r.add_get("/api/version", meta.version)
+    r.add_post("/api/generate", generate.generate)
+    r.add_post("/api/chat", chat.chat)
+    r.add_post("/api/embed", embed.embed)
+    r.add_post("/api/embeddings", embed.embeddings)
+    r.add_get("/api/tags", models.tags)
+    r.add_post("/api/show", models.show)
+    r.add_get("/api/ps", models.ps)
+    r.add_post("/api/pull", manage.pull)
+    for path in ("/api/push", "/api/create", "/api/copy"):
+        r.add_post(path, manage.unsupported)
+    r.add_delete("/api/delete", manage.unsupported)
+    r.add_route("*", "/api/blobs/{digest}", manage.unsupported)
+    r.add_route("*", "/v1/{tail:.*}", openai.passthrough)
+    return app

@@ -1,0 +1,215 @@
+"""Which models vLLM serves, under which Ollama names, with which capabilities.
+
+The list comes from vLLM's ``GET /v1/models`` and is cached: a stale list is
+served while a refresh runs in the background, so resolving a model name on the
+request path is a dict lookup, not an upstream round trip. Only an unknown name
+forces a refresh (at most once a second), so a model added upstream is found.
+
+Names follow Ollama: every served model is listed as ``<served>:latest``;
+requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
+``Qwen/Qwen2.5-1.5B-Instruct``) resolve to the served name (``shared/ollama-api.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .errors import ModelNotFound, UpstreamError
+from .logs import get_logger
+from .model_files import ModelFiles, read_model_files
+from .upstream import Upstream
+
+log = get_logger("vllama.catalog")
+
+LATEST = ":latest"
+
+
+def strip_latest(name: str) -> str:
+    """``X:latest`` -> ``X``; other tags are kept (``qwen2.5:1.5b`` stays)."""
+    return name[: -len(LATEST)] if name.endswith(LATEST) else name
+
+
+def ollama_name(name: str) -> str:
+    """The ``X:latest`` form Ollama lists (a name that has a tag keeps it)."""
+    tail = name.rsplit("/", 1)[-1]
+    return name if ":" in tail else name + LATEST
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One entry of vLLM's ``/v1/models``.
+
+    Attributes:
+        name: vLLM's served name (the ``model`` sent upstream).
+        root: the model path or hub id it was loaded from.
+        max_model_len: context length in tokens, if vLLM reports it.
+        created: seconds since the epoch.
+        vllm_args: the ``vllm serve`` arguments it runs with (capabilities come from them).
+    """
+
+    name: str
+    root: str
+    max_model_len: int | None
+    created: int
+    vllm_args: tuple[str, ...] = ()
+
+
+def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
+    """Ollama capabilities from how vLLM was started and what the model is.
+
+    ``embedding`` for pooling runners (``--runner pooling``, ``--task embed``,
+    ``--convert embed``), else ``completion``; ``tools`` only with
+    ``--enable-auto-tool-choice`` and a ``--tool-call-parser``; ``thinking`` with a
+    ``--reasoning-parser``; ``vision`` when the config has a vision tower. ``insert``
+    (``suffix``) never: vLLM's completions endpoint does not support ``suffix``.
+    """
+    args = model.vllm_args
+    flags = set(args)
+    values = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+    for a in args:
+        if a.startswith("--") and "=" in a:
+            k, v = a.split("=", 1)
+            values[k] = v
+            flags.add(k)
+    pooling = values.get("--runner") == "pooling" or values.get("--task") in ("embed", "embedding") or values.get("--convert") == "embed"
+    caps = ["embedding"] if pooling else ["completion"]
+    if not pooling:
+        if "--enable-auto-tool-choice" in flags and "--tool-call-parser" in flags:
+            caps.append("tools")
+        if "--reasoning-parser" in flags:
+            caps.append("thinking")
+        cfg = files.config
+        if "vision_config" in cfg or "image_token_id" in cfg or "image_token_index" in cfg:
+            caps.append("vision")
+    return caps
+
+
+class Catalog:
+    """The served models and their Ollama names.
+
+    Args:
+        upstream: the vLLM client.
+        aliases: Ollama name -> served name.
+        vllm_args: arguments vLLM runs with, per served name (``"*"`` for all).
+        ttl: seconds a fetched list counts as fresh.
+    """
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        aliases: Mapping[str, str] | None = None,
+        vllm_args: Mapping[str, Iterable[str]] | None = None,
+        ttl: float = 10.0,
+    ) -> None:
+        self._upstream = upstream
+        self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
+        self._args = {k: tuple(v) for k, v in (vllm_args or {}).items()}
+        self._ttl = ttl
+        self._models: dict[str, ServedModel] | None = None
+        self._fetched_at = 0.0
+        self._fetch_task: asyncio.Task[dict[str, ServedModel]] | None = None
+        self._files: dict[str, asyncio.Task[ModelFiles]] = {}
+
+    async def models(self) -> list[ServedModel]:
+        """All served models (fetching the list if none is cached)."""
+        return list((await self._current()).values())
+
+    async def resolve(self, name: str) -> ServedModel:
+        """The served model an Ollama name refers to.
+
+        Raises:
+            ModelNotFound: neither a served name (with or without ``:latest``, any case) nor an alias.
+            UpstreamUnavailable: no list is cached and vLLM cannot be asked.
+        """
+        found = self._lookup(await self._current(), name)
+        if found is None and time.monotonic() - self._fetched_at > 1.0:
+            found = self._lookup(await self._fetch(), name)
+        if found is None:
+            raise ModelNotFound(name)
+        return found
+
+    def served_name_or_none(self, name: str) -> str | None:
+        """Cached, non-blocking lookup for the ``/v1`` pass-through (``None`` if unknown)."""
+        m = self._lookup(self._models or {}, name)
+        return m.name if m else None
+
+    def names_for(self, model: ServedModel) -> list[str]:
+        """Every Ollama name of ``model``: ``<served>:latest`` first, then its aliases."""
+        names = [ollama_name(model.name)]
+        names += [ollama_name(a) for a, target in self._aliases.items() if target == model.name]
+        return names
+
+    async def files(self, model: ServedModel) -> ModelFiles:
+        """The model's own files (read once, in a worker thread, then cached)."""
+        task = self._files.get(model.name)
+        if task is None or (task.done() and task.exception() is not None):
+            task = asyncio.ensure_future(asyncio.to_thread(read_model_files, model.root, model.name))
+            self._files[model.name] = task
+        return await asyncio.shield(task)
+
+    async def capabilities(self, model: ServedModel) -> list[str]:
+        """See :func:`capabilities`."""
+        return capabilities(model, await self.files(model))
+
+    # -- internals -------------------------------------------------------------
+    def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
+        key = strip_latest(name)
+        m = models.get(key)
+        if m is None and key in self._aliases:
+            m = models.get(self._aliases[key])
+        if m is None:
+            folded = key.casefold()
+            m = next((v for k, v in models.items() if k.casefold() == folded), None)
+        return m
+
+    async def _current(self) -> dict[str, ServedModel]:
+        if self._models is None:
+            return await self._fetch()
+        if time.monotonic() - self._fetched_at > self._ttl and (self._fetch_task is None or self._fetch_task.done()):
+            self._fetch_task = asyncio.ensure_future(self._do_fetch())
+            self._fetch_task.add_done_callback(_consume_exception)
+        return self._models
+
+    async def _fetch(self) -> dict[str, ServedModel]:
+        # One fetch at a time, shared by every waiter; shielded so that a client
+        # leaving does not cancel the fetch other requests wait on.
+        if self._fetch_task is None or self._fetch_task.done():
+            self._fetch_task = asyncio.ensure_future(self._do_fetch())
+            self._fetch_task.add_done_callback(_consume_exception)
+        return await asyncio.shield(self._fetch_task)
+
+    async def _do_fetch(self) -> dict[str, ServedModel]:
+        try:
+            data = await self._upstream.get_json("/v1/models")
+        except UpstreamError:
+            if self._models is not None:
+                log.warning("models_refresh_failed", keeping=len(self._models))
+                return self._models
+            raise
+        models: dict[str, ServedModel] = {}
+        for entry in data.get("data", []) if isinstance(data, dict) else []:
+            if not isinstance(entry, dict) or not entry.get("id"):
+                continue
+            name = str(entry["id"])
+            args = self._args.get(name, self._args.get("*", ()))
+            models[name] = ServedModel(
+                name=name,
+                root=str(entry.get("root") or name),
+                max_model_len=entry.get("max_model_len") if isinstance(entry.get("max_model_len"), int) else None,
+                created=int(entry.get("created") or time.time()),
+                vllm_args=args,
+            )
+        if models != self._models:
+            log.info("models", served=sorted(models))
+        self._models = models
+        self._fetched_at = time.monotonic()
+        return models
+
+
+def _consume_exception(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,83 @@
+"""The ``vllama`` command.
+
+``vllama serve [settings] [-- vllm serve arguments]``: with ``--upstream URL`` it
+proxies a running vLLM server; with ``--model M`` it also launches and supervises
+``vllm serve M``. Everything after ``--`` goes to vLLM untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from pydantic import ValidationError
+
+from .logs import configure_logging
+from .settings import Settings
+
+USAGE = """usage: vllama serve [options] [-- vllm serve arguments]
+
+Commands:
+  serve    serve the Ollama API in front of vLLM (see `vllama serve --help`)
+"""
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[our args] -- [vllm args]`` -> ``(ours, vllm's)``."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def load_settings(argv: list[str]) -> Settings:
+    """Settings from flags ``argv`` (after ``serve``), the environment and ``.env``.
+
+    Raises:
+        SystemExit: invalid flags or values (message on stderr, exit 2).
+    """
+    ours, theirs = split_passthrough(argv)
+    try:
+        settings = Settings(_cli_parse_args=ours)
+    except ValidationError as e:
+        for err in e.errors(include_url=False):
+            loc = ".".join(str(p) for p in err["loc"])
+            print(f"vllama serve: invalid {loc}: {err['msg']}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if theirs:
+        settings.vllm_args = theirs
+    return settings
+
+
+def _run(coro) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``vllama`` script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        raise SystemExit(0 if argv else 2)
+    command, rest = argv[0], argv[1:]
+    if command != "serve":
+        print(f"vllama: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+        raise SystemExit(2)
+    settings = load_settings(rest)
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.upstream:
+        from .server import serve_upstream
+
+        _run(serve_upstream(settings))
+        return
+    print("vllama serve: give --upstream URL (proxy a running vLLM) or --model M (launch vLLM)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()

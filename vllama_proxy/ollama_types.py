@@ -1,0 +1,262 @@
+"""Ollama's request types: loose in (unknown fields accepted), exact types checked.
+
+Mirrors ``api/types.go`` of ollama/ollama and ``_types.py`` of ollama-python
+(``shared/ollama-api.md`` "Generate and chat requests"). A field's ``None`` means
+"not sent": Ollama uses pointers where unset differs from false (``stream``, ``think``).
+
+Responses are not modelled here: the hot path builds them as plain dicts and
+serialises them with orjson (see ``stream.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+import orjson
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import BadRequest, MissingBody
+
+StrOrList = Union[str, list[str]]
+
+
+class _Loose(BaseModel):
+    # Ollama accepts and ignores fields it does not know; so do we.
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class Options(_Loose):
+    """Ollama ``options`` (runtime + sampling). Defaults are Ollama's, applied by ``translate``.
+
+    Sampling keys map onto vLLM's sampling parameters; runner keys (``num_ctx``,
+    ``num_gpu``, ``num_thread``, ...) have no per-request meaning in vLLM and are
+    logged and ignored. ``ignore_eos`` and ``min_tokens`` are vLLM extras accepted
+    here so benchmarks can pin output length through the Ollama API.
+    """
+
+    num_predict: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    seed: int | None = None
+    stop: StrOrList | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repeat_last_n: int | None = None
+    num_ctx: int | None = None
+    num_keep: int | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    num_thread: int | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    numa: bool | None = None
+    low_vram: bool | None = None
+    f16_kv: bool | None = None
+    vocab_only: bool | None = None
+    logits_all: bool | None = None
+    embedding_only: bool | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    tfs_z: float | None = None
+    penalize_newline: bool | None = None
+    # vLLM extras (not in Ollama): let Ollama-API clients pin output length.
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+
+
+Format = Union[Literal["", "json"], dict[str, Any]]
+Think = Union[bool, Literal["low", "medium", "high"]]
+
+
+def _valid_keep_alive(v: Any) -> Any:
+    try:
+        parse_keep_alive(v, default=0.0)
+    except BadRequest as e:
+        raise ValueError(e.message) from None
+    return v
+
+
+KeepAlive = Annotated[Union[str, float, int], AfterValidator(_valid_keep_alive)]
+
+
+class GenerateRequest(_Loose):
+    """``POST /api/generate`` body."""
+
+    model: str | None = None
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    stream: bool | None = None
+    raw: bool | None = None
+    format: Format | None = None
+    keep_alive: KeepAlive | None = None
+    images: list[str] | None = None
+    options: Options | None = None
+    think: Think | None = None
+    truncate: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class ToolCallFunction(_Loose):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    index: int | None = None
+
+
+class ToolCall(_Loose):
+    id: str | None = None
+    function: ToolCallFunction
+
+
+class Message(_Loose):
+    """A chat message; ``images`` are bare base64 strings (no ``data:`` prefix)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    thinking: str | None = None
+    images: list[str] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+
+
+class ChatRequest(_Loose):
+    """``POST /api/chat`` body."""
+
+    model: str | None = None
+    messages: list[Message] | None = None
+    tools: list[dict[str, Any]] | None = None
+    format: Format | None = None
+    options: Options | None = None
+    stream: bool | None = None
+    think: Think | None = None
+    keep_alive: KeepAlive | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class EmbedRequest(_Loose):
+    """``POST /api/embed`` body; ``dimensions`` truncates then re-normalises."""
+
+    model: str | None = None
+    input: StrOrList | None = None
+    truncate: bool | None = None
+    dimensions: int | None = Field(None, gt=0)
+    keep_alive: KeepAlive | None = None
+    options: Options | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _none_is_empty(cls, v: Any) -> Any:
+        return [] if v is None else v
+
+
+class EmbeddingsRequest(_Loose):
+    """Legacy ``POST /api/embeddings`` body: one ``prompt``, one vector back."""
+
+    model: str | None = None
+    prompt: str | None = None
+    keep_alive: KeepAlive | None = None
+    options: Options | None = None
+
+
+class ModelRef(_Loose):
+    """Bodies that only name a model: ``/api/show``, ``/api/delete``, ``/api/pull`` (``model`` or legacy ``name``)."""
+
+    model: str | None = None
+    name: str | None = None
+    verbose: bool | None = None
+    stream: bool | None = None
+
+    @property
+    def ref(self) -> str | None:
+        return self.model or self.name
+
+
+class CopyRequest(_Loose):
+    """``POST /api/copy`` body."""
+
+    source: str
+    destination: str
+
+
+def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
+    """Decode a request body into ``cls``.
+
+    Raises:
+        MissingBody: the body is empty.
+        BadRequest: the body is not JSON, not an object, or a field has the wrong type
+            (message names the field, e.g. ``invalid options.temperature: ...``).
+    """
+    if not raw or not raw.strip():
+        raise MissingBody()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"invalid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise BadRequest(validation_message(e)) from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
+
+
+def validation_message(e: ValidationError) -> str:
+    """One line naming the first offending field: ``invalid options.temperature: Input should be a valid number``."""
+    err = e.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "union["))))
+    return f"invalid {loc or 'body'}: {err['msg']}"
+
+
+def require_model(name: str | None) -> str:
+    """Ollama's check: a missing or empty ``model`` is a 400 ``model is required``."""
+    if not name:
+        raise BadRequest("model is required")
+    return name
+
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"([+-]?)((?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|ms|s|m|h))+)")
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_keep_alive(value: str | float | int | None, default: float) -> float:
+    """Ollama ``keep_alive`` -> seconds; negative means forever, 0 unload now.
+
+    Accepts a number of seconds or a Go duration string (``"10m"``, ``"1h30m"``,
+    ``"-1m"``, ``"0"``), as Ollama's ``api.Duration`` does. ``None`` gives ``default``.
+
+    Raises:
+        BadRequest: not a number or duration.
+    """
+    if value is None:
+        return default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        s = value.strip()
+        if not s:
+            return default
+        try:
+            return float(s)
+        except ValueError:
+            pass
+        m = _DURATION.fullmatch(s)
+        if m:
+            total = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(m.group(2)))
+            return -total if m.group(1) == "-" else total
+    raise BadRequest(f"invalid keep_alive: {value!r} (use seconds or a duration like \"5m\")")

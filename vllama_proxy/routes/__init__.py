@@ -1,0 +1,1 @@
+"""HTTP handlers, one module per group of Ollama routes; ``app.py`` wires them."""

@@ -1,0 +1,62 @@
+"""Small helpers the handlers share: body parsing, model resolution, load/unload replies."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel
+
+from ..catalog import ServedModel
+from ..logs import get_logger
+from ..ollama_types import parse_body, parse_keep_alive, require_model
+from ..state import CATALOG
+from ..stream import CLOCK
+
+log = get_logger("vllama.routes")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_request(request: web.Request, cls: type[M]) -> M:
+    """The request body parsed into ``cls`` (see ``ollama_types.parse_body`` for the errors raised)."""
+    return parse_body(await request.read(), cls)
+
+
+async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel]:
+    """``(name as sent, served model)``; raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+    name = require_model(name)
+    return name, await request.app[CATALOG].resolve(name)
+
+
+def load_reply(name: str, keep_alive: Any, *, chat: bool) -> web.Response:
+    """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
+
+    ``done_reason`` is ``load``, or ``unload`` when ``keep_alive`` is 0
+    (Ollama ``server/routes.go`` GenerateHandler/ChatHandler).
+    """
+    unload = parse_keep_alive(keep_alive, default=300.0) == 0
+    body: dict[str, Any] = {"model": name, "created_at": CLOCK.now()}
+    if chat:
+        body["message"] = {"role": "assistant", "content": ""}
+    else:
+        body["response"] = ""
+    body.update(done=True, done_reason="unload" if unload else "load")
+    return web.json_response(body, dumps=_dumps)
+
+
+def log_ignored(ignored: list[str]) -> None:
+    """Ollama-only options have no vLLM meaning: note them once per request at debug level."""
+    if ignored:
+        log.debug("options_ignored", options=ignored)
+
+
+def now_ns() -> int:
+    """Monotonic nanoseconds, the base of every Ollama duration."""
+    return time.perf_counter_ns()
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()

@@ -1,0 +1,72 @@
+"""``POST /api/embed`` and legacy ``POST /api/embeddings`` -> vLLM ``/v1/embeddings``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..ollama_types import EmbeddingsRequest, EmbedRequest
+from ..state import UPSTREAM
+from .common import now_ns, read_request, resolve_model
+
+
+def l2_normalize(vec: list[float]) -> list[float]:
+    """``vec / ||vec||``; a zero vector is returned unchanged."""
+    norm = math.sqrt(math.fsum(x * x for x in vec))
+    return [x / norm for x in vec] if norm else vec
+
+
+async def _embeddings(request: web.Request, served: str, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+    body: dict[str, Any] = {"model": served, "input": inputs, "encoding_format": "float"}
+    if truncate:
+        body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
+    data = await request.app[UPSTREAM].post_json("/v1/embeddings", body)
+    items = sorted(data.get("data") or [], key=lambda d: d.get("index", 0))
+    usage = data.get("usage") or {}
+    return [d["embedding"] for d in items], int(usage.get("prompt_tokens") or 0)
+
+
+async def embed(request: web.Request) -> web.Response:
+    """Ollama's embed: ``{model, embeddings: [[float]], total_duration, load_duration, prompt_eval_count}``.
+
+    Vectors are L2-normalised; ``dimensions`` keeps the first N values and
+    re-normalises (Ollama ``server/routes.go`` EmbedHandler). ``truncate`` (default
+    true) cuts inputs to the context length; false lets vLLM's 400 through. An empty
+    input answers ``[]`` without asking vLLM.
+    """
+    t0 = now_ns()
+    req = await read_request(request, EmbedRequest)
+    name, model = await resolve_model(request, req.model)
+    inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
+    inputs = [i for i in inputs if i]
+    t_sent = now_ns()
+    vectors: list[list[float]] = []
+    count = 0
+    if inputs:
+        vectors, count = await _embeddings(request, model.name, inputs, req.truncate is not False)
+        if req.dimensions:
+            vectors = [v[: req.dimensions] for v in vectors]
+        vectors = [l2_normalize(v) for v in vectors]
+    end = now_ns()
+    body = {
+        "model": name,
+        "embeddings": vectors,
+        "total_duration": max(end - t0, 1),
+        "load_duration": max(t_sent - t0, 1),
+        "prompt_eval_count": count,
+    }
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """Legacy embeddings: ``{model, prompt}`` -> ``{"embedding": [float]}`` (not normalised, as Ollama)."""
+    req = await read_request(request, EmbeddingsRequest)
+    _, model = await resolve_model(request, req.model)
+    vec: list[float] = []
+    if req.prompt:
+        vectors, _ = await _embeddings(request, model.name, [req.prompt], True)
+        vec = vectors[0] if vectors else []
+    return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

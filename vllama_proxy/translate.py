@@ -1,0 +1,264 @@
+"""Pure translation of Ollama requests into vLLM's OpenAI request bodies. No I/O here.
+
+The reverse direction (vLLM's streamed chunks into Ollama's NDJSON) lives in
+``stream.py``. Field names follow each side: Ollama's on the way in
+(``num_predict``, ``repeat_penalty``), vLLM's on the way out (``max_tokens``,
+``repetition_penalty``). Sources: ``shared/ollama-api.md`` (Ollama), vLLM's
+"OpenAI-Compatible Server" docs (extra sampling parameters, ``chat_template_kwargs``,
+``response_format``, ``stream_options``).
+
+Unset Ollama options stay unset upstream, so vLLM applies the model's own
+``generation_config.json`` defaults: the Hugging Face counterpart of the
+``PARAMETER`` lines of an Ollama Modelfile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .errors import BadRequest, UnsupportedCapability
+from .ollama_types import ChatRequest, GenerateRequest, Message, Options
+
+#: Ollama option -> vLLM sampling parameter, for keys whose value passes unchanged.
+_SAME_VALUE = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repeat_penalty": "repetition_penalty",
+    "ignore_eos": "ignore_eos",
+    "min_tokens": "min_tokens",
+}
+#: Options with meaning only inside Ollama's runner (or no vLLM counterpart): logged, ignored.
+IGNORED_OPTIONS = frozenset(
+    {
+        "num_ctx", "num_keep", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap",
+        "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only", "logits_all", "embedding_only",
+        "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "penalize_newline", "typical_p",
+        "repeat_last_n",
+    }
+)
+_STREAM_OPTIONS = {"include_usage": True}
+
+
+def sampling_params(options: Options | None) -> tuple[dict[str, Any], list[str]]:
+    """vLLM sampling fields for Ollama ``options``, and the option names that were ignored.
+
+    - ``num_predict``: ≤0 or unset means no cap (Ollama: -1 infinite, -2 fill context;
+      its runner also treats 0 as no limit) and is sent as ``max_tokens: null``, because
+      vLLM's ``/v1/completions`` otherwise stops at 16 tokens.
+    - ``top_k`` ≤0 and ``seed`` -1 mean "off"/"random" in Ollama and are left out.
+    - ``stop`` may be a string or a list.
+
+    Returns:
+        ``(fields, ignored)``: the body fields, and sorted names of options that have no
+        vLLM meaning (``num_ctx``, ``mirostat``, unknown keys...).
+    """
+    out: dict[str, Any] = {"max_tokens": None}
+    if options is None:
+        return out, []
+    set_fields = options.model_dump(exclude_none=True)
+    ignored = []
+    for key, value in set_fields.items():
+        if key in _SAME_VALUE:
+            out[_SAME_VALUE[key]] = value
+        elif key == "num_predict":
+            out["max_tokens"] = value if value > 0 else None
+        elif key == "top_k":
+            if value > 0:
+                out["top_k"] = value
+        elif key == "seed":
+            if value >= 0:
+                out["seed"] = value
+        elif key == "stop":
+            out["stop"] = [value] if isinstance(value, str) else value
+        else:
+            ignored.append(key)
+    return out, sorted(ignored)
+
+
+def response_format(fmt: Any) -> dict[str, Any] | None:
+    """Ollama ``format`` -> vLLM ``response_format``: ``"json"`` -> json_object, a schema -> json_schema."""
+    if fmt in (None, ""):
+        return None
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    raise BadRequest(f"invalid format: {fmt!r} (use \"json\" or a JSON schema object)")
+
+
+def image_url(b64: str) -> dict[str, Any]:
+    """An OpenAI ``image_url`` part for a bare base64 image (Ollama sends no ``data:`` prefix).
+
+    The media type is read from the base64 of the file's magic bytes; PNG if unknown.
+    A value that already is a ``data:`` or ``http(s)`` URL is passed as it is.
+    """
+    if b64.startswith(("data:", "http://", "https://")):
+        url = b64
+    else:
+        if b64.startswith("/9j/"):
+            mime = "image/jpeg"
+        elif b64.startswith("R0lGOD"):
+            mime = "image/gif"
+        elif b64.startswith("UklGR"):
+            mime = "image/webp"
+        else:
+            mime = "image/png"
+        url = f"data:{mime};base64,{b64}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _content(text: str | None, images: list[str] | None) -> Any:
+    if not images:
+        return text or ""
+    parts: list[dict[str, Any]] = [image_url(i) for i in images]
+    if text:
+        parts.append({"type": "text", "text": text})
+    return parts
+
+
+def messages_to_openai(messages: list[Message]) -> list[dict[str, Any]]:
+    """Ollama chat messages -> OpenAI messages.
+
+    - ``images`` become ``image_url`` content parts.
+    - assistant ``tool_calls`` (arguments as an object) become OpenAI tool calls with
+      JSON-string ``arguments`` and an ``id`` (kept if the client sent one, else made up).
+    - ``tool`` messages get a ``tool_call_id``: the one sent, else the id of the latest
+      unanswered call of the function named by ``tool_name``, else a made-up one; the
+      function name rides along as ``name``.
+    - assistant ``thinking`` of earlier turns is dropped, as Ollama's templates do.
+    """
+    out: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []  # (function name, id) of calls not yet answered
+    n_calls = 0
+    for m in messages:
+        if m.role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": _content(m.content, m.images)}
+            if m.tool_calls:
+                calls = []
+                for tc in m.tool_calls:
+                    call_id = tc.id or f"call_{n_calls}"
+                    n_calls += 1
+                    pending.append((tc.function.name, call_id))
+                    calls.append(
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": tc.function.name, "arguments": orjson.dumps(tc.function.arguments).decode()},
+                        }
+                    )
+                msg["tool_calls"] = calls
+                if not m.content:
+                    msg["content"] = None
+            out.append(msg)
+        elif m.role == "tool":
+            call_id = m.tool_call_id
+            name = m.tool_name
+            if call_id is None:
+                match = next((p for p in reversed(pending) if name is None or p[0] == name), None)
+                if match is not None:
+                    pending.remove(match)
+                    name = name or match[0]
+                    call_id = match[1]
+                else:
+                    call_id = f"call_{n_calls}"
+                    n_calls += 1
+            else:
+                pending = [p for p in pending if p[1] != call_id]
+            msg = {"role": "tool", "content": m.content or "", "tool_call_id": call_id}
+            if name:
+                msg["name"] = name
+            out.append(msg)
+        else:
+            out.append({"role": m.role, "content": _content(m.content, m.images)})
+    return out
+
+
+def thinking_fields(think: Any) -> dict[str, Any]:
+    """Ollama ``think`` -> vLLM's ``chat_template_kwargs.enable_thinking`` (+ ``reasoning_effort`` for levels)."""
+    if think is None:
+        return {}
+    if isinstance(think, str):
+        return {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": think}
+    return {"chat_template_kwargs": {"enable_thinking": bool(think)}}
+
+
+def check_capabilities(model: str, caps: list[str], *, tools: bool = False, think: Any = None, images: bool = False) -> None:
+    """Ollama's capability checks before generation.
+
+    Raises:
+        UnsupportedCapability: ``"X" does not support tools|thinking|vision|completion``.
+    """
+    if "completion" not in caps:
+        raise UnsupportedCapability(model, "generate")
+    if tools and "tools" not in caps:
+        raise UnsupportedCapability(model, "tools")
+    if think not in (None, False) and "thinking" not in caps:
+        raise UnsupportedCapability(model, "thinking")
+    if images and "vision" not in caps:
+        raise UnsupportedCapability(model, "vision")
+
+
+def _common(served: str, options: Options | None, fmt: Any, logprobs: bool | None, top_logprobs: int | None, chat: bool) -> tuple[dict[str, Any], list[str]]:
+    params, ignored = sampling_params(options)
+    body: dict[str, Any] = {"model": served, "stream": True, "stream_options": _STREAM_OPTIONS, **params}
+    rf = response_format(fmt)
+    if rf is not None:
+        body["response_format"] = rf
+    if logprobs or top_logprobs:
+        if chat:
+            body["logprobs"] = True
+            if top_logprobs:
+                body["top_logprobs"] = top_logprobs
+        else:
+            body["logprobs"] = top_logprobs or 0
+    return body, ignored
+
+
+def chat_body(req: ChatRequest, served: str) -> tuple[dict[str, Any], list[str]]:
+    """``/api/chat`` -> ``/v1/chat/completions`` body (always streamed upstream) and ignored options."""
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True)
+    body["messages"] = messages_to_openai(req.messages or [])
+    if req.tools:
+        body["tools"] = req.tools
+    body.update(thinking_fields(req.think))
+    return body, ignored
+
+
+def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any], list[str]]:
+    """``/api/generate`` -> ``(upstream path, body, ignored options)``.
+
+    ``raw: true`` sends the prompt untouched to ``/v1/completions``. Otherwise the
+    model's own chat template is applied by vLLM: ``system`` + ``prompt`` (+ ``images``)
+    go to ``/v1/chat/completions`` as a system and a user message (Ollama applies its
+    Modelfile TEMPLATE the same way).
+
+    Raises:
+        BadRequest: ``raw`` combined with ``template``/``system``/``context`` (as Ollama),
+            ``raw`` with ``images``, or a custom ``template`` (a Go template we cannot render).
+    """
+    if req.raw:
+        if req.template or req.system or req.context:
+            raise BadRequest("raw mode does not support template, system, or context")
+        if req.images:
+            raise BadRequest("raw mode does not support images: send them without raw to apply the model's template")
+        body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False)
+        body["prompt"] = req.prompt or ""
+        return "/v1/completions", body, ignored
+    if req.template:
+        raise BadRequest(
+            "custom templates are not supported: vllama applies the model's own chat template; "
+            "render the prompt yourself and send it with raw: true"
+        )
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True)
+    messages: list[dict[str, Any]] = []
+    if req.system:
+        messages.append({"role": "system", "content": req.system})
+    messages.append({"role": "user", "content": _content(req.prompt, req.images)})
+    body["messages"] = messages
+    body.update(thinking_fields(req.think))
+    return "/v1/chat/completions", body, ignored

@@ -1,0 +1,253 @@
+"""The one client of vLLM's OpenAI-compatible server: a shared pool, errors mapped at this boundary.
+
+One ``aiohttp.ClientSession`` per app, with an unlimited connection pool and no
+total timeout: vLLM batches continuously, so a request may legitimately queue
+for minutes under load, and aiohttp's defaults (100 connections, 300 s total)
+would cap concurrency and kill queued requests (``shared/ollama-api.md``,
+"vLLM side"). Instead a connect timeout and an idle-read timeout apply.
+
+Every aiohttp exception is turned into the ``errors.UpstreamError`` tree here,
+so handlers never see aiohttp's exception types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+
+from .errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+
+_JSON = {"Content-Type": "application/json"}
+_DONE = b"[DONE]"
+
+
+class Upstream:
+    """Client of one vLLM server at ``base_url`` (``http://127.0.0.1:8000``, no ``/v1``).
+
+    Args:
+        base_url: where vLLM listens.
+        connect_timeout: seconds to open a TCP connection.
+        read_timeout: seconds without any byte from vLLM before the request fails.
+        api_key: vLLM's ``--api-key``, sent as ``Authorization: Bearer``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 600.0,
+        api_key: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        """Open the shared session (call once, inside the running loop)."""
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            headers=self._headers,
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        """Close the session and every pooled connection."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "Upstream.start() was not called"
+        return self._session
+
+    @asynccontextmanager
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        check: bool = True,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send one request and yield the open response (its body not read yet).
+
+        Leaving the block early (client disconnect cancels the handler) closes the
+        connection instead of returning it to the pool, which makes vLLM abort the request.
+
+        Raises:
+            UpstreamRejected: ``check`` and vLLM answered 4xx/5xx (its message and status).
+            UpstreamUnavailable: connection refused, reset or closed.
+            UpstreamTimeout: connect or idle-read timeout.
+        """
+        try:
+            resp = await self.session.request(
+                method, self.base_url + path, data=body, headers=headers or _JSON, params=params
+            )
+            if check and resp.status >= 400:
+                try:
+                    raise UpstreamRejected(await _error_message(resp), resp.status)
+                finally:
+                    resp.release()
+        except UpstreamError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - mapped or re-raised below
+            mapped = map_client_error(e, self.base_url)
+            if mapped is None:
+                raise
+            raise mapped from e
+        # Errors raised by the caller's block (e.g. writing to a client that left) are
+        # not upstream errors: they pass through unmapped.
+        try:
+            yield resp
+        except BaseException:
+            resp.close()  # drop the connection so vLLM sees the disconnect and aborts
+            raise
+        else:
+            resp.release()
+
+    async def get_json(self, path: str) -> Any:
+        """``GET path`` and decode the JSON answer (errors as :meth:`request`)."""
+        async with self.request("GET", path) as resp:
+            return await read_json(resp)
+
+    async def post_json(self, path: str, payload: Any) -> Any:
+        """``POST path`` with a JSON body and decode the JSON answer (errors as :meth:`request`)."""
+        async with self.request("POST", path, body=orjson.dumps(payload)) as resp:
+            return await read_json(resp)
+
+
+def map_client_error(e: BaseException, where: str) -> UpstreamError | None:
+    """Translate an aiohttp/asyncio client exception into the upstream error tree.
+
+    Returns ``None`` for exceptions that are not about the upstream (e.g. cancellation),
+    which the caller re-raises unchanged.
+    """
+    if isinstance(e, (aiohttp.ServerTimeoutError, asyncio.TimeoutError, TimeoutError)):
+        return UpstreamTimeout(f"vLLM at {where} did not answer in time")
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return UpstreamUnavailable(f"vLLM is not reachable at {where}: {e.os_error.strerror or e}")
+    if isinstance(e, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError, ConnectionError)):
+        return UpstreamUnavailable(f"vLLM closed the connection before the answer was complete ({type(e).__name__})")
+    if isinstance(e, aiohttp.ClientResponseError):
+        return UpstreamProtocolError(f"vLLM sent an invalid HTTP answer: {e.message}")
+    if isinstance(e, aiohttp.ClientError):
+        return UpstreamUnavailable(f"vLLM request failed: {e}")
+    return None
+
+
+async def read_json(resp: aiohttp.ClientResponse) -> Any:
+    """Read and decode a whole JSON body.
+
+    Raises:
+        UpstreamProtocolError: the body is not JSON.
+    """
+    raw = await resp.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise UpstreamProtocolError(f"vLLM sent a body that is not JSON: {raw[:200]!r}") from None
+
+
+async def _error_message(resp: aiohttp.ClientResponse) -> str:
+    """vLLM's error text from any of its error shapes.
+
+    vLLM ≥0.10: ``{"error": {"message", "type", "code"}}``; older: ``{"object": "error",
+    "message": ...}``; FastAPI: ``{"detail": ...}``.
+    """
+    raw = await resp.read()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        text = raw.decode("utf-8", "replace").strip()
+        return text[:500] or f"vLLM answered HTTP {resp.status}"
+    return error_text(data) or f"vLLM answered HTTP {resp.status}"
+
+
+def error_text(data: Any) -> str | None:
+    """The message inside one of vLLM's error objects, or ``None`` if ``data`` is not one."""
+    if not isinstance(data, dict):
+        return None
+    err = data.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    if isinstance(err, str):
+        return err
+    if data.get("object") == "error" and "message" in data:
+        return str(data["message"])
+    if "detail" in data:
+        return str(data["detail"])
+    return None
+
+
+async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """Decode vLLM's server-sent events into chunk dicts, up to ``data: [DONE]``.
+
+    vLLM frames every event as one ``data: <json>`` line plus a blank line and ends
+    with ``data: [DONE]``; an error raised after streaming began arrives as a
+    ``data: {"error": {...}}`` event.
+
+    Raises:
+        UpstreamRejected: vLLM streamed an error event (its message and code).
+        UpstreamProtocolError: a ``data:`` line is not JSON.
+        UpstreamUnavailable: the stream ended or broke before ``[DONE]``.
+        UpstreamTimeout: no byte within the idle-read timeout.
+    """
+    content = resp.content
+    try:
+        while True:
+            line = await content.readline()
+            if not line:
+                raise UpstreamUnavailable("vLLM closed the stream before it finished")
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, event:/id: lines
+            payload = line[5:].strip()
+            if payload == _DONE:
+                return
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise UpstreamProtocolError(f"vLLM sent an event that is not JSON: {payload[:200]!r}") from None
+            if "error" in chunk:
+                err = chunk["error"]
+                code = err.get("code") if isinstance(err, dict) else None
+                raise UpstreamRejected(error_text(chunk) or "vLLM reported an error", code if isinstance(code, int) and code >= 400 else 500)
+            yield chunk
+    except UpstreamError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - mapped or re-raised
+        mapped = map_client_error(e, str(resp.url.origin()))
+        if mapped is None:
+            raise
+        raise mapped from e
+
+
+async def iter_raw(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The response body as it arrives, with client errors mapped (see :func:`iter_sse`)."""
+    try:
+        async for data in resp.content.iter_any():
+            yield data
+    except BaseException as e:  # noqa: BLE001 - mapped or re-raised
+        mapped = map_client_error(e, str(resp.url.origin()))
+        if mapped is None:
+            raise
+        raise mapped from e
