@@ -1,0 +1,703 @@
+#!/usr/bin/env python3
+"""Streaming load generator: the Ollama API (via vllama) vs vLLM's OpenAI API, same workload.
+
+Two protocols, one workload (a random ~N-word text prompt, exactly ``--output-tokens``
+output tokens thanks to ``ignore_eos``):
+
+* ``ollama``: ``POST {base}/api/generate`` with ``raw: true, stream: true`` and
+  ``options.num_predict / ignore_eos / temperature``; NDJSON lines, the last one
+  ``done: true`` with ``eval_count``.
+* ``openai``: ``POST {base}/v1/completions`` with ``max_tokens / ignore_eos / stream`` and
+  ``stream_options.include_usage``; SSE ``data:`` events ending with ``data: [DONE]``.
+
+Per request: ok or error (HTTP status, an ``error`` line/event, an exception, a stream
+without ``done``/``[DONE]``, or a token count other than the one asked for), TTFT (first
+non-empty content chunk), ITL (time between consecutive content chunks), TPOT
+(``(e2e - ttft) / (output_tokens - 1)``), end-to-end latency and output tokens (from
+``eval_count`` / ``usage.completion_tokens``).
+
+Per concurrency level ``c``: ``requests`` requests, at most ``c`` in flight: ``c`` worker
+coroutines pull the next request index (nothing else limits the client: one shared
+``ClientSession``, ``TCPConnector(limit=0)``, no total timeout). The targets run one
+after the other, alternately (``--rounds``), in this one process, so they face the
+same conditions. Every prompt is new random words (no prefix-cache hits, also not
+between targets), generated before the clock starts.
+
+Library use (see ``cpu_bench.py``)::
+
+    targets = [Target.parse("proxy=ollama:http://127.0.0.1:11434")]
+    wl = Workload(model="m", output_tokens=128, prompt_words=128)
+    prompts = PromptFactory(128, seed=0)
+    async with make_session() as session:
+        run = await run_level(session, targets[0], wl, prompts, concurrency=32, n_requests=64)
+    print(summarize([run]))
+
+CLI: ``python benchmarks/loadgen.py --help`` and ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import collections
+import math
+import os
+import platform
+import random
+import resource
+import shlex
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import aiohttp
+import orjson
+
+PROTOCOLS = ("ollama", "openai")
+
+# Common English words: each is one token (with its leading space) in the usual BPE
+# vocabularies, so N words is about N prompt tokens for any real model.
+VOCAB: tuple[str, ...] = tuple("""
+the of and to in is was for on that with as by at from his her they this which have
+had are not but be he she it an or were been their has one all would there what so
+up out if about who get them me my more no when make can like time just him know take
+people into year your good some could see other than then now look only come its over
+think also back after use two how our work first well way even new want because any these
+give day most us great where much through long down should still own last each old high
+small large next early young few public same able city world house water room mother area
+money story fact month lot right study book eye job word business issue side kind head
+far black white long little home place hand part child woman man life case point group
+number night state school family system program question government company country week
+under never always often again while few both between open run move live play turn start
+show hear might begin seem help talk keep leave put mean call ask need feel become try
+write read learn change follow stop create speak allow add spend grow offer remember love
+consider appear buy wait serve die send expect build stay fall cut reach kill remain
+""".split())
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Target:
+    """One endpoint under test: ``name=protocol:url`` (``proxy=ollama:http://127.0.0.1:11434``)."""
+
+    name: str
+    protocol: str
+    base: str
+    model: str | None = None  # overrides Workload.model for this target
+    api_key: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Target:
+        name, sep, rest = spec.partition("=")
+        proto, sep2, url = rest.partition(":")
+        if not sep or not sep2 or not name or proto not in PROTOCOLS or not url.startswith(("http://", "https://")):
+            raise ValueError(f"bad target {spec!r}: want NAME=ollama:URL or NAME=openai:URL")
+        return cls(name.strip(), proto, url.rstrip("/"))
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str
+    output_tokens: int = 128
+    prompt_words: int = 128
+    temperature: float = 0.0
+    check_tokens: bool = True  # an answer with another token count than asked is an error
+
+
+class PromptFactory:
+    """Random prompts of ``words`` words from :data:`VOCAB`, reproducible from ``seed``."""
+
+    def __init__(self, words: int, seed: int | None = 0) -> None:
+        self.words = words
+        self.rng = random.Random(seed)
+
+    def __call__(self) -> str:
+        return " ".join(self.rng.choices(VOCAB, k=self.words))
+
+
+def request_for(target: Target, wl: Workload, prompt: str) -> tuple[str, bytes, dict[str, str]]:
+    """``(url, body, headers)`` of one streamed request for ``target``'s protocol."""
+    model = target.model or wl.model
+    headers = {"Content-Type": "application/json"}
+    if target.protocol == "ollama":
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "raw": True,
+            "stream": True,
+            "options": {"num_predict": wl.output_tokens, "ignore_eos": True, "temperature": wl.temperature},
+        }
+        url = target.base + "/api/generate"
+    else:
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": wl.output_tokens,
+            "ignore_eos": True,
+            "temperature": wl.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        url = target.base + "/v1/completions"
+        if target.api_key:
+            headers["Authorization"] = f"Bearer {target.api_key}"
+    return url, orjson.dumps(body), headers
+
+
+# --------------------------------------------------------------------------- one request
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool = False
+    error: str | None = None
+    status: int | None = None  # HTTP status, None when no answer came at all
+    start: float = 0.0  # perf_counter at send
+    ttft: float | None = None  # seconds
+    e2e: float = 0.0
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    chunks: int = 0
+    itls: list[float] = field(default_factory=list)
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ttft is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+
+class _StreamState:
+    """Per-request parse state; ``line()`` returns False to stop reading."""
+
+    __slots__ = ("res", "t0", "last", "done", "count")
+
+    def __init__(self, res: RequestResult, t0: float) -> None:
+        self.res = res
+        self.t0 = t0
+        self.last = 0.0
+        self.done = False
+        self.count: int | None = None
+
+    def token(self, now: float) -> None:
+        res = self.res
+        if res.ttft is None:
+            res.ttft = now - self.t0
+        else:
+            res.itls.append(now - self.last)
+        self.last = now
+        res.chunks += 1
+
+
+def _ollama_line(st: _StreamState, line: bytes, now: float) -> bool:
+    line = line.strip()
+    if not line:
+        return True
+    obj = orjson.loads(line)
+    if "error" in obj:
+        st.res.error = f"error line: {obj['error']}"
+        return False
+    if obj.get("response") or obj.get("thinking"):
+        st.token(now)
+    if obj.get("done"):
+        st.done = True
+        st.count = obj.get("eval_count")
+        st.res.prompt_tokens = obj.get("prompt_eval_count")
+    return True
+
+
+def _openai_line(st: _StreamState, line: bytes, now: float) -> bool:
+    if not line.startswith(b"data:"):
+        return True
+    payload = line[5:].strip()
+    if payload == b"[DONE]":
+        st.done = True
+        return True
+    obj = orjson.loads(payload)
+    if "error" in obj:
+        err = obj["error"]
+        st.res.error = f"error event: {err.get('message') if isinstance(err, dict) else err}"
+        return False
+    choices = obj.get("choices")
+    if choices and choices[0].get("text"):
+        st.token(now)
+    usage = obj.get("usage")
+    if usage:
+        st.count = usage.get("completion_tokens")
+        st.res.prompt_tokens = usage.get("prompt_tokens")
+    return True
+
+
+async def one_request(
+    session: aiohttp.ClientSession, target: Target, wl: Workload, url: str, body: bytes, headers: dict[str, str]
+) -> RequestResult:
+    """Send one streamed request and measure it; never raises (errors are in the result)."""
+    res = RequestResult()
+    handle = _ollama_line if target.protocol == "ollama" else _openai_line
+    clock = time.perf_counter
+    t0 = res.start = clock()
+    st = _StreamState(res, t0)
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            res.status = resp.status
+            if resp.status != 200:
+                text = (await resp.read()).decode("utf-8", "replace").strip()
+                res.error = f"HTTP {resp.status}: {text[:200]}"
+            else:
+                buf = b""
+                going = True
+                async for data in resp.content.iter_any():
+                    now = clock()
+                    if b"\n" not in data:
+                        buf += data
+                        continue
+                    *lines, rest = (buf + data).split(b"\n")
+                    buf = rest
+                    for line in lines:
+                        if not handle(st, line, now):
+                            going = False
+                            break
+                    if not going:
+                        break
+                if going and buf.strip():
+                    handle(st, buf, clock())
+    except asyncio.CancelledError:
+        raise
+    except orjson.JSONDecodeError as e:
+        res.error = f"bad JSON in stream: {e}"
+    except Exception as e:  # noqa: BLE001 - every failure is a measured error
+        res.error = f"{type(e).__name__}: {e}"[:300]
+    res.e2e = clock() - t0
+    if res.error is None:
+        if not st.done:
+            res.error = "stream ended without " + ("done:true" if target.protocol == "ollama" else "[DONE]")
+        else:
+            res.output_tokens = st.count if isinstance(st.count, int) else res.chunks
+            if wl.check_tokens and res.output_tokens != wl.output_tokens:
+                res.error = f"{res.output_tokens} output tokens, asked for {wl.output_tokens}"
+    else:
+        res.output_tokens = st.count if isinstance(st.count, int) else res.chunks
+    res.ok = res.error is None
+    return res
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class Run:
+    """The requests of one (target, concurrency) run and its wall time."""
+
+    target: Target
+    concurrency: int
+    results: list[RequestResult]
+    wall: float
+    client_cpu: float  # this process's user+system CPU seconds during the run
+    round: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_session() -> aiohttp.ClientSession:
+    """The shared client: an unlimited pool, no total timeout, 600 s idle-read timeout."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=600),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def run_level(
+    session: aiohttp.ClientSession,
+    target: Target,
+    wl: Workload,
+    prompts: Callable[[], str],
+    concurrency: int,
+    n_requests: int,
+    round_: int = 0,
+) -> Run:
+    """``n_requests`` requests with at most ``concurrency`` in flight (``concurrency`` workers)."""
+    reqs = [request_for(target, wl, prompts()) for _ in range(n_requests)]  # before the clock
+    results: list[RequestResult | None] = [None] * n_requests
+    nxt = 0
+
+    async def worker() -> None:
+        nonlocal nxt
+        while nxt < n_requests:
+            i = nxt
+            nxt += 1
+            url, body, headers = reqs[i]
+            results[i] = await one_request(session, target, wl, url, body, headers)
+
+    cpu0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, n_requests)))))
+    wall = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
+    return Run(target, concurrency, [r for r in results if r is not None], wall, cpu, round_)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(sorted_xs: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default) of an already sorted list."""
+    if not sorted_xs:
+        return None
+    k = (len(sorted_xs) - 1) * q / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (k - lo)
+
+
+def _dist_ms(xs: list[float]) -> dict[str, float | None]:
+    s = sorted(xs)
+    out: dict[str, float | None] = {}
+    for q in (50, 90, 99):
+        v = percentile(s, q)
+        out[f"p{q}"] = None if v is None else round(v * 1000, 3)
+    out["mean"] = round(sum(s) / len(s) * 1000, 3) if s else None
+    return out
+
+
+def summarize(runs: list[Run]) -> dict[str, Any]:
+    """Pooled statistics of one or more runs of the same target and level (times in ms)."""
+    results = [r for run in runs for r in run.results]
+    ok = [r for r in results if r.ok]
+    wall = sum(run.wall for run in runs)
+    tokens = sum(r.output_tokens for r in ok)
+    errors = collections.Counter(r.error for r in results if not r.ok)
+    client_cpu = sum(run.client_cpu for run in runs)
+    return {
+        "target": runs[0].target.name,
+        "protocol": runs[0].target.protocol,
+        "concurrency": runs[0].concurrency,
+        "runs": len(runs),
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": len(results) - len(ok),
+        "answered": sum(1 for r in results if r.status is not None),
+        "error_samples": [{"error": e, "count": n} for e, n in errors.most_common(5)],
+        "wall_s": round(wall, 4),
+        "req_s": round(len(ok) / wall, 4) if wall else None,
+        "output_tokens": tokens,
+        "output_tok_s": round(tokens / wall, 2) if wall else None,
+        "ttft_ms": _dist_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": _dist_ms([t for r in ok if (t := r.tpot) is not None]),
+        "itl_ms": _dist_ms([x for r in ok for x in r.itls]),
+        "e2e_ms": _dist_ms([r.e2e for r in ok]),
+        "client_cpu_util": round(client_cpu / wall, 3) if wall else None,
+        **({"extra": runs[0].extra} if len(runs) == 1 and runs[0].extra else {}),
+    }
+
+
+def compare(s: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """``s`` against the baseline ``base``: throughput ratio and p50 latency deltas (ms)."""
+
+    def delta(key: str) -> float | None:
+        a, b = s[key]["p50"], base[key]["p50"]
+        return None if a is None or b is None else round(a - b, 3)
+
+    def ratio(key: str) -> float | None:
+        a, b = s[key], base[key]
+        return round(a / b, 4) if a is not None and b else None
+
+    return {
+        "target": s["target"],
+        "baseline": base["target"],
+        "tok_s_ratio": ratio("output_tok_s"),
+        "req_s_ratio": ratio("req_s"),
+        "ttft_p50_delta_ms": delta("ttft_ms"),
+        "tpot_p50_delta_ms": delta("tpot_ms"),
+        "itl_p50_delta_ms": delta("itl_ms"),
+        "e2e_p50_delta_ms": delta("e2e_ms"),
+    }
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _f(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def results_table(summaries: list[dict[str, Any]]) -> str:
+    head = ("| c | target | reqs | ok | err | req/s | tok/s | TTFT p50 | p90 | p99 | TPOT p50 | p90 | p99 "
+            "| ITL p50 | p90 | p99 | E2E p50 | p90 | p99 | client CPU |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for s in summaries:
+        row = [str(s["concurrency"]), s["target"], str(s["requests"]), str(s["ok"]), str(s["errors"]),
+               _f(s["req_s"], 2), _f(s["output_tok_s"], 0)]
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            row += [_f(s[key]["p50"]), _f(s[key]["p90"]), _f(s[key]["p99"])]
+        row.append(_f(s["client_cpu_util"] * 100 if s["client_cpu_util"] is not None else None, 0) + "%")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n(latencies in ms; client CPU = this process's CPU time / wall)"
+
+
+def ratio_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| c | target / baseline | tok/s ratio | TTFT p50 Δ ms | TPOT p50 Δ ms | ITL p50 Δ ms | E2E p50 Δ ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['concurrency']} | {r['target']} / {r['baseline']} | {_f(r['tok_s_ratio'], 3)} | "
+                     f"{_f(r['ttft_p50_delta_ms'], 2)} | {_f(r['tpot_p50_delta_ms'], 3)} | "
+                     f"{_f(r['itl_p50_delta_ms'], 3)} | {_f(r['e2e_p50_delta_ms'], 1)} |")
+    return "\n".join(lines)
+
+
+def burst_table(summaries: list[dict[str, Any]]) -> str:
+    lines = ["| burst | target | round | wall s | answered | ok | errors | tok/s | TTFT p50 | TTFT p99 | E2E p99 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['concurrency']} | {s['target']} | {s.get('round', '-')} | {_f(s['wall_s'], 2)} | "
+                     f"{s['answered']} | {s['ok']} | {s['errors']} | {_f(s['output_tok_s'], 0)} | "
+                     f"{_f(s['ttft_ms']['p50'])} | {_f(s['ttft_ms']['p99'])} | {_f(s['e2e_ms']['p99'])} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Load, ast.Constant,
+                  ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd)
+_FUNCS = {"max": max, "min": min, "int": int, "round": round, "ceil": math.ceil}
+
+
+def requests_formula(expr: str) -> Callable[[int], int]:
+    """``"64"`` or a formula of ``c`` (``"max(32,4*c)"``) -> a function of the concurrency."""
+    tree = ast.parse(expr.strip(), mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise ValueError(f"not allowed in --requests-per-level: {type(node).__name__}")
+        if isinstance(node, ast.Name) and node.id not in ("c", *_FUNCS):
+            raise ValueError(f"unknown name in --requests-per-level: {node.id} (use c, {', '.join(_FUNCS)})")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCS):
+            raise ValueError("only max/min/int/round/ceil calls are allowed in --requests-per-level")
+    code = compile(tree, "<requests-per-level>", "eval")
+
+    def f(c: int) -> int:
+        return max(1, int(eval(code, {"__builtins__": {}}, {"c": c, **_FUNCS})))  # noqa: S307 - checked above
+
+    f(1)
+    return f
+
+
+def raise_nofile() -> tuple[int, int]:
+    """Raise ``RLIMIT_NOFILE``'s soft limit to its hard limit; returns the new ``(soft, hard)``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            if hard == resource.RLIM_INFINITY:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (1 << 20, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "aiohttp": aiohttp.__version__,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def run_loop(coro: Any, use_uvloop: bool = True) -> Any:
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def progress(run: Run) -> str:
+    s = summarize([run])
+    return (f"  c={run.concurrency:<5} {run.target.name:<10} round {run.round}: {s['ok']}/{s['requests']} ok, "
+            f"{s['output_tok_s'] or 0:.0f} tok/s, TTFT p50 {_f(s['ttft_ms']['p50'])} ms, "
+            f"TPOT p50 {_f(s['tpot_ms']['p50'], 2)} ms, {s['wall_s']:.1f} s"
+            + (f", errors: {s['error_samples'][0]['error']!r}" if s["errors"] else ""))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Streaming load generator: Ollama /api/generate (NDJSON) vs OpenAI /v1/completions (SSE).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--targets", required=True,
+                   help="comma-separated NAME=PROTOCOL:URL, PROTOCOL ollama or openai "
+                        "(proxy=ollama:http://127.0.0.1:11434,direct=openai:http://127.0.0.1:8000)")
+    p.add_argument("--model", required=True, help="model name sent by every target")
+    p.add_argument("--model-for", action="append", default=[], metavar="NAME=MODEL",
+                   help="another model name for one target (e.g. an Ollama alias); repeatable")
+    p.add_argument("--api-key", default=None, help="bearer token for openai targets (vLLM --api-key)")
+    p.add_argument("--levels", default="1,10,64,256,1024", help="comma-separated concurrency levels")
+    p.add_argument("--requests-per-level", default="max(32,4*c)",
+                   help="requests per level and target per round: a number or a formula of c")
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds of the targets per level")
+    p.add_argument("--output-tokens", type=int, default=128, help="output tokens per request (ignore_eos)")
+    p.add_argument("--prompt-words", type=int, default=128, help="random words per prompt (~tokens)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0, help="prompt seed")
+    p.add_argument("--warmup", type=int, default=8, help="unmeasured requests per target before the first level")
+    p.add_argument("--baseline", default=None, help="target the others are compared to (default: the last)")
+    p.add_argument("--burst", type=int, default=None, metavar="N",
+                   help="instead of levels: N requests launched at once per target and round")
+    p.add_argument("--no-check-tokens", action="store_true",
+                   help="do not count an answer with another token count than asked as an error")
+    p.add_argument("--cooldown", type=float, default=0.0, help="seconds of pause between runs")
+    p.add_argument("--raise-nofile", action="store_true", help="raise RLIMIT_NOFILE soft limit to the hard limit")
+    p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default loop")
+    p.add_argument("--json", default=None, metavar="PATH", help="write all results there")
+    args = p.parse_args(argv)
+    try:
+        args.target_list = [Target.parse(s) for s in args.targets.split(",") if s.strip()]
+        overrides = dict(x.split("=", 1) for x in args.model_for)
+        args.target_list = [
+            Target(t.name, t.protocol, t.base, overrides.get(t.name), args.api_key if t.protocol == "openai" else None)
+            for t in args.target_list
+        ]
+        args.level_list = [int(x) for x in args.levels.split(",") if x.strip()]
+        args.n_for = requests_formula(args.requests_per_level)
+    except ValueError as e:
+        p.error(str(e))
+    names = [t.name for t in args.target_list]
+    if len(set(names)) != len(names):
+        p.error("target names must be unique")
+    if args.baseline is not None and args.baseline not in names:
+        p.error(f"--baseline {args.baseline} is not a target")
+    return args
+
+
+async def _warmup(session: aiohttp.ClientSession, targets: list[Target], wl: Workload, prompts: PromptFactory,
+                  n: int) -> None:
+    for t in targets:
+        run = await run_level(session, t, wl, prompts, min(n, 8), n)
+        s = summarize([run])
+        log(f"warmup {t.name}: {s['ok']}/{s['requests']} ok"
+            + (f" ({s['error_samples'][0]['error']})" if s["errors"] else ""))
+        if s["ok"] == 0:
+            raise SystemExit(f"{t.name} ({t.base}) answered no warmup request successfully: "
+                             f"{s['error_samples'][0]['error'] if s['error_samples'] else '?'}")
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    targets: list[Target] = args.target_list
+    wl = Workload(args.model, args.output_tokens, args.prompt_words, args.temperature, not args.no_check_tokens)
+    prompts = PromptFactory(args.prompt_words, args.seed)
+    baseline = args.baseline or targets[-1].name
+    out: dict[str, Any] = {
+        **environment(),
+        "config": {k: v for k, v in vars(args).items() if k not in ("target_list", "level_list", "n_for")},
+        "targets": [{"name": t.name, "protocol": t.protocol, "base": t.base, "model": t.model or wl.model}
+                    for t in targets],
+        "workload": {"model": wl.model, "output_tokens": wl.output_tokens, "prompt_words": wl.prompt_words,
+                     "temperature": wl.temperature},
+        "baseline": baseline,
+    }
+    async with make_session() as session:
+        if args.warmup > 0:
+            await _warmup(session, targets, wl, prompts, args.warmup)
+        if args.burst:
+            bursts = []
+            for r in range(args.rounds):
+                for t in targets:
+                    run = await run_level(session, t, wl, prompts, args.burst, args.burst, r)
+                    log(progress(run))
+                    bursts.append({**summarize([run]), "round": r})
+                    if args.cooldown:
+                        await asyncio.sleep(args.cooldown)
+            out["burst"] = bursts
+            return out
+        levels = []
+        for c in args.level_list:
+            n = args.n_for(c)
+            log(f"level c={c}: {n} requests per target and round")
+            runs: list[Run] = []
+            for r in range(args.rounds):
+                for t in targets:
+                    run = await run_level(session, t, wl, prompts, c, n, r)
+                    log(progress(run))
+                    runs.append(run)
+                    if args.cooldown:
+                        await asyncio.sleep(args.cooldown)
+            summary = {t.name: summarize([x for x in runs if x.target.name == t.name]) for t in targets}
+            ratios = {name: {"concurrency": c, **compare(s, summary[baseline])}
+                      for name, s in summary.items() if name != baseline}
+            levels.append({
+                "concurrency": c,
+                "requests_per_run": n,
+                "runs": [{**summarize([x]), "round": x.round} for x in runs],
+                "summary": summary,
+                "ratios": ratios,
+            })
+        out["levels"] = levels
+    return out
+
+
+def report(out: dict[str, Any]) -> str:
+    parts = []
+    if "burst" in out:
+        parts.append(burst_table(out["burst"]))
+    if out.get("levels"):
+        parts.append(results_table([s for lv in out["levels"] for s in lv["summary"].values()]))
+        ratios = [r for lv in out["levels"] for r in lv["ratios"].values()]
+        if ratios:
+            parts.append(ratio_table(ratios))
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.raise_nofile:
+        soft, hard = raise_nofile()
+        log(f"RLIMIT_NOFILE: soft {soft}, hard {hard}")
+    need = (args.burst or max(args.level_list, default=1)) + 64
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft < need:
+        log(f"warning: RLIMIT_NOFILE soft limit {soft} < {need} sockets this run may need (--raise-nofile)")
+    out = run_loop(main_async(args), not args.no_uvloop)
+    text = report(out)
+    print(text)
+    out["table"] = text
+    errors = sum(s["errors"] for lv in out.get("levels", []) for s in lv["summary"].values()) + sum(
+        s["errors"] for s in out.get("burst", []))
+    if args.json:
+        with open(args.json, "wb") as f:
+            f.write(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        log(f"wrote {args.json}")
+    if errors:
+        log(f"{errors} request(s) failed")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

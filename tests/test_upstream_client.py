@@ -1,0 +1,101 @@
+"""Unit tests of the upstream client's error mapping, against small in-process HTTP servers.
+
+(aioresponses does not support aiohttp 3.14's ClientResponse; a real aiohttp test
+server is closer to vLLM anyway.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from conftest import free_port
+from vllama_proxy.errors import UpstreamProtocolError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from vllama_proxy.upstream import Upstream, iter_sse
+
+
+async def serve(handler, **upstream_kw):
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    server = TestServer(app)
+    await server.start_server()
+    up = Upstream(str(server.make_url("")).rstrip("/"), **upstream_kw)
+    await up.start()
+    return server, up
+
+
+@pytest.mark.parametrize("payload,message", [
+    ({"error": {"message": "too long", "type": "BadRequestError", "code": 400}}, "too long"),
+    ({"object": "error", "message": "old style", "code": 400}, "old style"),
+    ({"detail": "fastapi said"}, "fastapi said"),
+])
+async def test_vllm_error_shapes(payload, message):
+    server, up = await serve(lambda r: web.json_response(payload, status=400))
+    try:
+        with pytest.raises(UpstreamRejected) as e:
+            await up.post_json("/v1/completions", {})
+        assert e.value.status == 400 and e.value.message == message
+    finally:
+        await up.close()
+        await server.close()
+
+
+async def test_non_json_error_and_body():
+    server, up = await serve(lambda r: web.Response(status=502 if r.path == "/bad" else 200, text="<html>oops"))
+    try:
+        with pytest.raises(UpstreamRejected) as e:
+            await up.get_json("/bad")
+        assert e.value.status == 502 and e.value.message == "<html>oops"
+        with pytest.raises(UpstreamProtocolError):
+            await up.get_json("/ok")
+    finally:
+        await up.close()
+        await server.close()
+
+
+async def test_refused_is_unavailable():
+    up = Upstream(f"http://127.0.0.1:{free_port()}")
+    await up.start()
+    try:
+        with pytest.raises(UpstreamUnavailable, match="not reachable"):
+            await up.get_json("/v1/models")
+    finally:
+        await up.close()
+
+
+async def test_idle_read_timeout():
+    async def slow(request):
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    server, up = await serve(slow, read_timeout=0.2)
+    try:
+        with pytest.raises(UpstreamTimeout):
+            await up.get_json("/v1/models")
+    finally:
+        await up.close()
+        await server.close()
+
+
+async def test_sse_cut_and_error_event():
+    async def sse(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": []}\n\n')
+        if request.path == "/err":
+            await resp.write(b'data: {"error": {"message": "engine died", "code": 500}}\n\n')
+        return resp  # ends without [DONE]
+
+    server, up = await serve(sse)
+    try:
+        for path, kind, text in (("/cut", UpstreamUnavailable, "before it finished"), ("/err", UpstreamRejected, "engine died")):
+            async with up.request("POST", path, body=b"{}") as resp:
+                with pytest.raises(kind, match=text):
+                    async for _ in iter_sse(resp):
+                        pass
+    finally:
+        await up.close()
+        await server.close()
