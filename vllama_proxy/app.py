@@ -17,11 +17,13 @@ import structlog
 from aiohttp import web
 
 from .catalog import Catalog
-from .errors import RequestTooLarge, VllamaError, error_body, error_response
+from .errors import RequestTooLarge, UpstreamUnavailable, VllamaError, error_body, error_response
 from .logs import get_logger
-from .routes import chat, embed, generate, manage, meta, models, openai
+from .routes import chat, embed, generate, health, manage, meta, models, openai
 from .settings import Settings
-from .state import CATALOG, SETTINGS, UPSTREAM
+from .state import CATALOG, SETTINGS, SUPERVISOR, UPSTREAM
+from .supervisor.core import Supervisor
+from .supervisor.states import State
 from .upstream import Upstream
 
 log = get_logger("vllama.http")
@@ -70,20 +72,47 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2), **extra)
 
 
+#: Routes that answer while vLLM loads: static facts and the probes.
+_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz"})
+
+
+def ready_gate(supervisor: Supervisor) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware answering 503 + Ollama error on the API while vLLM is not ready.
+
+    While vLLM starts the proxy already listens, so clients get a clear "loading"
+    error instead of refused connections or hangs. One attribute read per request.
+    """
+
+    @web.middleware
+    async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if supervisor.state is not State.READY and request.path not in _UNGATED:
+            raise UpstreamUnavailable(supervisor.unavailable_message())
+        return await handler(request)
+
+    return gate
+
+
 def _allow(e: web.HTTPException) -> dict[str, str] | None:
     allow = e.headers.get("Allow")
     return {"Allow": allow} if allow else None
 
 
-def build_app(settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None = None) -> web.Application:
+def build_app(
+    settings: Settings,
+    upstream_url: str,
+    vllm_args: dict[str, list[str]] | None = None,
+    supervisor: Supervisor | None = None,
+) -> web.Application:
     """The Ollama-API app proxying the vLLM server at ``upstream_url``.
 
     Args:
         settings: the validated settings.
         upstream_url: vLLM's base URL (no ``/v1``).
         vllm_args: ``vllm serve`` arguments per served name (``"*"``: all), read for capabilities.
+        supervisor: the supervisor of that vLLM, when vllama launched it (gates the API on readiness).
     """
-    app = web.Application(middlewares=[errors_and_access_log], client_max_size=settings.max_body_size)
+    middlewares = [errors_and_access_log] + ([ready_gate(supervisor)] if supervisor else [])
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     upstream = Upstream(
         upstream_url,
         connect_timeout=settings.connect_timeout,
@@ -105,9 +134,13 @@ def build_app(settings: Settings, upstream_url: str, vllm_args: dict[str, list[s
         await upstream.close()
 
     app.cleanup_ctx.append(upstream_session)
+    if supervisor is not None:
+        app[SUPERVISOR] = supervisor
     r = app.router
     r.add_get("/", meta.root)  # GET also answers HEAD
     r.add_get("/api/version", meta.version)
+    r.add_get("/livez", health.livez)
+    r.add_get("/readyz", health.readyz)
     r.add_post("/api/generate", generate.generate)
     r.add_post("/api/chat", chat.chat)
     r.add_post("/api/embed", embed.embed)

@@ -38,14 +38,13 @@ def load_settings(argv: list[str]) -> Settings:
     """
     ours, theirs = split_passthrough(argv)
     try:
-        settings = Settings(_cli_parse_args=ours)
+        settings = Settings(_cli_parse_args=ours, **({"vllm_args": theirs} if theirs else {}))
     except ValidationError as e:
         for err in e.errors(include_url=False):
             loc = ".".join(str(p) for p in err["loc"])
-            print(f"vllama serve: invalid {loc}: {err['msg']}", file=sys.stderr)
+            msg = err["msg"].removeprefix("Value error, ")
+            print(f"vllama serve: invalid {loc}: {msg}" if loc else f"vllama serve: {msg}", file=sys.stderr)
         raise SystemExit(2) from None
-    if theirs:
-        settings.vllm_args = theirs
     return settings
 
 
@@ -74,6 +73,11 @@ def main(argv: list[str] | None = None) -> None:
         from .server import serve_upstream
 
         _run(serve_upstream(settings))
+        return
+    if settings.model:
+        from .server import serve_supervised
+
+        _run(serve_supervised(settings))
         return
     print("vllama serve: give --upstream URL (proxy a running vLLM) or --model M (launch vLLM)", file=sys.stderr)
     raise SystemExit(2)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import resource
 import signal
+import socket
+import sys
 
 from aiohttp import web
 
 from .app import build_app
 from .logs import get_logger
 from .settings import Settings
+from .supervisor import gpu
+from .supervisor.core import Supervisor
 
 log = get_logger("vllama.server")
 
@@ -31,13 +35,15 @@ def raise_nofile_limit() -> int:
     return soft
 
 
-async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
+async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0) -> web.AppRunner:
     """Start serving ``app`` on ``host:port``; returns the runner to clean up.
 
     ``handler_cancellation=True``: a client that disconnects cancels its handler, which
     closes the upstream connection, which makes vLLM abort the request.
+    ``runner.cleanup()`` stops listening, then lets in-flight requests finish for
+    ``drain_timeout`` seconds before cancelling them.
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
     await site.start()
@@ -62,11 +68,69 @@ async def serve_upstream(settings: Settings) -> None:
     assert settings.upstream is not None
     nofile = raise_nofile_limit()
     app = build_app(settings, settings.upstream)
-    runner = await start_site(app, settings.host, settings.port)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile)
     try:
         sig = await wait_for_signal()
         log.info("stopping", signal=sig)
     finally:
         await runner.cleanup()
+    log.info("stopped")
+
+
+def gpu_memory_utilization(vllm_args: list[str]) -> float:
+    """vLLM's ``--gpu-memory-utilization`` from its arguments (its default: 0.9)."""
+    for i, a in enumerate(vllm_args):
+        if a == "--gpu-memory-utilization" and i + 1 < len(vllm_args):
+            return float(vllm_args[i + 1])
+        if a.startswith("--gpu-memory-utilization="):
+            return float(a.split("=", 1)[1])
+    return 0.9
+
+
+def served_name_for(model: str) -> str:
+    """Default served name: a hub id as it is (``Qwen/Qwen2.5-1.5B-Instruct``), a local
+    directory by its last component (``/models/qwen`` -> ``qwen``), so Ollama names stay clean."""
+    from pathlib import Path
+
+    p = Path(model).expanduser()
+    return p.name if p.is_dir() else model
+
+
+def free_loopback_port() -> int:
+    """A free TCP port on 127.0.0.1 for vLLM."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def serve_supervised(settings: Settings) -> None:
+    """``vllama serve --model M``: launch and keep ``vllm serve M`` healthy, serve the Ollama API.
+
+    The proxy listens at once (503 "loading" until vLLM is ready). On SIGTERM/SIGINT:
+    stop accepting, let in-flight requests finish for ``drain_timeout``, stop vLLM's
+    whole process group, return (exit 0). Exits 1 with one line when there is no GPU.
+    """
+    assert settings.model is not None
+    if settings.gpu_check:
+        try:
+            for warning in await asyncio.to_thread(gpu.preflight, gpu_memory_utilization(settings.vllm_args)):
+                log.warning("gpu_memory_in_use", detail=warning)
+        except gpu.GpuUnavailable as e:
+            print(f"vllama: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
+    nofile = raise_nofile_limit()
+    served = settings.served_model_name or served_name_for(settings.model)
+    port = settings.vllm_port or free_loopback_port()
+    supervisor = Supervisor(settings, port=port, served_name=served)
+    app = build_app(settings, f"http://127.0.0.1:{port}", vllm_args={served: settings.vllm_args}, supervisor=supervisor)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout)
+    log.info("listening", host=settings.host, port=settings.port, model=settings.model, vllm_port=port, nofile=nofile)
+    await supervisor.start()
+    try:
+        sig = await wait_for_signal()
+        log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
+    finally:
+        await runner.cleanup()  # stop accepting, drain in-flight requests
+        await supervisor.stop()  # then vLLM's whole process group
     log.info("stopped")

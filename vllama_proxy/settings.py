@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     )
     served_model_name: str | None = Field(
         None,
-        description="Name vLLM serves the model under (default: the model argument).",
+        description="Name vLLM serves the model under (default: the hub id, or a local directory's name).",
     )
     alias: dict[str, str] = Field(
         default_factory=dict,
@@ -106,6 +106,30 @@ class Settings(BaseSettings):
         description="Largest request body accepted, bytes (base64 images count); larger gets 413.",
     )
 
+    # --- the supervisor (with --model) -------------------------------------------------
+    vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches (looked up on PATH).")
+    vllm_port: int = Field(0, ge=0, le=65535, description="Loopback port for the supervised vLLM (0: pick a free one).")
+    startup_timeout: float = Field(900.0, gt=0, description="Seconds vLLM may take to become ready (download, load, compile).")
+    startup_progress_extension: float = Field(
+        300.0, ge=0, description="The startup deadline is pushed to this many seconds after vLLM's latest loading-progress log line."
+    )
+    startup_poll_interval: float = Field(0.5, gt=0, description="Seconds between readiness probes while vLLM starts.")
+    health_interval: float = Field(5.0, gt=0, description="Seconds between /health (and hang) checks of a ready vLLM.")
+    health_timeout: float = Field(10.0, gt=0, description="Seconds a single health or metrics probe may take.")
+    unhealthy_threshold: int = Field(3, ge=1, description="Consecutive failed /health probes that trigger a restart.")
+    hang_timeout: float = Field(
+        120.0, ge=0, description="Restart when requests are pending but no token was generated for this long (0: off)."
+    )
+    stop_grace: float = Field(30.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping vLLM's process group.")
+    drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish.")
+    restart_backoff_initial: float = Field(1.0, ge=0, description="First restart delay, seconds; doubles per failure.")
+    restart_backoff_max: float = Field(60.0, ge=0, description="Cap of the restart delay, seconds.")
+    restart_reset_after: float = Field(300.0, ge=0, description="Seconds of readiness after which the failure count resets.")
+    crash_loop_limit: int = Field(5, ge=1, description="Consecutive failures after which the state is `failed` (retrying slowly).")
+    failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
+    gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping.")
+    gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
+
     # --- logging -----------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     log_format: Literal["auto", "console", "json"] = Field(
@@ -127,6 +151,15 @@ class Settings(BaseSettings):
         if not v.startswith(("http://", "https://")):
             raise ValueError("upstream must be an http:// or https:// URL")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _reserved_vllm_args(self) -> Settings:
+        # vLLM must only ever listen on loopback, on the port the supervisor chose.
+        if self.model:
+            for arg in self.vllm_args:
+                if arg.split("=", 1)[0] in ("--host", "--port", "--served-model-name"):
+                    raise ValueError(f"{arg.split('=', 1)[0]} is set by vllama; use --vllm-port / --served-model-name")
+        return self
 
     @model_validator(mode="after")
     def _ollama_host(self) -> Settings:

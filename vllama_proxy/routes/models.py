@@ -16,7 +16,7 @@ from aiohttp import web
 from ..catalog import ServedModel
 from ..model_files import ModelFiles, format_parameter_size
 from ..ollama_types import ModelRef
-from ..state import CATALOG
+from ..state import CATALOG, SUPERVISOR
 from ..stream import rfc3339
 from .common import read_request, resolve_model
 
@@ -129,10 +129,13 @@ async def show(request: web.Request) -> web.Response:
 async def ps(request: web.Request) -> web.Response:
     """The running models. vLLM keeps a served model loaded, so ``expires_at`` is "forever".
 
-    ``size_vram`` equals ``size`` (the weights are on the GPU) when vllama does not
-    supervise the process; the supervisor reports the measured memory instead.
+    ``size_vram`` is the GPU memory of vLLM's process tree measured with NVML when
+    vllama supervises it (weights + KV cache); otherwise, or when NVML cannot see the
+    processes, it equals ``size`` (the weights, which are on the GPU).
     """
     catalog = request.app[CATALOG]
+    sup = request.app.get(SUPERVISOR)
+    vram = await sup.vram_bytes() if sup is not None else 0
     out = []
     expires = rfc3339(time.time() + _FOREVER_S)
     for model in await catalog.models():
@@ -146,7 +149,7 @@ async def ps(request: web.Request) -> web.Response:
                 "digest": files.digest,
                 "details": details(files),
                 "expires_at": expires,
-                "size_vram": files.size,
+                "size_vram": vram or files.size,
                 "context_length": model.max_model_len or 0,
             }
         )

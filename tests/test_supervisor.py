@@ -1,0 +1,227 @@
+"""`vllama serve --model M` as a real process, supervising the stand-in `vllm` (tests/bin/vllm)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from ollama import Client, ResponseError
+
+from conftest import ROOT, TESTS, free_port, wait_http
+
+FAST = ["--no-gpu-check", "--health-interval", "0.2", "--startup-poll-interval", "0.1", "--restart-backoff-initial", "0.2",
+        "--restart-backoff-max", "1", "--crash-loop-limit", "3", "--failed-retry-interval", "30", "--stop-grace", "2",
+        "--drain-timeout", "10"]
+
+
+class Vllama:
+    def __init__(self, tmp_path: Path, env: dict[str, str] | None = None, flags: list[str] | None = None, vllm_args: list[str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = tmp_path / "tiny"
+        self.model.mkdir(exist_ok=True)
+        self.pidfile = tmp_path / "pids"
+        self.log = tmp_path / "vllama.log"
+        e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.pidfile),
+             "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", **(env or {})}
+        cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(self.model), "--port", str(self.port), *FAST, *(flags or [])]
+        if vllm_args:
+            cmd += ["--", *vllm_args]
+        self.proc = subprocess.Popen(cmd, env=e, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+        wait_http(self.url + "/livez", self.proc)
+
+    def ready(self) -> dict:
+        return httpx.get(self.url + "/readyz").json()
+
+    def wait_state(self, state: str, timeout: float = 20.0, **match) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = self.ready()
+            if body["state"] == state and all(body.get(k) == v for k, v in match.items()):
+                return body
+            time.sleep(0.05)
+        raise AssertionError(f"state {state} {match} not reached; last {body}")
+
+    def server_pid(self) -> int:
+        return int(Path(str(self.pidfile) + ".server").read_text())
+
+    def grandchild_pid(self) -> int:
+        return int(self.pidfile.read_text())
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def vllama(tmp_path):
+    started: list[Vllama] = []
+
+    def start(**kw) -> Vllama:
+        v = Vllama(tmp_path, **kw)
+        started.append(v)
+        return v
+
+    yield start
+    for v in started:
+        if v.proc.poll() is None:
+            v.proc.kill()
+            v.proc.wait()
+        for pidfile in (v.pidfile, Path(str(v.pidfile) + ".server")):
+            if pidfile.exists() and alive(int(pidfile.read_text())):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_startup_gating_then_ready(vllama):
+    v = vllama(env={"FAKE_VLLM_START_DELAY": "2"}, vllm_args=["--max-model-len", "2048", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    r = httpx.get(v.url + "/api/tags")
+    assert r.status_code == 503 and "is loading" in r.json()["error"]
+    assert httpx.post(v.url + "/v1/chat/completions", json={}).status_code == 503
+    assert httpx.get(v.url + "/livez").status_code == 200
+    body = httpx.get(v.url + "/readyz")
+    assert body.status_code == 503 and body.json()["state"] == "starting" and body.json()["since"]
+    assert httpx.get(v.url + "/api/version").status_code == 200  # static answers stay up
+    v.wait_state("ready")
+    assert httpx.get(v.url + "/readyz").status_code == 200
+    client = Client(host=v.url)
+    r = client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=False)
+    assert r.message.content.startswith("tok0")
+    assert client.show("tiny").capabilities == ["completion", "tools"]
+    (m,) = client.ps().models
+    assert m.name == "tiny:latest" and m.context_length == 2048
+    # vLLM is bound to loopback on a private port, passed through arguments intact
+    cmdline = psutil.Process(v.server_pid()).cmdline()
+    assert cmdline[cmdline.index("--host") + 1] == "127.0.0.1" and "--enable-auto-tool-choice" in cmdline
+    assert v.stop() == 0
+
+
+def test_kill_9_mid_stream_restarts_and_sweeps_grandchild(vllama):
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "FAKE_VLLM_TOKEN_DELAY": "0.05"})
+    v.wait_state("ready")
+    old_server, old_engine = v.server_pid(), v.grandchild_pid()
+    assert alive(old_engine)
+    client = Client(host=v.url)
+    stream = client.generate(model="tiny", prompt="x [[tokens:500]]", stream=True)
+    next(stream)
+    os.kill(old_server, signal.SIGKILL)
+    with pytest.raises(ResponseError):  # the stream ends with an {"error"} line, not silently
+        for _ in stream:
+            pass
+    body = v.wait_state("ready", restarts=1)
+    assert "exited with code -9" in body["last_error"]
+    assert not alive(old_engine), "the dead tree's engine core survived"
+    assert v.server_pid() != old_server and alive(v.grandchild_pid())
+    assert client.generate(model="tiny", prompt="x", stream=False).done
+    assert v.stop() == 0
+    assert not alive(v.grandchild_pid()) and not alive(v.server_pid())
+
+
+def test_crash_loop_fails_with_last_output(vllama):
+    t0 = time.monotonic()
+    v = vllama(env={"FAKE_VLLM_FAIL_AT_START": "CUDA out of memory. Tried to allocate 20.00 GiB"})
+    body = v.wait_state("failed")
+    assert time.monotonic() - t0 < 15  # fail fast: the child's exit ends each startup wait
+    assert "exited with code 1 during startup" in body["last_error"]
+    assert any("CUDA out of memory" in line for line in body["last_output"])
+    r = httpx.post(v.url + "/api/generate", json={"model": "tiny", "prompt": "x"})
+    assert r.status_code == 503 and "failed to load" in r.json()["error"]
+    log = v.log.read_text()
+    assert '"to": "restarting"' in log or '"to":"restarting"' in log.replace(" ", "")
+    assert v.stop() == 0
+
+
+def test_sigterm_drains_in_flight_and_leaves_nothing(vllama):
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "FAKE_VLLM_TOKEN_DELAY": "0.02"})
+    v.wait_state("ready")
+    server, engine = v.server_pid(), v.grandchild_pid()
+    client = Client(host=v.url)
+    stream = client.generate(model="tiny", prompt="x [[tokens:100]]", stream=True)
+    first = next(stream)
+    v.proc.send_signal(signal.SIGTERM)
+    rest = list(stream)  # the in-flight request finishes during the drain
+    assert rest[-1].done and len(rest) + 1 == 101 and first.response == "tok0 "
+    assert v.proc.wait(30) == 0
+    assert not alive(server) and not alive(engine)
+
+
+def test_vllm_ignoring_sigterm_is_killed(vllama):
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    v.wait_state("ready")
+    server, engine = v.server_pid(), v.grandchild_pid()
+    t0 = time.monotonic()
+    assert v.stop() == 0
+    assert 1.5 < time.monotonic() - t0 < 15  # the 2 s grace, then SIGKILL
+    assert not alive(server) and not alive(engine)
+
+
+def test_unhealthy_and_hung_engines_restart(vllama, tmp_path):
+    flag = tmp_path / "unhealthy"
+    v = vllama(env={"FAKE_VLLM_UNHEALTHY_FILE": str(flag), "FAKE_VLLM_HANG_AFTER": "2"}, flags=["--hang-timeout", "1", "--unhealthy-threshold", "3"])
+    v.wait_state("ready")
+    flag.touch()
+    body = v.wait_state("restarting")
+    assert "/health failed 3 times" in body["last_error"]
+    flag.unlink()
+    v.wait_state("ready", restarts=1)
+    client = Client(host=v.url)
+    assert client.generate(model="tiny", prompt="x", stream=False).done  # request 1 of the new process
+    with pytest.raises(ResponseError):
+        list(client.generate(model="tiny", prompt="x", stream=True))  # request 2 hangs -> restart -> error line
+    body = v.wait_state("ready", restarts=2)
+    assert "engine hung" in body["last_error"]
+    assert v.stop() == 0
+
+
+def test_missing_executable_fails_clearly(vllama):
+    v = vllama(flags=["--vllm-executable", "/nonexistent/vllm"])
+    body = v.wait_state("failed")
+    assert "cannot run '/nonexistent/vllm'" in body["last_error"]
+    assert v.stop() == 0
+
+
+def test_preflight_without_gpu(tmp_path):
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver is present")
+    except pynvml.NVMLError:
+        pass
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--port", str(free_port())],
+                       capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no NVIDIA GPU or driver" in lines[0] and "--upstream" in lines[0]
+
+
+def test_transition_table():
+    from vllama_proxy.supervisor.states import TRANSITIONS, State
+
+    assert set(TRANSITIONS) == set(State)
+    assert TRANSITIONS[State.STOPPED] == frozenset()
+    for s in State:
+        if s not in (State.STOPPING, State.STOPPED):
+            assert State.STOPPING in TRANSITIONS[s], s
+    reachable, todo = {State.STARTING}, [State.STARTING]
+    while todo:
+        for n in TRANSITIONS[todo.pop()]:
+            if n not in reachable:
+                reachable.add(n)
+                todo.append(n)
+    assert reachable == set(State)

@@ -1,0 +1,1 @@
+"""Supervision of the ``vllm serve`` child: states, process tree, probes, GPU, the owner loop."""

@@ -1,0 +1,268 @@
+"""The supervisor: launches ``vllm serve``, waits for it, watches it, restarts it, stops it.
+
+One task (:meth:`Supervisor._run`) owns the state (``states.py``) and every
+transition; callers wait with :meth:`Supervisor.ensure_ready` or read
+:meth:`Supervisor.status`. Patterns from Ollama's ``llm/server.go``
+``WaitUntilRunning`` (startup deadline pushed back while loading progresses; the
+child's last output shown on failure) and llama-swap's process owner loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import UpstreamUnavailable
+from ..logs import get_logger
+from ..settings import Settings
+from ..upstream import Upstream
+from . import gpu, probes
+from .child import VllmProcess
+from .states import TRANSITIONS, InvalidTransition, State
+
+log = get_logger("vllama.supervisor")
+
+
+class Supervisor:
+    """Keeps one ``vllm serve`` healthy on a private loopback port.
+
+    Args:
+        settings: vllama settings (model, executable, timeouts, backoff).
+        port: the loopback port vLLM listens on; only the proxy is exposed.
+        served_name: the name vLLM serves the model under.
+    """
+
+    def __init__(self, settings: Settings, *, port: int, served_name: str) -> None:
+        self.s = settings
+        self.port = port
+        self.served_name = served_name
+        self.state = State.STARTING
+        self.since = time.time()
+        self.last_error: str | None = None
+        self.last_output: str = ""
+        self.restarts = 0
+        self.child: VllmProcess | None = None
+        self._probe = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0, read_timeout=settings.health_timeout)
+        self._changed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.listeners: list[Callable[[State, str | None], Any]] = []
+
+    # -- public API ----------------------------------------------------------------
+    def argv(self) -> list[str]:
+        """The child's command line (no shell): vLLM bound to loopback on the private port."""
+        return [
+            self.s.vllm_executable, "serve", str(self.s.model),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", self.served_name,
+            *self.s.vllm_args,
+        ]
+
+    async def start(self) -> None:
+        """Begin supervising (returns at once; vLLM loads in the background)."""
+        await self._probe.start()
+        log.info("state", to=self.state.value, reason="launching")
+        self._task = asyncio.create_task(self._run(), name="supervisor")
+
+    async def stop(self) -> None:
+        """Stop vLLM's whole process tree and end supervision (idempotent)."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        await self._probe.close()
+
+    async def ensure_ready(self, timeout: float) -> None:
+        """Wait until vLLM is ready.
+
+        Raises:
+            UpstreamUnavailable: not ready within ``timeout`` seconds, or supervision stopped.
+        """
+        deadline = time.monotonic() + timeout
+        while self.state is not State.READY:
+            if self.state in (State.STOPPING, State.STOPPED):
+                raise UpstreamUnavailable(f"vLLM is {self.state.value}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UpstreamUnavailable(self.unavailable_message())
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    def unavailable_message(self) -> str:
+        """Why requests cannot be served now, for a 503."""
+        if self.state is State.FAILED:
+            return f"model '{self.served_name}' failed to load: {self.last_error}"
+        if self.state in (State.STARTING, State.RESTARTING):
+            return f"model '{self.served_name}' is loading (vLLM {self.state.value} since {_iso(self.since)}), please retry"
+        return f"model '{self.served_name}' is unavailable (vLLM {self.state.value})"
+
+    def status(self) -> dict[str, Any]:
+        """``/readyz`` body: state, since when, restarts, last error and output."""
+        body: dict[str, Any] = {
+            "state": self.state.value,
+            "since": _iso(self.since),
+            "model": self.served_name,
+            "restarts": self.restarts,
+            "pid": self.child.pid if self.child else None,
+            "last_error": self.last_error,
+        }
+        if self.last_error and self.last_output:
+            body["last_output"] = self.last_output.splitlines()
+        return body
+
+    async def vram_bytes(self) -> int:
+        """GPU memory held by vLLM's process tree, bytes (0 when unknown)."""
+        child = self.child
+        if child is None or not self.s.gpu_check:
+            return 0
+        pids = await asyncio.to_thread(child.session_pids)
+        return await asyncio.to_thread(gpu.memory_of, set(pids))
+
+    # -- the owner loop ------------------------------------------------------------------
+    def _set(self, new: State, reason: str | None = None) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise InvalidTransition(f"{self.state.value} -> {new.value}")
+        log.info("state", **{"from": self.state.value, "to": new.value, "reason": reason})
+        self.state = new
+        self.since = time.time()
+        self._changed.set()
+        self._changed = asyncio.Event()
+        for listener in self.listeners:
+            listener(new, reason)
+
+    async def _run(self) -> None:
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                if self.state is not State.STARTING:
+                    self._set(State.STARTING)
+                reason = await self._start_once()
+                if self._stop.is_set():
+                    break
+                if reason is None:
+                    self._set(State.READY)
+                    ready_at = time.monotonic()
+                    reason = await self._watch()
+                    if reason is None:
+                        break  # stop requested
+                    self._set(State.UNHEALTHY, reason)
+                    if time.monotonic() - ready_at >= self.s.restart_reset_after:
+                        failures = 0
+                failures += 1
+                self.last_error = reason
+                self.last_output = self.child.tail() if self.child else ""
+                log.warning("vllm_failed", reason=reason, failures=failures, last_output=self.last_output)
+                await self._stop_child()
+                if failures >= self.s.crash_loop_limit:
+                    self._set(State.FAILED, reason)
+                    delay = self.s.failed_retry_interval
+                else:
+                    self._set(State.RESTARTING, reason)
+                    delay = min(self.s.restart_backoff_initial * 2 ** (failures - 1), self.s.restart_backoff_max)
+                if await self._sleep_or_stop(delay):
+                    break
+                self.restarts += 1
+        finally:
+            if self.state is not State.STOPPED:
+                if self.state is not State.STOPPING:
+                    self._set(State.STOPPING)
+                await self._stop_child()
+                self._set(State.STOPPED)
+
+    async def _start_once(self) -> str | None:
+        """Launch and wait until ready; ``None`` when ready, else why not.
+
+        Races three things: the child exiting (fail fast), the deadline (pushed back
+        while the child's output shows loading progress), and readiness.
+        """
+        try:
+            self.child = await VllmProcess.launch(self.argv(), env=os.environ.copy())
+        except OSError as e:
+            return f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
+        child = self.child
+        started = time.monotonic()
+        exited = asyncio.ensure_future(child.wait())
+        try:
+            while True:
+                if exited.done():
+                    await asyncio.sleep(0.2)  # let the output pumps catch the last lines
+                    return f"vLLM exited with code {exited.result()} during startup"
+                deadline = max(started + self.s.startup_timeout, child.last_progress + self.s.startup_progress_extension)
+                if time.monotonic() > deadline:
+                    return f"vLLM was not ready after {time.monotonic() - started:.0f} s"
+                if await probes.health(self._probe) == 200 and await probes.serves(self._probe, self.served_name):
+                    log.info("ready", startup_s=round(time.monotonic() - started, 1))
+                    return None
+                if await self._first(exited, self.s.startup_poll_interval):
+                    return "stopped"
+        finally:
+            exited.cancel()
+
+    async def _watch(self) -> str | None:
+        """Watch a ready vLLM; returns why it must restart, or ``None`` when asked to stop."""
+        child = self.child
+        assert child is not None
+        exited = asyncio.ensure_future(child.wait())
+        failed_polls = 0
+        tokens: float | None = None
+        stalled_since: float | None = None
+        try:
+            while True:
+                if await self._first(exited, self.s.health_interval):
+                    return None
+                if exited.done():
+                    return f"vLLM exited with code {exited.result()}"
+                code = await probes.health(self._probe)
+                failed_polls = 0 if code == 200 else failed_polls + 1
+                if failed_polls >= self.s.unhealthy_threshold:
+                    return f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})"
+                if self.s.hang_timeout > 0:
+                    load = await probes.load(self._probe)
+                    if load is not None:
+                        now = time.monotonic()
+                        if load.pending > 0 and load.generation_tokens == tokens:
+                            stalled_since = stalled_since or now
+                            if now - stalled_since >= self.s.hang_timeout:
+                                return f"engine hung: {load.pending:g} requests pending, no token generated for {now - stalled_since:.0f} s"
+                        else:
+                            stalled_since = None
+                        tokens = load.generation_tokens
+        finally:
+            exited.cancel()
+
+    async def _first(self, exited: asyncio.Future[int], timeout: float) -> bool:
+        """Wait for the child's exit, a stop request, or ``timeout``; True if stop was requested."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({exited, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        return self._stop.is_set()
+
+    async def _sleep_or_stop(self, delay: float) -> bool:
+        try:
+            await asyncio.wait_for(self._stop.wait(), delay)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def _stop_child(self) -> None:
+        child, self.child = self.child, None
+        if child is None:
+            return
+        pids = set(await asyncio.to_thread(child.session_pids))
+        await child.stop(self.s.stop_grace)
+        log.info("vllm_stopped", pid=child.pid, returncode=child.returncode)
+        if self.s.gpu_check and pids:
+            released = await asyncio.to_thread(gpu.wait_released, pids, self.s.gpu_release_timeout)
+            if not released:
+                log.warning("gpu_memory_not_released", pids=sorted(pids), timeout_s=self.s.gpu_release_timeout)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

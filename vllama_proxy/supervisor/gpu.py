@@ -1,0 +1,108 @@
+"""NVIDIA GPU facts through NVML (nvidia-ml-py): preflight, memory of a process tree, release.
+
+All calls block (they go to the driver): the supervisor runs them in worker threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import psutil
+import pynvml
+
+
+class GpuUnavailable(RuntimeError):
+    """No NVIDIA GPU or driver: the one-line message says how to proxy a remote vLLM instead."""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu: int
+    pid: int
+    name: str
+    used_bytes: int
+
+
+def _init() -> None:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise GpuUnavailable(
+            f"no NVIDIA GPU or driver found (NVML: {e}); to proxy a vLLM server running elsewhere, "
+            "use: vllama serve --upstream http://HOST:PORT"
+        ) from None
+
+
+def preflight(gpu_memory_utilization: float) -> list[str]:
+    """Check that GPUs exist and have room for vLLM's share of memory.
+
+    Args:
+        gpu_memory_utilization: vLLM's ``--gpu-memory-utilization`` (fraction of each GPU).
+
+    Returns:
+        Warnings, one per GPU whose memory already in use leaves less than that share,
+        naming the processes holding it.
+
+    Raises:
+        GpuUnavailable: NVML cannot start or sees no GPU.
+    """
+    _init()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            raise GpuUnavailable("NVML sees no NVIDIA GPU; to proxy a vLLM server running elsewhere, use: vllama serve --upstream http://HOST:PORT")
+        warnings = []
+        for i in range(count):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            free_share = mem.free / mem.total if mem.total else 0.0
+            if free_share < gpu_memory_utilization:
+                procs = ", ".join(f"{p.name}[{p.pid}] {p.used_bytes / 2**30:.1f} GiB" for p in _processes(i, h)) or "unknown processes"
+                warnings.append(
+                    f"GPU {i}: {mem.used / 2**30:.1f} of {mem.total / 2**30:.1f} GiB already in use by {procs}; "
+                    f"vLLM asks for {gpu_memory_utilization:.0%} and may fail to start"
+                )
+        return warnings
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _processes(index: int, handle) -> list[GpuProcess]:
+    out = []
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        try:
+            name = psutil.Process(p.pid).name()
+        except psutil.Error:
+            name = "?"
+        out.append(GpuProcess(index, p.pid, name, int(p.usedGpuMemory or 0)))
+    return out
+
+
+def processes() -> list[GpuProcess]:
+    """Every compute process on every GPU (empty if NVML is unavailable)."""
+    try:
+        _init()
+    except GpuUnavailable:
+        return []
+    try:
+        return [p for i in range(pynvml.nvmlDeviceGetCount()) for p in _processes(i, pynvml.nvmlDeviceGetHandleByIndex(i))]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def memory_of(pids: Collection[int]) -> int:
+    """Bytes of GPU memory held by the processes ``pids`` (0 without NVML)."""
+    return sum(p.used_bytes for p in processes() if p.pid in pids)
+
+
+def wait_released(pids: Collection[int], timeout: float, interval: float = 0.5) -> bool:
+    """Block until no process of ``pids`` holds GPU memory; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not any(p.pid in pids for p in processes()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)

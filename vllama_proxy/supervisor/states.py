@@ -1,0 +1,41 @@
+"""The supervisor's states and the transitions allowed between them.
+
+    starting ──► ready ──► unhealthy ──► restarting ──► starting
+       │  └──────────────────────────────►─┘    ▲
+       └──► failed ──(slow retry)──► starting    │
+    any ──► stopping ──► stopped          failed ┘
+
+One task (``Supervisor._run``) owns every transition; everyone else waits on
+them (``Supervisor.ensure_ready``) and never acts on a state they read earlier.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class State(str, enum.Enum):
+    """Where the supervised ``vllm serve`` stands."""
+
+    STARTING = "starting"  # launched, loading; connections refused until weights and graphs are ready
+    READY = "ready"  # /health 200 and /v1/models lists the model
+    UNHEALTHY = "unhealthy"  # exited, /health failing, or engine hung; about to restart
+    RESTARTING = "restarting"  # old process tree stopped; waiting out the backoff
+    FAILED = "failed"  # crash loop: retrying slowly; /readyz shows the last error
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.STARTING: frozenset({State.READY, State.RESTARTING, State.FAILED, State.STOPPING}),
+    State.READY: frozenset({State.UNHEALTHY, State.STOPPING}),
+    State.UNHEALTHY: frozenset({State.RESTARTING, State.FAILED, State.STOPPING}),
+    State.RESTARTING: frozenset({State.STARTING, State.STOPPING}),
+    State.FAILED: frozenset({State.STARTING, State.STOPPING}),
+    State.STOPPING: frozenset({State.STOPPED}),
+    State.STOPPED: frozenset(),
+}
+
+
+class InvalidTransition(RuntimeError):
+    """A transition the table does not allow: a supervisor bug, never a user error."""
