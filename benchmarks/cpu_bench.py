@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     loadgen.raise_nofile()
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (`cmd &`)
     proxy_cpus, other_cpus = pinning(not args.no_pin)
     children = Children()
     tmp = Path(tempfile.mkdtemp(prefix="vllama-cpu-bench-"))
@@ -290,4 +291,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        loadgen.log("interrupted; subprocesses stopped")
+        sys.exit(130)

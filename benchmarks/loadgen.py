@@ -318,6 +318,40 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+async def run_requests(
+    session: aiohttp.ClientSession,
+    target: Target,
+    wl: Workload,
+    reqs: list[tuple[str, bytes, dict[str, str]]],
+    concurrency: int,
+    start_at: float | None = None,
+) -> tuple[list[RequestResult], float, float, float]:
+    """Send prepared requests with ``concurrency`` workers; ``(results, t_start, t_end, cpu_seconds)``.
+
+    ``start_at``: a ``time.perf_counter()`` value to wait for (CLOCK_MONOTONIC on Linux,
+    shared by all processes), so several client processes start together.
+    """
+    n = len(reqs)
+    results: list[RequestResult | None] = [None] * n
+    nxt = 0
+
+    async def worker() -> None:
+        nonlocal nxt
+        while nxt < n:
+            i = nxt
+            nxt += 1
+            url, body, headers = reqs[i]
+            results[i] = await one_request(session, target, wl, url, body, headers)
+
+    if start_at is not None:
+        await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+    cpu0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, n)))))
+    t1 = time.perf_counter()
+    return [r for r in results if r is not None], t0, t1, _cpu_seconds() - cpu0
+
+
 async def run_level(
     session: aiohttp.ClientSession,
     target: Target,
@@ -329,23 +363,95 @@ async def run_level(
 ) -> Run:
     """``n_requests`` requests with at most ``concurrency`` in flight (``concurrency`` workers)."""
     reqs = [request_for(target, wl, prompts()) for _ in range(n_requests)]  # before the clock
-    results: list[RequestResult | None] = [None] * n_requests
-    nxt = 0
+    results, t0, t1, cpu = await run_requests(session, target, wl, reqs, concurrency)
+    return Run(target, concurrency, results, t1 - t0, cpu, round_)
 
-    async def worker() -> None:
-        nonlocal nxt
-        while nxt < n_requests:
-            i = nxt
-            nxt += 1
-            url, body, headers = reqs[i]
-            results[i] = await one_request(session, target, wl, url, body, headers)
 
-    cpu0 = _cpu_seconds()
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, n_requests)))))
-    wall = time.perf_counter() - t0
-    cpu = _cpu_seconds() - cpu0
-    return Run(target, concurrency, [r for r in results if r is not None], wall, cpu, round_)
+# --------------------------------------------------------------------------- several client processes
+
+
+def _child_main(conn: Any, use_uvloop: bool) -> None:
+    """A client process: one loop and one session for its life, one run per message."""
+    loop: asyncio.AbstractEventLoop | None = None
+    if use_uvloop:
+        try:
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+        except ImportError:
+            pass
+    loop = loop or asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    async def open_session() -> aiohttp.ClientSession:
+        return make_session()
+
+    session = loop.run_until_complete(open_session())
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            target, wl, reqs, concurrency, start_at = msg
+            conn.send(loop.run_until_complete(run_requests(session, target, wl, reqs, concurrency, start_at)))
+    finally:
+        loop.run_until_complete(session.close())
+        loop.close()
+
+
+class ClientPool:
+    """``procs`` client processes sharing each run: concurrency and requests split evenly.
+
+    One Python process parses roughly 20-60k streamed chunks/s; above that the client,
+    not the server, would be measured (watch the client CPU column). The processes keep
+    their connection pools between runs, like the single-process client.
+    """
+
+    def __init__(self, procs: int, use_uvloop: bool = True) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # never fork a process with a running event loop
+        self.conns = []
+        self.procs = []
+        for _ in range(procs):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_child_main, args=(child, use_uvloop), daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+
+    @staticmethod
+    def _share(total: int, k: int, i: int) -> int:
+        return total // k + (1 if i < total % k else 0)
+
+    async def run_level(self, target: Target, wl: Workload, prompts: Callable[[], str], concurrency: int,
+                        n_requests: int, round_: int = 0) -> Run:
+        k = len(self.conns)
+        reqs = [request_for(target, wl, prompts()) for _ in range(n_requests)]
+        start_at = time.perf_counter() + 0.3 + 0.0002 * n_requests  # after every child got its share
+        pos = 0
+        for i, conn in enumerate(self.conns):
+            n_i = self._share(n_requests, k, i)
+            conn.send((target, wl, reqs[pos:pos + n_i], max(1, self._share(concurrency, k, i)), start_at))
+            pos += n_i
+        loop = asyncio.get_running_loop()
+        parts = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn in self.conns))
+        results = [r for part in parts for r in part[0]]
+        wall = max(p[2] for p in parts) - min(p[1] for p in parts)
+        return Run(target, concurrency, results, wall, sum(p[3] for p in parts), round_)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
 
 
 # --------------------------------------------------------------------------- statistics
@@ -447,7 +553,8 @@ def results_table(summaries: list[dict[str, Any]]) -> str:
             row += [_f(s[key]["p50"]), _f(s[key]["p90"]), _f(s[key]["p99"])]
         row.append(_f(s["client_cpu_util"] * 100 if s["client_cpu_util"] is not None else None, 0) + "%")
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n(latencies in ms; client CPU = this process's CPU time / wall)"
+    return "\n".join(lines) + ("\n(latencies in ms; client CPU = the load generator's CPU time / wall, "
+                               "summed over its processes: near 100% per process means the client is the limit)")
 
 
 def ratio_table(rows: list[dict[str, Any]]) -> str:
@@ -575,6 +682,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="do not count an answer with another token count than asked as an error")
     p.add_argument("--cooldown", type=float, default=0.0, help="seconds of pause between runs")
     p.add_argument("--raise-nofile", action="store_true", help="raise RLIMIT_NOFILE soft limit to the hard limit")
+    p.add_argument("--procs", type=int, default=1,
+                   help="client processes sharing each run (concurrency and requests split evenly); use more "
+                        "when the client CPU column nears 100%%")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default loop")
     p.add_argument("--json", default=None, metavar="PATH", help="write all results there")
     args = p.parse_args(argv)
@@ -597,10 +707,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def _warmup(session: aiohttp.ClientSession, targets: list[Target], wl: Workload, prompts: PromptFactory,
-                  n: int) -> None:
+async def _warmup(run_fn: Callable[..., Any], targets: list[Target], n: int) -> None:
     for t in targets:
-        run = await run_level(session, t, wl, prompts, min(n, 8), n)
+        run = await run_fn(t, min(n, 8), n)
         s = summarize([run])
         log(f"warmup {t.name}: {s['ok']}/{s['requests']} ok"
             + (f" ({s['error_samples'][0]['error']})" if s["errors"] else ""))
@@ -623,14 +732,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                      "temperature": wl.temperature},
         "baseline": baseline,
     }
-    async with make_session() as session:
+    pool = ClientPool(args.procs, not args.no_uvloop) if args.procs > 1 else None
+    session = make_session() if pool is None else None
+
+    async def run_fn(t: Target, c: int, n: int, r: int = 0) -> Run:
+        if pool is not None:
+            return await pool.run_level(t, wl, prompts, c, n, r)
+        assert session is not None
+        return await run_level(session, t, wl, prompts, c, n, r)
+
+    try:
         if args.warmup > 0:
-            await _warmup(session, targets, wl, prompts, args.warmup)
+            await _warmup(run_fn, targets, args.warmup)
         if args.burst:
             bursts = []
             for r in range(args.rounds):
                 for t in targets:
-                    run = await run_level(session, t, wl, prompts, args.burst, args.burst, r)
+                    run = await run_fn(t, args.burst, args.burst, r)
                     log(progress(run))
                     bursts.append({**summarize([run]), "round": r})
                     if args.cooldown:
@@ -644,7 +762,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             runs: list[Run] = []
             for r in range(args.rounds):
                 for t in targets:
-                    run = await run_level(session, t, wl, prompts, c, n, r)
+                    run = await run_fn(t, c, n, r)
                     log(progress(run))
                     runs.append(run)
                     if args.cooldown:
@@ -660,7 +778,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "ratios": ratios,
             })
         out["levels"] = levels
-    return out
+        return out
+    finally:
+        if session is not None:
+            await session.close()
+        if pool is not None:
+            pool.close()
 
 
 def report(out: dict[str, Any]) -> str:
