@@ -151,9 +151,21 @@ def proxy(fake) -> Iterator[Server]:
     stop(s.proc)
 
 
-@pytest.fixture
-def upstream_requests(fake):
-    """Returns a function giving the requests the fake vLLM received since the test began."""
+@pytest.fixture(scope="session")
+def embed_fake(model_dir) -> Iterator[Server]:
+    s = start_fake(model_dir, extra=["--runner", "pooling"])
+    yield s
+    stop(s.proc)
+
+
+@pytest.fixture(scope="session")
+def embed_proxy(embed_fake) -> Iterator[Server]:
+    s = start_proxy(embed_fake.url, vllm_args=["--runner", "pooling"])
+    yield s
+    stop(s.proc)
+
+
+def _requests_of(fake: Server):
     req = urllib.request.Request(fake.url + "/_fake/requests", method="DELETE")
     urllib.request.urlopen(req, timeout=5)
 
@@ -165,10 +177,28 @@ def upstream_requests(fake):
 
 
 @pytest.fixture
+def upstream_requests(fake):
+    """Returns a function giving the requests the fake vLLM received since the test began."""
+    return _requests_of(fake)
+
+
+@pytest.fixture
+def embed_requests(embed_fake):
+    return _requests_of(embed_fake)
+
+
+@pytest.fixture
 def client(proxy):
     import ollama
 
     return ollama.Client(host=proxy.url)
+
+
+@pytest.fixture
+def embed_client(embed_proxy):
+    import ollama
+
+    return ollama.Client(host=embed_proxy.url)
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ Run it like ``vllm serve``::
 
 Unknown arguments (``--gpu-memory-utilization 0.9``, ``--enable-auto-tool-choice``,
 ``--tool-call-parser hermes``, ``--runner pooling`` ...) are accepted and ignored.
+``--runner pooling`` (or ``--convert embed``) makes it an embedding model: ``/v1/embeddings``
+only, as vLLM does; otherwise ``/v1/embeddings`` is a 404.
 ``tests/bin/vllm`` is an executable wrapper, so ``PATH=tests/bin:$PATH vllm serve ...`` works.
 Log lines go to stderr, shaped like vLLM's (``INFO ... Starting vLLM API server on http://H:P``).
 
@@ -163,6 +165,7 @@ class State:
         self.max_model_len = max_model_len
         self.api_key = api_key
         self.knobs = knobs
+        self.pooling = False
         self.created = int(time.time())
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=knobs.log_max)
         self.started = 0
@@ -381,11 +384,10 @@ def plan_completion(state: State, body: dict[str, Any]) -> Plan:
                             "(batched prompts are not supported by the fake)", param="prompt")
     faults = set(_RE_FAULT.findall(text))
     _fault_errors(faults)
-    # vLLM: an absent max_tokens is 16 for completions; an explicit null means no cap
-    # (max_model_len - prompt), which is what vllama sends for Ollama's num_predict -1.
+    # vLLM 0.26: an absent or null max_tokens is 16 for completions (measured on the H200).
     mt = _opt_int(body, "max_tokens")
     if mt is None:
-        mt = 16 if "max_tokens" not in body else state.max_model_len - ptoks
+        mt = 16
     _validate_len(state, ptoks, mt)
     toks, finish, stop_reason = _content_tokens(
         text, mt, bool(body.get("ignore_eos")), _stops(body), _wants_json(body))
@@ -900,9 +902,13 @@ def make_app(state: State) -> web.Application:
     r.add_get("/version", version)
     r.add_get("/v1/models", models)
     r.add_get("/metrics", metrics)
-    r.add_post("/v1/completions", completions)
-    r.add_post("/v1/chat/completions", chat_completions)
-    r.add_post("/v1/embeddings", embeddings)
+    # Like vLLM: a pooling model serves embeddings only; a generation model has no
+    # /v1/embeddings route (FastAPI's 404 {"detail": "Not Found"}).
+    if state.pooling:
+        r.add_post("/v1/embeddings", embeddings)
+    else:
+        r.add_post("/v1/completions", completions)
+        r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/tokenize", tokenize)
     r.add_get("/_fake/requests", fake_requests)
     r.add_delete("/_fake/requests", fake_requests)
@@ -938,6 +944,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--max-model-len", type=_parse_len, default=4096)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--runner", default="auto")
+    p.add_argument("--convert", default="auto")
     args, unknown = p.parse_known_args(argv)
     args.model = model or args.model_opt or "fake-model"
     return args, unknown
@@ -1028,6 +1036,7 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
             return 1
 
         state = State(args.model, served, args.max_model_len, args.api_key, knobs)
+        state.pooling = args.runner == "pooling" or args.convert == "embed"
         app = make_app(state)
         if knobs.access_log:
             import logging

@@ -22,7 +22,7 @@ def test_stream_and_non_stream(client, upstream_requests):
     r = client.chat(model=SERVED, messages=[{"role": "user", "content": "hi [[tokens:3]]"}], stream=False)
     assert r.message.content == "tok0 tok1 tok2 " and r.done
     body = upstream_requests("/v1/chat/completions")[0]["body"]
-    assert body["messages"] == [{"role": "user", "content": "hi"}] and body["max_tokens"] is None
+    assert body["messages"] == [{"role": "user", "content": "hi"}] and "max_tokens" not in body
 
 
 def test_tool_calls_arrive_whole_one_per_chunk(proxy):

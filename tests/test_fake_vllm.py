@@ -170,6 +170,16 @@ def test_chat_tool_call_deltas(client):
 
 
 def test_embeddings(client):
+    with pytest.raises(openai.NotFoundError):  # a generation model has no /v1/embeddings
+        client.embeddings.create(model="foo", input="x")
+    proc, base = start_fake("--runner", "pooling", env={"FAKE_VLLM_EMBED_DIM": "8"})
+    try:
+        _check_embeddings(openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=10))
+    finally:
+        stop(proc)
+
+
+def _check_embeddings(client):
     r = client.embeddings.create(model="foo", input=["one two", "three"])  # base64 on the wire
     assert [d.index for d in r.data] == [0, 1] and r.usage.prompt_tokens == 3
     want = fake_vllm.embed_vector("one two", 8)

@@ -38,7 +38,12 @@ def test_stream_raw_goes_to_completions_untouched(client, upstream_requests):
     assert body["prompt"] == "hello there"
     assert body["model"] == SERVED and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert body["max_tokens"] is None  # no 16-token cap
+    assert body["max_tokens"] == 4096 - 2  # the rest of the context, not vLLM's 16-token default
+
+
+def test_unlimited_raw_generate_is_not_cut_at_16(client):
+    r = client.generate(model=SERVED, prompt="x [[tokens:100]]", raw=True, stream=False)
+    assert r.eval_count == 100 and r.done_reason == "stop"
 
 
 def test_templated_generate_uses_chat_with_system(client, upstream_requests):
@@ -91,7 +96,7 @@ def test_num_predict_and_options_mapping(client, upstream_requests):
 def test_unset_and_off_values_are_not_sent(client, upstream_requests):
     client.generate(model=SERVED, prompt="x", raw=True, options={"num_predict": -1, "seed": -1, "top_k": 0})
     body = upstream_requests("/v1/completions")[0]["body"]
-    assert body["max_tokens"] is None and "seed" not in body and "top_k" not in body and "temperature" not in body
+    assert body["max_tokens"] == 4095 and "seed" not in body and "top_k" not in body and "temperature" not in body
 
 
 def test_wrong_option_type_is_400(client):

@@ -27,8 +27,6 @@ def test_completions_models_embeddings(oai):
     r = oai.completions.create(model=SERVED + ":latest", prompt="hi", max_tokens=3)
     assert r.choices[0].text == "tok0 tok1 tok2 "
     assert [m.id for m in oai.models.list()] == [SERVED]
-    e = oai.embeddings.create(model=SERVED, input="hello")
-    assert len(e.data[0].embedding) == 8
 
 
 def test_errors_pass_through(oai):

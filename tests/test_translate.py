@@ -12,7 +12,7 @@ from vllama_proxy.translate import image_url, response_format, sampling_params
 
 def test_sampling_params_names_and_ignored():
     fields, ignored = sampling_params(Options(num_predict=0, repeat_penalty=1.1, stop="x", num_ctx=4096, mirostat=2, typical_p=0.5, foo=1))
-    assert fields == {"max_tokens": None, "repetition_penalty": 1.1, "stop": ["x"]}
+    assert fields == {"repetition_penalty": 1.1, "stop": ["x"]}  # num_predict 0: no cap, left out
     assert ignored == ["foo", "mirostat", "num_ctx", "typical_p"]
 
 

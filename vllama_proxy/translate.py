@@ -48,8 +48,10 @@ def sampling_params(options: Options | None) -> tuple[dict[str, Any], list[str]]
     """vLLM sampling fields for Ollama ``options``, and the option names that were ignored.
 
     - ``num_predict``: ≤0 or unset means no cap (Ollama: -1 infinite, -2 fill context;
-      its runner also treats 0 as no limit) and is sent as ``max_tokens: null``, because
-      vLLM's ``/v1/completions`` otherwise stops at 16 tokens.
+      its runner also treats 0 as no limit): ``max_tokens`` is left out. vLLM's chat
+      endpoint then generates up to the context's end; its ``/v1/completions`` would stop
+      at 16 (null or absent alike), so the generate handler fills in the remaining context
+      (``routes/generate.py``).
     - ``top_k`` ≤0 and ``seed`` -1 mean "off"/"random" in Ollama and are left out.
     - ``stop`` may be a string or a list.
 
@@ -57,7 +59,7 @@ def sampling_params(options: Options | None) -> tuple[dict[str, Any], list[str]]
         ``(fields, ignored)``: the body fields, and sorted names of options that have no
         vLLM meaning (``num_ctx``, ``mirostat``, unknown keys...).
     """
-    out: dict[str, Any] = {"max_tokens": None}
+    out: dict[str, Any] = {}
     if options is None:
         return out, []
     set_fields = options.model_dump(exclude_none=True)
@@ -66,7 +68,8 @@ def sampling_params(options: Options | None) -> tuple[dict[str, Any], list[str]]
         if key in _SAME_VALUE:
             out[_SAME_VALUE[key]] = value
         elif key == "num_predict":
-            out["max_tokens"] = value if value > 0 else None
+            if value > 0:
+                out["max_tokens"] = value
         elif key == "top_k":
             if value > 0:
                 out["top_k"] = value

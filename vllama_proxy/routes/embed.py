@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ..errors import UnsupportedCapability, UpstreamRejected
 from ..ollama_types import EmbeddingsRequest, EmbedRequest
 from ..state import UPSTREAM
 from .common import now_ns, read_request, resolve_model
@@ -19,11 +20,17 @@ def l2_normalize(vec: list[float]) -> list[float]:
     return [x / norm for x in vec] if norm else vec
 
 
-async def _embeddings(request: web.Request, served: str, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+async def _embeddings(request: web.Request, name: str, served: str, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
     body: dict[str, Any] = {"model": served, "input": inputs, "encoding_format": "float"}
     if truncate:
         body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
-    data = await request.app[UPSTREAM].post_json("/v1/embeddings", body)
+    try:
+        data = await request.app[UPSTREAM].post_json("/v1/embeddings", body)
+    except UpstreamRejected as e:
+        # vLLM serves /v1/embeddings only for pooling models: a generation model answers 404.
+        if e.status == 404:
+            raise UnsupportedCapability(name, "embeddings") from None
+        raise
     items = sorted(data.get("data") or [], key=lambda d: d.get("index", 0))
     usage = data.get("usage") or {}
     return [d["embedding"] for d in items], int(usage.get("prompt_tokens") or 0)
@@ -46,7 +53,7 @@ async def embed(request: web.Request) -> web.Response:
     vectors: list[list[float]] = []
     count = 0
     if inputs:
-        vectors, count = await _embeddings(request, model.name, inputs, req.truncate is not False)
+        vectors, count = await _embeddings(request, name, model.name, inputs, req.truncate is not False)
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -64,9 +71,9 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     """Legacy embeddings: ``{model, prompt}`` -> ``{"embedding": [float]}`` (not normalised, as Ollama)."""
     req = await read_request(request, EmbeddingsRequest)
-    _, model = await resolve_model(request, req.model)
+    name, model = await resolve_model(request, req.model)
     vec: list[float] = []
     if req.prompt:
-        vectors, _ = await _embeddings(request, model.name, [req.prompt], True)
+        vectors, _ = await _embeddings(request, name, model.name, [req.prompt], True)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

@@ -4,12 +4,32 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..errors import UnsupportedCapability
+from ..catalog import ServedModel
+from ..errors import UnsupportedCapability, UpstreamRejected
 from ..ollama_types import GenerateRequest
 from ..state import CATALOG, UPSTREAM
 from ..stream import GenerateTranslator, Timings, relay
 from ..translate import check_capabilities, generate_body
+from ..upstream import Upstream
 from .common import load_reply, log_ignored, now_ns, read_request, resolve_model
+
+
+async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
+    """``max_tokens`` meaning "until the context is full": context length minus prompt tokens.
+
+    vLLM's ``/v1/completions`` stops at 16 tokens when ``max_tokens`` is absent or null
+    (measured on vLLM 0.26, ``benchmarks/RESULTS.md``), unlike Ollama's ``num_predict: -1``.
+    The prompt is counted by vLLM's own ``/tokenize``; if that fails, by its UTF-8 length
+    (an upper bound for byte-level tokenizers), so the cap stays within the context.
+    """
+    try:
+        data = await upstream.post_json("/tokenize", {"model": model.name, "prompt": prompt})
+        count = int(data["count"])
+        limit = int(data.get("max_model_len") or model.max_model_len or 0)
+    except (UpstreamRejected, KeyError, TypeError, ValueError):
+        count = len(prompt.encode()) + 2
+        limit = model.max_model_len or 0
+    return max(limit - count, 1)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -30,6 +50,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
     path, body, ignored = generate_body(req, model.name)
     log_ignored(ignored)
+    if path == "/v1/completions" and "max_tokens" not in body:
+        body["max_tokens"] = await remaining_context(request.app[UPSTREAM], model, body["prompt"])
     stream = req.stream is not False
     translator = GenerateTranslator(name, timings, aggregate=not stream)
     return await relay(request, request.app[UPSTREAM], path, body, translator, stream=stream)
