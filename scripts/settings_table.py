@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Print the README's settings table from the Settings class (a test checks the README matches)."""
+"""Print the README's settings table from the Settings class (a test checks the README matches).
+
+Usage: scripts/settings_table.py [--update README.md]
+"""
 
 from __future__ import annotations
 
@@ -14,9 +17,8 @@ from pydantic_core import PydanticUndefined  # noqa: E402
 from vllama_proxy.settings import Settings  # noqa: E402
 
 
-def main() -> None:
-    print("| flag | environment | default | meaning |")
-    print("|---|---|---|---|")
+def table() -> str:
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
         if field.default_factory is not None:
             default = json.dumps(field.default_factory())
@@ -26,7 +28,20 @@ def main() -> None:
             default = str(field.default)
         flag = "`-- ARGS`" if name == "vllm_args" else f"`--{name.replace('_', '-')}`"
         env = f"`VLLAMA_{name.upper()}`"
-        print(f"| {flag} | {env} | {'`' + default + '`' if default else ''} | {field.description} |")
+        rows.append(f"| {flag} | {env} | {'`' + default + '`' if default else ''} | {field.description} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    """Print the table; with ``--update README.md`` replace the table in that file."""
+    if sys.argv[1:2] == ["--update"]:
+        path = Path(sys.argv[2])
+        text = path.read_text()
+        start = text.index("| flag | environment |")
+        end = text.index("\n\n", start)
+        path.write_text(text[:start] + table() + text[end:])
+    else:
+        print(table())
 
 
 if __name__ == "__main__":

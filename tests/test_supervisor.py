@@ -225,3 +225,43 @@ def test_transition_table():
                 reachable.add(n)
                 todo.append(n)
     assert reachable == set(State)
+
+
+def listeners(port: int) -> set[int]:
+    return {c.pid for c in psutil.net_connections(kind="tcp") if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN}
+
+
+def test_workers_share_port_and_status(vllama):
+    v = vllama(env={"FAKE_VLLM_START_DELAY": "2", "FAKE_VLLM_TOKEN_DELAY": "0.02"}, flags=["--workers", "3"])
+    deadline = time.monotonic() + 15
+    while len(listeners(v.port)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(listeners(v.port)) == 3
+    # every worker gates while vLLM loads (each request is a new connection: spread by the kernel)
+    answers = {httpx.get(v.url + "/api/tags").status_code for _ in range(20)}
+    assert answers == {503}
+    v.wait_state("ready")
+    bodies = [httpx.get(v.url + "/readyz").json() for _ in range(20)]
+    assert {(b["state"], b["pid"]) for b in bodies} == {("ready", v.server_pid())}
+    client = Client(host=v.url)
+    assert all(client.generate(model="tiny", prompt="x", stream=False).done for _ in range(10))
+    # a worker that dies is replaced
+    before = listeners(v.port)
+    worker = next(pid for pid in before if pid != v.proc.pid)
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (len(listeners(v.port)) < 3 or worker in listeners(v.port)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    now = listeners(v.port)
+    assert len(now) == 3 and worker not in now
+    # SIGTERM: streams in flight on any worker finish, then everything exits
+    streams = [client.generate(model="tiny", prompt="x [[tokens:60]]", stream=True) for _ in range(6)]
+    firsts = [next(s) for s in streams]
+    kids = [p.pid for p in psutil.Process(v.proc.pid).children(recursive=True)]
+    v.proc.send_signal(signal.SIGTERM)
+    for first, s in zip(firsts, streams):
+        rest = list(s)
+        assert first.response == "tok0 " and rest[-1].done and rest[-1].eval_count == 60
+    assert v.proc.wait(30) == 0
+    assert not any(alive(pid) for pid in kids)

@@ -93,9 +93,31 @@ async def test_sse_cut_and_error_event():
     try:
         for path, kind, text in (("/cut", UpstreamUnavailable, "before it finished"), ("/err", UpstreamRejected, "engine died")):
             async with up.request("POST", path, body=b"{}") as resp:
+                seen = []
                 with pytest.raises(kind, match=text):
-                    async for _ in iter_sse(resp):
-                        pass
+                    async for batch in iter_sse(resp):
+                        seen += batch
+                assert seen == [{"choices": []}]
+    finally:
+        await up.close()
+        await server.close()
+
+
+async def test_sse_events_split_across_reads_and_batched():
+    async def sse(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"n": 0}\n\ndata: {"n"')  # an event cut in the middle
+        await asyncio.sleep(0.05)
+        await resp.write(b': 1}\n\n: a comment\n\ndata: {"n": 2}\n\ndata: {"n": 3}\n\ndata: [DONE]\n\n')
+        return resp
+
+    server, up = await serve(sse)
+    try:
+        async with up.request("POST", "/", body=b"{}") as resp:
+            batches = [b async for b in iter_sse(resp)]
+        assert [c["n"] for b in batches for c in b] == [0, 1, 2, 3]
+        assert len(batches) == 2  # what arrived together is handed over together
     finally:
         await up.close()
         await server.close()

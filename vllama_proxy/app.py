@@ -21,9 +21,8 @@ from .errors import RequestTooLarge, UpstreamUnavailable, VllamaError, error_bod
 from .logs import get_logger
 from .routes import chat, embed, generate, health, manage, meta, models, openai
 from .settings import Settings
-from .state import CATALOG, SETTINGS, SUPERVISOR, UPSTREAM
-from .supervisor.core import Supervisor
-from .supervisor.states import State
+from .state import CATALOG, SETTINGS, STATUS, UPSTREAM
+from .supervisor.status import StatusBoard
 from .upstream import Upstream
 
 log = get_logger("vllama.http")
@@ -76,7 +75,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 _UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz"})
 
 
-def ready_gate(supervisor: Supervisor) -> Callable[..., Awaitable[web.StreamResponse]]:
+def ready_gate(status: StatusBoard) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Middleware answering 503 + Ollama error on the API while vLLM is not ready.
 
     While vLLM starts the proxy already listens, so clients get a clear "loading"
@@ -85,8 +84,8 @@ def ready_gate(supervisor: Supervisor) -> Callable[..., Awaitable[web.StreamResp
 
     @web.middleware
     async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if supervisor.state is not State.READY and request.path not in _UNGATED:
-            raise UpstreamUnavailable(supervisor.unavailable_message())
+        if not status.ready and request.path not in _UNGATED:
+            raise UpstreamUnavailable(status.unavailable_message())
         return await handler(request)
 
     return gate
@@ -101,7 +100,7 @@ def build_app(
     settings: Settings,
     upstream_url: str,
     vllm_args: dict[str, list[str]] | None = None,
-    supervisor: Supervisor | None = None,
+    status: StatusBoard | None = None,
 ) -> web.Application:
     """The Ollama-API app proxying the vLLM server at ``upstream_url``.
 
@@ -109,9 +108,9 @@ def build_app(
         settings: the validated settings.
         upstream_url: vLLM's base URL (no ``/v1``).
         vllm_args: ``vllm serve`` arguments per served name (``"*"``: all), read for capabilities.
-        supervisor: the supervisor of that vLLM, when vllama launched it (gates the API on readiness).
+        status: the supervisor's status board, when vllama launched that vLLM (gates the API on readiness).
     """
-    middlewares = [errors_and_access_log] + ([ready_gate(supervisor)] if supervisor else [])
+    middlewares = [errors_and_access_log] + ([ready_gate(status)] if status else [])
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     upstream = Upstream(
         upstream_url,
@@ -134,8 +133,8 @@ def build_app(
         await upstream.close()
 
     app.cleanup_ctx.append(upstream_session)
-    if supervisor is not None:
-        app[SUPERVISOR] = supervisor
+    if status is not None:
+        app[STATUS] = status
     r = app.router
     r.add_get("/", meta.root)  # GET also answers HEAD
     r.add_get("/api/version", meta.version)

@@ -48,7 +48,8 @@ def load_settings(argv: list[str]) -> Settings:
     return settings
 
 
-def _run(coro) -> None:
+def run_loop(coro) -> None:
+    """Run ``coro`` to completion on uvloop (asyncio's loop where uvloop is missing)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
@@ -72,12 +73,12 @@ def main(argv: list[str] | None = None) -> None:
     if settings.upstream:
         from .server import serve_upstream
 
-        _run(serve_upstream(settings))
+        run_loop(serve_upstream(settings))
         return
     if settings.model:
         from .server import serve_supervised
 
-        _run(serve_supervised(settings))
+        run_loop(serve_supervised(settings))
         return
     print("vllama serve: give --upstream URL (proxy a running vLLM) or --model M (launch vLLM)", file=sys.stderr)
     raise SystemExit(2)

@@ -15,6 +15,8 @@ from .logs import get_logger
 from .settings import Settings
 from .supervisor import gpu
 from .supervisor.core import Supervisor
+from .supervisor.status import StatusBoard
+from .workers import WorkerPool
 
 log = get_logger("vllama.server")
 
@@ -35,7 +37,7 @@ def raise_nofile_limit() -> int:
     return soft
 
 
-async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0) -> web.AppRunner:
+async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0, reuse_port: bool = False) -> web.AppRunner:
     """Start serving ``app`` on ``host:port``; returns the runner to clean up.
 
     ``handler_cancellation=True``: a client that disconnects cancels its handler, which
@@ -45,7 +47,7 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
     """
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, reuse_port=reuse_port or None)
     await site.start()
     return runner
 
@@ -68,13 +70,15 @@ async def serve_upstream(settings: Settings) -> None:
     assert settings.upstream is not None
     nofile = raise_nofile_limit()
     app = build_app(settings, settings.upstream)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout)
-    log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    workers = WorkerPool(settings, settings.upstream, None, None)
+    await workers.start(settings.workers - 1)
+    log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
     try:
         sig = await wait_for_signal()
         log.info("stopping", signal=sig)
     finally:
-        await runner.cleanup()
+        await asyncio.gather(runner.cleanup(), workers.stop(settings.drain_timeout + 5))
     log.info("stopped")
 
 
@@ -122,15 +126,21 @@ async def serve_supervised(settings: Settings) -> None:
     nofile = raise_nofile_limit()
     served = settings.served_model_name or served_name_for(settings.model)
     port = settings.vllm_port or free_loopback_port()
-    supervisor = Supervisor(settings, port=port, served_name=served)
-    app = build_app(settings, f"http://127.0.0.1:{port}", vllm_args={served: settings.vllm_args}, supervisor=supervisor)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout)
-    log.info("listening", host=settings.host, port=settings.port, model=settings.model, vllm_port=port, nofile=nofile)
+    upstream_url = f"http://127.0.0.1:{port}"
+    vllm_args = {served: settings.vllm_args}
+    board = StatusBoard(served)
+    supervisor = Supervisor(settings, port=port, board=board)
+    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    workers = WorkerPool(settings, upstream_url, vllm_args, board)
+    await workers.start(settings.workers - 1)
+    log.info("listening", host=settings.host, port=settings.port, model=settings.model, vllm_port=port, nofile=nofile, workers=settings.workers)
     await supervisor.start()
     try:
         sig = await wait_for_signal()
         log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
     finally:
-        await runner.cleanup()  # stop accepting, drain in-flight requests
-        await supervisor.stop()  # then vLLM's whole process group
+        # stop accepting and drain in-flight requests in every worker, then stop vLLM's group
+        await asyncio.gather(runner.cleanup(), workers.stop(settings.drain_timeout + 5))
+        await supervisor.stop()
     log.info("stopped")

@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     )
 
     # --- request handling --------------------------------------------------------
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Proxy processes sharing the port (SO_REUSEPORT); more than 1 when one core cannot keep up with vLLM's token rate.",
+    )
     max_body_size: int = Field(
         128 * 1024 * 1024,
         gt=0,

@@ -6,10 +6,10 @@ from aiohttp import web
 
 from .catalog import Catalog
 from .settings import Settings
-from .supervisor.core import Supervisor
+from .supervisor.status import StatusBoard
 from .upstream import Upstream
 
 SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", Upstream)
 CATALOG = web.AppKey("catalog", Catalog)
-SUPERVISOR = web.AppKey("supervisor", Supervisor)
+STATUS = web.AppKey("status", StatusBoard)

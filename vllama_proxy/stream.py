@@ -336,21 +336,21 @@ async def relay(
     """
     translator.t.sent = time.perf_counter_ns()
     async with upstream.request("POST", path, body=orjson.dumps(body)) as resp:
+        feed = translator.feed
         if not stream:
-            async for chunk in iter_sse(resp):
-                translator.feed(chunk)
+            async for batch in iter_sse(resp):
+                for chunk in batch:
+                    feed(chunk)
             return web.Response(body=orjson.dumps(translator.final()), content_type="application/json")
         out = web.StreamResponse(headers={"Content-Type": NDJSON})
         await out.prepare(request)
         dumps = orjson.dumps
         try:
-            async for chunk in iter_sse(resp):
-                items = translator.feed(chunk)
-                if items:
-                    if len(items) == 1:
-                        await out.write(dumps(items[0]) + b"\n")
-                    else:
-                        await out.write(b"".join(dumps(i) + b"\n" for i in items))
+            async for batch in iter_sse(resp):
+                # One write per batch of upstream events: under load several arrive per read.
+                lines = [dumps(item) + b"\n" for chunk in batch for item in feed(chunk)]
+                if lines:
+                    await out.write(lines[0] if len(lines) == 1 else b"".join(lines))
             await out.write(dumps(translator.final()) + b"\n")
         except VllamaError as e:
             request["vllama.stream_error"] = e.message

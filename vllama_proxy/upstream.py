@@ -199,8 +199,12 @@ def error_text(data: Any) -> str | None:
     return None
 
 
-async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """Decode vLLM's server-sent events into chunk dicts, up to ``data: [DONE]``.
+async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[list[dict[str, Any]]]:
+    """Decode vLLM's server-sent events into batches of chunk dicts, up to ``data: [DONE]``.
+
+    Each batch holds every complete event that had arrived when the proxy read: one
+    at light load, several when the proxy falls behind. Reading and, downstream,
+    writing a whole batch at once keeps the per-token cost from growing with load.
 
     vLLM frames every event as one ``data: <json>`` line plus a blank line and ends
     with ``data: [DONE]``; an error raised after streaming began arrives as a
@@ -213,25 +217,40 @@ async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]
         UpstreamTimeout: no byte within the idle-read timeout.
     """
     content = resp.content
+    loads = orjson.loads
+    tail = b""
     try:
         while True:
-            line = await content.readline()
-            if not line:
+            data = await content.readany()
+            if not data:
                 raise UpstreamUnavailable("vLLM closed the stream before it finished")
-            if not line.startswith(b"data:"):
-                continue  # blank separators, comments, event:/id: lines
-            payload = line[5:].strip()
-            if payload == _DONE:
-                return
-            try:
-                chunk = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                raise UpstreamProtocolError(f"vLLM sent an event that is not JSON: {payload[:200]!r}") from None
-            if "error" in chunk:
-                err = chunk["error"]
-                code = err.get("code") if isinstance(err, dict) else None
-                raise UpstreamRejected(error_text(chunk) or "vLLM reported an error", code if isinstance(code, int) and code >= 400 else 500)
-            yield chunk
+            lines = (tail + data).split(b"\n") if tail else data.split(b"\n")
+            tail = lines.pop()  # b"" when data ended on a line break
+            batch = []
+            failure: UpstreamError | None = None
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, event:/id: lines
+                payload = line[5:].strip()
+                if payload == _DONE:
+                    if batch:
+                        yield batch
+                    return
+                try:
+                    chunk = loads(payload)
+                except orjson.JSONDecodeError:
+                    failure = UpstreamProtocolError(f"vLLM sent an event that is not JSON: {payload[:200]!r}")
+                    break
+                if "error" in chunk:
+                    err = chunk["error"]
+                    code = err.get("code") if isinstance(err, dict) else None
+                    failure = UpstreamRejected(error_text(chunk) or "vLLM reported an error", code if isinstance(code, int) and code >= 400 else 500)
+                    break
+                batch.append(chunk)
+            if batch:
+                yield batch  # what came before a failure still reaches the client
+            if failure is not None:
+                raise failure
     except UpstreamError:
         raise
     except BaseException as e:  # noqa: BLE001 - mapped or re-raised

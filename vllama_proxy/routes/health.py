@@ -10,9 +10,8 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from ..state import SUPERVISOR, UPSTREAM
+from ..state import STATUS, UPSTREAM
 from ..supervisor import probes
-from ..supervisor.states import State
 
 
 async def livez(request: web.Request) -> web.Response:
@@ -22,10 +21,10 @@ async def livez(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """200 when requests can be served now, else 503; JSON body either way."""
-    sup = request.app.get(SUPERVISOR)
-    if sup is not None:
-        body = sup.status()
-        ready = sup.state is State.READY
+    status = request.app.get(STATUS)
+    if status is not None:
+        body = status.status()
+        ready = status.ready
     else:
         code = await probes.health(request.app[UPSTREAM])
         ready = code == 200

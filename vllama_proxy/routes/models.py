@@ -16,7 +16,7 @@ from aiohttp import web
 from ..catalog import ServedModel
 from ..model_files import ModelFiles, format_parameter_size
 from ..ollama_types import ModelRef
-from ..state import CATALOG, SUPERVISOR
+from ..state import CATALOG, STATUS
 from ..stream import rfc3339
 from .common import read_request, resolve_model
 
@@ -134,8 +134,8 @@ async def ps(request: web.Request) -> web.Response:
     processes, it equals ``size`` (the weights, which are on the GPU).
     """
     catalog = request.app[CATALOG]
-    sup = request.app.get(SUPERVISOR)
-    vram = await sup.vram_bytes() if sup is not None else 0
+    status = request.app.get(STATUS)
+    vram = await status.vram_bytes() if status is not None else 0
     out = []
     expires = rfc3339(time.time() + _FOREVER_S)
     for model in await catalog.models():

@@ -22,6 +22,7 @@ from ..upstream import Upstream
 from . import gpu, probes
 from .child import VllmProcess
 from .states import TRANSITIONS, InvalidTransition, State
+from .status import StatusBoard
 
 log = get_logger("vllama.supervisor")
 
@@ -32,13 +33,14 @@ class Supervisor:
     Args:
         settings: vllama settings (model, executable, timeouts, backoff).
         port: the loopback port vLLM listens on; only the proxy is exposed.
-        served_name: the name vLLM serves the model under.
+        board: where the status is published for every proxy process (holds the served name).
     """
 
-    def __init__(self, settings: Settings, *, port: int, served_name: str) -> None:
+    def __init__(self, settings: Settings, *, port: int, board: StatusBoard) -> None:
         self.s = settings
         self.port = port
-        self.served_name = served_name
+        self.board = board
+        self.served_name = board.served_name
         self.state = State.STARTING
         self.since = time.time()
         self.last_error: str | None = None
@@ -86,42 +88,12 @@ class Supervisor:
                 raise UpstreamUnavailable(f"vLLM is {self.state.value}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise UpstreamUnavailable(self.unavailable_message())
+                raise UpstreamUnavailable(self.board.unavailable_message())
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
-
-    def unavailable_message(self) -> str:
-        """Why requests cannot be served now, for a 503."""
-        if self.state is State.FAILED:
-            return f"model '{self.served_name}' failed to load: {self.last_error}"
-        if self.state in (State.STARTING, State.RESTARTING):
-            return f"model '{self.served_name}' is loading (vLLM {self.state.value} since {_iso(self.since)}), please retry"
-        return f"model '{self.served_name}' is unavailable (vLLM {self.state.value})"
-
-    def status(self) -> dict[str, Any]:
-        """``/readyz`` body: state, since when, restarts, last error and output."""
-        body: dict[str, Any] = {
-            "state": self.state.value,
-            "since": _iso(self.since),
-            "model": self.served_name,
-            "restarts": self.restarts,
-            "pid": self.child.pid if self.child else None,
-            "last_error": self.last_error,
-        }
-        if self.last_error and self.last_output:
-            body["last_output"] = self.last_output.splitlines()
-        return body
-
-    async def vram_bytes(self) -> int:
-        """GPU memory held by vLLM's process tree, bytes (0 when unknown)."""
-        child = self.child
-        if child is None or not self.s.gpu_check:
-            return 0
-        pids = await asyncio.to_thread(child.session_pids)
-        return await asyncio.to_thread(gpu.memory_of, set(pids))
 
     # -- the owner loop ------------------------------------------------------------------
     def _set(self, new: State, reason: str | None = None) -> None:
@@ -130,10 +102,21 @@ class Supervisor:
         log.info("state", **{"from": self.state.value, "to": new.value, "reason": reason})
         self.state = new
         self.since = time.time()
+        self._publish()
         self._changed.set()
         self._changed = asyncio.Event()
         for listener in self.listeners:
             listener(new, reason)
+
+    def _publish(self) -> None:
+        self.board.publish(
+            self.state,
+            since=self.since,
+            restarts=self.restarts,
+            pid=self.child.pid if self.child else None,
+            last_error=self.last_error,
+            last_output=self.last_output,
+        )
 
     async def _run(self) -> None:
         failures = 0
@@ -185,6 +168,7 @@ class Supervisor:
         except OSError as e:
             return f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
         child = self.child
+        self._publish()
         started = time.monotonic()
         exited = asyncio.ensure_future(child.wait())
         try:
@@ -262,7 +246,3 @@ class Supervisor:
             released = await asyncio.to_thread(gpu.wait_released, pids, self.s.gpu_release_timeout)
             if not released:
                 log.warning("gpu_memory_not_released", pids=sorted(pids), timeout_s=self.s.gpu_release_timeout)
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

@@ -1,0 +1,123 @@
+"""Extra proxy processes sharing the listening port (``--workers N``, ``SO_REUSEPORT``).
+
+One Python process translates roughly 10-20k streamed tokens per second per core
+(``benchmarks/RESULTS.md``); vLLM on one H200 streams more than that. With
+``--workers N`` the kernel spreads incoming connections over N processes bound to
+the same port, each with its own event loop and upstream pool. The process that
+runs the supervisor is worker 0; the others read the supervisor's
+:class:`~vllama_proxy.supervisor.status.StatusBoard` from shared memory, so every
+worker gates, reports readiness and answers ``/api/ps`` the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.connection import wait as mp_wait
+from multiprocessing.process import BaseProcess
+
+from .logs import configure_logging, get_logger
+from .settings import Settings
+from .supervisor.status import StatusBoard
+
+log = get_logger("vllama.workers")
+
+_CTX = multiprocessing.get_context("spawn")
+
+
+def _worker_main(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None, board: StatusBoard | None) -> None:
+    configure_logging(settings.log_level, settings.log_format)
+    from .cli import run_loop
+
+    run_loop(_serve(index, settings, upstream_url, vllm_args, board))
+
+
+async def _serve(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None, board: StatusBoard | None) -> None:
+    from .app import build_app
+    from .server import raise_nofile_limit, start_site, wait_for_signal
+
+    raise_nofile_limit()
+    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True)
+    log.info("worker_listening", worker=index, port=settings.port)
+    try:
+        await wait_for_signal()
+    finally:
+        await runner.cleanup()  # stop accepting, drain in-flight requests
+
+
+class WorkerPool:
+    """Workers 1..N-1 (the calling process is worker 0); respawned if one dies.
+
+    Args:
+        settings: the settings every worker serves with.
+        upstream_url: vLLM's base URL.
+        vllm_args: per served name, for capabilities.
+        board: the supervisor's status (``None`` with ``--upstream``).
+    """
+
+    def __init__(self, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None, board: StatusBoard | None) -> None:
+        self._args = (settings, upstream_url, vllm_args, board)
+        self._procs: dict[int, BaseProcess] = {}
+        self._stopping = False
+        self._monitor: asyncio.Task[None] | None = None
+
+    def _spawn(self, index: int) -> None:
+        p = _CTX.Process(target=_worker_main, args=(index, *self._args), name=f"vllama-worker-{index}", daemon=False)
+        p.start()
+        self._procs[index] = p
+        log.info("worker_started", worker=index, pid=p.pid)
+
+    async def start(self, count: int) -> None:
+        """Start ``count`` extra workers and watch them."""
+        for i in range(1, count + 1):
+            self._spawn(i)
+        self._monitor = asyncio.create_task(self._watch())
+
+    # Exits are read from each process's sentinel pipe, not waitpid(): the event loop's
+    # child watcher (uvloop, for the vLLM subprocess) may reap our workers first, after
+    # which Process.is_alive() would report a dead worker alive forever.
+    def _exited(self, timeout: float = 0) -> list[int]:
+        by_fd = {p.sentinel: i for i, p in self._procs.items()}
+        return [by_fd[fd] for fd in mp_wait(list(by_fd), timeout)]
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            for i in self._exited():
+                if self._stopping:
+                    return
+                p = self._procs[i]
+                log.warning("worker_died", worker=i, pid=p.pid, exitcode=p.exitcode)
+                self._spawn(i)
+
+    async def stop(self, timeout: float) -> None:
+        """SIGTERM every worker (each drains its requests), wait up to ``timeout``, then SIGKILL."""
+        self._stopping = True
+        if self._monitor is not None:
+            self._monitor.cancel()
+        for p in self._procs.values():
+            _signal(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self._procs:
+            for i in self._exited(0):
+                del self._procs[i]
+            if not self._procs:
+                break
+            if time.monotonic() > deadline:
+                for p in self._procs.values():
+                    _signal(p.pid, signal.SIGKILL)
+                await asyncio.to_thread(mp_wait, [p.sentinel for p in self._procs.values()], 5)
+                break
+            await asyncio.sleep(0.05)
+
+
+def _signal(pid: int | None, sig: signal.Signals) -> None:
+    try:
+        if pid:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
