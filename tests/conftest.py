@@ -119,14 +119,15 @@ def start_fake(model_dir: Path, env: dict[str, str] | None = None, extra: list[s
 VLLM_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
 
 
-def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, env: dict[str, str] | None = None) -> Server:
+def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, env: dict[str, str] | None = None,
+                log: Path | None = None, host: str = "127.0.0.1") -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--upstream", upstream, "--port", str(port),
+    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--upstream", upstream, "--host", host, "--port", str(port),
            "--alias", f"{ALIAS}={SERVED}", *flags]
     if vllm_args:
         cmd += ["--", *vllm_args]
     proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", **(env or {})}, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb") if log else subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/", proc)
     return Server(url, proc, port)

@@ -1,7 +1,8 @@
 """The aiohttp application: routes, the error/log middleware, app-scoped resources.
 
-Request flow: ``app.py`` (middleware: request id, errors -> Ollama shape, access
-log) -> ``routes/<group>.py`` (parse, resolve model) -> ``translate.py`` (Ollama ->
+Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
+Ollama shape + access log + metrics; CORS, Host guard and API keys from
+``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (parse, resolve model) -> ``translate.py`` (Ollama ->
 OpenAI body) -> ``upstream.py`` (the shared vLLM client) -> ``stream.py`` (vLLM
 chunks -> Ollama NDJSON).
 """
@@ -17,8 +18,10 @@ import structlog
 from aiohttp import web
 
 from .catalog import Catalog
-from .errors import RequestTooLarge, UpstreamUnavailable, VllamaError, error_body, error_response
+from . import access
+from .errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
 from .logs import get_logger
+from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import chat, embed, generate, health, manage, meta, models, openai
 from .settings import Settings
 from .state import CATALOG, SETTINGS, STATUS, UPSTREAM
@@ -47,6 +50,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         return resp
     except VllamaError as e:
         status = e.status
+        if isinstance(e, UpstreamError):
+            UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
         return error_response(e)
@@ -66,13 +71,17 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         log.exception("unhandled_error")
         return web.Response(status=500, body=error_body("internal error; see the vllama log"), content_type="application/json")
     finally:
+        REQUESTS.labels(route_of(request), str(status)).inc()
+        stream_error = request.get("vllama.stream_error")
+        if stream_error is not None:
+            UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
         if request.app[SETTINGS].access_log:
-            extra = {"stream_error": request["vllama.stream_error"]} if "vllama.stream_error" in request else {}
+            extra = {"stream_error": stream_error.message} if stream_error is not None else {}
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2), **extra)
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz"})
+_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics"})
 
 
 def ready_gate(status: StatusBoard) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -89,6 +98,41 @@ def ready_gate(status: StatusBoard) -> Callable[..., Awaitable[web.StreamRespons
         return await handler(request)
 
     return gate
+
+
+#: Routes whose requests occupy vLLM (plus every POST under /v1/): bounded by --max-queue.
+_INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+#: Ollama's words for a full queue (``server/sched.go`` ErrMaxQueue).
+BUSY = "server busy, please try again.  maximum pending requests exceeded"
+
+
+def admission(limit: int, retry_after: int) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware bounding inference requests in flight in this process to ``limit``.
+
+    Beyond it the answer is Ollama's 503 ``server busy`` with ``Retry-After`` instead of
+    an ever-growing pile of waiting connections. A plain counter: the event loop runs
+    one handler step at a time, so no lock is needed and nothing waits on it.
+    """
+    in_flight = 0
+    headers = {"Retry-After": str(retry_after)}
+
+    @web.middleware
+    async def bound(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal in_flight
+        if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
+            return await handler(request)
+        if in_flight >= limit:
+            QUEUE_REJECTIONS.inc()
+            return web.Response(status=503, body=error_body(BUSY), content_type="application/json", headers=headers)
+        in_flight += 1
+        IN_FLIGHT.inc()
+        try:
+            return await handler(request)
+        finally:
+            in_flight -= 1
+            IN_FLIGHT.dec()
+
+    return bound
 
 
 def _allow(e: web.HTTPException) -> dict[str, str] | None:
@@ -110,8 +154,17 @@ def build_app(
         vllm_args: ``vllm serve`` arguments per served name (``"*"``: all), read for capabilities.
         status: the supervisor's status board, when vllama launched that vLLM (gates the API on readiness).
     """
-    middlewares = [errors_and_access_log] + ([ready_gate(status)] if status else [])
+    middlewares = [errors_and_access_log, access.cors(settings.origins)]
+    if access.is_loopback_bind(settings.host):
+        middlewares.append(access.host_guard())
+    keys = settings.api_keys()
+    if keys:
+        middlewares.append(access.api_keys(keys))
+    if status is not None:
+        middlewares.append(ready_gate(status))
+    middlewares.append(admission(settings.inflight_limit(), settings.retry_after))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
+    app.on_response_prepare.append(access.add_cors_headers)
     upstream = Upstream(
         upstream_url,
         connect_timeout=settings.connect_timeout,
@@ -140,6 +193,8 @@ def build_app(
     r.add_get("/api/version", meta.version)
     r.add_get("/livez", health.livez)
     r.add_get("/readyz", health.readyz)
+    r.add_get("/metrics", make_handler(status))
+    r.add_get("/vllm/metrics", openai.vllm_metrics)
     r.add_post("/api/generate", generate.generate)
     r.add_post("/api/chat", chat.chat)
     r.add_post("/api/embed", embed.embed)

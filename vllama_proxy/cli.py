@@ -8,7 +8,11 @@ proxies a running vLLM server; with ``--model M`` it also launches and supervise
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 
 from pydantic import ValidationError
 
@@ -70,6 +74,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     settings = load_settings(rest)
     configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Before prometheus-client is first imported: every worker writes its metric
+        # values there and /metrics on any worker aggregates them.
+        metrics_dir = tempfile.mkdtemp(prefix="vllama-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        atexit.register(shutil.rmtree, metrics_dir, True)
     if settings.upstream:
         from .server import serve_upstream
 

@@ -10,10 +10,11 @@ settings table are both generated from the field descriptions here
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Ollama's default port (``envconfig.Host`` in ollama/ollama).
@@ -99,7 +100,29 @@ class Settings(BaseSettings):
         description="Seconds the list of served models (vLLM /v1/models) is cached.",
     )
 
+    # --- access ------------------------------------------------------------------------
+    api_key: list[SecretStr] = Field(
+        default_factory=list,
+        description="API key clients must send as `Authorization: Bearer` on /api/* and /v1/* (repeatable; none: open).",
+    )
+    api_key_file: Path | None = Field(None, description="File of API keys, one per line (# comments); added to --api-key.")
+    origins: list[str] = Field(
+        default_factory=list,
+        description="CORS origins allowed besides Ollama's defaults (repeatable, * wildcards); OLLAMA_ORIGINS is honoured too.",
+    )
+
     # --- request handling --------------------------------------------------------
+    max_queue: int = Field(
+        512,
+        ge=0,
+        description="Requests allowed to wait beyond what vLLM runs before 503 server busy (OLLAMA_MAX_QUEUE semantics; honoured).",
+    )
+    max_running: int | None = Field(
+        None,
+        ge=1,
+        description="Requests vLLM runs at once (default: its --max-num-seqs from the arguments after --, else 256).",
+    )
+    retry_after: int = Field(2, ge=0, description="Seconds in the Retry-After header of a 503 server busy.")
     workers: int = Field(
         1,
         ge=1,
@@ -166,6 +189,43 @@ class Settings(BaseSettings):
                 if arg.split("=", 1)[0] in ("--host", "--port", "--served-model-name"):
                     raise ValueError(f"{arg.split('=', 1)[0]} is set by vllama; use --vllm-port / --served-model-name")
         return self
+
+    @model_validator(mode="after")
+    def _ollama_env(self) -> Settings:
+        # Ollama's own variables, where ours were not given.
+        origins = os.environ.get("OLLAMA_ORIGINS")
+        if origins:
+            self.origins = [*self.origins, *(o.strip() for o in origins.split(",") if o.strip())]
+        queue = os.environ.get("OLLAMA_MAX_QUEUE")
+        if queue and "max_queue" not in self.model_fields_set:
+            self.max_queue = int(queue)
+        return self
+
+    def api_keys(self) -> list[str]:
+        """Every configured API key: ``--api-key`` values and the lines of ``--api-key-file``.
+
+        Raises:
+            OSError: the key file cannot be read.
+        """
+        keys = [k.get_secret_value() for k in self.api_key]
+        if self.api_key_file is not None:
+            for line in self.api_key_file.read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    keys.append(line)
+        return keys
+
+    def inflight_limit(self) -> int:
+        """Requests one proxy process admits at once: (vLLM's running capacity + max_queue) / workers."""
+        running = self.max_running
+        if running is None:
+            running = 256  # vLLM's max_num_seqs default for the OpenAI server
+            for i, a in enumerate(self.vllm_args):
+                if a == "--max-num-seqs" and i + 1 < len(self.vllm_args):
+                    running = int(self.vllm_args[i + 1])
+                elif a.startswith("--max-num-seqs="):
+                    running = int(a.split("=", 1)[1])
+        return -(-(running + self.max_queue) // self.workers)
 
     @model_validator(mode="after")
     def _ollama_host(self) -> Settings:

@@ -26,6 +26,7 @@ import orjson
 from aiohttp import web
 
 from .errors import VllamaError, error_line
+from .metrics import ITL, TTFT
 from .upstream import Upstream, iter_sse
 
 NDJSON = "application/x-ndjson"
@@ -334,26 +335,38 @@ async def relay(
     began, an error becomes its last line and the stream ends. A stream that ends
     without a finish reason is an error too, never a silent truncation.
     """
-    translator.t.sent = time.perf_counter_ns()
+    t = translator.t
+    t.sent = time.perf_counter_ns()
+    route = request.path
     async with upstream.request("POST", path, body=orjson.dumps(body)) as resp:
         feed = translator.feed
         if not stream:
             async for batch in iter_sse(resp):
                 for chunk in batch:
                     feed(chunk)
+            if t.first:
+                TTFT.labels(route).observe((t.first - t.received) / 1e9)
             return web.Response(body=orjson.dumps(translator.final()), content_type="application/json")
         out = web.StreamResponse(headers={"Content-Type": NDJSON})
         await out.prepare(request)
         dumps = orjson.dumps
+        itl = ITL.observe
+        last_write = 0
         try:
             async for batch in iter_sse(resp):
                 # One write per batch of upstream events: under load several arrive per read.
                 lines = [dumps(item) + b"\n" for chunk in batch for item in feed(chunk)]
                 if lines:
                     await out.write(lines[0] if len(lines) == 1 else b"".join(lines))
+                    now = time.perf_counter_ns()
+                    if last_write:
+                        itl((now - last_write) / 1e9)
+                    else:
+                        TTFT.labels(route).observe((now - t.received) / 1e9)
+                    last_write = now
             await out.write(dumps(translator.final()) + b"\n")
         except VllamaError as e:
-            request["vllama.stream_error"] = e.message
+            request["vllama.stream_error"] = e
             await out.write(error_line(e))
         await out.write_eof()
         return out

@@ -92,6 +92,10 @@ class WorkerPool:
                     return
                 p = self._procs[i]
                 log.warning("worker_died", worker=i, pid=p.pid, exitcode=p.exitcode)
+                if "PROMETHEUS_MULTIPROC_DIR" in os.environ and p.pid:
+                    from prometheus_client import multiprocess
+
+                    multiprocess.mark_process_dead(p.pid)  # its in-flight gauge no longer counts
                 self._spawn(i)
 
     async def stop(self, timeout: float) -> None:

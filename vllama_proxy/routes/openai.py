@@ -54,7 +54,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             async for data in iter_raw(resp):
                 await out.write(data)
         except UpstreamError as e:
-            request["vllama.stream_error"] = e.message
+            request["vllama.stream_error"] = e
             if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 err = {"error": {"message": e.message, "type": type(e).__name__, "code": e.status}}
                 await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
@@ -62,3 +62,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
                 raise  # the connection is dropped: a truncated non-SSE body must not look complete
         await out.write_eof()
         return out
+
+
+async def vllm_metrics(request: web.Request) -> web.Response:
+    """vLLM's own Prometheus metrics (``vllm:*``), relayed from its ``/metrics``."""
+    async with request.app[UPSTREAM].request("GET", "/metrics") as resp:
+        body = await resp.read()
+        return web.Response(body=body, headers={"Content-Type": resp.headers.get("Content-Type", "text/plain")})
