@@ -364,9 +364,9 @@ async def relay(
                     else:
                         TTFT.labels(route).observe((now - t.received) / 1e9)
                     last_write = now
-            await out.write(dumps(translator.final()) + b"\n")
+            last = dumps(translator.final()) + b"\n"
         except VllamaError as e:
             request["vllama.stream_error"] = e
-            await out.write(error_line(e))
-        await out.write_eof()
+            last = error_line(e)
+        await out.write_eof(last)  # the last line and the end of the chunked body in one write
         return out
