@@ -11,7 +11,8 @@
 #           `vllm serve` on :8100, Ollama API on :11434) and a one-process proxy of the same vLLM
 #           (vllama serve --upstream, :11435); waits until ready
 #   e2e     transcript with the real ollama client (benchmarks/e2e_ollama.py) + /api/ps
-#   sweep   LEVELS, targets alternating: proxy (N workers), proxy1 (1 process), direct vLLM
+#   disconnect  64 long generations, clients leave: time until vLLM shows 0 running
+#   sweep   LEVELS, targets alternating (TARGETS; default proxy (N workers), proxy1 (1 process), direct)
 #   burst   BURST requests at once through the proxy and direct
 #   bench   `vllm bench serve` against the proxy's /v1 and against vLLM directly
 #   stop    SIGTERM both: drain, stop vLLM's group; GPU memory must read 0
@@ -60,8 +61,13 @@ e2e)
   ;;
 sweep)
   log "sweep ${LEVELS:-1,10,64,256,1024}: targets alternating"
-  loadgen --targets proxy=ollama:$PROXY,proxy1=ollama:$PROXY1,direct=openai:$DIRECT \
-    --levels "${LEVELS:-1,10,64,256,1024}" --rounds "${ROUNDS:-1}" --warmup 16 --json "$OUT/sweep-${TAG:-all}.json"
+  loadgen --targets "${TARGETS:-proxy=ollama:$PROXY,proxy1=ollama:$PROXY1,direct=openai:$DIRECT}" \
+    --levels "${LEVELS:-1,10,64,256,1024}" --rounds "${ROUNDS:-1}" --requests-per-level "${RPL:-max(32,4*c)}" \
+    --warmup 16 --json "$OUT/sweep-${TAG:-all}.json"
+  ;;
+disconnect)
+  log "client disconnects -> vllm:num_requests_running"
+  python3 benchmarks/disconnect_check.py --url $PROXY --model $SERVED -n 64 --json "$OUT/disconnect.json"
   ;;
 burst)
   for tgt in proxy=ollama:$PROXY direct=openai:$DIRECT; do
