@@ -108,7 +108,9 @@ class VllmProcess:
             except asyncio.TimeoutError:
                 log.warning("stop_grace_expired", pid=self.pid, grace_s=grace)
             _signal_group(self.pid, signal.SIGKILL)
-            await asyncio.to_thread(sweep_session, self.pid)
+            # Our own child is left to asyncio to reap: psutil's wait would waitpid() it
+            # and steal the exit status the event loop's child watcher waits for.
+            await asyncio.to_thread(sweep_session, self.pid, exclude=self.pid)
         if self.proc.returncode is None:
             await self.proc.wait()
         for t in self._pumps:
@@ -139,10 +141,13 @@ def session_members(sid: int) -> list[int]:
     return out
 
 
-def sweep_session(sid: int, timeout: float = 5.0) -> list[int]:
-    """SIGKILL whatever is left of session ``sid`` and wait for it to go; returns the pids killed."""
+def sweep_session(sid: int, timeout: float = 5.0, exclude: int | None = None) -> list[int]:
+    """SIGKILL whatever is left of session ``sid`` (but ``exclude``) and wait for it to go; returns the pids killed."""
     procs = []
     for pid in session_members(sid):
+        if pid == exclude:
+            os.kill(pid, signal.SIGKILL)
+            continue
         try:
             p = psutil.Process(pid)
             p.kill()
