@@ -165,7 +165,8 @@ def api_keys(keys: Iterable[str]) -> Middleware:
             return await handler(request)
         auth = request.headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
-        given = token.strip().encode() if scheme.lower() == "bearer" else b""
+        # headers arrive decoded with surrogateescape: encode back to the bytes sent
+        given = token.strip().encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
         ok = False
         for key in expected:
             ok |= hmac.compare_digest(given, key)

@@ -10,6 +10,7 @@ chunks -> Ollama NDJSON).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +32,8 @@ from .upstream import Upstream
 log = get_logger("vllama.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: A client's X-Request-ID is kept only if it is plain (it lands in every log line).
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @web.middleware
@@ -41,7 +44,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     is logged with Ollama's status for it, 499 ``request canceled``.
     """
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request.headers.get("X-Request-ID") or uuid.uuid4().hex[:16])
+    given = request.headers.get("X-Request-ID", "")
+    structlog.contextvars.bind_contextvars(request_id=given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16])
     start = time.perf_counter()
     status = 500
     try:
@@ -135,6 +139,31 @@ def admission(limit: int, retry_after: int) -> Callable[..., Awaitable[web.Strea
     return bound
 
 
+async def fallback(request: web.Request) -> web.Response:
+    """404 ``404 page not found`` for unknown paths, 405 with ``Allow`` for a known path's other methods."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is request.match_info.route.resource:
+            continue
+        _, methods = await resource.resolve(request)
+        allowed |= methods
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, sorted(allowed))
+    raise web.HTTPNotFound()
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """``Expect`` handling before the handler runs: ``100-continue`` is honoured, any other
+    value is a 417 in Ollama's error shape (aiohttp's default one fails on non-UTF-8 values)."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() == "100-continue":
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        return None
+    return web.Response(status=417, body=error_body(f"unsupported Expect: {ascii(expect)}"), content_type="application/json")
+
+
 def _allow(e: web.HTTPException) -> dict[str, str] | None:
     allow = e.headers.get("Allow")
     return {"Allow": allow} if allow else None
@@ -188,24 +217,34 @@ def build_app(
     app.cleanup_ctx.append(upstream_session)
     if status is not None:
         app[STATUS] = status
-    r = app.router
-    r.add_get("/", meta.root)  # GET also answers HEAD
-    r.add_get("/api/version", meta.version)
-    r.add_get("/livez", health.livez)
-    r.add_get("/readyz", health.readyz)
-    r.add_get("/metrics", make_handler(status))
-    r.add_get("/vllm/metrics", openai.vllm_metrics)
-    r.add_post("/api/generate", generate.generate)
-    r.add_post("/api/chat", chat.chat)
-    r.add_post("/api/embed", embed.embed)
-    r.add_post("/api/embeddings", embed.embeddings)
-    r.add_get("/api/tags", models.tags)
-    r.add_post("/api/show", models.show)
-    r.add_get("/api/ps", models.ps)
-    r.add_post("/api/pull", manage.pull)
-    for path in ("/api/push", "/api/create", "/api/copy"):
-        r.add_post(path, manage.unsupported)
-    r.add_delete("/api/delete", manage.unsupported)
-    r.add_route("*", "/api/blobs/{digest}", manage.unsupported)
-    r.add_route("*", "/v1/{tail:.*}", openai.passthrough)
+    routes = [
+        ("GET", "/", meta.root),  # GET routes also answer HEAD
+        ("GET", "/api/version", meta.version),
+        ("GET", "/livez", health.livez),
+        ("GET", "/readyz", health.readyz),
+        ("GET", "/metrics", make_handler(status)),
+        ("GET", "/vllm/metrics", openai.vllm_metrics),
+        ("POST", "/api/generate", generate.generate),
+        ("POST", "/api/chat", chat.chat),
+        ("POST", "/api/embed", embed.embed),
+        ("POST", "/api/embeddings", embed.embeddings),
+        ("GET", "/api/tags", models.tags),
+        ("POST", "/api/show", models.show),
+        ("GET", "/api/ps", models.ps),
+        ("POST", "/api/pull", manage.pull),
+        ("POST", "/api/push", manage.unsupported),
+        ("POST", "/api/create", manage.unsupported),
+        ("POST", "/api/copy", manage.unsupported),
+        ("DELETE", "/api/delete", manage.unsupported),
+        ("*", "/api/blobs/{digest}", manage.unsupported),
+        ("*", "/v1/{tail:.*}", openai.passthrough),
+    ]
+    for method, path, handler in routes:
+        if method == "GET":
+            app.router.add_get(path, handler, expect_handler=expect_continue)
+        else:
+            app.router.add_route(method, path, handler, expect_handler=expect_continue)
+    # Last: unknown paths and methods land here, not on aiohttp's system routes, so they
+    # too get Ollama's error shape and our Expect handling.
+    app.router.add_route("*", "/{tail:.*}", fallback, expect_handler=expect_continue)
     return app

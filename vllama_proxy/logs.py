@@ -7,6 +7,7 @@ middleware, so every log line written while a request is handled carries its
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -28,7 +29,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if use_json:
-        renderer = structlog.processors.JSONRenderer(serializer=lambda o, **_: orjson.dumps(o).decode())
+        renderer = structlog.processors.JSONRenderer(serializer=_dumps)
         final = [structlog.processors.dict_tracebacks, renderer]
     else:
         final = [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
@@ -49,6 +50,15 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(numeric)
     # aiohttp's own access log is replaced by ours (one line per request, with request_id).
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _dumps(obj: object, **_: object) -> str:
+    # orjson is fast but refuses lone surrogates (undecodable bytes from a client);
+    # the stdlib escapes them, so one odd header can never break logging.
+    try:
+        return orjson.dumps(obj, default=str).decode()
+    except TypeError:
+        return json.dumps(obj, default=str)
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from .errors import VllamaError, error_line
 from .metrics import ITL, TTFT
-from .upstream import Upstream, iter_sse
+from .upstream import Upstream, encode_json, iter_sse
 
 NDJSON = "application/x-ndjson"
 
@@ -338,7 +338,7 @@ async def relay(
     t = translator.t
     t.sent = time.perf_counter_ns()
     route = request.path
-    async with upstream.request("POST", path, body=orjson.dumps(body)) as resp:
+    async with upstream.request("POST", path, body=encode_json(body)) as resp:
         feed = translator.feed
         if not stream:
             async for batch in iter_sse(resp):

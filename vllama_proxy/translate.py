@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from .errors import BadRequest, UnsupportedCapability
 from .ollama_types import ChatRequest, GenerateRequest, Message, Options
+from .upstream import encode_json
 
 #: Ollama option -> vLLM sampling parameter, for keys whose value passes unchanged.
 _SAME_VALUE = {
@@ -151,7 +150,7 @@ def messages_to_openai(messages: list[Message]) -> list[dict[str, Any]]:
                         {
                             "id": call_id,
                             "type": "function",
-                            "function": {"name": tc.function.name, "arguments": orjson.dumps(tc.function.arguments).decode()},
+                            "function": {"name": tc.function.name, "arguments": encode_json(tc.function.arguments).decode()},
                         }
                     )
                 msg["tool_calls"] = calls

@@ -7,9 +7,11 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel
 
 from ..catalog import ServedModel
+from ..errors import BadRequest
 from ..logs import get_logger
 from ..ollama_types import parse_body, parse_keep_alive, require_model
 from ..state import CATALOG
@@ -20,9 +22,21 @@ log = get_logger("vllama.routes")
 M = TypeVar("M", bound=BaseModel)
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The raw request body.
+
+    Raises:
+        BadRequest: it cannot be read as sent (e.g. ``Content-Encoding: gzip`` on a body that is not gzip).
+    """
+    try:
+        return await request.read()
+    except RequestPayloadError as e:
+        raise BadRequest(f"cannot read the request body: {e}") from None
+
+
 async def read_request(request: web.Request, cls: type[M]) -> M:
     """The request body parsed into ``cls`` (see ``ollama_types.parse_body`` for the errors raised)."""
-    return parse_body(await request.read(), cls)
+    return parse_body(await read_body(request), cls)
 
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel]:

@@ -14,7 +14,8 @@ from aiohttp import web
 
 from ..errors import ModelNotFound, UpstreamError
 from ..state import CATALOG, UPSTREAM
-from ..upstream import iter_raw
+from ..upstream import encode_json, iter_raw
+from .common import read_body
 
 _FORWARD_REQUEST = ("Content-Type", "Accept")
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
@@ -37,12 +38,18 @@ async def _mapped_body(request: web.Request, body: bytes) -> bytes:
     if served == name:
         return body
     data["model"] = served
-    return orjson.dumps(data)
+    return encode_json(data)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Relay ``request`` to vLLM's ``/v1/<tail>`` and its answer back, chunk by chunk."""
-    body = await _mapped_body(request, await request.read())
+    """Relay ``request`` to vLLM's ``/v1/<tail>`` and its answer back, chunk by chunk.
+
+    ``.``/``..`` segments are refused: the outgoing URL would be normalised and reach
+    vLLM's routes outside ``/v1`` (``/tokenize``, ``/sleep``...), around the API key.
+    """
+    if any(seg in (".", "..") for seg in request.match_info["tail"].split("/")):
+        raise web.HTTPNotFound()
+    body = await _mapped_body(request, await read_body(request))
     headers = {h: request.headers[h] for h in _FORWARD_REQUEST if h in request.headers}
     path = "/v1/" + request.match_info["tail"]
     async with request.app[UPSTREAM].request(
