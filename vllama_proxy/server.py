@@ -12,6 +12,7 @@ from aiohttp import web
 
 from .app import build_app
 from .logs import get_logger
+from .sdnotify import Notifier, attach, run_watchdog
 from .settings import Settings
 from .supervisor import gpu
 from .supervisor.core import Supervisor
@@ -68,17 +69,24 @@ async def wait_for_signal() -> str:
 async def serve_upstream(settings: Settings) -> None:
     """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal."""
     assert settings.upstream is not None
+    notifier = Notifier()
     nofile = raise_nofile_limit()
     app = build_app(settings, settings.upstream)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
     workers = WorkerPool(settings, settings.upstream, None, None)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
+    notifier.status(f"ready: proxying {settings.upstream}")
+    notifier.ready()
+    watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
     try:
         sig = await wait_for_signal()
+        notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig)
     finally:
         await asyncio.gather(runner.cleanup(), workers.stop(settings.drain_timeout + 5))
+        watchdog.cancel()
+        notifier.close()
     log.info("stopped")
 
 
@@ -130,17 +138,23 @@ async def serve_supervised(settings: Settings) -> None:
     vllm_args = {served: settings.vllm_args}
     board = StatusBoard(served)
     supervisor = Supervisor(settings, port=port, board=board)
+    notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
+    attach(supervisor, notifier)  # STATUS= on transitions, READY=1 on the first ready, STOPPING=1
     app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
     workers = WorkerPool(settings, upstream_url, vllm_args, board)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, model=settings.model, vllm_port=port, nofile=nofile, workers=settings.workers)
     await supervisor.start()
+    watchdog = asyncio.create_task(run_watchdog(supervisor, notifier), name="sd-watchdog")
     try:
         sig = await wait_for_signal()
+        notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
     finally:
         # stop accepting and drain in-flight requests in every worker, then stop vLLM's group
         await asyncio.gather(runner.cleanup(), workers.stop(settings.drain_timeout + 5))
         await supervisor.stop()
+        watchdog.cancel()
+        notifier.close()
     log.info("stopped")

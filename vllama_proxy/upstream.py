@@ -21,6 +21,7 @@ import aiohttp
 import orjson
 
 from .errors import (
+    BadRequest,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamRejected,
@@ -29,6 +30,21 @@ from .errors import (
 )
 
 _JSON = {"Content-Type": "application/json"}
+
+
+def encode_json(obj: Any) -> bytes:
+    """``orjson.dumps`` for bodies built from client input.
+
+    orjson reads JSON nested up to 1024 levels but writes at most 254, so a body that
+    parsed can still fail here; that is the client's nesting, answered as a 400.
+
+    Raises:
+        BadRequest: the structure is nested too deeply (or not serialisable) to forward.
+    """
+    try:
+        return orjson.dumps(obj)
+    except TypeError as e:
+        raise BadRequest(f"request is nested too deeply to forward: {e}") from None
 _DONE = b"[DONE]"
 
 
