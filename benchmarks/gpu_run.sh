@@ -7,7 +7,7 @@
 # (shared/device/install-vllm.sh), vllama's missing deps in /tmp/vsite, the random-weight
 # model in /tmp/model (shared/device/make_random_model.py).
 #
-#   start   vllama serve --model /tmp/model --workers $WORKERS (the supervisor launching the real
+#   start   vllama serve --model /tmp/model --workers $WORKERS [-- ... $VLLM_EXTRA] (the supervisor launching the real
 #           `vllm serve` on :8100, Ollama API on :11434) and a one-process proxy of the same vLLM
 #           (vllama serve --upstream, :11435); waits until ready
 #   e2e     transcript with the real ollama client (benchmarks/e2e_ollama.py) + /api/ps
@@ -43,7 +43,7 @@ start)
   log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null), GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader)"
   setsid python3 -m vllama_proxy serve --model /tmp/model --served-model-name $SERVED \
     --alias qwen2.5:1.5b=$SERVED --vllm-port 8100 --port 11434 --workers "${WORKERS:-4}" --log-format json \
-    -- --max-model-len 4096 --gpu-memory-utilization 0.85 > "$LOGS/vllama.log" 2>&1 < /dev/null &
+    -- --max-model-len 4096 --gpu-memory-utilization 0.85 ${VLLM_EXTRA:-} > "$LOGS/vllama.log" 2>&1 < /dev/null &
   echo $! > /tmp/vllama.pid
   sleep 3
   log "while vLLM loads: $(curl -s -w ' [%{http_code}]' $PROXY/api/tags) $(curl -s -w ' [%{http_code}]' $PROXY/readyz)"
