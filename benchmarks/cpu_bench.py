@@ -30,7 +30,6 @@ Always stops its subprocesses (``finally``, ``atexit``, SIGTERM/SIGHUP).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import atexit
 import os
 import signal

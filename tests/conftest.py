@@ -65,6 +65,16 @@ def get_json(url: str):
         return json.loads(r.read())
 
 
+def wait_aborted(fake_url: str, before: dict, timeout: float = 5.0) -> dict:
+    """Poll the fake vLLM's stats until one more request was aborted (or ``timeout``); returns the stats."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = get_json(fake_url + "/_fake/stats")
+        if after["aborted"] > before["aborted"] or time.monotonic() > deadline:
+            return after
+        time.sleep(0.05)
+
+
 def write_model_dir(path: Path) -> Path:
     """A small Hugging Face-style model directory: config, tokenizer config, one safetensors file."""
     path.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
 from ollama import ResponseError
 
-from conftest import SERVED, free_port, get_json, start_proxy, stop
+from conftest import SERVED, free_port, get_json, start_proxy, stop, wait_aborted
 
 
 def test_pull_served_model_succeeds(client, proxy):
@@ -60,12 +59,7 @@ def test_client_disconnect_aborts_upstream(proxy, fake):
                         return  # got the first token; leave
 
     asyncio.run(leave_mid_stream())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        after = get_json(fake.url + "/_fake/stats")
-        if after["aborted"] > before["aborted"]:
-            break
-        time.sleep(0.05)
+    after = wait_aborted(fake.url, before)
     assert after["aborted"] == before["aborted"] + 1 and after["in_flight"] == 0
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from ollama import ResponseError
 
-from conftest import SERVED, get_json, start_proxy, stop
+from conftest import SERVED, get_json, start_proxy, stop, wait_aborted
 
 
 def metric(text: str, name: str, **labels) -> float:
@@ -115,10 +115,5 @@ def test_non_streaming_disconnect_aborts_upstream(proxy, fake):
                 await c.post(proxy.url + "/api/generate", json={"model": SERVED, "prompt": "x [[fault:hang]]", "stream": False}, timeout=0.5)
 
     asyncio.run(leave())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        after = get_json(fake.url + "/_fake/stats")
-        if after["aborted"] > before["aborted"]:
-            break
-        time.sleep(0.05)
+    after = wait_aborted(fake.url, before)
     assert after["aborted"] == before["aborted"] + 1

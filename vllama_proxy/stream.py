@@ -109,6 +109,15 @@ class Translator:
                 self.finished = True
                 self.done_reason = _FINISH.get(fr, "stop")
 
+    def _keep(self, text: str | None, thinking: str | None, lps: list[dict[str, Any]] | None) -> None:
+        """Collect a chunk's pieces for the aggregated (non-streaming) answer."""
+        if text:
+            self.content.append(text)
+        if thinking:
+            self.thinking.append(thinking)
+        if lps:
+            self.logprobs.extend(lps)
+
     def _mark_token(self) -> None:
         now = time.perf_counter_ns()
         if not self.t.first:
@@ -186,12 +195,7 @@ class GenerateTranslator(Translator):
             return []
         self._mark_token()
         if self.aggregate:
-            if text:
-                self.content.append(text)
-            if thinking:
-                self.thinking.append(thinking)
-            if lps:
-                self.logprobs.extend(lps)
+            self._keep(text, thinking, lps)
             return []
         out: dict[str, Any] = {"model": self.model, "created_at": CLOCK.now(), "response": text or "", "done": False}
         if thinking:
@@ -256,12 +260,7 @@ class ChatTranslator(Translator):
             self._mark_token()
             lps = _logprobs_chat(choice.get("logprobs")) if choice.get("logprobs") else None
             if self.aggregate:
-                if text:
-                    self.content.append(text)
-                if thinking:
-                    self.thinking.append(thinking)
-                if lps:
-                    self.logprobs.extend(lps)
+                self._keep(text, thinking, lps)
             else:
                 msg: dict[str, Any] = {"role": "assistant", "content": text or ""}
                 if thinking:
