@@ -80,12 +80,15 @@ class Supervisor:
         """Wait until vLLM is ready.
 
         Raises:
-            UpstreamUnavailable: not ready within ``timeout`` seconds, or supervision stopped.
+            UpstreamUnavailable: not ready within ``timeout`` seconds, vLLM is in a crash loop
+                (``failed``), or supervision stopped.
         """
         deadline = time.monotonic() + timeout
         while self.state is not State.READY:
             if self.state in (State.STOPPING, State.STOPPED):
                 raise UpstreamUnavailable(f"vLLM is {self.state.value}")
+            if self.state is State.FAILED:  # a crash loop: say so now, not at the timeout
+                raise UpstreamUnavailable(self.board.unavailable_message())
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise UpstreamUnavailable(self.board.unavailable_message())
