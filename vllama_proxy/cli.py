@@ -23,6 +23,7 @@ USAGE = """usage: vllama serve [options] [-- vllm serve arguments]
 
 Commands:
   serve    serve the Ollama API in front of vLLM (see `vllama serve --help`)
+  batch    run an OpenAI-batch JSONL file through a running server (see `vllama batch --help`)
 """
 
 
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="")
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
+    if command == "batch":
+        from .batch import main as batch_main
+
+        raise SystemExit(batch_main(rest))
     if command != "serve":
         print(f"vllama: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
         raise SystemExit(2)
