@@ -19,11 +19,17 @@ from pydantic import ValidationError
 from .logs import configure_logging
 from .settings import Settings
 
-USAGE = """usage: vllama serve [options] [-- vllm serve arguments]
+USAGE = """usage: vllama COMMAND [args]   (vllama serve [options] [-- vllm serve arguments])
 
 Commands:
   serve    serve the Ollama API in front of vLLM (see `vllama serve --help`)
   batch    run an OpenAI-batch JSONL file through a running server (see `vllama batch --help`)
+  list     list the models a running server serves
+  ps       list the running models
+  show     show a model's details (--modelfile, --template, --parameters)
+  pull     pull a model (succeeds for a model that is already served)
+  run      chat with a model: `vllama run M [PROMPT]`, piped stdin, or interactively
+  stop     ask the server to unload a model
 """
 
 
@@ -74,6 +80,12 @@ def main(argv: list[str] | None = None) -> None:
         from .batch import main as batch_main
 
         raise SystemExit(batch_main(rest))
+    from .client_cli import COMMANDS as CLIENT_COMMANDS
+
+    if command in CLIENT_COMMANDS:
+        from .client_cli import main as client_main
+
+        raise SystemExit(client_main(command, rest))
     if command != "serve":
         print(f"vllama: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
         raise SystemExit(2)
