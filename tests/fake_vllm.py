@@ -35,6 +35,9 @@ FAKE_VLLM_HANG_AFTER       int N: from the N-th generation request on, generatio
 FAKE_VLLM_UNHEALTHY_FILE   path: while it exists, /health answers 503.
 FAKE_VLLM_REASONING_FIELD  ``reasoning`` (default) or ``reasoning_content``.
 FAKE_VLLM_EMBED_DIM        int (8): embedding width.
+FAKE_VLLM_SLEEP_SECONDS    float s (0.2) / FAKE_VLLM_WAKE_SECONDS (0.3): how long /sleep and /wake_up take.
+                           Those endpoints and /is_sleeping exist only with --enable-sleep-mode and
+                           VLLM_SERVER_DEV_MODE=1, as in vLLM; /_fake/stats counts sleeps and wakes.
 FAKE_VLLM_ACCESS_LOG       1: log one uvicorn-like access line per request (off by default, so a
                            parent that does not drain stderr cannot block the fake).
 FAKE_VLLM_LOG_MAX          int (10000): how many requests /_fake/requests keeps (newest).
@@ -155,6 +158,8 @@ class Knobs:
         self.embed_dim = _env_int("FAKE_VLLM_EMBED_DIM") or 8
         self.access_log = env.get("FAKE_VLLM_ACCESS_LOG", "") not in ("", "0", "false")
         self.log_max = _env_int("FAKE_VLLM_LOG_MAX") or 10000
+        self.sleep_seconds = _env_float("FAKE_VLLM_SLEEP_SECONDS", 0.2)
+        self.wake_seconds = _env_float("FAKE_VLLM_WAKE_SECONDS", 0.3)
 
 
 class State:
@@ -173,6 +178,10 @@ class State:
         self.aborted = 0
         self.failed = 0
         self.in_flight = 0
+        self.sleep_mode = False
+        self.sleeping = 0  # 0 awake, else the sleep level
+        self.sleeps = 0
+        self.wakes = 0
         self.generation_tokens_total = 0
         self.prompt_tokens_total = 0
 
@@ -862,10 +871,32 @@ async def fake_requests(request: web.Request) -> web.Response:
     return json_response(list(state.requests))
 
 
+async def sleep(request: web.Request) -> web.Response:
+    """vLLM's POST /sleep?level=N (sleep mode + VLLM_SERVER_DEV_MODE=1): weights to CPU, KV cache freed."""
+    s = request.app[STATE_KEY]
+    s.sleeping = int(request.query.get("level", "1"))
+    s.sleeps += 1
+    await asyncio.sleep(s.knobs.sleep_seconds)
+    return web.Response(status=200)
+
+
+async def wake_up(request: web.Request) -> web.Response:
+    s = request.app[STATE_KEY]
+    await asyncio.sleep(s.knobs.wake_seconds)
+    s.sleeping = 0
+    s.wakes += 1
+    return web.Response(status=200)
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    return json_response({"is_sleeping": bool(request.app[STATE_KEY].sleeping)})
+
+
 async def fake_stats(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
     return json_response({"started": s.started, "completed": s.completed, "aborted": s.aborted,
                           "failed": s.failed, "in_flight": s.in_flight,
+                          "sleeping": s.sleeping, "sleeps": s.sleeps, "wakes": s.wakes,
                           "generation_tokens_total": s.generation_tokens_total,
                           "prompt_tokens_total": s.prompt_tokens_total})
 
@@ -913,6 +944,10 @@ def make_app(state: State) -> web.Application:
     r.add_get("/_fake/requests", fake_requests)
     r.add_delete("/_fake/requests", fake_requests)
     r.add_get("/_fake/stats", fake_stats)
+    if state.sleep_mode:  # like vLLM: only with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1
+        r.add_post("/sleep", sleep)
+        r.add_post("/wake_up", wake_up)
+        r.add_get("/is_sleeping", is_sleeping)
     return app
 
 
@@ -946,6 +981,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--api-key", default=None)
     p.add_argument("--runner", default="auto")
     p.add_argument("--convert", default="auto")
+    p.add_argument("--enable-sleep-mode", action="store_true")
     args, unknown = p.parse_known_args(argv)
     args.model = model or args.model_opt or "fake-model"
     return args, unknown
@@ -1037,6 +1073,7 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
 
         state = State(args.model, served, args.max_model_len, args.api_key, knobs)
         state.pooling = args.runner == "pooling" or args.convert == "embed"
+        state.sleep_mode = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         app = make_app(state)
         if knobs.access_log:
             import logging

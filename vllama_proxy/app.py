@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from .catalog import Catalog
+from .catalog import Catalog, ServedModel
 from . import access
 from .errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
 from .logs import get_logger
@@ -97,7 +97,8 @@ def ready_gate(status: StatusBoard) -> Callable[..., Awaitable[web.StreamRespons
 
     @web.middleware
     async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not status.ready and request.path not in _UNGATED:
+        # A sleeping or unloaded model (keep_alive ended) is loaded on demand by the handler.
+        if not status.available and request.path not in _UNGATED and not status.waking:
             raise UpstreamUnavailable(status.unavailable_message())
         return await handler(request)
 
@@ -174,6 +175,7 @@ def build_app(
     upstream_url: str,
     vllm_args: dict[str, list[str]] | None = None,
     status: StatusBoard | None = None,
+    known: list[ServedModel] | None = None,
 ) -> web.Application:
     """The Ollama-API app proxying the vLLM server at ``upstream_url``.
 
@@ -182,6 +184,7 @@ def build_app(
         upstream_url: vLLM's base URL (no ``/v1``).
         vllm_args: ``vllm serve`` arguments per served name (``"*"``: all), read for capabilities.
         status: the supervisor's status board, when vllama launched that vLLM (gates the API on readiness).
+        known: the models vllama launches, resolvable even while vLLM is down (see ``Catalog``).
     """
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
@@ -207,6 +210,7 @@ def build_app(
         aliases=settings.alias,
         vllm_args=vllm_args if vllm_args is not None else {"*": settings.vllm_args},
         ttl=settings.models_ttl,
+        known=known or (),
     )
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:

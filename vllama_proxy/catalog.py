@@ -95,6 +95,8 @@ class Catalog:
         aliases: Ollama name -> served name.
         vllm_args: arguments vLLM runs with, per served name (``"*"`` for all).
         ttl: seconds a fetched list counts as fresh.
+        known: the models vllama itself launches, used while vLLM cannot be asked
+            (unloaded after its keep_alive, or still starting) so their names still resolve.
     """
 
     def __init__(
@@ -104,7 +106,9 @@ class Catalog:
         aliases: Mapping[str, str] | None = None,
         vllm_args: Mapping[str, Iterable[str]] | None = None,
         ttl: float = 10.0,
+        known: Iterable[ServedModel] = (),
     ) -> None:
+        self._known = {m.name: m for m in known}
         self._upstream = upstream
         self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
         self._args = {k: tuple(v) for k, v in (vllm_args or {}).items()}
@@ -189,6 +193,8 @@ class Catalog:
             if self._models is not None:
                 log.warning("models_refresh_failed", keeping=len(self._models))
                 return self._models
+            if self._known:
+                return self._known
             raise
         models: dict[str, ServedModel] = {}
         for entry in data.get("data", []) if isinstance(data, dict) else []:

@@ -7,10 +7,12 @@ import resource
 import signal
 import socket
 import sys
+import time
 
 from aiohttp import web
 
 from .app import build_app
+from .catalog import ServedModel
 from .logs import get_logger
 from .sdnotify import Notifier, attach, run_watchdog
 from .settings import Settings
@@ -100,6 +102,15 @@ def gpu_memory_utilization(vllm_args: list[str]) -> float:
     return 0.9
 
 
+def max_model_len(vllm_args: list[str]) -> int | None:
+    """``--max-model-len`` from vLLM's arguments, if given (a plain integer)."""
+    for i, a in enumerate(vllm_args):
+        value = vllm_args[i + 1] if a == "--max-model-len" and i + 1 < len(vllm_args) else a.split("=", 1)[1] if a.startswith("--max-model-len=") else None
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
 def served_name_for(model: str) -> str:
     """Default served name: a hub id as it is (``Qwen/Qwen2.5-1.5B-Instruct``), a local
     directory by its last component (``/models/qwen`` -> ``qwen``), so Ollama names stay clean."""
@@ -140,9 +151,10 @@ async def serve_supervised(settings: Settings) -> None:
     supervisor = Supervisor(settings, port=port, board=board)
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(supervisor, notifier)  # STATUS= on transitions, READY=1 on the first ready, STOPPING=1
-    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board)
+    known = ServedModel(name=served, root=settings.model, max_model_len=max_model_len(settings.vllm_args), created=int(time.time()), vllm_args=tuple(settings.vllm_args))
+    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board, known=[known])
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
-    workers = WorkerPool(settings, upstream_url, vllm_args, board)
+    workers = WorkerPool(settings, upstream_url, vllm_args, board, [known])
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, model=settings.model, vllm_port=port, nofile=nofile, workers=settings.workers)
     await supervisor.start()

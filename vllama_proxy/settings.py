@@ -136,6 +136,12 @@ class Settings(BaseSettings):
     )
 
     # --- the supervisor (with --model) -------------------------------------------------
+    keep_alive: str = Field(
+        "5m",
+        description="How long a model stays loaded after a request (Ollama's keep_alive: duration or seconds, negative = forever); "
+        "then it sleeps (with --enable-sleep-mode after --) or vLLM stops. OLLAMA_KEEP_ALIVE is honoured.",
+    )
+    load_timeout: float = Field(600.0, gt=0, description="Seconds a request waits for a sleeping or unloaded model to come back.")
     vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches (looked up on PATH).")
     vllm_port: int = Field(0, ge=0, le=65535, description="Loopback port for the supervised vLLM (0: pick a free one).")
     startup_timeout: float = Field(900.0, gt=0, description="Seconds vLLM may take to become ready (download, load, compile).")
@@ -196,10 +202,19 @@ class Settings(BaseSettings):
         origins = os.environ.get("OLLAMA_ORIGINS")
         if origins:
             self.origins = [*self.origins, *(o.strip() for o in origins.split(",") if o.strip())]
+        keep = os.environ.get("OLLAMA_KEEP_ALIVE")
+        if keep and "keep_alive" not in self.model_fields_set:
+            self.keep_alive = keep
         queue = os.environ.get("OLLAMA_MAX_QUEUE")
         if queue and "max_queue" not in self.model_fields_set:
             self.max_queue = int(queue)
         return self
+
+    def keep_alive_seconds(self) -> float:
+        """The default keep_alive in seconds (negative: forever)."""
+        from .ollama_types import parse_keep_alive
+
+        return parse_keep_alive(self.keep_alive, default=300.0)
 
     def api_keys(self) -> list[str]:
         """Every configured API key: ``--api-key`` values and the lines of ``--api-key-file``.

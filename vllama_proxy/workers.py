@@ -28,19 +28,21 @@ log = get_logger("vllama.workers")
 _CTX = multiprocessing.get_context("spawn")
 
 
-def _worker_main(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None, board: StatusBoard | None) -> None:
+def _worker_main(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None,
+                 board: StatusBoard | None, known: list | None) -> None:
     configure_logging(settings.log_level, settings.log_format)
     from .cli import run_loop
 
-    run_loop(_serve(index, settings, upstream_url, vllm_args, board))
+    run_loop(_serve(index, settings, upstream_url, vllm_args, board, known))
 
 
-async def _serve(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None, board: StatusBoard | None) -> None:
+async def _serve(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None,
+                 board: StatusBoard | None, known: list | None) -> None:
     from .app import build_app
     from .server import raise_nofile_limit, start_site, wait_for_signal
 
     raise_nofile_limit()
-    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board)
+    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board, known=known)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True)
     log.info("worker_listening", worker=index, port=settings.port)
     try:
@@ -57,10 +59,12 @@ class WorkerPool:
         upstream_url: vLLM's base URL.
         vllm_args: per served name, for capabilities.
         board: the supervisor's status (``None`` with ``--upstream``).
+        known: the models vllama launches (see ``Catalog``).
     """
 
-    def __init__(self, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None, board: StatusBoard | None) -> None:
-        self._args = (settings, upstream_url, vllm_args, board)
+    def __init__(self, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None,
+                 board: StatusBoard | None, known: list | None = None) -> None:
+        self._args = (settings, upstream_url, vllm_args, board, known)
         self._procs: dict[int, BaseProcess] = {}
         self._stopping = False
         self._monitor: asyncio.Task[None] | None = None

@@ -8,7 +8,7 @@ from ..ollama_types import ChatRequest
 from ..state import CATALOG, UPSTREAM
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities
-from .common import load_reply, log_ignored, now_ns, read_request, resolve_model
+from .common import done_with_model, load_reply, log_ignored, now_ns, read_request, resolve_model, use_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -20,12 +20,16 @@ async def chat(request: web.Request) -> web.StreamResponse:
     req = await read_request(request, ChatRequest)
     name, model = await resolve_model(request, req.model)
     if not req.messages:
-        return load_reply(name, req.keep_alive, chat=True)
+        return await load_reply(request, name, req.keep_alive, chat=True)
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)
     check_capabilities(name, caps, tools=bool(req.tools), think=req.think, images=images)
     body, ignored = chat_body(req, model.name)
     log_ignored(ignored)
+    keep = await use_model(request, req.keep_alive)
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)
-    return await relay(request, request.app[UPSTREAM], "/v1/chat/completions", body, translator, stream=stream)
+    try:
+        return await relay(request, request.app[UPSTREAM], "/v1/chat/completions", body, translator, stream=stream)
+    finally:
+        done_with_model(request, keep)

@@ -14,7 +14,7 @@ from ..catalog import ServedModel
 from ..errors import BadRequest
 from ..logs import get_logger
 from ..ollama_types import parse_body, parse_keep_alive, require_model
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS, STATUS
 from ..stream import CLOCK
 
 log = get_logger("vllama.routes")
@@ -45,13 +45,21 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
     return name, await request.app[CATALOG].resolve(name)
 
 
-def load_reply(name: str, keep_alive: Any, *, chat: bool) -> web.Response:
+async def load_reply(request: web.Request, name: str, keep_alive: Any, *, chat: bool) -> web.Response:
     """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
 
-    ``done_reason`` is ``load``, or ``unload`` when ``keep_alive`` is 0
-    (Ollama ``server/routes.go`` GenerateHandler/ChatHandler).
+    ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
+    ``unload`` when ``keep_alive`` is 0: the keep-alive ends now and the supervisor puts
+    vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
+    GenerateHandler/ChatHandler).
     """
-    unload = parse_keep_alive(keep_alive, default=300.0) == 0
+    settings = request.app[SETTINGS]
+    unload = parse_keep_alive(keep_alive, default=settings.keep_alive_seconds()) == 0
+    status = request.app.get(STATUS)
+    if unload and status is not None:
+        status.touch(0)
+    elif not unload:
+        await use_model(request, keep_alive)
     body: dict[str, Any] = {"model": name, "created_at": CLOCK.now()}
     if chat:
         body["message"] = {"role": "assistant", "content": ""}
@@ -59,6 +67,31 @@ def load_reply(name: str, keep_alive: Any, *, chat: bool) -> web.Response:
         body["response"] = ""
     body.update(done=True, done_reason="unload" if unload else "load")
     return web.json_response(body, dumps=_dumps)
+
+
+async def use_model(request: web.Request, keep_alive: Any) -> float:
+    """keep_alive bookkeeping when vllama supervises vLLM: wake a sleeping or unloaded
+    model (bounded by ``--load-timeout``) and restart its keep-alive clock.
+
+    Returns the request's keep_alive in seconds (negative: forever), for :func:`done_with_model`.
+
+    Raises:
+        UpstreamUnavailable: the model could not be brought back in time.
+    """
+    settings = request.app[SETTINGS]
+    seconds = parse_keep_alive(keep_alive, default=settings.keep_alive_seconds())
+    status = request.app.get(STATUS)
+    if status is not None:
+        await status.wait_ready(settings.load_timeout)
+        status.touch(seconds)
+    return seconds
+
+
+def done_with_model(request: web.Request, seconds: float) -> None:
+    """The request finished: the keep-alive counts from now (Ollama sets expiry after each request)."""
+    status = request.app.get(STATUS)
+    if status is not None:
+        status.touch(seconds)
 
 
 def log_ignored(ignored: list[str]) -> None:

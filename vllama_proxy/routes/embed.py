@@ -11,7 +11,7 @@ from aiohttp import web
 from ..errors import UnsupportedCapability, UpstreamRejected
 from ..ollama_types import EmbeddingsRequest, EmbedRequest
 from ..state import UPSTREAM
-from .common import now_ns, read_request, resolve_model
+from .common import done_with_model, now_ns, read_request, resolve_model, use_model
 
 
 def l2_normalize(vec: list[float]) -> list[float]:
@@ -53,7 +53,11 @@ async def embed(request: web.Request) -> web.Response:
     vectors: list[list[float]] = []
     count = 0
     if inputs:
-        vectors, count = await _embeddings(request, name, model.name, inputs, req.truncate is not False)
+        keep = await use_model(request, req.keep_alive)
+        try:
+            vectors, count = await _embeddings(request, name, model.name, inputs, req.truncate is not False)
+        finally:
+            done_with_model(request, keep)
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -74,6 +78,10 @@ async def embeddings(request: web.Request) -> web.Response:
     name, model = await resolve_model(request, req.model)
     vec: list[float] = []
     if req.prompt:
-        vectors, _ = await _embeddings(request, name, model.name, [req.prompt], True)
+        keep = await use_model(request, req.keep_alive)
+        try:
+            vectors, _ = await _embeddings(request, name, model.name, [req.prompt], True)
+        finally:
+            done_with_model(request, keep)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

@@ -11,7 +11,7 @@ from ..state import CATALOG, UPSTREAM
 from ..stream import GenerateTranslator, Timings, relay
 from ..translate import check_capabilities, generate_body
 from ..upstream import Upstream
-from .common import load_reply, log_ignored, now_ns, read_request, resolve_model
+from .common import done_with_model, load_reply, log_ignored, now_ns, read_request, resolve_model, use_model
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
@@ -43,15 +43,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
     req = await read_request(request, GenerateRequest)
     name, model = await resolve_model(request, req.model)
     if not req.prompt and not req.images and not req.suffix:
-        return load_reply(name, req.keep_alive, chat=False)
+        return await load_reply(request, name, req.keep_alive, chat=False)
     caps = await request.app[CATALOG].capabilities(model)
     if req.suffix:
         raise UnsupportedCapability(name, "insert")
     check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
     path, body, ignored = generate_body(req, model.name)
     log_ignored(ignored)
+    keep = await use_model(request, req.keep_alive)
     if path == "/v1/completions" and "max_tokens" not in body:
         body["max_tokens"] = await remaining_context(request.app[UPSTREAM], model, body["prompt"])
     stream = req.stream is not False
     translator = GenerateTranslator(name, timings, aggregate=not stream)
-    return await relay(request, request.app[UPSTREAM], path, body, translator, stream=stream)
+    try:
+        return await relay(request, request.app[UPSTREAM], path, body, translator, stream=stream)
+    finally:
+        done_with_model(request, keep)

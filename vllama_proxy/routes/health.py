@@ -24,7 +24,7 @@ async def readyz(request: web.Request) -> web.Response:
     status = request.app.get(STATUS)
     if status is not None:
         body = status.status()
-        ready = status.ready
+        ready = status.available  # sleeping/unloaded still serves: the next request loads it
     else:
         code = await probes.health(request.app[UPSTREAM])
         ready = code == 200

@@ -7,6 +7,7 @@ always present, ``capabilities`` always a list (Copilot and Continue break other
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -127,7 +128,9 @@ async def show(request: web.Request) -> web.Response:
 
 
 async def ps(request: web.Request) -> web.Response:
-    """The running models. vLLM keeps a served model loaded, so ``expires_at`` is "forever".
+    """The loaded models, with ``expires_at`` when their keep_alive ends ("forever" ~292 years
+    ahead when it is negative, or when vllama only proxies a vLLM it does not manage).
+    A sleeping or unloaded model is not listed, as Ollama lists only loaded ones.
 
     ``size_vram`` is the GPU memory of vLLM's process tree measured with NVML when
     vllama supervises it (weights + KV cache); otherwise, or when NVML cannot see the
@@ -135,9 +138,12 @@ async def ps(request: web.Request) -> web.Response:
     """
     catalog = request.app[CATALOG]
     status = request.app.get(STATUS)
+    if status is not None and not status.ready:
+        return web.Response(body=b'{"models":[]}', content_type="application/json")  # asleep or unloaded: not loaded
     vram = await status.vram_bytes() if status is not None else 0
     out = []
-    expires = rfc3339(time.time() + _FOREVER_S)
+    until = status.expires_at if status is not None else math.inf
+    expires = rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until)
     for model in await catalog.models():
         files = await catalog.files(model)
         name = catalog.names_for(model)[0]

@@ -15,7 +15,7 @@ from aiohttp import web
 from ..errors import ModelNotFound, UpstreamError
 from ..state import CATALOG, UPSTREAM
 from ..upstream import encode_json, iter_raw
-from .common import read_body
+from .common import done_with_model, read_body, use_model
 
 _FORWARD_REQUEST = ("Content-Type", "Accept")
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
@@ -49,6 +49,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     """
     if any(seg in (".", "..") for seg in request.match_info["tail"].split("/")):
         raise web.HTTPNotFound()
+    keep = await use_model(request, None)  # a sleeping or unloaded model comes back first
     body = await _mapped_body(request, await read_body(request))
     headers = {h: request.headers[h] for h in _FORWARD_REQUEST if h in request.headers}
     path = "/v1/" + request.match_info["tail"]
@@ -68,6 +69,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             else:
                 raise  # the connection is dropped: a truncated non-SSE body must not look complete
         await out.write_eof()
+        done_with_model(request, keep)
         return out
 
 

@@ -10,12 +10,13 @@ child's last output shown on failure) and llama-swap's process owner loop.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import UpstreamUnavailable
+from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from ..settings import Settings
 from ..upstream import Upstream
@@ -25,6 +26,9 @@ from .states import TRANSITIONS, InvalidTransition, State
 from .status import StatusBoard
 
 log = get_logger("vllama.supervisor")
+
+_EXPIRED = object()  # _watch: the keep_alive ended and nothing is running
+_RELOAD = object()  # _serve: an unloaded model is wanted again
 
 
 class Supervisor:
@@ -131,11 +135,15 @@ class Supervisor:
                 if self._stop.is_set():
                     break
                 if reason is None:
+                    self._keep_alive_from_now()
                     self._set(State.READY)
                     ready_at = time.monotonic()
-                    reason = await self._watch()
+                    reason = await self._serve()
                     if reason is None:
                         break  # stop requested
+                    if reason is _RELOAD:
+                        failures = 0
+                        continue  # unloaded by keep_alive, then requested again: a fresh start
                     self._set(State.UNHEALTHY, reason)
                     if time.monotonic() - ready_at >= self.s.restart_reset_after:
                         failures = 0
@@ -160,6 +168,68 @@ class Supervisor:
                 await self._stop_child()
                 self._set(State.STOPPED)
 
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether vLLM runs with ``--enable-sleep-mode`` (then keep_alive expiry sleeps, not stops)."""
+        return "--enable-sleep-mode" in self.s.vllm_args
+
+    def _keep_alive_from_now(self) -> None:
+        # Ready again: wake requests are fulfilled (waiters re-ask while they poll), and a
+        # fresh load starts the default keep_alive, unless a request asked for longer.
+        self.board.take_wake()
+        default = self.s.keep_alive_seconds()
+        until = math.inf if default < 0 else time.time() + default
+        if self.board.expires_at < until:
+            self.board.touch(default)
+
+    async def _serve(self) -> object:
+        """Serve a ready vLLM through keep_alive cycles.
+
+        Returns ``None`` when asked to stop, ``_RELOAD`` when an unloaded model is wanted
+        again (start it afresh), or the reason it must restart.
+        """
+        while True:
+            reason = await self._watch()
+            if reason is not _EXPIRED:
+                return reason
+            if not self.sleep_mode:
+                await self._stop_child()
+                self._set(State.UNLOADED, "keep_alive expired")
+                return _RELOAD if await self._wait_wake(None) else None
+            try:
+                async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
+                    await resp.read()
+            except UpstreamError as e:
+                return f"vLLM failed to go to sleep: {e.message}"
+            self._set(State.SLEEPING, "keep_alive expired")
+            if time.time() < self.board.expires_at:
+                self.board.request_wake()  # a request arrived while we were putting vLLM to sleep
+            child = self.child
+            assert child is not None
+            exited = asyncio.ensure_future(child.wait())
+            try:
+                if not await self._wait_wake(exited):
+                    return None if self._stop.is_set() else f"vLLM exited with code {exited.result()} while asleep"
+            finally:
+                exited.cancel()
+            started = time.monotonic()
+            try:
+                async with self._probe.request("POST", "/wake_up") as resp:
+                    await resp.read()
+            except UpstreamError as e:
+                return f"vLLM failed to wake up: {e.message}"
+            log.info("woke_up", seconds=round(time.monotonic() - started, 3))
+            self._keep_alive_from_now()
+            self._set(State.READY, "woken by a request")
+
+    async def _wait_wake(self, exited: asyncio.Future[int] | None) -> bool:
+        """Wait for a request to need the model; False if stop was requested or the child exited."""
+        while not self.board.take_wake():
+            if self._stop.is_set() or (exited is not None and exited.done()):
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     async def _start_once(self) -> str | None:
         """Launch and wait until ready; ``None`` when ready, else why not.
 
@@ -167,7 +237,10 @@ class Supervisor:
         while the child's output shows loading progress), and readiness.
         """
         try:
-            self.child = await VllmProcess.launch(self.argv(), env=os.environ.copy())
+            env = os.environ.copy()
+            if self.sleep_mode:
+                env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
+            self.child = await VllmProcess.launch(self.argv(), env=env)
         except OSError as e:
             return f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
         child = self.child
@@ -190,8 +263,9 @@ class Supervisor:
         finally:
             exited.cancel()
 
-    async def _watch(self) -> str | None:
-        """Watch a ready vLLM; returns why it must restart, or ``None`` when asked to stop."""
+    async def _watch(self) -> object:
+        """Watch a ready vLLM; returns why it must restart, ``_EXPIRED`` when its keep_alive
+        ended with nothing running, or ``None`` when asked to stop."""
         child = self.child
         assert child is not None
         exited = asyncio.ensure_future(child.wait())
@@ -208,9 +282,12 @@ class Supervisor:
                 failed_polls = 0 if code == 200 else failed_polls + 1
                 if failed_polls >= self.s.unhealthy_threshold:
                     return f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})"
-                if self.s.hang_timeout > 0:
+                expired = time.time() >= self.board.expires_at
+                if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)
-                    if load is not None:
+                    if expired and load is not None and load.pending == 0 and not self.board.waking:
+                        return _EXPIRED
+                    if load is not None and self.s.hang_timeout > 0:
                         now = time.monotonic()
                         if load.pending > 0 and load.generation_tokens == tokens:
                             stalled_since = stalled_since or now

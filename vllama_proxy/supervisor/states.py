@@ -5,6 +5,9 @@
        └──► failed ──(slow retry)──► starting    │
     any ──► stopping ──► stopped          failed ┘
 
+    keep_alive expired:  ready ──► sleeping ──(request)──► ready        (vLLM sleep mode)
+                         ready ──► unloaded ──(request)──► starting     (no sleep mode)
+
 One task (``Supervisor._run``) owns every transition; everyone else waits on
 them (``Supervisor.ensure_ready``) and never acts on a state they read earlier.
 """
@@ -22,13 +25,17 @@ class State(str, enum.Enum):
     UNHEALTHY = "unhealthy"  # exited, /health failing, or engine hung; about to restart
     RESTARTING = "restarting"  # old process tree stopped; waiting out the backoff
     FAILED = "failed"  # crash loop: retrying slowly; /readyz shows the last error
+    SLEEPING = "sleeping"  # keep_alive expired: vLLM sleep mode level 1 (weights in CPU RAM, KV cache freed)
+    UNLOADED = "unloaded"  # keep_alive expired without sleep mode: vLLM stopped, started on the next request
     STOPPING = "stopping"
     STOPPED = "stopped"
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.STARTING: frozenset({State.READY, State.RESTARTING, State.FAILED, State.STOPPING}),
-    State.READY: frozenset({State.UNHEALTHY, State.STOPPING}),
+    State.READY: frozenset({State.UNHEALTHY, State.SLEEPING, State.UNLOADED, State.STOPPING}),
+    State.SLEEPING: frozenset({State.READY, State.UNHEALTHY, State.STOPPING}),
+    State.UNLOADED: frozenset({State.STARTING, State.STOPPING}),
     State.UNHEALTHY: frozenset({State.RESTARTING, State.FAILED, State.STOPPING}),
     State.RESTARTING: frozenset({State.STARTING, State.STOPPING}),
     State.FAILED: frozenset({State.STARTING, State.STOPPING}),

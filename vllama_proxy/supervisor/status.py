@@ -9,10 +9,12 @@ no lock, no message passing on the request path.
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing
 import time
 from typing import Any
 
+from ..errors import UpstreamUnavailable
 from . import gpu
 from .child import session_members
 from .states import State
@@ -34,6 +36,8 @@ class StatusBoard:
         self._since = ctx.RawValue("d", time.time())
         self._restarts = ctx.RawValue("i", 0)
         self._pid = ctx.RawValue("i", 0)
+        self._expires = ctx.RawValue("d", 0.0)  # epoch s when keep_alive ends; inf: never; 0: not loaded yet
+        self._wake = ctx.RawValue("i", 0)  # set by any process that needs a sleeping/unloaded model
         self._error = ctx.RawArray("c", 4096)
         self._output = ctx.RawArray("c", 16384)
 
@@ -55,6 +59,55 @@ class StatusBoard:
         return _STATES[self._state.value] is State.READY
 
     @property
+    def available(self) -> bool:
+        """Ready now, or loadable on demand (sleeping/unloaded): what ``/readyz`` reports as ready."""
+        return _STATES[self._state.value] in (State.READY, State.SLEEPING, State.UNLOADED)
+
+    # -- keep_alive (Ollama semantics: per request, negative = forever, 0 = unload now) --------
+    def touch(self, keep_alive_s: float) -> None:
+        """A request used the model: it stays loaded ``keep_alive_s`` seconds from now."""
+        self._expires.value = math.inf if keep_alive_s < 0 else time.time() + keep_alive_s
+
+    @property
+    def expires_at(self) -> float:
+        """Epoch seconds when the keep-alive ends (``inf``: never)."""
+        return self._expires.value
+
+    def request_wake(self) -> None:
+        """Ask the supervisor (in whichever process) to wake or reload the model."""
+        self._wake.value = 1
+
+    def take_wake(self) -> bool:
+        """The supervisor's side: whether a wake was requested (and clear the request)."""
+        if self._wake.value:
+            self._wake.value = 0
+            return True
+        return False
+
+    @property
+    def waking(self) -> bool:
+        return bool(self._wake.value)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wake a sleeping or unloaded model if needed and wait until it serves.
+
+        Polls shared memory (any worker process may call this): the cold path only.
+
+        Raises:
+            UpstreamUnavailable: not ready within ``timeout`` s, or vLLM failed or is stopping.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            state = self.state
+            if state in (State.SLEEPING, State.UNLOADED):
+                self.request_wake()
+            elif state in (State.FAILED, State.STOPPING, State.STOPPED, State.UNHEALTHY):
+                raise UpstreamUnavailable(self.unavailable_message())
+            if time.monotonic() > deadline:
+                raise UpstreamUnavailable(self.unavailable_message())
+            await asyncio.sleep(0.02)
+
+    @property
     def last_error(self) -> str | None:
         return self._error.value.decode(errors="replace") or None
 
@@ -63,7 +116,7 @@ class StatusBoard:
         state = self.state
         if state is State.FAILED:
             return f"model '{self.served_name}' failed to load: {self.last_error}"
-        if state in (State.STARTING, State.RESTARTING, State.UNHEALTHY):
+        if state in (State.STARTING, State.RESTARTING, State.UNHEALTHY, State.SLEEPING, State.UNLOADED):
             return f"model '{self.served_name}' is loading (vLLM {state.value} since {_iso(self._since.value)}), please retry"
         return f"model '{self.served_name}' is unavailable (vLLM {state.value})"
 
@@ -76,6 +129,7 @@ class StatusBoard:
             "restarts": self._restarts.value,
             "pid": self._pid.value or None,
             "last_error": self.last_error,
+            "expires_at": None if math.isinf(self._expires.value) or not self._expires.value else _iso(self._expires.value),
         }
         output = self._output.value.decode(errors="replace")
         if body["last_error"] and output:
