@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -136,7 +137,9 @@ def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, en
            "--alias", f"{ALIAS}={SERVED}", *flags]
     if vllm_args:
         cmd += ["--", *vllm_args]
-    proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", **(env or {})}, cwd=ROOT,
+    # No test reaches the real Hugging Face Hub or the user's cache (tests/test_pull.py sets its own).
+    hub = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(Path(tempfile.gettempdir()) / "vllama-tests-hf")}
+    proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", **hub, **(env or {})}, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb") if log else subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/", proc)

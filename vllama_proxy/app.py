@@ -23,7 +23,7 @@ from . import access
 from .errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
 from .logs import get_logger
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
-from .routes import chat, embed, generate, health, manage, meta, models, openai
+from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
 from .settings import Settings
 from .state import CATALOG, SETTINGS, STATUS, UPSTREAM
 from .supervisor.status import StatusBoard
@@ -235,11 +235,11 @@ def build_app(
         ("GET", "/api/tags", models.tags),
         ("POST", "/api/show", models.show),
         ("GET", "/api/ps", models.ps),
-        ("POST", "/api/pull", manage.pull),
+        ("POST", "/api/pull", hub.pull),
         ("POST", "/api/push", manage.unsupported),
         ("POST", "/api/create", manage.unsupported),
         ("POST", "/api/copy", manage.unsupported),
-        ("DELETE", "/api/delete", manage.unsupported),
+        ("DELETE", "/api/delete", hub.delete),
         ("*", "/api/blobs/{digest}", manage.unsupported),
         ("*", "/v1/{tail:.*}", openai.passthrough),
     ]

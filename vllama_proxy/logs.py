@@ -50,6 +50,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(numeric)
     # aiohttp's own access log is replaced by ours (one line per request, with request_id).
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # huggingface_hub's one line per Hub request
 
 
 def _dumps(obj: object, **_: object) -> str:
