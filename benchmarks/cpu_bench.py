@@ -30,16 +30,11 @@ Always stops its subprocesses (``finally``, ``atexit``, SIGTERM/SIGHUP).
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -51,68 +46,13 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import loadgen  # noqa: E402
+from procs import Children, free_port, wait_http  # noqa: E402
 from loadgen import PromptFactory, Run, Target, Workload  # noqa: E402
 
 MODEL = "fake-model"
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode} before {url} answered")
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"{url} did not answer in {timeout} s")
-
-
-class Children:
-    """Subprocesses that are stopped whatever happens (``stop_all`` is idempotent)."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        atexit.register(self.stop_all)
-
-    def start(self, cmd: list[str], env: dict[str, str], cpus: set[int] | None, log_path: Path) -> subprocess.Popen:
-        def pre() -> None:
-            if cpus:
-                os.sched_setaffinity(0, cpus)  # before exec: every thread inherits it
-
-        log = open(log_path, "wb")
-        try:
-            proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    preexec_fn=pre, start_new_session=True)
-        finally:
-            log.close()
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs.clear()
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
@@ -247,11 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         fport, pport = free_port(), free_port()
         fake = children.start([sys.executable, str(ROOT / "tests" / "fake_vllm.py"), "serve", str(tmp / MODEL),
                                "--host", "127.0.0.1", "--port", str(fport), "--served-model-name", MODEL,
-                               "--max-model-len", "100000"], env, other_cpus, tmp / "fake.log")
+                               "--max-model-len", "100000"], env, tmp / "fake.log", other_cpus)
         fake_url = f"http://127.0.0.1:{fport}"
         wait_http(fake_url + "/health", fake)
         proxy = children.start([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake_url,
-                                "--port", str(pport), *args.proxy_arg], env, proxy_cpus, tmp / "proxy.log")
+                                "--port", str(pport), *args.proxy_arg], env, tmp / "proxy.log", proxy_cpus)
         proxy_url = f"http://127.0.0.1:{pport}"
         wait_http(proxy_url + "/", proxy)
         loadgen.log(f"fake vLLM pid {fake.pid} on {fake_url} (token delay {args.token_delay} s), "

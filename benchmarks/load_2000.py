@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import os
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +59,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import loadgen  # noqa: E402
+from procs import Children, free_port, wait_http  # noqa: E402
 from loadgen import RequestResult, Target, Workload  # noqa: E402
 
 MODEL = "fake-model"
@@ -68,55 +67,6 @@ PROMPT = "Tell me a long story about the sea and the wind and the stars"
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{' '.join(map(str, proc.args[:4]))} exited with {proc.returncode} before {url} answered")
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"{url} did not answer in {timeout} s")
-
-
-class Children:
-    """Subprocesses stopped whatever happens (``stop_all`` is idempotent)."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        atexit.register(self.stop_all)
-
-    def start(self, cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs.clear()
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
