@@ -42,7 +42,7 @@ for phase in "$@"; do case $phase in
 start)
   log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null), GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader)"
   setsid python3 -m vllama_proxy serve --model /tmp/model --served-model-name $SERVED \
-    --alias qwen2.5:1.5b=$SERVED --vllm-port 8100 --port 11434 --workers "${WORKERS:-4}" --log-format json \
+    --alias qwen2.5:1.5b=$SERVED --vllm-port 8100 --port 11434 --workers "${WORKERS:-4}" --log-format json --keep-alive -1 \
     -- --max-model-len 4096 --gpu-memory-utilization 0.85 ${VLLM_EXTRA:-} > "$LOGS/vllama.log" 2>&1 < /dev/null &
   echo $! > /tmp/vllama.pid
   sleep 3
