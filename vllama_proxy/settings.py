@@ -139,7 +139,8 @@ class Settings(BaseSettings):
     keep_alive: str = Field(
         "5m",
         description="How long a model stays loaded after a request (Ollama's keep_alive: duration or seconds, negative = forever); "
-        "then it sleeps (with --enable-sleep-mode after --) or vLLM stops. OLLAMA_KEEP_ALIVE is honoured.",
+        "then it sleeps (with --enable-sleep-mode after --) or vLLM stops. OLLAMA_KEEP_ALIVE is honoured; "
+        "write negative durations as --keep-alive=-1m.",
     )
     load_timeout: float = Field(600.0, gt=0, description="Seconds a request waits for a sleeping or unloaded model to come back.")
     vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches (looked up on PATH).")
