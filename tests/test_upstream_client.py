@@ -121,3 +121,20 @@ async def test_sse_events_split_across_reads_and_batched():
     finally:
         await up.close()
         await server.close()
+
+
+async def test_body_cut_mid_read_is_unavailable():
+    async def cut(request):
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "100"})
+        await resp.prepare(request)
+        await resp.write(b'{"data": [')
+        request.transport.close()  # the connection breaks before the body is complete
+        return resp
+
+    server, up = await serve(cut)
+    try:
+        with pytest.raises(UpstreamUnavailable):
+            await up.get_json("/v1/models")
+    finally:
+        await up.close()
+        await server.close()

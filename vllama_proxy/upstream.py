@@ -13,8 +13,8 @@ so handlers never see aiohttp's exception types.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import aiohttp
@@ -115,7 +115,7 @@ class Upstream:
             UpstreamUnavailable: connection refused, reset or closed.
             UpstreamTimeout: connect or idle-read timeout.
         """
-        try:
+        with mapped_errors(self.base_url):
             resp = await self.session.request(
                 method, self.base_url + path, data=body, headers=headers or _JSON, params=params
             )
@@ -124,13 +124,6 @@ class Upstream:
                     raise UpstreamRejected(await _error_message(resp), resp.status)
                 finally:
                     resp.release()
-        except UpstreamError:
-            raise
-        except BaseException as e:  # noqa: BLE001 - mapped or re-raised below
-            mapped = map_client_error(e, self.base_url)
-            if mapped is None:
-                raise
-            raise mapped from e
         # Errors raised by the caller's block (e.g. writing to a client that left) are
         # not upstream errors: they pass through unmapped.
         try:
@@ -152,6 +145,24 @@ class Upstream:
             return await read_json(resp)
 
 
+@contextmanager
+def mapped_errors(where: str) -> Iterator[None]:
+    """Re-raise aiohttp/asyncio client errors inside the block as the upstream error tree.
+
+    Upstream errors pass unchanged; anything that is not about the upstream
+    (cancellation, a generator being closed) is re-raised as it is.
+    """
+    try:
+        yield
+    except UpstreamError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - mapped or re-raised
+        mapped = map_client_error(e, where)
+        if mapped is None:
+            raise
+        raise mapped from e
+
+
 def map_client_error(e: BaseException, where: str) -> UpstreamError | None:
     """Translate an aiohttp/asyncio client exception into the upstream error tree.
 
@@ -171,13 +182,19 @@ def map_client_error(e: BaseException, where: str) -> UpstreamError | None:
     return None
 
 
+async def read_response(resp: aiohttp.ClientResponse) -> bytes:
+    """Read a whole body, with client errors mapped (a reset mid-body is ``UpstreamUnavailable``)."""
+    with mapped_errors(str(resp.url.origin())):
+        return await resp.read()
+
+
 async def read_json(resp: aiohttp.ClientResponse) -> Any:
     """Read and decode a whole JSON body.
 
     Raises:
         UpstreamProtocolError: the body is not JSON.
     """
-    raw = await resp.read()
+    raw = await read_response(resp)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -235,7 +252,7 @@ async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[list[dict[str,
     content = resp.content
     loads = orjson.loads
     tail = b""
-    try:
+    with mapped_errors(str(resp.url.origin())):
         while True:
             data = await content.readany()
             if not data:
@@ -267,22 +284,10 @@ async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[list[dict[str,
                 yield batch  # what came before a failure still reaches the client
             if failure is not None:
                 raise failure
-    except UpstreamError:
-        raise
-    except BaseException as e:  # noqa: BLE001 - mapped or re-raised
-        mapped = map_client_error(e, str(resp.url.origin()))
-        if mapped is None:
-            raise
-        raise mapped from e
 
 
 async def iter_raw(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """The response body as it arrives, with client errors mapped (see :func:`iter_sse`)."""
-    try:
+    with mapped_errors(str(resp.url.origin())):
         async for data in resp.content.iter_any():
             yield data
-    except BaseException as e:  # noqa: BLE001 - mapped or re-raised
-        mapped = map_client_error(e, str(resp.url.origin()))
-        if mapped is None:
-            raise
-        raise mapped from e

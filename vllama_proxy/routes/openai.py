@@ -14,7 +14,7 @@ from aiohttp import web
 
 from ..errors import ModelNotFound, UpstreamError
 from ..state import CATALOG, UPSTREAM
-from ..upstream import encode_json, iter_raw
+from ..upstream import encode_json, iter_raw, read_response
 from .common import done_with_model, read_body, use_model
 
 _FORWARD_REQUEST = ("Content-Type", "Accept")
@@ -76,5 +76,5 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 async def vllm_metrics(request: web.Request) -> web.Response:
     """vLLM's own Prometheus metrics (``vllm:*``), relayed from its ``/metrics``."""
     async with request.app[UPSTREAM].request("GET", "/metrics") as resp:
-        body = await resp.read()
+        body = await read_response(resp)
         return web.Response(body=body, headers={"Content-Type": resp.headers.get("Content-Type", "text/plain")})

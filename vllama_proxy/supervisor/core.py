@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from ..settings import Settings
-from ..upstream import Upstream
+from ..upstream import Upstream, read_response
 from . import gpu, probes
 from .child import VllmProcess
 from .states import TRANSITIONS, InvalidTransition, State
@@ -198,7 +198,7 @@ class Supervisor:
                 return _RELOAD if await self._wait_wake(None) else None
             try:
                 async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
-                    await resp.read()
+                    await read_response(resp)
             except UpstreamError as e:
                 return f"vLLM failed to go to sleep: {e.message}"
             self._set(State.SLEEPING, "keep_alive expired")
@@ -215,7 +215,7 @@ class Supervisor:
             started = time.monotonic()
             try:
                 async with self._probe.request("POST", "/wake_up") as resp:
-                    await resp.read()
+                    await read_response(resp)
             except UpstreamError as e:
                 return f"vLLM failed to wake up: {e.message}"
             log.info("woke_up", seconds=round(time.monotonic() - started, 3))

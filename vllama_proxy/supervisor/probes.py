@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import UpstreamError
-from ..upstream import Upstream, read_json
+from ..upstream import Upstream, read_json, read_response
 
 
 async def health(upstream: Upstream) -> int | None:
     """``/health`` status code, or ``None`` when vLLM cannot be reached (still starting, or gone)."""
     try:
         async with upstream.request("GET", "/health", check=False) as resp:
-            await resp.read()
+            await read_response(resp)
             return resp.status
     except UpstreamError:
         return None
@@ -47,7 +47,7 @@ async def load(upstream: Upstream) -> Load | None:
     """Read :class:`Load` from vLLM's ``/metrics`` (``None`` if unreachable or unparsable)."""
     try:
         async with upstream.request("GET", "/metrics") as resp:
-            text = (await resp.read()).decode("utf-8", "replace")
+            text = (await read_response(resp)).decode("utf-8", "replace")
     except UpstreamError:
         return None
     pending = tokens = 0.0
