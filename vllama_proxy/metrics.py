@@ -47,7 +47,7 @@ class SupervisorCollector:
             state.add_metric([s.value], 1.0 if s is current else 0.0)
         yield state
         restarts = CounterMetricFamily("vllama_supervisor_restarts", "Times vLLM was restarted by the supervisor.")
-        restarts.add_metric([], float(self._board.status()["restarts"]))
+        restarts.add_metric([], float(self._board.restarts))
         yield restarts
 
 

@@ -59,6 +59,10 @@ class StatusBoard:
         return _STATES[self._state.value] is State.READY
 
     @property
+    def restarts(self) -> int:
+        return self._restarts.value
+
+    @property
     def available(self) -> bool:
         """Ready now, or loadable on demand (sleeping/unloaded): what ``/readyz`` reports as ready."""
         return _STATES[self._state.value] in (State.READY, State.SLEEPING, State.UNLOADED)
@@ -126,7 +130,7 @@ class StatusBoard:
             "state": self.state.value,
             "since": _iso(self._since.value),
             "model": self.served_name,
-            "restarts": self._restarts.value,
+            "restarts": self.restarts,
             "pid": self._pid.value or None,
             "last_error": self.last_error,
             "expires_at": None if math.isinf(self._expires.value) or not self._expires.value else _iso(self._expires.value),
