@@ -21,7 +21,9 @@ def table() -> str:
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
         if field.default_factory is not None:
-            default = json.dumps(field.default_factory())
+            value = field.default_factory()
+            # a computed path (state_dir) differs per machine: its description says how
+            default = "" if isinstance(value, Path) else json.dumps(value)
         elif field.default is PydanticUndefined or field.default is None:
             default = ""
         else:

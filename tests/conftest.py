@@ -138,7 +138,8 @@ def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, en
     if vllm_args:
         cmd += ["--", *vllm_args]
     # No test reaches the real Hugging Face Hub or the user's cache (tests/test_pull.py sets its own).
-    hub = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(Path(tempfile.gettempdir()) / "vllama-tests-hf")}
+    hub = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(Path(tempfile.gettempdir()) / "vllama-tests-hf"),
+           "VLLAMA_STATE_DIR": tempfile.mkdtemp(prefix="vllama-state-")}  # aliases from /api/copy
     proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", **hub, **(env or {})}, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb") if log else subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

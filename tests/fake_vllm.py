@@ -38,6 +38,15 @@ FAKE_VLLM_EMBED_DIM        int (8): embedding width.
 FAKE_VLLM_SLEEP_SECONDS    float s (0.2) / FAKE_VLLM_WAKE_SECONDS (0.3): how long /sleep and /wake_up take.
                            Those endpoints and /is_sleeping exist only with --enable-sleep-mode and
                            VLLM_SERVER_DEV_MODE=1, as in vLLM; /_fake/stats counts sleeps and wakes.
+FAKE_VLLM_GPU_LEDGER       path: GPU memory accounting shared by every fake on the machine (a JSON file
+                           under flock). At start a fake claims ``--gpu-memory-utilization`` (0.9) of
+                           each of its GPUs (``CUDA_VISIBLE_DEVICES``, else the first
+                           ``--tensor-parallel-size``); if the claims of live fakes leave too little it
+                           fails like vLLM ("Free memory on device ... is less than desired GPU memory
+                           utilization") and exits 1. /sleep gives the share back down to
+                           FAKE_VLLM_SLEEP_RESIDUE (0.01, vLLM keeps its CUDA context), /wake_up claims
+                           it again or answers 500 (CUDA out of memory). The file's ``events`` list
+                           records every start, sleep, wake and exit in order.
 FAKE_VLLM_ACCESS_LOG       1: log one uvicorn-like access line per request (off by default, so a
                            parent that does not drain stderr cannot block the fake).
 FAKE_VLLM_LOG_MAX          int (10000): how many requests /_fake/requests keeps (newest).
@@ -61,8 +70,11 @@ the connection is closed without ending the body), ``[[fault:garbage]]`` (2 toke
 ``data: {not json`` and the body ends without [DONE]), ``[[fault:hang]]`` (2 tokens then nothing until
 the client leaves), ``[[fault:slow]]`` (0.2 s per token).
 
+A generation request while asleep fails with 500 (counted as ``while_asleep`` in the stats): the
+proxy must wake a model before using it.
+
 Test hooks: ``GET/DELETE /_fake/requests``, ``GET /_fake/stats``
-(``{"started", "completed", "aborted", "failed", "in_flight"}``).
+(``{"started", "completed", "aborted", "failed", "in_flight", "while_asleep", ...}``).
 """
 
 from __future__ import annotations
@@ -72,6 +84,7 @@ import asyncio
 import base64
 import collections
 import hashlib
+import json
 import os
 import re
 import signal
@@ -160,6 +173,64 @@ class Knobs:
         self.log_max = _env_int("FAKE_VLLM_LOG_MAX") or 10000
         self.sleep_seconds = _env_float("FAKE_VLLM_SLEEP_SECONDS", 0.2)
         self.wake_seconds = _env_float("FAKE_VLLM_WAKE_SECONDS", 0.3)
+        self.gpu_ledger = env.get("FAKE_VLLM_GPU_LEDGER") or None
+        self.sleep_residue = _env_float("FAKE_VLLM_SLEEP_RESIDUE", 0.01)
+
+
+class GpuLedger:
+    """GPU memory shares claimed by the fakes on this machine (see FAKE_VLLM_GPU_LEDGER)."""
+
+    def __init__(self, path: str, name: str, gpus: list[int], share: float) -> None:
+        self.path, self.name, self.gpus, self.share = path, name, gpus, share
+
+    def _locked(self, change: Any) -> Any:
+        import fcntl
+
+        with open(self.path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with open(self.path) as f:
+                    data = json.load(f)
+            except (FileNotFoundError, ValueError):
+                data = {"claims": {}, "events": []}
+            for pid in list(data["claims"]):  # a fake killed with SIGKILL frees its memory too
+                try:
+                    os.kill(int(pid), 0)
+                except ProcessLookupError:
+                    del data["claims"][pid]
+                except PermissionError:
+                    pass
+            result = change(data)
+            tmp = f"{self.path}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.path)
+            return result
+
+    def claim(self, share: float, event: str) -> str | None:
+        """Claim ``share`` of each GPU; the error text when the others leave too little."""
+        def change(data: dict) -> str | None:
+            for gpu in self.gpus:
+                used = sum(c["share"] for pid, c in data["claims"].items() if pid != str(os.getpid()) and gpu in c["gpus"])
+                if used + share > 1.0 + 1e-9:
+                    total = 139.8
+                    return (f"Free memory on device cuda:{gpu} ({(1 - used) * total:.2f}/{total} GiB) on startup is less "
+                            f"than desired GPU memory utilization ({share}, {share * total:.2f} GiB). Decrease GPU memory "
+                            "utilization or reduce GPU memory used by other processes.")
+            data["claims"][str(os.getpid())] = {"name": self.name, "gpus": self.gpus, "share": share}
+            data["events"].append([event, self.name])
+            return None
+        return self._locked(change)
+
+    def release(self, keep: float, event: str) -> None:
+        """Hold only ``keep`` of each GPU from now on (0: gone)."""
+        def change(data: dict) -> None:
+            if keep > 0:
+                data["claims"][str(os.getpid())] = {"name": self.name, "gpus": self.gpus, "share": keep}
+            else:
+                data["claims"].pop(str(os.getpid()), None)
+            data["events"].append([event, self.name])
+        self._locked(change)
 
 
 class State:
@@ -182,6 +253,8 @@ class State:
         self.sleeping = 0  # 0 awake, else the sleep level
         self.sleeps = 0
         self.wakes = 0
+        self.while_asleep = 0
+        self.ledger: GpuLedger | None = None
         self.generation_tokens_total = 0
         self.prompt_tokens_total = 0
 
@@ -242,10 +315,15 @@ def _parse(raw: bytes) -> tuple[bool, Any]:
 
 
 def check_model(state: State, body: dict[str, Any]) -> str:
+    if state.sleeping:  # vLLM's engine has no weights or KV cache while asleep
+        state.while_asleep += 1
+        raise ApiError(500, "The engine is sleeping; wake it up first (POST /wake_up).", "InternalServerError")
     model = body.get("model")
     if model is None or model == "":
         return state.served[0]
-    if not isinstance(model, str) or model not in state.served:
+    if not isinstance(model, str):  # vLLM's request model (pydantic) rejects it before any lookup
+        raise ApiError(400, "1 validation error: model: Input should be a valid string", "BadRequestError", "model")
+    if model not in state.served:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     return model
 
@@ -877,12 +955,19 @@ async def sleep(request: web.Request) -> web.Response:
     s.sleeping = int(request.query.get("level", "1"))
     s.sleeps += 1
     await asyncio.sleep(s.knobs.sleep_seconds)
+    if s.ledger is not None:
+        s.ledger.release(s.knobs.sleep_residue, "sleep")
     return web.Response(status=200)
 
 
 async def wake_up(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
     await asyncio.sleep(s.knobs.wake_seconds)
+    if s.ledger is not None and s.sleeping:
+        error = s.ledger.claim(s.ledger.share, "wake")
+        if error is not None:
+            log("ERROR", f"torch.OutOfMemoryError: CUDA out of memory. {error}", "cumem.py:1")
+            return json_response({"error": {"message": f"CUDA out of memory. {error}", "type": "InternalServerError", "code": 500}}, status=500)
     s.sleeping = 0
     s.wakes += 1
     return web.Response(status=200)
@@ -896,7 +981,7 @@ async def fake_stats(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
     return json_response({"started": s.started, "completed": s.completed, "aborted": s.aborted,
                           "failed": s.failed, "in_flight": s.in_flight,
-                          "sleeping": s.sleeping, "sleeps": s.sleeps, "wakes": s.wakes,
+                          "sleeping": s.sleeping, "sleeps": s.sleeps, "wakes": s.wakes, "while_asleep": s.while_asleep,
                           "generation_tokens_total": s.generation_tokens_total,
                           "prompt_tokens_total": s.prompt_tokens_total})
 
@@ -1072,6 +1157,10 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
             return 1
 
         state = State(args.model, served, args.max_model_len, args.api_key, knobs)
+        if knobs.gpu_ledger:
+            state.ledger = gpu_claim(knobs.gpu_ledger, served[0], unknown)
+            if state.ledger is None:
+                return 1
         state.pooling = args.runner == "pooling" or args.convert == "embed"
         state.sleep_mode = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         app = make_app(state)
@@ -1110,6 +1199,36 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
         return 0
     finally:
         grandchild.stop()
+        if state_ledger[0] is not None:
+            state_ledger[0].release(0, "exit")
+
+
+def _arg(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+state_ledger: list[GpuLedger | None] = [None]
+
+
+def gpu_claim(path: str, name: str, args: list[str]) -> GpuLedger | None:
+    """Claim this server's GPU memory at start, as vLLM's memory profiling does; None when it does not fit."""
+    share = float(_arg(args, "--gpu-memory-utilization") or 0.9)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    tp = int(_arg(args, "--tensor-parallel-size") or _arg(args, "-tp") or 1)
+    gpus = [int(g) for g in visible.split(",")][:tp] if visible else list(range(tp))
+    ledger = GpuLedger(path, name, gpus, share)
+    error = ledger.claim(share, "start")
+    if error is not None:
+        log("ERROR", f"ValueError: {error}", "gpu_worker.py:240")
+        raw_log("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+        return None
+    state_ledger[0] = ledger
+    return ledger
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,3 +51,65 @@ def test_readme_settings_table_is_current():
     table = subprocess.run([sys.executable, "scripts/settings_table.py"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     readme = (ROOT / "README.md").read_text()
     assert table.strip() in readme, "README settings table is stale: run scripts/settings_table.py"
+
+
+# --- the config file (--config / VLLAMA_CONFIG) ---------------------------------------------
+
+EXAMPLE = ROOT / "deploy" / "vllama.example.toml"
+
+
+def test_the_example_config_is_valid():
+    s = load_settings(["--config", str(EXAMPLE)])
+    specs = s.model_specs()
+    assert [m.served_name for m in specs] == ["qwen2.5-7b", "qwen3-8b", "bge-m3", "llama3.3-70b"]
+    qwen = specs[0]
+    assert qwen.args()[:7] == ["--gpu-memory-utilization", "0.45", "--max-model-len", "32768",
+                               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert "--enable-sleep-mode" in qwen.args() and qwen.args()[-3:] == ["--max-num-seqs", "256", "--enable-prefix-caching"]
+    assert qwen.env() == {"CUDA_VISIBLE_DEVICES": "0"} and qwen.gpu_ids == (0,)
+    llama = specs[3]
+    assert llama.gpu_ids == (1, 2) and llama.gpu_share == 0.9 and not llama.preload and not llama.sleeps
+    # the shares the example puts on GPU 0 fit together
+    assert sum(m.gpu_share for m in specs if 0 in m.gpu_ids) <= 1.0
+    assert s.keep_alive == "30m" and s.host == "0.0.0.0"
+
+
+def test_config_file_precedence(tmp_path, monkeypatch):
+    cfg = tmp_path / "v.toml"
+    cfg.write_text('port = 1111\nkeep_alive = "2m"\nlog_level = "DEBUG"\n[[models]]\nmodel = "/m"\n')
+    monkeypatch.setenv("VLLAMA_CONFIG", str(cfg))
+    monkeypatch.setenv("VLLAMA_KEEP_ALIVE", "3m")
+    s = load_settings(["--log-level", "WARNING"])
+    assert (s.port, s.keep_alive, s.log_level) == (1111, "3m", "WARNING")  # flags > environment > file
+    assert [m.model for m in s.model_specs()] == ["/m"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ('prot = 1\n', "unknown setting(s) prot"),
+    ('[[models]]\nmodel = "a"\ngpu = [0]\n', "models.0.gpu: Extra inputs are not permitted"),
+    ('[[models]]\nmodel = "a"\nvllm_args = ["--port", "1"]\n', "--port is set by vllama"),
+    ('[[models]]\nmodel = "a"\ngpu_memory_utilization = 0.5\nvllm_args = ["--gpu-memory-utilization=0.4"]\n',
+     "--gpu-memory-utilization is given both as a field and in vllm_args"),
+    ('[[models]]\nmodel = "a"\ntensor_parallel_size = 2\ngpus = [3]\n', "gpus lists 1 GPUs but the model needs 2"),
+    ('[[models]]\nmodel = "a"\ngpu_memory_utilization = 1.5\n', "less than or equal to 1"),
+    ('[[models]]\nmodel = "a"\n[[models]]\nmodel = "b"\naliases = ["A:latest"]\n', "model name 'A:latest' is used twice"),
+    ('upstream = "http://x:1"\n[[models]]\nmodel = "a"\n', "--upstream proxies a running vLLM"),
+    ('[[models\nmodel = "a"\n', "v.toml"),
+])
+def test_config_file_errors_exit_2(tmp_path, text, message):
+    cfg = tmp_path / "v.toml"
+    cfg.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--config", str(cfg)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_model_and_models_are_exclusive(tmp_path):
+    cfg = tmp_path / "v.toml"
+    cfg.write_text('[[models]]\nmodel = "a"\n')
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--config", str(cfg), "--model", "b"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "either --model or [[models]]" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--config", str(tmp_path / "none.toml")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not found" in r.stderr

@@ -22,7 +22,10 @@ FAST = ["--no-gpu-check", "--health-interval", "0.2", "--startup-poll-interval",
 
 
 class Vllama:
-    def __init__(self, tmp_path: Path, env: dict[str, str] | None = None, flags: list[str] | None = None, vllm_args: list[str] | None = None):
+    """``vllama serve`` supervising the stand-in vllm: ``--model tiny`` or, with ``config`` (TOML text), ``--config``."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str] | None = None, flags: list[str] | None = None, vllm_args: list[str] | None = None,
+                 config: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = tmp_path / "tiny"
@@ -30,8 +33,13 @@ class Vllama:
         self.pidfile = tmp_path / "pids"
         self.log = tmp_path / "vllama.log"
         e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.pidfile),
-             "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", **(env or {})}
-        cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(self.model), "--port", str(self.port), *FAST, *(flags or [])]
+             "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp_path / "state"),
+             **(env or {})}
+        source = ["--model", str(self.model)]
+        if config is not None:
+            (tmp_path / "vllama.toml").write_text(config)
+            source = ["--config", str(tmp_path / "vllama.toml")]
+        cmd = [sys.executable, "-m", "vllama_proxy", "serve", *source, "--port", str(self.port), *FAST, *(flags or [])]
         if vllm_args:
             cmd += ["--", *vllm_args]
         self.proc = subprocess.Popen(cmd, env=e, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
@@ -78,10 +86,14 @@ def vllama(tmp_path):
         return v
 
     yield start
-    for v in started:
+    for v in started:  # a test that failed midway: stop gracefully, so vLLM stand-ins do not outlive it
         if v.proc.poll() is None:
-            v.proc.kill()
-            v.proc.wait()
+            v.proc.terminate()
+            try:
+                v.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                v.proc.kill()
+                v.proc.wait()
         for pidfile in (v.pidfile, Path(str(v.pidfile) + ".server")):
             if pidfile.exists() and alive(int(pidfile.read_text())):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)

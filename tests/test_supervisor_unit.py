@@ -30,7 +30,7 @@ def settings(tmp_path, **kw) -> Settings:
 
 
 async def run(s: Settings) -> Supervisor:
-    sup = Supervisor(s, port=free_port(), board=StatusBoard("m"))
+    sup = Supervisor(s, s.model_specs()[0], port=free_port(), board=StatusBoard("m"))
     await sup.start()
     return sup
 

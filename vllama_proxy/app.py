@@ -18,14 +18,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from .catalog import Catalog, ServedModel
 from . import access
+from .aliases import AliasStore
+from .backends import Backend, BackendSpec
+from .catalog import Catalog
 from .errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
 from .logs import get_logger
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
 from .settings import Settings
-from .state import CATALOG, SETTINGS, STATUS, UPSTREAM
+from .state import CATALOG, SETTINGS, WORKER
 from .supervisor.status import StatusBoard
 from .upstream import Upstream
 
@@ -88,18 +90,22 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 _UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics"})
 
 
-def ready_gate(status: StatusBoard) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Middleware answering 503 + Ollama error on the API while vLLM is not ready.
+def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware answering 503 + Ollama error on the API while no model can serve.
 
     While vLLM starts the proxy already listens, so clients get a clear "loading"
-    error instead of refused connections or hangs. One attribute read per request.
+    error instead of refused connections or hangs. A few attribute reads per request;
+    each model is gated again on its own when a request uses it (``routes/common.py``).
     """
+
+    def open_(board: StatusBoard) -> bool:
+        # A sleeping or unloaded model (keep_alive ended) is loaded on demand by the handler.
+        return board.available or board.waking or board.loading
 
     @web.middleware
     async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # A sleeping or unloaded model (keep_alive ended) is loaded on demand by the handler.
-        if not status.available and request.path not in _UNGATED and not status.waking:
-            raise UpstreamUnavailable(status.unavailable_message())
+        if request.path not in _UNGATED and not any(open_(b) for b in boards):
+            raise UpstreamUnavailable(boards[0].unavailable_message())
         return await handler(request)
 
     return gate
@@ -170,21 +176,14 @@ def _allow(e: web.HTTPException) -> dict[str, str] | None:
     return {"Allow": allow} if allow else None
 
 
-def build_app(
-    settings: Settings,
-    upstream_url: str,
-    vllm_args: dict[str, list[str]] | None = None,
-    status: StatusBoard | None = None,
-    known: list[ServedModel] | None = None,
-) -> web.Application:
-    """The Ollama-API app proxying the vLLM server at ``upstream_url``.
+def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 0) -> web.Application:
+    """The Ollama-API app proxying the vLLM servers in ``backends``.
 
     Args:
         settings: the validated settings.
-        upstream_url: vLLM's base URL (no ``/v1``).
-        vllm_args: ``vllm serve`` arguments per served name (``"*"``: all), read for capabilities.
-        status: the supervisor's status board, when vllama launched that vLLM (gates the API on readiness).
-        known: the models vllama launches, resolvable even while vLLM is down (see ``Catalog``).
+        backends: one per model vllama launches (with its status board), or the one
+            ``--upstream`` server.
+        worker: this process's index among ``--workers`` (its slot for in-flight counts).
     """
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
@@ -192,41 +191,44 @@ def build_app(
     keys = settings.api_keys()
     if keys:
         middlewares.append(access.api_keys(keys))
-    if status is not None:
-        middlewares.append(ready_gate(status))
+    boards = [b.board for b in backends if b.board is not None]
+    if boards:
+        middlewares.append(ready_gate(boards))
     middlewares.append(admission(settings.inflight_limit(), settings.retry_after))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
-    upstream = Upstream(
-        upstream_url,
+    pool = Upstream(
+        backends[0].url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         api_key=settings.api_key_upstream,
     )
+    live = [Backend(spec, pool if i == 0 else pool.at(spec.url)) for i, spec in enumerate(backends)]
+    aliases = dict(settings.alias)
+    for spec in settings.model_specs():
+        aliases.update({a: spec.served_name for a in spec.aliases})
     app[SETTINGS] = settings
-    app[UPSTREAM] = upstream
+    app[WORKER] = worker
     app[CATALOG] = Catalog(
-        upstream,
-        aliases=settings.alias,
-        vllm_args=vllm_args if vllm_args is not None else {"*": settings.vllm_args},
+        live,
+        aliases=aliases,
+        vllm_args={"*": settings.vllm_args},
         ttl=settings.models_ttl,
-        known=known or (),
+        store=AliasStore(settings.state_dir / "aliases.json"),
     )
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
-        await upstream.start()
+        await pool.start()  # the one session and connection pool every backend uses
         yield
-        await upstream.close()
+        await pool.close()
 
     app.cleanup_ctx.append(upstream_session)
-    if status is not None:
-        app[STATUS] = status
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
         ("GET", "/api/version", meta.version),
         ("GET", "/livez", health.livez),
         ("GET", "/readyz", health.readyz),
-        ("GET", "/metrics", make_handler(status)),
+        ("GET", "/metrics", make_handler(boards)),
         ("GET", "/vllm/metrics", openai.vllm_metrics),
         ("POST", "/api/generate", generate.generate),
         ("POST", "/api/chat", chat.chat),
@@ -238,7 +240,7 @@ def build_app(
         ("POST", "/api/pull", hub.pull),
         ("POST", "/api/push", manage.unsupported),
         ("POST", "/api/create", manage.unsupported),
-        ("POST", "/api/copy", manage.unsupported),
+        ("POST", "/api/copy", manage.copy),
         ("DELETE", "/api/delete", hub.delete),
         ("*", "/api/blobs/{digest}", manage.unsupported),
         ("*", "/v1/{tail:.*}", openai.passthrough),

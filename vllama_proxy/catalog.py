@@ -1,26 +1,33 @@
 """Which models vLLM serves, under which Ollama names, with which capabilities.
 
-The list comes from vLLM's ``GET /v1/models`` and is cached: a stale list is
+The models vllama launches are known from its settings; a vLLM given with
+``--upstream`` is asked with ``GET /v1/models``. Lists are cached: a stale list is
 served while a refresh runs in the background, so resolving a model name on the
 request path is a dict lookup, not an upstream round trip. Only an unknown name
 forces a refresh (at most once a second), so a model added upstream is found.
+Resolving a name also chooses where its requests go: :meth:`Catalog.backend_of`.
 
 Names follow Ollama: every served model is listed as ``<served>:latest``;
 requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
-``Qwen/Qwen2.5-1.5B-Instruct``) resolve to the served name (``shared/ollama-api.md``).
+``Qwen/Qwen2.5-1.5B-Instruct``) and those made with ``/api/copy`` resolve to the
+served name (``shared/ollama-api.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from .errors import ModelNotFound, UpstreamError
 from .logs import get_logger
 from .model_files import ModelFiles, read_model_files
-from .upstream import Upstream
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .aliases import AliasStore
+    from .backends import Backend
 
 log = get_logger("vllama.catalog")
 
@@ -88,33 +95,40 @@ def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
 
 
 class Catalog:
-    """The served models and their Ollama names.
+    """The served models, their Ollama names, and the backend serving each.
 
     Args:
-        upstream: the vLLM client.
-        aliases: Ollama name -> served name.
-        vllm_args: arguments vLLM runs with, per served name (``"*"`` for all).
+        backends: the vLLM servers. One launched by vllama names its model (known even
+            while it sleeps, is unloaded or starts; its ``/v1/models`` only refines the
+            context length once it is ready). One given by ``--upstream`` is asked what it serves.
+        aliases: Ollama name -> served name (``--alias`` and the config's ``aliases``).
+        vllm_args: arguments vLLM runs with, per served name (``"*"`` for all), for an
+            ``--upstream`` server's models.
         ttl: seconds a fetched list counts as fresh.
-        known: the models vllama itself launches, used while vLLM cannot be asked
-            (unloaded after its keep_alive, or still starting) so their names still resolve.
+        store: aliases made with ``/api/copy`` (:class:`~vllama_proxy.aliases.AliasStore`).
     """
 
     def __init__(
         self,
-        upstream: Upstream,
+        backends: Sequence[Backend],
         *,
         aliases: Mapping[str, str] | None = None,
         vllm_args: Mapping[str, Iterable[str]] | None = None,
         ttl: float = 10.0,
-        known: Iterable[ServedModel] = (),
+        store: AliasStore | None = None,
     ) -> None:
-        self._known = {m.name: m for m in known}
-        self._upstream = upstream
+        self._backends = list(backends)
         self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
+        self._store = store
         self._args = {k: tuple(v) for k, v in (vllm_args or {}).items()}
         self._ttl = ttl
+        self._backend_of: dict[str, Backend] = {b.model.name: b for b in self._backends if b.model is not None}
         self._models: dict[str, ServedModel] | None = None
-        self._fetched_at = 0.0
+        if all(b.model is not None for b in self._backends):  # all launched by vllama: known up front
+            self._models = {b.model.name: b.model for b in self._backends if b.model is not None}
+            self._fetched_at = time.monotonic()
+        else:
+            self._fetched_at = 0.0
         self._fetch_task: asyncio.Task[dict[str, ServedModel]] | None = None
         self._files: dict[str, asyncio.Task[ModelFiles]] = {}
 
@@ -136,15 +150,41 @@ class Catalog:
             raise ModelNotFound(name)
         return found
 
-    def served_name_or_none(self, name: str) -> str | None:
-        """Cached, non-blocking lookup for the ``/v1`` pass-through (``None`` if unknown)."""
-        m = self._lookup(self._models or {}, name)
-        return m.name if m else None
+    def backend_of(self, model: ServedModel) -> Backend:
+        """The backend serving ``model`` (an ``--upstream`` server serves every model it lists)."""
+        return self._backend_of.get(model.name) or self._backends[0]
+
+    @property
+    def backends(self) -> list[Backend]:
+        return list(self._backends)
+
+    def aliases(self) -> dict[str, str]:
+        """Every alias -> served name: configured ones, then those made with ``/api/copy``."""
+        if self._store is None:
+            return self._aliases
+        return {**{strip_latest(k): v for k, v in self._store.current().items()}, **self._aliases}
+
+    @property
+    def store(self) -> AliasStore:
+        """Where ``/api/copy`` keeps aliases.
+
+        Raises:
+            RuntimeError: the catalog was built without one.
+        """
+        if self._store is None:
+            raise RuntimeError("no alias store")
+        return self._store
+
+    def is_configured_alias(self, name: str) -> bool:
+        """Whether ``name`` is an alias from the settings (which ``/api/delete`` cannot remove)."""
+        return strip_latest(name) in self._aliases
 
     def names_for(self, model: ServedModel) -> list[str]:
         """Every Ollama name of ``model``: ``<served>:latest`` first, then its aliases."""
         names = [ollama_name(model.name)]
-        names += [ollama_name(a) for a, target in self._aliases.items() if target == model.name]
+        for alias, target in self.aliases().items():
+            if target == model.name and ollama_name(alias) not in names:
+                names.append(ollama_name(alias))
         return names
 
     async def files(self, model: ServedModel) -> ModelFiles:
@@ -163,8 +203,12 @@ class Catalog:
     def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
         key = strip_latest(name)
         m = models.get(key)
-        if m is None and key in self._aliases:
-            m = models.get(self._aliases[key])
+        if m is None:
+            target = self._aliases.get(key)
+            if target is None and self._store is not None:
+                target = self._store.current().get(key)
+            if target is not None:
+                m = models.get(target)
         if m is None:
             folded = key.casefold()
             m = next((v for k, v in models.items() if k.casefold() == folded), None)
@@ -187,33 +231,54 @@ class Catalog:
         return await asyncio.shield(self._fetch_task)
 
     async def _do_fetch(self) -> dict[str, ServedModel]:
-        try:
-            data = await self._upstream.get_json("/v1/models")
-        except UpstreamError:
-            if self._models is not None:
-                log.warning("models_refresh_failed", keeping=len(self._models))
-                return self._models
-            if self._known:
-                return self._known
-            raise
         models: dict[str, ServedModel] = {}
-        for entry in data.get("data", []) if isinstance(data, dict) else []:
-            if not isinstance(entry, dict) or not entry.get("id"):
+        for backend in self._backends:
+            if backend.model is not None:
+                models[backend.model.name] = await self._refine(backend, backend.model)
                 continue
-            name = str(entry["id"])
-            args = self._args.get(name, self._args.get("*", ()))
-            models[name] = ServedModel(
-                name=name,
-                root=str(entry.get("root") or name),
-                max_model_len=entry.get("max_model_len") if isinstance(entry.get("max_model_len"), int) else None,
-                created=int(entry.get("created") or time.time()),
-                vllm_args=args,
-            )
+            try:
+                data = await backend.upstream.get_json("/v1/models")
+            except UpstreamError:
+                if self._models is not None:
+                    log.warning("models_refresh_failed", keeping=len(self._models))
+                    return self._models
+                raise
+            for entry in _entries(data):
+                name = str(entry["id"])
+                args = self._args.get(name, self._args.get("*", ()))
+                models[name] = ServedModel(
+                    name=name,
+                    root=str(entry.get("root") or name),
+                    max_model_len=entry.get("max_model_len") if isinstance(entry.get("max_model_len"), int) else None,
+                    created=int(entry.get("created") or time.time()),
+                    vllm_args=args,
+                )
         if models != self._models:
             log.info("models", served=sorted(models))
         self._models = models
         self._fetched_at = time.monotonic()
         return models
+
+    async def _refine(self, backend: Backend, known: ServedModel) -> ServedModel:
+        """A launched model, with the context length its ready vLLM reports (vLLM may derive
+        one shorter than the config's); as configured while it is not ready."""
+        current = (self._models or {}).get(known.name, known)
+        if backend.board is None or not backend.board.ready:
+            return current
+        try:
+            data = await backend.upstream.get_json("/v1/models")
+        except UpstreamError:
+            return current
+        for entry in _entries(data):
+            if entry["id"] == known.name and isinstance(entry.get("max_model_len"), int):
+                return replace(current, max_model_len=entry["max_model_len"])
+        return current
+
+
+def _entries(data: object) -> list[dict]:
+    """The model entries of a ``/v1/models`` answer (malformed ones skipped)."""
+    items = data.get("data", []) if isinstance(data, dict) else []
+    return [e for e in items if isinstance(e, dict) and e.get("id")]
 
 
 def _consume_exception(task: asyncio.Task) -> None:

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -30,6 +31,8 @@ Commands:
   pull     pull a model (succeeds for a model that is already served)
   run      chat with a model: `vllama run M [PROMPT]`, piped stdin, or interactively
   stop     ask the server to unload a model
+  cp       give a model another name (an alias): `vllama cp SOURCE DESTINATION`
+  rm       remove a name made with cp, or a pulled model from the cache
 """
 
 
@@ -41,20 +44,37 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def config_path(argv: list[str]) -> Path | None:
+    """The config file named by ``--config PATH``/``--config=PATH`` in ``argv``, else ``$VLLAMA_CONFIG``.
+
+    Read before the settings themselves, since the file is one of their sources.
+    """
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if a.startswith("--config="):
+            return Path(a.split("=", 1)[1])
+    value = os.environ.get("VLLAMA_CONFIG")
+    return Path(value) if value else None
+
+
 def load_settings(argv: list[str]) -> Settings:
-    """Settings from flags ``argv`` (after ``serve``), the environment and ``.env``.
+    """Settings from flags ``argv`` (after ``serve``), the environment, ``.env`` and the config file.
 
     Raises:
-        SystemExit: invalid flags or values (message on stderr, exit 2).
+        SystemExit: invalid flags, values or config file (message on stderr, exit 2).
     """
     ours, theirs = split_passthrough(argv)
     try:
-        settings = Settings(_cli_parse_args=ours, **({"vllm_args": theirs} if theirs else {}))
+        settings = Settings.load(config_path(ours), _cli_parse_args=ours, **({"vllm_args": theirs} if theirs else {}))
     except ValidationError as e:
         for err in e.errors(include_url=False):
             loc = ".".join(str(p) for p in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
             print(f"vllama serve: invalid {loc}: {msg}" if loc else f"vllama serve: {msg}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ValueError as e:  # the config file: missing, not TOML, unknown keys
+        print(f"vllama serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     return settings
 
@@ -102,12 +122,13 @@ def main(argv: list[str] | None = None) -> None:
 
         run_loop(serve_upstream(settings))
         return
-    if settings.model:
+    if settings.model_specs():
         from .server import serve_supervised
 
         run_loop(serve_supervised(settings))
         return
-    print("vllama serve: give --upstream URL (proxy a running vLLM) or --model M (launch vLLM)", file=sys.stderr)
+    print("vllama serve: give --upstream URL (proxy a running vLLM), --model M (launch vLLM) "
+          "or --config FILE with [[models]]", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -36,7 +36,7 @@ import orjson
 from . import __version__
 from .settings import parse_ollama_host
 
-COMMANDS = ("list", "ps", "show", "pull", "run", "stop")
+COMMANDS = ("list", "ps", "show", "pull", "run", "stop", "cp", "rm")
 
 DIM, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[0m", "\x1b[K"
 
@@ -346,6 +346,21 @@ def cmd_stop(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cp(client: Client, args: argparse.Namespace) -> int:
+    """Ollama's ``cp SOURCE DESTINATION``: vllama keeps the new name as an alias."""
+    client.json("POST", "/api/copy", {"source": args.source, "destination": args.destination})
+    print(f"copied '{args.source}' to '{args.destination}'")
+    return 0
+
+
+def cmd_rm(client: Client, args: argparse.Namespace) -> int:
+    """Ollama's ``rm MODEL...``: an alias is forgotten, a cached Hugging Face model deleted."""
+    for model in args.models:
+        client.json("DELETE", "/api/delete", {"model": model})
+        print(f"deleted '{model}'")
+    return 0
+
+
 # ---------------------------------------------------------------------------- pull
 
 
@@ -611,10 +626,18 @@ def _parser(command: str) -> argparse.ArgumentParser:
     elif command == "stop":
         p.description = "Ask the server to unload a model."
         p.add_argument("model")
+    elif command == "cp":
+        p.description = "Give a model another name (an alias every client can use)."
+        p.add_argument("source")
+        p.add_argument("destination")
+    elif command == "rm":
+        p.description = "Remove a name made with cp, or a pulled model from the cache."
+        p.add_argument("models", nargs="+", metavar="model")
     return p
 
 
-HANDLERS = {"list": cmd_list, "ps": cmd_ps, "show": cmd_show, "pull": cmd_pull, "run": cmd_run, "stop": cmd_stop}
+HANDLERS = {"list": cmd_list, "ps": cmd_ps, "show": cmd_show, "pull": cmd_pull, "run": cmd_run, "stop": cmd_stop,
+            "cp": cmd_cp, "rm": cmd_rm}
 
 
 def main(command: str, argv: list[str]) -> int:

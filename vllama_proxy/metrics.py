@@ -35,27 +35,32 @@ ITL = Histogram("vllama_inter_token_latency_seconds", "Time between consecutive 
 
 
 class SupervisorCollector:
-    """``vllama_supervisor_state{state=...}`` (1 for the current state) and ``vllama_supervisor_restarts_total``."""
+    """Per model: ``vllama_supervisor_state{model,state}`` (1 for the current state),
+    ``vllama_supervisor_restarts_total{model}`` and ``vllama_model_requests_in_flight{model}``."""
 
-    def __init__(self, board: StatusBoard) -> None:
-        self._board = board
+    def __init__(self, boards: list[StatusBoard]) -> None:
+        self._boards = boards
 
     def collect(self):
-        state = GaugeMetricFamily("vllama_supervisor_state", "Supervisor state of vLLM: 1 for the current one.", labels=["state"])
-        current = self._board.state
-        for s in State:
-            state.add_metric([s.value], 1.0 if s is current else 0.0)
+        state = GaugeMetricFamily("vllama_supervisor_state", "Supervisor state of each model's vLLM: 1 for the current one.", labels=["model", "state"])
+        restarts = CounterMetricFamily("vllama_supervisor_restarts", "Times each model's vLLM was restarted by the supervisor.", labels=["model"])
+        in_flight = GaugeMetricFamily("vllama_model_requests_in_flight", "Requests using each model now, over all workers.", labels=["model"])
+        for board in self._boards:
+            current = board.state
+            for s in State:
+                state.add_metric([board.served_name, s.value], 1.0 if s is current else 0.0)
+            restarts.add_metric([board.served_name], float(board.restarts))
+            in_flight.add_metric([board.served_name], float(board.in_flight))
         yield state
-        restarts = CounterMetricFamily("vllama_supervisor_restarts", "Times vLLM was restarted by the supervisor.")
-        restarts.add_metric([], float(self._board.restarts))
         yield restarts
+        yield in_flight
 
 
-def make_handler(board: StatusBoard | None):
+def make_handler(boards: list[StatusBoard]):
     """The ``GET /metrics`` handler: this process's (or all workers') metrics plus the supervisor's."""
     extra = CollectorRegistry(auto_describe=True)
-    if board is not None:
-        extra.register(SupervisorCollector(board))
+    if boards:
+        extra.register(SupervisorCollector(boards))
 
     async def metrics(request: web.Request) -> web.Response:
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:

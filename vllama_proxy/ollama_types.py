@@ -184,10 +184,10 @@ class ModelRef(_Loose):
 
 
 class CopyRequest(_Loose):
-    """``POST /api/copy`` body."""
+    """``POST /api/copy`` body (both required; checked by the handler for Ollama's message)."""
 
-    source: str
-    destination: str
+    source: str | None = None
+    destination: str | None = None
 
 
 def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:

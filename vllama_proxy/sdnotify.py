@@ -2,10 +2,12 @@
 
 What vllama tells systemd (``deploy/systemd/vllama.service``):
 
-- ``STATUS=<state>: <reason>`` on every supervisor transition (``systemctl status`` shows it);
-- ``READY=1`` the first time the state becomes ``ready``: vLLM answers ``/health``, lists
-  the model, and the proxy already listens (it listens before vLLM is launched), so
-  ``systemctl start vllama`` returns when requests can be served;
+- ``STATUS=<state>: <reason>`` on every supervisor transition (``systemctl status`` shows it;
+  with several models, prefixed by the model's name);
+- ``READY=1`` once every model has settled: the preloaded ones answer ``/health`` and list
+  their model (or were left to load on demand, lacking room), and the proxy already
+  listens (it listens before vLLM is launched), so ``systemctl start vllama`` returns
+  when requests can be served;
 - ``STOPPING=1`` when shutdown begins (on SIGTERM/SIGINT, or when the state becomes
   ``stopping``), once;
 - ``WATCHDOG=1`` every ``WatchdogSec/2`` from :func:`run_watchdog`, an asyncio task that
@@ -45,6 +47,7 @@ from .supervisor.states import State
 
 if TYPE_CHECKING:  # pragma: no cover
     from .supervisor.core import Supervisor
+    from .supervisor.pool import ModelPool
 
 log = get_logger("vllama.sdnotify")
 
@@ -169,33 +172,53 @@ def describe(state: State, reason: str | None, served_name: str, restarts: int =
     return f"{state.value}: {reason}" if reason else state.value
 
 
-def attach(supervisor: Supervisor, notifier: Notifier) -> Callable[[State, str | None], None]:
-    """Subscribe ``notifier`` to ``supervisor``'s transitions; returns the listener.
+def attach(target: Supervisor | ModelPool, notifier: Notifier) -> Callable[[State, str | None], None]:
+    """Subscribe ``notifier`` to the transitions of a supervisor, or of every supervisor in a pool.
 
-    Sends ``STATUS=`` for the current state now and on every transition, ``READY=1`` the
-    first time the state becomes ``ready``, ``STOPPING=1`` when it becomes ``stopping``.
-    Call it before :meth:`Supervisor.start`.
+    Sends ``STATUS=`` for the current state now and on every transition (prefixed with the
+    model's name when there are several), ``READY=1`` once every model has settled (been
+    ready once, or is left to load on demand: unloaded or asleep), ``STOPPING=1`` when one
+    becomes ``stopping``. Call it before starting them. Returns the last listener added.
     """
-    first_ready = True
+    supervisors = list(getattr(target, "supervisors", [target]))
+    many = len(supervisors) > 1
+    settled = {id(s) for s in supervisors if s.state in (State.UNLOADED, State.SLEEPING)}
+    ready_sent = False
 
-    def on_transition(state: State, reason: str | None) -> None:
-        nonlocal first_ready
-        text = describe(state, reason, supervisor.served_name, supervisor.restarts)
-        if state is State.STOPPING:
-            notifier.stopping(text)
-            return
-        notifier.status(text)
-        if state is State.READY and first_ready:
-            first_ready = False
-            notifier.ready()
+    def text(sup: Supervisor, state: State, reason: str | None) -> str:
+        line = describe(state, reason, sup.served_name, sup.restarts)
+        return f"{sup.served_name}: {line}" if many else line
 
-    notifier.status(describe(supervisor.state, None, supervisor.served_name, supervisor.restarts))
-    supervisor.listeners.append(on_transition)
+    def listener(sup: Supervisor) -> Callable[[State, str | None], None]:
+        def on_transition(state: State, reason: str | None) -> None:
+            nonlocal ready_sent
+            if state is State.STOPPING:
+                notifier.stopping(text(sup, state, reason))
+                return
+            notifier.status(text(sup, state, reason))
+            if state in (State.READY, State.UNLOADED, State.SLEEPING):
+                settled.add(id(sup))
+            if not ready_sent and len(settled) == len(supervisors):
+                ready_sent = True
+                notifier.ready()
+
+        return on_transition
+
+    for sup in supervisors:
+        notifier.status(text(sup, sup.state, None))
+    on_transition = None
+    for sup in supervisors:
+        on_transition = listener(sup)
+        sup.listeners.append(on_transition)
+    if not ready_sent and len(settled) == len(supervisors):  # nothing preloads: ready at once
+        ready_sent = True
+        notifier.ready()
+    assert on_transition is not None
     return on_transition
 
 
-async def run_watchdog(supervisor: Supervisor | None, notifier: Notifier) -> None:
-    """Ping ``WATCHDOG=1`` every ``WatchdogSec/2`` while the supervisor's task is alive.
+async def run_watchdog(supervisor: Supervisor | ModelPool | None, notifier: Notifier) -> None:
+    """Ping ``WATCHDOG=1`` every ``WatchdogSec/2`` while the supervisor's (or the pool's) task is alive.
 
     Returns at once when systemd expects no pings. Returns when the supervisor's task
     ends: after a normal stop quietly; after a crash (an exception, or cancelled without

@@ -12,13 +12,13 @@ import time
 from aiohttp import web
 
 from .app import build_app
+from .backends import BackendSpec
 from .catalog import ServedModel
 from .logs import get_logger
 from .sdnotify import Notifier, attach, run_watchdog
 from .settings import Settings
 from .supervisor import gpu
-from .supervisor.core import Supervisor
-from .supervisor.status import StatusBoard
+from .supervisor.pool import ModelPool
 from .workers import WorkerPool
 
 log = get_logger("vllama.server")
@@ -73,9 +73,10 @@ async def serve_upstream(settings: Settings) -> None:
     assert settings.upstream is not None
     notifier = Notifier()
     nofile = raise_nofile_limit()
-    app = build_app(settings, settings.upstream)
+    backends = [BackendSpec(url=settings.upstream)]
+    app = build_app(settings, backends)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
-    workers = WorkerPool(settings, settings.upstream, None, None)
+    workers = WorkerPool(settings, backends)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
     notifier.status(f"ready: proxying {settings.upstream}")
@@ -92,34 +93,6 @@ async def serve_upstream(settings: Settings) -> None:
     log.info("stopped")
 
 
-def gpu_memory_utilization(vllm_args: list[str]) -> float:
-    """vLLM's ``--gpu-memory-utilization`` from its arguments (its default: 0.9)."""
-    for i, a in enumerate(vllm_args):
-        if a == "--gpu-memory-utilization" and i + 1 < len(vllm_args):
-            return float(vllm_args[i + 1])
-        if a.startswith("--gpu-memory-utilization="):
-            return float(a.split("=", 1)[1])
-    return 0.9
-
-
-def max_model_len(vllm_args: list[str]) -> int | None:
-    """``--max-model-len`` from vLLM's arguments, if given (a plain integer)."""
-    for i, a in enumerate(vllm_args):
-        value = vllm_args[i + 1] if a == "--max-model-len" and i + 1 < len(vllm_args) else a.split("=", 1)[1] if a.startswith("--max-model-len=") else None
-        if value is not None and value.isdigit():
-            return int(value)
-    return None
-
-
-def served_name_for(model: str) -> str:
-    """Default served name: a hub id as it is (``Qwen/Qwen2.5-1.5B-Instruct``), a local
-    directory by its last component (``/models/qwen`` -> ``qwen``), so Ollama names stay clean."""
-    from pathlib import Path
-
-    p = Path(model).expanduser()
-    return p.name if p.is_dir() else model
-
-
 def free_loopback_port() -> int:
     """A free TCP port on 127.0.0.1 for vLLM."""
     with socket.socket() as s:
@@ -128,45 +101,52 @@ def free_loopback_port() -> int:
 
 
 async def serve_supervised(settings: Settings) -> None:
-    """``vllama serve --model M``: launch and keep ``vllm serve M`` healthy, serve the Ollama API.
+    """``vllama serve --model M`` or ``--config`` with ``[[models]]``: launch and keep one
+    ``vllm serve`` per model healthy, serve the Ollama API for all of them.
 
-    The proxy listens at once (503 "loading" until vLLM is ready). On SIGTERM/SIGINT:
-    stop accepting, let in-flight requests finish for ``drain_timeout``, stop vLLM's
-    whole process group, return (exit 0). Exits 1 with one line when there is no GPU.
+    The proxy listens at once (503 "loading" until a preloaded model is ready). On
+    SIGTERM/SIGINT: stop accepting, let in-flight requests finish for ``drain_timeout``,
+    stop every vLLM's process group, return (exit 0). Exits 1 with one line when there
+    is no GPU.
     """
-    assert settings.model is not None
+    specs = settings.model_specs()
     if settings.gpu_check:
         try:
-            for warning in await asyncio.to_thread(gpu.preflight, gpu_memory_utilization(settings.vllm_args)):
+            for warning in await asyncio.to_thread(gpu.preflight, max(m.gpu_share for m in specs)):
                 log.warning("gpu_memory_in_use", detail=warning)
         except gpu.GpuUnavailable as e:
             print(f"vllama: {e}", file=sys.stderr)
             raise SystemExit(1) from None
     nofile = raise_nofile_limit()
-    served = settings.served_model_name or served_name_for(settings.model)
-    port = settings.vllm_port or free_loopback_port()
-    upstream_url = f"http://127.0.0.1:{port}"
-    vllm_args = {served: settings.vllm_args}
-    board = StatusBoard(served)
-    supervisor = Supervisor(settings, port=port, board=board)
+    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs])
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
-    attach(supervisor, notifier)  # STATUS= on transitions, READY=1 on the first ready, STOPPING=1
-    known = ServedModel(name=served, root=settings.model, max_model_len=max_model_len(settings.vllm_args), created=int(time.time()), vllm_args=tuple(settings.vllm_args))
-    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board, known=[known])
+    attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
+    now = int(time.time())
+    backends = [
+        BackendSpec(
+            url=f"http://127.0.0.1:{sup.port}",
+            board=sup.board,
+            model=ServedModel(name=sup.served_name, root=sup.spec.model, max_model_len=sup.spec.context_length,
+                              created=now, vllm_args=tuple(sup.spec.args())),
+        )
+        for sup in pool.supervisors
+    ]
+    app = build_app(settings, backends)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
-    workers = WorkerPool(settings, upstream_url, vllm_args, board, [known])
+    workers = WorkerPool(settings, backends)
     await workers.start(settings.workers - 1)
-    log.info("listening", host=settings.host, port=settings.port, model=settings.model, vllm_port=port, nofile=nofile, workers=settings.workers)
-    await supervisor.start()
-    watchdog = asyncio.create_task(run_watchdog(supervisor, notifier), name="sd-watchdog")
+    log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
+             models={sup.served_name: sup.port for sup in pool.supervisors})
+    await pool.start()
+    watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     try:
         sig = await wait_for_signal()
         notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
     finally:
-        # stop accepting and drain in-flight requests in every worker, then stop vLLM's group
+        # stop accepting and drain in-flight requests in every worker, then stop every vLLM's group
         await asyncio.gather(runner.cleanup(), workers.stop(settings.drain_timeout + 5))
-        await supervisor.stop()
+        await pool.stop()
         watchdog.cancel()
         notifier.close()
     log.info("stopped")

@@ -1,8 +1,9 @@
 """vllama's settings: one typed class, read from CLI flags, ``VLLAMA_*`` variables and ``.env``.
 
 Precedence (highest first): command-line flags, ``VLLAMA_*`` environment variables,
-``.env`` in the working directory, ``OLLAMA_HOST`` (for the listen address only, as
-Ollama reads it), then the defaults below. ``vllama serve --help`` and the README's
+``.env`` in the working directory, the TOML config file (``--config``/``VLLAMA_CONFIG``:
+any setting by its field name, plus ``[[models]]`` tables), ``OLLAMA_HOST`` (for the
+listen address only, as Ollama reads it), then the defaults below. ``vllama serve --help`` and the README's
 settings table are both generated from the field descriptions here
 (``scripts/settings_table.py``; a test keeps the README in step).
 """
@@ -10,12 +11,15 @@ settings table are both generated from the field descriptions here
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from .models_config import ModelConfig, served_name_for, vllm_arg
 
 #: Ollama's default port (``envconfig.Host`` in ollama/ollama).
 OLLAMA_DEFAULT_PORT = 11434
@@ -37,6 +41,35 @@ def parse_ollama_host(value: str) -> tuple[str, int]:
     host = parts.hostname or "127.0.0.1"
     port = parts.port if parts.port is not None else OLLAMA_DEFAULT_PORT
     return host, port
+
+
+#: The config file being read (set by :meth:`Settings.load` around construction).
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("vllama_config_file", default=None)
+
+
+def default_state_dir() -> Path:
+    """Where vllama keeps what it writes (aliases from ``/api/copy``): systemd's
+    ``$STATE_DIRECTORY``, else ``$XDG_STATE_HOME/vllama``, else ``~/.local/state/vllama``."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "vllama"
+
+
+class _ConfigFile(TomlConfigSettingsSource):
+    """The TOML config file as a settings source; a key that is no setting is an error (a typo
+    would otherwise be ignored silently)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} not found")
+        try:
+            super().__init__(settings_cls, toml_file=path)
+        except ValueError as e:  # tomllib.TOMLDecodeError
+            raise ValueError(f"{path}: not valid TOML: {e}") from None
+        unknown = sorted(set(self.toml_data) - set(settings_cls.model_fields) - {"config"})
+        if unknown:
+            raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}")
 
 
 class Settings(BaseSettings):
@@ -62,6 +95,15 @@ class Settings(BaseSettings):
     port: int = Field(OLLAMA_DEFAULT_PORT, ge=0, le=65535, description="Port the Ollama API listens on.")
 
     # --- what it proxies -----------------------------------------------------------
+    config: Path | None = Field(
+        None,
+        description="TOML file with settings (by field name) and [[models]] tables, one per served model "
+        "(see deploy/vllama.example.toml); VLLAMA_CONFIG works too.",
+    )
+    models: list[ModelConfig] = Field(
+        default_factory=list,
+        description="Models to serve, one vLLM each (the config file's [[models]]; --model is the one-model shorthand).",
+    )
     upstream: str | None = Field(
         None,
         description="URL of an already-running vLLM OpenAI server to proxy (no supervisor), e.g. http://127.0.0.1:8000.",
@@ -142,7 +184,18 @@ class Settings(BaseSettings):
         "then it sleeps (with --enable-sleep-mode after --) or vLLM stops. OLLAMA_KEEP_ALIVE is honoured; "
         "write negative durations as --keep-alive=-1m.",
     )
-    load_timeout: float = Field(600.0, gt=0, description="Seconds a request waits for a sleeping or unloaded model to come back.")
+    load_timeout: float = Field(
+        600.0, gt=0, description="Seconds a request waits for a sleeping or unloaded model to come back (including the wait for idle models to make room)."
+    )
+    sleep_host_memory_reserve: int = Field(
+        4 * 1024**3,
+        ge=0,
+        description="Bytes of host RAM that must stay free beyond a model's weights for it to sleep; with less, vLLM is stopped instead.",
+    )
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="Directory for vllama's own state (aliases made with /api/copy); default $STATE_DIRECTORY or ~/.local/state/vllama.",
+    )
     vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches (looked up on PATH).")
     vllm_port: int = Field(0, ge=0, le=65535, description="Loopback port for the supervised vLLM (0: pick a free one).")
     startup_timeout: float = Field(900.0, gt=0, description="Seconds vLLM may take to become ready (download, load, compile).")
@@ -198,6 +251,70 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _one_source_of_models(self) -> Settings:
+        if self.models and self.model:
+            raise ValueError("give either --model or [[models]] in the config file, not both")
+        if self.models and self.upstream:
+            raise ValueError("--upstream proxies a running vLLM; [[models]] are launched by vllama: choose one")
+        if self.models and self.vllm_args:
+            raise ValueError("arguments after -- apply to --model; with [[models]] give each model its vllm_args")
+        names: dict[str, str] = {}
+        ports: set[int] = set()
+        for m in self.models:
+            for n in (m.served_name, *m.aliases):
+                key = n.removesuffix(":latest").casefold()
+                if key in names:
+                    raise ValueError(f"model name {n!r} is used twice (by {names[key]!r} and {m.served_name!r})")
+                names[key] = m.served_name
+            if m.port:
+                if m.port in ports or m.port == self.port:
+                    raise ValueError(f"port {m.port} is used twice")
+                ports.add(m.port)
+        return self
+
+    def model_specs(self) -> list[ModelConfig]:
+        """The models vllama launches: the ``[[models]]`` tables, or the one ``--model`` describes."""
+        if self.models:
+            return list(self.models)
+        if self.model:
+            return [
+                ModelConfig(
+                    model=self.model,
+                    name=self.served_model_name or served_name_for(self.model),
+                    vllm_args=self.vllm_args,
+                    port=self.vllm_port,
+                )
+            ]
+        return []
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = _CONFIG_FILE.get()
+        config = (_ConfigFile(settings_cls, path),) if path is not None else ()
+        return (init_settings, env_settings, dotenv_settings, *config, file_secret_settings)
+
+    @classmethod
+    def load(cls, config: Path | None = None, **kwargs: Any) -> Settings:
+        """Settings with ``config`` (a TOML file) as a source below flags and the environment.
+
+        Raises:
+            ValueError: the file is missing, is not TOML, or names an unknown setting.
+            pydantic.ValidationError: a value is invalid.
+        """
+        token = _CONFIG_FILE.set(config)
+        try:
+            return cls(**kwargs)
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    @model_validator(mode="after")
     def _ollama_env(self) -> Settings:
         # Ollama's own variables, where ours were not given.
         origins = os.environ.get("OLLAMA_ORIGINS")
@@ -235,12 +352,9 @@ class Settings(BaseSettings):
         """Requests one proxy process admits at once: (vLLM's running capacity + max_queue) / workers."""
         running = self.max_running
         if running is None:
-            running = 256  # vLLM's max_num_seqs default for the OpenAI server
-            for i, a in enumerate(self.vllm_args):
-                if a == "--max-num-seqs" and i + 1 < len(self.vllm_args):
-                    running = int(self.vllm_args[i + 1])
-                elif a.startswith("--max-num-seqs="):
-                    running = int(a.split("=", 1)[1])
+            # vLLM's max_num_seqs (default 256 for the OpenAI server), summed over the models
+            specs = self.model_specs() or [ModelConfig(model="-", vllm_args=self.vllm_args)]
+            running = sum(int(vllm_arg(m.args(), "--max-num-seqs") or 256) for m in specs)
         return -(-(running + self.max_queue) // self.workers)
 
     @model_validator(mode="after")

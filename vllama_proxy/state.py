@@ -6,10 +6,9 @@ from aiohttp import web
 
 from .catalog import Catalog
 from .settings import Settings
-from .supervisor.status import StatusBoard
-from .upstream import Upstream
 
 SETTINGS = web.AppKey("settings", Settings)
-UPSTREAM = web.AppKey("upstream", Upstream)
+#: The served models, and the backend (vLLM server, status board) of each.
 CATALOG = web.AppKey("catalog", Catalog)
-STATUS = web.AppKey("status", StatusBoard)
+#: This process's index among ``--workers``: its slot in each board's in-flight counts.
+WORKER = web.AppKey("worker", int)

@@ -70,6 +70,18 @@ class Upstream:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Upstream | None = None  # set by at(): whose session this client uses
+
+    def at(self, base_url: str) -> Upstream:
+        """A client of another server (another model's vLLM) that uses this one's session and
+        connection pool: one pool per process, however many models (started and closed with this one)."""
+        other = Upstream.__new__(Upstream)
+        other.base_url = base_url.rstrip("/")
+        other._timeout = self._timeout
+        other._headers = self._headers
+        other._session = None
+        other._pool = self
+        return other
 
     async def start(self) -> None:
         """Open the shared session (call once, inside the running loop)."""
@@ -91,8 +103,9 @@ class Upstream:
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "Upstream.start() was not called"
-        return self._session
+        session = self._pool._session if self._pool is not None else self._session
+        assert session is not None, "Upstream.start() was not called"
+        return session
 
     @asynccontextmanager
     async def request(

@@ -4,9 +4,10 @@ One Python process translates roughly 10-20k streamed tokens per second per core
 (``benchmarks/RESULTS.md``); vLLM on one H200 streams more than that. With
 ``--workers N`` the kernel spreads incoming connections over N processes bound to
 the same port, each with its own event loop and upstream pool. The process that
-runs the supervisor is worker 0; the others read the supervisor's
+runs the supervisors is worker 0; the others read each model's
 :class:`~vllama_proxy.supervisor.status.StatusBoard` from shared memory, so every
-worker gates, reports readiness and answers ``/api/ps`` the same way.
+worker gates, reports readiness and answers ``/api/ps`` the same way, and counts its
+requests in flight in its own slot of each board.
 """
 
 from __future__ import annotations
@@ -20,29 +21,27 @@ from multiprocessing.connection import wait as mp_wait
 from multiprocessing.process import BaseProcess
 
 from .logs import configure_logging, get_logger
+from .backends import BackendSpec
 from .settings import Settings
-from .supervisor.status import StatusBoard
 
 log = get_logger("vllama.workers")
 
 _CTX = multiprocessing.get_context("spawn")
 
 
-def _worker_main(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None,
-                 board: StatusBoard | None, known: list | None) -> None:
+def _worker_main(index: int, settings: Settings, backends: list[BackendSpec]) -> None:
     configure_logging(settings.log_level, settings.log_format)
     from .cli import run_loop
 
-    run_loop(_serve(index, settings, upstream_url, vllm_args, board, known))
+    run_loop(_serve(index, settings, backends))
 
 
-async def _serve(index: int, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None,
-                 board: StatusBoard | None, known: list | None) -> None:
+async def _serve(index: int, settings: Settings, backends: list[BackendSpec]) -> None:
     from .app import build_app
     from .server import raise_nofile_limit, start_site, wait_for_signal
 
     raise_nofile_limit()
-    app = build_app(settings, upstream_url, vllm_args=vllm_args, status=board, known=known)
+    app = build_app(settings, backends, worker=index)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True)
     log.info("worker_listening", worker=index, port=settings.port)
     try:
@@ -56,15 +55,11 @@ class WorkerPool:
 
     Args:
         settings: the settings every worker serves with.
-        upstream_url: vLLM's base URL.
-        vllm_args: per served name, for capabilities.
-        board: the supervisor's status (``None`` with ``--upstream``).
-        known: the models vllama launches (see ``Catalog``).
+        backends: the vLLM servers (with their status boards in shared memory), as ``build_app`` takes them.
     """
 
-    def __init__(self, settings: Settings, upstream_url: str, vllm_args: dict[str, list[str]] | None,
-                 board: StatusBoard | None, known: list | None = None) -> None:
-        self._args = (settings, upstream_url, vllm_args, board, known)
+    def __init__(self, settings: Settings, backends: list[BackendSpec]) -> None:
+        self._args = (settings, backends)
         self._procs: dict[int, BaseProcess] = {}
         self._stopping = False
         self._monitor: asyncio.Task[None] | None = None

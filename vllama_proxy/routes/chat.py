@@ -5,10 +5,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..ollama_types import ChatRequest
-from ..state import CATALOG, UPSTREAM
+from ..state import CATALOG
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities
-from .common import done_with_model, load_reply, log_ignored, now_ns, read_request, resolve_model, use_model
+from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -18,18 +18,15 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, ChatRequest)
-    name, model = await resolve_model(request, req.model)
+    name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
-        return await load_reply(request, name, req.keep_alive, chat=True)
+        return await load_reply(request, name, backend, req.keep_alive, chat=True)
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)
     check_capabilities(name, caps, tools=bool(req.tools), think=req.think, images=images)
     body, ignored = chat_body(req, model.name)
     log_ignored(ignored)
-    keep = await use_model(request, req.keep_alive)
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)
-    try:
-        return await relay(request, request.app[UPSTREAM], "/v1/chat/completions", body, translator, stream=stream)
-    finally:
-        done_with_model(request, keep)
+    async with model_in_use(request, backend, req.keep_alive):
+        return await relay(request, backend.upstream, "/v1/chat/completions", body, translator, stream=stream)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import orjson
@@ -10,11 +12,12 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel
 
+from ..backends import Backend
 from ..catalog import ServedModel
-from ..errors import BadRequest
+from ..errors import BadRequest, UpstreamUnavailable
 from ..logs import get_logger
 from ..ollama_types import parse_body, parse_keep_alive, require_model
-from ..state import CATALOG, SETTINGS, STATUS
+from ..state import CATALOG, SETTINGS, WORKER
 from ..stream import CLOCK
 
 log = get_logger("vllama.routes")
@@ -39,13 +42,15 @@ async def read_request(request: web.Request, cls: type[M]) -> M:
     return parse_body(await read_body(request), cls)
 
 
-async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel]:
-    """``(name as sent, served model)``; raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
+    """``(name as sent, served model, its backend)``; raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
     name = require_model(name)
-    return name, await request.app[CATALOG].resolve(name)
+    catalog = request.app[CATALOG]
+    model = await catalog.resolve(name)
+    return name, model, catalog.backend_of(model)
 
 
-async def load_reply(request: web.Request, name: str, keep_alive: Any, *, chat: bool) -> web.Response:
+async def load_reply(request: web.Request, name: str, backend: Backend, keep_alive: Any, *, chat: bool) -> web.Response:
     """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
 
     ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
@@ -53,13 +58,15 @@ async def load_reply(request: web.Request, name: str, keep_alive: Any, *, chat: 
     vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
     GenerateHandler/ChatHandler).
     """
-    settings = request.app[SETTINGS]
-    unload = parse_keep_alive(keep_alive, default=settings.keep_alive_seconds()) == 0
-    status = request.app.get(STATUS)
-    if unload and status is not None:
-        status.touch(0)
-    elif not unload:
-        await use_model(request, keep_alive)
+    board = backend.board
+    default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
+    unload = parse_keep_alive(keep_alive, default=default) == 0
+    if unload:
+        if board is not None:
+            board.touch(0)
+    else:
+        async with model_in_use(request, backend, keep_alive):
+            pass
     body: dict[str, Any] = {"model": name, "created_at": CLOCK.now()}
     if chat:
         body["message"] = {"role": "assistant", "content": ""}
@@ -69,29 +76,41 @@ async def load_reply(request: web.Request, name: str, keep_alive: Any, *, chat: 
     return web.json_response(body, dumps=_dumps)
 
 
-async def use_model(request: web.Request, keep_alive: Any) -> float:
-    """keep_alive bookkeeping when vllama supervises vLLM: wake a sleeping or unloaded
-    model (bounded by ``--load-timeout``) and restart its keep-alive clock.
+@asynccontextmanager
+async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) -> AsyncIterator[None]:
+    """Hold ``backend``'s model for one request: loaded, counted in flight, keep-alive renewed.
 
-    Returns the request's keep_alive in seconds (negative: forever), for :func:`done_with_model`.
+    When vllama runs the model: a sleeping or unloaded one is woken or started (bounded
+    by ``--load-timeout``, while idle models make room), the request counts as in flight
+    (so the model is neither put to sleep nor evicted under it), and its keep_alive
+    (Ollama: per request, else the model's default; negative forever) counts from the
+    start and again from the end of the request. With ``--upstream`` it does nothing.
 
     Raises:
-        UpstreamUnavailable: the model could not be brought back in time.
+        UpstreamUnavailable: the model is starting at launch (503 "loading"), failed, or
+            could not be brought back in time.
     """
-    settings = request.app[SETTINGS]
-    seconds = parse_keep_alive(keep_alive, default=settings.keep_alive_seconds())
-    status = request.app.get(STATUS)
-    if status is not None:
-        await status.wait_ready(settings.load_timeout)
-        status.touch(seconds)
-    return seconds
-
-
-def done_with_model(request: web.Request, seconds: float) -> None:
-    """The request finished: the keep-alive counts from now (Ollama sets expiry after each request)."""
-    status = request.app.get(STATUS)
-    if status is not None:
-        status.touch(seconds)
+    board = backend.board
+    if board is None:
+        yield
+        return
+    seconds = parse_keep_alive(keep_alive, default=board.keep_alive)
+    slot = request.app[WORKER]
+    timeout = request.app[SETTINGS].load_timeout
+    while True:
+        if not (board.available or board.waking or board.loading):
+            raise UpstreamUnavailable(board.unavailable_message())
+        await board.wait_ready(timeout)
+        board.begin(slot)
+        if board.ready:
+            break
+        board.end(slot)  # the supervisor began putting it to sleep between the two reads: wait again
+    board.touch(seconds)
+    try:
+        yield
+    finally:
+        board.end(slot)
+        board.touch(seconds)  # Ollama sets the expiry after each request
 
 
 def log_ignored(ignored: list[str]) -> None:

@@ -10,8 +10,8 @@ from aiohttp import web
 
 from ..errors import UnsupportedCapability, UpstreamRejected
 from ..ollama_types import EmbeddingsRequest, EmbedRequest
-from ..state import UPSTREAM
-from .common import done_with_model, now_ns, read_request, resolve_model, use_model
+from ..backends import Backend
+from .common import model_in_use, now_ns, read_request, resolve_model
 
 
 def l2_normalize(vec: list[float]) -> list[float]:
@@ -20,12 +20,12 @@ def l2_normalize(vec: list[float]) -> list[float]:
     return [x / norm for x in vec] if norm else vec
 
 
-async def _embeddings(request: web.Request, name: str, served: str, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+async def _embeddings(backend: Backend, name: str, served: str, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
     body: dict[str, Any] = {"model": served, "input": inputs, "encoding_format": "float"}
     if truncate:
         body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
     try:
-        data = await request.app[UPSTREAM].post_json("/v1/embeddings", body)
+        data = await backend.upstream.post_json("/v1/embeddings", body)
     except UpstreamRejected as e:
         # vLLM serves /v1/embeddings only for pooling models: a generation model answers 404.
         if e.status == 404:
@@ -46,18 +46,15 @@ async def embed(request: web.Request) -> web.Response:
     """
     t0 = now_ns()
     req = await read_request(request, EmbedRequest)
-    name, model = await resolve_model(request, req.model)
+    name, model, backend = await resolve_model(request, req.model)
     inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
     inputs = [i for i in inputs if i]
     t_sent = now_ns()
     vectors: list[list[float]] = []
     count = 0
     if inputs:
-        keep = await use_model(request, req.keep_alive)
-        try:
-            vectors, count = await _embeddings(request, name, model.name, inputs, req.truncate is not False)
-        finally:
-            done_with_model(request, keep)
+        async with model_in_use(request, backend, req.keep_alive):
+            vectors, count = await _embeddings(backend, name, model.name, inputs, req.truncate is not False)
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -75,13 +72,10 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     """Legacy embeddings: ``{model, prompt}`` -> ``{"embedding": [float]}`` (not normalised, as Ollama)."""
     req = await read_request(request, EmbeddingsRequest)
-    name, model = await resolve_model(request, req.model)
+    name, model, backend = await resolve_model(request, req.model)
     vec: list[float] = []
     if req.prompt:
-        keep = await use_model(request, req.keep_alive)
-        try:
-            vectors, _ = await _embeddings(request, name, model.name, [req.prompt], True)
-        finally:
-            done_with_model(request, keep)
+        async with model_in_use(request, backend, req.keep_alive):
+            vectors, _ = await _embeddings(backend, name, model.name, [req.prompt], True)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

@@ -7,11 +7,11 @@ from aiohttp import web
 from ..catalog import ServedModel
 from ..errors import UnsupportedCapability, UpstreamRejected
 from ..ollama_types import GenerateRequest
-from ..state import CATALOG, UPSTREAM
+from ..state import CATALOG
 from ..stream import GenerateTranslator, Timings, relay
 from ..translate import check_capabilities, generate_body
 from ..upstream import Upstream
-from .common import done_with_model, load_reply, log_ignored, now_ns, read_request, resolve_model, use_model
+from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
@@ -41,21 +41,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, GenerateRequest)
-    name, model = await resolve_model(request, req.model)
+    name, model, backend = await resolve_model(request, req.model)
     if not req.prompt and not req.images and not req.suffix:
-        return await load_reply(request, name, req.keep_alive, chat=False)
+        return await load_reply(request, name, backend, req.keep_alive, chat=False)
     caps = await request.app[CATALOG].capabilities(model)
     if req.suffix:
         raise UnsupportedCapability(name, "insert")
     check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
     path, body, ignored = generate_body(req, model.name)
     log_ignored(ignored)
-    keep = await use_model(request, req.keep_alive)
-    if path == "/v1/completions" and "max_tokens" not in body:
-        body["max_tokens"] = await remaining_context(request.app[UPSTREAM], model, body["prompt"])
     stream = req.stream is not False
     translator = GenerateTranslator(name, timings, aggregate=not stream)
-    try:
-        return await relay(request, request.app[UPSTREAM], path, body, translator, stream=stream)
-    finally:
-        done_with_model(request, keep)
+    async with model_in_use(request, backend, req.keep_alive):
+        if path == "/v1/completions" and "max_tokens" not in body:
+            body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
+        return await relay(request, backend.upstream, path, body, translator, stream=stream)

@@ -1,8 +1,9 @@
 """``/livez`` and ``/readyz`` for systemd, containers and Kubernetes probes.
 
-``/livez`` is 200 while the process serves HTTP. ``/readyz`` is 200 only when vLLM
-is healthy and serving the model; otherwise 503 with JSON naming the state, since
-when, and the last error (supervised), or the upstream's health (``--upstream``).
+``/livez`` is 200 while the process serves HTTP. ``/readyz`` is 200 only when every
+model can serve (ready, or asleep/unloaded and loaded on demand); otherwise 503 with
+JSON naming the state, since when, and the last error (supervised), or the
+upstream's health (``--upstream``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from ..state import STATUS, UPSTREAM
+from ..state import CATALOG
 from ..supervisor import probes
 
 
@@ -20,13 +21,23 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """200 when requests can be served now, else 503; JSON body either way."""
-    status = request.app.get(STATUS)
-    if status is not None:
-        body = status.status()
-        ready = status.available  # sleeping/unloaded still serves: the next request loads it
+    """200 when requests can be served now, else 503; JSON body either way.
+
+    One model: its status (``state``, ``since``, ``restarts``, ``last_error``...). Several:
+    ``{"state": "ready"|"unavailable", "models": [status, ...]}``, ready when every model
+    is ready or loadable on demand (sleeping, unloaded); one starting or failing makes
+    it 503, as a single model would.
+    """
+    backends = request.app[CATALOG].backends
+    boards = [b.board for b in backends if b.board is not None]
+    if len(boards) == 1:
+        body = boards[0].status()
+        ready = boards[0].available  # sleeping/unloaded still serves: the next request loads it
+    elif boards:
+        ready = all(b.available for b in boards)
+        body = {"state": "ready" if ready else "unavailable", "models": [b.status() for b in boards]}
     else:
-        code = await probes.health(request.app[UPSTREAM])
+        code = await probes.health(backends[0].upstream)
         ready = code == 200
         body = {"state": "ready" if ready else "unavailable", "upstream_health": code}
     return web.Response(status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json")

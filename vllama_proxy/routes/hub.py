@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from .. import hub
+from ..catalog import strip_latest
 from ..errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
 from ..ollama_types import ModelRef, require_model
 from ..state import CATALOG
@@ -72,9 +73,16 @@ async def pull(request: web.Request) -> web.StreamResponse:
 
 
 async def delete(request: web.Request) -> web.Response:
-    """Ollama's delete: 200 with an empty body; 404 ``model 'X' not found``; 400 for the served model."""
+    """Ollama's delete: 200 with an empty body; 404 ``model 'X' not found``; 400 for a served model.
+
+    An alias made with ``/api/copy`` is removed (the model it names stays), as deleting
+    a copy in Ollama leaves the original.
+    """
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
+    catalog = request.app[CATALOG]
+    if await asyncio.to_thread(catalog.store.remove, strip_latest(name)):
+        return web.Response(status=200)
     if await _served(request, name, strict=True) is not None:
         raise VllamaError(f"model '{name}' is in use: it is being served", status=400)
     model = hub.parse_model(name)

@@ -17,7 +17,7 @@ from aiohttp import web
 from ..catalog import ServedModel
 from ..model_files import ModelFiles, format_parameter_size
 from ..ollama_types import ModelRef
-from ..state import CATALOG, STATUS
+from ..state import CATALOG
 from ..stream import rfc3339
 from .common import read_request, resolve_model
 
@@ -110,7 +110,7 @@ async def tags(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    _, model = await resolve_model(request, req.ref)
+    _, model, _ = await resolve_model(request, req.ref)
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)
@@ -132,20 +132,19 @@ async def ps(request: web.Request) -> web.Response:
     ahead when it is negative, or when vllama only proxies a vLLM it does not manage).
     A sleeping or unloaded model is not listed, as Ollama lists only loaded ones.
 
-    ``size_vram`` is the GPU memory of vLLM's process tree measured with NVML when
-    vllama supervises it (weights + KV cache); otherwise, or when NVML cannot see the
-    processes, it equals ``size`` (the weights, which are on the GPU).
+    ``size_vram`` is the GPU memory of the model's vLLM process tree measured with NVML
+    when vllama supervises it (weights + KV cache); otherwise, or when NVML cannot see
+    the processes, it equals ``size`` (the weights, which are on the GPU).
     """
     catalog = request.app[CATALOG]
-    status = request.app.get(STATUS)
-    if status is not None and not status.ready:
-        return web.Response(body=b'{"models":[]}', content_type="application/json")  # asleep or unloaded: not loaded
-    vram = await status.vram_bytes() if status is not None else 0
     out = []
-    until = status.expires_at if status is not None else math.inf
-    expires = rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until)
     for model in await catalog.models():
+        board = catalog.backend_of(model).board
+        if board is not None and not board.ready:
+            continue  # asleep, unloaded or loading: not loaded
         files = await catalog.files(model)
+        vram = await board.vram_bytes() if board is not None else 0
+        until = board.expires_at if board is not None else math.inf
         name = catalog.names_for(model)[0]
         out.append(
             {
@@ -154,7 +153,7 @@ async def ps(request: web.Request) -> web.Response:
                 "size": files.size,
                 "digest": files.digest,
                 "details": details(files),
-                "expires_at": expires,
+                "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
                 "size_vram": vram or files.size,
                 "context_length": model.max_model_len or 0,
             }

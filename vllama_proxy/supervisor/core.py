@@ -16,8 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
+from ..model_files import read_model_files
+from ..models_config import ModelConfig
 from ..settings import Settings
 from ..upstream import Upstream, read_response
 from . import gpu, probes
@@ -28,31 +32,43 @@ from .status import StatusBoard
 log = get_logger("vllama.supervisor")
 
 _EXPIRED = object()  # _watch: the keep_alive ended and nothing is running
-_RELOAD = object()  # _serve: an unloaded model is wanted again
+_RELOAD = object()  # _serve: vLLM was stopped (keep_alive or eviction); start it afresh when wanted
 
 
 class Supervisor:
     """Keeps one ``vllm serve`` healthy on a private loopback port.
 
     Args:
-        settings: vllama settings (model, executable, timeouts, backoff).
+        settings: vllama settings (executable, timeouts, backoff).
+        spec: the model: what vLLM loads, its served name, arguments, GPUs and policy.
         port: the loopback port vLLM listens on; only the proxy is exposed.
-        board: where the status is published for every proxy process (holds the served name).
+        board: where the status is published for every proxy process; its state at
+            construction is the initial one (``unloaded``: loaded on the first request).
+        pool: the model pool that decides whether the model fits on its GPUs before each
+            start or wake (``None``: it always fits).
     """
 
-    def __init__(self, settings: Settings, *, port: int, board: StatusBoard) -> None:
+    def __init__(self, settings: Settings, spec: ModelConfig, *, port: int, board: StatusBoard, pool: Any = None) -> None:
         self.s = settings
+        self.spec = spec
         self.port = port
         self.board = board
-        self.served_name = board.served_name
-        self.state = State.STARTING
+        self.pool = pool
+        self.served_name = spec.served_name
+        self.state = board.state
         self.since = time.time()
         self.last_error: str | None = None
         self.last_output: str = ""
         self.restarts = 0
         self.child: VllmProcess | None = None
+        #: Whether its GPU memory share counts as taken (set by the pool on admission; false once stopped or asleep).
+        self.holds_gpu = False
+        self._loading = False  # the current start or wake was asked for by requests
+        self._evict_reason: str | None = None
+        self._weights_bytes: int | None = None
         self._probe = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0, read_timeout=settings.health_timeout)
         self._changed = asyncio.Event()
+        self._poke = asyncio.Event()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.listeners: list[Callable[[State, str | None], Any]] = []
@@ -61,17 +77,17 @@ class Supervisor:
     def argv(self) -> list[str]:
         """The child's command line (no shell): vLLM bound to loopback on the private port."""
         return [
-            self.s.vllm_executable, "serve", str(self.s.model),
+            self.s.vllm_executable, "serve", self.spec.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--served-model-name", self.served_name,
-            *self.s.vllm_args,
+            *self.spec.args(),
         ]
 
     async def start(self) -> None:
         """Begin supervising (returns at once; vLLM loads in the background)."""
         await self._probe.start()
-        log.info("state", to=self.state.value, reason="launching")
-        self._task = asyncio.create_task(self._run(), name="supervisor")
+        log.info("state", model=self.served_name, to=self.state.value, reason="launching" if self.state is State.STARTING else "loads on demand")
+        self._task = asyncio.create_task(self._run(), name=f"supervisor:{self.served_name}")
 
     async def stop(self) -> None:
         """Stop vLLM's whole process tree and end supervision (idempotent)."""
@@ -79,6 +95,26 @@ class Supervisor:
         if self._task is not None:
             await self._task
         await self._probe.close()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def evict(self, reason: str) -> None:
+        """Ask the owner loop to sleep or stop vLLM now if it is idle (no request in flight).
+
+        Used by the pool to make room for another model; a busy model ignores it.
+        """
+        if self.state is State.READY and self._evict_reason is None:
+            log.info("evicting", model=self.served_name, reason=reason)
+            self._evict_reason = reason
+            self._poke.set()
+
+    @property
+    def evicting(self) -> bool:
+        """An eviction was asked for and is not finished."""
+        return self._evict_reason is not None
 
     async def ensure_ready(self, timeout: float) -> None:
         """Wait until vLLM is ready.
@@ -106,7 +142,7 @@ class Supervisor:
     def _set(self, new: State, reason: str | None = None) -> None:
         if new not in TRANSITIONS[self.state]:
             raise InvalidTransition(f"{self.state.value} -> {new.value}")
-        log.info("state", **{"from": self.state.value, "to": new.value, "reason": reason})
+        log.info("state", model=self.served_name, **{"from": self.state.value, "to": new.value, "reason": reason})
         self.state = new
         self.since = time.time()
         self._publish()
@@ -123,14 +159,34 @@ class Supervisor:
             pid=self.child.pid if self.child else None,
             last_error=self.last_error,
             last_output=self.last_output,
+            loading=self._loading,
         )
 
     async def _run(self) -> None:
         failures = 0
+        on_demand = self.state is State.UNLOADED
         try:
             while not self._stop.is_set():
+                if self.state is State.UNLOADED:
+                    if not await self._wait_wake(None):
+                        break
+                    on_demand = True
+                if not await self._admit(on_demand):
+                    if self._stop.is_set():
+                        break
+                    # No room on its GPUs: loaded on demand later (then idle models make room).
+                    self._loading = False
+                    if self.state is State.UNLOADED:
+                        self._publish()
+                        await self._sleep_or_stop(0.2)  # the demand lapsed or the wait timed out
+                    else:
+                        self._set(State.UNLOADED, self.last_error)
+                    continue
+                self._loading = on_demand
                 if self.state is not State.STARTING:
-                    self._set(State.STARTING)
+                    self._set(State.STARTING, "requested" if on_demand else None)
+                else:
+                    self._publish()
                 reason = await self._start_once()
                 if self._stop.is_set():
                     break
@@ -143,14 +199,18 @@ class Supervisor:
                         break  # stop requested
                     if reason is _RELOAD:
                         failures = 0
-                        continue  # unloaded by keep_alive, then requested again: a fresh start
+                        on_demand = True
+                        continue  # unloaded by keep_alive or eviction: started afresh when requested
+                    self._loading = False
                     self._set(State.UNHEALTHY, reason)
                     if time.monotonic() - ready_at >= self.s.restart_reset_after:
                         failures = 0
+                self._loading = False
+                on_demand = False
                 failures += 1
                 self.last_error = reason
                 self.last_output = self.child.tail() if self.child else ""
-                log.warning("vllm_failed", reason=reason, failures=failures, last_output=self.last_output)
+                log.warning("vllm_failed", model=self.served_name, reason=reason, failures=failures, last_output=self.last_output)
                 await self._stop_child()
                 if failures >= self.s.crash_loop_limit:
                     self._set(State.FAILED, reason)
@@ -162,69 +222,112 @@ class Supervisor:
                     break
                 self.restarts += 1
         finally:
+            self._loading = False
             if self.state is not State.STOPPED:
                 if self.state is not State.STOPPING:
                     self._set(State.STOPPING)
                 await self._stop_child()
                 self._set(State.STOPPED)
 
+    async def _admit(self, on_demand: bool) -> bool:
+        """Whether vLLM may take its GPU memory now (see ``pool.ModelPool.make_room``)."""
+        if self.pool is None:
+            self.holds_gpu = True
+            return True
+        return await self.pool.make_room(self, on_demand=on_demand)
+
     @property
     def sleep_mode(self) -> bool:
         """Whether vLLM runs with ``--enable-sleep-mode`` (then keep_alive expiry sleeps, not stops)."""
-        return "--enable-sleep-mode" in self.s.vllm_args
+        return self.spec.sleeps
 
     def _keep_alive_from_now(self) -> None:
         # Ready again: wake requests are fulfilled (waiters re-ask while they poll), and a
         # fresh load starts the default keep_alive, unless a request asked for longer.
         self.board.take_wake()
-        default = self.s.keep_alive_seconds()
+        default = self.board.keep_alive
         until = math.inf if default < 0 else time.time() + default
         if self.board.expires_at < until:
             self.board.touch(default)
 
+    async def _can_sleep(self) -> bool:
+        """Sleep mode is on and host RAM can take the weights (vLLM level 1 copies them to CPU
+        memory) with ``sleep_host_memory_reserve`` to spare; else vLLM is stopped instead."""
+        if not self.sleep_mode:
+            return False
+        if self._weights_bytes is None:
+            self._weights_bytes = (await asyncio.to_thread(read_model_files, self.spec.model, self.served_name)).size
+        available = psutil.virtual_memory().available
+        if available < self._weights_bytes + self.s.sleep_host_memory_reserve:
+            log.warning("host_memory_short", model=self.served_name, available=available, weights=self._weights_bytes)
+            return False
+        return True
+
     async def _serve(self) -> object:
         """Serve a ready vLLM through keep_alive cycles.
 
-        Returns ``None`` when asked to stop, ``_RELOAD`` when an unloaded model is wanted
-        again (start it afresh), or the reason it must restart.
+        Returns ``None`` when asked to stop, ``_RELOAD`` when vLLM was stopped (keep_alive
+        or eviction) and is wanted again (start it afresh), or the reason it must restart.
         """
         while True:
             reason = await self._watch()
             if reason is not _EXPIRED:
                 return reason
-            if not self.sleep_mode:
-                await self._stop_child()
-                self._set(State.UNLOADED, "keep_alive expired")
-                return _RELOAD if await self._wait_wake(None) else None
+            # New requests wait while we make sure none is in flight (one slipped in: keep serving).
+            self.board.set_closing(True)
+            why = self._evict_reason or "keep_alive expired"
+            if self.board.in_flight > 0 or (self._evict_reason is None and time.time() < self.board.expires_at):
+                self.board.set_closing(False)
+                self._evict_reason = None
+                continue
             try:
-                async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
-                    await read_response(resp)
-            except UpstreamError as e:
-                return f"vLLM failed to go to sleep: {e.message}"
-            self._set(State.SLEEPING, "keep_alive expired")
-            if time.time() < self.board.expires_at:
+                if not await self._can_sleep():
+                    await self._stop_child()
+                    self._set(State.UNLOADED, why)
+                    return _RELOAD
+                try:
+                    async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
+                        await read_response(resp)
+                except UpstreamError as e:
+                    return f"vLLM failed to go to sleep: {e.message}"
+                self.holds_gpu = False
+                self._set(State.SLEEPING, why)
+            finally:
+                self.board.set_closing(False)
+                self._evict_reason = None
+            if time.time() < self.board.expires_at and not why.startswith("evicted"):
                 self.board.request_wake()  # a request arrived while we were putting vLLM to sleep
             child = self.child
             assert child is not None
             exited = asyncio.ensure_future(child.wait())
             try:
-                if not await self._wait_wake(exited):
-                    return None if self._stop.is_set() else f"vLLM exited with code {exited.result()} while asleep"
+                while True:
+                    if not await self._wait_wake(exited):
+                        return None if self._stop.is_set() else f"vLLM exited with code {exited.result()} while asleep"
+                    if await self._admit(on_demand=True):
+                        break
+                    if self._stop.is_set():
+                        return None
+                    self._publish()  # last_error says why it could not wake
+                    await self._sleep_or_stop(0.2)
             finally:
                 exited.cancel()
+            self._loading = True
+            self._publish()
             started = time.monotonic()
             try:
                 async with self._probe.request("POST", "/wake_up") as resp:
                     await read_response(resp)
             except UpstreamError as e:
                 return f"vLLM failed to wake up: {e.message}"
-            log.info("woke_up", seconds=round(time.monotonic() - started, 3))
+            log.info("woke_up", model=self.served_name, seconds=round(time.monotonic() - started, 3))
             self._keep_alive_from_now()
+            self._loading = False
             self._set(State.READY, "woken by a request")
 
     async def _wait_wake(self, exited: asyncio.Future[int] | None) -> bool:
         """Wait for a request to need the model; False if stop was requested or the child exited."""
-        while not self.board.take_wake():
+        while not self.board.waking:
             if self._stop.is_set() or (exited is not None and exited.done()):
                 return False
             await asyncio.sleep(0.02)
@@ -237,7 +340,7 @@ class Supervisor:
         while the child's output shows loading progress), and readiness.
         """
         try:
-            env = os.environ.copy()
+            env = {**os.environ, **self.spec.env()}
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
             self.child = await VllmProcess.launch(self.argv(), env=env)
@@ -256,7 +359,7 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     return f"vLLM was not ready after {time.monotonic() - started:.0f} s"
                 if await probes.health(self._probe) == 200 and await probes.serves(self._probe, self.served_name):
-                    log.info("ready", startup_s=round(time.monotonic() - started, 1))
+                    log.info("ready", model=self.served_name, startup_s=round(time.monotonic() - started, 1))
                     return None
                 if await self._first(exited, self.s.startup_poll_interval):
                     return "stopped"
@@ -282,11 +385,12 @@ class Supervisor:
                 failed_polls = 0 if code == 200 else failed_polls + 1
                 if failed_polls >= self.s.unhealthy_threshold:
                     return f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})"
-                expired = time.time() >= self.board.expires_at
+                expired = self._evict_reason is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)
-                    if expired and load is not None and load.pending == 0 and not self.board.waking:
+                    if expired and load is not None and load.pending == 0 and self.board.in_flight == 0 and not self.board.waking:
                         return _EXPIRED
+                    self._evict_reason = None  # busy: the pool looks for another model to evict
                     if load is not None and self.s.hang_timeout > 0:
                         now = time.monotonic()
                         if load.pending > 0 and load.generation_tokens == tokens:
@@ -300,12 +404,15 @@ class Supervisor:
             exited.cancel()
 
     async def _first(self, exited: asyncio.Future[int], timeout: float) -> bool:
-        """Wait for the child's exit, a stop request, or ``timeout``; True if stop was requested."""
+        """Wait for the child's exit, a stop request, an eviction, or ``timeout``; True if stop was requested."""
         stop = asyncio.ensure_future(self._stop.wait())
+        poke = asyncio.ensure_future(self._poke.wait())
         try:
-            await asyncio.wait({exited, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({exited, stop, poke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
+            poke.cancel()
+            self._poke.clear()
         return self._stop.is_set()
 
     async def _sleep_or_stop(self, delay: float) -> bool:
@@ -318,6 +425,7 @@ class Supervisor:
     async def _stop_child(self) -> None:
         child, self.child = self.child, None
         if child is None:
+            self.holds_gpu = False
             return
         pids = set(await asyncio.to_thread(child.session_pids))
         await child.stop(self.s.stop_grace)
@@ -326,3 +434,4 @@ class Supervisor:
             released = await asyncio.to_thread(gpu.wait_released, pids, self.s.gpu_release_timeout)
             if not released:
                 log.warning("gpu_memory_not_released", pids=sorted(pids), timeout_s=self.s.gpu_release_timeout)
+        self.holds_gpu = False  # only now: the next model's vLLM checks free memory when it starts

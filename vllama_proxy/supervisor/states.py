@@ -5,8 +5,11 @@
        └──► failed ──(slow retry)──► starting    │
     any ──► stopping ──► stopped          failed ┘
 
-    keep_alive expired:  ready ──► sleeping ──(request)──► ready        (vLLM sleep mode)
-                         ready ──► unloaded ──(request)──► starting     (no sleep mode)
+    keep_alive expired   ready ──► sleeping ──(request)──► ready        (vLLM sleep mode)
+    or evicted:          ready ──► unloaded ──(request)──► starting     (no sleep mode)
+
+    no room on its GPUs: starting | restarting | failed ──► unloaded    (loads on demand)
+    a model loaded on demand starts in unloaded.
 
 One task (``Supervisor._run``) owns every transition; everyone else waits on
 them (``Supervisor.ensure_ready``) and never acts on a state they read earlier.
@@ -26,19 +29,19 @@ class State(str, enum.Enum):
     RESTARTING = "restarting"  # old process tree stopped; waiting out the backoff
     FAILED = "failed"  # crash loop: retrying slowly; /readyz shows the last error
     SLEEPING = "sleeping"  # keep_alive expired: vLLM sleep mode level 1 (weights in CPU RAM, KV cache freed)
-    UNLOADED = "unloaded"  # keep_alive expired without sleep mode: vLLM stopped, started on the next request
+    UNLOADED = "unloaded"  # not running (keep_alive expired or evicted without sleep mode, or no room): started on the next request
     STOPPING = "stopping"
     STOPPED = "stopped"
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.STARTING: frozenset({State.READY, State.RESTARTING, State.FAILED, State.STOPPING}),
+    State.STARTING: frozenset({State.READY, State.RESTARTING, State.FAILED, State.UNLOADED, State.STOPPING}),
     State.READY: frozenset({State.UNHEALTHY, State.SLEEPING, State.UNLOADED, State.STOPPING}),
     State.SLEEPING: frozenset({State.READY, State.UNHEALTHY, State.STOPPING}),
     State.UNLOADED: frozenset({State.STARTING, State.STOPPING}),
     State.UNHEALTHY: frozenset({State.RESTARTING, State.FAILED, State.STOPPING}),
-    State.RESTARTING: frozenset({State.STARTING, State.STOPPING}),
-    State.FAILED: frozenset({State.STARTING, State.STOPPING}),
+    State.RESTARTING: frozenset({State.STARTING, State.UNLOADED, State.STOPPING}),
+    State.FAILED: frozenset({State.STARTING, State.UNLOADED, State.STOPPING}),
     State.STOPPING: frozenset({State.STOPPED}),
     State.STOPPED: frozenset(),
 }

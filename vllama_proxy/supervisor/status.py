@@ -21,33 +21,53 @@ from .states import State
 
 _STATES = list(State)
 
+#: A wake request counts this long (seconds): waiting requests renew it every poll, so a
+#: model nobody waits for any more is not loaded (nor room made for it).
+WANT_TTL = 2.0
+
 
 class StatusBoard:
     """Supervisor status readable from other processes (create before spawning them).
 
     Attributes written by :meth:`publish`: state, since (epoch s), restarts, vLLM's pid,
-    last error and the child's last output lines.
+    last error and the child's last output lines. Written by the proxy processes: the
+    keep-alive deadline and last use (:meth:`touch`), wake requests, and requests in flight,
+    one counter per process (``slots``) so that no two processes write the same word.
+
+    Args:
+        served_name: the model's served name.
+        slots: proxy processes that count requests in flight (``--workers``).
+        keep_alive: the model's default keep_alive, seconds (negative: forever).
+        initial: the state before the supervisor runs (``unloaded`` for a model loaded on demand).
     """
 
-    def __init__(self, served_name: str, ctx: Any = None) -> None:
+    def __init__(self, served_name: str, ctx: Any = None, *, slots: int = 1, keep_alive: float = 300.0,
+                 initial: State = State.STARTING) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.served_name = served_name
-        self._state = ctx.RawValue("i", _STATES.index(State.STARTING))
+        self.keep_alive = keep_alive
+        self._state = ctx.RawValue("i", _STATES.index(initial))
         self._since = ctx.RawValue("d", time.time())
         self._restarts = ctx.RawValue("i", 0)
         self._pid = ctx.RawValue("i", 0)
         self._expires = ctx.RawValue("d", 0.0)  # epoch s when keep_alive ends; inf: never; 0: not loaded yet
-        self._wake = ctx.RawValue("i", 0)  # set by any process that needs a sleeping/unloaded model
+        self._last_used = ctx.RawValue("d", 0.0)  # epoch s of the last request (least-recently-used eviction)
+        self._wanted = ctx.RawValue("d", 0.0)  # epoch s of the latest wake request from any process
+        self._loading = ctx.RawValue("i", 0)  # 1 while a start or wake asked for by requests is under way
+        self._closing = ctx.RawValue("i", 0)  # 1 while the supervisor checks it is idle before sleeping/stopping it
+        self._inflight = ctx.RawArray("i", max(slots, 1))
         self._error = ctx.RawArray("c", 4096)
         self._output = ctx.RawArray("c", 16384)
 
-    def publish(self, state: State, *, since: float, restarts: int, pid: int | None, last_error: str | None, last_output: str) -> None:
+    def publish(self, state: State, *, since: float, restarts: int, pid: int | None, last_error: str | None, last_output: str,
+                loading: bool = False) -> None:
         """Write the supervisor's current status (called by the supervisor only)."""
         self._error.value = (last_error or "").encode()[: len(self._error) - 1]
         self._output.value = last_output.encode()[-(len(self._output) - 1) :]
         self._restarts.value = restarts
         self._pid.value = pid or 0
         self._since.value = since
+        self._loading.value = int(loading)
         self._state.value = _STATES.index(state)  # last: readers see a complete record for it
 
     @property
@@ -56,7 +76,8 @@ class StatusBoard:
 
     @property
     def ready(self) -> bool:
-        return _STATES[self._state.value] is State.READY
+        """Serving now (and not being checked for idleness before it sleeps or stops)."""
+        return _STATES[self._state.value] is State.READY and not self._closing.value
 
     @property
     def restarts(self) -> int:
@@ -70,27 +91,57 @@ class StatusBoard:
     # -- keep_alive (Ollama semantics: per request, negative = forever, 0 = unload now) --------
     def touch(self, keep_alive_s: float) -> None:
         """A request used the model: it stays loaded ``keep_alive_s`` seconds from now."""
-        self._expires.value = math.inf if keep_alive_s < 0 else time.time() + keep_alive_s
+        now = time.time()
+        self._expires.value = math.inf if keep_alive_s < 0 else now + keep_alive_s
+        self._last_used.value = now
 
     @property
     def expires_at(self) -> float:
         """Epoch seconds when the keep-alive ends (``inf``: never)."""
         return self._expires.value
 
+    @property
+    def last_used(self) -> float:
+        """Epoch seconds of the latest :meth:`touch` (0: never used)."""
+        return self._last_used.value
+
     def request_wake(self) -> None:
-        """Ask the supervisor (in whichever process) to wake or reload the model."""
-        self._wake.value = 1
+        """Ask the supervisor (in whichever process) to wake or reload the model; lasts ``WANT_TTL`` s."""
+        self._wanted.value = time.time()
 
     def take_wake(self) -> bool:
-        """The supervisor's side: whether a wake was requested (and clear the request)."""
-        if self._wake.value:
-            self._wake.value = 0
-            return True
-        return False
+        """The supervisor's side: whether a wake is wanted now (and clear the request)."""
+        wanted = self.waking
+        self._wanted.value = 0.0
+        return wanted
 
     @property
     def waking(self) -> bool:
-        return bool(self._wake.value)
+        """A request wants the model loaded (asked within the last ``WANT_TTL`` seconds)."""
+        return time.time() - self._wanted.value < WANT_TTL
+
+    @property
+    def loading(self) -> bool:
+        """A start or wake that requests asked for is under way (they wait for it)."""
+        return bool(self._loading.value)
+
+    # -- requests in flight (the supervisor's idleness check before sleep, stop or eviction) --
+    def begin(self, slot: int) -> None:
+        """A request of proxy process ``slot`` is about to use the model."""
+        self._inflight[slot] += 1
+
+    def end(self, slot: int) -> None:
+        """That request finished."""
+        self._inflight[slot] -= 1
+
+    @property
+    def in_flight(self) -> int:
+        """Requests using the model now, over every proxy process."""
+        return sum(self._inflight)
+
+    def set_closing(self, closing: bool) -> None:
+        """The supervisor's side: while set, new requests wait (:attr:`ready` is false)."""
+        self._closing.value = int(closing)
 
     async def wait_ready(self, timeout: float) -> None:
         """Wake a sleeping or unloaded model if needed and wait until it serves.
@@ -108,18 +159,21 @@ class StatusBoard:
             elif state in (State.FAILED, State.STOPPING, State.STOPPED, State.UNHEALTHY):
                 raise UpstreamUnavailable(self.unavailable_message())
             if time.monotonic() > deadline:
-                raise UpstreamUnavailable(self.unavailable_message())
+                raise UpstreamUnavailable(self.unavailable_message(waited=timeout))
             await asyncio.sleep(0.02)
 
     @property
     def last_error(self) -> str | None:
         return self._error.value.decode(errors="replace") or None
 
-    def unavailable_message(self) -> str:
-        """Why requests cannot be served now, for a 503."""
+    def unavailable_message(self, waited: float | None = None) -> str:
+        """Why requests cannot be served now, for a 503 (``waited``: seconds a request waited)."""
         state = self.state
         if state is State.FAILED:
             return f"model '{self.served_name}' failed to load: {self.last_error}"
+        if state in (State.SLEEPING, State.UNLOADED) and waited is not None:
+            why = f": {self.last_error}" if self.last_error else ""
+            return f"model '{self.served_name}' could not be loaded within {waited:g} s{why}"
         if state in (State.STARTING, State.RESTARTING, State.UNHEALTHY, State.SLEEPING, State.UNLOADED):
             return f"model '{self.served_name}' is loading (vLLM {state.value} since {_iso(self._since.value)}), please retry"
         return f"model '{self.served_name}' is unavailable (vLLM {state.value})"
@@ -134,6 +188,7 @@ class StatusBoard:
             "pid": self._pid.value or None,
             "last_error": self.last_error,
             "expires_at": None if math.isinf(self._expires.value) or not self._expires.value else _iso(self._expires.value),
+            "in_flight": self.in_flight,
         }
         output = self._output.value.decode(errors="replace")
         if body["last_error"] and output:

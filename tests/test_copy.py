@@ -1,0 +1,91 @@
+"""/api/copy makes an alias every worker knows and later runs keep; /api/delete of it removes it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+
+import httpx
+import pytest
+from ollama import Client, ResponseError
+
+from conftest import ROOT, SERVED, start_proxy, stop
+
+
+@pytest.fixture
+def state_dir():
+    with tempfile.TemporaryDirectory(prefix="vllama-state-") as d:
+        yield d
+
+
+def test_copy_makes_an_alias_and_delete_removes_it(fake, state_dir, upstream_requests):
+    p = start_proxy(fake.url, env={"VLLAMA_STATE_DIR": state_dir})
+    try:
+        client = Client(host=p.url)
+        r = httpx.post(p.url + "/api/copy", json={"source": SERVED, "destination": "team/assistant:v1"})
+        assert r.status_code == 200 and r.content == b""  # Ollama answers an empty 200
+        assert "team/assistant:v1" in [m.model for m in client.list().models]
+        assert client.generate(model="team/assistant:v1", prompt="hi", stream=False).response.startswith("tok0")
+        assert upstream_requests("/v1/chat/completions")[-1]["body"]["model"] == SERVED  # vLLM sees its own name
+        assert client.show("team/assistant:v1").capabilities
+        # a copy of the copy names the same served model
+        client.copy("team/assistant:v1", "second")
+        assert client.chat(model="second", messages=[{"role": "user", "content": "hi"}]).message.content
+        # delete removes the name, not the model
+        assert client.delete("team/assistant:v1").status == "success"
+        with pytest.raises(ResponseError) as e:
+            client.generate(model="team/assistant:v1", prompt="hi")
+        assert e.value.status_code == 404
+        assert client.generate(model=SERVED, prompt="hi").response
+        with pytest.raises(ResponseError) as e:
+            client.delete("team/assistant:v1")  # gone: neither an alias nor a hub model in the cache
+        assert e.value.status_code == 404
+    finally:
+        stop(p.proc)
+
+
+@pytest.mark.parametrize("body,status,error", [
+    ({"source": SERVED}, 400, "source and destination are required"),
+    ({"source": "", "destination": "x"}, 400, "source and destination are required"),
+    ({"source": SERVED, "destination": "bad name!"}, 400, 'destination "bad name!" is invalid'),
+    ({"source": "nothing-here", "destination": "x"}, 404, "model 'nothing-here' not found"),
+    ({"source": SERVED, "destination": SERVED}, 200, None),  # the same model: nothing to refuse
+])
+def test_copy_errors(proxy, body, status, error):
+    r = httpx.post(proxy.url + "/api/copy", json=body)
+    assert r.status_code == status, r.text
+    if error:
+        assert r.json() == {"error": error}
+
+
+def test_every_worker_and_the_next_run_know_the_alias(fake, state_dir):
+    p = start_proxy(fake.url, "--workers", "3", env={"VLLAMA_STATE_DIR": state_dir})
+    try:
+        assert httpx.post(p.url + "/api/copy", json={"source": SERVED, "destination": "shared"}).status_code == 200
+        # new connections land on any of the three processes (SO_REUSEPORT): all resolve it at once
+        for _ in range(30):
+            with httpx.Client() as c:
+                assert c.post(p.url + "/api/show", json={"model": "shared"}).status_code == 200
+    finally:
+        stop(p.proc)
+    p = start_proxy(fake.url, env={"VLLAMA_STATE_DIR": state_dir})
+    try:
+        assert "shared:latest" in [m.model for m in Client(host=p.url).list().models]
+    finally:
+        stop(p.proc)
+
+
+def test_cli_cp_and_rm(proxy):
+    def vllama(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "vllama_proxy", *args, "--host", proxy.url], cwd=ROOT,
+                              capture_output=True, text=True, timeout=30)
+
+    r = vllama("cp", SERVED, "cli-copy")
+    assert r.returncode == 0 and r.stdout == "copied 'fake-model' to 'cli-copy'\n"
+    assert "cli-copy:latest" in vllama("list").stdout
+    r = vllama("rm", "cli-copy")
+    assert r.returncode == 0 and r.stdout == "deleted 'cli-copy'\n"
+    assert "cli-copy" not in vllama("list").stdout
+    r = vllama("cp", "missing", "x")
+    assert r.returncode == 1 and "model 'missing' not found" in r.stderr

@@ -1,0 +1,218 @@
+"""Several models from a config file: one stand-in vLLM each, routed by name, swapped when they do not fit.
+
+The stand-ins share a GPU-memory ledger (FAKE_VLLM_GPU_LEDGER): a vLLM that starts or
+wakes without room fails as the real one does, and a request sent to a sleeping one
+fails too, so every swap below is checked against what the "GPU" allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from ollama import Client, ResponseError
+
+from conftest import get_json
+from test_overload_metrics import metric
+from test_supervisor import vllama  # noqa: F401  (fixture)
+
+
+def model_block(tmp_path: Path, name: str, **fields) -> str:
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    lines = ["[[models]]", f'model = "{d}"', f'name = "{name}"']
+    for k, v in fields.items():
+        lines.append(f"{k} = {json.dumps(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def config(tmp_path: Path, *blocks: str, top: str = "") -> str:
+    return top + "\n" + "\n".join(blocks)
+
+
+def fakes(v) -> dict[str, str]:
+    """Served name -> the URL of its stand-in vLLM (from the launch lines of the log)."""
+    urls = {}
+    for line in v.log.read_text().splitlines():
+        if '"launched"' in line:
+            argv = json.loads(line)["argv"]
+            urls[argv[argv.index("--served-model-name") + 1]] = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+    return urls
+
+
+def states(v) -> dict[str, str]:
+    return {m["model"]: m["state"] for m in httpx.get(v.url + "/readyz").json()["models"]}
+
+
+def wait_states(v, timeout: float = 20.0, **want: str) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = states(v)
+        if all(got.get(k) == s for k, s in want.items()):
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"states {want} not reached; last {got}")
+
+
+def events(ledger: Path) -> list[list[str]]:
+    return json.loads(ledger.read_text())["events"]
+
+
+@pytest.fixture
+def ledger(tmp_path) -> Path:
+    return tmp_path / "gpu-ledger.json"
+
+
+def test_two_models_are_routed_by_name(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "alpha", gpu_memory_utilization=0.45, aliases=["alpha:7b"], max_model_len=2048),
+                 model_block(tmp_path, "beta", gpu_memory_utilization=0.45, tool_call_parser="hermes"))
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)})
+    assert httpx.get(v.url + "/readyz").status_code in (200, 503)
+    wait_states(v, alpha="ready", beta="ready")
+    assert httpx.get(v.url + "/readyz").status_code == 200
+    client = Client(host=v.url)
+    urls = fakes(v)
+    assert set(urls) == {"alpha", "beta"} and urls["alpha"] != urls["beta"]  # one vLLM, one private port each
+    # each name goes to its own vLLM
+    assert client.generate(model="alpha:7b", prompt="hi", stream=False).response.startswith("tok0")
+    assert [c.message.content for c in client.chat(model="beta", messages=[{"role": "user", "content": "hi"}], stream=True)]
+    for name, other in (("alpha", "beta"), ("beta", "alpha")):
+        reqs = get_json(urls[name] + "/_fake/requests")
+        assert [r["body"]["model"] for r in reqs if r.get("body")] == [name]
+    # the Ollama listing covers both, aliases included; show knows each model's own arguments
+    names = sorted(m.model for m in client.list().models)
+    assert names == ["alpha:7b", "alpha:latest", "beta:latest"]
+    assert "tools" in client.show("beta").capabilities and "tools" not in client.show("alpha").capabilities
+    assert "num_ctx 2048" in client.show("alpha").parameters  # its max_model_len, not beta's
+    assert sorted(m.model for m in client.ps().models) == ["alpha:latest", "beta:latest"]
+    # the OpenAI surface too: listed from the config, routed by the body's model
+    oai = openai.OpenAI(base_url=v.url + "/v1", api_key="x")
+    assert sorted(m.id for m in oai.models.list()) == ["alpha", "beta"]
+    r = oai.chat.completions.create(model="alpha:7b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.choices[0].message.content == "tok0 tok1 "
+    assert get_json(urls["alpha"] + "/_fake/requests")[-1]["body"]["model"] == "alpha"
+    text = httpx.get(v.url + "/metrics").text
+    assert metric(text, "vllama_supervisor_state", model="beta", state="ready") == 1
+    assert "vllm:" in httpx.get(v.url + "/vllm/metrics", params={"model": "beta"}).text
+    assert sorted(events(ledger)[:2]) == [["start", "alpha"], ["start", "beta"]]  # both at once: they fit
+    assert v.stop() == 0
+    assert events(ledger)[-2:] in ([["exit", "alpha"], ["exit", "beta"]], [["exit", "beta"], ["exit", "alpha"]])
+
+
+def test_swap_on_demand_evicts_the_least_recently_used_idle_model(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "a", gpu_memory_utilization=0.45, sleep_mode=True),
+                 model_block(tmp_path, "b", gpu_memory_utilization=0.45, sleep_mode=True),
+                 model_block(tmp_path, "c", gpu_memory_utilization=0.45, preload=False),  # no sleep mode: stopped when evicted
+                 top='keep_alive = "-1"\n')
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger), "FAKE_VLLM_TOKEN_DELAY": "0"})
+    wait_states(v, a="ready", b="ready", c="unloaded")
+    client = Client(host=v.url)
+    client.generate(model="a", prompt="x", stream=False)
+    client.generate(model="b", prompt="x", stream=False)  # a is now the least recently used
+    mark = len(events(ledger))
+    assert client.generate(model="c", prompt="x", stream=False).response.startswith("tok0")
+    assert events(ledger)[mark:] == [["sleep", "a"], ["start", "c"]]
+    assert states(v) == {"a": "sleeping", "b": "ready", "c": "ready"}
+    assert sorted(m.model for m in client.ps().models) == ["b:latest", "c:latest"]
+    # a comes back: b is now the least recently used idle one
+    mark = len(events(ledger))
+    assert client.chat(model="a", messages=[{"role": "user", "content": "hi"}], stream=False).message.content.startswith("tok0")
+    assert events(ledger)[mark:] == [["sleep", "b"], ["wake", "a"]]
+    # a busy model is not evicted: c streams slowly while b wants room; a (idle) goes instead of c
+    client.generate(model="a", prompt="x", stream=False)  # c is the least recently used now, but will be busy
+    urls = fakes(v)
+    out: list[str] = []
+    slow = threading.Thread(target=lambda: out.extend(
+        p.response for p in client.generate(model="c", prompt="[[fault:slow]] [[tokens:10]]", stream=True)))
+    slow.start()
+    deadline = time.monotonic() + 5
+    while get_json(urls["c"] + "/_fake/stats")["in_flight"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    mark = len(events(ledger))
+    client.generate(model="b", prompt="x", stream=False)
+    assert events(ledger)[mark:] == [["sleep", "a"], ["wake", "b"]]
+    slow.join(10)
+    assert "".join(out) == "".join(f"tok{i} " for i in range(10))  # the busy stream was untouched
+    # c (no sleep mode) evicted: its vLLM is stopped and its memory given back
+    client.generate(model="b", prompt="x", stream=False)  # c least recently used and idle
+    mark = len(events(ledger))
+    client.generate(model="a", prompt="x", stream=False)
+    assert events(ledger)[mark:] == [["exit", "c"], ["wake", "a"]]
+    assert states(v) == {"a": "ready", "b": "ready", "c": "unloaded"}
+    for url in fakes(v).values():
+        try:
+            assert get_json(url + "/_fake/stats")["while_asleep"] == 0  # never sent a request to a sleeping vLLM
+        except OSError:
+            pass  # c is stopped
+    assert "less than desired GPU memory" not in v.log.read_text()  # no start or wake ever lacked room
+    assert v.stop() == 0
+
+
+def test_keep_alive_is_per_model(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "short", gpu_memory_utilization=0.3, sleep_mode=True, keep_alive="1s"),
+                 model_block(tmp_path, "forever", gpu_memory_utilization=0.3, keep_alive="-1"),
+                 model_block(tmp_path, "default", gpu_memory_utilization=0.3),
+                 top='keep_alive = "1h"\n')
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)})
+    wait_states(v, short="ready", forever="ready", default="ready")
+    wait_states(v, timeout=10, short="sleeping")
+    time.sleep(0.5)
+    assert states(v) == {"short": "sleeping", "forever": "ready", "default": "ready"}
+    client = Client(host=v.url)
+    by_name = {m.model: m.expires_at.timestamp() - time.time() for m in client.ps().models}
+    assert by_name["forever:latest"] > 200 * 365 * 24 * 3600 and 3500 < by_name["default:latest"] <= 3600
+    # a request's own keep_alive wins over the model's; keep_alive 0 unloads (no sleep mode: stopped)
+    assert client.generate(model="short", prompt="x", keep_alive="1h", stream=False).response
+    time.sleep(1.5)
+    assert states(v)["short"] == "ready"
+    assert client.generate(model="forever", prompt="", keep_alive=0).done_reason == "unload"
+    wait_states(v, timeout=10, forever="unloaded")
+    assert ["exit", "forever"] in events(ledger)
+    assert v.stop() == 0
+
+
+def test_no_room_waits_then_says_why(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "pinned", gpu_memory_utilization=0.6, pin=True),
+                 model_block(tmp_path, "other", gpu_memory_utilization=0.6, preload=True))  # does not fit at start
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)}, flags=["--load-timeout", "1.5"])
+    wait_states(v, pinned="ready", other="unloaded")
+    assert "no room" in httpx.get(v.url + "/readyz").json()["models"][1]["last_error"]
+    t0 = time.monotonic()
+    with pytest.raises(ResponseError) as e:
+        Client(host=v.url).generate(model="other", prompt="x")
+    assert 1.4 < time.monotonic() - t0 < 5
+    assert e.value.status_code == 503
+    assert "could not be loaded within 1.5 s" in e.value.error and "held by pinned" in e.value.error
+    assert states(v) == {"pinned": "ready", "other": "unloaded"}
+    assert Client(host=v.url).generate(model="pinned", prompt="x").response  # the pinned one still serves
+    assert v.stop() == 0
+
+
+def test_a_model_that_waits_for_another_to_finish_loads_once_it_is_idle(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "busy", gpu_memory_utilization=0.6, sleep_mode=True),
+                 model_block(tmp_path, "next", gpu_memory_utilization=0.6, preload=False))
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)}, flags=["--keep-alive=-1"])
+    wait_states(v, busy="ready", next="unloaded")
+    client = Client(host=v.url)
+    out: list[str] = []
+    slow = threading.Thread(target=lambda: out.append(client.generate(model="busy", prompt="[[fault:slow]] [[tokens:8]]", stream=False).response))
+    slow.start()
+    time.sleep(0.4)
+    t0 = time.monotonic()
+    assert client.generate(model="next", prompt="x", stream=False).response.startswith("tok0")
+    waited = time.monotonic() - t0
+    slow.join(10)
+    assert out == ["".join(f"tok{i} " for i in range(8))]
+    assert waited > 0.8  # it waited for busy's request (8 x 0.2 s, 0.4 s of it gone) before busy was put to sleep
+    assert events(ledger)[-2:] == [["sleep", "busy"], ["start", "next"]]
+    assert v.stop() == 0

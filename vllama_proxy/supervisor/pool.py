@@ -1,0 +1,152 @@
+"""The models vllama runs: one :class:`Supervisor` per model, and who gets GPU memory.
+
+Each model takes ``gpu_memory_utilization`` of each of its GPUs while it is loaded
+(starting, ready or waking); asleep (vLLM sleep mode level 1) or stopped it takes
+none. Models whose shares fit run side by side. When a request wants a model that
+does not fit, the least recently used idle model on the same GPUs is evicted (put to
+sleep, or stopped), one at a time, until it fits, as Ollama's scheduler does
+(``server/sched.go``: unload the least recently used runner with no requests in
+flight). A model that is busy, pinned, loading, or wanted itself is never evicted;
+then the request waits, bounded by ``--load-timeout``.
+
+Everything here runs in the main process's event loop: the decision to admit a model
+and marking it as holding its share happen without an ``await`` in between, so two
+models cannot both claim the same room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..logs import get_logger
+from ..models_config import ModelConfig
+from ..ollama_types import parse_keep_alive
+from ..settings import Settings
+from .core import Supervisor
+from .states import State
+from .status import StatusBoard
+
+log = get_logger("vllama.pool")
+
+#: A GPU's whole memory, in shares; a hair over 1 so that 0.3 + 0.7 fits despite float rounding.
+_CAPACITY = 1.0 + 1e-9
+
+
+def model_keep_alive(settings: Settings, spec: ModelConfig) -> float:
+    """The model's default keep_alive in seconds (its own, else ``--keep-alive``; negative: forever)."""
+    return parse_keep_alive(spec.keep_alive, default=settings.keep_alive_seconds()) if spec.keep_alive else settings.keep_alive_seconds()
+
+
+class ModelPool:
+    """Supervisors of every configured model, and the GPU memory they share.
+
+    Args:
+        settings: vllama settings (``load_timeout`` bounds the wait for room).
+        specs: the models, in config order (preloads are admitted in this order).
+        ports: the loopback port of each model's vLLM, in the same order.
+    """
+
+    def __init__(self, settings: Settings, specs: list[ModelConfig], ports: list[int]) -> None:
+        self.s = settings
+        self.supervisors: list[Supervisor] = []
+        for spec, port in zip(specs, ports, strict=True):
+            board = StatusBoard(
+                spec.served_name,
+                slots=settings.workers,
+                keep_alive=model_keep_alive(settings, spec),
+                initial=State.STARTING if spec.preload else State.UNLOADED,
+            )
+            sup = Supervisor(settings, spec, port=port, board=board, pool=self)
+            sup.listeners.append(self._on_transition)
+            self.supervisors.append(sup)
+        self._changed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start every supervisor (preloads begin loading; the rest wait for a request)."""
+        for sup in self.supervisors:
+            await sup.start()
+        tasks = [sup._task for sup in self.supervisors if sup._task is not None]
+        # One task for the systemd watchdog to watch: it fails as soon as any supervisor does.
+        self._task = asyncio.create_task(self._watch_all(tasks), name="model-pool")
+
+    async def stop(self) -> None:
+        """Stop every model's vLLM (concurrently) and end supervision."""
+        self._stop.set()
+        await asyncio.gather(*(sup.stop() for sup in self.supervisors))
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    @staticmethod
+    async def _watch_all(tasks: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*tasks)
+
+    def _on_transition(self, state: State, reason: str | None) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # -- room on the GPUs -----------------------------------------------------------------
+    def _neighbours(self, sup: Supervisor) -> list[Supervisor]:
+        """The other models sharing at least one GPU with ``sup``."""
+        mine = set(sup.spec.gpu_ids)
+        return [o for o in self.supervisors if o is not sup and mine & set(o.spec.gpu_ids)]
+
+    def fits(self, sup: Supervisor) -> bool:
+        """Whether ``sup``'s share fits on each of its GPUs beside the models holding theirs."""
+        for gpu in sup.spec.gpu_ids:
+            used = sum(o.spec.gpu_share for o in self.supervisors if o is not sup and o.holds_gpu and gpu in o.spec.gpu_ids)
+            if used + sup.spec.gpu_share > _CAPACITY:
+                return False
+        return True
+
+    def victim(self, sup: Supervisor) -> Supervisor | None:
+        """The least recently used model that may be evicted for ``sup``: loaded and ready on a
+        shared GPU, no request in flight or waiting, not pinned."""
+        candidates = [
+            o for o in self._neighbours(sup)
+            if o.holds_gpu and o.state is State.READY and not o.spec.pin and o.board.in_flight == 0 and not o.board.waking
+        ]
+        return min(candidates, key=lambda o: o.board.last_used, default=None)
+
+    def _blockers(self, sup: Supervisor) -> str:
+        held = [f"{o.served_name} ({o.spec.gpu_share:g}, {o.state.value})" for o in self._neighbours(sup) if o.holds_gpu]
+        gpus = ",".join(map(str, sup.spec.gpu_ids))
+        return f"needs {sup.spec.gpu_share:g} of GPU {gpus}, held by {', '.join(held)}"
+
+    async def make_room(self, sup: Supervisor, *, on_demand: bool) -> bool:
+        """Admit ``sup`` (mark its share taken) once it fits; True then.
+
+        A preload or restart (``on_demand`` false) is admitted only if it fits now. A model
+        requests wait for evicts the least recently used idle neighbour, one at a time, until
+        it fits; it gives up (False, ``sup.last_error`` saying why) after ``load_timeout`` or
+        once no request waits any more.
+        """
+        deadline = time.monotonic() + self.s.load_timeout
+        while True:
+            if sup.stopping:
+                return False
+            if self.fits(sup):
+                sup.holds_gpu = True  # no await since fits(): nobody else can claim this room first
+                if sup.last_error and sup.last_error.startswith("no room:"):
+                    sup.last_error = None
+                return True
+            sup.last_error = f"no room: {self._blockers(sup)}"
+            if not on_demand:
+                log.warning("model_does_not_fit", model=sup.served_name, detail=sup.last_error)
+                return False
+            if not sup.board.waking or time.monotonic() > deadline:
+                return False
+            neighbours = self._neighbours(sup)
+            if not any(o.evicting for o in neighbours):
+                victim = self.victim(sup)
+                if victim is not None:
+                    victim.evict(f"evicted to make room for {sup.served_name}")
+            changed = self._changed
+            try:
+                # woken by any transition (an evicted model asleep or stopped); polled for
+                # requests finishing on a busy neighbour, which no transition announces
+                await asyncio.wait_for(changed.wait(), 0.05)
+            except asyncio.TimeoutError:
+                pass
