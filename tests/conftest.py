@@ -51,11 +51,12 @@ def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 2
     raise TimeoutError(url)
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -88,24 +88,35 @@ def test_pull(proxy):
     assert r.stderr.startswith("Error: vllama cannot pull 'llama3:8b'") and r.stderr.count("\n") == 1
 
 
-def test_pull_progress_bar():
+EVENTS = ({"status": "pulling manifest"},
+          *({"status": "pulling abc", "digest": "sha256:abc", "total": 2_000_000_000, "completed": c}
+            for c in (0, 500_000_000, 510_000_000, 2_000_000_000)),
+          {"status": "verifying sha256 digest"}, {"status": "success"})
+
+
+def test_pull_progress_plain_lines_when_not_a_terminal():
     import io
 
     out = io.StringIO()
     bar = client_cli.PullProgress(out)
-    for event in ({"status": "pulling manifest"},
-                  *({"status": "pulling abc", "digest": "sha256:abc", "total": 2_000_000_000, "completed": c}
-                    for c in (0, 500_000_000, 510_000_000, 2_000_000_000)),
-                  {"status": "success"}):
+    for event in EVENTS:
         bar.update(event)
     bar.close()
-    assert out.getvalue().splitlines() == [
-        "pulling manifest",
-        "pulling abc:   0% ▕                    ▏ 0 B/2 GB",
-        "pulling abc:  25% ▕█████               ▏ 500 MB/2 GB",
-        "pulling abc: 100% ▕████████████████████▏ 2 GB/2 GB",
-        "success",
-    ]
+    assert out.getvalue().splitlines() == ["pulling manifest", "pulling abc", "verifying sha256 digest", "success"]
+
+
+def test_pull_progress_bar_on_a_terminal():
+    import io
+
+    out = io.StringIO()
+    bar = client_cli.PullProgress(out, tty=True)
+    for event in EVENTS:
+        bar.update(event)
+    bar.close()
+    text = out.getvalue()
+    last = text.replace("\r", "\n").splitlines()
+    assert "pulling manifest" in last and "success" in last
+    assert any(line.startswith("pulling abc: 100%") and "2.00G/2.00G" in line for line in last), last
 
 
 def test_run_prompt(proxy, upstream_requests):

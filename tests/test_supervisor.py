@@ -14,7 +14,7 @@ import psutil
 import pytest
 from ollama import Client, ResponseError
 
-from conftest import ROOT, TESTS, free_port, wait_http
+from conftest import ROOT, TESTS, free_port, stop, wait_http
 
 FAST = ["--no-gpu-check", "--health-interval", "0.2", "--startup-poll-interval", "0.1", "--restart-backoff-initial", "0.2",
         "--restart-backoff-max", "1", "--crash-loop-limit", "3", "--failed-retry-interval", "30", "--stop-grace", "2",
@@ -87,13 +87,7 @@ def vllama(tmp_path):
 
     yield start
     for v in started:  # a test that failed midway: stop gracefully, so vLLM stand-ins do not outlive it
-        if v.proc.poll() is None:
-            v.proc.terminate()
-            try:
-                v.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                v.proc.kill()
-                v.proc.wait()
+        stop(v.proc, timeout=20)
         for pidfile in (v.pidfile, Path(str(v.pidfile) + ".server")):
             if pidfile.exists() and alive(int(pidfile.read_text())):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)

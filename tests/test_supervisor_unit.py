@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -69,3 +70,43 @@ async def test_deadline_without_progress_allowance_fails(tmp_path, knobs):
         assert sup.state is State.FAILED and "not ready after" in sup.last_error
     finally:
         await sup.stop()
+
+
+# --- the pool's accounting of GPU memory shares (no process started) ---------------------------
+
+def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_path):
+    from vllama_proxy.models_config import ModelConfig
+    from vllama_proxy.supervisor.pool import ModelPool
+
+    specs = [
+        ModelConfig(model="/a", name="a", gpu_memory_utilization=0.5, gpus=[0]),
+        ModelConfig(model="/b", name="b", gpu_memory_utilization=0.3, gpus=[0]),
+        ModelConfig(model="/big", name="big", gpu_memory_utilization=0.6, tensor_parallel_size=2, gpus=[0, 1]),
+        ModelConfig(model="/c", name="c", gpu_memory_utilization=0.7, gpus=[1]),
+        ModelConfig(model="/p", name="p", gpu_memory_utilization=0.2, gpus=[0], pin=True),
+    ]
+    pool = ModelPool(Settings(gpu_check=False), specs, [free_port() for _ in specs])
+    a, b, big, c, p = pool.supervisors
+    assert pool.fits(a) and pool.fits(big)
+    a.holds_gpu = b.holds_gpu = True  # 0.8 of GPU 0 taken
+    assert pool.fits(c)  # GPU 1 is free
+    assert not pool.fits(big)  # 0.6 more on GPU 0 does not fit, whatever GPU 1 has
+    assert pool.fits(p)  # 0.2 still fits beside 0.8: exactly 1.0
+    c.holds_gpu = True
+    for sup in (a, b, c):
+        sup.state = State.READY
+    a.board.touch(60)
+    time.sleep(0.01)
+    b.board.touch(60)
+    time.sleep(0.01)
+    c.board.touch(60)
+    assert pool.victim(big) is a  # least recently used among those sharing a GPU with it
+    a.board.begin(0)  # a request in flight: not evictable
+    assert pool.victim(big) is b
+    a.board.end(0)
+    b.board.request_wake()  # wanted by waiting requests: not evictable either
+    assert pool.victim(big) is a
+    p.holds_gpu, p.state = True, State.READY
+    p.board._last_used.value = 0.0  # the oldest of all, but pinned
+    assert pool.victim(big) is a
+    assert pool.victim(c) is None  # big (the only other model on GPU 1) holds nothing

@@ -4,15 +4,18 @@
   vllama ps                    the running models (GET /api/ps)
   vllama show M [--modelfile|--template|--parameters|--license]
                                a model's details (POST /api/show)
-  vllama pull M                "pull" a model: vLLM serves a fixed set, so this checks it is served
-                               (POST /api/pull, NDJSON progress)
+  vllama pull M                a served model: success at once; a Hugging Face id: downloaded into
+                               the server's cache (POST /api/pull; tqdm bars from its NDJSON progress)
   vllama run M [PROMPT...]     chat (POST /api/chat): one prompt, piped stdin, or an interactive
                                session when neither is given and stdin is a terminal
   vllama stop M                ask the server to unload M (POST /api/generate, keep_alive 0)
+  vllama cp SRC DST            another name for a model (POST /api/copy: an alias)
+  vllama rm M...               forget a name made with cp, or delete a pulled model (DELETE /api/delete)
 
 The server is ``--host`` or ``OLLAMA_HOST`` (default ``http://127.0.0.1:11434``; a bare host
 gets port 11434, the scheme is optional), and ``OLLAMA_API_KEY`` is sent as a bearer token,
-so these commands work against Ollama itself too. Plain stdlib ``http.client``: every
+so these commands work against Ollama itself too. Loading shows a spinner with the server's
+message (it reports no load fraction). Plain stdlib ``http.client``: every
 command is a few blocking requests, and Ctrl-C during an answer simply closes the socket
 (the server then aborts the generation in vLLM).
 """
@@ -32,6 +35,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+from tqdm import tqdm
 
 from . import __version__
 from .settings import parse_ollama_host
@@ -365,34 +369,37 @@ def cmd_rm(client: Client, args: argparse.Namespace) -> int:
 
 
 class PullProgress:
-    """One line per status (or per layer digest, with a bar); redrawn with ``\\r`` on a TTY, plain lines otherwise."""
+    """Pull progress as Ollama's CLI shows it: each status once, and a byte bar per file (digest)
+    drawn by tqdm on a terminal; a file's status line only when the output is not a terminal.
 
-    def __init__(self, out=None) -> None:
+    Args:
+        out: where to draw (stderr).
+        tty: draw bars (default: whether ``out`` is a terminal).
+    """
+
+    def __init__(self, out=None, tty: bool | None = None) -> None:
         self.out = out or sys.stderr
-        self.tty = self.out.isatty()
-        self.key: str | None = None
-        self.shown_pct = -1
+        self.tty = self.out.isatty() if tty is None else tty
+        self.bars: dict[str, tqdm] = {}
+        self.status: str | None = None
 
     def update(self, event: dict[str, Any]) -> None:
         status = event.get("status", "")
-        total, completed = event.get("total") or 0, event.get("completed") or 0
-        key, line, pct = status, status, -1
-        if event.get("digest") and total:
-            key, pct = event["digest"], min(100, int(completed * 100 / total))
-            bar = "█" * (pct // 5) + " " * (20 - pct // 5)
-            line = f"{status}: {pct:3d}% ▕{bar}▏ {human_bytes(completed)}/{human_bytes(total)}"
-        if self.tty:
-            self.out.write(("\n" if self.key not in (None, key) else "") + "\r" + line + CLEAR_LINE)
-        elif key != self.key or pct // 10 > self.shown_pct // 10:
-            self.out.write(line + "\n")
-            self.shown_pct = pct
-        self.key = key
-        self.out.flush()
+        digest, total, completed = event.get("digest"), event.get("total") or 0, event.get("completed") or 0
+        if digest and total and self.tty:
+            bar = self.bars.get(digest)
+            if bar is None:
+                bar = self.bars[digest] = tqdm(total=total, desc=status, unit="B", unit_scale=True, unit_divisor=1000,
+                                               file=self.out, dynamic_ncols=True, mininterval=0.1, leave=True)
+            bar.update(max(0, min(completed, total) - bar.n))
+        elif status != self.status:
+            tqdm.write(status, file=self.out)
+            self.out.flush()
+        self.status = status
 
     def close(self) -> None:
-        if self.tty and self.key is not None:
-            self.out.write("\n")
-            self.out.flush()
+        for bar in self.bars.values():
+            bar.close()
 
 
 def cmd_pull(client: Client, args: argparse.Namespace) -> int:
