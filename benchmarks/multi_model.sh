@@ -107,6 +107,14 @@ for models in (["qwen-a"], ["qwen-b"], ["qwen-a", "qwen-b"]):
     asyncio.run(run(models, 64))
 EOF
     finish side
+    zcat "$OUT/side.log.gz" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: e = json.loads(line)
+    except ValueError: continue
+    text = e.get("line", "")
+    if "KV cache" in text or "non-torch memory" in text or (e.get("event") == "state" and e.get("to") in ("starting", "ready")):
+        print("   ", e.get("timestamp", ""), e.get("model"), e.get("event"), e.get("to", ""), text[-150:])'
   fi
 done
 log "done"

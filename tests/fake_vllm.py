@@ -46,7 +46,9 @@ FAKE_VLLM_GPU_LEDGER       path: GPU memory accounting shared by every fake on t
                            utilization") and exits 1. /sleep gives the share back down to
                            FAKE_VLLM_SLEEP_RESIDUE (0.01, vLLM keeps its CUDA context), /wake_up claims
                            it again or answers 500 (CUDA out of memory). The file's ``events`` list
-                           records every start, sleep, wake and exit in order.
+                           records every start, sleep, wake and exit in order, and
+                           ``concurrent-start`` when a fake starts while another on the same GPU
+                           is still loading (real vLLM then misjudges its KV cache size).
 FAKE_VLLM_ACCESS_LOG       1: log one uvicorn-like access line per request (off by default, so a
                            parent that does not drain stderr cannot block the fake).
 FAKE_VLLM_LOG_MAX          int (10000): how many requests /_fake/requests keeps (newest).
@@ -217,10 +219,22 @@ class GpuLedger:
                     return (f"Free memory on device cuda:{gpu} ({(1 - used) * total:.2f}/{total} GiB) on startup is less "
                             f"than desired GPU memory utilization ({share}, {share * total:.2f} GiB). Decrease GPU memory "
                             "utilization or reduce GPU memory used by other processes.")
-            data["claims"][str(os.getpid())] = {"name": self.name, "gpus": self.gpus, "share": share}
+            starting = event == "start"
+            if starting and any(c.get("starting") and set(c["gpus"]) & set(self.gpus) for c in data["claims"].values()):
+                # real vLLM would misprofile here (each counts the other's allocations as its own)
+                data["events"].append(["concurrent-start", self.name])
+            data["claims"][str(os.getpid())] = {"name": self.name, "gpus": self.gpus, "share": share, "starting": starting}
             data["events"].append([event, self.name])
             return None
         return self._locked(change)
+
+    def started(self) -> None:
+        """Loading is over (the port is bound): no longer profiling memory."""
+        def change(data: dict) -> None:
+            claim = data["claims"].get(str(os.getpid()))
+            if claim is not None:
+                claim["starting"] = False
+        self._locked(change)
 
     def release(self, keep: float, event: str) -> None:
         """Hold only ``keep`` of each GPU from now on (0: gone)."""
@@ -1189,6 +1203,8 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
                          f"({args.host!r}, {args.port}): {e.strerror}", "launcher.py:1")
             await runner.cleanup()
             return 1
+        if state.ledger is not None:
+            state.ledger.started()
         raw_log("INFO:     Application startup complete.")
         await stop.wait()
         log("INFO", "Shutting down FastAPI HTTP server.", "launcher.py:80")

@@ -29,6 +29,7 @@ def test_copy_makes_an_alias_and_delete_removes_it(fake, state_dir, upstream_req
         assert client.generate(model="team/assistant:v1", prompt="hi", stream=False).response.startswith("tok0")
         assert upstream_requests("/v1/chat/completions")[-1]["body"]["model"] == SERVED  # vLLM sees its own name
         assert client.show("team/assistant:v1").capabilities
+        assert client.show("Team/Assistant:V1").capabilities  # names compare without case, as Ollama's
         # a copy of the copy names the same served model
         client.copy("team/assistant:v1", "second")
         assert client.chat(model="second", messages=[{"role": "user", "content": "hi"}]).message.content

@@ -104,9 +104,17 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
     a.board.begin(0)  # a request in flight: not evictable
     assert pool.victim(big) is b
     a.board.end(0)
+    a.board.wait_begin(0)  # a request waiting for it (it just became ready): not evictable
+    assert pool.victim(big) is b
+    a.board.wait_end(0)
     b.board.request_wake()  # wanted by waiting requests: not evictable either
     assert pool.victim(big) is a
     p.holds_gpu, p.state = True, State.READY
     p.board._last_used.value = 0.0  # the oldest of all, but pinned
     assert pool.victim(big) is a
-    assert pool.victim(c) is None  # big (the only other model on GPU 1) holds nothing
+    assert pool.victim(c) is None  # c fits: nothing to evict for it
+    c.holds_gpu = False
+    big.holds_gpu, big.state = True, State.READY
+    big.board.touch(60)  # the most recently used of all
+    assert pool.victim(c) is big  # short on GPU 1 only: a and b, on GPU 0, would free nothing there
+

@@ -34,19 +34,26 @@ class AliasStore:
         self.path = path
         self._stamp: tuple[int, int] | None = None
         self._aliases: dict[str, str] = {}
+        self._folded: dict[str, str] = {}
 
     def current(self) -> dict[str, str]:
         """Alias -> served name, as the file says now (``{}`` when there is none or it is unreadable)."""
         try:
             st = self.path.stat()
         except OSError:
-            self._stamp, self._aliases = None, {}
+            self._stamp, self._aliases, self._folded = None, {}, {}
             return self._aliases
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
             self._aliases = self._read()
+            self._folded = {k.casefold(): v for k, v in self._aliases.items()}
             self._stamp = stamp
         return self._aliases
+
+    def lookup(self, alias: str) -> str | None:
+        """The served name ``alias`` stands for, compared without case as Ollama names are."""
+        self.current()
+        return self._folded.get(alias.casefold())
 
     def set(self, alias: str, target: str) -> None:
         """Make ``alias`` name ``target`` (replacing what it named before).
@@ -54,19 +61,27 @@ class AliasStore:
         Raises:
             OSError: the state directory cannot be written.
         """
-        self._update(lambda a: a.__setitem__(alias, target))
+        def put(aliases: dict[str, str]) -> None:
+            for key in [k for k in aliases if k.casefold() == alias.casefold()]:
+                del aliases[key]  # one entry per name, whatever its case
+            aliases[alias] = target
+
+        self._update(put)
 
     def remove(self, alias: str) -> bool:
-        """Forget ``alias``; whether it existed.
+        """Forget ``alias`` (any case); whether it existed. Writes nothing when it does not.
 
         Raises:
             OSError: the state directory cannot be written.
         """
+        if self.lookup(alias) is None:
+            return False
         found = False
 
         def drop(aliases: dict[str, str]) -> None:
             nonlocal found
-            found = aliases.pop(alias, None) is not None
+            for key in [k for k in aliases if k.casefold() == alias.casefold()]:
+                found = aliases.pop(key, None) is not None or found
 
         self._update(drop)
         return found

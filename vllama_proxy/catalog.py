@@ -206,7 +206,7 @@ class Catalog:
         if m is None:
             target = self._aliases.get(key)
             if target is None and self._store is not None:
-                target = self._store.current().get(key)
+                target = self._store.lookup(key)
             if target is not None:
                 m = models.get(target)
         if m is None:

@@ -104,7 +104,7 @@ class ModelConfig(BaseModel):
             if not self.gpus or len(set(self.gpus)) != len(self.gpus) or min(self.gpus) < 0:
                 raise ValueError("gpus must list distinct GPU indices")
             if len(self.gpus) < self.gpu_count_needed():
-                raise ValueError(f"gpus lists {len(self.gpus)} GPUs but the model needs {self.gpu_count_needed()} (tensor x pipeline parallel)")
+                raise ValueError(f"gpus lists {len(self.gpus)} GPUs but the model needs {self.gpu_count_needed()} (tensor x pipeline x data parallel)")
         return self
 
     # -- derived ------------------------------------------------------------------------
@@ -146,10 +146,11 @@ class ModelConfig(BaseModel):
         return float(value) if value is not None else VLLM_DEFAULT_GPU_SHARE
 
     def gpu_count_needed(self) -> int:
-        """tensor-parallel x pipeline-parallel size: how many GPUs one replica occupies."""
+        """tensor x pipeline x data parallel size: how many GPUs its vLLM occupies."""
         tp = self.tensor_parallel_size or int(vllm_arg(self.vllm_args, "--tensor-parallel-size", "-tp") or 1)
         pp = int(vllm_arg(self.vllm_args, "--pipeline-parallel-size", "-pp") or 1)
-        return tp * pp
+        dp = int(vllm_arg(self.vllm_args, "--data-parallel-size", "-dp") or 1)
+        return tp * pp * dp
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:

@@ -95,6 +95,9 @@ class WorkerPool:
                     from prometheus_client import multiprocess
 
                     multiprocess.mark_process_dead(p.pid)  # its in-flight gauge no longer counts
+                for spec in self._args[1]:
+                    if spec.board is not None:
+                        spec.board.reset_slot(i)  # its requests died with it: no model stays "busy" forever
                 self._spawn(i)
 
     async def stop(self, timeout: float) -> None:

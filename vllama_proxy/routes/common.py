@@ -97,14 +97,18 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     seconds = parse_keep_alive(keep_alive, default=board.keep_alive)
     slot = request.app[WORKER]
     timeout = request.app[SETTINGS].load_timeout
-    while True:
-        if not (board.available or board.waking or board.loading):
-            raise UpstreamUnavailable(board.unavailable_message())
-        await board.wait_ready(timeout)
-        board.begin(slot)
-        if board.ready:
-            break
-        board.end(slot)  # the supervisor began putting it to sleep between the two reads: wait again
+    if not (board.available or board.waking or board.loading):
+        raise UpstreamUnavailable(board.unavailable_message())
+    board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
+    try:
+        while True:
+            await board.wait_ready(timeout)
+            board.begin(slot)  # before wait_end: never uncounted in between
+            if board.ready:
+                break
+            board.end(slot)  # the supervisor began putting it to sleep between the two reads: wait again
+    finally:
+        board.wait_end(slot)
     board.touch(seconds)
     try:
         yield

@@ -81,8 +81,11 @@ async def delete(request: web.Request) -> web.Response:
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
     catalog = request.app[CATALOG]
-    if await asyncio.to_thread(catalog.store.remove, strip_latest(name)):
-        return web.Response(status=200)
+    try:
+        if await asyncio.to_thread(catalog.store.remove, strip_latest(name)):
+            return web.Response(status=200)
+    except OSError as e:
+        raise VllamaError(f"cannot remove the alias from {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
     if await _served(request, name, strict=True) is not None:
         raise VllamaError(f"model '{name}' is in use: it is being served", status=400)
     model = hub.parse_model(name)

@@ -15,7 +15,7 @@ import re
 from aiohttp import web
 
 from ..catalog import strip_latest
-from ..errors import BadRequest, ModelNotFound, NotSupported, UpstreamError
+from ..errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError
 from ..ollama_types import CopyRequest
 from ..state import CATALOG
 from .common import read_request
@@ -59,7 +59,10 @@ async def copy(request: web.Request) -> web.Response:
             raise BadRequest(f"'{destination}' is a served model; choose another name")
         if catalog.is_configured_alias(destination):
             raise BadRequest(f"'{destination}' is an alias in vllama's configuration; choose another name")
-    await asyncio.to_thread(catalog.store.set, strip_latest(destination), model.name)
+    try:
+        await asyncio.to_thread(catalog.store.set, strip_latest(destination), model.name)
+    except OSError as e:
+        raise VllamaError(f"cannot save the alias in {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
     return web.Response(status=200)
 
 

@@ -47,26 +47,43 @@ async def _models(request: web.Request) -> web.Response | None:
         return web.json_response(err, status=404, dumps=_dumps)
 
 
+class _NoBackend(Exception):
+    """Several models and the request names none of them: answered here, no vLLM woken for it."""
+
+    def __init__(self, status: int, message: str, err_type: str) -> None:
+        super().__init__(message)
+        self.response = web.json_response({"error": {"message": message, "type": err_type, "param": "model", "code": status}},
+                                          status=status, dumps=_dumps)
+
+
 async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
     """The body to send (``model`` mapped to the served name) and the backend it goes to.
 
-    Without a (known) model the first backend answers, in vLLM's own words.
+    With one backend, a request without a known model goes there and vLLM answers in its
+    own words. With several, that is answered here (:class:`_NoBackend`): 400 without a
+    model, 404 for an unknown one, in vLLM's error shape.
     """
     catalog = request.app[CATALOG]
     default = catalog.backends[0]
-    if not body or request.content_type != "application/json":
-        return body, default
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body, default  # vLLM answers the 400 in its own words
-    name = data.get("model") if isinstance(data, dict) else None
+    one = len(catalog.backends) == 1
+    name = None
+    data = None
+    if body and request.content_type == "application/json":
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass  # vLLM answers the 400 in its own words
+        name = data.get("model") if isinstance(data, dict) else None
     if not isinstance(name, str):
-        return body, default
+        if one or not body:
+            return body, default
+        raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
     try:
         model = await catalog.resolve(name)
     except ModelNotFound:
-        return body, default  # vLLM answers the 404 in its own words
+        if one:
+            return body, default  # vLLM answers the 404 in its own words
+        raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     backend = catalog.backend_of(model)
     if model.name == name:
         return body, backend
@@ -85,7 +102,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     listed = await _models(request)
     if listed is not None:
         return listed
-    body, backend = await _route(request, await read_body(request))
+    try:
+        body, backend = await _route(request, await read_body(request))
+    except _NoBackend as e:
+        return e.response
     headers = {h: request.headers[h] for h in _FORWARD_REQUEST if h in request.headers}
     path = "/v1/" + request.match_info["tail"]
     async with model_in_use(request, backend, None):  # a sleeping or unloaded model comes back first

@@ -40,16 +40,18 @@ class VllmProcess:
         last_progress: monotonic time of the latest loading-progress line.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, keep_lines: int) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, keep_lines: int, model: str | None = None) -> None:
         self.proc = proc
         self.pid = proc.pid
+        self._log = log.bind(model=model) if model else log
         self.last_lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.last_progress = time.monotonic()
         self._pumps = [asyncio.create_task(self._pump(s, name)) for s, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")) if s]
 
     @classmethod
-    async def launch(cls, argv: Sequence[str], env: dict[str, str] | None = None, keep_lines: int = 40) -> VllmProcess:
-        """Start ``argv`` (no shell) in a new session with piped output.
+    async def launch(cls, argv: Sequence[str], env: dict[str, str] | None = None, keep_lines: int = 40,
+                     model: str | None = None) -> VllmProcess:
+        """Start ``argv`` (no shell) in a new session with piped output; its log lines name ``model``.
 
         Raises:
             OSError: the executable cannot be run (not found, not executable).
@@ -63,8 +65,9 @@ class VllmProcess:
             env=env,
             limit=1 << 20,
         )
-        log.info("launched", pid=proc.pid, argv=list(argv))
-        return cls(proc, keep_lines)
+        self = cls(proc, keep_lines, model)
+        self._log.info("launched", pid=proc.pid, argv=list(argv))
+        return self
 
     async def _pump(self, stream: asyncio.StreamReader, name: str) -> None:
         # vLLM's output becomes our structured log lines, tagged component=vllm.
@@ -81,7 +84,7 @@ class VllmProcess:
             self.last_lines.append(line)
             if PROGRESS.search(line):
                 self.last_progress = time.monotonic()
-            log.info("output", stream=name, line=line)
+            self._log.info("output", stream=name, line=line)
 
     @property
     def returncode(self) -> int | None:

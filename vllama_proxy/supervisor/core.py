@@ -144,6 +144,8 @@ class Supervisor:
             raise InvalidTransition(f"{self.state.value} -> {new.value}")
         log.info("state", model=self.served_name, **{"from": self.state.value, "to": new.value, "reason": reason})
         self.state = new
+        if new is not State.READY:
+            self._evict_reason = None  # an eviction asked of a ready vLLM is over (done, or it died)
         self.since = time.time()
         self._publish()
         self._changed.set()
@@ -276,7 +278,7 @@ class Supervisor:
             # New requests wait while we make sure none is in flight (one slipped in: keep serving).
             self.board.set_closing(True)
             why = self._evict_reason or "keep_alive expired"
-            if self.board.in_flight > 0 or (self._evict_reason is None and time.time() < self.board.expires_at):
+            if self.board.in_flight > 0 or self.board.waiters > 0 or (self._evict_reason is None and time.time() < self.board.expires_at):
                 self.board.set_closing(False)
                 self._evict_reason = None
                 continue
@@ -343,7 +345,7 @@ class Supervisor:
             env = {**os.environ, **self.spec.env()}
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
-            self.child = await VllmProcess.launch(self.argv(), env=env)
+            self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name)
         except OSError as e:
             return f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
         child = self.child
@@ -388,7 +390,8 @@ class Supervisor:
                 expired = self._evict_reason is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)
-                    if expired and load is not None and load.pending == 0 and self.board.in_flight == 0 and not self.board.waking:
+                    idle = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
+                    if expired and load is not None and load.pending == 0 and idle:
                         return _EXPIRED
                     self._evict_reason = None  # busy: the pool looks for another model to evict
                     if load is not None and self.s.hang_timeout > 0:

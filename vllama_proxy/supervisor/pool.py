@@ -9,6 +9,10 @@ sleep, or stopped), one at a time, until it fits, as Ollama's scheduler does
 flight). A model that is busy, pinned, loading, or wanted itself is never evicted;
 then the request waits, bounded by ``--load-timeout``.
 
+Models sharing a GPU start one at a time: vLLM sizes its KV cache from the memory it
+finds free while starting, and two concurrent starts each count the other's
+allocations as their own.
+
 Everything here runs in the main process's event loop: the decision to admit a model
 and marking it as holding its share happen without an ``await`` in between, so two
 models cannot both claim the same room.
@@ -95,18 +99,24 @@ class ModelPool:
 
     def fits(self, sup: Supervisor) -> bool:
         """Whether ``sup``'s share fits on each of its GPUs beside the models holding theirs."""
-        for gpu in sup.spec.gpu_ids:
-            used = sum(o.spec.gpu_share for o in self.supervisors if o is not sup and o.holds_gpu and gpu in o.spec.gpu_ids)
-            if used + sup.spec.gpu_share > _CAPACITY:
-                return False
-        return True
+        return not self._short(sup)
+
+    def _short(self, sup: Supervisor) -> set[int]:
+        """The GPUs of ``sup`` where its share does not fit now."""
+        return {
+            gpu for gpu in sup.spec.gpu_ids
+            if sum(o.spec.gpu_share for o in self.supervisors if o is not sup and o.holds_gpu and gpu in o.spec.gpu_ids)
+            + sup.spec.gpu_share > _CAPACITY
+        }
 
     def victim(self, sup: Supervisor) -> Supervisor | None:
-        """The least recently used model that may be evicted for ``sup``: loaded and ready on a
-        shared GPU, no request in flight or waiting, not pinned."""
+        """The least recently used model that may be evicted for ``sup``: loaded and ready on a GPU
+        where ``sup`` lacks room, no request in flight or waiting for it, not pinned."""
+        short = self._short(sup)
         candidates = [
             o for o in self._neighbours(sup)
-            if o.holds_gpu and o.state is State.READY and not o.spec.pin and o.board.in_flight == 0 and not o.board.waking
+            if o.holds_gpu and o.state is State.READY and not o.spec.pin and short & set(o.spec.gpu_ids)
+            and o.board.in_flight == 0 and o.board.waiters == 0 and not o.board.waking
         ]
         return min(candidates, key=lambda o: o.board.last_used, default=None)
 
@@ -118,21 +128,33 @@ class ModelPool:
     async def make_room(self, sup: Supervisor, *, on_demand: bool) -> bool:
         """Admit ``sup`` (mark its share taken) once it fits; True then.
 
-        A preload or restart (``on_demand`` false) is admitted only if it fits now. A model
-        requests wait for evicts the least recently used idle neighbour, one at a time, until
-        it fits; it gives up (False, ``sup.last_error`` saying why) after ``load_timeout`` or
-        once no request waits any more.
+        First, while another model on a shared GPU is starting, it waits (vLLM profiles free
+        memory at start). Then a preload or restart (``on_demand`` false) is admitted only if
+        it fits. A model requests wait for evicts the least recently used idle neighbour, one
+        at a time, until it fits; it gives up (False, ``sup.last_error`` saying why) after
+        ``load_timeout`` or once no request waits any more.
         """
         deadline = time.monotonic() + self.s.load_timeout
         while True:
             if sup.stopping:
                 return False
+            # starting, or admitted to wake (still "sleeping" until /wake_up returns)
+            loading = [o.served_name for o in self._neighbours(sup) if o.holds_gpu and o.state in (State.STARTING, State.SLEEPING)]
+            if loading:
+                # vLLM sizes its KV cache from the GPU memory it sees free while it starts: two
+                # starting at once on one GPU each count the other's allocations as their own
+                # (measured on the H200: the second got 5.9 of its 56 GB). One start at a time.
+                self._note(sup, f"waiting for {', '.join(loading)} to finish loading on the same GPU")
+                if on_demand and (not sup.board.waking or time.monotonic() > deadline):
+                    return False
+                await self._wait_change()
+                continue
             if self.fits(sup):
                 sup.holds_gpu = True  # no await since fits(): nobody else can claim this room first
-                if sup.last_error and sup.last_error.startswith("no room:"):
+                if sup.last_error and sup.last_error.startswith(("no room:", "waiting for ")):
                     sup.last_error = None
                 return True
-            sup.last_error = f"no room: {self._blockers(sup)}"
+            self._note(sup, f"no room: {self._blockers(sup)}")
             if not on_demand:
                 log.warning("model_does_not_fit", model=sup.served_name, detail=sup.last_error)
                 return False
@@ -143,10 +165,20 @@ class ModelPool:
                 victim = self.victim(sup)
                 if victim is not None:
                     victim.evict(f"evicted to make room for {sup.served_name}")
-            changed = self._changed
-            try:
-                # woken by any transition (an evicted model asleep or stopped); polled for
-                # requests finishing on a busy neighbour, which no transition announces
-                await asyncio.wait_for(changed.wait(), 0.05)
-            except asyncio.TimeoutError:
-                pass
+            await self._wait_change()
+
+    @staticmethod
+    def _note(sup: Supervisor, why: str) -> None:
+        """Say why ``sup`` waits, in its status now (the 503 of a request that gives up quotes it)."""
+        if sup.last_error != why:
+            sup.last_error = why
+            sup._publish()
+
+    async def _wait_change(self) -> None:
+        # Woken by any transition (an evicted model asleep or stopped, a start finished);
+        # polled for requests finishing on a busy neighbour, which no transition announces.
+        changed = self._changed
+        try:
+            await asyncio.wait_for(changed.wait(), 0.05)
+        except asyncio.TimeoutError:
+            pass

@@ -56,6 +56,7 @@ class StatusBoard:
         self._loading = ctx.RawValue("i", 0)  # 1 while a start or wake asked for by requests is under way
         self._closing = ctx.RawValue("i", 0)  # 1 while the supervisor checks it is idle before sleeping/stopping it
         self._inflight = ctx.RawArray("i", max(slots, 1))
+        self._waiting = ctx.RawArray("i", max(slots, 1))  # requests waiting for it to load, per process
         self._error = ctx.RawArray("c", 4096)
         self._output = ctx.RawArray("c", 16384)
 
@@ -139,6 +140,24 @@ class StatusBoard:
         """Requests using the model now, over every proxy process."""
         return sum(self._inflight)
 
+    def wait_begin(self, slot: int) -> None:
+        """A request of proxy process ``slot`` starts waiting for the model (it is not evicted meanwhile)."""
+        self._waiting[slot] += 1
+
+    def wait_end(self, slot: int) -> None:
+        """That request stopped waiting (it began, after :meth:`begin`, or gave up)."""
+        self._waiting[slot] -= 1
+
+    @property
+    def waiters(self) -> int:
+        """Requests waiting for the model to load, over every proxy process."""
+        return sum(self._waiting)
+
+    def reset_slot(self, slot: int) -> None:
+        """Forget the counts of proxy process ``slot`` (it died; its requests with it)."""
+        self._inflight[slot] = 0
+        self._waiting[slot] = 0
+
     def set_closing(self, closing: bool) -> None:
         """The supervisor's side: while set, new requests wait (:attr:`ready` is false)."""
         self._closing.value = int(closing)
@@ -171,7 +190,7 @@ class StatusBoard:
         state = self.state
         if state is State.FAILED:
             return f"model '{self.served_name}' failed to load: {self.last_error}"
-        if state in (State.SLEEPING, State.UNLOADED) and waited is not None:
+        if state in (State.SLEEPING, State.UNLOADED, State.STARTING) and waited is not None:
             why = f": {self.last_error}" if self.last_error else ""
             return f"model '{self.served_name}' could not be loaded within {waited:g} s{why}"
         if state in (State.STARTING, State.RESTARTING, State.UNHEALTHY, State.SLEEPING, State.UNLOADED):
@@ -189,6 +208,7 @@ class StatusBoard:
             "last_error": self.last_error,
             "expires_at": None if math.isinf(self._expires.value) or not self._expires.value else _iso(self._expires.value),
             "in_flight": self.in_flight,
+            "waiting": self.waiters,
         }
         output = self._output.value.decode(errors="replace")
         if body["last_error"] and output:
