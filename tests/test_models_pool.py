@@ -286,3 +286,15 @@ def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):  #
     v.wait_state("sleeping", timeout=15)
     assert v.ready()["in_flight"] == 0
     assert v.stop() == 0
+
+
+def test_short_host_memory_stops_instead_of_sleeping(vllama, tmp_path, ledger):  # noqa: F811
+    # sleep mode copies the weights to host RAM: with less free than weights + the reserve, vLLM is stopped
+    cfg = config(tmp_path, model_block(tmp_path, "m", sleep_mode=True, keep_alive="1s"))
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)}, flags=["--sleep-host-memory-reserve", str(1 << 60)])
+    v.wait_state("ready")
+    v.wait_state("unloaded", timeout=10)
+    assert "host_memory_short" in v.log.read_text()
+    assert events(ledger)[-1] == ["exit", "m"]
+    assert Client(host=v.url).generate(model="m", prompt="x", stream=False).response.startswith("tok0")  # started again
+    assert v.stop() == 0
