@@ -200,6 +200,40 @@ def test_attach_follows_supervisor_transitions(sock_path):
     server.close()
 
 
+def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
+    from vllama_proxy.models_config import ModelConfig
+    from vllama_proxy.supervisor.pool import ModelPool
+
+    server = _bind(str(sock_path))
+    specs = [ModelConfig(model="/a", name="a"), ModelConfig(model="/b", name="b"), ModelConfig(model="/c", name="c", preload=False)]
+    pool = ModelPool(Settings(gpu_check=False), specs, [free_port() for _ in specs])
+    a, b, c = pool.supervisors
+    n = Notifier(environ={"NOTIFY_SOCKET": str(sock_path)})
+    attach(pool, n)
+    a._set(State.READY)
+    b._set(State.UNLOADED, "no room: needs 0.9 of GPU 0, held by a (0.9, ready)")  # left to load on demand
+    c._set(State.STARTING, "requested")
+    c._set(State.READY)
+    got = []
+    server.settimeout(0.5)
+    while True:
+        try:
+            got.append(_recv(server)[0])
+        except TimeoutError:
+            break
+    assert got == [
+        "STATUS=a: starting: loading a",
+        "STATUS=b: starting: loading b",
+        "STATUS=c: unloaded",
+        "STATUS=a: ready: serving a",
+        "STATUS=b: unloaded: no room: needs 0.9 of GPU 0, held by a (0.9, ready)",
+        "READY=1",  # a ready, b settled unloaded, c loads on demand: nothing left starting
+        "STATUS=c: starting: requested",
+        "STATUS=c: ready: serving c",
+    ]
+    server.close()
+
+
 def test_describe():
     assert describe(State.FAILED, "vLLM exited with code 1 during startup", "m") == "failed: vLLM exited with code 1 during startup"
     assert describe(State.STARTING, None, "m", restarts=2) == "starting: loading m (restart 2)"
