@@ -298,3 +298,22 @@ def test_short_host_memory_stops_instead_of_sleeping(vllama, tmp_path, ledger): 
     assert events(ledger)[-1] == ["exit", "m"]
     assert Client(host=v.url).generate(model="m", prompt="x", stream=False).response.startswith("tok0")  # started again
     assert v.stop() == 0
+
+
+def test_every_worker_routes_every_model(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "one", gpu_memory_utilization=0.4),
+                 model_block(tmp_path, "two", gpu_memory_utilization=0.4, aliases=["two:1b"]))
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)}, flags=["--workers", "3"])
+    wait_states(v, one="ready", two="ready")
+    urls = fakes(v)
+    for i in range(30):  # a new connection each: the kernel spreads them over the three processes
+        name = ("one", "two:1b")[i % 2]
+        with httpx.Client() as c:
+            r = c.post(v.url + "/api/generate", json={"model": name, "prompt": f"n{i}", "stream": False})
+        assert r.status_code == 200 and r.json()["model"] == name
+    for served in ("one", "two"):
+        prompts = [r["body"]["messages"][0]["content"] for r in get_json(urls[served] + "/_fake/requests") if r.get("body")]
+        assert sorted(prompts) == sorted(f"n{i}" for i in range(30) if (i % 2 == 0) == (served == "one"))
+    assert v.ready()["models"][0]["in_flight"] == 0 and v.ready()["models"][1]["in_flight"] == 0
+    assert v.stop() == 0
