@@ -205,11 +205,13 @@ def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
     from vllama_proxy.supervisor.pool import ModelPool
 
     server = _bind(str(sock_path))
-    specs = [ModelConfig(model="/a", name="a"), ModelConfig(model="/b", name="b"), ModelConfig(model="/c", name="c", preload=False)]
+    specs = [ModelConfig(model="/a", name="a"), ModelConfig(model="/b", name="b"), ModelConfig(model="/c", name="c", preload=False),
+             ModelConfig(model="/d", name="d")]
     pool = ModelPool(Settings(gpu_check=False), specs, [free_port() for _ in specs])
-    a, b, c = pool.supervisors
+    a, b, c, d = pool.supervisors
     n = Notifier(environ={"NOTIFY_SOCKET": str(sock_path)})
     attach(pool, n)
+    d._set(State.FAILED, "vLLM exited with code 1 during startup")  # does not hold the others back
     a._set(State.READY)
     b._set(State.UNLOADED, "no room: needs 0.9 of GPU 0, held by a (0.9, ready)")  # left to load on demand
     c._set(State.STARTING, "requested")
@@ -225,9 +227,11 @@ def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
         "STATUS=a: starting: loading a",
         "STATUS=b: starting: loading b",
         "STATUS=c: unloaded",
+        "STATUS=d: starting: loading d",
+        "STATUS=d: failed: vLLM exited with code 1 during startup",
         "STATUS=a: ready: serving a",
         "STATUS=b: unloaded: no room: needs 0.9 of GPU 0, held by a (0.9, ready)",
-        "READY=1",  # a ready, b settled unloaded, c loads on demand: nothing left starting
+        "READY=1",  # a ready, b settled unloaded, c loads on demand, d failed: nothing left starting
         "STATUS=c: starting: requested",
         "STATUS=c: ready: serving c",
     ]

@@ -177,8 +177,9 @@ def attach(target: Supervisor | ModelPool, notifier: Notifier) -> Callable[[Stat
 
     Sends ``STATUS=`` for the current state now and on every transition (prefixed with the
     model's name when there are several), ``READY=1`` once every model has settled (been
-    ready once, or is left to load on demand: unloaded or asleep), ``STOPPING=1`` when one
-    becomes ``stopping``. Call it before starting them. Returns the last listener added.
+    ready once, or is left to load on demand: unloaded or asleep; with several models,
+    also failed), ``STOPPING=1`` when one becomes ``stopping``. Call it before starting
+    them. Returns the last listener added.
     """
     supervisors = list(getattr(target, "supervisors", [target]))
     many = len(supervisors) > 1
@@ -196,7 +197,9 @@ def attach(target: Supervisor | ModelPool, notifier: Notifier) -> Callable[[Stat
                 notifier.stopping(text(sup, state, reason))
                 return
             notifier.status(text(sup, state, reason))
-            if state in (State.READY, State.UNLOADED, State.SLEEPING):
+            # With several models one that fails must not hold back the others (its STATUS says
+            # why); a single model that fails never reports ready, so the start fails loudly.
+            if state in (State.READY, State.UNLOADED, State.SLEEPING) or (many and state is State.FAILED):
                 settled.add(id(sup))
             if not ready_sent and len(settled) == len(supervisors):
                 ready_sent = True
