@@ -66,7 +66,7 @@ def test_the_example_config_is_valid():
     assert qwen.args()[:7] == ["--gpu-memory-utilization", "0.45", "--max-model-len", "32768",
                                "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     assert "--enable-sleep-mode" in qwen.args() and qwen.args()[-3:] == ["--max-num-seqs", "256", "--enable-prefix-caching"]
-    assert qwen.env() == {"CUDA_VISIBLE_DEVICES": "0"} and qwen.gpu_ids == (0,)
+    assert qwen.env() == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"} and qwen.gpu_ids == (0,)
     llama = specs[3]
     assert llama.gpu_ids == (1, 2) and llama.gpu_share == 0.9 and not llama.preload and not llama.sleeps
     # the shares the example puts on GPU 0 fit together

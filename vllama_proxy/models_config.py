@@ -67,7 +67,9 @@ class ModelConfig(BaseModel):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="Share of each of its GPUs' memory vLLM may take (vLLM's default 0.9); models whose shares fit run at once."
     )
-    gpus: list[int] | None = Field(None, description="GPU indices it runs on (CUDA_VISIBLE_DEVICES); default: the first tensor-parallel-size GPUs.")
+    gpus: list[int] | None = Field(
+        None, description="GPU indices it runs on, as nvidia-smi numbers them (CUDA_VISIBLE_DEVICES); default: the first tensor-parallel-size GPUs."
+    )
     tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs per model replica (vLLM --tensor-parallel-size).")
     max_model_len: int | None = Field(None, ge=1, description="Context length in tokens (vLLM --max-model-len).")
     tool_call_parser: str | None = Field(None, description="Enables tool calls with this vLLM parser (--enable-auto-tool-choice --tool-call-parser).")
@@ -166,5 +168,9 @@ class ModelConfig(BaseModel):
         return int(value) if value is not None and value.isdigit() else None
 
     def env(self) -> dict[str, str]:
-        """Environment for its child: ``CUDA_VISIBLE_DEVICES`` when ``gpus`` is set."""
-        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus))} if self.gpus is not None else {}
+        """Environment for its child: ``CUDA_VISIBLE_DEVICES`` when ``gpus`` is set, with
+        ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so the indices are nvidia-smi's (CUDA's own order
+        puts the fastest GPU first)."""
+        if self.gpus is None:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

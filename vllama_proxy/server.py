@@ -112,7 +112,8 @@ async def serve_supervised(settings: Settings) -> None:
     specs = settings.model_specs()
     if settings.gpu_check:
         try:
-            for warning in await asyncio.to_thread(gpu.preflight, max(m.gpu_share for m in specs)):
+            needed = {m.served_name: m.gpus for m in specs if m.gpus is not None}
+            for warning in await asyncio.to_thread(gpu.preflight, max(m.gpu_share for m in specs), needed):
                 log.warning("gpu_memory_in_use", detail=warning)
         except gpu.GpuUnavailable as e:
             print(f"vllama: {e}", file=sys.stderr)

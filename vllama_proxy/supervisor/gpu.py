@@ -6,7 +6,7 @@ All calls block (they go to the driver): the supervisor runs them in worker thre
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import psutil
@@ -35,24 +35,29 @@ def _init() -> None:
         ) from None
 
 
-def preflight(gpu_memory_utilization: float) -> list[str]:
+def preflight(gpu_memory_utilization: float, needed: Mapping[str, Collection[int]] | None = None) -> list[str]:
     """Check that GPUs exist and have room for vLLM's share of memory.
 
     Args:
         gpu_memory_utilization: vLLM's ``--gpu-memory-utilization`` (fraction of each GPU).
+        needed: model name -> the GPU indices its config names (``gpus``), checked to exist.
 
     Returns:
         Warnings, one per GPU whose memory already in use leaves less than that share,
         naming the processes holding it.
 
     Raises:
-        GpuUnavailable: NVML cannot start or sees no GPU.
+        GpuUnavailable: NVML cannot start, sees no GPU, or not a GPU a model names.
     """
     _init()
     try:
         count = pynvml.nvmlDeviceGetCount()
         if count == 0:
             raise GpuUnavailable("NVML sees no NVIDIA GPU; to proxy a vLLM server running elsewhere, use: vllama serve --upstream http://HOST:PORT")
+        for name, ids in (needed or {}).items():
+            missing = sorted(i for i in ids if i >= count)
+            if missing:
+                raise GpuUnavailable(f"model '{name}' names GPU {', '.join(map(str, missing))}, but NVML sees {count} GPU(s): 0-{count - 1}")
         warnings = []
         for i in range(count):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
