@@ -19,6 +19,7 @@ FAKE_VLLM_START_DELAY      float s (0): sleep before binding the port, printing 
                            lines to stderr every 0.5 s. Connections are refused until bound.
 FAKE_VLLM_FAIL_AT_START    str: after the start delay print ``ERROR <msg>`` and a fake traceback
                            to stderr and exit 1 without binding.
+FAKE_VLLM_FAIL_FOR         served name: FAKE_VLLM_FAIL_AT_START applies to that model only.
 FAKE_VLLM_CRASH_AFTER      int N: the N-th generation request dies with ``os._exit(3)`` once it
                            has produced 2 tokens (mid-stream).
 FAKE_VLLM_IGNORE_SIGTERM   1: SIGTERM is ignored (SIG_IGN). SIGINT still stops the server.
@@ -162,6 +163,7 @@ class Knobs:
         env = os.environ
         self.start_delay = _env_float("FAKE_VLLM_START_DELAY", 0.0)
         self.fail_at_start = env.get("FAKE_VLLM_FAIL_AT_START") or None
+        self.fail_for = env.get("FAKE_VLLM_FAIL_FOR") or None
         self.crash_after = _env_int("FAKE_VLLM_CRASH_AFTER")
         self.ignore_sigterm = env.get("FAKE_VLLM_IGNORE_SIGTERM", "") not in ("", "0", "false")
         self.grandchild = env.get("FAKE_VLLM_GRANDCHILD", "") not in ("", "0", "false")
@@ -1160,7 +1162,7 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
                         "gpu_model_runner.py:2602")
             log("INFO", f"Loading weights took {time.monotonic() - t0:.2f} seconds",
                 "default_loader.py:267")
-        if knobs.fail_at_start:
+        if knobs.fail_at_start and knobs.fail_for in (None, served[0]):
             log("ERROR", knobs.fail_at_start, "core.py:708")
             raw_log("Traceback (most recent call last):")
             raw_log('  File "/usr/lib/python3/site-packages/vllm/v1/engine/core.py", line 699, '

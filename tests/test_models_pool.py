@@ -80,6 +80,7 @@ def test_two_models_are_routed_by_name(vllama, tmp_path, ledger):  # noqa: F811
     assert set(urls) == {"alpha", "beta"} and urls["alpha"] != urls["beta"]  # one vLLM, one private port each
     # each name goes to its own vLLM
     assert client.generate(model="alpha:7b", prompt="hi", stream=False).response.startswith("tok0")
+    assert client.show("ALPHA:7B").capabilities  # names compare without case, as Ollama's
     assert [c.message.content for c in client.chat(model="beta", messages=[{"role": "user", "content": "hi"}], stream=True)]
     for name, other in (("alpha", "beta"), ("beta", "alpha")):
         reqs = get_json(urls[name] + "/_fake/requests")
@@ -316,4 +317,57 @@ def test_every_worker_routes_every_model(vllama, tmp_path, ledger):  # noqa: F81
         prompts = [r["body"]["messages"][0]["content"] for r in get_json(urls[served] + "/_fake/requests") if r.get("body")]
         assert sorted(prompts) == sorted(f"n{i}" for i in range(30) if (i % 2 == 0) == (served == "one"))
     assert v.ready()["models"][0]["in_flight"] == 0 and v.ready()["models"][1]["in_flight"] == 0
+    assert v.stop() == 0
+
+
+def test_readyz_with_several_models_waits_for_every_first_start_then_survives_a_failed_one(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "good", gpu_memory_utilization=0.3),
+                 model_block(tmp_path, "broken", gpu_memory_utilization=0.3))
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger), "FAKE_VLLM_FAIL_AT_START": "CUDA error: no kernel image",
+                                "FAKE_VLLM_FAIL_FOR": "broken"}, flags=["--failed-retry-interval", "1"])
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = httpx.get(v.url + "/readyz")
+        seen.append((r.status_code, states(v).get("broken")))
+        if r.json()["models"][1]["state"] == "failed":
+            break
+        time.sleep(0.05)
+    assert seen[-1] == (200, "failed")
+    assert all(code == 503 for code, st in seen if st != "failed")  # not ready before broken's first start settled
+    # from now on the failed model's retries (every second) never take the ready one out of service
+    codes = set()
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        r = httpx.get(v.url + "/readyz")
+        codes.add(r.status_code)
+        time.sleep(0.05)
+    assert codes == {200}
+    body = httpx.get(v.url + "/readyz").json()["models"][1]
+    assert body["state"] in ("failed", "starting", "restarting") and "during startup" in body["last_error"]  # the reason stays
+    assert Client(host=v.url).generate(model="good", prompt="x", stream=False).response
+    with pytest.raises(ResponseError) as e:
+        Client(host=v.url).generate(model="broken", prompt="x")
+    assert e.value.status_code == 503
+    assert v.stop() == 0
+
+
+def test_v1_without_a_model_or_with_bad_json_is_answered_without_waking_anything(vllama, tmp_path, ledger):  # noqa: F811
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "a", gpu_memory_utilization=0.6, sleep_mode=True),
+                 model_block(tmp_path, "b", gpu_memory_utilization=0.6, preload=False))
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)})
+    wait_states(v, a="ready", b="unloaded")
+    mark = len(events(ledger))
+    r = httpx.post(v.url + "/v1/chat/completions")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "you must provide a model parameter"
+    r = httpx.post(v.url + "/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("invalid JSON")
+    # a multipart form (audio transcription) is routed by its model field
+    r = httpx.post(v.url + "/v1/audio/transcriptions", data={"model": "nope"}, files={"file": ("a.wav", b"RIFF....")})
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    r = httpx.post(v.url + "/v1/audio/transcriptions", data={"model": "a"}, files={"file": ("a.wav", b"RIFF....")})
+    assert (r.status_code, r.json()) == (404, {"detail": "Not Found"})  # FastAPI's words: a's vLLM answered (no such route)
+    assert events(ledger)[mark:] == []  # b never started, a never slept
     assert v.stop() == 0

@@ -119,6 +119,7 @@ class Catalog:
     ) -> None:
         self._backends = list(backends)
         self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
+        self._folded = {k.casefold(): v for k, v in self._aliases.items()}  # lookups ignore case, as Ollama's
         self._store = store
         self._args = {k: tuple(v) for k, v in (vllm_args or {}).items()}
         self._ttl = ttl
@@ -177,7 +178,7 @@ class Catalog:
 
     def is_configured_alias(self, name: str) -> bool:
         """Whether ``name`` is an alias from the settings (which ``/api/delete`` cannot remove)."""
-        return strip_latest(name) in self._aliases
+        return strip_latest(name).casefold() in self._folded
 
     def names_for(self, model: ServedModel) -> list[str]:
         """Every Ollama name of ``model``: ``<served>:latest`` first, then its aliases."""
@@ -204,7 +205,7 @@ class Catalog:
         key = strip_latest(name)
         m = models.get(key)
         if m is None:
-            target = self._aliases.get(key)
+            target = self._folded.get(key.casefold())
             if target is None and self._store is not None:
                 target = self._store.lookup(key)
             if target is not None:

@@ -13,9 +13,6 @@ from aiohttp import web
 
 from ..state import CATALOG
 from ..supervisor import probes
-from ..supervisor.states import State
-
-_STARTING = (State.STARTING, State.RESTARTING, State.UNHEALTHY)
 
 
 async def livez(request: web.Request) -> web.Response:
@@ -27,9 +24,9 @@ async def readyz(request: web.Request) -> web.Response:
     """200 when requests can be served now, else 503; JSON body either way.
 
     One model: its status (``state``, ``since``, ``restarts``, ``last_error``...). Several:
-    ``{"state": "ready"|"unavailable", "models": [status, ...]}``, 503 while a model starts
-    or restarts on its own (at launch, after a crash), else 200 when some model is ready,
-    asleep, unloaded or loading for a request. A failed model shows in the body only.
+    ``{"state": "ready"|"unavailable", "models": [status, ...]}``, 503 until every model is
+    past its first start, then 200 whenever some model is ready, asleep, unloaded or loading
+    for a request. A model restarting or failed shows in the body only.
     """
     backends = request.app[CATALOG].backends
     boards = [b.board for b in backends if b.board is not None]
@@ -37,11 +34,10 @@ async def readyz(request: web.Request) -> web.Response:
         body = boards[0].status()
         ready = boards[0].available  # sleeping/unloaded still serves: the next request loads it
     elif boards:
-        # Ready while requests can be served: no model in a start or restart nobody asked for
-        # (vllama's own start, or a crash), and at least one available or loading on demand.
-        # A failed model is reported but does not take the others out of a load balancer.
-        starting = [b for b in boards if b.state in _STARTING and not b.loading]
-        ready = not starting and any(b.available or b.loading for b in boards)
+        # Ready once every model is past its first start (as systemd's READY=1), then whenever
+        # some model can serve: one model restarting or failed must not take the others out
+        # of a load balancer; it is reported in the body.
+        ready = all(b.settled for b in boards) and any(b.available or b.loading for b in boards)
         body = {"state": "ready" if ready else "unavailable", "models": [b.status() for b in boards]}
     else:
         code = await probes.health(backends[0].upstream)

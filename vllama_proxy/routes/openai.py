@@ -9,6 +9,9 @@ vLLM's own error event shape, ``data: {"error": {...}}``.
 
 from __future__ import annotations
 
+import email.policy
+from email.parser import BytesParser
+
 import orjson
 from aiohttp import web
 
@@ -68,14 +71,23 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
     one = len(catalog.backends) == 1
     name = None
     data = None
-    if body and request.content_type == "application/json":
+    if request.content_type == "application/json" and body:
         try:
             data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            pass  # vLLM answers the 400 in its own words
+        except orjson.JSONDecodeError as e:
+            if one:
+                return body, default  # vLLM answers the 400 in its own words
+            raise _NoBackend(400, f"invalid JSON: {e}", "BadRequestError") from None
         name = data.get("model") if isinstance(data, dict) else None
+    elif request.content_type == "multipart/form-data" and body and not one:
+        name = _form_model(request.headers.get("Content-Type", ""), body)  # audio transcriptions
+        if name is not None:
+            try:
+                return body, catalog.backend_of(await catalog.resolve(name))
+            except ModelNotFound:
+                raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     if not isinstance(name, str):
-        if one or not body:
+        if one:
             return body, default
         raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
     try:
@@ -89,6 +101,18 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
         return body, backend
     data["model"] = model.name
     return encode_json(data), backend
+
+
+def _form_model(content_type: str, body: bytes) -> str | None:
+    """The ``model`` field of a ``multipart/form-data`` body (stdlib ``email`` parser), if any."""
+    message = BytesParser(policy=email.policy.HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        return None
+    for part in message.iter_parts():
+        if part.get_param("name", header="content-disposition") == "model":
+            value = part.get_payload(decode=True)
+            return value.decode("utf-8", "replace").strip() if isinstance(value, bytes) else None
+    return None
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:

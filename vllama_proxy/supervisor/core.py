@@ -342,7 +342,8 @@ class Supervisor:
         while the child's output shows loading progress), and readiness.
         """
         try:
-            env = {**os.environ, **self.spec.env()}
+            # nvidia-smi's GPU numbering for every child (the pool counts GPUs by it), unless set
+            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **self.spec.env()}
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name)

@@ -37,6 +37,11 @@ log = get_logger("vllama.pool")
 _CAPACITY = 1.0 + 1e-9
 
 
+def _is_note(text: str | None) -> bool:
+    """Whether ``text`` is the pool's note on why a model waits (not a crash's reason)."""
+    return bool(text) and text.startswith(("no room:", "waiting for "))
+
+
 def model_keep_alive(settings: Settings, spec: ModelConfig) -> float:
     """The model's default keep_alive in seconds (its own, else ``--keep-alive``; negative: forever)."""
     return parse_keep_alive(spec.keep_alive, default=settings.keep_alive_seconds()) if spec.keep_alive else settings.keep_alive_seconds()
@@ -135,6 +140,7 @@ class ModelPool:
         ``load_timeout`` or once no request waits any more.
         """
         deadline = time.monotonic() + self.s.load_timeout
+        before = None if _is_note(sup.last_error) else sup.last_error  # a crash's reason outlives the wait
         while True:
             if sup.stopping:
                 return False
@@ -151,8 +157,7 @@ class ModelPool:
                 continue
             if self.fits(sup):
                 sup.holds_gpu = True  # no await since fits(): nobody else can claim this room first
-                if sup.last_error and sup.last_error.startswith(("no room:", "waiting for ")):
-                    sup.last_error = None
+                sup.last_error = before
                 return True
             self._note(sup, f"no room: {self._blockers(sup)}")
             if not on_demand:

@@ -55,6 +55,7 @@ class StatusBoard:
         self._wanted = ctx.RawValue("d", 0.0)  # epoch s of the latest wake request from any process
         self._loading = ctx.RawValue("i", 0)  # 1 while a start or wake asked for by requests is under way
         self._closing = ctx.RawValue("i", 0)  # 1 while the supervisor checks it is idle before sleeping/stopping it
+        self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
         self._inflight = ctx.RawArray("i", max(slots, 1))
         self._waiting = ctx.RawArray("i", max(slots, 1))  # requests waiting for it to load, per process
         self._error = ctx.RawArray("c", 4096)
@@ -69,6 +70,8 @@ class StatusBoard:
         self._pid.value = pid or 0
         self._since.value = since
         self._loading.value = int(loading)
+        if state in (State.READY, State.SLEEPING, State.UNLOADED, State.FAILED):
+            self._settled.value = 1
         self._state.value = _STATES.index(state)  # last: readers see a complete record for it
 
     @property
@@ -120,6 +123,11 @@ class StatusBoard:
     def waking(self) -> bool:
         """A request wants the model loaded (asked within the last ``WANT_TTL`` seconds)."""
         return time.time() - self._wanted.value < WANT_TTL
+
+    @property
+    def settled(self) -> bool:
+        """Past its first start: it was ready, or is left unloaded, asleep or failed."""
+        return bool(self._settled.value)
 
     @property
     def loading(self) -> bool:
