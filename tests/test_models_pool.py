@@ -371,3 +371,26 @@ def test_v1_without_a_model_or_with_bad_json_is_answered_without_waking_anything
     assert (r.status_code, r.json()) == (404, {"detail": "Not Found"})  # FastAPI's words: a's vLLM answered (no such route)
     assert events(ledger)[mark:] == []  # b never started, a never slept
     assert v.stop() == 0
+
+
+def test_a_sleeping_model_is_stopped_when_its_cuda_context_is_in_the_way(vllama, tmp_path, ledger):  # noqa: F811
+    # each vLLM holds ~1% of the GPU beyond its share (--gpu-context-share 0.01), asleep too:
+    # c (0.98) fits only once both others sleep and one of them is stopped outright
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "a", gpu_memory_utilization=0.45, sleep_mode=True),
+                 model_block(tmp_path, "b", gpu_memory_utilization=0.45, sleep_mode=True),
+                 model_block(tmp_path, "c", gpu_memory_utilization=0.98, preload=False),
+                 top='keep_alive = "-1"\n')
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)})
+    wait_states(v, a="ready", b="ready", c="unloaded")
+    client = Client(host=v.url)
+    client.generate(model="a", prompt="x", stream=False)
+    client.generate(model="b", prompt="x", stream=False)
+    mark = len(events(ledger))
+    assert client.generate(model="c", prompt="x", stream=False).response.startswith("tok0")
+    assert events(ledger)[mark:] == [["sleep", "a"], ["sleep", "b"], ["exit", "a"], ["start", "c"]]
+    assert states(v) == {"a": "unloaded", "b": "sleeping", "c": "ready"}
+    mark = len(events(ledger))
+    assert client.generate(model="a", prompt="x", stream=False).response.startswith("tok0")
+    assert events(ledger)[mark:] == [["exit", "c"], ["start", "a"]]  # c (no sleep mode) stopped; b still asleep
+    assert v.stop() == 0

@@ -85,7 +85,7 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
         ModelConfig(model="/c", name="c", gpu_memory_utilization=0.7, gpus=[1]),
         ModelConfig(model="/p", name="p", gpu_memory_utilization=0.2, gpus=[0], pin=True),
     ]
-    pool = ModelPool(Settings(gpu_check=False), specs, [free_port() for _ in specs])
+    pool = ModelPool(Settings(gpu_check=False, gpu_context_share=0), specs, [free_port() for _ in specs])
     a, b, big, c, p = pool.supervisors
     assert pool.fits(a) and pool.fits(big)
     a.holds_gpu = b.holds_gpu = True  # 0.8 of GPU 0 taken
@@ -118,3 +118,25 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
     big.board.touch(60)  # the most recently used of all
     assert pool.victim(c) is big  # short on GPU 1 only: a and b, on GPU 0, would free nothing there
 
+
+
+def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_ready_one_helps(tmp_path):
+    from vllama_proxy.models_config import ModelConfig
+    from vllama_proxy.supervisor.pool import ModelPool
+
+    specs = [ModelConfig(model=f"/{n}", name=n, gpu_memory_utilization=u) for n, u in (("a", 0.5), ("b", 0.5), ("z", 0.45), ("c", 0.45))]
+    pool = ModelPool(Settings(gpu_check=False), specs, [free_port() for _ in specs])  # context share 0.01
+    a, b, z, c = pool.supervisors
+    a.holds_gpu = True
+    assert not pool.fits(b)  # 0.5 + 0.01 twice is over the GPU: vLLM's own check would refuse b
+    assert pool.fits(z)  # 0.51 + 0.46
+    z.holds_gpu, z.state, a.state = True, State.READY, State.READY
+    z.board.touch(60)
+    assert not pool.fits(c) and pool.victim(c) is a  # the least recently used ready one
+    a.holds_gpu, a.state, a.child = False, State.SLEEPING, object()  # asleep: only its context, 0.01
+    assert pool.fits(c)  # 0.01 + 0.46 + 0.46
+    big = ModelConfig(model="/big", name="big", gpu_memory_utilization=0.99)
+    pool2 = ModelPool(Settings(gpu_check=False), [specs[0], big], [free_port(), free_port()])
+    sleeper, wanted = pool2.supervisors
+    sleeper.state, sleeper.child = State.SLEEPING, object()
+    assert not pool2.fits(wanted) and pool2.victim(wanted) is sleeper  # no ready model to evict: stop the sleeping one

@@ -187,6 +187,14 @@ class Settings(BaseSettings):
     load_timeout: float = Field(
         600.0, gt=0, description="Seconds a request waits for a sleeping or unloaded model to come back (including the wait for idle models to make room)."
     )
+    gpu_context_share: float = Field(
+        0.01,
+        ge=0,
+        lt=0.5,
+        description="Share of a GPU each model's vLLM holds beyond its gpu_memory_utilization, loaded or asleep (CUDA context: "
+        "~0.6 GiB loaded, ~1.4 GiB asleep on an H200); counted when fitting several models on a GPU. "
+        "On smaller GPUs use about 1.5 GiB / the GPU's memory (0.02 for 80 GB).",
+    )
     sleep_host_memory_reserve: int = Field(
         4 * 1024**3,
         ge=0,

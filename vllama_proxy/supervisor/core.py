@@ -102,11 +102,12 @@ class Supervisor:
         return self._stop.is_set()
 
     def evict(self, reason: str) -> None:
-        """Ask the owner loop to sleep or stop vLLM now if it is idle (no request in flight).
+        """Ask the owner loop to sleep or stop vLLM now if it is idle (no request in flight);
+        a sleeping vLLM is stopped (it still holds its CUDA context).
 
         Used by the pool to make room for another model; a busy model ignores it.
         """
-        if self.state is State.READY and self._evict_reason is None:
+        if self.state in (State.READY, State.SLEEPING) and self._evict_reason is None:
             log.info("evicting", model=self.served_name, reason=reason)
             self._evict_reason = reason
             self._poke.set()
@@ -305,7 +306,15 @@ class Supervisor:
             try:
                 while True:
                     if not await self._wait_wake(exited):
-                        return None if self._stop.is_set() else f"vLLM exited with code {exited.result()} while asleep"
+                        if self._stop.is_set():
+                            return None
+                        if not exited.done() and self._evict_reason is not None:
+                            why = self._evict_reason  # asleep, yet in the way: stop it outright
+                            await self._stop_child()
+                            self._set(State.UNLOADED, why)
+                            return _RELOAD
+                        return f"vLLM exited with code {exited.result()} while asleep"
+                    self._evict_reason = None  # wanted again: whatever was asked before no longer applies
                     if await self._admit(on_demand=True):
                         break
                     if self._stop.is_set():
@@ -328,9 +337,10 @@ class Supervisor:
             self._set(State.READY, "woken by a request")
 
     async def _wait_wake(self, exited: asyncio.Future[int] | None) -> bool:
-        """Wait for a request to need the model; False if stop was requested or the child exited."""
+        """Wait for a request to need the model; False if stop was requested, the child exited,
+        or (asleep) an eviction was asked for."""
         while not self.board.waking:
-            if self._stop.is_set() or (exited is not None and exited.done()):
+            if self._stop.is_set() or (exited is not None and (exited.done() or self._evict_reason is not None)):
                 return False
             await asyncio.sleep(0.02)
         return True

@@ -1,13 +1,17 @@
 """The models vllama runs: one :class:`Supervisor` per model, and who gets GPU memory.
 
 Each model takes ``gpu_memory_utilization`` of each of its GPUs while it is loaded
-(starting, ready or waking); asleep (vLLM sleep mode level 1) or stopped it takes
-none. Models whose shares fit run side by side. When a request wants a model that
-does not fit, the least recently used idle model on the same GPUs is evicted (put to
-sleep, or stopped), one at a time, until it fits, as Ollama's scheduler does
+(starting, ready or waking) plus its CUDA context (``--gpu-context-share``; on the
+H200 a vLLM at 0.6 used 0.6 of the GPU + 0.6 GiB, and 1.4 GiB asleep); asleep (vLLM
+sleep mode level 1) it keeps only the context, stopped nothing. These are vLLM's own
+terms: ``--gpu-memory-utilization`` is the fraction of the GPU's total memory the
+instance may use. Models that fit run side by side. When a request wants a model that
+does not fit, the least recently used idle model on a GPU short of room is evicted (put
+to sleep, or stopped), one at a time, until it fits, as Ollama's scheduler does
 (``server/sched.go``: unload the least recently used runner with no requests in
-flight). A model that is busy, pinned, loading, or wanted itself is never evicted;
-then the request waits, bounded by ``--load-timeout``.
+flight); when only sleeping models are in the way, the least recently used is stopped.
+A model that is busy, pinned, loading, or waited for is never evicted; then the
+request waits, bounded by ``--load-timeout``.
 
 Models sharing a GPU start one at a time: vLLM sizes its KV cache from the memory it
 finds free while starting, and two concurrent starts each count the other's
@@ -106,27 +110,38 @@ class ModelPool:
         """Whether ``sup``'s share fits on each of its GPUs beside the models holding theirs."""
         return not self._short(sup)
 
+    def _held(self, o: Supervisor) -> float:
+        """What ``o`` holds of each of its GPUs: its share and CUDA context when loaded, the
+        context alone when asleep, nothing when stopped."""
+        ctx = self.s.gpu_context_share
+        if o.holds_gpu:
+            return o.spec.gpu_share + ctx
+        return ctx if o.state is State.SLEEPING and o.child is not None else 0.0
+
     def _short(self, sup: Supervisor) -> set[int]:
-        """The GPUs of ``sup`` where its share does not fit now."""
+        """The GPUs of ``sup`` where its share (and context) does not fit now."""
+        need = sup.spec.gpu_share + self.s.gpu_context_share
         return {
             gpu for gpu in sup.spec.gpu_ids
-            if sum(o.spec.gpu_share for o in self.supervisors if o is not sup and o.holds_gpu and gpu in o.spec.gpu_ids)
-            + sup.spec.gpu_share > _CAPACITY
+            if sum(self._held(o) for o in self.supervisors if o is not sup and gpu in o.spec.gpu_ids) + need > _CAPACITY
         }
 
     def victim(self, sup: Supervisor) -> Supervisor | None:
-        """The least recently used model that may be evicted for ``sup``: loaded and ready on a GPU
-        where ``sup`` lacks room, no request in flight or waiting for it, not pinned."""
+        """The model to evict for ``sup``: on a GPU where ``sup`` lacks room, no request in flight
+        or waiting for it, not pinned; the least recently used ready one (it is put to sleep
+        or stopped), else the least recently used asleep one (stopped: it frees its context)."""
         short = self._short(sup)
         candidates = [
             o for o in self._neighbours(sup)
-            if o.holds_gpu and o.state is State.READY and not o.spec.pin and short & set(o.spec.gpu_ids)
+            if not o.spec.pin and short & set(o.spec.gpu_ids)
             and o.board.in_flight == 0 and o.board.waiters == 0 and not o.board.waking
         ]
-        return min(candidates, key=lambda o: o.board.last_used, default=None)
+        ready = [o for o in candidates if o.holds_gpu and o.state is State.READY]
+        asleep = [o for o in candidates if not o.holds_gpu and o.state is State.SLEEPING and o.child is not None]
+        return min(ready or asleep, key=lambda o: o.board.last_used, default=None)
 
     def _blockers(self, sup: Supervisor) -> str:
-        held = [f"{o.served_name} ({o.spec.gpu_share:g}, {o.state.value})" for o in self._neighbours(sup) if o.holds_gpu]
+        held = [f"{o.served_name} ({self._held(o):g}, {o.state.value})" for o in self._neighbours(sup) if self._held(o)]
         gpus = ",".join(map(str, sup.spec.gpu_ids))
         return f"needs {sup.spec.gpu_share:g} of GPU {gpus}, held by {', '.join(held)}"
 

@@ -9,6 +9,7 @@
     or evicted:          ready ──► unloaded ──(request)──► starting     (no sleep mode)
 
     no room on its GPUs: starting | restarting | failed ──► unloaded    (loads on demand)
+    evicted while asleep: sleeping ──► unloaded                         (frees its CUDA context)
     a model loaded on demand starts in unloaded.
 
 One task (``Supervisor._run``) owns every transition; everyone else waits on
@@ -37,7 +38,7 @@ class State(str, enum.Enum):
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.STARTING: frozenset({State.READY, State.RESTARTING, State.FAILED, State.UNLOADED, State.STOPPING}),
     State.READY: frozenset({State.UNHEALTHY, State.SLEEPING, State.UNLOADED, State.STOPPING}),
-    State.SLEEPING: frozenset({State.READY, State.UNHEALTHY, State.STOPPING}),
+    State.SLEEPING: frozenset({State.READY, State.UNLOADED, State.UNHEALTHY, State.STOPPING}),
     State.UNLOADED: frozenset({State.STARTING, State.STOPPING}),
     State.UNHEALTHY: frozenset({State.RESTARTING, State.FAILED, State.STOPPING}),
     State.RESTARTING: frozenset({State.STARTING, State.UNLOADED, State.STOPPING}),
