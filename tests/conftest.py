@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,3 +225,82 @@ def aclient(proxy):
     import ollama
 
     return ollama.AsyncClient(host=proxy.url)
+
+
+# --- `vllama serve` supervising the stand-in vllm (tests/bin/vllm) --------------------------------
+
+FAST = ["--no-gpu-check", "--health-interval", "0.2", "--startup-poll-interval", "0.1", "--restart-backoff-initial", "0.2",
+        "--restart-backoff-max", "1", "--crash-loop-limit", "3", "--failed-retry-interval", "30", "--stop-grace", "2",
+        "--drain-timeout", "10"]
+
+
+class Vllama:
+    """``vllama serve`` supervising the stand-in vllm: ``--model tiny`` or, with ``config`` (TOML text), ``--config``."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str] | None = None, flags: list[str] | None = None, vllm_args: list[str] | None = None,
+                 config: str | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = tmp_path / "tiny"
+        self.model.mkdir(exist_ok=True)
+        self.pidfile = tmp_path / "pids"
+        self.log = tmp_path / "vllama.log"
+        e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.pidfile),
+             "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp_path / "state"),
+             **(env or {})}
+        source = ["--model", str(self.model)]
+        if config is not None:
+            (tmp_path / "vllama.toml").write_text(config)
+            source = ["--config", str(tmp_path / "vllama.toml")]
+        cmd = [sys.executable, "-m", "vllama_proxy", "serve", *source, "--port", str(self.port), *FAST, *(flags or [])]
+        if vllm_args:
+            cmd += ["--", *vllm_args]
+        self.proc = subprocess.Popen(cmd, env=e, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+        wait_http(self.url + "/livez", self.proc)
+
+    def ready(self) -> dict:
+        return httpx.get(self.url + "/readyz").json()
+
+    def wait_state(self, state: str, timeout: float = 20.0, **match) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = self.ready()
+            if body["state"] == state and all(body.get(k) == v for k, v in match.items()):
+                return body
+            time.sleep(0.05)
+        raise AssertionError(f"state {state} {match} not reached; last {body}")
+
+    def server_pid(self) -> int:
+        return int(Path(str(self.pidfile) + ".server").read_text())
+
+    def grandchild_pid(self) -> int:
+        return int(self.pidfile.read_text())
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def vllama(tmp_path):
+    started: list[Vllama] = []
+
+    def start(**kw) -> Vllama:
+        v = Vllama(tmp_path, **kw)
+        started.append(v)
+        return v
+
+    yield start
+    for v in started:  # a test that failed midway: stop gracefully, so vLLM stand-ins do not outlive it
+        stop(v.proc, timeout=20)
+        for pidfile in (v.pidfile, Path(str(v.pidfile) + ".server")):
+            if pidfile.exists() and alive(int(pidfile.read_text())):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)

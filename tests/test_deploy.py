@@ -13,17 +13,14 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from conftest import ROOT, TESTS, free_port, wait_http
+from conftest import ROOT
 from vllama_proxy.settings import Settings
 
 DEPLOY = ROOT / "deploy"
@@ -378,40 +375,21 @@ def test_kubernetes_manifests(monkeypatch, tmp_path):
 # --- what the files name, asked of a running vllama -------------------------------------------
 
 
-def test_probe_paths_are_answered_by_vllama_serve(tmp_path):
+def test_probe_paths_are_answered_by_vllama_serve(vllama):
     paths = probe_paths()
     assert {"/readyz", "/livez", "/metrics"} <= set(paths)
-    model = tmp_path / "tiny"
-    model.mkdir()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PYTHON": sys.executable,
-           "FAKE_VLLM_START_DELAY": "1.5", "VLLAMA_LOG_FORMAT": "json"}
-    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(model), "--port", str(port), "--no-gpu-check",
-           "--startup-poll-interval", "0.1", "--health-interval", "0.5", "--stop-grace", "2", "--drain-timeout", "2"]
-    log = tmp_path / "vllama.log"
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-    try:
-        wait_http(url + "/livez", proc)
-        # while vLLM loads: alive, not ready (so startup and readiness probes hold traffic back)
-        assert httpx.get(url + "/livez").status_code == 200
-        loading = httpx.get(url + "/readyz")
-        assert loading.status_code == 503 and loading.json()["state"] == "starting"
-        deadline = time.monotonic() + 30
-        while httpx.get(url + "/readyz").status_code != 200:
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-        for path, where in sorted(paths.items()):
-            r = httpx.get(url + path)
-            assert r.status_code == 200, f"{path} (named in {where}) answered {r.status_code}: {r.text[:200]}"
-            if path.endswith("metrics"):
-                assert r.headers["content-type"].startswith("text/plain"), f"{path}: not Prometheus text"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    v = vllama(env={"FAKE_VLLM_START_DELAY": "1.5"}, flags=["--health-interval", "0.5", "--drain-timeout", "2"])
+    # while vLLM loads: alive, not ready (so startup and readiness probes hold traffic back)
+    assert httpx.get(v.url + "/livez").status_code == 200
+    loading = httpx.get(v.url + "/readyz")
+    assert loading.status_code == 503 and loading.json()["state"] == "starting"
+    v.wait_state("ready", timeout=30)
+    for path, where in sorted(paths.items()):
+        r = httpx.get(v.url + path)
+        assert r.status_code == 200, f"{path} (named in {where}) answered {r.status_code}: {r.text[:200]}"
+        if path.endswith("metrics"):
+            assert r.headers["content-type"].startswith("text/plain"), f"{path}: not Prometheus text"
+    assert v.stop() == 0
 
 
 def test_deploy_readme_paths_exist():

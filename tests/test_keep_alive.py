@@ -8,8 +8,7 @@ from datetime import datetime, timezone
 import httpx
 from ollama import Client
 
-from conftest import get_json
-from test_supervisor import alive, vllama  # noqa: F401  (fixture)
+from conftest import alive, get_json
 
 
 def fake_url(v) -> str:
@@ -23,7 +22,7 @@ def fake_url(v) -> str:
     raise AssertionError("vLLM launch not logged")
 
 
-def test_expiry_sleeps_and_a_request_wakes(vllama):  # noqa: F811
+def test_expiry_sleeps_and_a_request_wakes(vllama):
     v = vllama(flags=["--keep-alive", "1s"], vllm_args=["--enable-sleep-mode"])
     v.wait_state("ready")
     client = Client(host=v.url)
@@ -56,7 +55,7 @@ def test_expiry_sleeps_and_a_request_wakes(vllama):  # noqa: F811
     assert v.stop() == 0
 
 
-def test_expiry_without_sleep_mode_stops_vllm_and_a_request_restarts_it(vllama):  # noqa: F811
+def test_expiry_without_sleep_mode_stops_vllm_and_a_request_restarts_it(vllama):
     v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1"}, flags=["--keep-alive", "1"])
     v.wait_state("ready")
     server, engine = v.server_pid(), v.grandchild_pid()
@@ -73,7 +72,7 @@ def test_expiry_without_sleep_mode_stops_vllm_and_a_request_restarts_it(vllama):
     assert v.stop() == 0
 
 
-def test_ollama_keep_alive_env_and_expires_at(vllama):  # noqa: F811
+def test_ollama_keep_alive_env_and_expires_at(vllama):
     v = vllama(env={"OLLAMA_KEEP_ALIVE": "-1"}, vllm_args=["--enable-sleep-mode"])
     v.wait_state("ready")
     (m,) = Client(host=v.url).ps().models
@@ -81,7 +80,7 @@ def test_ollama_keep_alive_env_and_expires_at(vllama):  # noqa: F811
     assert v.stop() == 0
 
 
-def test_any_worker_wakes_the_model(vllama):  # noqa: F811
+def test_any_worker_wakes_the_model(vllama):
     v = vllama(flags=["--keep-alive", "1s", "--workers", "2"], vllm_args=["--enable-sleep-mode"])
     v.wait_state("ready")
     for _ in range(3):

@@ -19,7 +19,6 @@ from ollama import Client, ResponseError
 
 from conftest import get_json
 from test_overload_metrics import metric
-from test_supervisor import vllama  # noqa: F401  (fixture)
 
 
 def model_block(tmp_path: Path, name: str, **fields) -> str:
@@ -68,7 +67,7 @@ def ledger(tmp_path) -> Path:
     return tmp_path / "gpu-ledger.json"
 
 
-def test_two_models_are_routed_by_name(vllama, tmp_path, ledger):  # noqa: F811
+def test_two_models_are_routed_by_name(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "alpha", gpu_memory_utilization=0.45, aliases=["alpha:7b"], max_model_len=2048),
                  model_block(tmp_path, "beta", gpu_memory_utilization=0.45, tool_call_parser="hermes"))
@@ -117,7 +116,7 @@ def test_two_models_are_routed_by_name(vllama, tmp_path, ledger):  # noqa: F811
     assert events(ledger)[-2:] in ([["exit", "alpha"], ["exit", "beta"]], [["exit", "beta"], ["exit", "alpha"]])
 
 
-def test_swap_on_demand_evicts_the_least_recently_used_idle_model(vllama, tmp_path, ledger):  # noqa: F811
+def test_swap_on_demand_evicts_the_least_recently_used_idle_model(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "a", gpu_memory_utilization=0.45, sleep_mode=True),
                  model_block(tmp_path, "b", gpu_memory_utilization=0.45, sleep_mode=True),
@@ -167,7 +166,7 @@ def test_swap_on_demand_evicts_the_least_recently_used_idle_model(vllama, tmp_pa
     assert v.stop() == 0
 
 
-def test_keep_alive_is_per_model(vllama, tmp_path, ledger):  # noqa: F811
+def test_keep_alive_is_per_model(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "short", gpu_memory_utilization=0.3, sleep_mode=True, keep_alive="1s"),
                  model_block(tmp_path, "forever", gpu_memory_utilization=0.3, keep_alive="-1"),
@@ -191,7 +190,7 @@ def test_keep_alive_is_per_model(vllama, tmp_path, ledger):  # noqa: F811
     assert v.stop() == 0
 
 
-def test_no_room_waits_then_says_why(vllama, tmp_path, ledger):  # noqa: F811
+def test_no_room_waits_then_says_why(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "pinned", gpu_memory_utilization=0.6, pin=True),
                  model_block(tmp_path, "other", gpu_memory_utilization=0.6, preload=True))  # does not fit at start
@@ -210,7 +209,7 @@ def test_no_room_waits_then_says_why(vllama, tmp_path, ledger):  # noqa: F811
     assert v.stop() == 0
 
 
-def test_a_model_that_waits_for_another_to_finish_loads_once_it_is_idle(vllama, tmp_path, ledger):  # noqa: F811
+def test_a_model_that_waits_for_another_to_finish_loads_once_it_is_idle(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "busy", gpu_memory_utilization=0.6, sleep_mode=True),
                  model_block(tmp_path, "next", gpu_memory_utilization=0.6, preload=False))
@@ -234,7 +233,7 @@ def test_a_model_that_waits_for_another_to_finish_loads_once_it_is_idle(vllama, 
     assert v.stop() == 0
 
 
-def test_two_models_wanted_at_once_swap_once_each_way(vllama, tmp_path, ledger):  # noqa: F811
+def test_two_models_wanted_at_once_swap_once_each_way(vllama, tmp_path, ledger):
     # b is requested (a goes to sleep, b starts); while b loads, a is requested too. b must serve
     # its waiting request before a may evict it: no ping-pong of evictions.
     cfg = config(tmp_path,
@@ -262,7 +261,7 @@ def test_two_models_wanted_at_once_swap_once_each_way(vllama, tmp_path, ledger):
     assert v.stop() == 0
 
 
-def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):  # noqa: F811
+def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):
     import psutil
 
     cfg = config(tmp_path, model_block(tmp_path, "m", sleep_mode=True, keep_alive="2s"))
@@ -289,7 +288,7 @@ def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):  #
     assert v.stop() == 0
 
 
-def test_short_host_memory_stops_instead_of_sleeping(vllama, tmp_path, ledger):  # noqa: F811
+def test_short_host_memory_stops_instead_of_sleeping(vllama, tmp_path, ledger):
     # sleep mode copies the weights to host RAM: with less free than weights + the reserve, vLLM is stopped
     cfg = config(tmp_path, model_block(tmp_path, "m", sleep_mode=True, keep_alive="1s"))
     v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)}, flags=["--sleep-host-memory-reserve", str(1 << 60)])
@@ -301,7 +300,7 @@ def test_short_host_memory_stops_instead_of_sleeping(vllama, tmp_path, ledger): 
     assert v.stop() == 0
 
 
-def test_every_worker_routes_every_model(vllama, tmp_path, ledger):  # noqa: F811
+def test_every_worker_routes_every_model(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "one", gpu_memory_utilization=0.4),
                  model_block(tmp_path, "two", gpu_memory_utilization=0.4, aliases=["two:1b"]))
@@ -320,7 +319,7 @@ def test_every_worker_routes_every_model(vllama, tmp_path, ledger):  # noqa: F81
     assert v.stop() == 0
 
 
-def test_readyz_with_several_models_waits_for_every_first_start_then_survives_a_failed_one(vllama, tmp_path, ledger):  # noqa: F811
+def test_readyz_with_several_models_waits_for_every_first_start_then_survives_a_failed_one(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "good", gpu_memory_utilization=0.3),
                  model_block(tmp_path, "broken", gpu_memory_utilization=0.3))
@@ -353,7 +352,7 @@ def test_readyz_with_several_models_waits_for_every_first_start_then_survives_a_
     assert v.stop() == 0
 
 
-def test_v1_without_a_model_or_with_bad_json_is_answered_without_waking_anything(vllama, tmp_path, ledger):  # noqa: F811
+def test_v1_without_a_model_or_with_bad_json_is_answered_without_waking_anything(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "a", gpu_memory_utilization=0.6, sleep_mode=True),
                  model_block(tmp_path, "b", gpu_memory_utilization=0.6, preload=False))
@@ -373,7 +372,7 @@ def test_v1_without_a_model_or_with_bad_json_is_answered_without_waking_anything
     assert v.stop() == 0
 
 
-def test_a_sleeping_model_is_stopped_when_its_cuda_context_is_in_the_way(vllama, tmp_path, ledger):  # noqa: F811
+def test_a_sleeping_model_is_stopped_when_its_cuda_context_is_in_the_way(vllama, tmp_path, ledger):
     # each vLLM holds ~1% of the GPU beyond its share (--gpu-context-share 0.01), asleep too:
     # c (0.98) fits only once both others sleep and one of them is stopped outright
     cfg = config(tmp_path,

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ROOT, TESTS, free_port, wait_http
+from conftest import free_port
 from vllama_proxy.sdnotify import Notifier, attach, describe, run_watchdog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.core import Supervisor
@@ -53,6 +50,17 @@ def _recv(s: socket.socket) -> tuple[str, int | None]:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
             pid = _CRED.unpack(payload[: _CRED.size])[0]
     return data.decode(), pid
+
+
+def _collect(s: socket.socket, quiet: float = 0.5) -> list[str]:
+    """Every datagram until none came for ``quiet`` seconds."""
+    got = []
+    s.settimeout(quiet)
+    while True:
+        try:
+            got.append(_recv(s)[0])
+        except TimeoutError:
+            return got
 
 
 def _short_dir(tmp_path: Path) -> Path:
@@ -179,13 +187,7 @@ def test_attach_follows_supervisor_transitions(sock_path):
         (State.STOPPED, None),
     ]:
         sup._set(state, reason)  # the supervisor's one transition path, listeners included
-    got = []
-    server.settimeout(0.5)
-    while True:
-        try:
-            got.append(_recv(server)[0])
-        except TimeoutError:
-            break
+    got = _collect(server)
     assert got == [
         "STATUS=starting: loading tiny",
         "STATUS=ready: serving tiny",
@@ -216,13 +218,7 @@ def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
     b._set(State.UNLOADED, "no room: needs 0.9 of GPU 0, held by a (0.9, ready)")  # left to load on demand
     c._set(State.STARTING, "requested")
     c._set(State.READY)
-    got = []
-    server.settimeout(0.5)
-    while True:
-        try:
-            got.append(_recv(server)[0])
-        except TimeoutError:
-            break
+    got = _collect(server)
     assert got == [
         "STATUS=a: starting: loading a",
         "STATUS=b: starting: loading b",
@@ -259,7 +255,7 @@ async def test_watchdog_pings_while_the_supervisor_runs_and_stops_quietly(sock_p
     await asyncio.sleep(0.45)  # pings at 0, 0.1, 0.2, 0.3, 0.4
     sup._stop.set()  # a requested stop: the supervisor's task ends normally
     await asyncio.wait_for(dog, 1)
-    got = _drain(server)
+    got = _collect(server)
     assert 4 <= got.count("WATCHDOG=1") <= 6 and set(got) == {"WATCHDOG=1"}
     server.close()
 
@@ -276,7 +272,7 @@ async def test_watchdog_stops_and_triggers_when_the_supervisor_dies(sock_path):
     sup._task = asyncio.create_task(crash())
     n = Notifier(environ={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "200000"})
     await asyncio.wait_for(run_watchdog(sup, n), 2)  # returns by itself: no more pings
-    got = _drain(server)
+    got = _collect(server)
     assert got[-2:] == ["STATUS=failed: supervisor died: RuntimeError('boom')", "WATCHDOG=trigger"]
     assert set(got[:-2]) == {"WATCHDOG=1"} and len(got[:-2]) >= 2
     server.close()
@@ -290,7 +286,7 @@ async def test_watchdog_without_supervisor_pings_until_cancelled(sock_path):
     await asyncio.sleep(0.35)
     assert not dog.done()
     dog.cancel()
-    got = _drain(server)
+    got = _collect(server)
     assert set(got) == {"WATCHDOG=1"} and len(got) >= 3
     server.close()
 
@@ -338,38 +334,25 @@ class _Collector(threading.Thread):
             return [m for m, _ in self.messages]
 
 
-def test_serve_notifies_systemd(tmp_path):
+def test_serve_notifies_systemd(tmp_path, vllama):
     sock = _short_dir(tmp_path) / "n.sock"
     collector = _Collector(_bind(str(sock)))
     collector.start()
-    model = tmp_path / "tiny"
-    model.mkdir()
-    pidfile = tmp_path / "pids"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     env = {
-        **os.environ,
-        "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}",
-        "FAKE_VLLM_PYTHON": sys.executable,
-        "FAKE_VLLM_PIDFILE": str(pidfile),
         "FAKE_VLLM_START_DELAY": "2",  # a loading window in which /readyz is 503
-        "VLLAMA_LOG_FORMAT": "json",
         "NOTIFY_SOCKET": str(sock),
         "WATCHDOG_USEC": "1000000",  # WatchdogSec=1: a ping every 0.5 s
     }
-    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(model), "--port", str(port), "--no-gpu-check",
-           "--health-interval", "0.2", "--startup-poll-interval", "0.1", "--stop-grace", "2", "--drain-timeout", "5"]
-    log = tmp_path / "vllama.log"
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     try:
-        wait_http(url + "/livez", proc)
+        v = vllama(env=env, flags=["--drain-timeout", "5"])
+        proc = v.proc
         # READY=1 must never be seen while /readyz still says no: look at what was sent, then ask
         saw_loading = False
         deadline = time.monotonic() + 30
         while True:
-            assert time.monotonic() < deadline, f"no READY=1; got {collector.snapshot()}\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no READY=1; got {collector.snapshot()}\n{v.log.read_text()[-3000:]}"
             sent = collector.snapshot()
-            ready = httpx.get(url + "/readyz")
+            ready = httpx.get(v.url + "/readyz")
             if "READY=1" in sent:
                 assert ready.status_code == 200, ready.text
                 break
@@ -380,16 +363,12 @@ def test_serve_notifies_systemd(tmp_path):
         time.sleep(1.2)  # watchdog pings go on while ready
 
         # systemd's variables are for vllama alone: vLLM (and any worker) must not inherit them
-        vllm_env = Path(f"/proc/{int(Path(str(pidfile) + '.server').read_text())}/environ").read_bytes().split(b"\0")
-        assert not [v for v in vllm_env if v.startswith((b"NOTIFY_SOCKET=", b"WATCHDOG_USEC=", b"WATCHDOG_PID="))]
+        vllm_env = Path(f"/proc/{v.server_pid()}/environ").read_bytes().split(b"\0")
+        assert not [e for e in vllm_env if e.startswith((b"NOTIFY_SOCKET=", b"WATCHDOG_USEC=", b"WATCHDOG_PID="))]
 
         before_term = len(collector.snapshot())
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        assert v.stop() == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         time.sleep(0.3)  # let the reader take the last datagrams
         collector.done.set()
         collector.join(2)
