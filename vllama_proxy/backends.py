@@ -33,12 +33,6 @@ class Backend:
     """A :class:`BackendSpec` in this process: ``upstream`` is its client, ``board`` its status."""
 
     def __init__(self, spec: BackendSpec, upstream: Upstream) -> None:
-        self.spec = spec
         self.upstream = upstream
         self.board = spec.board
         self.model = spec.model
-
-    @property
-    def name(self) -> str:
-        """The served name (or the URL for an ``--upstream`` server)."""
-        return self.model.name if self.model is not None else self.spec.url

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from .errors import ModelNotFound, UpstreamError
 from .logs import get_logger
 from .model_files import ModelFiles, read_model_files
+from .models_config import has_flag, vllm_arg
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import AliasStore
@@ -74,19 +75,13 @@ def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
     (``suffix``) never: vLLM's completions endpoint does not support ``suffix``.
     """
     args = model.vllm_args
-    flags = set(args)
-    values = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
-    for a in args:
-        if a.startswith("--") and "=" in a:
-            k, v = a.split("=", 1)
-            values[k] = v
-            flags.add(k)
-    pooling = values.get("--runner") == "pooling" or values.get("--task") in ("embed", "embedding") or values.get("--convert") == "embed"
+    pooling = (vllm_arg(args, "--runner") == "pooling" or vllm_arg(args, "--task") in ("embed", "embedding")
+               or vllm_arg(args, "--convert") == "embed")
     caps = ["embedding"] if pooling else ["completion"]
     if not pooling:
-        if "--enable-auto-tool-choice" in flags and "--tool-call-parser" in flags:
+        if has_flag(args, "--enable-auto-tool-choice") and has_flag(args, "--tool-call-parser"):
             caps.append("tools")
-        if "--reasoning-parser" in flags:
+        if has_flag(args, "--reasoning-parser"):
             caps.append("thinking")
         cfg = files.config
         if "vision_config" in cfg or "image_token_id" in cfg or "image_token_index" in cfg:
@@ -177,7 +172,7 @@ class Catalog:
         return self._store
 
     def is_configured_alias(self, name: str) -> bool:
-        """Whether ``name`` is an alias from the settings (which ``/api/delete`` cannot remove)."""
+        """Whether ``name`` is an alias from the settings (``/api/copy`` does not replace those)."""
         return strip_latest(name).casefold() in self._folded
 
     def names_for(self, model: ServedModel) -> list[str]:

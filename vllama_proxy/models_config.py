@@ -25,14 +25,16 @@ VLLM_DEFAULT_GPU_SHARE = 0.9
 
 
 def vllm_arg(args: list[str] | tuple[str, ...], *names: str) -> str | None:
-    """The value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``), else ``None``."""
+    """The value of ``names`` (one flag and its aliases) in ``args`` (``--flag value`` or
+    ``--flag=value``), the last one given winning as in vLLM's argparse; else ``None``."""
+    found = None
     for i, a in enumerate(args):
         for name in names:
             if a == name and i + 1 < len(args):
-                return args[i + 1]
-            if a.startswith(name + "="):
-                return a.split("=", 1)[1]
-    return None
+                found = args[i + 1]
+            elif a.startswith(name + "="):
+                found = a.split("=", 1)[1]
+    return found
 
 
 def has_flag(args: list[str] | tuple[str, ...], name: str) -> bool:

@@ -172,14 +172,13 @@ def describe(state: State, reason: str | None, served_name: str, restarts: int =
     return f"{state.value}: {reason}" if reason else state.value
 
 
-def attach(target: Supervisor | ModelPool, notifier: Notifier) -> Callable[[State, str | None], None]:
+def attach(target: Supervisor | ModelPool, notifier: Notifier) -> None:
     """Subscribe ``notifier`` to the transitions of a supervisor, or of every supervisor in a pool.
 
     Sends ``STATUS=`` for the current state now and on every transition (prefixed with the
     model's name when there are several), ``READY=1`` once every model has settled (been
     ready once, or is left to load on demand: unloaded or asleep; with several models,
-    also failed), ``STOPPING=1`` when one becomes ``stopping``. Call it before starting
-    them. Returns the last listener added.
+    also failed), ``STOPPING=1`` when one becomes ``stopping``. Call it before starting them.
     """
     supervisors = list(getattr(target, "supervisors", [target]))
     many = len(supervisors) > 1
@@ -190,9 +189,14 @@ def attach(target: Supervisor | ModelPool, notifier: Notifier) -> Callable[[Stat
         line = describe(state, reason, sup.served_name, sup.restarts)
         return f"{sup.served_name}: {line}" if many else line
 
+    def ready_once_settled() -> None:
+        nonlocal ready_sent
+        if not ready_sent and len(settled) == len(supervisors):
+            ready_sent = True
+            notifier.ready()
+
     def listener(sup: Supervisor) -> Callable[[State, str | None], None]:
         def on_transition(state: State, reason: str | None) -> None:
-            nonlocal ready_sent
             if state is State.STOPPING:
                 notifier.stopping(text(sup, state, reason))
                 return
@@ -201,23 +205,15 @@ def attach(target: Supervisor | ModelPool, notifier: Notifier) -> Callable[[Stat
             # why); a single model that fails never reports ready, so the start fails loudly.
             if state in (State.READY, State.UNLOADED, State.SLEEPING) or (many and state is State.FAILED):
                 settled.add(id(sup))
-            if not ready_sent and len(settled) == len(supervisors):
-                ready_sent = True
-                notifier.ready()
+            ready_once_settled()
 
         return on_transition
 
     for sup in supervisors:
         notifier.status(text(sup, sup.state, None))
-    on_transition = None
     for sup in supervisors:
-        on_transition = listener(sup)
-        sup.listeners.append(on_transition)
-    if not ready_sent and len(settled) == len(supervisors):  # nothing preloads: ready at once
-        ready_sent = True
-        notifier.ready()
-    assert on_transition is not None
-    return on_transition
+        sup.listeners.append(listener(sup))
+    ready_once_settled()  # nothing preloads: ready at once
 
 
 async def run_watchdog(supervisor: Supervisor | ModelPool | None, notifier: Notifier) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from .models_config import ModelConfig, served_name_for, vllm_arg
+from .models_config import RESERVED_VLLM_ARGS, ModelConfig, served_name_for, vllm_arg
 
 #: Ollama's default port (``envconfig.Host`` in ollama/ollama).
 OLLAMA_DEFAULT_PORT = 11434
@@ -254,7 +254,7 @@ class Settings(BaseSettings):
         # vLLM must only ever listen on loopback, on the port the supervisor chose.
         if self.model:
             for arg in self.vllm_args:
-                if arg.split("=", 1)[0] in ("--host", "--port", "--served-model-name"):
+                if arg.split("=", 1)[0] in RESERVED_VLLM_ARGS:
                     raise ValueError(f"{arg.split('=', 1)[0]} is set by vllama; use --vllm-port / --served-model-name")
         return self
 

@@ -60,6 +60,7 @@ class WorkerPool:
 
     def __init__(self, settings: Settings, backends: list[BackendSpec]) -> None:
         self._args = (settings, backends)
+        self._boards = [spec.board for spec in backends if spec.board is not None]
         self._procs: dict[int, BaseProcess] = {}
         self._stopping = False
         self._monitor: asyncio.Task[None] | None = None
@@ -95,9 +96,8 @@ class WorkerPool:
                     from prometheus_client import multiprocess
 
                     multiprocess.mark_process_dead(p.pid)  # its in-flight gauge no longer counts
-                for spec in self._args[1]:
-                    if spec.board is not None:
-                        spec.board.reset_slot(i)  # its requests died with it: no model stays "busy" forever
+                for board in self._boards:
+                    board.reset_slot(i)  # its requests died with it: no model stays "busy" forever
                 self._spawn(i)
 
     async def stop(self, timeout: float) -> None:

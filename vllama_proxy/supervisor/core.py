@@ -247,7 +247,7 @@ class Supervisor:
     def _keep_alive_from_now(self) -> None:
         # Ready again: wake requests are fulfilled (waiters re-ask while they poll), and a
         # fresh load starts the default keep_alive, unless a request asked for longer.
-        self.board.take_wake()
+        self.board.clear_wake()
         default = self.board.keep_alive
         until = math.inf if default < 0 else time.time() + default
         if self.board.expires_at < until:

@@ -48,7 +48,7 @@ def _is_note(text: str | None) -> bool:
 
 def model_keep_alive(settings: Settings, spec: ModelConfig) -> float:
     """The model's default keep_alive in seconds (its own, else ``--keep-alive``; negative: forever)."""
-    return parse_keep_alive(spec.keep_alive, default=settings.keep_alive_seconds()) if spec.keep_alive else settings.keep_alive_seconds()
+    return parse_keep_alive(spec.keep_alive, default=settings.keep_alive_seconds())
 
 
 class ModelPool:

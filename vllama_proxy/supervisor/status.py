@@ -113,11 +113,9 @@ class StatusBoard:
         """Ask the supervisor (in whichever process) to wake or reload the model; lasts ``WANT_TTL`` s."""
         self._wanted.value = time.time()
 
-    def take_wake(self) -> bool:
-        """The supervisor's side: whether a wake is wanted now (and clear the request)."""
-        wanted = self.waking
+    def clear_wake(self) -> None:
+        """The supervisor's side: the model is ready, wake requests are fulfilled."""
         self._wanted.value = 0.0
-        return wanted
 
     @property
     def waking(self) -> bool:
