@@ -209,7 +209,7 @@ def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
     server = _bind(str(sock_path))
     specs = [ModelConfig(model="/a", name="a"), ModelConfig(model="/b", name="b"), ModelConfig(model="/c", name="c", preload=False),
              ModelConfig(model="/d", name="d")]
-    pool = ModelPool(Settings(gpu_check=False), specs, [free_port() for _ in specs])
+    pool = ModelPool(Settings(workers=1, gpu_check=False), specs, [free_port() for _ in specs])
     a, b, c, d = pool.supervisors
     n = Notifier(environ={"NOTIFY_SOCKET": str(sock_path)})
     attach(pool, n)

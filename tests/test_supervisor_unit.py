@@ -85,7 +85,7 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
         ModelConfig(model="/c", name="c", gpu_memory_utilization=0.7, gpus=[1]),
         ModelConfig(model="/p", name="p", gpu_memory_utilization=0.2, gpus=[0], pin=True),
     ]
-    pool = ModelPool(Settings(gpu_check=False, gpu_context_share=0), specs, [free_port() for _ in specs])
+    pool = ModelPool(Settings(workers=1, gpu_check=False, gpu_context_share=0), specs, [free_port() for _ in specs])
     a, b, big, c, p = pool.supervisors
     assert pool.fits(a) and pool.fits(big)
     a.holds_gpu = b.holds_gpu = True  # 0.8 of GPU 0 taken
@@ -101,7 +101,8 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
     time.sleep(0.01)
     c.board.touch(60)
     assert pool.victim(big) is a  # least recently used among those sharing a GPU with it
-    a.board.begin(0)  # a request in flight: not evictable
+    a.board.publish(State.READY, since=time.time(), restarts=0, pid=None, last_error=None, last_output="")
+    assert a.board.try_begin(0)  # a request in flight: not evictable
     assert pool.victim(big) is b
     a.board.end(0)
     a.board.wait_begin(0)  # a request waiting for it (it just became ready): not evictable
@@ -125,7 +126,7 @@ def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_rea
     from vllama_proxy.supervisor.pool import ModelPool
 
     specs = [ModelConfig(model=f"/{n}", name=n, gpu_memory_utilization=u) for n, u in (("a", 0.5), ("b", 0.5), ("z", 0.45), ("c", 0.45))]
-    pool = ModelPool(Settings(gpu_check=False), specs, [free_port() for _ in specs])  # context share 0.01
+    pool = ModelPool(Settings(workers=1, gpu_check=False), specs, [free_port() for _ in specs])  # context share 0.01
     a, b, z, c = pool.supervisors
     a.holds_gpu = True
     assert not pool.fits(b)  # 0.5 + 0.01 twice is over the GPU: vLLM's own check would refuse b
@@ -136,7 +137,7 @@ def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_rea
     a.holds_gpu, a.state, a.child = False, State.SLEEPING, object()  # asleep: only its context, 0.01
     assert pool.fits(c)  # 0.01 + 0.46 + 0.46
     big = ModelConfig(model="/big", name="big", gpu_memory_utilization=0.99)
-    pool2 = ModelPool(Settings(gpu_check=False), [specs[0], big], [free_port(), free_port()])
+    pool2 = ModelPool(Settings(workers=1, gpu_check=False), [specs[0], big], [free_port(), free_port()])
     sleeper, wanted = pool2.supervisors
     sleeper.state, sleeper.child = State.SLEEPING, object()
     assert not pool2.fits(wanted) and pool2.victim(wanted) is sleeper  # no ready model to evict: stop the sleeping one

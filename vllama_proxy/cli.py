@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     settings = load_settings(rest)
     configure_logging(settings.log_level, settings.log_format)
+    from .sizing import resolve
+
+    settings, front = resolve(settings)  # --workers auto -> a number, and each vLLM's API servers
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # Before prometheus-client is first imported: every worker writes its metric
         # values there and /metrics on any worker aggregates them.
@@ -120,12 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     if settings.upstream:
         from .server import serve_upstream
 
-        run_loop(serve_upstream(settings))
+        run_loop(serve_upstream(settings, front))
         return
     if settings.model_specs():
         from .server import serve_supervised
 
-        run_loop(serve_supervised(settings))
+        run_loop(serve_supervised(settings, front))
         return
     print("vllama serve: give --upstream URL (proxy a running vLLM), --model M (launch vLLM) "
           "or --config FILE with [[models]]", file=sys.stderr)

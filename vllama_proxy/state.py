@@ -6,9 +6,12 @@ from aiohttp import web
 
 from .catalog import Catalog
 from .settings import Settings
+from .sizing import Plan
 
 SETTINGS = web.AppKey("settings", Settings)
 #: The served models, and the backend (vLLM server, status board) of each.
 CATALOG = web.AppKey("catalog", Catalog)
 #: This process's index among ``--workers``: its slot in each board's in-flight counts.
 WORKER = web.AppKey("worker", int)
+#: How many processes each side of the front end runs, and why (``sizing.py``).
+FRONT_END = web.AppKey("front_end", Plan)

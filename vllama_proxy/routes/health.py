@@ -11,7 +11,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from ..state import CATALOG
+from ..state import CATALOG, FRONT_END
 from ..supervisor import probes
 
 
@@ -26,7 +26,8 @@ async def readyz(request: web.Request) -> web.Response:
     One model: its status (``state``, ``since``, ``restarts``, ``last_error``...). Several:
     ``{"state": "ready"|"unavailable", "models": [status, ...]}``, 503 until every model is
     past its first start, then 200 whenever some model is ready, asleep, unloaded or loading
-    for a request. A model restarting or failed shows in the body only.
+    for a request. A model restarting or failed shows in the body only. ``front_end`` says
+    how many processes vllama and each vLLM serve with, and why (``sizing.py``).
     """
     backends = request.app[CATALOG].backends
     boards = [b.board for b in backends if b.board is not None]
@@ -43,4 +44,5 @@ async def readyz(request: web.Request) -> web.Response:
         code = await probes.health(backends[0].upstream)
         ready = code == 200
         body = {"state": "ready" if ready else "unavailable", "upstream_health": code}
+    body["front_end"] = request.app[FRONT_END].as_dict()
     return web.Response(status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json")

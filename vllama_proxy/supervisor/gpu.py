@@ -111,3 +111,22 @@ def wait_released(pids: Collection[int], timeout: float, interval: float = 0.5) 
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
+
+
+def smallest(indices: Collection[int]) -> tuple[int, str] | None:
+    """``(total bytes, name)`` of the GPU with the least memory among ``indices`` (nvidia-smi
+    order), or ``None`` without NVML: what vLLM's defaults that depend on the GPU see."""
+    try:
+        _init()
+    except GpuUnavailable:
+        return None
+    try:
+        found = []
+        for i in indices:
+            if i < pynvml.nvmlDeviceGetCount():
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(h)
+                found.append((int(pynvml.nvmlDeviceGetMemoryInfo(h).total), name.decode() if isinstance(name, bytes) else name))
+        return min(found) if found else None
+    finally:
+        pynvml.nvmlShutdown()

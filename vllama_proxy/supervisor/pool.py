@@ -55,7 +55,7 @@ class ModelPool:
     """Supervisors of every configured model, and the GPU memory they share.
 
     Args:
-        settings: vllama settings (``load_timeout`` bounds the wait for room).
+        settings: vllama settings (``load_timeout`` bounds the wait for room; ``workers`` resolved by ``sizing.resolve``).
         specs: the models, in config order (preloads are admitted in this order).
         ports: the loopback port of each model's vLLM, in the same order.
     """

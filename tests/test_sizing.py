@@ -1,0 +1,155 @@
+"""The front end's automatic size: CPUs seen (affinity, cgroup quota) -> vLLM's API servers and vllama's workers.
+
+Unit tests of the rule and of the cgroup readers (on cgroup files made here), then the real
+thing: ``vllama serve --model`` with the stand-in vllm, whose command line and worker
+processes are read back with psutil.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from vllama_proxy.models_config import ModelConfig
+from vllama_proxy.sizing import plan, usable_cpus, with_api_servers
+
+
+def one(*vllm_args: str, **kw) -> list[ModelConfig]:
+    return [ModelConfig(model="/m", name="m", vllm_args=list(vllm_args), **kw)]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "args", "api", "workers"),
+    [
+        (16, (), 4, 4),  # the lent H200 machine: 1 engine core, then a quarter of 15 each
+        (32, ("--data-parallel-size", "2"), 8, 8),  # 2 engines: 30 left, 4 API servers per engine
+        (8, (), 2, 2),
+        (2, (), 1, 1),  # this CI machine: vLLM's own default, one worker
+        (4, ("--data-parallel-size", "4"), 4, 1),  # never fewer API servers than vLLM's default (the DP size)
+        (128, (), 8, 32),  # capped: 8 API servers per engine, 32 workers
+        (16, ("--tensor-parallel-size", "4"), 3, 3),  # 4 GPU workers + 1 engine core kept
+    ],
+)
+def test_rule(cpus, args, api, workers):
+    p = plan(cpus, "test", one(*args), None)
+    assert (p.api_servers["m"], p.workers) == (api, workers)
+    assert p.api_servers_source["m"] == "auto" and p.workers_source == "auto"
+
+
+def test_explicit_flags_win():
+    p = plan(16, "test", one("--api-server-count", "3"), 2)
+    assert (p.api_servers["m"], p.api_servers_source["m"], p.workers, p.workers_source) == (3, "vllm_args", 2, "--workers")
+    spec = one("--api-server-count=3")[0]
+    assert with_api_servers(spec, plan(16, "t", [spec], None)).vllm_args == ["--api-server-count=3"]  # not added again
+
+
+@pytest.mark.parametrize("flag", [["--headless"], ["--data-parallel-rank", "0"], ["--data-parallel-external-lb"], ["--grpc"]])
+def test_vllm_decides_where_it_must(flag):
+    p = plan(16, "test", one(*flag), None)
+    assert p.api_servers_source["m"] == "vllm"
+    assert "--api-server-count" not in with_api_servers(one(*flag)[0], p).vllm_args
+
+
+def test_runtime_lora_updating_keeps_one_api_server(monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")  # vLLM refuses it with several
+    assert plan(16, "test", one(), None).api_servers["m"] == 1
+
+
+def test_several_models_share_the_cores():
+    specs = [ModelConfig(model="/a", name="a"), ModelConfig(model="/b", name="b", vllm_args=["--api-server-count", "5"])]
+    p = plan(32, "test", specs, None)
+    assert p.api_servers == {"a": 4, "b": 5}  # (32 - 2) / 4 / 2 models, rounded; b as given
+    assert p.workers == 8
+
+
+def test_api_servers_added_only_when_not_vllms_default():
+    spec = one()[0]
+    assert with_api_servers(spec, plan(16, "t", [spec], None)).args()[-2:] == ["--api-server-count", "4"]
+    assert with_api_servers(spec, plan(2, "t", [spec], None)).args() == []  # 1: vLLM's default, left out
+
+
+def cgroup_v2(tmp_path: Path, quotas: dict[str, str]) -> tuple[Path, Path]:
+    root = tmp_path / "cg"
+    for rel, quota in quotas.items():
+        d = root / rel
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpu.max").write_text(quota + "\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/kubepods/pod1/ctr\n")
+    return root, proc
+
+
+def test_cgroup_v2_quota_smallest_up_the_tree(tmp_path):
+    root, proc = cgroup_v2(tmp_path, {"kubepods/pod1/ctr": "max 100000", "kubepods/pod1": "250000 100000", "kubepods": "max 100000"})
+    cpus, source = usable_cpus(root, proc)
+    import os
+
+    if len(os.sched_getaffinity(0)) > 2.5:
+        assert cpus == 2.5 and "quota 2.5" in source
+    else:  # this machine has fewer CPUs than the quota: affinity wins
+        assert cpus == len(os.sched_getaffinity(0)) and source.startswith("CPU affinity")
+    root, proc = cgroup_v2(tmp_path / "b", {"kubepods/pod1/ctr": "50000 100000"})
+    assert usable_cpus(root, proc) == (1.0, f"cgroup CPU quota 0.5 (affinity {len(os.sched_getaffinity(0))})")  # at least 1
+
+
+def test_cgroup_v1_quota(tmp_path):
+    root = tmp_path / "cg"
+    d = root / "cpu,cpuacct" / "docker" / "abc"
+    d.mkdir(parents=True)
+    (d / "cpu.cfs_quota_us").write_text("100000\n")
+    (d / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n")
+    assert usable_cpus(root, proc)[0] == 1.0
+    (d / "cpu.cfs_quota_us").write_text("-1\n")  # no quota
+    import os
+
+    assert usable_cpus(root, proc)[0] == len(os.sched_getaffinity(0))
+
+
+def test_no_cgroup_files_means_affinity(tmp_path):
+    import os
+
+    assert usable_cpus(tmp_path / "none", tmp_path / "none")[0] == len(os.sched_getaffinity(0))
+
+
+# ----------------------------------------------------------------------------- the real thing
+
+
+def worker_count(pid: int) -> int:
+    return sum("spawn_main" in " ".join(p.cmdline()) for p in psutil.Process(pid).children())
+
+
+def wait_workers(v, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while worker_count(v.proc.pid) != n - 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert worker_count(v.proc.pid) == n - 1  # the main process is worker 0
+
+
+def test_sixteen_cpus_give_four_api_servers_and_four_workers(vllama):
+    v = vllama(flags=["--cpus", "16"])
+    body = v.wait_state("ready")
+    argv = psutil.Process(v.server_pid()).cmdline()
+    assert argv[argv.index("--api-server-count") + 1] == "4"
+    wait_workers(v, 4)
+    assert body["front_end"]["workers"] == 4 and body["front_end"]["cpus_source"] == "--cpus"
+    assert body["front_end"]["vllm_api_servers"] == {"tiny": {"count": 4, "source": "auto"}}
+    # vLLM makes its own Prometheus directory for its API servers: vllama's (4 workers) is not passed on
+    env = psutil.Process(v.server_pid()).environ()
+    assert "PROMETHEUS_MULTIPROC_DIR" not in env
+    assert "front_end" in (v.log.read_text())
+
+
+def test_explicit_workers_and_api_server_count_win(vllama):
+    v = vllama(flags=["--cpus", "16", "--workers", "2"], vllm_args=["--api-server-count", "3"])
+    body = v.wait_state("ready")
+    argv = psutil.Process(v.server_pid()).cmdline()
+    assert argv.count("--api-server-count") == 1 and argv[argv.index("--api-server-count") + 1] == "3"
+    wait_workers(v, 2)
+    assert body["front_end"]["workers_source"] == "--workers"
+    assert httpx.post(v.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False}).status_code == 200

@@ -1,0 +1,200 @@
+"""How many processes the front end gets: vLLM's API servers and vllama's own workers.
+
+vLLM streams through its API-server process: with one (vLLM's default), detokenizing
+and writing SSE caps a 1.4 B model on an H200 at ~13-15k output tokens/s while the GPU
+does ~37-40k (issue 11, ``benchmarks/RESULTS.md``). vLLM's ``--api-server-count N`` (RFC
+#12705, PR #17546) runs N API-server processes on one port; vllama's ``--workers N`` does
+the same for the proxy. Both cost cores that the engine core (one busy core per GPU
+process) and the clients also need, and oversubscribing the cores starves the engine
+core's scheduling loop, which idles the GPU. So the split is read from what this process
+may really use: its CPU affinity and its cgroup's CPU quota (a container's ``--cpus``,
+a Kubernetes limit), not the host's core count.
+
+The rule (measured on the lent 16-core H200 machine; issue 11): one core per GPU process
+is kept for vLLM's engine, and a quarter of the rest goes to each front end: vLLM's API
+servers (at least the data-parallel size, vLLM's own default, at most 8 per engine) and
+vllama's workers (1 to 32). 16 cores and one GPU give 4 + 4; 32 cores and data parallel 2
+give 8 + 8. The other half stays free for the clients, the kernel's network work and
+uneven load across processes. Explicit flags always win; every choice is logged and shown
+in ``/readyz``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .models_config import ModelConfig, has_flag, vllm_arg
+from .settings import Settings
+
+#: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200 (issue 11).
+MAX_API_SERVERS_PER_ENGINE = 8
+#: Most vllama workers chosen automatically.
+MAX_AUTO_WORKERS = 32
+#: vLLM flags under which it decides its API servers itself (headless, external or hybrid
+#: load balancing, one server per rank, gRPC): vllama leaves ``--api-server-count`` alone.
+_VLLM_DECIDES = (
+    "--api-server-count", "-asc", "--headless", "--data-parallel-external-lb", "--data-parallel-rank", "-dpn",
+    "--data-parallel-hybrid-lb", "--data-parallel-start-rank", "-dpr", "--data-parallel-multi-port-external-lb",
+    "--grpc",
+)
+
+
+def _cgroup_quota(root: Path, proc_cgroup: Path) -> float | None:
+    """CPUs allowed by the cgroup quota of this process and its ancestors (smallest wins), or None.
+
+    cgroup v2: ``cpu.max`` = ``"QUOTA PERIOD"`` or ``"max PERIOD"``; v1: ``cpu.cfs_quota_us``
+    (-1: none) / ``cpu.cfs_period_us`` in the ``cpu`` controller's hierarchy.
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    found: list[float] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2 unified hierarchy
+            base, files = root, ("cpu.max",)
+        elif "cpu" in controllers.split(","):
+            base = root / controllers if (root / controllers).is_dir() else root / "cpu"
+            files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        d = base / path.lstrip("/")
+        while True:
+            q = _read_quota(d, files)
+            if q is not None:
+                found.append(q)
+            if d == base or not str(d).startswith(str(base)):
+                break
+            d = d.parent
+    return min(found) if found else None
+
+
+def _read_quota(d: Path, files: tuple[str, ...]) -> float | None:
+    try:
+        if len(files) == 1:
+            quota, period = (d / files[0]).read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota = int((d / files[0]).read_text())
+        period = int((d / files[1]).read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[float, str]:
+    """``(CPUs, how they were found)``: the CPU affinity's size, lowered to the cgroup CPU quota.
+
+    A quota of 2.5 CPUs counts as 2.5 (the callers round). Never less than 1.
+    """
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = os.cpu_count() or 1
+    quota = _cgroup_quota(root, proc_cgroup)
+    if quota is not None and quota < affinity:
+        return max(quota, 1.0), f"cgroup CPU quota {quota:g} (affinity {affinity})"
+    return float(affinity), f"CPU affinity {affinity}"
+
+
+def engine_cores(spec: ModelConfig) -> int:
+    """Cores vLLM's engine keeps busy for one model: one per GPU process (tensor x pipeline x data
+    parallel), plus one engine-core process per data-parallel rank when its workers are separate
+    processes (tensor or pipeline parallel > 1)."""
+    gpus = spec.gpu_count_needed()
+    dp = _dp(spec)
+    return gpus + (dp if gpus > dp else 0)
+
+
+def _dp(spec: ModelConfig) -> int:
+    return int(vllm_arg(spec.args(), "--data-parallel-size", "-dp") or 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The front end's size, as chosen (logged at start, shown in ``/readyz`` as ``front_end``).
+
+    Attributes:
+        cpus: CPUs this process may use, and ``cpus_source`` how that was found.
+        workers: vllama proxy processes; ``workers_source`` ``"auto"`` or ``"--workers"``.
+        api_servers: served name -> vLLM API servers, and for each how it was decided
+            (``"auto"``, ``"vllm_args"``: given after ``--``, ``"vllm"``: vLLM's own default).
+    """
+
+    cpus: float
+    cpus_source: str
+    workers: int
+    workers_source: str
+    api_servers: dict[str, int] = field(default_factory=dict)
+    api_servers_source: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "cpus": self.cpus,
+            "cpus_source": self.cpus_source,
+            "workers": self.workers,
+            "workers_source": self.workers_source,
+            "vllm_api_servers": {n: {"count": c, "source": self.api_servers_source[n]} for n, c in self.api_servers.items()},
+        }
+
+
+def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None) -> Plan:
+    """Choose vllama's workers and each model's vLLM API servers for ``cpus`` usable CPUs.
+
+    Args:
+        cpus: usable CPUs (:func:`usable_cpus`, or ``--cpus``).
+        cpus_source: how ``cpus`` was found, for the log and ``/readyz``.
+        specs: the models vllama launches (empty with ``--upstream``: vLLM runs elsewhere).
+        workers: ``--workers`` if given (it wins), else ``None`` for the automatic choice.
+    """
+    reserved = sum(engine_cores(s) for s in specs)
+    front = max(cpus - reserved, 0.0)
+    api: dict[str, int] = {}
+    source: dict[str, str] = {}
+    for s in specs:
+        dp = _dp(s)
+        given = vllm_arg(s.args(), "--api-server-count", "-asc")
+        if given is not None and given.isdigit():
+            api[s.served_name], source[s.served_name] = int(given), "vllm_args"
+        elif any(has_flag(s.args(), f) for f in _VLLM_DECIDES) or not _multi_api_allowed():
+            api[s.served_name], source[s.served_name] = dp, "vllm"
+        else:
+            share = front / 4 / len(specs)
+            api[s.served_name] = min(max(round(share), dp), MAX_API_SERVERS_PER_ENGINE * dp)
+            source[s.served_name] = "auto"
+    if workers is None:
+        chosen, wsource = min(max(round(front / 4), 1), MAX_AUTO_WORKERS), "auto"
+    else:
+        chosen, wsource = workers, "--workers"
+    return Plan(cpus, cpus_source, chosen, wsource, api, source)
+
+
+def _multi_api_allowed() -> bool:
+    """vLLM refuses several API servers with runtime LoRA updating, and runs one with its Rust front end."""
+    lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true")
+    return not lora and not os.environ.get("VLLM_RUST_FRONTEND_PATH")
+
+
+def with_api_servers(spec: ModelConfig, plan_: Plan) -> ModelConfig:
+    """``spec`` with ``--api-server-count N`` added to its vLLM arguments when vllama chose N
+    and N differs from vLLM's own default (the data-parallel size)."""
+    n = plan_.api_servers.get(spec.served_name)
+    if plan_.api_servers_source.get(spec.served_name) != "auto" or n is None or n == _dp(spec):
+        return spec
+    return spec.model_copy(update={"vllm_args": [*spec.vllm_args, "--api-server-count", str(n)]})
+
+
+def resolve(settings: Settings) -> tuple[Settings, Plan]:
+    """The settings with ``workers`` made a number, and the :class:`Plan` behind it.
+
+    ``--cpus`` replaces the detected CPUs; ``--workers N`` and ``--api-server-count`` after ``--``
+    (or in a model's ``vllm_args``) win over the automatic choice.
+    """
+    if settings.cpus is not None:
+        cpus, source = settings.cpus, "--cpus"
+    else:
+        cpus, source = usable_cpus()
+    p = plan(cpus, source, settings.model_specs(), None if settings.workers == "auto" else int(settings.workers))
+    return settings.model_copy(update={"workers": p.workers}), p
