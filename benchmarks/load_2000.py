@@ -18,11 +18,9 @@ the fake: RSS before / peak / after (psutil, sampled every 100 ms, summed over t
 tree), open file descriptors peak (``num_fds``), ``RLIMIT_NOFILE`` (``/proc/<pid>/limits``)
 and CPU seconds used during the load.
 
-The proxy bounds inference requests in flight to its running capacity plus ``--max-queue``
-(default 256 + 512) and answers Ollama's 503 "server busy" beyond that; the fake has no
-such limit, so unless ``--proxy-arg`` sets ``--max-queue`` this passes
-``--max-queue=<clients>`` (when ``vllama serve`` has the flag) so that what is measured is
-whether 2,000 streams are *held*, not the admission policy.
+The proxy runs with its default admission (running capacity + ``--max-queue``, one bound
+for all workers: 1024 + 8192 with ``--upstream``), so a burst beyond that gets Ollama's 503
+"server busy"; ``--proxy-arg`` passes other flags.
 
 Bounded: ``--clients`` requests, one burst; the burst is abandoned after ``--timeout``
 seconds (counted as unanswered); traffic only to 127.0.0.1; subprocesses always stopped
@@ -81,18 +79,6 @@ def nofile_limits(pid: int) -> tuple[str, str]:
         return "?", "?"
     m = re.search(r"^Max open files\s+(\S+)\s+(\S+)", text, re.M)
     return (m.group(1), m.group(2)) if m else ("?", "?")
-
-
-def proxy_flags(clients: int, extra: list[str]) -> list[str]:
-    """``--max-queue=<clients>`` unless given, when this ``vllama serve`` has the flag."""
-    if any(a.startswith("--max-queue") for a in extra):
-        return []
-    try:
-        helptext = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--help"], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [f"--max-queue={clients}"] if "--max-queue" in helptext else []
 
 
 # --------------------------------------------------------------------------- sampling
@@ -364,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                                "--host", "127.0.0.1", "--port", str(fport), "--served-model-name", MODEL,
                                "--max-model-len", "100000"], env, tmp / "fake.log")
         wait_http(fake_url + "/health", fake)
-        flags = ["--workers", str(args.workers), *proxy_flags(args.clients, args.proxy_arg), *args.proxy_arg]
+        flags = ["--workers", str(args.workers), *args.proxy_arg]
         proxy = children.start([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake_url,
                                 "--host", "127.0.0.1", "--port", str(pport), *flags], env, tmp / "proxy.log")
         wait_http(proxy_url + "/", proxy)

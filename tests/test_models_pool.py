@@ -173,7 +173,8 @@ def test_keep_alive_is_per_model(vllama, tmp_path, ledger):
                  model_block(tmp_path, "default", gpu_memory_utilization=0.3),
                  top='keep_alive = "1h"\n')
     v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)})
-    wait_states(v, short="ready", forever="ready", default="ready")
+    # all three load (short may already be asleep again by the time the last one is ready)
+    wait_states(v, forever="ready", default="ready")
     wait_states(v, timeout=10, short="sleeping")
     time.sleep(0.5)
     assert states(v) == {"short": "sleeping", "forever": "ready", "default": "ready"}

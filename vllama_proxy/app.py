@@ -18,16 +18,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from . import access
+from . import access, admission
 from .aliases import AliasStore
 from .backends import Backend, BackendSpec
 from .catalog import Catalog
 from .errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
 from .logs import get_logger
-from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
+from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
 from .settings import Settings
-from .state import CATALOG, SETTINGS, WORKER
+from .sizing import Plan
+from .state import CATALOG, FRONT_END, SETTINGS, WORKER
 from .supervisor.status import StatusBoard
 from .upstream import Upstream
 
@@ -111,41 +112,6 @@ def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamR
     return gate
 
 
-#: Routes whose requests occupy vLLM (plus every POST under /v1/): bounded by --max-queue.
-_INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
-#: Ollama's words for a full queue (``server/sched.go`` ErrMaxQueue).
-BUSY = "server busy, please try again.  maximum pending requests exceeded"
-
-
-def admission(limit: int, retry_after: int) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Middleware bounding inference requests in flight in this process to ``limit``.
-
-    Beyond it the answer is Ollama's 503 ``server busy`` with ``Retry-After`` instead of
-    an ever-growing pile of waiting connections. A plain counter: the event loop runs
-    one handler step at a time, so no lock is needed and nothing waits on it.
-    """
-    in_flight = 0
-    headers = {"Retry-After": str(retry_after)}
-
-    @web.middleware
-    async def bound(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonlocal in_flight
-        if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
-            return await handler(request)
-        if in_flight >= limit:
-            QUEUE_REJECTIONS.inc()
-            return web.Response(status=503, body=error_body(BUSY), content_type="application/json", headers=headers)
-        in_flight += 1
-        IN_FLIGHT.inc()
-        try:
-            return await handler(request)
-        finally:
-            in_flight -= 1
-            IN_FLIGHT.dec()
-
-    return bound
-
-
 async def fallback(request: web.Request) -> web.Response:
     """404 ``404 page not found`` for unknown paths, 405 with ``Allow`` for a known path's other methods."""
     allowed: set[str] = set()
@@ -176,14 +142,17 @@ def _allow(e: web.HTTPException) -> dict[str, str] | None:
     return {"Allow": allow} if allow else None
 
 
-def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 0) -> web.Application:
+def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
+              bound: admission.AdmissionBound) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
 
     Args:
-        settings: the validated settings.
+        settings: the validated settings (``workers`` resolved to a number).
         backends: one per model vllama launches (with its status board), or the one
             ``--upstream`` server.
         worker: this process's index among ``--workers`` (its slot for in-flight counts).
+        front: the front end's plan (processes per side), for ``/readyz``.
+        bound: the server-wide admission count in shared memory (``admission.py``).
     """
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
@@ -194,7 +163,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     boards = [b.board for b in backends if b.board is not None]
     if boards:
         middlewares.append(ready_gate(boards))
-    middlewares.append(admission(settings.inflight_limit(), settings.retry_after))
+    middlewares.append(admission.middleware(bound, worker, settings.retry_after))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
     pool = Upstream(
@@ -209,6 +178,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         aliases.update({a: spec.served_name for a in spec.aliases})
     app[SETTINGS] = settings
     app[WORKER] = worker
+    app[FRONT_END] = front
     app[CATALOG] = Catalog(
         live,
         aliases=aliases,

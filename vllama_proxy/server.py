@@ -11,12 +11,15 @@ import time
 
 from aiohttp import web
 
+from .admission import AdmissionBound, default_max_num_seqs, running_capacity
 from .app import build_app
 from .backends import BackendSpec
 from .catalog import ServedModel
 from .logs import get_logger
+from .models_config import ModelConfig
 from .sdnotify import Notifier, attach, run_watchdog
 from .settings import Settings
+from .sizing import Plan, with_api_servers
 from .supervisor import gpu
 from .supervisor.pool import ModelPool
 from .workers import WorkerPool
@@ -68,15 +71,38 @@ async def wait_for_signal() -> str:
             loop.remove_signal_handler(sig)
 
 
-async def serve_upstream(settings: Settings) -> None:
+def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None) -> AdmissionBound:
+    """The server-wide bound on inference requests: vLLM's running capacity (``--max-running``,
+    else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``,
+    lowered to what the open-file limit allows (two sockets per request in each worker)."""
+    running = settings.max_running or running_capacity(
+        specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
+    )
+    limit = running + settings.max_queue
+    by_files = int(settings.workers) * max((nofile - 64) // 2, 1)
+    if by_files < limit:
+        log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, limit=by_files, wanted=limit)
+        limit = by_files
+    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit)
+    return AdmissionBound(limit, slots=int(settings.workers))
+
+
+def log_front_end(front: Plan) -> None:
+    """One line saying how many processes each side of the front end runs, and why."""
+    log.info("front_end", **front.as_dict())
+
+
+async def serve_upstream(settings: Settings, front: Plan) -> None:
     """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal."""
     assert settings.upstream is not None
     notifier = Notifier()
     nofile = raise_nofile_limit()
+    log_front_end(front)
+    bound = admission_bound(settings, [], nofile, None)
     backends = [BackendSpec(url=settings.upstream)]
-    app = build_app(settings, backends)
+    app = build_app(settings, backends, front=front, bound=bound)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
-    workers = WorkerPool(settings, backends)
+    workers = WorkerPool(settings, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
     notifier.status(f"ready: proxying {settings.upstream}")
@@ -100,7 +126,7 @@ def free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-async def serve_supervised(settings: Settings) -> None:
+async def serve_supervised(settings: Settings, front: Plan) -> None:
     """``vllama serve --model M`` or ``--config`` with ``[[models]]``: launch and keep one
     ``vllm serve`` per model healthy, serve the Ollama API for all of them.
 
@@ -109,7 +135,8 @@ async def serve_supervised(settings: Settings) -> None:
     stop every vLLM's process group, return (exit 0). Exits 1 with one line when there
     is no GPU.
     """
-    specs = settings.model_specs()
+    specs = [with_api_servers(m, front) for m in settings.model_specs()]
+    gpu_info = None
     if settings.gpu_check:
         try:
             needed = {m.served_name: m.gpus for m in specs if m.gpus is not None}
@@ -118,7 +145,10 @@ async def serve_supervised(settings: Settings) -> None:
         except gpu.GpuUnavailable as e:
             print(f"vllama: {e}", file=sys.stderr)
             raise SystemExit(1) from None
+        gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids}))
     nofile = raise_nofile_limit()
+    log_front_end(front)
+    bound = admission_bound(settings, specs, nofile, gpu_info)
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs])
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
@@ -132,9 +162,9 @@ async def serve_supervised(settings: Settings) -> None:
         )
         for sup in pool.supervisors
     ]
-    app = build_app(settings, backends)
+    app = build_app(settings, backends, front=front, bound=bound)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
-    workers = WorkerPool(settings, backends)
+    workers = WorkerPool(settings, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
              models={sup.served_name: sup.port for sup in pool.supervisors})

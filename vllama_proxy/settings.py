@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from .models_config import RESERVED_VLLM_ARGS, ModelConfig, served_name_for, vllm_arg
+from .models_config import RESERVED_VLLM_ARGS, ModelConfig, served_name_for
 
 #: Ollama's default port (``envconfig.Host`` in ollama/ollama).
 OLLAMA_DEFAULT_PORT = 11434
@@ -155,21 +155,28 @@ class Settings(BaseSettings):
 
     # --- request handling --------------------------------------------------------
     max_queue: int = Field(
-        512,
+        8192,
         ge=0,
-        description="Requests allowed to wait beyond what vLLM runs before 503 server busy (OLLAMA_MAX_QUEUE semantics; honoured).",
+        description="Requests allowed to wait beyond what vLLM runs, over all workers, before 503 server busy "
+        "(OLLAMA_MAX_QUEUE semantics; honoured).",
     )
     max_running: int | None = Field(
         None,
         ge=1,
-        description="Requests vLLM runs at once (default: its --max-num-seqs from the arguments after --, else 256).",
+        description="Requests vLLM runs at once (default: the sum over models of --max-num-seqs x --data-parallel-size "
+        "from their vLLM arguments; vLLM's own max-num-seqs default is 1024 on GPUs of 70 GiB or more, else 256).",
     )
     retry_after: int = Field(2, ge=0, description="Seconds in the Retry-After header of a 503 server busy.")
-    workers: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="Proxy processes sharing the port (SO_REUSEPORT); more than 1 when one core cannot keep up with vLLM's token rate.",
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="Proxy processes sharing the port (SO_REUSEPORT); auto: a quarter of the CPUs left after "
+        "one per GPU process of vLLM's engine (see the README's front-end section).",
+    )
+    cpus: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs to plan vLLM's API servers and vllama's workers for (default: this process's CPU affinity, "
+        "lowered to its cgroup CPU quota).",
     )
     max_body_size: int = Field(
         128 * 1024 * 1024,
@@ -234,6 +241,13 @@ class Settings(BaseSettings):
         description="Log format: console on a TTY, JSON otherwise (auto), or forced.",
     )
     access_log: bool = Field(True, description="Log one line per request (route, status, duration).")
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 256:
+            raise ValueError("workers must be auto or 1..256")
+        return v
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -355,15 +369,6 @@ class Settings(BaseSettings):
                 if line and not line.startswith("#"):
                     keys.append(line)
         return keys
-
-    def inflight_limit(self) -> int:
-        """Requests one proxy process admits at once: (vLLM's running capacity + max_queue) / workers."""
-        running = self.max_running
-        if running is None:
-            # vLLM's max_num_seqs (default 256 for the OpenAI server), summed over the models
-            specs = self.model_specs() or [ModelConfig(model="-", vllm_args=self.vllm_args)]
-            running = sum(int(vllm_arg(m.args(), "--max-num-seqs") or 256) for m in specs)
-        return -(-(running + self.max_queue) // self.workers)
 
     @model_validator(mode="after")
     def _ollama_host(self) -> Settings:

@@ -20,28 +20,30 @@ import time
 from multiprocessing.connection import wait as mp_wait
 from multiprocessing.process import BaseProcess
 
-from .logs import configure_logging, get_logger
+from .admission import AdmissionBound
 from .backends import BackendSpec
+from .logs import configure_logging, get_logger
 from .settings import Settings
+from .sizing import Plan
 
 log = get_logger("vllama.workers")
 
 _CTX = multiprocessing.get_context("spawn")
 
 
-def _worker_main(index: int, settings: Settings, backends: list[BackendSpec]) -> None:
+def _worker_main(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound) -> None:
     configure_logging(settings.log_level, settings.log_format)
     from .cli import run_loop
 
-    run_loop(_serve(index, settings, backends))
+    run_loop(_serve(index, settings, backends, front, bound))
 
 
-async def _serve(index: int, settings: Settings, backends: list[BackendSpec]) -> None:
+async def _serve(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound) -> None:
     from .app import build_app
     from .server import raise_nofile_limit, start_site, wait_for_signal
 
     raise_nofile_limit()
-    app = build_app(settings, backends, worker=index)
+    app = build_app(settings, backends, worker=index, front=front, bound=bound)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True)
     log.info("worker_listening", worker=index, port=settings.port)
     try:
@@ -56,10 +58,13 @@ class WorkerPool:
     Args:
         settings: the settings every worker serves with.
         backends: the vLLM servers (with their status boards in shared memory), as ``build_app`` takes them.
+        front: the front end's plan (shown in ``/readyz``).
+        bound: the server-wide admission count in shared memory.
     """
 
-    def __init__(self, settings: Settings, backends: list[BackendSpec]) -> None:
-        self._args = (settings, backends)
+    def __init__(self, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound) -> None:
+        self._args = (settings, backends, front, bound)
+        self._bound = bound
         self._boards = [spec.board for spec in backends if spec.board is not None]
         self._procs: dict[int, BaseProcess] = {}
         self._stopping = False
@@ -98,6 +103,7 @@ class WorkerPool:
                     multiprocess.mark_process_dead(p.pid)  # its in-flight gauge no longer counts
                 for board in self._boards:
                     board.reset_slot(i)  # its requests died with it: no model stays "busy" forever
+                self._bound.reset_slot(i)  # and their places in the admission bound
                 self._spawn(i)
 
     async def stop(self, timeout: float) -> None:

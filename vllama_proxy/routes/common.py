@@ -103,18 +103,17 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     try:
         while True:
             await board.wait_ready(timeout)
-            board.begin(slot)  # before wait_end: never uncounted in between
-            if board.ready:
+            if board.try_begin(slot):  # before wait_end: never uncounted in between
                 break
-            board.end(slot)  # the supervisor began putting it to sleep between the two reads: wait again
+            # the supervisor began putting it to sleep after wait_ready saw it ready: wait again
     finally:
         board.wait_end(slot)
     board.touch(seconds)
     try:
         yield
     finally:
-        board.end(slot)
-        board.touch(seconds)  # Ollama sets the expiry after each request
+        board.touch(seconds)  # Ollama sets the expiry after each request; before end(), so the
+        board.end(slot)  # supervisor never sees it idle with the old expiry
 
 
 def log_ignored(ignored: list[str]) -> None:

@@ -276,11 +276,11 @@ class Supervisor:
             reason = await self._watch()
             if reason is not _EXPIRED:
                 return reason
-            # New requests wait while we make sure none is in flight (one slipped in: keep serving).
-            self.board.set_closing(True)
+            # Close the model to new requests only if none is in flight or waiting (one atomic step
+            # with the requests' own check, status.py); a request renewed keep_alive: keep serving.
             why = self._evict_reason or "keep_alive expired"
-            if self.board.in_flight > 0 or self.board.waiters > 0 or (self._evict_reason is None and time.time() < self.board.expires_at):
-                self.board.set_closing(False)
+            renewed = self._evict_reason is None and time.time() < self.board.expires_at
+            if renewed or not self.board.try_close():
                 self._evict_reason = None
                 continue
             try:
@@ -296,7 +296,7 @@ class Supervisor:
                 self.holds_gpu = False
                 self._set(State.SLEEPING, why)
             finally:
-                self.board.set_closing(False)
+                self.board.reopen()
                 self._evict_reason = None
             if time.time() < self.board.expires_at and not why.startswith("evicted"):
                 self.board.request_wake()  # a request arrived while we were putting vLLM to sleep
@@ -354,6 +354,9 @@ class Supervisor:
         try:
             # nvidia-smi's GPU numbering for every child (the pool counts GPUs by it), unless set
             env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **self.spec.env()}
+            # vllama's own metrics directory (--workers) is not vLLM's: with several API servers vLLM
+            # makes its own, and given ours it would mix its series into vllama's /metrics and back.
+            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name)

@@ -2,8 +2,11 @@
 
 Every proxy process (``--workers N``) gates requests, answers ``/readyz`` and
 reports ``/api/ps`` memory from this board, so all of them tell the same story
-as the one process that owns vLLM. Reads are plain loads from shared memory:
-no lock, no message passing on the request path.
+as the one process that owns vLLM. Reads are plain loads from shared memory. The
+counts that decide whether vLLM may be put to sleep or evicted (requests in flight and
+waiting, the closing flag) change only under one lock (:mod:`..shm`), once per request:
+a request begins only if the model is ready and not closing, and the supervisor closes
+it only if nothing is in flight or waiting, each as one atomic step (issue 12).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from typing import Any
 
 from ..errors import UpstreamUnavailable
+from ..shm import SharedLock
 from . import gpu
 from .child import session_members
 from .states import State
@@ -56,6 +60,7 @@ class StatusBoard:
         self._loading = ctx.RawValue("i", 0)  # 1 while a start or wake asked for by requests is under way
         self._closing = ctx.RawValue("i", 0)  # 1 while the supervisor checks it is idle before sleeping/stopping it
         self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
+        self._lock = SharedLock(ctx)  # guards state vs. _closing, _inflight and _waiting together
         self._inflight = ctx.RawArray("i", max(slots, 1))
         self._waiting = ctx.RawArray("i", max(slots, 1))  # requests waiting for it to load, per process
         self._error = ctx.RawArray("c", 4096)
@@ -72,7 +77,8 @@ class StatusBoard:
         self._loading.value = int(loading)
         if state in (State.READY, State.SLEEPING, State.UNLOADED, State.FAILED):
             self._settled.value = 1
-        self._state.value = _STATES.index(state)  # last: readers see a complete record for it
+        with self._lock.held():  # a request begins only against a state it saw whole
+            self._state.value = _STATES.index(state)  # last: readers see a complete record for it
 
     @property
     def state(self) -> State:
@@ -133,13 +139,19 @@ class StatusBoard:
         return bool(self._loading.value)
 
     # -- requests in flight (the supervisor's idleness check before sleep, stop or eviction) --
-    def begin(self, slot: int) -> None:
-        """A request of proxy process ``slot`` is about to use the model."""
-        self._inflight[slot] += 1
+    def try_begin(self, slot: int) -> bool:
+        """Count a request of proxy process ``slot`` as using the model, if it is ready and not
+        closing (atomically: once this returns True the model is not put to sleep under it)."""
+        with self._lock.held():
+            if _STATES[self._state.value] is not State.READY or self._closing.value:
+                return False
+            self._inflight[slot] += 1
+            return True
 
     def end(self, slot: int) -> None:
         """That request finished."""
-        self._inflight[slot] -= 1
+        with self._lock.held():
+            self._inflight[slot] -= 1
 
     @property
     def in_flight(self) -> int:
@@ -148,11 +160,13 @@ class StatusBoard:
 
     def wait_begin(self, slot: int) -> None:
         """A request of proxy process ``slot`` starts waiting for the model (it is not evicted meanwhile)."""
-        self._waiting[slot] += 1
+        with self._lock.held():
+            self._waiting[slot] += 1
 
     def wait_end(self, slot: int) -> None:
-        """That request stopped waiting (it began, after :meth:`begin`, or gave up)."""
-        self._waiting[slot] -= 1
+        """That request stopped waiting (it began, after :meth:`try_begin`, or gave up)."""
+        with self._lock.held():
+            self._waiting[slot] -= 1
 
     @property
     def waiters(self) -> int:
@@ -161,12 +175,23 @@ class StatusBoard:
 
     def reset_slot(self, slot: int) -> None:
         """Forget the counts of proxy process ``slot`` (it died; its requests with it)."""
-        self._inflight[slot] = 0
-        self._waiting[slot] = 0
+        with self._lock.held():
+            self._inflight[slot] = 0
+            self._waiting[slot] = 0
 
-    def set_closing(self, closing: bool) -> None:
-        """The supervisor's side: while set, new requests wait (:attr:`ready` is false)."""
-        self._closing.value = int(closing)
+    def try_close(self) -> bool:
+        """The supervisor's side: if no request is in flight or waiting, set the closing flag
+        (atomically), so that none begins until :meth:`reopen`. False: the model is in use."""
+        with self._lock.held():
+            if any(self._inflight) or any(self._waiting):
+                return False
+            self._closing.value = 1
+            return True
+
+    def reopen(self) -> None:
+        """Clear the closing flag: requests may begin again (once the state is ready)."""
+        with self._lock.held():
+            self._closing.value = 0
 
     async def wait_ready(self, timeout: float) -> None:
         """Wake a sleeping or unloaded model if needed and wait until it serves.
