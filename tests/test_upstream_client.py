@@ -138,3 +138,86 @@ async def test_body_cut_mid_read_is_unavailable():
     finally:
         await up.close()
         await server.close()
+
+
+class ClosingServer:
+    """A keep-alive HTTP/1.1 server that, like uvicorn at the end of its keep-alive, closes a
+    connection instead of answering when the next request arrives on it (``close_reused``), or
+    closes connections idle for ``idle`` seconds. Counts what it did."""
+
+    def __init__(self, close_reused: bool = False, idle: float = 60.0) -> None:
+        self.close_reused, self.idle = close_reused, idle
+        self.answered = self.closed_on_reuse = 0
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served = 0
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle)
+                except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                    return  # idle too long, or the client closed it
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                if served and self.close_reused:
+                    self.closed_on_reuse += 1
+                    return
+                body = b'{"ok": true}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                served += 1
+                self.answered += 1
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_request_on_a_connection_closed_before_the_answer_is_sent_again():
+    srv = ClosingServer(close_reused=True)
+    up = Upstream(await srv.start())
+    await up.start()
+    try:
+        for _ in range(40):  # every reuse of a pooled connection meets a server closing it
+            assert await up.post_json("/v1/completions", {"prompt": "x"}) == {"ok": True}
+        assert srv.closed_on_reuse >= 10 and srv.answered == 40
+    finally:
+        await up.close()
+        await srv.stop()
+
+
+async def test_idle_connections_retire_before_the_server_closes_them(monkeypatch):
+    monkeypatch.setenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "0.5")  # the pool keeps idle connections 0.3 s
+    srv = ClosingServer(idle=0.5)
+    up = Upstream(await srv.start())
+    await up.start()
+    try:
+        import random
+
+        rnd = random.Random(7)
+        for _ in range(30):  # idle gaps around both lifetimes
+            await asyncio.sleep(rnd.uniform(0.2, 0.7))
+            results = await asyncio.gather(*(up.post_json("/v1/completions", {}) for _ in range(3)))
+            assert results == [{"ok": True}] * 3
+    finally:
+        await up.close()
+        await srv.stop()
+
+
+async def test_a_fresh_connection_that_fails_is_not_retried():
+    srv = ClosingServer()
+    url = await srv.start()
+    await srv.stop()  # nothing listens: refused at once, one attempt
+    up = Upstream(url)
+    await up.start()
+    try:
+        with pytest.raises(UpstreamUnavailable):
+            await up.post_json("/v1/completions", {})
+    finally:
+        await up.close()

@@ -6,6 +6,14 @@ for minutes under load, and aiohttp's defaults (100 connections, 300 s total)
 would cap concurrency and kill queued requests (``shared/ollama-api.md``,
 "vLLM side"). Instead a connect timeout and an idle-read timeout apply.
 
+Idle pooled connections retire after :func:`idle_lifetime` seconds, before vLLM's
+uvicorn closes them (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s): otherwise a request can be
+written into a connection the server is closing. That race remains at the edge, so a
+request that fails on a reused connection before any byte of the answer arrived is sent
+once more on a fresh connection (RFC 9112 section 9.3.1 allows retrying a request on a
+connection closed before its answer began; aiohttp does it only for idempotent methods,
+and every vLLM generation is a POST). Issue 12 lost 2 of 4,096 requests this way.
+
 Every aiohttp exception is turned into the ``errors.UpstreamError`` tree here,
 so handlers never see aiohttp's exception types.
 """
@@ -13,6 +21,7 @@ so handlers never see aiohttp's exception types.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -20,6 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from .logs import get_logger
 from .errors import (
     BadRequest,
     UpstreamError,
@@ -30,6 +40,30 @@ from .errors import (
 )
 
 _JSON = {"Content-Type": "application/json"}
+log = get_logger("vllama.upstream")
+
+
+def idle_lifetime() -> float:
+    """Seconds an idle pooled connection to vLLM is kept: 60 % of vLLM's keep-alive
+    (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default, read from the environment vLLM inherits)."""
+    try:
+        keep_alive = float(os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5"))
+    except ValueError:
+        keep_alive = 5.0
+    return max(0.6 * keep_alive, 0.1)
+
+
+class _Attempt:
+    """Per-request trace context: whether aiohttp took the connection from the pool."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _on_reuse(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
+    ctx.trace_request_ctx.reused = True
 
 
 def encode_json(obj: Any) -> bytes:
@@ -70,6 +104,7 @@ class Upstream:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # one connection per request: the retry's
         self._pool: Upstream | None = None  # set by at(): whose session this client uses
 
     def at(self, base_url: str) -> Upstream:
@@ -80,32 +115,52 @@ class Upstream:
         other._timeout = self._timeout
         other._headers = self._headers
         other._session = None
+        other._fresh = None
         other._pool = self
         return other
 
     async def start(self) -> None:
         """Open the shared session (call once, inside the running loop)."""
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
+        reuse = aiohttp.TraceConfig()
+        reuse.on_connection_reuseconn.append(_on_reuse)
+        common: dict[str, Any] = dict(
             timeout=self._timeout,
             headers=self._headers,
-            json_serialize=lambda o: orjson.dumps(o).decode(),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=idle_lifetime(), enable_cleanup_closed=True),
+            trace_configs=[reuse],
+            **common,
+        )
+        self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True), **common)
 
     async def close(self) -> None:
         """Close the session and every pooled connection."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         session = self._pool._session if self._pool is not None else self._session
         assert session is not None, "Upstream.start() was not called"
         return session
+
+    async def _send(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """One request; once more on a fresh connection if a pooled one was closed before the answer began."""
+        attempt = _Attempt()
+        try:
+            return await self.session.request(method, url, trace_request_ctx=attempt, **kwargs)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            if not attempt.reused or isinstance(e, aiohttp.ClientConnectorError):
+                raise
+            log.info("upstream_retry", url=url, error=type(e).__name__, why="a pooled connection was closed before the answer began")
+        owner = self._pool or self
+        assert owner._fresh is not None
+        return await owner._fresh.request(method, url, **kwargs)
 
     @asynccontextmanager
     async def request(
@@ -129,9 +184,7 @@ class Upstream:
             UpstreamTimeout: connect or idle-read timeout.
         """
         with mapped_errors(self.base_url):
-            resp = await self.session.request(
-                method, self.base_url + path, data=body, headers=headers or _JSON, params=params
-            )
+            resp = await self._send(method, self.base_url + path, data=body, headers=headers or _JSON, params=params)
             if check and resp.status >= 400:
                 try:
                     raise UpstreamRejected(await _error_message(resp), resp.status)
