@@ -9,6 +9,8 @@ output tokens thanks to ``ignore_eos``):
   ``done: true`` with ``eval_count``.
 * ``openai``: ``POST {base}/v1/completions`` with ``max_tokens / ignore_eos / stream`` and
   ``stream_options.include_usage``; SSE ``data:`` events ending with ``data: [DONE]``.
+* ``openai-nostream``: the same with ``stream: false``: one JSON body, no TTFT or ITL; what the
+  engine delivers when no API server has to stream token by token.
 
 Per request: ok or error (HTTP status, an ``error`` line/event, an exception, a stream
 without ``done``/``[DONE]``, or a token count other than the one asked for), TTFT (first
@@ -57,7 +59,7 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
-PROTOCOLS = ("ollama", "openai")
+PROTOCOLS = ("ollama", "openai", "openai-nostream")
 
 # Common English words: each is one token (with its leading space) in the usual BPE
 # vocabularies, so N words is about N prompt tokens for any real model.
@@ -144,6 +146,9 @@ def request_for(target: Target, wl: Workload, prompt: str) -> tuple[str, bytes, 
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if target.protocol == "openai-nostream":
+            body["stream"] = False
+            del body["stream_options"]
         url = target.base + "/v1/completions"
         if target.api_key:
             headers["Authorization"] = f"Bearer {target.api_key}"
@@ -249,6 +254,9 @@ async def one_request(
             if resp.status != 200:
                 text = (await resp.read()).decode("utf-8", "replace").strip()
                 res.error = f"HTTP {resp.status}: {text[:200]}"
+            elif target.protocol == "openai-nostream":
+                usage = orjson.loads(await resp.read()).get("usage") or {}
+                st.done, st.count, res.prompt_tokens = True, usage.get("completion_tokens"), usage.get("prompt_tokens")
             else:
                 buf = b""
                 going = True
