@@ -25,13 +25,13 @@ def one(*vllm_args: str, **kw) -> list[ModelConfig]:
 @pytest.mark.parametrize(
     ("cpus", "args", "api", "workers"),
     [
-        (16, (), 4, 4),  # the lent H200 machine: 1 engine core, then a quarter of 15 each
-        (32, ("--data-parallel-size", "2"), 8, 8),  # 2 engines: 30 left, 4 API servers per engine
-        (8, (), 2, 2),
+        (16, (), 8, 4),  # the lent H200 machine: 1 engine core, then half of 15 to vLLM, a quarter to vllama
+        (32, ("--data-parallel-size", "2"), 15, 8),  # 2 engines: 30 left
+        (8, (), 4, 2),
         (2, (), 1, 1),  # this CI machine: vLLM's own default, one worker
         (4, ("--data-parallel-size", "4"), 4, 1),  # never fewer API servers than vLLM's default (the DP size)
         (128, (), 8, 32),  # capped: 8 API servers per engine, 32 workers
-        (16, ("--tensor-parallel-size", "4"), 3, 3),  # 4 GPU workers + 1 engine core kept
+        (16, ("--tensor-parallel-size", "4"), 6, 3),  # 4 GPU workers + 1 engine core kept
     ],
 )
 def test_rule(cpus, args, api, workers):
@@ -62,13 +62,13 @@ def test_runtime_lora_updating_keeps_one_api_server(monkeypatch):
 def test_several_models_share_the_cores():
     specs = [ModelConfig(model="/a", name="a"), ModelConfig(model="/b", name="b", vllm_args=["--api-server-count", "5"])]
     p = plan(32, "test", specs, None)
-    assert p.api_servers == {"a": 4, "b": 5}  # (32 - 2) / 4 / 2 models, rounded; b as given
+    assert p.api_servers == {"a": 8, "b": 5}  # (32 - 2) / 2 / 2 models, rounded; b as given
     assert p.workers == 8
 
 
 def test_api_servers_added_only_when_not_vllms_default():
     spec = one()[0]
-    assert with_api_servers(spec, plan(16, "t", [spec], None)).args()[-2:] == ["--api-server-count", "4"]
+    assert with_api_servers(spec, plan(16, "t", [spec], None)).args()[-2:] == ["--api-server-count", "8"]
     assert with_api_servers(spec, plan(2, "t", [spec], None)).args() == []  # 1: vLLM's default, left out
 
 
@@ -131,14 +131,14 @@ def wait_workers(v, n: int) -> None:
     assert worker_count(v.proc.pid) == n - 1  # the main process is worker 0
 
 
-def test_sixteen_cpus_give_four_api_servers_and_four_workers(vllama):
+def test_sixteen_cpus_give_eight_api_servers_and_four_workers(vllama):
     v = vllama(flags=["--cpus", "16"])
     body = v.wait_state("ready")
     argv = psutil.Process(v.server_pid()).cmdline()
-    assert argv[argv.index("--api-server-count") + 1] == "4"
+    assert argv[argv.index("--api-server-count") + 1] == "8"
     wait_workers(v, 4)
     assert body["front_end"]["workers"] == 4 and body["front_end"]["cpus_source"] == "--cpus"
-    assert body["front_end"]["vllm_api_servers"] == {"tiny": {"count": 4, "source": "auto"}}
+    assert body["front_end"]["vllm_api_servers"] == {"tiny": {"count": 8, "source": "auto"}}
     # vLLM makes its own Prometheus directory for its API servers: vllama's (4 workers) is not passed on
     env = psutil.Process(v.server_pid()).environ()
     assert "PROMETHEUS_MULTIPROC_DIR" not in env

@@ -10,13 +10,15 @@ core's scheduling loop, which idles the GPU. So the split is read from what this
 may really use: its CPU affinity and its cgroup's CPU quota (a container's ``--cpus``,
 a Kubernetes limit), not the host's core count.
 
-The rule (measured on the lent 16-core H200 machine; issue 11): one core per GPU process
-is kept for vLLM's engine, and a quarter of the rest goes to each front end: vLLM's API
-servers (at least the data-parallel size, vLLM's own default, at most 8 per engine) and
-vllama's workers (1 to 32). 16 cores and one GPU give 4 + 4; 32 cores and data parallel 2
-give 8 + 8. The other half stays free for the clients, the kernel's network work and
-uneven load across processes. Explicit flags always win; every choice is logged and shown
-in ``/readyz``.
+The rule (measured on the lent 16-core H200 machine, ``benchmarks/RESULTS.md``, issue 11):
+one core per GPU process is kept for vLLM's engine; of the rest, half goes to vLLM's API
+servers (at least the data-parallel size, vLLM's own default; at most 8 per engine) and a
+quarter to vllama's workers (1 to 32): an API server spends several times the proxy's CPU
+per streamed token (detokenizing, building each SSE event). 16 cores and one GPU give 8 + 4
+(4 + 4 streamed 27.6k tok/s at 256 streams, 8 + 4 29.3k; vLLM alone 16.4k); 32 cores and
+data parallel 2 give 15 + 8. The last quarter stays free for the clients, the kernel's
+network work and uneven load across processes. Explicit flags always win; every choice is
+logged and shown in ``/readyz``.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int |
         elif any(has_flag(s.args(), f) for f in _VLLM_DECIDES) or not _multi_api_allowed():
             api[s.served_name], source[s.served_name] = dp, "vllm"
         else:
-            share = front / 4 / len(specs)
+            share = front / 2 / len(specs)
             api[s.served_name] = min(max(round(share), dp), MAX_API_SERVERS_PER_ENGINE * dp)
             source[s.served_name] = "auto"
     if workers is None:
