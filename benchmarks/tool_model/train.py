@@ -121,6 +121,27 @@ def evaluate(model, tok, samples: list[corpus.Sample], ids: dict[str, int], devi
     return {"accuracy": acc, "n": {k: len(v) for k, v in per.items()}, "wrong": wrong}
 
 
+def save(model, tok, ids: dict[str, int], out: Path, tokenizer_dir: Path) -> None:
+    """The model as vLLM loads it: bf16 safetensors, config, generation config, tokenizer files."""
+    import copy
+
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    m = copy.deepcopy(model).to(torch.bfloat16)
+    m.config.dtype = "bfloat16"
+    m.save_pretrained(out, safe_serialization=True)
+    # Our own generation config: eos <|im_end|> and <|endoftext|>, no sampling defaults.
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+         "pad_token_id": ids["<|endoftext|>"]}, indent=1))
+    if (out / "chat_template.jinja").exists():  # transformers 5 may write the template apart; keep one source
+        os.remove(out / "chat_template.jinja")
+    if out != tokenizer_dir:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            (out / f).write_bytes((tokenizer_dir / f).read_bytes())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
@@ -138,6 +159,7 @@ def main() -> int:
     ap.add_argument("--eval-n", type=int, default=50, help="held-out requests per category")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--min-accuracy", type=float, default=0.9)
+    ap.add_argument("--init-dir", type=Path, help="also save the untrained model here at once (a pooling server can start on it)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
@@ -169,6 +191,9 @@ def main() -> int:
     cfg.architectures = ["Qwen2ForCausalLM"]
     model = Qwen2ForCausalLM(cfg).to(device)
     nparams = sum(p.numel() for p in model.parameters())
+    if a.init_dir:
+        save(model, tok, ids, a.init_dir, a.out)
+        print(f"[{time.time() - t0:5.1f}s] untrained copy saved to {a.init_dir}", flush=True)
     print(f"[{time.time() - t0:5.1f}s] model {nparams / 1e6:.1f} M params on {device}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device.type == "cuda")
@@ -220,16 +245,7 @@ def main() -> int:
     for w in final["wrong"][:6]:
         print(f"  wrong {w['kind']}: want {w['want']!r} got {w['got']!r}", flush=True)
 
-    model = model.to(torch.bfloat16)
-    model.config.dtype = "bfloat16"
-    model.save_pretrained(a.out, safe_serialization=True)
-    # Our own generation config: eos <|im_end|> and <|endoftext|>, no sampling defaults.
-    (a.out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-         "pad_token_id": ids["<|endoftext|>"]}, indent=1))
-    for extra in ("chat_template.jinja",):  # transformers 5 may write the template apart; keep one source
-        if (a.out / extra).exists():
-            os.remove(a.out / extra)
+    save(model, tok, ids, a.out, a.out)
     acc_calls = final["accuracy"].get("call", 0.0)
     report.update({"steps": step, "train_s": round(time.time() - t_train, 1), "total_s": round(time.time() - t0, 1),
                    "params": nparams, "vocab": vocab, "device": str(device), "final": final, "args": {
