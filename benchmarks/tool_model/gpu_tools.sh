@@ -10,7 +10,8 @@
 #   6. SIGTERM both vllamas (each stops its vLLM's process group); GPU memory must read 0
 #
 # Prerequisites (as benchmarks/gpu_run.sh): vLLM 0.26 in /tmp/site (shared/device/install-vllm.sh),
-# vllama's missing deps and the client wheels of benchmarks/tool_model/device-wheels.txt in /tmp/vsite.
+# vllama's missing deps in /tmp/vsite; the client wheels of benchmarks/tool_model/device-wheels.txt either there
+# already or carried in .whl/tool-wheels/ (installed into /tmp/vsite first).
 # Knobs: OUT (/tmp/gpu-out), TRAIN_MINUTES (3), TRAIN_ARGS (more train.py args), REASONING_PARSER (qwen3),
 # VLLM_EXTRA (more vLLM args), VLLAMA_FLAGS (more vllama flags). A CPU dry run with the stand-in:
 #   PATH=$PWD/tests/bin:$PATH VLLAMA_FLAGS=--no-gpu-check TRAIN_ARGS="--steps 30 --batch 8 --samples 2000 --eval-n 4" \
@@ -54,6 +55,9 @@ stop_all() {
 }
 trap stop_all EXIT
 
+if ls .whl/tool-wheels/*.whl > /dev/null 2>&1; then  # carried client wheels (device-wheels.txt)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite --upgrade .whl/tool-wheels/*.whl 2>&1 | grep -v "^WARNING" | tail -3
+fi
 log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null), ollama $(python3 -c 'import importlib.metadata as m; print(m.version("ollama"))' 2>&1 | tail -1), langchain-ollama $(python3 -c 'import importlib.metadata as m; print(m.version("langchain-ollama"))' 2>&1 | tail -1), GPU: $(nvidia-smi --query-gpu=name,memory.used --format=csv,noheader)"
 
 # 1 + 2: train; the pooling server starts on the untrained copy as soon as it exists
