@@ -32,6 +32,15 @@ def calls_of(message: Any) -> list[tuple[str, dict]]:
     return [(tc.function.name, dict(tc.function.arguments)) for tc in message.tool_calls or []]
 
 
+def _plain(out: Any) -> Any:
+    """A langchain message as the fields that matter here; anything else as it is."""
+    if hasattr(out, "tool_calls") and hasattr(out, "additional_kwargs"):
+        return {"content": out.content, "tool_calls": [{"name": c["name"], "args": c["args"]} for c in out.tool_calls],
+                "reasoning_content": out.additional_kwargs.get("reasoning_content"),
+                "done_reason": (getattr(out, "response_metadata", None) or {}).get("done_reason")}
+    return out
+
+
 class Transcript:
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
@@ -48,7 +57,7 @@ class Transcript:
             right = bool(ok and check(out))
         except Exception as e:
             right, err = False, err or f"check: {type(e).__name__}: {e}"
-        text = err or json.dumps(out, default=str, ensure_ascii=False)
+        text = err or json.dumps(_plain(out), default=str, ensure_ascii=False)
         self.steps.append({"step": name, "ok": ok, "right": right, "wall_s": round(wall, 4), "result": text[:2000]})
         print(f"{'ok ' if ok else 'ERR'} {'right' if right else 'WRONG'} {wall * 1000:8.1f} ms  {name:44s} {text[:220]}", flush=True)
         return out
