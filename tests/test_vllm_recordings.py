@@ -100,7 +100,7 @@ def _ollama_request(name: str) -> dict:
     return req
 
 
-@pytest.mark.skipif(not OLLAMA_CHAT, reason="no ollama_* chat recordings")
+@pytest.mark.skipif(not OLLAMA_CHAT, reason=NO_RECORDINGS if not RECORDINGS else "no ollama_* chat recordings")
 @pytest.mark.parametrize("name", OLLAMA_CHAT)
 def test_ollama_over_replay(replay_proxy, name):
     import ollama
@@ -128,7 +128,7 @@ def test_ollama_over_replay(replay_proxy, name):
         json.loads(r.message.content)  # format json / a schema: the content is JSON
 
 
-@pytest.mark.skipif(not OLLAMA_EMBED, reason="no ollama_* embedding recordings")
+@pytest.mark.skipif(not OLLAMA_EMBED, reason=NO_RECORDINGS if not RECORDINGS else "no ollama_* embedding recordings")
 @pytest.mark.parametrize("name", OLLAMA_EMBED)
 def test_ollama_embed_over_replay(replay_embed_proxy, name):
     import ollama

@@ -229,7 +229,7 @@ def main() -> int:
         if step % 50 == 0 or step == 1:
             print(f"[{time.time() - t0:5.1f}s] step {step} loss {loss.item():.4f} lr {lr_at(step):.2e}", flush=True)
         if step % a.eval_every == 0:
-            quick = [s for s in held if s.kind in ("call", "result")][: 2 * min(a.eval_n, 32)]
+            quick = [s for k in EVAL_KINDS for s in [h for h in held if h.kind == k][:16]]
             ev = evaluate(model, tok, quick, ids, device)
             report["evals"].append({"step": step, "elapsed_s": round(elapsed, 1), **ev["accuracy"]})
             print(f"[{time.time() - t0:5.1f}s] step {step} held-out accuracy {ev['accuracy']}", flush=True)
