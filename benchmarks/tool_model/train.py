@@ -159,6 +159,7 @@ def main() -> int:
     ap.add_argument("--eval-n", type=int, default=50, help="held-out requests per category")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--min-accuracy", type=float, default=0.9)
+    ap.add_argument("--only", choices=EVAL_KINDS + ["plain_tools"], help="train on one kind of example (experiments)")
     ap.add_argument("--init-dir", type=Path, help="also save the untrained model here at once (a pooling server can start on it)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -171,7 +172,7 @@ def main() -> int:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
-    samples = [corpus.sample(rng) for _ in range(a.samples)]
+    samples = [corpus.sample(rng, a.only) for _ in range(a.samples)]
     tok_texts = [corpus.render(s.messages, s.tools, **s.template_kwargs()) + s.target for s in samples[:4000]]
     tok, ids = build_tokenizer(a.out, tok_texts, a.vocab)
     vocab = tok.get_vocab_size()
@@ -181,7 +182,7 @@ def main() -> int:
           f"median {lens[len(lens) // 2]} max {lens[-1]}", flush=True)
 
     erng = random.Random(10_000 + a.seed)  # held out: another stream of the same generators
-    held = [corpus.sample(erng, k) for k in EVAL_KINDS for _ in range(a.eval_n)]
+    held = [corpus.sample(erng, k) for k in ([a.only] if a.only else EVAL_KINDS) for _ in range(a.eval_n)]
 
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 8 // 3 // 64 * 64,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
