@@ -69,7 +69,7 @@ for _ in $(seq 240); do [ -f /tmp/toolembed/model.safetensors ] && break; kill -
 if [ -f /tmp/toolembed/model.safetensors ]; then
   log "untrained copy saved: starting the pooling vLLM under vllama"
   vllama toolembed 11435 8200 /tmp/toolembed -- --runner pooling --convert embed --max-model-len 2048 \
-    --gpu-memory-utilization 0.15 --enforce-eager
+    --gpu-memory-utilization 0.15 --enforce-eager --api-server-count 1
 fi
 wait $TRAIN; rc=$?
 grep -E "tokenizer|params|held-out|wrong|saved|budget|stopping" "$OUT/train.log" | tail -20
@@ -80,7 +80,7 @@ ls -la /tmp/toolmodel; cat /tmp/toolmodel/config.json | tr -d '\n ' | head -c 60
 
 # 3: the tool model with vLLM's own parsers
 vllama toolmodel 11434 8100 /tmp/toolmodel -- --enable-auto-tool-choice --tool-call-parser hermes \
-  --reasoning-parser "${REASONING_PARSER:-qwen3}" --max-model-len 2048 --gpu-memory-utilization 0.5 --enforce-eager ${VLLM_EXTRA:-}
+  --reasoning-parser "${REASONING_PARSER:-qwen3}" --max-model-len 2048 --gpu-memory-utilization 0.5 --enforce-eager --api-server-count 1 ${VLLM_EXTRA:-}
 wait_ready http://127.0.0.1:11434 /tmp/vllama-toolmodel.pid 300 || { tail -40 "$LOGS/vllama-toolmodel.log"; exit 1; }
 EMBED_ARGS=()
 if [ -f /tmp/vllama-toolembed.pid ] && wait_ready http://127.0.0.1:11435 /tmp/vllama-toolembed.pid 120; then
