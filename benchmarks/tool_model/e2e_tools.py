@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
 
 TOOLS = [corpus.tool("get_weather"), corpus.tool("add"), corpus.tool("get_time")]
-GREEDY = {"temperature": 0}
+GREEDY = {"temperature": 0, "num_predict": 160}  # bounded: under a grammar a model can loop
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
 
 
@@ -145,7 +145,7 @@ def langchain_steps(t: Transcript, url: str, model: str) -> None:
         """
         return a + b
 
-    llm = ChatOllama(model=model, base_url=url, temperature=0, reasoning=False)
+    llm = ChatOllama(model=model, base_url=url, temperature=0, num_predict=160, reasoning=False)
     tooled = llm.bind_tools([get_weather, add])
     q = [HumanMessage("What's the weather in Paris?")]
     ai = t.step("langchain bind_tools invoke", lambda: tooled.invoke(q),
@@ -164,7 +164,7 @@ def langchain_steps(t: Transcript, url: str, model: str) -> None:
         msgs = q + [ai, ToolMessage(get_weather(**call["args"]), tool_call_id=call["id"], name=call["name"])]
         t.step("langchain tool result round trip", lambda: tooled.invoke(msgs),
                lambda m: m.content == "It is sunny and 21 degrees in Paris.")
-    thinker = ChatOllama(model=model, base_url=url, temperature=0, reasoning=True)
+    thinker = ChatOllama(model=model, base_url=url, temperature=0, num_predict=160, reasoning=True)
     t.step("langchain reasoning=True", lambda: thinker.invoke([HumanMessage("What is the capital of Japan?")]),
            lambda m: m.content == "The capital of Japan is Tokyo." and m.additional_kwargs.get("reasoning_content"))
     structured = llm.with_structured_output(SCHEMA, method="json_schema")

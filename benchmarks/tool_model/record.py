@@ -42,6 +42,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 USAGE = {"stream_options": {"include_usage": True}}
 GREEDY = {"temperature": 0}
+OLLAMA_OPTIONS = {"temperature": 0, "num_predict": 160}  # the options of every ollama_* case (bounded: a grammar can loop)
 
 
 def _user(text: str) -> list[dict[str, Any]]:
@@ -73,14 +74,14 @@ OPENAI_CASES: list[tuple[str, str, dict[str, Any], str]] = [
      {"messages": _user("What's the weather in Paris and in Tokyo?"), "tools": TOOLS, "stream": True, **USAGE, **NO_THINK, **GREEDY},
      "two calls in one turn"),
     ("chat_tool_required", "/v1/chat/completions",
-     {"messages": _user("What's the weather in Oslo?"), "tools": TOOLS, "tool_choice": "required", **NO_THINK, **GREEDY},
+     {"messages": _user("What's the weather in Oslo?"), "tools": TOOLS, "tool_choice": "required", "max_tokens": 96, **NO_THINK, **GREEDY},
      "tool_choice required: structured output, not the hermes parser"),
     ("chat_json", "/v1/chat/completions",
      {"messages": _user("Extract the name and age as JSON: Alice is 31 years old."), "response_format": {"type": "json_object"},
-      **NO_THINK, **GREEDY}, ""),
+      "max_tokens": 96, **NO_THINK, **GREEDY}, ""),
     ("chat_schema_stream", "/v1/chat/completions",
      {"messages": _user("Extract the name and age as JSON: Bob is 42 years old."), "stream": True, **USAGE,
-      "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}, **NO_THINK, **GREEDY}, ""),
+      "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}, "max_tokens": 96, **NO_THINK, **GREEDY}, ""),
     ("completion", "/v1/completions", {"prompt": "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
                                        "max_tokens": 16, **GREEDY}, ""),
     ("completion_stream", "/v1/completions",
@@ -92,10 +93,10 @@ OPENAI_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("error_max_tokens_too_large", "/v1/completions", {"prompt": "Hello", "max_tokens": 10_000_000}, ""),
     ("error_bad_schema", "/v1/chat/completions",
      {"messages": _user("JSON please"), "response_format": {"type": "json_schema", "json_schema": {
-         "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}, **NO_THINK}, ""),
+         "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}, "max_tokens": 32, **NO_THINK}, ""),
     ("error_bad_schema_stream", "/v1/chat/completions",
      {"messages": _user("JSON please"), "stream": True, "response_format": {"type": "json_schema", "json_schema": {
-         "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}, **NO_THINK}, ""),
+         "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}, "max_tokens": 32, **NO_THINK}, ""),
     ("error_unknown_model", "/v1/chat/completions", {"model": "no-such-model", "messages": _user("Hi")}, ""),
     ("error_unknown_model_stream", "/v1/chat/completions", {"model": "no-such-model", "messages": _user("Hi"), "stream": True}, ""),
     ("error_bad_request", "/v1/chat/completions", {"messages": "not a list"}, "a pydantic validation error"),
@@ -128,7 +129,7 @@ def ollama_body(req: dict[str, Any], served: str) -> dict[str, Any]:
     from vllama_proxy.ollama_types import ChatRequest
     from vllama_proxy.translate import chat_body
 
-    body, _ = chat_body(ChatRequest.model_validate({"model": served, **req, "options": {"temperature": 0}}), served)
+    body, _ = chat_body(ChatRequest.model_validate({"model": served, **req, "options": OLLAMA_OPTIONS}), served)
     return body
 
 
@@ -179,7 +180,7 @@ def main() -> int:
         bad += (doc["status"] >= 400) != name.startswith("error_")
     for name, req, note in OLLAMA_CASES:
         doc = record(a.out, name, a.url, "/v1/chat/completions", ollama_body(req, a.model), note, version,
-                     {"ollama_request": {"model": a.model, **req}})
+                     {"ollama_request": {"model": a.model, **req, "options": OLLAMA_OPTIONS}})
         bad += doc["status"] >= 400
     if a.embed_url:
         ev = json.loads(send(a.embed_url, "GET", "/version", None)["body"]).get("version", "?")
