@@ -61,7 +61,7 @@ fi
 log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null), ollama $(python3 -c 'import importlib.metadata as m; print(m.version("ollama"))' 2>&1 | tail -1), langchain-ollama $(python3 -c 'import importlib.metadata as m; print(m.version("langchain-ollama"))' 2>&1 | tail -1), GPU: $(nvidia-smi --query-gpu=name,memory.used --format=csv,noheader)"
 
 # 1 + 2: train; the pooling server starts on the untrained copy as soon as it exists
-rm -rf /tmp/toolmodel /tmp/toolembed
+rm -rf /tmp/toolmodel /tmp/toolembed /tmp/vllama-toolmodel.pid /tmp/vllama-toolembed.pid
 python3 benchmarks/tool_model/train.py /tmp/toolmodel --init-dir /tmp/toolembed --minutes "${TRAIN_MINUTES:-3}" ${TRAIN_ARGS:-} \
   > "$OUT/train.log" 2>&1 &
 TRAIN=$!

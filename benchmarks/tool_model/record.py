@@ -88,8 +88,8 @@ OPENAI_CASES: list[tuple[str, str, dict[str, Any], str]] = [
      {"prompt": "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", "max_tokens": 16, "stream": True,
       **USAGE, **GREEDY}, ""),
     ("completion_length", "/v1/completions", {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True, **GREEDY}, "finish_reason length"),
-    ("error_prompt_too_long", "/v1/chat/completions", {"messages": _user("hello " * 20000), **GREEDY}, ""),
-    ("error_prompt_too_long_stream", "/v1/chat/completions", {"messages": _user("hello " * 20000), "stream": True, **GREEDY}, ""),
+    ("error_prompt_too_long", "/v1/chat/completions", {"messages": _user("hello " * 5000), **GREEDY}, ""),
+    ("error_prompt_too_long_stream", "/v1/chat/completions", {"messages": _user("hello " * 5000), "stream": True, **GREEDY}, ""),
     ("error_max_tokens_too_large", "/v1/completions", {"prompt": "Hello", "max_tokens": 10_000_000}, ""),
     ("error_bad_schema", "/v1/chat/completions",
      {"messages": _user("JSON please"), "response_format": {"type": "json_schema", "json_schema": {
@@ -120,7 +120,7 @@ EMBED_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("embed_batch", {"input": ["Hello world", "What's the weather in Paris?"]}, ""),
     ("embed_base64", {"input": "Hello world", "encoding_format": "base64"}, ""),
     ("embed_error_unknown_model", {"model": "no-such-model", "input": "Hello"}, ""),
-    ("embed_error_too_long", {"input": "hello " * 20000}, ""),
+    ("embed_error_too_long", {"input": "hello " * 5000}, ""),
 ]
 
 
