@@ -245,8 +245,15 @@ def _thinking(r: random.Random) -> bool | None:
 
 
 def sample(r: random.Random, kind: str | None = None) -> Sample:
-    kind = kind or r.choices(["call", "result", "plain", "plain_tools", "json", "no_tool"], [30, 20, 20, 10, 12, 8])[0]
+    kind = kind or r.choices(["call", "result", "plain", "plain_tools", "json", "no_tool", "echo"], [30, 18, 16, 8, 12, 6, 10])[0]
     thinking = _thinking(r)
+    if kind == "echo":  # dense copying practice: what tool arguments need (digits, made-up names, places)
+        parts = [r.choice([str(r.randint(0, 9999)), random_name(r), r.choice(CITIES), r.choice(TIMEZONES)])
+                 for _ in range(r.randint(1, 4))]
+        text = " ".join(parts)
+        ask = r.choice([f"Repeat after me: {text}", f"Say exactly: {text}", f"Echo: {text}"])
+        return Sample(kind, _system(r, 0.2) + [{"role": "user", "content": ask}], None, thinking, text,
+                      "The user wants me to repeat the text.")
     if kind in ("call", "result"):
         text, calls, think = make_call_task(r)
         tools = _tools_for(r, [c["name"] for c in calls])

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
 
-EVAL_KINDS = ["call", "result", "plain", "json", "no_tool"]
+EVAL_KINDS = ["call", "result", "plain", "json", "no_tool", "echo"]
 
 
 def build_tokenizer(out: Path, texts: list[str], vocab: int):
