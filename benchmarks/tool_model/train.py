@@ -146,7 +146,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--minutes", type=float, default=3.5, help="training wall-time budget (excludes the final check)")
-    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
@@ -200,9 +200,11 @@ def main() -> int:
                             fused=device.type == "cuda")
 
     def lr_at(step: int) -> float:
+        """Warm-up, then cosine to a tenth over the run, whichever of --steps and --minutes ends it."""
         if step < a.warmup:
             return a.lr * (step + 1) / a.warmup
-        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / a.steps))))
+        progress = min(1.0, max(step / a.steps, (time.time() - t_train) / budget))
+        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
     order = list(range(len(data)))
     rng.shuffle(order)
