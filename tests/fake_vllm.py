@@ -53,6 +53,9 @@ FAKE_VLLM_GPU_LEDGER       path: GPU memory accounting shared by every fake on t
 FAKE_VLLM_ACCESS_LOG       1: log one uvicorn-like access line per request (off by default, so a
                            parent that does not drain stderr cannot block the fake).
 FAKE_VLLM_LOG_MAX          int (10000): how many requests /_fake/requests keeps (newest).
+FAKE_VLLM_REPLAY           dir: a request that has a recording there (tests/vllm_replay.py, made by
+                           benchmarks/tool_model/record.py on real vLLM) gets the recorded status,
+                           content type and body byte for byte; any other request is generated as below.
 
 Generation (deterministic)
 --------------------------
@@ -1027,7 +1030,12 @@ async def record_and_auth(request: web.Request, handler):
 
 
 def make_app(state: State) -> web.Application:
-    app = web.Application(middlewares=[record_and_auth], client_max_size=256 * 1024 * 1024)
+    middlewares = [record_and_auth]
+    if os.environ.get("FAKE_VLLM_REPLAY"):  # real vLLM's recorded bytes for recorded requests
+        import vllm_replay
+
+        middlewares.append(vllm_replay.replay_middleware(os.environ["FAKE_VLLM_REPLAY"], state.served))
+    app = web.Application(middlewares=middlewares, client_max_size=256 * 1024 * 1024)
     app[STATE_KEY] = state
     r = app.router
     r.add_get("/health", health)
