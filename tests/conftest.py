@@ -144,7 +144,8 @@ def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, en
     # No test reaches the real Hugging Face Hub or the user's cache (tests/test_pull.py sets its own).
     hub = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(Path(tempfile.gettempdir()) / "vllama-tests-hf"),
            "VLLAMA_STATE_DIR": tempfile.mkdtemp(prefix="vllama-state-")}  # aliases from /api/copy
-    proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", **hub, **(env or {})}, cwd=ROOT,
+    # VLLAMA_CPUS: the automatic front end (workers, API servers) as on a 2-CPU machine, whatever the host
+    proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_CPUS": "2", **hub, **(env or {})}, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb") if log else subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/", proc)
@@ -247,6 +248,7 @@ class Vllama:
         self.log = tmp_path / "vllama.log"
         e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.pidfile),
              "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp_path / "state"),
+             "VLLAMA_CPUS": "2",
              **(env or {})}
         source = ["--model", str(self.model)]
         if config is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import time
 
 import httpx
@@ -15,6 +16,7 @@ import httpx
 from conftest import SERVED, start_proxy, stop
 from vllama_proxy.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.models_config import ModelConfig
+from vllama_proxy.shm import SharedLock
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 
@@ -46,6 +48,28 @@ def test_bound_holds_under_contention():
         p.join(60)
         assert p.exitcode == 0
     assert over.value == 0 and bound.in_flight == 0
+
+
+def _hold_and_die(lock) -> None:
+    with lock.held():
+        os._exit(0)  # killed inside a critical section
+
+
+def test_a_holder_that_dies_releases_the_lock():
+    lock = SharedLock()
+    p = CTX.Process(target=_hold_and_die, args=(lock,))
+    p.start()
+    p.join(30)
+    t0 = time.monotonic()
+    with lock.held():
+        pass
+    assert time.monotonic() - t0 < 1.0  # the kernel released it with the process
+
+
+def test_a_worker_is_capped_by_its_own_share_of_files():
+    bound = AdmissionBound(limit=10, slots=2, ctx=CTX, per_slot=3)
+    assert [bound.try_enter(0) for _ in range(4)] == [True, True, True, False]
+    assert bound.try_enter(1)
 
 
 def test_dead_worker_gives_its_places_back():
@@ -103,8 +127,9 @@ def test_running_capacity_counts_data_parallel_and_gpu_defaults():
 
 
 def test_bound_is_shared_by_every_worker(fake):
-    # 4 running + 2 queued over 3 workers: exactly 6 held streams get in, wherever the kernel sends them
-    p = start_proxy(fake.url, "--workers", "3", "--max-running", "4", "--max-queue", "2", "--retry-after", "5")
+    # 4 running + 3 queued over 3 workers: exactly 7 held streams get in, wherever the kernel sends
+    # them (a per-worker split, ceil(7/3) = 3 each, would admit up to 9)
+    p = start_proxy(fake.url, "--workers", "3", "--max-running", "4", "--max-queue", "3", "--retry-after", "5")
     try:
         async def scenario():
             async with httpx.AsyncClient(timeout=20, limits=httpx.Limits(max_keepalive_connections=0)) as c:
@@ -121,7 +146,7 @@ def test_bound_is_shared_by_every_worker(fake):
                 return statuses, retry
 
         statuses, retry = asyncio.run(scenario())
-        assert statuses == [200] * 6 + [503] * 8
+        assert statuses == [200] * 7 + [503] * 7
         assert retry == {"5"}
     finally:
         stop(p.proc)

@@ -96,6 +96,15 @@ def test_cgroup_v2_quota_smallest_up_the_tree(tmp_path):
     assert usable_cpus(root, proc) == (1.0, f"cgroup CPU quota 0.5 (affinity {len(os.sched_getaffinity(0))})")  # at least 1
 
 
+def test_smallest_quota_up_the_tree_whatever_this_machine_has(tmp_path):
+    from vllama_proxy.sizing import _cgroup_quota
+
+    root, proc = cgroup_v2(tmp_path, {"kubepods/pod1/ctr": "max 100000", "kubepods/pod1": "250000 100000", "kubepods": "800000 100000"})
+    assert _cgroup_quota(root, proc) == 2.5
+    proc.write_text("garbage\n0::/kubepods/pod1/ctr\n")  # a malformed line is skipped
+    assert _cgroup_quota(root, proc) == 2.5
+
+
 def test_cgroup_v1_quota(tmp_path):
     root = tmp_path / "cg"
     d = root / "cpu,cpuacct" / "docker" / "abc"

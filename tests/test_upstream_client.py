@@ -145,9 +145,9 @@ class ClosingServer:
     connection instead of answering when the next request arrives on it (``close_reused``), or
     closes connections idle for ``idle`` seconds. Counts what it did."""
 
-    def __init__(self, close_reused: bool = False, idle: float = 60.0) -> None:
-        self.close_reused, self.idle = close_reused, idle
-        self.answered = self.closed_on_reuse = 0
+    def __init__(self, close_reused: bool = False, idle: float = 60.0, close_first: bool = False) -> None:
+        self.close_reused, self.idle, self.close_first = close_reused, idle, close_first
+        self.answered = self.closed_on_reuse = self.connections = 0
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
@@ -155,6 +155,7 @@ class ClosingServer:
 
     async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         served = 0
+        self.connections += 1
         try:
             while True:
                 try:
@@ -163,6 +164,8 @@ class ClosingServer:
                     return  # idle too long, or the client closed it
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
+                if self.close_first:
+                    return  # closed before answering, on a fresh connection
                 if served and self.close_reused:
                     self.closed_on_reuse += 1
                     return
@@ -197,6 +200,9 @@ async def test_idle_connections_retire_before_the_server_closes_them(monkeypatch
     srv = ClosingServer(idle=0.5)
     up = Upstream(await srv.start())
     await up.start()
+    retries = []
+    fresh = up._fresh.request
+    monkeypatch.setattr(up._fresh, "request", lambda *a, **kw: retries.append(a) or fresh(*a, **kw))
     try:
         import random
 
@@ -205,19 +211,21 @@ async def test_idle_connections_retire_before_the_server_closes_them(monkeypatch
             await asyncio.sleep(rnd.uniform(0.2, 0.7))
             results = await asyncio.gather(*(up.post_json("/v1/completions", {}) for _ in range(3)))
             assert results == [{"ok": True}] * 3
+        assert retries == []  # no connection outlived its idle lifetime: nothing needed the retry
     finally:
         await up.close()
         await srv.stop()
 
 
 async def test_a_fresh_connection_that_fails_is_not_retried():
-    srv = ClosingServer()
-    url = await srv.start()
-    await srv.stop()  # nothing listens: refused at once, one attempt
-    up = Upstream(url)
+    srv = ClosingServer(close_first=True)  # the server reads the request and closes without answering
+    up = Upstream(await srv.start())
     await up.start()
     try:
         with pytest.raises(UpstreamUnavailable):
             await up.post_json("/v1/completions", {})
+        await asyncio.sleep(0.1)
+        assert srv.connections == 1  # not sent again: vLLM may have started on it
     finally:
         await up.close()
+        await srv.stop()

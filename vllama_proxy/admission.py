@@ -64,19 +64,22 @@ class AdmissionBound:
     Args:
         limit: most requests in flight over every worker.
         slots: workers (each counts in its own slot too, so a dead worker's share is given back).
+        per_slot: most requests in flight in one worker (what its open-file limit allows:
+            ``SO_REUSEPORT`` may send one worker far more than its share); default no cap.
     """
 
-    def __init__(self, limit: int, slots: int, ctx: Any = None) -> None:
+    def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
-        self._lock = SharedLock(ctx)
+        self.per_slot = per_slot if per_slot is not None else limit
+        self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)
         self._slots = ctx.RawArray("i", max(slots, 1))
 
     def try_enter(self, slot: int) -> bool:
         """Count one more request of worker ``slot`` if the server is below its limit."""
         with self._lock.held():
-            if self._total.value >= self.limit:
+            if self._total.value >= self.limit or self._slots[slot] >= self.per_slot:
                 return False
             self._total.value += 1
             self._slots[slot] += 1

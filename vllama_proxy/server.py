@@ -73,18 +73,18 @@ async def wait_for_signal() -> str:
 
 def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None) -> AdmissionBound:
     """The server-wide bound on inference requests: vLLM's running capacity (``--max-running``,
-    else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``,
-    lowered to what the open-file limit allows (two sockets per request in each worker)."""
+    else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``.
+    Each worker also stops at what its open-file limit allows (two sockets per request, 256
+    kept for pooled connections, probes and logs), however the kernel spreads connections."""
     running = settings.max_running or running_capacity(
         specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
     )
     limit = running + settings.max_queue
-    by_files = int(settings.workers) * max((nofile - 64) // 2, 1)
-    if by_files < limit:
-        log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, limit=by_files, wanted=limit)
-        limit = by_files
-    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit)
-    return AdmissionBound(limit, slots=int(settings.workers))
+    per_worker = max((nofile - 256) // 2, 1)
+    if per_worker * int(settings.workers) < limit:
+        log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
+    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker)
 
 
 def log_front_end(front: Plan) -> None:

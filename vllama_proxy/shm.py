@@ -1,52 +1,68 @@
-"""A lock in shared memory for the counters every proxy process updates (``--workers N``).
+"""A lock for the counters in shared memory that every proxy process updates (``--workers N``).
 
 Each critical section is a few loads and stores in shared memory, taken once per request
-(never per token), so the uncontended cost is one futex operation. Counters that several
-processes read and write decide things (admit a request, put a model to sleep), so they
-change only under this lock: a check and the update it allows are one atomic step, with
-the lock's memory fences, instead of a handshake of flags whose order the CPU may
-reorder (issue 12).
+(never per token). Counters that several processes read and write decide things (admit a
+request, put a model to sleep), so they change only under this lock: a check and the update
+it allows are one atomic step, with the lock's memory fences, instead of a handshake of
+flags whose order the CPU may reorder (issue 12).
 
-A process killed inside a critical section would leave the lock taken forever. Sections
-never block, so a lock held for :data:`STUCK_AFTER` seconds has lost its holder: it is
-logged and taken over.
+The lock is ``flock(2)`` on a file made by the process that creates it: the kernel releases
+it when its holder dies, so a worker killed inside a section (OOM, SIGKILL) cannot leave
+the others waiting forever, and no process ever has to guess that a holder is dead.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import atexit
+import fcntl
+import os
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
-from .logs import get_logger
-
-log = get_logger("vllama.shm")
-
-#: Seconds after which a held lock is taken to belong to a dead process.
-STUCK_AFTER = 2.0
+#: Where lock files go: memory, when there is a /dev/shm.
+_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class SharedLock:
-    """A ``multiprocessing`` lock that survives the death of its holder (see the module doc).
+    """An exclusive lock shared by the processes this object is pickled into (``spawn``).
 
-    Create it before spawning the processes that share it; it pickles into them.
+    Each process opens the file on first use (an ``flock`` belongs to an open file, so two
+    processes' opens exclude each other). Not reentrant: sections must not nest.
     """
 
-    def __init__(self, ctx: Any = None) -> None:
-        self._lock = (ctx or multiprocessing.get_context("spawn")).Lock()
+    def __init__(self) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="vllama-lock-", dir=_DIR)
+        os.close(fd)
+        atexit.register(_unlink, self.path)  # in the creating process only (not on unpickling)
+        self._fd: int | None = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self._fd, self._pid = None, 0
+
+    def _file(self) -> int:
+        if self._pid != os.getpid():  # first use in this process (or a fork of it)
+            self._fd, self._pid = os.open(self.path, os.O_RDWR | os.O_CLOEXEC), os.getpid()
+        assert self._fd is not None
+        return self._fd
 
     @contextmanager
     def held(self) -> Iterator[None]:
         """Hold the lock for the block (blocks this thread only for another holder's few stores)."""
-        if not self._lock.acquire(timeout=STUCK_AFTER):
-            log.error("shared_lock_taken_over", after_s=STUCK_AFTER, why="its holder died inside a critical section")
-            try:
-                self._lock.release()
-            except ValueError:  # released meanwhile
-                pass
-            self._lock.acquire()
+        fd = self._file()
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            self._lock.release()
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _unlink(path: str) -> None:
+    with suppress(OSError):
+        os.unlink(path)

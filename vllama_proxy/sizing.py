@@ -55,7 +55,10 @@ def _cgroup_quota(root: Path, proc_cgroup: Path) -> float | None:
         return None
     found: list[float] = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue  # not a hierarchy line
+        _, controllers, path = parts
         if controllers == "":  # v2 unified hierarchy
             base, files = root, ("cpu.max",)
         elif "cpu" in controllers.split(","):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -63,7 +64,13 @@ class _Attempt:
 
 
 async def _on_reuse(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
-    ctx.trace_request_ctx.reused = True
+    if isinstance(ctx.trace_request_ctx, _Attempt):
+        ctx.trace_request_ctx.reused = True
+
+
+#: A stale pooled connection fails as the request is written: a failure later than this is
+#: vLLM dying mid-request, whose work is not silently done twice.
+_STALE_WITHIN_S = 1.0
 
 
 def encode_json(obj: Any) -> bytes:
@@ -152,10 +159,11 @@ class Upstream:
     async def _send(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
         """One request; once more on a fresh connection if a pooled one was closed before the answer began."""
         attempt = _Attempt()
+        sent = time.monotonic()
         try:
             return await self.session.request(method, url, trace_request_ctx=attempt, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if not attempt.reused or isinstance(e, aiohttp.ClientConnectorError):
+            if not attempt.reused or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > _STALE_WITHIN_S:
                 raise
             log.info("upstream_retry", url=url, error=type(e).__name__, why="a pooled connection was closed before the answer began")
         owner = self._pool or self

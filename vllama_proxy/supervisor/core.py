@@ -283,6 +283,9 @@ class Supervisor:
             if renewed or not self.board.try_close():
                 self._evict_reason = None
                 continue
+            if self._evict_reason is None and time.time() < self.board.expires_at:
+                self.board.reopen()  # a request ended (and renewed keep_alive) just before the close
+                continue
             try:
                 if not await self._can_sleep():
                     await self._stop_child()

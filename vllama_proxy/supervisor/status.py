@@ -60,7 +60,7 @@ class StatusBoard:
         self._loading = ctx.RawValue("i", 0)  # 1 while a start or wake asked for by requests is under way
         self._closing = ctx.RawValue("i", 0)  # 1 while the supervisor checks it is idle before sleeping/stopping it
         self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
-        self._lock = SharedLock(ctx)  # guards state vs. _closing, _inflight and _waiting together
+        self._lock = SharedLock()  # guards state vs. _closing, _inflight and _waiting together
         self._inflight = ctx.RawArray("i", max(slots, 1))
         self._waiting = ctx.RawArray("i", max(slots, 1))  # requests waiting for it to load, per process
         self._error = ctx.RawArray("c", 4096)
