@@ -95,8 +95,26 @@ class Translator:
         self.content: list[str] = []
         self.thinking: list[str] = []
         self.logprobs: list[dict[str, Any]] = []
+        self._reasoned = False  # a reasoning delta arrived: the content's leading whitespace is eaten
+        self._thought = False  # non-blank thinking was emitted
+        self._said = False  # non-blank content was emitted after reasoning
 
     # subclasses: feed(chunk) -> list of Ollama chunk dicts; final() -> dict
+
+    def _eat_whitespace(self, text: str | None, thinking: str | None) -> tuple[str | None, str | None]:
+        """Whitespace right after ``<think>`` and right after ``</think>`` is dropped, as Ollama's
+        thinking parser does (``thinking/parser.go``): vLLM's reasoning parsers pass on the model's
+        ``"\n"`` after ``<think>`` and ``"\n\n"`` after ``</think>`` (seen with qwen3 on vLLM 0.26,
+        issue 13), which Ollama clients would show as blank lines."""
+        if thinking:
+            self._reasoned = True
+            if not self._thought:
+                thinking = thinking.lstrip()
+                self._thought = bool(thinking)
+        if text and self._reasoned and not self._said:
+            text = text.lstrip()
+            self._said = bool(text)
+        return text, thinking
 
     def _usage_and_finish(self, chunk: dict[str, Any], choice: dict[str, Any] | None) -> None:
         usage = chunk.get("usage")
@@ -191,6 +209,8 @@ class GenerateTranslator(Translator):
             text = delta.get("content")
             thinking = delta.get("reasoning") or delta.get("reasoning_content")
             lps = _logprobs_chat(choice.get("logprobs")) if choice.get("logprobs") else None
+            if thinking or (self._reasoned and not self._said):
+                text, thinking = self._eat_whitespace(text, thinking)
         if not text and not thinking:
             return []
         self._mark_token()
@@ -237,6 +257,8 @@ class ChatTranslator(Translator):
         delta = choice.get("delta") or {}
         text = delta.get("content")
         thinking = delta.get("reasoning") or delta.get("reasoning_content")
+        if thinking or (self._reasoned and not self._said):
+            text, thinking = self._eat_whitespace(text, thinking)
         out: list[dict[str, Any]] = []
         tc_deltas = delta.get("tool_calls")
         if tc_deltas:
