@@ -68,7 +68,25 @@ stripped token stop before it (finish ``stop``, ``stop_reason`` = the string).
 ``{"ok": true}`` as two tokens. Chat with ``chat_template_kwargs.enable_thinking`` true first emits
 3 reasoning tokens ``"think0 "`` .. ``"think2 "``. Chat with ``tools`` and ``[[tool]]`` /
 ``[[tools:N]]`` in the last user message answers with N tool calls, arguments
-``{"city": "Paris", "n": i}`` streamed in 4 fragments, finish ``tool_calls``.
+``{"city": "Paris", "n": i}`` streamed in 4 fragments, finish ``tool_calls``; with thinking on, a
+``"\n\n"`` content token (what qwen3's reasoning parser passes on after ``</think>``) comes between the
+reasoning and the first tool call (non-streamed: content stays null).
+A ``json_schema`` response format (or ``structured_outputs.json`` / ``guided_json``) whose schema
+has a ``type`` outside JSON Schema's seven (e.g. ``"no-such-type"``) fails like xgrammar in vLLM:
+400 ``{"error": {"message": "Grammar error: Invalid type: no-such-type", "type": "BadRequestError",
+"param": null, "code": 400}}``; streamed, a 200 whose only event is that error, then ``[DONE]``.
+
+Shapes (as recorded from vLLM 0.26.0, tests/fixtures/vllm-0.26): bodies carry ``service_tier``,
+``system_fingerprint`` (``vllm-0.26.0-nohash``), ``prompt_token_ids``, ``prompt_text`` (chat),
+``ec_transfer_params``, ``metrics``, and per choice ``token_ids``, ``routed_experts`` (all null
+but the fingerprint); ``message.tool_calls`` only when there are calls. Streams: the chat role
+chunk carries ``prompt_token_ids``/``prompt_text``; token chunks carry ``token_ids`` (chat: no
+``stop_reason``); tool deltas carry ``content: null`` and the tool start has no ``arguments``;
+the finish comes in a chunk of its own with an empty delta (``text: ""`` for completions), except
+a ``length`` finish, which rides on the last token; no chunk has a ``usage`` key except the final
+usage chunk (``include_usage``), which also has ``system_fingerprint``. A request that fails
+pydantic validation (``messages`` not a list, ``model`` not a string) gets FastAPI's shape:
+type ``"Bad Request"``, param ``"body.<field>"``.
 
 Fault markers anywhere in the prompt / message contents:
 ``[[fault:http400]]`` (context-length 400), ``[[fault:http500]]``, ``[[fault:reset]]`` (2 tokens then
@@ -106,6 +124,7 @@ import orjson
 from aiohttp import web
 
 VLLM_VERSION = "0.26.0"
+SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-nohash"
 
 _RE_TOKENS = re.compile(r"\[\[tokens:(\d+)\]\]")
 _RE_FAULT = re.compile(r"\[\[fault:([a-z0-9_]+)\]\]")
@@ -300,6 +319,14 @@ class ApiError(Exception):
         self.param = param
 
 
+class GrammarError(ApiError):
+    """xgrammar rejected the request's schema. vLLM 0.26 answers 400 unstreamed, but a stream
+    has already begun (200): ``data: {"error": ...}`` then ``data: [DONE]``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, f"Grammar error: {message}", "BadRequestError")
+
+
 def error_response(status: int, message: str, err_type: str | None = None,
                    param: str | None = None) -> web.Response:
     e = ApiError(status, message, err_type, param)
@@ -341,10 +368,60 @@ def check_model(state: State, body: dict[str, Any]) -> str:
     if model is None or model == "":
         return state.served[0]
     if not isinstance(model, str):  # vLLM's request model (pydantic) rejects it before any lookup
-        raise ApiError(400, "1 validation error: model: Input should be a valid string", "BadRequestError", "model")
+        raise validation_error("model", "string_type", "Input should be a valid string", model)
     if model not in state.served:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     return model
+
+
+def validation_error(field: str, kind: str, msg: str, value: Any) -> ApiError:
+    """FastAPI/pydantic's request validation error as vLLM 0.26 answers it (type "Bad Request")."""
+    detail = {"type": kind, "loc": ("body", field), "msg": msg, "input": value}
+    return ApiError(400, f"1 validation error:\n  {detail!r}", "Bad Request", f"body.{field}")
+
+
+_SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+
+
+def _bad_schema_type(schema: Any) -> str | None:
+    """The first ``type`` in a JSON schema that xgrammar does not know (None: all known)."""
+    if isinstance(schema, dict):
+        t = schema.get("type")
+        for one in (t if isinstance(t, list) else [t]):
+            if isinstance(one, str) and one not in _SCHEMA_TYPES:
+                return one
+        for k, v in schema.items():
+            if k in ("enum", "const", "default", "examples", "required"):
+                continue
+            bad = _bad_schema_type(v)
+            if bad is not None:
+                return bad
+    elif isinstance(schema, list):
+        for v in schema:
+            bad = _bad_schema_type(v)
+            if bad is not None:
+                return bad
+    return None
+
+
+def _check_grammar(body: dict[str, Any]) -> None:
+    schemas: list[Any] = []
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "json_schema" and isinstance(rf.get("json_schema"), dict):
+        schemas.append(rf["json_schema"].get("schema"))
+    so = body.get("structured_outputs")
+    if isinstance(so, dict):
+        schemas.append(so.get("json"))
+    schemas.append(body.get("guided_json"))
+    for schema in schemas:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError:
+                continue
+        bad = _bad_schema_type(schema)
+        if bad is not None:
+            raise GrammarError(f"Invalid type: {bad}")
 
 
 def _opt_int(body: dict[str, Any], *names: str) -> int | None:
@@ -495,6 +572,7 @@ def plan_completion(state: State, body: dict[str, Any]) -> Plan:
     if mt is None:
         mt = 16
     _validate_len(state, ptoks, mt)
+    _check_grammar(body)
     toks, finish, stop_reason = _content_tokens(
         text, mt, bool(body.get("ignore_eos")), _stops(body), _wants_json(body))
     return Plan([("c", t) for t in toks], finish, stop_reason, ptoks, faults)
@@ -502,7 +580,11 @@ def plan_completion(state: State, body: dict[str, Any]) -> Plan:
 
 def plan_chat(state: State, body: dict[str, Any]) -> Plan:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(messages, list):
+        if "messages" not in body:
+            raise validation_error("messages", "missing", "Field required", body)
+        raise validation_error("messages", "list_type", "Input should be a valid list", messages)
+    if not messages:
         raise ApiError(400, "messages: Field required (a non-empty list)", param="messages")
     texts: list[str] = []
     extra = 0
@@ -522,6 +604,7 @@ def plan_chat(state: State, body: dict[str, Any]) -> Plan:
     asked = _opt_int(body, "max_completion_tokens", "max_tokens")
     _validate_len(state, ptoks, asked)
     mt = asked if asked is not None else state.max_model_len - ptoks
+    _check_grammar(body)
 
     events: list[tuple] = []
     kwargs = body.get("chat_template_kwargs")
@@ -541,6 +624,8 @@ def plan_chat(state: State, body: dict[str, Any]) -> Plan:
         elif _TOOL_MARK in last_user:
             n_calls = 1
     if n_calls:
+        if thinking:  # qwen3's reasoning parser passes on the "\n\n" after </think> as content
+            events.append(("c", "\n\n"))
         for i in range(n_calls):
             tool = tools[i] if i < len(tools) else tools[0]
             fn = tool.get("function") if isinstance(tool, dict) else None
@@ -642,13 +727,24 @@ async def _close_transport(request: web.Request) -> None:
 
 async def handle_generation(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    stream = False
     try:
         body = await read_body(request)
         model = check_model(state, body)
-        plan = plan_chat(state, body) if chat else plan_completion(state, body)
         stream = bool(body.get("stream"))
+        plan = plan_chat(state, body) if chat else plan_completion(state, body)
         so = body.get("stream_options")
         include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
+    except GrammarError as e:
+        if not stream:
+            return error_response(e.status, e.message, e.err_type, e.param)
+        # vLLM 0.26: the stream has begun (200) when xgrammar fails: one error event, then [DONE]
+        resp = await _start_stream(request)
+        err = {"error": {"message": e.message, "type": e.err_type, "param": e.param, "code": e.status}}
+        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
     except ApiError as e:
         return error_response(e.status, e.message, e.err_type, e.param)
 
@@ -671,21 +767,32 @@ async def handle_generation(request: web.Request, chat: bool) -> web.StreamRespo
 
 async def _stream(request: web.Request, state: State, plan: Plan, tracker: Tracker, model: str,
                   chat: bool, include_usage: bool) -> web.StreamResponse:
+    """vLLM 0.26's chunks: a role chunk (chat), one chunk per token, the finish in a chunk of its
+    own with an empty delta (the end-of-sequence token; a ``length`` finish rides on the last
+    token), then the usage chunk (``include_usage``) and ``[DONE]``. No ``usage`` key elsewhere."""
     created = int(time.time())
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    obj = "chat.completion.chunk" if chat else "text_completion"
     rfield = state.knobs.reasoning_field
     n = len(plan.events)
+    merge_finish = plan.finish == "length" and n > 0
     resp = await _start_stream(request)
     sent_role = False
     count = 0
 
-    def chunk(choice: dict[str, Any]) -> bytes:
-        return _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": created, "model": model, "choices": [choice], "usage": None})
+    def chunk(choice: dict[str, Any], **top: Any) -> bytes:
+        return _sse({"id": rid, "object": obj, "created": created, "model": model,
+                     "choices": [choice], **top})
 
     async def send_role() -> None:
         await resp.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}))
+                                "logprobs": None, "finish_reason": None},
+                               prompt_token_ids=None, prompt_text=None))
+
+    def finish_fields(last: bool) -> dict[str, Any]:
+        if not last:
+            return {"finish_reason": None} if chat else {"finish_reason": None, "stop_reason": None}
+        return {"finish_reason": plan.finish, "stop_reason": plan.stop_reason}
 
     async for ev in produce(state, plan, tracker.seq):
         kind = ev[0]
@@ -704,9 +811,7 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
             await resp.write_eof()
             return resp
         count += 1
-        last = count == n
-        finish = plan.finish if last else None
-        stop_reason = plan.stop_reason if last else None
+        last = merge_finish and count == n
         if chat:
             if not sent_role:
                 sent_role = True
@@ -715,32 +820,31 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
                 delta: dict[str, Any] = {rfield: ev[1]}
             elif kind == "c":
                 delta = {"content": ev[1]}
-            elif kind == "ts":
-                delta = {"tool_calls": [{"index": ev[1], "id": ev[2], "type": "function",
-                                         "function": {"name": ev[3], "arguments": ""}}]}
+            elif kind == "ts":  # hermes' tool start: no arguments key yet
+                delta = {"content": None, "tool_calls": [{"id": ev[2], "type": "function", "index": ev[1],
+                                                          "function": {"name": ev[3]}}]}
             else:
-                delta = {"tool_calls": [{"index": ev[1], "function": {"arguments": ev[2]}}]}
+                delta = {"content": None, "tool_calls": [{"index": ev[1], "function": {"arguments": ev[2]}}]}
             await resp.write(chunk({"index": 0, "delta": delta, "logprobs": None,
-                                    "finish_reason": finish, "stop_reason": stop_reason}))
+                                    **finish_fields(last), "token_ids": None}))
         else:
-            await resp.write(chunk({"index": 0, "text": ev[1], "logprobs": None,
-                                    "finish_reason": finish, "stop_reason": stop_reason}))
-    if n == 0:
+            await resp.write(chunk({"index": 0, "text": ev[1], "logprobs": None, **finish_fields(last),
+                                    "prompt_token_ids": None, "token_ids": None}))
+    if not merge_finish:
         if chat:
-            await send_role()
-            await resp.write(chunk({"index": 0, "delta": {"content": ""}, "logprobs": None,
-                                    "finish_reason": plan.finish,
-                                    "stop_reason": plan.stop_reason}))
+            if not sent_role:
+                await send_role()
+            await resp.write(chunk({"index": 0, "delta": {}, "logprobs": None,
+                                    **finish_fields(True), "token_ids": None}))
         else:
-            await resp.write(chunk({"index": 0, "text": "", "logprobs": None,
-                                    "finish_reason": plan.finish,
-                                    "stop_reason": plan.stop_reason}))
+            await resp.write(chunk({"index": 0, "text": "", "logprobs": None, **finish_fields(True),
+                                    "prompt_token_ids": None, "token_ids": None}))
     if include_usage:
         p = plan.prompt_tokens
         await resp.write(_sse({
-            "id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created, "model": model, "choices": [],
-            "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n}}))
+            "id": rid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n},
+            "system_fingerprint": SYSTEM_FINGERPRINT}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     tracker.finish("completed")
@@ -785,21 +889,27 @@ async def _non_stream(request: web.Request, state: State, plan: Plan, tracker: T
             "role": "assistant",
             "content": None if (calls or (reasoning and not content)) else text,
             "refusal": None, "annotations": None, "audio": None, "function_call": None,
-            "tool_calls": calls,
-            state.knobs.reasoning_field: "".join(reasoning) if reasoning else None,
         }
+        if calls:  # vLLM 0.26 leaves the key out when there are none
+            message["tool_calls"] = calls
+        message[state.knobs.reasoning_field] = "".join(reasoning) if reasoning else None
         out = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion",
                "created": created, "model": model,
                "choices": [{"index": 0, "message": message, "logprobs": None,
-                            "finish_reason": plan.finish, "stop_reason": plan.stop_reason}],
-               "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None}
+                            "finish_reason": plan.finish, "stop_reason": plan.stop_reason,
+                            "token_ids": None, "routed_experts": None}],
+               "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
+               "usage": usage, "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
+               "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
     else:
         out = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion",
                "created": created, "model": model,
                "choices": [{"index": 0, "text": "".join(content), "logprobs": None,
                             "finish_reason": plan.finish, "stop_reason": plan.stop_reason,
-                            "prompt_logprobs": None}],
-               "usage": usage, "kv_transfer_params": None}
+                            "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
+                            "routed_experts": None}],
+               "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
+               "usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
     tracker.finish("completed")
     return json_response(out)
 
