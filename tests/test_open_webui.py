@@ -203,7 +203,7 @@ def test_open_webui_session(open_webui_session, tmp_path):
             return page.locator("#response-content-container").last
 
         def new_chat() -> None:
-            page.goto(base + "/", wait_until="networkidle")
+            page.goto(base + "/")
             expect(page.locator("#chat-input")).to_be_visible()
 
         # 1. sign in (the admin account comes from WEBUI_ADMIN_EMAIL / WEBUI_ADMIN_PASSWORD)
@@ -220,10 +220,11 @@ def test_open_webui_session(open_webui_session, tmp_path):
 
         # 2. the model list: both served models, from /api/tags; the chat model chosen
         page.get_by_role("button", name=re.compile("^Selected model")).first.click()
-        expect(page.get_by_role("button", name=re.compile(r"embed-fake:latest")).first).to_be_visible()
-        expect(page.get_by_role("button", name=re.compile(r"qwen-fake:latest")).first).to_be_visible()
+        models = page.get_by_role("listbox", name="Available models")
+        expect(models.get_by_role("option")).to_have_count(2)
+        expect(models.get_by_role("option", name="Select embed-fake:latest model")).to_be_visible()
         shot("02-model-list.png")
-        page.get_by_role("button", name=re.compile(r"qwen-fake:latest")).last.click()
+        models.get_by_role("option", name="Select qwen-fake:latest model").click()
         expect(page.get_by_role("button", name=re.compile("^Selected model: qwen-fake:latest"))).to_be_visible()
 
         # 3. a chat, streamed: the answer grows on screen before it is complete
@@ -241,10 +242,12 @@ def test_open_webui_session(open_webui_session, tmp_path):
         # 4. a tool call: Open WebUI sends its built-in tools; the model calls one, gets the result, answers
         new_chat()
         send("What time is it? [[tool]]")
-        expect(page.get_by_text("get_current_timestamp").first).to_be_visible()
+        tool_call = page.get_by_text("get_current_timestamp").filter(visible=True).first
+        expect(tool_call).to_be_visible()
         expect(answer()).to_contain_text("tok7")
-        page.get_by_text("get_current_timestamp").first.click()  # unfold the call and its result
-        expect(page.get_by_text("current_timestamp").nth(1)).to_be_visible()
+        tool_call.click()  # unfold the call: its arguments and the tool's result
+        expect(page.get_by_text("current_iso").filter(visible=True).first).to_be_visible()
+        time.sleep(0.5)  # the unfolding animation
         shot("04-tool-call.png")
         calls = [r["body"] for r in get_json(qwen + "/_fake/requests") if r["path"] == "/v1/chat/completions"]
         followup = [b for b in calls if any(m.get("role") == "tool" for m in b["messages"])]
@@ -255,12 +258,11 @@ def test_open_webui_session(open_webui_session, tmp_path):
 
         # 5. a thinking block: the chat's "think (Ollama)" control on, reasoning shown folded
         new_chat()
-        page.get_by_role("button", name="Controls").click()
+        page.get_by_label("Controls", exact=True).click()
         think = page.get_by_label("think (Ollama)", exact=True)
         think.scroll_into_view_if_needed()
         think.click()
-        expect(think).to_have_text("On")
-        page.get_by_role("button", name="Controls").click()
+        expect(think).to_have_text("On")  # the pane stays open: the screenshot shows the setting
         send("Think it over first.")
         expect(answer()).to_contain_text("tok7")
         thought = page.get_by_text(re.compile("^Thought for"))
@@ -268,8 +270,9 @@ def test_open_webui_session(open_webui_session, tmp_path):
         thought.first.click()
         expect(page.get_by_text(re.compile("think0 think1 think2")).first).to_be_visible()
         shot("05-thinking.png")
+        page.get_by_label("Controls", exact=True).click()  # closed again: the pane is remembered across chats
         thinking_calls = [r["body"] for r in get_json(qwen + "/_fake/requests")
-                          if r["path"] == "/v1/chat/completions" and "Think it over" in json.dumps(r["body"]["messages"][-1:])]
+                          if r["path"] == "/v1/chat/completions" and r["body"]["messages"][-1]["content"] == "Think it over first."]
         assert thinking_calls and thinking_calls[0]["chat_template_kwargs"] == {"enable_thinking": True}
 
         # 6. stop midway: Open WebUI drops its connection, vllama closes vLLM's, vLLM aborts
@@ -277,7 +280,7 @@ def test_open_webui_session(open_webui_session, tmp_path):
         before = get_json(qwen + "/_fake/stats")
         send("Write a long essay. [[tokens:150]]")
         expect(answer()).to_contain_text("tok10")
-        page.get_by_role("button", name="Stop").click()
+        page.get_by_role("button", name="Stop", exact=True).click()
         after = wait_until(lambda: (s := get_json(qwen + "/_fake/stats"))["aborted"] > before["aborted"] and s, 5,
                            "vLLM to abort the stopped request")
         shown = answer().inner_text()
@@ -299,24 +302,46 @@ def test_open_webui_session(open_webui_session, tmp_path):
         send("What is the secret word in the document?")
         expect(page.get_by_text(re.compile(r"Retrieved 1 source|1 Source")).first).to_be_visible()
         expect(answer()).to_contain_text("tok7")
+        page.get_by_text("1 Source", exact=True).first.click()
+        expect(page.get_by_text("vllama-notes.txt").nth(1)).to_be_visible()
+        time.sleep(0.5)
         shot("07-document.png")
         embeds = [r["body"] for r in get_json(embed + "/_fake/requests") if r["path"] == "/v1/embeddings"]
         assert any("marmalade" in json.dumps(b["input"]) for b in embeds), "the document was not embedded"
-        assert any("secret word" in json.dumps(b["input"]) and "marmalade" not in json.dumps(b["input"]) for b in embeds), \
-            "the question was not embedded"
+        # the search query (Open WebUI has the chat model write it: here the stand-in's tokens) embedded too
+        assert any("marmalade" not in json.dumps(b["input"]) for b in embeds), f"no query embedded: {embeds}"
         rag = [r["body"] for r in get_json(qwen + "/_fake/requests") if r["path"] == "/v1/chat/completions"
                and "marmalade" in json.dumps(r["body"]["messages"])]
         assert rag, "the retrieved passage never reached the chat model"
+
+        # 8. eject: Open WebUI unloads the model (/api/generate, empty prompt, keep_alive 0); vllama stops
+        # its vLLM, /api/ps no longer lists it, and the next chat loads it again
+        wait_until(lambda: get_json(qwen + "/_fake/stats")["in_flight"] == 0, 60, "background generations to end")
+        new_chat()
+        page.get_by_role("button", name=re.compile("^Selected model")).first.click()
+        option = page.get_by_role("listbox", name="Available models").get_by_role("option", name="Select qwen-fake:latest model")
+        option.hover()
+        option.get_by_role("button", name="Eject model").click()
+        wait_until(lambda: {m["model"]: m["state"] for m in v.ready()["models"]}["qwen-fake"] in ("unloaded", "stopped"), 30,
+                   "qwen-fake to be unloaded")
+        time.sleep(1)
+        shot("08-ejected.png")
+        assert [m["model"] for m in get_json(v.url + "/api/ps")["models"]] == ["embed-fake:latest"]
+        page.keyboard.press("Escape")
+        send("Back again?")
+        expect(answer()).to_contain_text("tok7", timeout=60_000)
+        assert {m["model"]: m["state"] for m in v.ready()["models"]}["qwen-fake"] == "ready"
         browser.close()
 
     # Open WebUI's own follow-ups (titles, tags, suggestions) finish before it is stopped
+    qwen = fake_url(v, "qwen-fake")  # started again after the eject
     wait_until(lambda: get_json(qwen + "/_fake/stats")["in_flight"] == 0, 60, "background generations to end")
     records = [r for r in access_log(v) if r["path"] not in ("/livez", "/readyz")]  # the test's own probes
     table = request_table(records)
     (shots / "requests.md").write_text(table + "\n")
     print(table)
     paths = {r["path"] for r in records}
-    assert {"/api/tags", "/api/ps", "/api/version", "/api/chat", "/api/embed"} <= paths
+    assert {"/api/tags", "/api/ps", "/api/version", "/api/chat", "/api/embed", "/api/generate"} <= paths
     bad = [r for r in records if r["status"] >= 400 or "stream_error" in r]
     # the one request Stop cancelled is logged 499 (Ollama's "client gone"); nothing else failed
     assert [(r["path"], r["status"]) for r in bad] == [("/api/chat", 499)], bad
