@@ -2,21 +2,24 @@
 
 One recorded browser session: sign in, the model list, a streamed chat, a tool call, a thinking
 block, a generation stopped midway (vLLM must see the abort), a document answered through
-embeddings (``/api/embed``). vllama runs as a real ``vllama serve --config`` process supervising
+embeddings (``/api/embed``), the model ejected from the model list (its vLLM stopped) and loaded
+again by the next chat. vllama runs as a real ``vllama serve --config`` process supervising
 two stand-in vLLMs (``tests/fake_vllm.py``: a chat model with tool and reasoning parsers, and a
 pooling model); Open WebUI is a real ``open-webui serve`` process with ``OLLAMA_BASE_URL`` pointing
 at vllama. Afterwards every request Open WebUI sent to vllama (vllama's JSON access log) must have
 been answered without error; the one request the stop cancels is logged 499, Ollama's status for
 a client that left.
 
-Optional, skipped unless everything it needs is here (CI has none of it and installs nothing):
+Optional, skipped unless everything it needs is here (CI has none of it and installs nothing)::
 
-- ``VLLAMA_OPEN_WEBUI``: the ``open-webui`` executable, installed in a venv of its own
-  (``python3.11 -m venv /work/owui-venv && /work/owui-venv/bin/pip install torch==2.13.0 open-webui``);
-- Chromium at ``VLLAMA_CHROMIUM`` (default ``/usr/bin/chromium``, Debian's ``chromium`` package);
-- the ``playwright`` Python package in this venv (``.venv/bin/pip install playwright``; never
-  ``playwright install``: the browser is Debian's).
+    apt-get install -y chromium                     # Debian's; VLLAMA_CHROMIUM to use another
+    python3.11 -m venv /work/owui-venv              # Open WebUI in a venv of its own (it is heavy)
+    /work/owui-venv/bin/pip install torch==2.13.0   # the local CPU wheel, before open-webui asks for torch
+    /work/owui-venv/bin/pip install open-webui
+    .venv/bin/pip install playwright                # the driver only: never `playwright install`
+    VLLAMA_OPEN_WEBUI=/work/owui-venv/bin/open-webui scripts/test.sh -s tests/test_open_webui.py
 
+Measured with open-webui 0.12.4, Chromium 156, playwright 1.65: about 50 s.
 ``VLLAMA_OPEN_WEBUI_SHOTS=DIR`` keeps the screenshots and the request table there (the committed
 ones are in ``benchmarks/results/open-webui/``); otherwise they go to the test's temporary directory.
 """
@@ -236,11 +239,14 @@ def test_open_webui_session(open_webui_session, tmp_path):
         seen = set()
         deadline = time.monotonic() + 30
         while "tok39" not in answer().inner_text() and time.monotonic() < deadline:
-            seen.add(answer().inner_text().count("tok"))
+            n = answer().inner_text().count("tok")
+            if 5 <= n <= 30 and not any(5 <= m <= 30 for m in seen):
+                shot("03-chat-streaming.png")  # caught midway
+            seen.add(n)
             time.sleep(0.1)
         expect(answer()).to_contain_text("tok39")
         assert len([n for n in seen if 0 < n < 40]) >= 2, f"no partial answers seen: {seen}"
-        shot("03-chat-streamed.png")
+        shot("04-chat-streamed.png")
 
         # 4. a tool call: Open WebUI sends its built-in tools; the model calls one, gets the result, answers
         new_chat()
@@ -251,7 +257,7 @@ def test_open_webui_session(open_webui_session, tmp_path):
         tool_call.click()  # unfold the call: its arguments and the tool's result
         expect(page.get_by_text("current_iso").filter(visible=True).first).to_be_visible()
         time.sleep(0.5)  # the unfolding animation
-        shot("04-tool-call.png")
+        shot("05-tool-call.png")
         calls = [r["body"] for r in get_json(qwen + "/_fake/requests") if r["path"] == "/v1/chat/completions"]
         followup = [b for b in calls if any(m.get("role") == "tool" for m in b["messages"])]
         assert followup, "the tool result never reached vLLM"
@@ -272,7 +278,8 @@ def test_open_webui_session(open_webui_session, tmp_path):
         expect(thought.first).to_be_visible()
         thought.first.click()
         expect(page.get_by_text(re.compile("think0 think1 think2")).first).to_be_visible()
-        shot("05-thinking.png")
+        time.sleep(0.5)  # the unfolding animation
+        shot("06-thinking.png")
         page.get_by_label("Controls", exact=True).click()  # closed again: the pane is remembered across chats
         thinking_calls = [r["body"] for r in get_json(qwen + "/_fake/requests")
                           if r["path"] == "/v1/chat/completions" and r["body"]["messages"][-1]["content"] == "Think it over first."]
@@ -284,12 +291,14 @@ def test_open_webui_session(open_webui_session, tmp_path):
         send("Write a long essay. [[tokens:150]]")
         expect(answer()).to_contain_text("tok10")
         page.get_by_role("button", name="Stop", exact=True).click()
+        clicked = time.monotonic()
         after = wait_until(lambda: (s := get_json(qwen + "/_fake/stats"))["aborted"] > before["aborted"] and s, 5,
-                           "vLLM to abort the stopped request")
+                           "vLLM to abort the stopped request", interval=0.02)
+        abort_s = time.monotonic() - clicked
         shown = answer().inner_text()
         time.sleep(1)
         assert answer().inner_text() == shown and "tok149" not in shown, "the answer kept growing after Stop"
-        shot("06-stopped.png")
+        shot("07-stopped.png")
         assert after["aborted"] == before["aborted"] + 1
 
         # 7. a document: uploaded, embedded through vllama's /api/embed, retrieved for the question
@@ -308,7 +317,7 @@ def test_open_webui_session(open_webui_session, tmp_path):
         page.get_by_text("1 Source", exact=True).first.click()
         expect(page.get_by_text("vllama-notes.txt").nth(1)).to_be_visible()
         time.sleep(0.5)
-        shot("07-document.png")
+        shot("08-document.png")
         embeds = [r["body"] for r in get_json(embed + "/_fake/requests") if r["path"] == "/v1/embeddings"]
         assert any("marmalade" in json.dumps(b["input"]) for b in embeds), "the document was not embedded"
         # the search query (Open WebUI has the chat model write it: here the stand-in's tokens) embedded too
@@ -328,7 +337,7 @@ def test_open_webui_session(open_webui_session, tmp_path):
         wait_until(lambda: {m["model"]: m["state"] for m in v.ready()["models"]}["qwen-fake"] in ("unloaded", "stopped"), 30,
                    "qwen-fake to be unloaded")
         time.sleep(1)
-        shot("08-ejected.png")
+        shot("09-ejected.png")
         assert [m["model"] for m in get_json(v.url + "/api/ps")["models"]] == ["embed-fake:latest"]
         page.keyboard.press("Escape")
         send("Back again?")
@@ -341,7 +350,7 @@ def test_open_webui_session(open_webui_session, tmp_path):
     wait_until(lambda: get_json(qwen + "/_fake/stats")["in_flight"] == 0, 60, "background generations to end")
     records = [r for r in access_log(v) if r["path"] not in ("/livez", "/readyz")]  # the test's own probes
     table = request_table(records)
-    (shots / "requests.md").write_text(table + "\n")
+    (shots / "requests.md").write_text(f"{table}\n\nStop clicked -> vLLM aborted the request: {abort_s:.2f} s\n")
     print(table)
     paths = {r["path"] for r in records}
     assert {"/api/tags", "/api/ps", "/api/version", "/api/chat", "/api/embed", "/api/generate"} <= paths
