@@ -68,7 +68,8 @@ stripped token stop before it (finish ``stop``, ``stop_reason`` = the string).
 ``{"ok": true}`` as two tokens. Chat with ``chat_template_kwargs.enable_thinking`` true first emits
 3 reasoning tokens ``"think0 "`` .. ``"think2 "``. Chat with ``tools`` and ``[[tool]]`` /
 ``[[tools:N]]`` in the last user message answers with N tool calls, arguments
-``{"city": "Paris", "n": i}`` streamed in 4 fragments, finish ``tool_calls``; with thinking on, a
+``{"city": "Paris", "n": i}`` streamed in 4 fragments, finish ``tool_calls``; once a ``tool``
+message follows that user message, the answer is text again (a client's tool loop ends). With thinking on, a
 ``"\n\n"`` content token (what qwen3's reasoning parser passes on after ``</think>``) comes between the
 reasoning and the first tool call (non-streamed: content stays null).
 A ``json_schema`` response format (or ``structured_outputs.json`` / ``guided_json``) whose schema
@@ -589,6 +590,7 @@ def plan_chat(state: State, body: dict[str, Any]) -> Plan:
     texts: list[str] = []
     extra = 0
     last_user = ""
+    answered = False  # a tool result after the last user message: answer in words, as a model does
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, "each message must be an object with a role", param="messages")
@@ -597,6 +599,9 @@ def plan_chat(state: State, body: dict[str, Any]) -> Plan:
         texts.append(t)
         if m["role"] == "user":
             last_user = t
+            answered = False
+        elif m["role"] == "tool":
+            answered = True
     text = " ".join(texts)
     ptoks = len(text.split()) + extra
     faults = set(_RE_FAULT.findall(text))
@@ -617,7 +622,7 @@ def plan_chat(state: State, body: dict[str, Any]) -> Plan:
 
     tools = body.get("tools")
     n_calls = 0
-    if isinstance(tools, list) and tools and body.get("tool_choice") != "none":
+    if isinstance(tools, list) and tools and body.get("tool_choice") != "none" and not answered:
         m = _RE_TOOLS.findall(last_user)
         if m:
             n_calls = int(m[-1])
