@@ -9,6 +9,8 @@ concurrency level, alternating proxy / direct for ``--rounds`` rounds:
 * ``proxy``: ``ollama`` protocol -> vllama -> fake ``/v1/completions``;
 * ``direct``: ``openai`` protocol straight to the fake.
 
+``--api chat`` compares ``/api/chat`` through vllama with ``/v1/chat/completions`` direct instead.
+
 Reported per (level, target): tokens/s, TTFT/TPOT/E2E, and the CPU each process
 spent per streamed output token (psutil user+system time, before/after each run,
 divided by the output tokens that run delivered). The proxy's µs/token is the number
@@ -79,7 +81,10 @@ def _cpu(p: psutil.Process) -> float:
 
 async def bench(args: argparse.Namespace, proxy_url: str, fake_url: str, procs: dict[str, psutil.Process],
                 log_fn=loadgen.log) -> list[dict[str, Any]]:
-    targets = [Target("proxy", "ollama", proxy_url), Target("direct", "openai", fake_url)]
+    if args.api == "chat":
+        targets = [Target("proxy", "ollama-chat", proxy_url), Target("direct", "openai-chat", fake_url)]
+    else:
+        targets = [Target("proxy", "ollama", proxy_url), Target("direct", "openai", fake_url)]
     wl = Workload(MODEL, args.output_tokens, args.prompt_words, 0.0, True)
     prompts = PromptFactory(args.prompt_words, args.seed)
     n_for = loadgen.requests_formula(args.requests_per_level)
@@ -154,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests per level, target and round: a number or a formula of c")
     p.add_argument("--rounds", type=int, default=2, help="alternating proxy/direct rounds per level")
     p.add_argument("--token-delay", type=float, default=0.02, help="FAKE_VLLM_TOKEN_DELAY: seconds per token")
+    p.add_argument("--api", choices=("generate", "chat"), default="generate",
+                   help="proxy /api/generate vs direct /v1/completions, or /api/chat vs /v1/chat/completions")
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--prompt-words", type=int, default=128)
     p.add_argument("--warmup", type=int, default=8)

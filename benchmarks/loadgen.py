@@ -11,6 +11,9 @@ output tokens thanks to ``ignore_eos``):
   ``stream_options.include_usage``; SSE ``data:`` events ending with ``data: [DONE]``.
 * ``openai-nostream``: the same with ``stream: false``: one JSON body, no TTFT or ITL; what the
   engine delivers when no API server has to stream token by token.
+* ``ollama-chat`` / ``openai-chat``: the same workload as one user message to ``/api/chat`` /
+  ``/v1/chat/completions`` (the chat template applies; tokens are ``message.content`` /
+  ``delta.content``).
 
 Per request: ok or error (HTTP status, an ``error`` line/event, an exception, a stream
 without ``done``/``[DONE]``, or a token count other than the one asked for), TTFT (first
@@ -59,7 +62,7 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
-PROTOCOLS = ("ollama", "openai", "openai-nostream")
+PROTOCOLS = ("ollama", "openai", "openai-nostream", "ollama-chat", "openai-chat")
 
 # Common English words: each is one token (with its leading space) in the usual BPE
 # vocabularies, so N words is about N prompt tokens for any real model.
@@ -136,6 +139,27 @@ def request_for(target: Target, wl: Workload, prompt: str) -> tuple[str, bytes, 
             "options": {"num_predict": wl.output_tokens, "ignore_eos": True, "temperature": wl.temperature},
         }
         url = target.base + "/api/generate"
+    elif target.protocol == "ollama-chat":
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+            "options": {"num_predict": wl.output_tokens, "ignore_eos": True, "temperature": wl.temperature},
+        }
+        url = target.base + "/api/chat"
+    elif target.protocol == "openai-chat":
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": wl.output_tokens,
+            "ignore_eos": True,
+            "temperature": wl.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        url = target.base + "/v1/chat/completions"
+        if target.api_key:
+            headers["Authorization"] = f"Bearer {target.api_key}"
     else:
         body = {
             "model": model,
@@ -217,6 +241,24 @@ def _ollama_line(st: _StreamState, line: bytes, now: float) -> bool:
     return True
 
 
+def _ollama_chat_line(st: _StreamState, line: bytes, now: float) -> bool:
+    line = line.strip()
+    if not line:
+        return True
+    obj = orjson.loads(line)
+    if "error" in obj:
+        st.res.error = f"error line: {obj['error']}"
+        return False
+    msg = obj.get("message") or {}
+    if msg.get("content") or msg.get("thinking"):
+        st.token(now)
+    if obj.get("done"):
+        st.done = True
+        st.count = obj.get("eval_count")
+        st.res.prompt_tokens = obj.get("prompt_eval_count")
+    return True
+
+
 def _openai_line(st: _StreamState, line: bytes, now: float) -> bool:
     if not line.startswith(b"data:"):
         return True
@@ -230,7 +272,7 @@ def _openai_line(st: _StreamState, line: bytes, now: float) -> bool:
         st.res.error = f"error event: {err.get('message') if isinstance(err, dict) else err}"
         return False
     choices = obj.get("choices")
-    if choices and choices[0].get("text"):
+    if choices and (choices[0].get("text") or (choices[0].get("delta") or {}).get("content")):
         st.token(now)
     usage = obj.get("usage")
     if usage:
@@ -239,12 +281,15 @@ def _openai_line(st: _StreamState, line: bytes, now: float) -> bool:
     return True
 
 
+_LINE_HANDLERS = {"ollama": _ollama_line, "ollama-chat": _ollama_chat_line}
+
+
 async def one_request(
     session: aiohttp.ClientSession, target: Target, wl: Workload, url: str, body: bytes, headers: dict[str, str]
 ) -> RequestResult:
     """Send one streamed request and measure it; never raises (errors are in the result)."""
     res = RequestResult()
-    handle = _ollama_line if target.protocol == "ollama" else _openai_line
+    handle = _LINE_HANDLERS.get(target.protocol, _openai_line)
     clock = time.perf_counter
     t0 = res.start = clock()
     st = _StreamState(res, t0)
@@ -284,7 +329,7 @@ async def one_request(
     res.e2e = clock() - t0
     if res.error is None:
         if not st.done:
-            res.error = "stream ended without " + ("done:true" if target.protocol == "ollama" else "[DONE]")
+            res.error = "stream ended without " + ("done:true" if target.protocol.startswith("ollama") else "[DONE]")
         else:
             res.output_tokens = st.count if isinstance(st.count, int) else res.chunks
             if wl.check_tokens and res.output_tokens != wl.output_tokens:
