@@ -120,3 +120,19 @@ def test_upstream_500_and_mid_stream_error(client):
     assert e.value.status_code == 500 and "EngineCore" in e.value.error
     with pytest.raises(ResponseError):
         list(client.chat(model=SERVED, messages=[{"role": "user", "content": "[[fault:reset]]"}], stream=True))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_error_streamed_before_any_token_is_a_status(client, proxy, stream):
+    """vLLM 0.26 answers a streamed request with a bad JSON schema 200 and one error event
+    (recorded in tests/fixtures/vllm-0.26/error_bad_schema_stream.json): nothing was sent to
+    the client yet, so it gets the status and the error, as from Ollama, not a 200 stream."""
+    schema = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+    with pytest.raises(ResponseError) as e:
+        r = client.chat(model=SERVED, messages=[{"role": "user", "content": "hi"}], format=schema, stream=stream)
+        if stream:
+            list(r)
+    assert e.value.status_code == 400 and "Grammar error: Invalid type: no-such-type" in e.value.error
+    raw = httpx.post(proxy.url + "/api/chat", json={"model": SERVED, "format": schema, "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert raw.status_code == 400 and raw.headers["content-type"].startswith("application/json")
+    assert "Grammar error" in raw.json()["error"]

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from .errors import VllamaError, error_line
 from .metrics import ITL, TTFT
-from .upstream import Upstream, encode_json, iter_sse
+from .upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
 
 NDJSON = "application/x-ndjson"
 
@@ -351,10 +351,15 @@ async def relay(
 ) -> web.StreamResponse:
     """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
 
-    Errors before the first byte to the client (vLLM's 4xx, unreachable upstream)
-    propagate as exceptions and become a status + ``{"error"}``; once the NDJSON stream
-    began, an error becomes its last line and the stream ends. A stream that ends
-    without a finish reason is an error too, never a silent truncation.
+    Errors before the first byte to the client (vLLM's 4xx, unreachable upstream, and an
+    error event vLLM streams before any token, such as a bad JSON schema) propagate as
+    exceptions and become a status + ``{"error"}``: the NDJSON response begins with its
+    first line, as Ollama's ``streamResponse`` sends its headers with the first chunk.
+    Once the stream began, an error becomes its last line and the stream ends. A stream
+    that ends without a finish reason is an error too, never a silent truncation.
+
+    The streamed loop is the proxy's hot path (one pass per upstream read, usually one
+    token): decode, translate, one write; nothing else per token but the ITL metric.
     """
     t = translator.t
     t.sent = time.perf_counter_ns()
@@ -368,26 +373,43 @@ async def relay(
             if t.first:
                 TTFT.labels(route).observe((t.first - t.received) / 1e9)
             return web.Response(body=orjson.dumps(translator.final()), content_type="application/json")
-        out = web.StreamResponse(headers={"Content-Type": NDJSON})
-        await out.prepare(request)
+        out: web.StreamResponse | None = None
         dumps = orjson.dumps
         itl = ITL.observe
+        clock = time.perf_counter_ns
+        decoder = SSEDecoder()
+        decode = decoder.feed
         last_write = 0
         try:
-            async for batch in iter_sse(resp):
-                # One write per batch of upstream events: under load several arrive per read.
-                lines = [dumps(item) + b"\n" for chunk in batch for item in feed(chunk)]
+            while not decoder.done:
+                # One write per upstream read: under load several events arrive per read.
+                lines = [dumps(item) for chunk in decode(await read_some(resp)) for item in feed(chunk)]
                 if lines:
-                    await out.write(lines[0] if len(lines) == 1 else b"".join(lines))
-                    now = time.perf_counter_ns()
+                    if out is None:
+                        out = await _begin(request)
+                    await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
+                    now = clock()
                     if last_write:
                         itl((now - last_write) / 1e9)
                     else:
                         TTFT.labels(route).observe((now - t.received) / 1e9)
                     last_write = now
+                if decoder.failure is not None:
+                    raise decoder.failure
             last = dumps(translator.final()) + b"\n"
         except VllamaError as e:
+            if out is None:
+                raise  # nothing sent yet: the client gets the status and the error
             request["vllama.stream_error"] = e
             last = error_line(e)
+        if out is None:
+            out = await _begin(request)
         await out.write_eof(last)  # the last line and the end of the chunked body in one write
         return out
+
+
+async def _begin(request: web.Request) -> web.StreamResponse:
+    """Start the NDJSON response (status 200 and headers go out with the first line)."""
+    out = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await out.prepare(request)
+    return out

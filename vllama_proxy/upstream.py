@@ -306,16 +306,81 @@ def error_text(data: Any) -> str | None:
     return None
 
 
+class SSEDecoder:
+    """Incremental decoder of vLLM's server-sent events: bytes in, chunk dicts out.
+
+    vLLM frames every event as one ``data: <json>`` line plus a blank line and ends with
+    ``data: [DONE]``; an error raised after streaming began arrives as a
+    ``data: {"error": {...}}`` event. :meth:`feed` returns the chunks of every complete
+    event in ``data`` (an event cut between reads is kept for the next call). Afterwards
+    :attr:`done` tells that ``[DONE]`` came, and :attr:`failure` holds the error to raise
+    once the chunks before it were used (``UpstreamRejected`` for an error event,
+    ``UpstreamProtocolError`` for a ``data:`` line that is not JSON).
+
+    Synchronous and allocation-light on purpose: it runs once per token on the hot path.
+    """
+
+    __slots__ = ("_tail", "done", "failure")
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self.done = False
+        self.failure: UpstreamError | None = None
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        if self._tail:
+            data = self._tail + data
+        lines = data.split(b"\n")
+        self._tail = lines.pop()  # b"" when data ended on a line break
+        batch = []
+        for line in lines:
+            if line[:5] != b"data:":
+                continue  # blank separators, comments, event:/id: lines
+            payload = line[5:].strip()
+            if payload == _DONE:
+                self.done = True
+                break
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                self.failure = UpstreamProtocolError(f"vLLM sent an event that is not JSON: {payload[:200]!r}")
+                break
+            if "error" in chunk:
+                err = chunk["error"]
+                code = err.get("code") if isinstance(err, dict) else None
+                self.failure = UpstreamRejected(error_text(chunk) or "vLLM reported an error",
+                                                code if isinstance(code, int) and code >= 400 else 500)
+                break
+            batch.append(chunk)
+        return batch
+
+
+async def read_some(resp: aiohttp.ClientResponse) -> bytes:
+    """The next bytes of a streamed body, with client errors mapped (see :func:`mapped_errors`).
+
+    Raises:
+        UpstreamUnavailable: the stream ended (or broke) here.
+        UpstreamTimeout: no byte within the idle-read timeout.
+    """
+    try:
+        data = await resp.content.readany()
+    except Exception as e:  # noqa: BLE001 - mapped or re-raised
+        mapped = map_client_error(e, str(resp.url.origin()))
+        if mapped is None:
+            raise
+        raise mapped from e
+    if not data:
+        raise UpstreamUnavailable("vLLM closed the stream before it finished")
+    return data
+
+
 async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[list[dict[str, Any]]]:
-    """Decode vLLM's server-sent events into batches of chunk dicts, up to ``data: [DONE]``.
+    """Decode vLLM's server-sent events (:class:`SSEDecoder`) into batches of chunk dicts, up to ``[DONE]``.
 
     Each batch holds every complete event that had arrived when the proxy read: one
     at light load, several when the proxy falls behind. Reading and, downstream,
     writing a whole batch at once keeps the per-token cost from growing with load.
-
-    vLLM frames every event as one ``data: <json>`` line plus a blank line and ends
-    with ``data: [DONE]``; an error raised after streaming began arrives as a
-    ``data: {"error": {...}}`` event.
+    What came before a failure is yielded before the failure is raised.
 
     Raises:
         UpstreamRejected: vLLM streamed an error event (its message and code).
@@ -323,41 +388,13 @@ async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[list[dict[str,
         UpstreamUnavailable: the stream ended or broke before ``[DONE]``.
         UpstreamTimeout: no byte within the idle-read timeout.
     """
-    content = resp.content
-    loads = orjson.loads
-    tail = b""
-    with mapped_errors(str(resp.url.origin())):
-        while True:
-            data = await content.readany()
-            if not data:
-                raise UpstreamUnavailable("vLLM closed the stream before it finished")
-            lines = (tail + data).split(b"\n") if tail else data.split(b"\n")
-            tail = lines.pop()  # b"" when data ended on a line break
-            batch = []
-            failure: UpstreamError | None = None
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, event:/id: lines
-                payload = line[5:].strip()
-                if payload == _DONE:
-                    if batch:
-                        yield batch
-                    return
-                try:
-                    chunk = loads(payload)
-                except orjson.JSONDecodeError:
-                    failure = UpstreamProtocolError(f"vLLM sent an event that is not JSON: {payload[:200]!r}")
-                    break
-                if "error" in chunk:
-                    err = chunk["error"]
-                    code = err.get("code") if isinstance(err, dict) else None
-                    failure = UpstreamRejected(error_text(chunk) or "vLLM reported an error", code if isinstance(code, int) and code >= 400 else 500)
-                    break
-                batch.append(chunk)
-            if batch:
-                yield batch  # what came before a failure still reaches the client
-            if failure is not None:
-                raise failure
+    decoder = SSEDecoder()
+    while not decoder.done:
+        batch = decoder.feed(await read_some(resp))
+        if batch:
+            yield batch
+        if decoder.failure is not None:
+            raise decoder.failure
 
 
 async def iter_raw(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
