@@ -66,7 +66,7 @@ def test_metrics_present_and_moving(proxy, fake, client):
     assert before.status_code == 200 and before.headers["content-type"].startswith("text/plain")
     b = before.text
     for name in ("vllama_requests_total", "vllama_requests_in_flight", "vllama_queue_rejections_total",
-                 "vllama_time_to_first_token_seconds_bucket", "vllama_inter_token_latency_seconds_bucket", "vllama_upstream_errors_total"):
+                 "vllama_time_to_first_token_seconds_bucket", "vllama_time_per_output_token_seconds_bucket", "vllama_upstream_errors_total"):
         assert f"# TYPE {name.removesuffix('_total').removesuffix('_bucket')}" in b, name
     list(client.generate(model=SERVED, prompt="x [[tokens:5]] [[fault:slow]]", stream=True))  # 0.2 s between tokens
     with pytest.raises(ResponseError):
@@ -75,10 +75,10 @@ def test_metrics_present_and_moving(proxy, fake, client):
     route = "/api/generate"
     assert metric(a, "vllama_requests_total", route=route, status="200") >= metric(b, "vllama_requests_total", route=route, status="200") + 2
     assert metric(a, "vllama_time_to_first_token_seconds_count", route=route) >= metric(b, "vllama_time_to_first_token_seconds_count", route=route) + 2
-    # ITL is observed per write to the client: 4 gaps of ~0.2 s
-    assert metric(a, "vllama_inter_token_latency_seconds_count") >= metric(b, "vllama_inter_token_latency_seconds_count") + 4
-    gaps = metric(a, "vllama_inter_token_latency_seconds_sum") - metric(b, "vllama_inter_token_latency_seconds_sum")
-    assert 0.7 < gaps < 1.5
+    # TPOT is observed once per finished request: 5 tokens 0.2 s apart -> ~0.2 s per token after the first
+    assert metric(a, "vllama_time_per_output_token_seconds_count", route=route) == metric(b, "vllama_time_per_output_token_seconds_count", route=route) + 1
+    tpot = metric(a, "vllama_time_per_output_token_seconds_sum", route=route) - metric(b, "vllama_time_per_output_token_seconds_sum", route=route)
+    assert 0.15 < tpot < 0.4
     assert metric(a, "vllama_upstream_errors_total", kind="UpstreamUnavailable") >= metric(b, "vllama_upstream_errors_total", kind="UpstreamUnavailable") + 1
     vllm = httpx.get(proxy.url + "/vllm/metrics").text
     assert "vllm:num_requests_running" in vllm and "vllm:generation_tokens_total" in vllm

@@ -1,7 +1,9 @@
 """Prometheus metrics of the proxy (prometheus-client), served at ``GET /metrics``.
 
-Names follow the field: TTFT and ITL as Ollama clients see them (measured at the
-proxy, per route), requests by route and status, requests in flight, queue
+Names follow the field: TTFT and TPOT as Ollama clients see them (measured at the
+proxy, per route, once per request: a per-token metric would cost the streaming hot
+path more than the rest of the translation; vLLM's per-token ITL histogram,
+``vllm:inter_token_latency_seconds``, is at ``/vllm/metrics``), requests by route and status, requests in flight, queue
 rejections (``--max-queue``), upstream errors by kind, and the supervisor's state
 and restarts. vLLM's own metrics are relayed at ``GET /vllm/metrics``.
 
@@ -24,14 +26,16 @@ from .supervisor.states import State
 from .supervisor.status import StatusBoard
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 REQUESTS = Counter("vllama_requests", "HTTP requests answered, by route and status.", ["route", "status"])
 IN_FLIGHT = Gauge("vllama_requests_in_flight", "Inference requests being answered now.", multiprocess_mode="livesum")
 QUEUE_REJECTIONS = Counter("vllama_queue_rejections", "Requests answered 503 server busy because --max-queue was reached.")
 UPSTREAM_ERRORS = Counter("vllama_upstream_errors", "Failures talking to vLLM, by kind.", ["kind"])
 TTFT = Histogram("vllama_time_to_first_token_seconds", "Time from request received to first token written, Ollama side.", ["route"], buckets=_LATENCY_BUCKETS)
-ITL = Histogram("vllama_inter_token_latency_seconds", "Time between consecutive writes of a token stream, Ollama side.", buckets=_ITL_BUCKETS)
+TPOT = Histogram("vllama_time_per_output_token_seconds",
+                 "Per request: time from the first to the last output token over output tokens - 1, Ollama side.",
+                 ["route"], buckets=_TPOT_BUCKETS)
 
 
 class SupervisorCollector:

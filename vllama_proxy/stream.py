@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from .errors import VllamaError, error_line
-from .metrics import ITL, TTFT
+from .metrics import TPOT, TTFT
 from .upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
 
 NDJSON = "application/x-ndjson"
@@ -35,21 +35,32 @@ _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_c
 
 
 class _Clock:
-    """``created_at`` strings (RFC 3339, UTC, nanoseconds) with the seconds part cached."""
+    """``created_at`` strings (RFC 3339, UTC, nanoseconds digits) for chunks.
 
-    __slots__ = ("_sec", "_prefix")
+    Formatting costs more than the rest of a chunk's translation, so one string serves
+    every chunk of the same 100 µs (chunks of a batch, streams written back to back); the
+    seconds part is cached as well.
+    """
+
+    __slots__ = ("_sec", "_prefix", "_until", "_last")
 
     def __init__(self) -> None:
         self._sec = -1
         self._prefix = ""
+        self._until = 0
+        self._last = ""
 
     def now(self) -> str:
         ns = time.time_ns()
+        if ns < self._until:
+            return self._last
         sec, frac = divmod(ns, 1_000_000_000)
         if sec != self._sec:
             self._sec = sec
             self._prefix = datetime.fromtimestamp(sec, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-        return f"{self._prefix}.{frac:09d}Z"
+        self._until = ns + 100_000
+        self._last = f"{self._prefix}.{frac:09d}Z"
+        return self._last
 
 
 CLOCK = _Clock()
@@ -359,7 +370,7 @@ async def relay(
     that ends without a finish reason is an error too, never a silent truncation.
 
     The streamed loop is the proxy's hot path (one pass per upstream read, usually one
-    token): decode, translate, one write; nothing else per token but the ITL metric.
+    token): decode, translate, one write; metrics are observed once per request.
     """
     t = translator.t
     t.sent = time.perf_counter_ns()
@@ -370,16 +381,16 @@ async def relay(
             async for batch in iter_sse(resp):
                 for chunk in batch:
                     feed(chunk)
+            final = translator.final()
             if t.first:
                 TTFT.labels(route).observe((t.first - t.received) / 1e9)
-            return web.Response(body=orjson.dumps(translator.final()), content_type="application/json")
+            _observe_tpot(route, translator)
+            return web.Response(body=orjson.dumps(final), content_type="application/json")
         out: web.StreamResponse | None = None
         dumps = orjson.dumps
-        itl = ITL.observe
-        clock = time.perf_counter_ns
         decoder = SSEDecoder()
         decode = decoder.feed
-        last_write = 0
+        first_write = 0
         try:
             while not decoder.done:
                 # One write per upstream read: under load several events arrive per read.
@@ -388,15 +399,13 @@ async def relay(
                     if out is None:
                         out = await _begin(request)
                     await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
-                    now = clock()
-                    if last_write:
-                        itl((now - last_write) / 1e9)
-                    else:
-                        TTFT.labels(route).observe((now - t.received) / 1e9)
-                    last_write = now
+                    if not first_write:  # TTFT as the client sees it, even if the stream fails later
+                        first_write = time.perf_counter_ns()
+                        TTFT.labels(route).observe((first_write - t.received) / 1e9)
                 if decoder.failure is not None:
                     raise decoder.failure
             last = dumps(translator.final()) + b"\n"
+            _observe_tpot(route, translator)
         except VllamaError as e:
             if out is None:
                 raise  # nothing sent yet: the client gets the status and the error
@@ -406,6 +415,14 @@ async def relay(
             out = await _begin(request)
         await out.write_eof(last)  # the last line and the end of the chunked body in one write
         return out
+
+
+def _observe_tpot(route: str, translator: Translator) -> None:
+    """TPOT of one finished request: first to last token over output tokens - 1."""
+    t = translator.t
+    tokens = translator.eval_count or translator.n_chunks
+    if tokens > 1 and t.last > t.first:
+        TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
 
 
 async def _begin(request: web.Request) -> web.StreamResponse:
