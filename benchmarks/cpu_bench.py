@@ -9,7 +9,9 @@ concurrency level, alternating proxy / direct for ``--rounds`` rounds:
 * ``proxy``: ``ollama`` protocol -> vllama -> fake ``/v1/completions``;
 * ``direct``: ``openai`` protocol straight to the fake.
 
-``--api chat`` compares ``/api/chat`` through vllama with ``/v1/chat/completions`` direct instead.
+``--api chat`` compares ``/api/chat`` through vllama with ``/v1/chat/completions`` direct instead;
+``--floor`` puts ``aiohttp_floor.py`` (a bare aiohttp relay, no product) in vllama's place: the
+least a proxy on this stack costs per token on this machine.
 
 Reported per (level, target): tokens/s, TTFT/TPOT/E2E, and the CPU each process
 spent per streamed output token (psutil user+system time, before/after each run,
@@ -168,11 +170,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin the proxy to its own CPU (and the fake + client to the others)")
     p.add_argument("--proxy-arg", action="append", default=[], help="extra argument to `vllama serve` (repeatable)")
+    p.add_argument("--floor", action="store_true",
+                   help="measure benchmarks/aiohttp_floor.py (a bare aiohttp relay) in vllama's place (needs --api chat)")
     p.add_argument("--keep-logs", action="store_true", help="print where the subprocess logs are and keep them")
     p.add_argument("--no-uvloop", action="store_true", help="client on asyncio's default loop")
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args(argv)
     args.level_list = [int(x) for x in args.levels.split(",") if x.strip()]
+    if args.floor and args.api != "chat":
+        p.error("--floor relays /api/chat only: add --api chat")
     if args.token_delay <= 0:
         p.error("--token-delay must be > 0 (0 makes the fake CPU-bound and the comparison meaningless)")
     return args
@@ -197,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                                "--max-model-len", "100000"], env, tmp / "fake.log", other_cpus)
         fake_url = f"http://127.0.0.1:{fport}"
         wait_http(fake_url + "/health", fake)
-        proxy = children.start([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake_url,
-                                "--port", str(pport), *args.proxy_arg], env, tmp / "proxy.log", proxy_cpus)
+        serve = [str(HERE / "aiohttp_floor.py")] if args.floor else ["-m", "vllama_proxy", "serve", *args.proxy_arg]
+        proxy = children.start([sys.executable, *serve, "--upstream", fake_url, "--port", str(pport)],
+                               env, tmp / "proxy.log", proxy_cpus)
         proxy_url = f"http://127.0.0.1:{pport}"
         wait_http(proxy_url + "/", proxy)
         loadgen.log(f"fake vLLM pid {fake.pid} on {fake_url} (token delay {args.token_delay} s), "
