@@ -93,7 +93,9 @@ Fault markers anywhere in the prompt / message contents:
 ``[[fault:http400]]`` (context-length 400), ``[[fault:http500]]``, ``[[fault:reset]]`` (2 tokens then
 the connection is closed without ending the body), ``[[fault:garbage]]`` (2 tokens, then
 ``data: {not json`` and the body ends without [DONE]), ``[[fault:hang]]`` (2 tokens then nothing until
-the client leaves), ``[[fault:slow]]`` (0.2 s per token).
+the client leaves), ``[[fault:slow]]`` (0.2 s per token), ``[[fault:nullevent]]`` (2 tokens, then
+``data: null``, valid JSON but not an object; streamed only), ``[[fault:nofinish]]`` (2 tokens, then
+``data: [DONE]`` with no finish reason before it; streamed only).
 
 A generation request while asleep fails with 500 (counted as ``while_asleep`` in the stats): the
 proxy must wake a model before using it.
@@ -657,7 +659,7 @@ async def produce(state: State, plan: Plan, seq: int):
     if knobs.hang_after is not None and seq >= knobs.hang_after:
         await asyncio.sleep(_FOREVER)
     delay = 0.2 if "slow" in plan.faults else knobs.token_delay
-    fault = next((f for f in ("reset", "garbage", "hang") if f in plan.faults), None)
+    fault = next((f for f in ("reset", "garbage", "hang", "nullevent", "nofinish") if f in plan.faults), None)
     crash = knobs.crash_after is not None and seq == knobs.crash_after
     cut = min(2, len(plan.events))
     for i, ev in enumerate(plan.events):
@@ -811,8 +813,12 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
             if name == "reset":
                 await _close_transport(request)
                 return resp
+            if name == "nofinish":
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
             # garbage: an unparsable event, then the body ends without [DONE]
-            await resp.write(b"data: {not json\n\n")
+            await resp.write(b"data: null\n\n" if name == "nullevent" else b"data: {not json\n\n")
             await resp.write_eof()
             return resp
         count += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 
@@ -102,6 +103,18 @@ def test_idle_read_timeout_and_faults(fake):
         assert r.status_code == 502 and "not JSON" in r.json()["error"]
         r = httpx.post(p.url + "/api/chat", json={"model": SERVED, "messages": [{"role": "user", "content": "[[fault:reset]]"}], "stream": False})
         assert r.status_code == 503 and "closed" in r.json()["error"]
+        # valid JSON that is not an object (`data: null`): an error line, not a 500 or a cut stream
+        r = httpx.post(p.url + "/api/chat", json={"model": SERVED, "messages": [{"role": "user", "content": "[[fault:nullevent]]"}]})
+        lines = [json.loads(x) for x in r.text.strip().split("\n")]
+        assert r.status_code == 200 and "not a JSON object" in lines[-1]["error"] and not any(x.get("done") for x in lines)
+        r = httpx.post(p.url + "/api/generate", json={"model": SERVED, "prompt": "[[fault:nullevent]]", "stream": False})
+        assert r.status_code == 502 and "not a JSON object" in r.json()["error"]
+        # [DONE] with no finish reason before it: the answer may be cut, so it is an error, not done
+        r = httpx.post(p.url + "/api/chat", json={"model": SERVED, "messages": [{"role": "user", "content": "[[fault:nofinish]]"}]})
+        lines = [json.loads(x) for x in r.text.strip().split("\n")]
+        assert r.status_code == 200 and "without a finish reason" in lines[-1]["error"] and not any(x.get("done") for x in lines)
+        r = httpx.post(p.url + "/api/generate", json={"model": SERVED, "prompt": "[[fault:nofinish]]", "stream": False})
+        assert r.status_code == 502 and "without a finish reason" in r.json()["error"]
     finally:
         stop(p.proc)
 

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .errors import VllamaError, error_line
+from .errors import UpstreamProtocolError, VllamaError, error_line
 from .metrics import TPOT, TTFT
 from .upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
 
@@ -39,25 +39,28 @@ class _Clock:
 
     Formatting costs more than the rest of a chunk's translation, so one string serves
     every chunk of the same 100 µs (chunks of a batch, streams written back to back); the
-    seconds part is cached as well.
+    seconds part is cached as well. The window is ``[start, start + 100 µs)`` of the wall
+    clock, so a clock stepped back (NTP) gets a fresh string at once instead of a frozen one.
     """
 
-    __slots__ = ("_sec", "_prefix", "_until", "_last")
+    __slots__ = ("_sec", "_prefix", "_start", "_until", "_last")
 
     def __init__(self) -> None:
         self._sec = -1
         self._prefix = ""
+        self._start = 0
         self._until = 0
         self._last = ""
 
     def now(self) -> str:
         ns = time.time_ns()
-        if ns < self._until:
+        if self._start <= ns < self._until:
             return self._last
         sec, frac = divmod(ns, 1_000_000_000)
         if sec != self._sec:
             self._sec = sec
             self._prefix = datetime.fromtimestamp(sec, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        self._start = ns
         self._until = ns + 100_000
         self._last = f"{self._prefix}.{frac:09d}Z"
         return self._last
@@ -137,6 +140,11 @@ class Translator:
             if fr is not None:
                 self.finished = True
                 self.done_reason = _FINISH.get(fr, "stop")
+                if self.t.first:
+                    # The finish chunk carries the last counted token (EOS, or the end of a
+                    # tool call vLLM's parser held back): eval_duration and TPOT end here,
+                    # as vLLM's own TPOT, (latency - TTFT) / (output tokens - 1), does.
+                    self.t.last = time.perf_counter_ns()
 
     def _keep(self, text: str | None, thinking: str | None, lps: list[dict[str, Any]] | None) -> None:
         """Collect a chunk's pieces for the aggregated (non-streaming) answer."""
@@ -381,6 +389,8 @@ async def relay(
             async for batch in iter_sse(resp):
                 for chunk in batch:
                     feed(chunk)
+            if not translator.finished:
+                raise _unfinished()
             final = translator.final()
             if t.first:
                 TTFT.labels(route).observe((t.first - t.received) / 1e9)
@@ -404,6 +414,8 @@ async def relay(
                         TTFT.labels(route).observe((first_write - t.received) / 1e9)
                 if decoder.failure is not None:
                     raise decoder.failure
+            if not translator.finished:
+                raise _unfinished()
             last = dumps(translator.final()) + b"\n"
             _observe_tpot(route, translator)
         except VllamaError as e:
@@ -415,6 +427,10 @@ async def relay(
             out = await _begin(request)
         await out.write_eof(last)  # the last line and the end of the chunked body in one write
         return out
+
+
+def _unfinished() -> UpstreamProtocolError:
+    return UpstreamProtocolError("vLLM ended the stream ([DONE]) without a finish reason: the answer may be incomplete")
 
 
 def _observe_tpot(route: str, translator: Translator) -> None:

@@ -315,7 +315,7 @@ class SSEDecoder:
     event in ``data`` (an event cut between reads is kept for the next call). Afterwards
     :attr:`done` tells that ``[DONE]`` came, and :attr:`failure` holds the error to raise
     once the chunks before it were used (``UpstreamRejected`` for an error event,
-    ``UpstreamProtocolError`` for a ``data:`` line that is not JSON).
+    ``UpstreamProtocolError`` for a ``data:`` line that is not a JSON object).
 
     Synchronous and allocation-light on purpose: it runs once per token on the hot path.
     """
@@ -344,6 +344,9 @@ class SSEDecoder:
                 chunk = orjson.loads(payload)
             except orjson.JSONDecodeError:
                 self.failure = UpstreamProtocolError(f"vLLM sent an event that is not JSON: {payload[:200]!r}")
+                break
+            if type(chunk) is not dict:
+                self.failure = UpstreamProtocolError(f"vLLM sent an event that is not a JSON object: {payload[:200]!r}")
                 break
             if "error" in chunk:
                 err = chunk["error"]
