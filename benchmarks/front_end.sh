@@ -15,6 +15,8 @@
 #   sweep     c = $LEVELS, $ROUNDS alternating rounds, targets a, b, c; then (c) with stream: false
 #   pauses    (b) alone, levels with 10 s idle pauses between runs (stale upstream connections)
 #   burst     $BURST requests at once through (b)
+#   workers   vllama's proxy processes alone: `vllama serve --upstream (c) --workers 2` and `--workers 8`
+#             beside (b) (its automatic choice) and (c), c = $WLEVELS, 3 alternating rounds
 #   interval  (a) stopped; (d) `vllm serve --api-server-count 4 --stream-interval 4` on :8001 vs (c)
 #   restart   SIGKILL one of (c)'s API servers: vllama restarts vLLM, no process left behind
 #   stop      SIGTERM everything; GPU memory and leftover processes reported
@@ -84,7 +86,7 @@ checks)
 sweep)
   cpu_snapshot
   loadgen --targets "${TARGETS:-a=openai:$A,b=ollama:$B,c=openai:$C}" --levels "${LEVELS:-1,10,64,256,1024}" \
-    --rounds "${ROUNDS:-3}" --requests-per-level "${RPL:-min(max(16,4*c),2048)}" --warmup 16 --json "$OUT/sweep${TAG:-}.json"
+    --cpu-by-kind --rounds "${ROUNDS:-3}" --requests-per-level "${RPL:-min(max(16,4*c),2048)}" --warmup 16 --json "$OUT/sweep${TAG:-}.json"
   loadgen --targets "c_nostream=openai-nostream:$C" --levels "${NOSTREAM_LEVELS:-256}" --rounds 2 \
     --requests-per-level "min(max(16,4*c),2048)" --warmup 0 --json "$OUT/nostream${TAG:-}.json"
   cpu_snapshot
@@ -96,6 +98,18 @@ pauses)
 burst)
   loadgen --targets "b=ollama:$B" --burst "${BURST:-5000}" --warmup 0 --json "$OUT/burst${TAG:-}.json"
   log "vllama RSS now: $(ps -o rss= -p "$(cat /tmp/b.pid)") kB (main); $(grep -c upstream_retry $LOGS/vllama.log) upstream retries so far"
+  ;;
+workers)
+  for w in 2 8; do
+    setsid python3 -m vllama_proxy serve --upstream $C --port $((11433 + w)) --workers $w --log-format json \
+      > $LOGS/vllama-w$w.log 2>&1 < /dev/null &
+    echo $! > /tmp/w$w.pid
+  done
+  for w in 2 8; do wait_url http://127.0.0.1:$((11433 + w))/readyz "$(cat /tmp/w$w.pid)" 60 || exit 1; done
+  loadgen --targets "b=ollama:$B,w2=ollama:http://127.0.0.1:11435,w8=ollama:http://127.0.0.1:11441,c=openai:$C" \
+    --levels "${WLEVELS:-256,1024}" --rounds 3 --requests-per-level "min(max(16,4*c),2048)" --warmup 8 --cpu-by-kind \
+    --json "$OUT/workers${TAG:-}.json"
+  for w in 2 8; do kill -TERM "$(cat /tmp/w$w.pid)"; done
   ;;
 interval)
   [ -f /tmp/a.pid ] && { kill -TERM -- -"$(cat /tmp/a.pid)" 2>/dev/null; sleep 8; }

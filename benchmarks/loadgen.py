@@ -24,8 +24,9 @@ non-empty content chunk), ITL (time between consecutive content chunks), TPOT
 Per concurrency level ``c``: ``requests`` requests, at most ``c`` in flight: ``c`` worker
 coroutines pull the next request index (nothing else limits the client: one shared
 ``ClientSession``, ``TCPConnector(limit=0)``, no total timeout). The targets run one
-after the other, alternately (``--rounds``), in this one process, so they face the
-same conditions. Every prompt is new random words (no prefix-cache hits, also not
+after the other, alternately (``--rounds``; round r starts with target r), in this one
+process, so they face the same conditions. ``--cpu-by-kind`` adds where the machine's
+cores went during each run (vLLM API servers, engine core, vllama, client). Every prompt is new random words (no prefix-cache hits, also not
 between targets), generated before the clock starts.
 
 Library use (see ``cpu_bench.py``)::
@@ -354,6 +355,45 @@ class Run:
     client_cpu: float  # this process's user+system CPU seconds during the run
     round: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    machine_cpu: dict[str, float] = field(default_factory=dict)  # --cpu-by-kind: CPU seconds per process kind
+
+
+def _kind(cmd: str) -> str | None:
+    if "APIServer" in cmd:
+        return "vllm_api"
+    if "EngineCore" in cmd or "DPCoordinator" in cmd:
+        return "vllm_engine"
+    if "vllm serve" in cmd or cmd.endswith("/vllm") or "vllm.entrypoints" in cmd:
+        return "vllm_api"  # with one API server the `vllm serve` process is it
+    if "vllama_proxy" in cmd:
+        return "vllama"
+    return None
+
+
+def machine_cpu() -> dict[str, float]:
+    """User+system CPU seconds so far of every process on the machine, by kind: ``vllm_api``,
+    ``vllm_engine``, ``vllama`` (its workers are its children), ``client`` (this load generator
+    and its processes), ``other``. Differences over a run show where the cores went."""
+    import psutil
+
+    me = os.getpid()
+    procs = {}
+    for p in psutil.process_iter(["pid", "ppid", "cmdline", "name", "cpu_times"]):
+        info = p.info
+        c = info["cpu_times"]
+        if c is None:
+            continue
+        cmd = " ".join(info["cmdline"] or []) or (info["name"] or "")
+        procs[info["pid"]] = (info["ppid"], _kind(cmd), c.user + c.system)
+    out: dict[str, float] = collections.Counter()
+    for pid, (ppid, kind, cpu) in procs.items():
+        k, seen, q = kind, 0, pid
+        while k is None and q in procs and seen < 16:  # a child takes its nearest known ancestor's kind
+            q = procs[q][0]
+            seen += 1
+            k = "client" if q == me else procs[q][1] if q in procs else None
+        out["client" if pid == me else k or "other"] += cpu
+    return dict(out)
 
 
 def make_session() -> aiohttp.ClientSession:
@@ -557,7 +597,21 @@ def summarize(runs: list[Run]) -> dict[str, Any]:
         "itl_ms": _dist_ms([x for r in ok for x in r.itls]),
         "e2e_ms": _dist_ms([r.e2e for r in ok]),
         "client_cpu_util": round(client_cpu / wall, 3) if wall else None,
+        **_machine_summary(runs, wall, tokens),
         **({"extra": runs[0].extra} if len(runs) == 1 and runs[0].extra else {}),
+    }
+
+
+def _machine_summary(runs: list[Run], wall: float, tokens: int) -> dict[str, Any]:
+    """Cores busy per process kind during the runs, and CPU µs per output token (--cpu-by-kind)."""
+    if not any(run.machine_cpu for run in runs) or not wall:
+        return {}
+    total: dict[str, float] = collections.Counter()
+    for run in runs:
+        total.update(run.machine_cpu)
+    return {
+        "machine_cores": {k: round(v / wall, 3) for k, v in sorted(total.items())},
+        "machine_cpu_us_per_token": {k: round(v / tokens * 1e6, 2) for k, v in sorted(total.items())} if tokens else {},
     }
 
 
@@ -608,6 +662,20 @@ def results_table(summaries: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + ("\n(latencies in ms; client CPU = the load generator's CPU time / wall, "
                                "summed over its processes: near 100% per process means the client is the limit)")
+
+
+def machine_table(summaries: list[dict[str, Any]]) -> str:
+    kinds = sorted({k for s in summaries for k in s.get("machine_cores", {})})
+    if not kinds:
+        return ""
+    head = "| c | target | " + " | ".join(f"{k} cores" for k in kinds) + " | " + " | ".join(f"{k} µs/tok" for k in kinds) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(kinds))]
+    for s in summaries:
+        cores, per = s.get("machine_cores", {}), s.get("machine_cpu_us_per_token", {})
+        lines.append(f"| {s['concurrency']} | {s['target']} | " + " | ".join(_f(cores.get(k), 2) for k in kinds)
+                     + " | " + " | ".join(_f(per.get(k), 1) for k in kinds) + " |")
+    return "\n".join(lines) + ("\n(every process on the machine by kind, CPU time over the runs' wall time: "
+                               "cores busy, and CPU µs per output token)")
 
 
 def ratio_table(rows: list[dict[str, Any]]) -> str:
@@ -739,6 +807,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="client processes sharing each run (concurrency and requests split evenly); use more "
                         "when the client CPU column nears 100%%")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's default loop")
+    p.add_argument("--cpu-by-kind", action="store_true",
+                   help="record every process's CPU during each run by kind (vLLM API servers, engine core, "
+                        "vllama, client, other; needs psutil)")
     p.add_argument("--json", default=None, metavar="PATH", help="write all results there")
     args = p.parse_args(argv)
     try:
@@ -789,10 +860,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     session = make_session() if pool is None else None
 
     async def run_fn(t: Target, c: int, n: int, r: int = 0) -> Run:
+        before = machine_cpu() if args.cpu_by_kind else None
         if pool is not None:
-            return await pool.run_level(t, wl, prompts, c, n, r)
-        assert session is not None
-        return await run_level(session, t, wl, prompts, c, n, r)
+            run = await pool.run_level(t, wl, prompts, c, n, r)
+        else:
+            assert session is not None
+            run = await run_level(session, t, wl, prompts, c, n, r)
+        if before is not None:
+            after = machine_cpu()
+            run.machine_cpu = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items()}
+        return run
 
     try:
         if args.warmup > 0:
@@ -814,7 +891,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             log(f"level c={c}: {n} requests per target and round")
             runs: list[Run] = []
             for r in range(args.rounds):
-                for t in targets:
+                # Round r starts with target r: no target always runs right after the same other one.
+                for t in targets[r % len(targets):] + targets[:r % len(targets)]:
                     run = await run_fn(t, c, n, r)
                     log(progress(run))
                     runs.append(run)
@@ -845,6 +923,9 @@ def report(out: dict[str, Any]) -> str:
         parts.append(burst_table(out["burst"]))
     if out.get("levels"):
         parts.append(results_table([s for lv in out["levels"] for s in lv["summary"].values()]))
+        machine = machine_table([s for lv in out["levels"] for s in lv["summary"].values()])
+        if machine:
+            parts.append(machine)
         ratios = [r for lv in out["levels"] for r in lv["ratios"].values()]
         if ratios:
             parts.append(ratio_table(ratios))
