@@ -17,6 +17,8 @@
 #   burst     $BURST requests at once through (b)
 #   workers   vllama's proxy processes alone: `vllama serve --upstream (c) --workers 2` and `--workers 8`
 #             beside (b) (its automatic choice) and (c), c = $WLEVELS, 3 alternating rounds
+#   pintoggle (b)'s engine-core placement off and on in turn on the running server (benchmarks/pin_engine.py),
+#             $PROUNDS rounds each; (b) and (c) at c = $WLEVELS in every round
 #   interval  (a) stopped; (d) `vllm serve --api-server-count 4 --stream-interval 4` on :8001 vs (c)
 #   restart   SIGKILL one of (c)'s API servers: vllama restarts vLLM, no process left behind
 #   stop      SIGTERM everything; GPU memory and leftover processes reported
@@ -110,6 +112,16 @@ workers)
     --levels "${WLEVELS:-256,1024}" --rounds 3 --requests-per-level "min(max(16,4*c),2048)" --warmup 8 --cpu-by-kind \
     --json "$OUT/workers${TAG:-}.json"
   for w in 2 8; do kill -TERM "$(cat /tmp/w$w.pid)"; done
+  ;;
+pintoggle)
+  for r in $(seq "${PROUNDS:-3}"); do
+    for state in off on; do
+      python3 benchmarks/pin_engine.py --under "$(cat /tmp/b.pid)" --state $state
+      loadgen --targets "b=ollama:$B,c=openai:$C" --levels "${WLEVELS:-256,1024}" --rounds 1 \
+        --requests-per-level "min(max(16,4*c),2048)" --warmup 0 --cpu-by-kind --json "$OUT/pin-$state-$r.json" | grep -E "round|^\| (256|1024) \| [bc] \|"
+    done
+  done
+  python3 benchmarks/pin_engine.py --under "$(cat /tmp/b.pid)" --state on
   ;;
 interval)
   [ -f /tmp/a.pid ] && { kill -TERM -- -"$(cat /tmp/a.pid)" 2>/dev/null; sleep 8; }

@@ -7,6 +7,7 @@ processes are read back with psutil.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 from vllama_proxy.models_config import ModelConfig
 from vllama_proxy.sizing import plan, usable_cpus, with_api_servers
+from vllama_proxy.supervisor.placement import plan_placement
 
 
 def one(*vllm_args: str, **kw) -> list[ModelConfig]:
@@ -126,6 +128,50 @@ def test_no_cgroup_files_means_affinity(tmp_path):
     assert usable_cpus(tmp_path / "none", tmp_path / "none")[0] == len(os.sched_getaffinity(0))
 
 
+# ----------------------------------------------------------------------------- engine cores' CPUs
+
+
+def no_smt(cpu: int) -> set[int]:
+    return {cpu}
+
+
+def test_sixteen_cpus_give_the_engine_core_the_last_one():
+    p = plan_placement("auto", range(16), 16, {"m": 1}, no_smt)
+    assert p.engine_cpus == {"m": [[15]]} and p.other_cpus == list(range(15)) and p.source == "auto"
+
+
+def test_an_engine_core_takes_a_whole_physical_core():
+    smt = lambda c: {c % 8, c % 8 + 8}  # noqa: E731 - CPUs i and i+8 share a core
+    p = plan_placement("auto", range(16), 16, {"m": 1}, smt)
+    assert p.engine_cpus == {"m": [[7, 15]]} and 7 not in p.other_cpus and len(p.other_cpus) == 14
+
+
+def test_data_parallel_and_several_models_get_one_cpu_per_engine_core():
+    p = plan_placement("auto", range(32), 32, {"a": 2, "b": 1}, no_smt)
+    assert p.engine_cpus == {"a": [[31], [30]], "b": [[29]]} and p.other_cpus == list(range(29))
+
+
+@pytest.mark.parametrize(
+    ("mode", "affinity", "cpus", "pinned"),
+    [
+        ("auto", range(4), 4, False),  # 3 left for everything else: the kernel decides
+        ("auto", range(5), 5, True),
+        ("on", range(2), 2, True),  # forced: one CPU each
+        ("on", range(1), 1, False),  # nothing would be left
+        ("auto", range(64), 4, False),  # a cgroup quota of 4 CPUs on a 64-CPU host
+        ("off", range(16), 16, False),
+    ],
+)
+def test_when_engine_cores_are_pinned(mode, affinity, cpus, pinned):
+    p = plan_placement(mode, affinity, cpus, {"m": 1}, no_smt)
+    assert p.active is pinned
+    assert p.source == mode if pinned else p.source.startswith("off")
+
+
+def test_no_vllm_launched_no_pinning():
+    assert not plan_placement("auto", range(16), 16, {}, no_smt).active
+
+
 # ----------------------------------------------------------------------------- the real thing
 
 
@@ -162,3 +208,44 @@ def test_explicit_workers_and_api_server_count_win(vllama):
     wait_workers(v, 2)
     assert body["front_end"]["workers_source"] == "--workers"
     assert httpx.post(v.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False}).status_code == 200
+
+
+def affinity_of(pid: int) -> list[int]:
+    """The CPUs of every thread of ``pid`` (they must agree)."""
+    sets = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(f"/proc/{pid}/task")}
+    assert len(sets) == 1, sets
+    return list(sets.pop())
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_engine_core_gets_its_own_cpu_and_keeps_it_across_a_restart(vllama):
+    cpus = sorted(os.sched_getaffinity(0))
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1"}, flags=["--pin-engine-core", "on", "--workers", "2"])
+    body = v.wait_state("ready")
+    engine, rest = [cpus[-1]], cpus[:-1]
+    assert body["front_end"]["engine_cpus"] == {"tiny": [engine]} and body["front_end"]["engine_cpus_source"] == "on"
+    assert body["front_end"]["other_cpus"] == rest
+    deadline = time.monotonic() + 10
+    while affinity_of(v.grandchild_pid()) != engine and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert affinity_of(v.grandchild_pid()) == engine  # the EngineCore process, every thread
+    wait_workers(v, 2)
+    for pid in [v.proc.pid, v.server_pid(), *(p.pid for p in psutil.Process(v.proc.pid).children())]:
+        assert affinity_of(pid) == rest, pid  # vllama, its worker, vLLM's API server
+    first = v.grandchild_pid()
+    os.kill(v.server_pid(), 9)  # vLLM dies: vllama restarts it, and pins the new engine core again
+    v.wait_state("ready", timeout=30, restarts=1)
+    deadline = time.monotonic() + 10
+    while (v.grandchild_pid() == first or affinity_of(v.grandchild_pid()) != engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert v.grandchild_pid() != first and affinity_of(v.grandchild_pid()) == engine
+    assert '"engine_core_pinned"' in v.log.read_text()
+
+
+def test_auto_leaves_a_small_machine_to_the_kernel(vllama):
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1"})  # this CI machine: too few CPUs for auto
+    body = v.wait_state("ready")
+    if len(os.sched_getaffinity(0)) >= 5:
+        pytest.skip("this machine has enough CPUs for auto to pin")
+    assert body["front_end"]["engine_cpus"] == {} and body["front_end"]["engine_cpus_source"].startswith("off (too few CPUs")
+    assert affinity_of(v.grandchild_pid()) == sorted(os.sched_getaffinity(0))

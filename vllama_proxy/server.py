@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import signal
 import socket
@@ -21,6 +22,7 @@ from .sdnotify import Notifier, attach, run_watchdog
 from .settings import Settings
 from .sizing import Plan, with_api_servers
 from .supervisor import gpu
+from .supervisor.placement import set_affinity
 from .supervisor.pool import ModelPool
 from .workers import WorkerPool
 
@@ -149,7 +151,11 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     nofile = raise_nofile_limit()
     log_front_end(front)
     bound = admission_bound(settings, specs, nofile, gpu_info)
-    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs])
+    if front.placement.active:
+        # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
+        set_affinity(os.getpid(), front.placement.other_cpus)
+    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
+                     engine_cpus=front.placement.engine_cpus)
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     now = int(time.time())

@@ -178,6 +178,12 @@ class Settings(BaseSettings):
         description="CPUs to plan vLLM's API servers and vllama's workers for (default: this process's CPU affinity, "
         "lowered to its cgroup CPU quota).",
     )
+    pin_engine_core: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Give each vLLM engine core (one per data-parallel rank) a CPU of its own and keep vllama and "
+        "vLLM's other processes on the rest; auto: when at least 4 CPUs remain (measured: a quarter more tokens/s at 256 "
+        "streams on a 16-CPU H200 machine), on: whenever one remains, off: leave placement to the kernel.",
+    )
     max_body_size: int = Field(
         128 * 1024 * 1024,
         gt=0,

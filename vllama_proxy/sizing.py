@@ -18,17 +18,20 @@ per streamed token (detokenizing, building each SSE event). 16 cores and one GPU
 (4 + 4 streamed 27.6k tok/s at 256 streams, 8 + 4 29.3k; vLLM alone 16.4k); 32 cores and
 data parallel 2 give 15 + 8. The last quarter stays free for the clients, the kernel's
 network work and uneven load across processes. Explicit flags always win; every choice is
-logged and shown in ``/readyz``.
+logged and shown in ``/readyz``. The engine cores' own CPUs are chosen here too
+(``supervisor/placement.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .models_config import ModelConfig, has_flag, vllm_arg
 from .settings import Settings
+from .supervisor.placement import Placement, plan_placement
 
 #: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200 (issue 11).
 MAX_API_SERVERS_PER_ENGINE = 8
@@ -134,6 +137,7 @@ class Plan:
     workers_source: str
     api_servers: dict[str, int] = field(default_factory=dict)
     api_servers_source: dict[str, str] = field(default_factory=dict)
+    placement: Placement = field(default_factory=Placement)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -142,6 +146,9 @@ class Plan:
             "workers": self.workers,
             "workers_source": self.workers_source,
             "vllm_api_servers": {n: {"count": c, "source": self.api_servers_source[n]} for n, c in self.api_servers.items()},
+            "engine_cpus": self.placement.engine_cpus,
+            "other_cpus": self.placement.other_cpus,
+            "engine_cpus_source": self.placement.source,
         }
 
 
@@ -195,11 +202,21 @@ def resolve(settings: Settings) -> tuple[Settings, Plan]:
     """The settings with ``workers`` made a number, and the :class:`Plan` behind it.
 
     ``--cpus`` replaces the detected CPUs; ``--workers N`` and ``--api-server-count`` after ``--``
-    (or in a model's ``vllm_args``) win over the automatic choice.
+    (or in a model's ``vllm_args``) win over the automatic choice. The engine cores' CPUs come
+    from the real affinity (``--pin-engine-core``), whatever ``--cpus`` says.
     """
     if settings.cpus is not None:
         cpus, source = settings.cpus, "--cpus"
     else:
         cpus, source = usable_cpus()
-    p = plan(cpus, source, settings.model_specs(), None if settings.workers == "auto" else int(settings.workers))
+    specs = settings.model_specs()
+    p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers))
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no affinity to set
+        affinity = []
+    engines = {s.served_name: _dp(s) for s in specs}
+    mode = settings.pin_engine_core if affinity else "off"
+    placement = plan_placement(mode, affinity, min(cpus, len(affinity) or cpus), engines)
+    p = dataclasses.replace(p, placement=placement)
     return settings.model_copy(update={"workers": p.workers}), p

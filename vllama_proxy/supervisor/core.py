@@ -26,6 +26,7 @@ from ..settings import Settings
 from ..upstream import Upstream, read_response
 from . import gpu, probes
 from .child import VllmProcess
+from .placement import pin_engine_cores
 from .states import TRANSITIONS, InvalidTransition, State
 from .status import StatusBoard
 
@@ -46,10 +47,14 @@ class Supervisor:
             construction is the initial one (``unloaded``: loaded on the first request).
         pool: the model pool that decides whether the model fits on its GPUs before each
             start or wake (``None``: it always fits).
+        engine_cpus: one CPU set per engine core, applied each time vLLM becomes ready
+            (``placement.py``; ``None``: the kernel places them).
     """
 
-    def __init__(self, settings: Settings, spec: ModelConfig, *, port: int, board: StatusBoard, pool: Any = None) -> None:
+    def __init__(self, settings: Settings, spec: ModelConfig, *, port: int, board: StatusBoard, pool: Any = None,
+                 engine_cpus: list[list[int]] | None = None) -> None:
         self.s = settings
+        self.engine_cpus = engine_cpus
         self.spec = spec
         self.port = port
         self.board = board
@@ -379,6 +384,8 @@ class Supervisor:
                     return f"vLLM was not ready after {time.monotonic() - started:.0f} s"
                 if await probes.health(self._probe) == 200 and await probes.serves(self._probe, self.served_name):
                     log.info("ready", model=self.served_name, startup_s=round(time.monotonic() - started, 1))
+                    if self.engine_cpus:
+                        await asyncio.to_thread(pin_engine_cores, child.session_pids(), self.engine_cpus, self.served_name)
                     return None
                 if await self._first(exited, self.s.startup_poll_interval):
                     return "stopped"

@@ -58,9 +58,12 @@ class ModelPool:
         settings: vllama settings (``load_timeout`` bounds the wait for room; ``workers`` resolved by ``sizing.resolve``).
         specs: the models, in config order (preloads are admitted in this order).
         ports: the loopback port of each model's vLLM, in the same order.
+        engine_cpus: served name -> the CPU set of each of its engine cores (``sizing.Plan.placement``;
+            none: the kernel places them).
     """
 
-    def __init__(self, settings: Settings, specs: list[ModelConfig], ports: list[int]) -> None:
+    def __init__(self, settings: Settings, specs: list[ModelConfig], ports: list[int],
+                 engine_cpus: dict[str, list[list[int]]] | None = None) -> None:
         self.s = settings
         self.supervisors: list[Supervisor] = []
         for spec, port in zip(specs, ports, strict=True):
@@ -70,7 +73,8 @@ class ModelPool:
                 keep_alive=model_keep_alive(settings, spec),
                 initial=State.STARTING if spec.preload else State.UNLOADED,
             )
-            sup = Supervisor(settings, spec, port=port, board=board, pool=self)
+            sup = Supervisor(settings, spec, port=port, board=board, pool=self,
+                             engine_cpus=(engine_cpus or {}).get(spec.served_name))
             sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
         self._changed = asyncio.Event()

@@ -1,0 +1,157 @@
+"""Where vLLM's engine cores run: a CPU of their own, and everything else of ours on the rest.
+
+vLLM's engine core (``VLLM::EngineCore``, one process per data-parallel rank) schedules
+every step of every sequence in one busy Python thread. Under many streams that thread, not
+the GPU, sets the pace (TPOT), and the kernel's scheduler makes it share CPUs with vLLM's API
+servers, vllama's workers and the clients: it is preempted and migrated. Measured on the
+lent 16-CPU H200 (issue 11, ``benchmarks/RESULTS.md``), the same vLLM with its engine core
+alone on one CPU streamed +25 % tokens/s at 256 and 1,024 streams (36.9k vs 29.6k, 30.2k
+vs 23.8k). Linux keeps a thread's CPU affinity across ``fork``/``exec`` and hands it to the
+threads it creates, so:
+
+1. at start, vllama confines itself to the CPUs left after the engine cores' (its workers
+   and every vLLM process it launches inherit that);
+2. once a vLLM is ready, each of its EngineCore processes (every thread) moves to its CPU.
+
+A CPU reserved for an engine core comes with its SMT siblings (a whole physical core), from
+the top of this process's affinity. Other programs on the machine are not vllama's to move.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from ..logs import get_logger
+
+log = get_logger("vllama.placement")
+
+#: With ``auto``, engine cores get CPUs of their own only when at least this many CPUs remain
+#: for the API servers, vllama's workers and the kernel's network work.
+MIN_OTHER_CPUS = 4
+
+
+def smt_siblings(cpu: int) -> set[int]:
+    """The CPUs sharing ``cpu``'s physical core (itself included), from sysfs; ``{cpu}`` if unknown."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return {cpu}
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.strip().isdigit():
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out or {cpu}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """CPUs of the engine cores and of everything else (shown in ``/readyz`` ``front_end``).
+
+    Attributes:
+        engine_cpus: served name -> one CPU set per data-parallel rank (empty: not pinned).
+        other_cpus: the CPUs of vllama, its workers and vLLM's other processes (empty: not pinned).
+        source: ``auto``, ``on``, or why nothing was pinned.
+    """
+
+    engine_cpus: dict[str, list[list[int]]] = field(default_factory=dict)
+    other_cpus: list[int] = field(default_factory=list)
+    source: str = "off"
+
+    @property
+    def active(self) -> bool:
+        return bool(self.engine_cpus)
+
+
+def plan_placement(
+    mode: str,
+    affinity: Iterable[int],
+    cpus: float,
+    engines: dict[str, int],
+    siblings: Callable[[int], set[int]] = smt_siblings,
+) -> Placement:
+    """Choose the engine cores' CPUs.
+
+    Args:
+        mode: ``auto`` (pin when at least :data:`MIN_OTHER_CPUS` CPUs remain), ``on`` (pin when
+            at least one remains), ``off``.
+        affinity: the CPUs this process may run on.
+        cpus: usable CPUs (the affinity lowered to the cgroup quota, or ``--cpus``).
+        engines: served name -> engine-core processes (its data-parallel size), in config order.
+        siblings: a CPU -> its physical core's CPUs.
+    """
+    if mode == "off":
+        return Placement(source="off (--pin-engine-core off)")
+    if not engines:
+        return Placement(source="off (no vLLM launched)")
+    free = sorted(set(affinity), reverse=True)
+    taken: set[int] = set()
+    chosen: dict[str, list[list[int]]] = {}
+    for name, n in engines.items():
+        for _ in range(n):
+            cpu = next((c for c in free if c not in taken), None)
+            if cpu is None:
+                return Placement(source=f"off (too few CPUs: {len(free)})")
+            core = sorted((siblings(cpu) & set(free)) | {cpu})
+            taken.update(core)
+            chosen.setdefault(name, []).append(core)
+    other = sorted(set(free) - taken)
+    left = min(len(other), cpus - len(taken))
+    need = MIN_OTHER_CPUS if mode == "auto" else 1
+    if left < need:
+        return Placement(source=f"off (too few CPUs: {len(taken)} for engine cores would leave {left:g}, want {need})")
+    return Placement(chosen, other, mode)
+
+
+def set_affinity(pid: int, cpus: Iterable[int]) -> int:
+    """Move every thread of process ``pid`` to ``cpus``; returns the threads moved.
+
+    Raises:
+        OSError: the process is gone or not ours (threads that end meanwhile are skipped).
+    """
+    cpus = set(cpus)
+    moved = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            moved += 1
+        except ProcessLookupError:
+            continue
+    return moved
+
+
+def engine_core_pids(session_pids: Iterable[int]) -> list[int]:
+    """The EngineCore processes among ``session_pids``, data-parallel rank order (by title, then pid)."""
+    found = []
+    for pid in session_pids:
+        try:
+            title = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+        if "EngineCore" in title:
+            found.append((title, pid))
+    return [pid for _, pid in sorted(found)]
+
+
+def pin_engine_cores(session_pids: Iterable[int], cpu_sets: list[list[int]], model: str) -> list[dict[str, object]]:
+    """Move each EngineCore process of one vLLM to its CPU set; logged, never raises.
+
+    Returns ``[{"pid", "cpus", "threads"}]`` for the processes moved.
+    """
+    done: list[dict[str, object]] = []
+    pids = engine_core_pids(session_pids)
+    for pid, cpus in zip(pids, cpu_sets):
+        try:
+            done.append({"pid": pid, "cpus": cpus, "threads": set_affinity(pid, cpus)})
+        except OSError as e:
+            log.warning("engine_core_not_pinned", model=model, pid=pid, error=str(e))
+    if done:
+        log.info("engine_core_pinned", model=model, engine_cores=done)
+    elif not pids:
+        log.warning("engine_core_not_found", model=model, detail="no EngineCore process in vLLM's session")
+    return done
