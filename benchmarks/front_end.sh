@@ -17,8 +17,10 @@
 #   burst     $BURST requests at once through (b)
 #   workers   vllama's proxy processes alone: `vllama serve --upstream (c) --workers 2` and `--workers 8`
 #             beside (b) (its automatic choice) and (c), c = $WLEVELS, 3 alternating rounds
-#   pintoggle (b)'s engine-core placement off and on in turn on the running server (benchmarks/pin_engine.py),
-#             $PROUNDS rounds each; (b) and (c) at c = $WLEVELS in every round
+#   pintoggle (b)'s engine-core placement in turn on the running server (benchmarks/pin_engine.py):
+#             $PSTATES ("off on on2": unpinned, one CPU, two CPUs for the engine core), $PROUNDS
+#             rounds each; (b) and (c) at c = $WLEVELS in every round. With LG_CPUS=0-13 the load
+#             generator is kept off the CPUs an engine core may get (a remote client, as in production)
 #   interval  (a) stopped; (d) `vllm serve --api-server-count 4 --stream-interval 4` on :8001 vs (c)
 #   restart   SIGKILL one of (c)'s API servers: vllama restarts vLLM, no process left behind
 #   stop      SIGTERM everything; GPU memory and leftover processes reported
@@ -45,7 +47,7 @@ wait_url() {  # url pid seconds
   done
   log "$1 ready after $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}") s"
 }
-loadgen() { python3 benchmarks/loadgen.py --model $SERVED --output-tokens 128 --prompt-words 128 --raise-nofile --procs "${PROCS:-4}" "$@"; }
+loadgen() { ${LG_CPUS:+taskset -c $LG_CPUS} python3 benchmarks/loadgen.py --model $SERVED --output-tokens 128 --prompt-words 128 --raise-nofile --procs "${PROCS:-4}" "$@"; }
 cpu_snapshot() {  # processes by kind and their CPU seconds so far
   python3 - <<'PY'
 import psutil, collections
@@ -115,10 +117,10 @@ workers)
   ;;
 pintoggle)
   for r in $(seq "${PROUNDS:-3}"); do
-    for state in off on; do
-      python3 benchmarks/pin_engine.py --under "$(cat /tmp/b.pid)" --state $state
+    for state in ${PSTATES:-off on}; do
+      n=${state#on}; [ "$state" = off ] && n=1; python3 benchmarks/pin_engine.py --under "$(cat /tmp/b.pid)" --state "${state%%[0-9]*}" --engine-cpus "${n:-1}"
       loadgen --targets "b=ollama:$B,c=openai:$C" --levels "${WLEVELS:-256,1024}" --rounds 1 \
-        --requests-per-level "min(max(16,4*c),2048)" --warmup 0 --cpu-by-kind --json "$OUT/pin-$state-$r.json" | grep -E "round|^\| (256|1024) \| [bc] \|"
+        --requests-per-level "${RPL:-min(max(16,4*c),2048)}" --warmup 0 --cpu-by-kind --json "$OUT/pin-$state-$r.json" | grep -E "round|^\| (256|1024) \| [bc] \|"
     done
   done
   python3 benchmarks/pin_engine.py --under "$(cat /tmp/b.pid)" --state on
