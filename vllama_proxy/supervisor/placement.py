@@ -5,8 +5,10 @@ every step of every sequence in one busy Python thread. Under many streams that 
 the GPU, sets the pace (TPOT), and the kernel's scheduler makes it share CPUs with vLLM's API
 servers, vllama's workers and the clients: it is preempted and migrated. Measured on the
 lent 16-CPU H200 (issue 11, ``benchmarks/RESULTS.md``), the same vLLM with its engine core
-alone on one CPU streamed +25 % tokens/s at 256 and 1,024 streams (36.9k vs 29.6k, 30.2k
-vs 23.8k). Linux keeps a thread's CPU affinity across ``fork``/``exec`` and hands it to the
+alone on one CPU streamed +25 % tokens/s at 256 streams and +27 % at 1,024 in a first,
+sequential run (36.9k vs 29.6k, 30.2k vs 23.8k), and +6 % / +11 % switched on and off in turn
+on one running server (33.4k vs 31.6k, 29.8k vs 26.8k; two CPUs for it were not clearly
+better). Linux keeps a thread's CPU affinity across ``fork``/``exec`` and hands it to the
 threads it creates, so:
 
 1. at start, vllama confines itself to the CPUs left after the engine cores' (its workers
