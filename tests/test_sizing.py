@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from vllama_proxy.models_config import ModelConfig
-from vllama_proxy.sizing import plan, usable_cpus, with_api_servers
+from vllama_proxy import sizing
+from vllama_proxy.sizing import engine_gpus, engine_slots, plan, usable_cpus, with_api_servers
 from vllama_proxy.supervisor.placement import plan_placement
 
 
@@ -136,18 +137,18 @@ def no_smt(cpu: int) -> set[int]:
 
 
 def test_sixteen_cpus_give_the_engine_core_the_last_one():
-    p = plan_placement("auto", range(16), 16, {"m": 1}, no_smt)
+    p = plan_placement("auto", range(16), 16, {"m": [0]}, no_smt)
     assert p.engine_cpus == {"m": [[15]]} and p.other_cpus == list(range(15)) and p.source == "auto"
 
 
 def test_an_engine_core_takes_a_whole_physical_core():
     smt = lambda c: {c % 8, c % 8 + 8}  # noqa: E731 - CPUs i and i+8 share a core
-    p = plan_placement("auto", range(16), 16, {"m": 1}, smt)
+    p = plan_placement("auto", range(16), 16, {"m": [0]}, smt)
     assert p.engine_cpus == {"m": [[7, 15]]} and 7 not in p.other_cpus and len(p.other_cpus) == 14
 
 
 def test_data_parallel_and_several_models_get_one_cpu_per_engine_core():
-    p = plan_placement("auto", range(32), 32, {"a": 2, "b": 1}, no_smt)
+    p = plan_placement("auto", range(32), 32, {"a": [0, 1], "b": [0]}, no_smt)
     assert p.engine_cpus == {"a": [[31], [30]], "b": [[29]]} and p.other_cpus == list(range(29))
 
 
@@ -158,14 +159,47 @@ def test_data_parallel_and_several_models_get_one_cpu_per_engine_core():
         ("auto", range(5), 5, True),
         ("on", range(2), 2, True),  # forced: one CPU each
         ("on", range(1), 1, False),  # nothing would be left
-        ("auto", range(64), 4, False),  # a cgroup quota of 4 CPUs on a 64-CPU host
+        ("auto", range(64), 4, False),  # a cgroup quota of 4 CPUs on a 64-CPU host: shared CPUs
+        ("auto", range(64), 32, False),  # a Kubernetes limit of 32 without a cpuset: still shared
+        ("on", range(64), 32, True),  # forced
         ("off", range(16), 16, False),
     ],
 )
 def test_when_engine_cores_are_pinned(mode, affinity, cpus, pinned):
-    p = plan_placement(mode, affinity, cpus, {"m": 1}, no_smt)
+    p = plan_placement(mode, affinity, cpus, {"m": [0]}, no_smt)
     assert p.active is pinned
     assert p.source == mode if pinned else p.source.startswith("off")
+
+
+def test_instances_with_their_own_gpus_pick_different_cores():
+    # one vllama per GPU on an 8-GPU host, each seeing all 64 CPUs: slot = the GPU's host number
+    picks = [plan_placement("auto", range(64), 64, {"m": [gpu]}, no_smt).engine_cpus["m"][0] for gpu in range(8)]
+    assert picks == [[63 - g] for g in range(8)]
+    smt = lambda c: {c % 32, c % 32 + 32}  # noqa: E731 - CPUs i and i+32 share a core
+    picks = [plan_placement("auto", range(64), 64, {"m": [gpu]}, smt).engine_cpus["m"][0] for gpu in range(8)]
+    assert picks == [[31 - g, 63 - g] for g in range(8)]  # whole cores, never a sibling of another's
+    # a DP 2 instance on GPUs 2 and 3, and two models sharing GPU 0, within one process
+    p = plan_placement("auto", range(16), 16, {"a": [2, 3], "b": [0], "c": [0]}, no_smt)
+    assert p.engine_cpus == {"a": [[13], [12]], "b": [[15]], "c": [[14]]}
+    # a slot beyond the cores wraps around
+    assert plan_placement("on", range(4), 4, {"m": [5]}, no_smt).engine_cpus == {"m": [[2]]}
+
+
+def test_engine_gpus_follow_the_config_and_cuda_visible_devices():
+    tp2dp2 = ModelConfig(model="m", vllm_args=["-tp", "2", "--data-parallel-size", "2"])
+    assert engine_gpus(tp2dp2, {}) == [0, 2]
+    assert engine_gpus(tp2dp2.model_copy(update={"gpus": [4, 5, 6, 7]}), {}) == [4, 6]
+    assert engine_gpus(ModelConfig(model="m"), {"CUDA_VISIBLE_DEVICES": "3"}) == [3]
+    assert engine_gpus(ModelConfig(model="m"), {"CUDA_VISIBLE_DEVICES": "GPU-8a1b, 1"}) == ["GPU-8a1b"]
+
+
+def test_engine_slots_are_host_gpu_numbers_else_ranks(monkeypatch):
+    tp2dp2 = ModelConfig(model="m", vllm_args=["-tp", "2", "--data-parallel-size", "2"], gpus=[4, 5, 6, 7])
+    asked = []
+    monkeypatch.setattr(sizing, "host_numbers", lambda gpus: asked.append(list(gpus)) or [6, None])
+    assert engine_slots(tp2dp2) == [6, 1] and asked == [[4, 6]]  # rank 1's GPU unknown: its rank
+    monkeypatch.setattr(sizing, "host_numbers", lambda gpus: [None] * len(gpus))  # no NVML
+    assert engine_slots(tp2dp2) == [0, 1]
 
 
 def test_no_vllm_launched_no_pinning():

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .models_config import ModelConfig, has_flag, vllm_arg
 from .settings import Settings
+from .supervisor.gpu import host_numbers
 from .supervisor.placement import Placement, plan_placement
 
 #: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200 (issue 11).
@@ -114,6 +116,30 @@ def engine_cores(spec: ModelConfig) -> int:
     gpus = spec.gpu_count_needed()
     dp = _dp(spec)
     return gpus + (dp if gpus > dp else 0)
+
+
+def engine_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
+    """The first GPU of each data-parallel rank of ``spec``'s vLLM, as NVML knows it: an index
+    (nvidia-smi order) or a UUID. ``gpus`` when set; else the child's inherited
+    ``CUDA_VISIBLE_DEVICES`` entries; else the first GPUs."""
+    dp = _dp(spec)
+    per_rank = max(spec.gpu_count_needed() // dp, 1)
+    visible: list[int | str]
+    if spec.gpus is not None:
+        visible = list(spec.gpus)
+    elif environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        visible = [int(e) if e.strip().isdigit() else e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
+    else:
+        visible = list(range(spec.gpu_count_needed()))
+    return [visible[r * per_rank] for r in range(dp) if r * per_rank < len(visible)]
+
+
+def engine_slots(spec: ModelConfig) -> list[int]:
+    """One slot per engine core for :func:`~vllama_proxy.supervisor.placement.plan_placement`:
+    the host-wide number of its GPU (``gpu.host_numbers``), or its rank where NVML cannot tell."""
+    gpus = engine_gpus(spec)
+    numbers = host_numbers(gpus) if gpus else []
+    return [n if n is not None else r for r, n in enumerate(numbers)] or list(range(_dp(spec)))
 
 
 def _dp(spec: ModelConfig) -> int:
@@ -215,8 +241,8 @@ def resolve(settings: Settings) -> tuple[Settings, Plan]:
         affinity = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no affinity to set
         affinity = []
-    engines = {s.served_name: _dp(s) for s in specs}
     mode = settings.pin_engine_core if affinity else "off"
+    engines = {s.served_name: engine_slots(s) for s in specs} if mode != "off" else {}
     placement = plan_placement(mode, affinity, min(cpus, len(affinity) or cpus), engines)
     p = dataclasses.replace(p, placement=placement)
     return settings.model_copy(update={"workers": p.workers}), p

@@ -6,7 +6,7 @@ All calls block (they go to the driver): the supervisor runs them in worker thre
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -128,5 +128,30 @@ def smallest(indices: Collection[int]) -> tuple[int, str] | None:
                 name = pynvml.nvmlDeviceGetName(h)
                 found.append((int(pynvml.nvmlDeviceGetMemoryInfo(h).total), name.decode() if isinstance(name, bytes) else name))
         return min(found) if found else None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def host_numbers(gpus: Sequence[int | str]) -> list[int | None]:
+    """Host-wide numbers of GPUs (the N of ``/dev/nvidiaN``, NVML's minor number), for GPUs given
+    as NVML indices (nvidia-smi order) or UUIDs (``GPU-…``, as in ``CUDA_VISIBLE_DEVICES``).
+
+    Inside a container that sees one GPU as index 0 the minor number is still the host's, so
+    instances on one host that each drive their own GPUs get different numbers without talking
+    to each other. ``None`` for a GPU NVML cannot name (no driver, a MIG instance, a bad id).
+    """
+    try:
+        _init()
+    except GpuUnavailable:
+        return [None] * len(gpus)
+    try:
+        out: list[int | None] = []
+        for g in gpus:
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(g) if isinstance(g, int) else pynvml.nvmlDeviceGetHandleByUUID(g)
+                out.append(int(pynvml.nvmlDeviceGetMinorNumber(h)))
+            except pynvml.NVMLError:
+                out.append(None)
+        return out
     finally:
         pynvml.nvmlShutdown()

@@ -15,8 +15,10 @@ threads it creates, so:
    and every vLLM process it launches inherit that);
 2. once a vLLM is ready, each of its EngineCore processes (every thread) moves to its CPU.
 
-A CPU reserved for an engine core comes with its SMT siblings (a whole physical core), from
-the top of this process's affinity. Other programs on the machine are not vllama's to move.
+A CPU reserved for an engine core comes with its SMT siblings (a whole physical core), counted
+from the top of this process's affinity and offset by the host-wide number of the engine's GPU
+(instances with their own GPUs on one host pick different cores). Other programs on the machine
+are not vllama's to move, so ``auto`` pins only when vllama's CPU budget is its whole affinity.
 """
 
 from __future__ import annotations
@@ -74,17 +76,25 @@ def plan_placement(
     mode: str,
     affinity: Iterable[int],
     cpus: float,
-    engines: dict[str, int],
+    engines: dict[str, list[int]],
     siblings: Callable[[int], set[int]] = smt_siblings,
 ) -> Placement:
     """Choose the engine cores' CPUs.
 
+    Physical cores are counted from the top of the affinity; an engine core with slot ``k``
+    takes the ``k``-th (cyclically, the next one free). The slot is the host-wide number of
+    the GPU it drives (``gpu.host_numbers``), so several vllama instances on one host, each with
+    its own GPUs (one container or unit per GPU, all seeing every CPU), pin to different cores
+    without knowing of each other.
+
     Args:
-        mode: ``auto`` (pin when at least :data:`MIN_OTHER_CPUS` CPUs remain), ``on`` (pin when
-            at least one remains), ``off``.
+        mode: ``auto`` (pin when vllama's CPU budget is its whole affinity and at least
+            :data:`MIN_OTHER_CPUS` CPUs remain), ``on`` (pin when at least one remains), ``off``.
         affinity: the CPUs this process may run on.
-        cpus: usable CPUs (the affinity lowered to the cgroup quota, or ``--cpus``).
-        engines: served name -> engine-core processes (its data-parallel size), in config order.
+        cpus: usable CPUs (the affinity lowered to the cgroup quota, or ``--cpus``). Below the
+            affinity's size (a Kubernetes CPU limit without a cpuset), the CPUs are shared with
+            others: a pinned engine core could not escape a busy neighbour, so ``auto`` does not pin.
+        engines: served name -> one slot per engine-core process (data-parallel rank, in order).
         siblings: a CPU -> its physical core's CPUs.
     """
     if mode == "off":
@@ -92,14 +102,23 @@ def plan_placement(
     if not engines:
         return Placement(source="off (no vLLM launched)")
     free = sorted(set(affinity), reverse=True)
+    if mode == "auto" and cpus < len(free):
+        return Placement(source=f"off (a CPU budget of {cpus:g} within an affinity of {len(free)} CPUs: they are shared)")
+    cores: list[list[int]] = []
+    seen: set[int] = set()
+    for c in free:
+        if c not in seen:
+            core = sorted((siblings(c) & set(free)) | {c})
+            seen.update(core)
+            cores.append(core)
     taken: set[int] = set()
     chosen: dict[str, list[list[int]]] = {}
-    for name, n in engines.items():
-        for _ in range(n):
-            cpu = next((c for c in free if c not in taken), None)
-            if cpu is None:
+    for name, slots in engines.items():
+        for slot in slots:
+            order = (cores[(slot + j) % len(cores)] for j in range(len(cores)))
+            core = next((k for k in order if not taken.intersection(k)), None)
+            if core is None:
                 return Placement(source=f"off (too few CPUs: {len(free)})")
-            core = sorted((siblings(cpu) & set(free)) | {cpu})
             taken.update(core)
             chosen.setdefault(name, []).append(core)
     other = sorted(set(free) - taken)
