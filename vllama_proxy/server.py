@@ -151,11 +151,15 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     nofile = raise_nofile_limit()
     log_front_end(front)
     bound = admission_bound(settings, specs, nofile, gpu_info)
+    engine_cpus = front.placement.engine_cpus
     if front.placement.active:
         # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
-        set_affinity(os.getpid(), front.placement.other_cpus)
-    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
-                     engine_cpus=front.placement.engine_cpus)
+        try:
+            set_affinity(os.getpid(), front.placement.other_cpus)
+        except OSError as e:  # the cpuset changed since, or a sandbox forbids it: run unpinned
+            log.warning("engine_core_not_pinned", detail=f"could not confine vllama to {front.placement.other_cpus}: {e}")
+            engine_cpus = {}
+    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs], engine_cpus=engine_cpus)
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     now = int(time.time())

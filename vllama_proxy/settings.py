@@ -181,10 +181,10 @@ class Settings(BaseSettings):
     pin_engine_core: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Give each vLLM engine core (one per data-parallel rank) a CPU of its own and keep vllama and "
-        "vLLM's other processes on the rest (the core offset by the GPU's host number, so instances with their own "
-        "GPUs on one host pick different cores); auto: when at least 4 CPUs remain and no CPU quota or --cpus is below "
-        "the affinity (measured on a 16-CPU H200 machine: +6 to +25 % tokens/s at 256 streams, +11 to +27 % at 1,024), "
-        "on: whenever one remains, off: leave placement to the kernel.",
+        "vLLM's other processes on the rest (the first model on each set of GPUs; the core offset by the GPU's host "
+        "number, so instances with their own GPUs pick different cores); auto: when no CPU quota or --cpus is below the "
+        "affinity and at least 4 CPUs remain (measured on a 16-CPU H200 machine: +6 to +25 % tokens/s at 256 streams, "
+        "+11 to +27 % at 1,024), on: whenever one remains, off: leave placement to the kernel.",
     )
     max_body_size: int = Field(
         128 * 1024 * 1024,

@@ -46,6 +46,9 @@ _VLLM_DECIDES = (
     "--data-parallel-hybrid-lb", "--data-parallel-start-rank", "-dpr", "--data-parallel-multi-port-external-lb",
     "--grpc",
 )
+#: vLLM flags under which its engine cores are not this vLLM's local children to place.
+_VLLM_PLACES_ENGINES = ("--headless", "--data-parallel-external-lb", "--data-parallel-rank", "-dpn",
+                        "--data-parallel-hybrid-lb", "--data-parallel-start-rank", "-dpr")
 
 
 def _cgroup_quota(root: Path, proc_cgroup: Path) -> float | None:
@@ -118,28 +121,52 @@ def engine_cores(spec: ModelConfig) -> int:
     return gpus + (dp if gpus > dp else 0)
 
 
-def engine_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
-    """The first GPU of each data-parallel rank of ``spec``'s vLLM, as NVML knows it: an index
-    (nvidia-smi order) or a UUID. ``gpus`` when set; else the child's inherited
-    ``CUDA_VISIBLE_DEVICES`` entries; else the first GPUs."""
-    dp = _dp(spec)
-    per_rank = max(spec.gpu_count_needed() // dp, 1)
-    visible: list[int | str]
+def model_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
+    """The GPUs ``spec``'s vLLM drives, as NVML knows them: indices (nvidia-smi order) or UUIDs.
+    ``gpus`` when set; else the first entries of the inherited ``CUDA_VISIBLE_DEVICES``; else the
+    first GPUs."""
+    n = spec.gpu_count_needed()
     if spec.gpus is not None:
-        visible = list(spec.gpus)
-    elif environ.get("CUDA_VISIBLE_DEVICES", "").strip():
-        visible = [int(e) if e.strip().isdigit() else e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
-    else:
-        visible = list(range(spec.gpu_count_needed()))
-    return [visible[r * per_rank] for r in range(dp) if r * per_rank < len(visible)]
+        return list(spec.gpus)
+    if environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        return [int(e) if e.strip().isdigit() else e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")][:n]
+    return list(range(n))
+
+
+def engine_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
+    """The first GPU of each data-parallel rank that runs here (``--data-parallel-size-local``
+    of them when given) of ``spec``'s vLLM (:func:`model_gpus`)."""
+    per_rank = max(spec.gpu_count_needed() // _dp(spec), 1)
+    local = int(vllm_arg(spec.args(), "--data-parallel-size-local", "-dpl") or _dp(spec))
+    visible = model_gpus(spec, environ)
+    return [visible[r * per_rank] for r in range(local) if r * per_rank < len(visible)]
 
 
 def engine_slots(spec: ModelConfig) -> list[int]:
     """One slot per engine core for :func:`~vllama_proxy.supervisor.placement.plan_placement`:
-    the host-wide number of its GPU (``gpu.host_numbers``), or its rank where NVML cannot tell."""
+    the host-wide number of its GPU (``gpu.host_numbers``), else the GPU's index, else its rank."""
     gpus = engine_gpus(spec)
     numbers = host_numbers(gpus) if gpus else []
-    return [n if n is not None else r for r, n in enumerate(numbers)] or list(range(_dp(spec)))
+    slots = [n if n is not None else g if isinstance(g, int) else r for r, (g, n) in enumerate(zip(gpus, numbers))]
+    return slots or list(range(_dp(spec)))
+
+
+def pinned_engines(specs: list[ModelConfig]) -> dict[str, list[int]]:
+    """Served name -> engine slots, for the models whose engine cores get CPUs of their own: the
+    first model (config order) on each set of GPUs, where vLLM decides its own data-parallel
+    processes (``--headless``, external load balancing, Ray) never. Later models on the same GPUs
+    (swapped by keep_alive, rarely busy together) run their engine cores on the shared CPUs
+    rather than reserve one CPU per configured model."""
+    out: dict[str, list[int]] = {}
+    seen: set[tuple[int | str, ...]] = set()
+    for s in specs:
+        key = tuple(model_gpus(s))
+        if key in seen or any(has_flag(s.args(), f) for f in _VLLM_PLACES_ENGINES) \
+                or vllm_arg(s.args(), "--data-parallel-backend", "-dpb") == "ray":
+            continue
+        seen.add(key)
+        out[s.served_name] = engine_slots(s)
+    return out
 
 
 def _dp(spec: ModelConfig) -> int:
@@ -242,7 +269,7 @@ def resolve(settings: Settings) -> tuple[Settings, Plan]:
     except AttributeError:  # not Linux: no affinity to set
         affinity = []
     mode = settings.pin_engine_core if affinity else "off"
-    engines = {s.served_name: engine_slots(s) for s in specs} if mode != "off" else {}
+    engines = pinned_engines(specs) if mode != "off" else {}
     placement = plan_placement(mode, affinity, min(cpus, len(affinity) or cpus), engines)
     p = dataclasses.replace(p, placement=placement)
     return settings.model_copy(update={"workers": p.workers}), p

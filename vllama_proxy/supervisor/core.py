@@ -385,7 +385,8 @@ class Supervisor:
                 if await probes.health(self._probe) == 200 and await probes.serves(self._probe, self.served_name):
                     log.info("ready", model=self.served_name, startup_s=round(time.monotonic() - started, 1))
                     if self.engine_cpus:
-                        await asyncio.to_thread(pin_engine_cores, child.session_pids(), self.engine_cpus, self.served_name)
+                        cpus = self.engine_cpus
+                        await asyncio.to_thread(lambda: pin_engine_cores(child.session_pids(), cpus, self.served_name))
                     return None
                 if await self._first(exited, self.s.startup_poll_interval):
                     return "stopped"

@@ -15,6 +15,13 @@ threads it creates, so:
    and every vLLM process it launches inherit that);
 2. once a vLLM is ready, each of its EngineCore processes (every thread) moves to its CPU.
 
+Under a CPU quota below the affinity (a Kubernetes limit without a cpuset) the CPUs are shared
+with processes vllama cannot move, so ``auto`` does not pin. Several instances on one host that
+all see every CPU (one container or unit per GPU) pin their engines to different cores (the GPU
+offset below), but each one's other processes may still run on the others' engine CPUs: give
+each its own CPUs (a cpuset) there. Threads the engine core starts later (a structured-output
+compile pool) inherit its CPU: a known cost, not yet measured.
+
 A CPU reserved for an engine core comes with its SMT siblings (a whole physical core), counted
 from the top of this process's affinity and offset by the host-wide number of the engine's GPU
 (instances with their own GPUs on one host pick different cores). Other programs on the machine
@@ -24,6 +31,7 @@ are not vllama's to move, so ``auto`` pins only when vllama's CPU budget is its 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,17 +154,26 @@ def set_affinity(pid: int, cpus: Iterable[int]) -> int:
     return moved
 
 
+#: vLLM's engine-core process titles: ``VLLM::EngineCore``, ``VLLM::EngineCore_DP3`` (setproctitle).
+_ENGINE_TITLE = re.compile(r"^(?:VLLM::)?EngineCore(?:_DP(\d+))?$")
+
+
 def engine_core_pids(session_pids: Iterable[int]) -> list[int]:
-    """The EngineCore processes among ``session_pids``, data-parallel rank order (by title, then pid)."""
-    found = []
+    """The EngineCore processes among ``session_pids``, in data-parallel rank order (then pid).
+
+    A process whose parent also carries the title (a fork that kept it) is not one."""
+    found: dict[int, tuple[int, int]] = {}
     for pid in session_pids:
         try:
-            title = " ".join(psutil.Process(pid).cmdline())
+            proc = psutil.Process(pid)
+            argv = proc.cmdline()
+            parent = proc.ppid()
         except psutil.Error:
             continue
-        if "EngineCore" in title:
-            found.append((title, pid))
-    return [pid for _, pid in sorted(found)]
+        m = _ENGINE_TITLE.match(argv[0].strip()) if argv else None
+        if m:
+            found[pid] = (int(m.group(1) or 0), parent)
+    return sorted((p for p, (_, parent) in found.items() if parent not in found), key=lambda p: (found[p][0], p))
 
 
 def pin_engine_cores(session_pids: Iterable[int], cpu_sets: list[list[int]], model: str) -> list[dict[str, object]]:
