@@ -222,7 +222,7 @@ def test_engine_cores_found_by_title_in_rank_order():
     def titled(title: str, script: str = "sleep 30; :") -> subprocess.Popen:
         return subprocess.Popen(["bash", "-c", f"exec -a '{title}' bash -c '{script}'"])
 
-    procs = [titled("VLLM::EngineCore_DP10"), titled("VLLM::EngineCore_DP2"), titled("VLLM::APIServer_0"),
+    procs = [titled("VLLM::EngineCore_DP10"), titled("MYCO::EngineCore_DP2"), titled("VLLM::APIServer_0"),
              titled("python3 -m EngineCore_helper"),
              titled("VLLM::EngineCore_DP0", "(sleep 30; :) & wait")]  # DP0, with a fork of itself that keeps the title
     try:

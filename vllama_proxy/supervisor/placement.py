@@ -154,8 +154,9 @@ def set_affinity(pid: int, cpus: Iterable[int]) -> int:
     return moved
 
 
-#: vLLM's engine-core process titles: ``VLLM::EngineCore``, ``VLLM::EngineCore_DP3`` (setproctitle).
-_ENGINE_TITLE = re.compile(r"^(?:VLLM::)?EngineCore(?:_DP(\d+))?$")
+#: vLLM's engine-core process titles: ``VLLM::EngineCore``, ``VLLM::EngineCore_DP3`` (setproctitle;
+#: the prefix is ``VLLM_PROCESS_NAME_PREFIX``).
+_ENGINE_TITLE = re.compile(r"^(?:[\w.-]+::)?EngineCore(?:_DP(\d+))?$")
 
 
 def engine_core_pids(session_pids: Iterable[int]) -> list[int]:
