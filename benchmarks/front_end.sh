@@ -136,7 +136,7 @@ interval)
   kill -TERM -- -"$(cat /tmp/d.pid)"
   ;;
 restart)
-  victim=$(pgrep -f 'APIServer' | head -1)
+  victim=$(pgrep -f '^VLLM::APIServer_' | head -1)  # the title starts the cmdline; a shell that names it does not
   log "SIGKILL to API server $victim; vllama's states follow"
   kill -KILL "$victim"
   for i in $(seq 600); do
@@ -154,7 +154,7 @@ stop)
     log "exited: $(kill -0 "$pid" 2>/dev/null && echo no || echo yes); processes left in its session: $(ps -e -o sid= | awk -v s="$pid" '$1==s' | wc -l)"
   done
   sleep 2
-  log "GPU memory used: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | tr '\n' ' '); vLLM processes left: $(pgrep -fc 'VLLM::|vllm serve')"
+  log "GPU memory used: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | tr '\n' ' '); vLLM processes left: $(pgrep -fc '^VLLM::|bin/vllm serve')"
   for f in vllama vllm-a vllm-d; do [ -f $LOGS/$f.log ] && gzip -c $LOGS/$f.log > "$OUT/$f.log.gz"; done
   ;;
 *) echo "unknown phase $phase"; exit 2;;
