@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import resource
 import signal
@@ -22,7 +23,7 @@ from .sdnotify import Notifier, attach, run_watchdog
 from .settings import Settings
 from .sizing import Plan, with_api_servers
 from .supervisor import gpu
-from .supervisor.placement import set_affinity
+from .supervisor.placement import Placement, set_affinity
 from .supervisor.pool import ModelPool
 from .workers import WorkerPool
 
@@ -149,17 +150,18 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             raise SystemExit(1) from None
         gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids}))
     nofile = raise_nofile_limit()
-    log_front_end(front)
-    bound = admission_bound(settings, specs, nofile, gpu_info)
-    engine_cpus = front.placement.engine_cpus
     if front.placement.active:
         # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
         try:
             set_affinity(os.getpid(), front.placement.other_cpus)
-        except OSError as e:  # the cpuset changed since, or a sandbox forbids it: run unpinned
-            log.warning("engine_core_not_pinned", detail=f"could not confine vllama to {front.placement.other_cpus}: {e}")
-            engine_cpus = {}
-    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs], engine_cpus=engine_cpus)
+        except OSError as e:  # the cpuset changed since, or a sandbox forbids it: run unpinned, and say so
+            why = f"could not confine vllama to {front.placement.other_cpus}: {e}"
+            log.warning("engine_core_not_pinned", detail=why)
+            front = dataclasses.replace(front, placement=Placement(source=f"off ({why})"))
+    log_front_end(front)
+    bound = admission_bound(settings, specs, nofile, gpu_info)
+    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
+                     engine_cpus=front.placement.engine_cpus)
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     now = int(time.time())

@@ -124,13 +124,11 @@ def engine_cores(spec: ModelConfig) -> int:
 def model_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
     """The GPUs ``spec``'s vLLM drives, as NVML knows them: indices (nvidia-smi order) or UUIDs.
     ``gpus`` when set; else the first entries of the inherited ``CUDA_VISIBLE_DEVICES``; else the
-    first GPUs."""
-    n = spec.gpu_count_needed()
-    if spec.gpus is not None:
-        return list(spec.gpus)
-    if environ.get("CUDA_VISIBLE_DEVICES", "").strip():
-        return [int(e) if e.strip().isdigit() else e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")][:n]
-    return list(range(n))
+    first GPUs (``ModelConfig.gpu_ids``)."""
+    if spec.gpus is None and environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        entries = environ["CUDA_VISIBLE_DEVICES"].split(",")[:spec.gpu_count_needed()]
+        return [int(e) if e.strip().isdigit() else e.strip() for e in entries]
+    return list(spec.gpu_ids)
 
 
 def engine_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:

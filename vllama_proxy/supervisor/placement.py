@@ -109,14 +109,15 @@ def plan_placement(
         return Placement(source="off (--pin-engine-core off)")
     if not engines:
         return Placement(source="off (no vLLM launched)")
-    free = sorted(set(affinity), reverse=True)
+    free_set = set(affinity)
+    free = sorted(free_set, reverse=True)
     if mode == "auto" and cpus < len(free):
         return Placement(source=f"off (a CPU budget of {cpus:g} within an affinity of {len(free)} CPUs: they are shared)")
     cores: list[list[int]] = []
     seen: set[int] = set()
     for c in free:
         if c not in seen:
-            core = sorted((siblings(c) & set(free)) | {c})
+            core = sorted((siblings(c) & free_set) | {c})
             seen.update(core)
             cores.append(core)
     taken: set[int] = set()
@@ -129,7 +130,7 @@ def plan_placement(
                 return Placement(source=f"off (too few CPUs: {len(free)})")
             taken.update(core)
             chosen.setdefault(name, []).append(core)
-    other = sorted(set(free) - taken)
+    other = sorted(free_set - taken)
     left = min(len(other), cpus - len(taken))
     need = MIN_OTHER_CPUS if mode == "auto" else 1
     if left < need:
