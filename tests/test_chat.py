@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 import orjson
 import pytest
@@ -136,3 +138,24 @@ def test_error_streamed_before_any_token_is_a_status(client, proxy, stream):
     raw = httpx.post(proxy.url + "/api/chat", json={"model": SERVED, "format": schema, "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
     assert raw.status_code == 400 and raw.headers["content-type"].startswith("application/json")
     assert "Grammar error" in raw.json()["error"]
+
+
+@pytest.mark.parametrize("image", ["http://169.254.169.254/latest/meta-data/", "file:///etc/passwd", "!!!notbase64###", "",
+                                   "QUJDRA=="])
+def test_images_that_are_not_base64_images_never_reach_vllm(proxy, upstream_requests, image):
+    """Issue 19: a URL in ``images`` made vLLM fetch it (server-side request forgery); Ollama answers 400."""
+    for path, body in (("/api/chat", {"model": SERVED, "messages": [{"role": "user", "content": "x", "images": [image]}]}),
+                       ("/api/generate", {"model": SERVED, "prompt": "x", "images": [image]})):
+        r = httpx.post(proxy.url + path, json=body, timeout=10)
+        assert r.status_code == 400, (path, r.text)
+        assert "images[0]" in r.json()["error"]
+    assert upstream_requests("/v1/chat/completions") == []
+
+
+def test_a_real_png_from_the_ollama_client_arrives_as_a_data_url(client, upstream_requests):
+    from test_translate import _png
+
+    png = _png()
+    client.chat(model=SERVED, messages=[{"role": "user", "content": "what is it", "images": [png]}], stream=False)
+    part = upstream_requests("/v1/chat/completions")[0]["body"]["messages"][0]["content"][0]
+    assert part == {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}

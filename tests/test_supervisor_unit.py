@@ -11,7 +11,7 @@ import pytest
 from conftest import TESTS, free_port
 from vllama_proxy.errors import UpstreamUnavailable
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor.core import Supervisor
+from vllama_proxy.supervisor.core import NO_MEDIA_DOMAIN, Supervisor
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 
@@ -141,3 +141,29 @@ def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_rea
     sleeper, wanted = pool2.supervisors
     sleeper.state, sleeper.child = State.SLEEPING, object()
     assert not pool2.fits(wanted) and pool2.victim(wanted) is sleeper  # no ready model to evict: stop the sleeping one
+
+
+@pytest.mark.parametrize("allowed,vllm_args,expected", [
+    ([], [], ["--allowed-media-domains", NO_MEDIA_DOMAIN]),
+    (["images.example.com", "cdn.example.com"], [], ["--allowed-media-domains", "images.example.com", "cdn.example.com"]),
+    (["*"], [], []),
+    ([], ["--allowed-media-domains", "mine.example"], []),  # the user's own flag after -- wins
+    ([], ["--allowed-media-domains=mine.example"], []),
+])
+def test_vllm_fetches_no_media_urls_unless_allowed(tmp_path, allowed, vllm_args, expected):
+    """Issue 19: /v1/* passthrough can name image URLs, which vLLM would fetch from any host."""
+    s = settings(tmp_path, allowed_media_domains=allowed, vllm_args=vllm_args)
+    argv = Supervisor(s, s.model_specs()[0], port=1, board=StatusBoard("m")).argv()
+    flags = argv[argv.index("--served-model-name") + 2:]
+    assert flags[:len(expected)] == expected
+    assert flags.count("--allowed-media-domains") + sum(a.startswith("--allowed-media-domains=") for a in flags) == (1 if expected or vllm_args else 0)
+
+
+async def test_vllm_is_launched_with_media_redirects_off(tmp_path, knobs):
+    sup = await run(settings(tmp_path))
+    try:
+        await sup.ensure_ready(timeout=20)
+        environ = open(f"/proc/{sup.child.pid}/environ", "rb").read().split(b"\0")
+        assert b"VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in environ
+    finally:
+        await sup.stop()

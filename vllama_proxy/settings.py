@@ -219,6 +219,12 @@ class Settings(BaseSettings):
         default_factory=default_state_dir,
         description="Directory for vllama's own state (aliases made with /api/copy); default $STATE_DIRECTORY or ~/.local/state/vllama.",
     )
+    allowed_media_domains: list[str] = Field(
+        default_factory=list,
+        description="Hosts the supervised vLLM may fetch image/audio/video URLs from when a /v1/* request names one "
+        "(repeatable; vLLM's --allowed-media-domains; redirects off). None: vLLM fetches nothing; * : any host "
+        "(vLLM's own default). The Ollama API takes base64 images only and never asks vLLM to fetch.",
+    )
     vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches (looked up on PATH).")
     vllm_port: int = Field(0, ge=0, le=65535, description="Loopback port for the supervised vLLM (0: pick a free one).")
     startup_timeout: float = Field(900.0, gt=0, description="Seconds vLLM may take to become ready (download, load, compile).")

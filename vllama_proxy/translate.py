@@ -14,6 +14,9 @@ Unset Ollama options stay unset upstream, so vLLM applies the model's own
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from typing import Any
 
 from .errors import BadRequest, UnsupportedCapability
@@ -93,31 +96,61 @@ def response_format(fmt: Any) -> dict[str, Any] | None:
     raise BadRequest(f"invalid format: {fmt!r} (use \"json\" or a JSON schema object)")
 
 
-def image_url(b64: str) -> dict[str, Any]:
-    """An OpenAI ``image_url`` part for a bare base64 image (Ollama sends no ``data:`` prefix).
+#: Image formats a vision model's processor (PIL in vLLM) reads, by their leading bytes.
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+)
+_DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,", re.ASCII)
 
-    The media type is read from the base64 of the file's magic bytes; PNG if unknown.
-    A value that already is a ``data:`` or ``http(s)`` URL is passed as it is.
+
+def image_mime(data: bytes) -> str | None:
+    """The media type of an image file from its first bytes (PNG, JPEG, GIF, WebP, BMP), else ``None``."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    for magic, mime in _IMAGE_MAGIC:
+        if data.startswith(magic):
+            return mime
+    return None
+
+
+def image_url(b64: str, where: str = "images[0]") -> dict[str, Any]:
+    """An OpenAI ``image_url`` part holding a ``data:`` URL that vllama builds itself.
+
+    Ollama's API carries images as base64 file contents (``api.ImageData``, a ``[]byte``
+    that Go decodes as standard base64); so does vllama. The media type is read from the
+    decoded bytes, never taken from the client: nothing but an image vllama recognises
+    reaches vLLM, so a URL (``http://169.254.169.254/...``, ``file:///etc/passwd``) can
+    never make vLLM fetch anything. A ``data:image/...;base64,`` prefix (what browsers
+    and some clients send) is accepted and its payload checked the same way.
+
+    Raises:
+        BadRequest: empty, not standard base64, or not a PNG/JPEG/GIF/WebP/BMP image
+            (the message names the field, ``where``).
     """
-    if b64.startswith(("data:", "http://", "https://")):
-        url = b64
-    else:
-        if b64.startswith("/9j/"):
-            mime = "image/jpeg"
-        elif b64.startswith("R0lGOD"):
-            mime = "image/gif"
-        elif b64.startswith("UklGR"):
-            mime = "image/webp"
-        else:
-            mime = "image/png"
-        url = f"data:{mime};base64,{b64}"
-    return {"type": "image_url", "image_url": {"url": url}}
+    if not isinstance(b64, str) or not b64:
+        raise BadRequest(f"invalid {where}: empty image")
+    payload = b64[m.end():] if (m := _DATA_URL.match(b64)) else b64
+    if "\n" in payload or "\r" in payload:  # Go's decoder skips line breaks; so do we
+        payload = payload.replace("\r", "").replace("\n", "")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        kind = "a URL" if "://" in b64[:16] else "not base64"
+        raise BadRequest(f"invalid {where}: {kind}; images must be base64-encoded image files") from None
+    mime = image_mime(data)
+    if mime is None:
+        raise BadRequest(f"invalid {where}: not an image (PNG, JPEG, GIF, WebP or BMP)")
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{payload}"}}
 
 
-def _content(text: str | None, images: list[str] | None) -> Any:
+def _content(text: str | None, images: list[str] | None, where: str) -> Any:
     if not images:
         return text or ""
-    parts: list[dict[str, Any]] = [image_url(i) for i in images]
+    parts: list[dict[str, Any]] = [image_url(img, f"{where}images[{i}]") for i, img in enumerate(images)]
     if text:
         parts.append({"type": "text", "text": text})
     return parts
@@ -137,9 +170,9 @@ def messages_to_openai(messages: list[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (function name, id) of calls not yet answered
     n_calls = 0
-    for m in messages:
+    for i, m in enumerate(messages):
         if m.role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": _content(m.content, m.images)}
+            msg: dict[str, Any] = {"role": "assistant", "content": _content(m.content, m.images, f"messages[{i}].")}
             if m.tool_calls:
                 calls = []
                 for tc in m.tool_calls:
@@ -176,7 +209,7 @@ def messages_to_openai(messages: list[Message]) -> list[dict[str, Any]]:
                 msg["name"] = name
             out.append(msg)
         else:
-            out.append({"role": m.role, "content": _content(m.content, m.images)})
+            out.append({"role": m.role, "content": _content(m.content, m.images, f"messages[{i}].")})
     return out
 
 
@@ -260,7 +293,7 @@ def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any
     messages: list[dict[str, Any]] = []
     if req.system:
         messages.append({"role": "system", "content": req.system})
-    messages.append({"role": "user", "content": _content(req.prompt, req.images)})
+    messages.append({"role": "user", "content": _content(req.prompt, req.images, "")})
     body["messages"] = messages
     body.update(thinking_fields(req.think))
     return "/v1/chat/completions", body, ignored

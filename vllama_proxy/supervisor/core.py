@@ -21,7 +21,7 @@ import psutil
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from ..model_files import read_model_files
-from ..models_config import ModelConfig
+from ..models_config import ModelConfig, has_flag
 from ..settings import Settings
 from ..upstream import Upstream, read_response
 from . import gpu, probes
@@ -34,6 +34,23 @@ log = get_logger("vllama.supervisor")
 
 _EXPIRED = object()  # _watch: the keep_alive ended and nothing is running
 _RELOAD = object()  # _serve: vLLM was stopped (keep_alive or eviction); start it afresh when wanted
+
+
+#: A host that can never resolve (RFC 6761 ``.invalid``): vLLM's domain allow-list with only
+#: this in it lets no media URL through.
+NO_MEDIA_DOMAIN = "media-fetching-is-off.invalid"
+
+
+def media_args(allowed: list[str], vllm_args: list[str]) -> list[str]:
+    """vLLM flags limiting which hosts it fetches media URLs from (``/v1/*`` requests can name
+    ``image_url``s; vLLM's ``MediaConnector`` fetches them server-side, a request-forgery hole
+    on a shared server). ``allowed`` empty: none (the allow-list holds one unresolvable host);
+    ``["*"]``: any (no flag, vLLM's default). Left to the user's own ``--allowed-media-domains``
+    after ``--`` when given. Local files stay off as in vLLM (no ``--allowed-local-media-path``).
+    Redirects are turned off in :meth:`Supervisor._start_once`'s environment."""
+    if "*" in allowed or has_flag(vllm_args, "--allowed-media-domains"):
+        return []
+    return ["--allowed-media-domains", *(allowed or [NO_MEDIA_DOMAIN])]
 
 
 class Supervisor:
@@ -80,12 +97,15 @@ class Supervisor:
 
     # -- public API ----------------------------------------------------------------
     def argv(self) -> list[str]:
-        """The child's command line (no shell): vLLM bound to loopback on the private port."""
+        """The child's command line (no shell): vLLM bound to loopback on the private port, media
+        fetching limited (:func:`media_args`)."""
+        args = self.spec.args()
         return [
             self.s.vllm_executable, "serve", self.spec.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--served-model-name", self.served_name,
-            *self.spec.args(),
+            *media_args(self.s.allowed_media_domains, args),
+            *args,
         ]
 
     async def start(self) -> None:
@@ -362,6 +382,8 @@ class Supervisor:
         try:
             # nvidia-smi's GPU numbering for every child (the pool counts GPUs by it), unless set
             env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **self.spec.env()}
+            # an allowed media host must not redirect vLLM to one that is not (vLLM follows redirects by default)
+            env.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
             # vllama's own metrics directory (--workers) is not vLLM's: with several API servers vLLM
             # makes its own, and given ours it would mix its series into vllama's /metrics and back.
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
