@@ -29,7 +29,7 @@ def test_api_key_required_on_api_and_v1(keyed):
         assert httpx.get(p.url + path, headers={"Authorization": "Basic secret-key-1"}).status_code == 401
     for key in ("secret-key-1", "secret-key-2", "file-key-3"):
         assert httpx.get(p.url + "/api/tags", headers={"Authorization": f"Bearer {key}"}).status_code == 200
-    for path in ("/", "/livez", "/readyz", "/metrics"):
+    for path in ("/", "/livez", "/readyz"):
         assert httpx.get(p.url + path).status_code == 200, path
     # the real clients, as users configure them
     r = Client(host=p.url, headers={"Authorization": "Bearer secret-key-2"}).generate(model=SERVED, prompt="x", stream=False)
@@ -43,6 +43,28 @@ def test_api_key_required_on_api_and_v1(keyed):
         openai.OpenAI(base_url=p.url + "/v1", api_key="nope", max_retries=0).models.list()
     text = log.read_text()
     assert "secret-key" not in text and "file-key-3" not in text  # keys are never logged
+
+
+def test_both_metrics_routes_need_the_key(keyed):
+    """Issue 19: /vllm/metrics (model names, token counts) answered 200 without a key while
+    /api/* needed one; one rule now covers /metrics and /vllm/metrics."""
+    p, _ = keyed
+    for path in ("/metrics", "/vllm/metrics"):
+        r = httpx.get(p.url + path)
+        assert r.status_code == 401 and "unauthorized" in r.json()["error"], path
+        r = httpx.get(p.url + path, headers={"Authorization": "Bearer file-key-3"})
+        assert r.status_code == 200, path
+    assert "vllama_requests_total" in httpx.get(p.url + "/metrics", headers={"Authorization": "Bearer secret-key-1"}).text
+
+
+def test_metrics_open_lets_a_scraper_in_without_a_key(fake):
+    p = start_proxy(fake.url, "--api-key", "k", "--metrics-open")
+    try:
+        for path in ("/metrics", "/vllm/metrics"):
+            assert httpx.get(p.url + path).status_code == 200, path
+        assert httpx.get(p.url + "/api/tags").status_code == 401  # the API itself stays closed
+    finally:
+        stop(p.proc)
 
 
 def test_cors_preflight_and_origins(fake):

@@ -12,9 +12,11 @@ All three follow Ollama (``shared/ollama-api.md`` "Serving environment";
 - **Host guard** (DNS rebinding): when bound to loopback, a request whose Host is not
   loopback, private, unspecified, one of this machine's addresses, ``localhost``,
   ``*.localhost``, ``*.local``, ``*.internal`` or the hostname gets 403.
-- **API keys**: ``Authorization: Bearer <key>`` on ``/api/*`` and ``/v1/*`` (not on
-  ``/``, ``/livez``, ``/readyz``, ``/metrics``), compared in constant time against every
-  configured key; keys are never logged.
+- **API keys**: ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and both metrics
+  routes (``/metrics``, ``/vllm/metrics``: model names and token counts), compared in
+  constant time against every configured key; keys are never logged. ``/``, ``/livez``
+  and ``/readyz`` stay open for probes; ``--metrics-open`` opens the two metrics routes
+  (for a scraper that sends no key).
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ ALLOW_HEADERS = (
     "x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout"
 )
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
-_OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/metrics"})
+#: Routes no API key guards: the probes (and, with ``--metrics-open``, :data:`METRICS_PATHS`).
+PROBE_PATHS = frozenset({"/", "/livez", "/readyz"})
+#: The proxy's and vLLM's Prometheus metrics: one rule for both.
+METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
 
 
 def _forbidden(message: str) -> web.Response:
@@ -151,17 +156,20 @@ def host_guard() -> Middleware:
     return middleware
 
 
-def api_keys(keys: Iterable[str]) -> Middleware:
-    """Require ``Authorization: Bearer <key>`` on ``/api/*`` and ``/v1/*``; 401 otherwise.
+def api_keys(keys: Iterable[str], metrics_open: bool = False) -> Middleware:
+    """Require ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and the metrics routes
+    (unless ``metrics_open``); 401 otherwise.
 
     Every configured key is compared with ``hmac.compare_digest`` (no early exit), so
     the time taken does not reveal which key or how much of it matched.
     """
     expected = [k.encode() for k in keys if k]
+    guarded = frozenset() if metrics_open else METRICS_PATHS
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in _OPEN_PATHS or request.method == "OPTIONS" or not request.path.startswith(("/api/", "/v1/")):
+        path = request.path
+        if request.method == "OPTIONS" or not (path.startswith(("/api/", "/v1/")) or path in guarded):
             return await handler(request)
         auth = request.headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")

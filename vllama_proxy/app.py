@@ -159,7 +159,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         middlewares.append(access.host_guard())
     keys = settings.api_keys()
     if keys:
-        middlewares.append(access.api_keys(keys))
+        middlewares.append(access.api_keys(keys, metrics_open=settings.metrics_open))
     boards = [b.board for b in backends if b.board is not None]
     if boards:
         middlewares.append(ready_gate(boards))

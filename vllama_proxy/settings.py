@@ -145,9 +145,15 @@ class Settings(BaseSettings):
     # --- access ------------------------------------------------------------------------
     api_key: list[SecretStr] = Field(
         default_factory=list,
-        description="API key clients must send as `Authorization: Bearer` on /api/* and /v1/* (repeatable; none: open).",
+        description="API key clients must send as `Authorization: Bearer` on /api/*, /v1/* and the metrics routes "
+        "(repeatable; none: open).",
     )
     api_key_file: Path | None = Field(None, description="File of API keys, one per line (# comments); added to --api-key.")
+    metrics_open: bool = Field(
+        False,
+        description="Serve /metrics and /vllm/metrics without an API key (for a scraper that sends none); by default "
+        "both need one whenever --api-key is set, like /api/* and /v1/* (/, /livez and /readyz are always open).",
+    )
     origins: list[str] = Field(
         default_factory=list,
         description="CORS origins allowed besides Ollama's defaults (repeatable, * wildcards); OLLAMA_ORIGINS is honoured too.",
