@@ -92,6 +92,70 @@ def test_sigterm_drains_in_flight_and_leaves_nothing(vllama):
     assert not alive(server) and not alive(engine)
 
 
+def _gone(*pids: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigkill_of_vllama_leaves_no_vllm_and_no_worker(vllama):
+    """Issue 19: kill -9 of vllama's main process left its whole vLLM tree (and on the GPU
+    ~120 GB) running. The child now dies with its parent (PR_SET_PDEATHSIG), and so do the
+    proxy workers that share the port."""
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "VLLAMA_WORKERS": "2"})
+    v.wait_state("ready")
+    server, engine = v.server_pid(), v.grandchild_pid()
+    workers = [c.pid for c in psutil.Process(v.proc.pid).children() if c.pid != server]
+    assert workers, "expected a proxy worker process"
+    records = list((v.log.parent / "state" / "children").glob("*.json"))
+    assert len(records) == 1  # the launch record of the running tree
+    v.proc.kill()
+    v.proc.wait(10)
+    assert _gone(server, engine, *workers), "vLLM or a worker outlived vllama"
+
+
+def test_a_vllm_left_by_a_killed_vllama_is_stopped_at_the_next_start(vllama):
+    """A tree that survives its vllama (here: a vLLM that ignores SIGTERM, so the parent-death
+    signal does not stop it) is found from its launch record and stopped before the next
+    vLLM is launched, so it cannot hold the GPU the next one needs."""
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    v.wait_state("ready")
+    server, engine = v.server_pid(), v.grandchild_pid()
+    v.proc.kill()
+    v.proc.wait(10)
+    time.sleep(1)
+    assert alive(server) and alive(engine)  # the stale tree this test is about
+    w = vllama(env={"FAKE_VLLM_GRANDCHILD": "1"}, flags=["--stop-grace", "1"])
+    assert _gone(server, engine, timeout=10), "the stale vLLM tree was not stopped"
+    w.wait_state("ready")
+    assert "stale_vllm_stopped" in w.log.read_text()
+    assert w.stop() == 0 and not alive(w.server_pid())
+    assert list((w.log.parent / "state" / "children").glob("*.json")) == []  # records go with their trees
+
+
+def test_a_second_sigterm_during_the_drain_still_stops_vllm(vllama):
+    """Issue 19's early exit: after the first SIGTERM the handlers were removed, so a second one
+    (a supervisor's or a script's retry) killed vllama by default action in the middle of its
+    stop, leaving vLLM running. Now it only cuts the drain short."""
+    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "FAKE_VLLM_TOKEN_DELAY": "0.05"})
+    v.wait_state("ready")
+    server, engine = v.server_pid(), v.grandchild_pid()
+    stream = Client(host=v.url).generate(model="tiny", prompt="x [[tokens:500]]", stream=True)
+    next(stream)
+    v.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    v.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(ResponseError):  # cut short: the stream ends with an error line, not silently
+        for _ in stream:
+            pass
+    assert v.proc.wait(30) == 0
+    assert not alive(server) and not alive(engine)
+    assert "stop_signal_repeated" in v.log.read_text()
+
+
 def test_vllm_ignoring_sigterm_is_killed(vllama):
     v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "FAKE_VLLM_IGNORE_SIGTERM": "1"})
     v.wait_state("ready")

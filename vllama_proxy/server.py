@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import os
 import resource
@@ -22,7 +23,7 @@ from .models_config import ModelConfig
 from .sdnotify import Notifier, attach, run_watchdog
 from .settings import Settings
 from .sizing import Plan, with_api_servers
-from .supervisor import gpu
+from .supervisor import gpu, lifeline
 from .supervisor.placement import Placement, set_affinity
 from .supervisor.pool import ModelPool
 from .workers import WorkerPool
@@ -61,17 +62,50 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
     return runner
 
 
-async def wait_for_signal() -> str:
-    """Block until SIGTERM or SIGINT; returns the signal's name."""
+#: The signals that stop vllama: systemd's and Kubernetes' SIGTERM, Ctrl-C, a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+async def wait_for_signal(hurry: asyncio.Event | None = None) -> str:
+    """Block until SIGTERM, SIGINT or SIGHUP; returns the signal's name.
+
+    The handlers stay installed for the rest of the process: a repeated signal sets
+    ``hurry`` (cut the drain short) and is logged, never the default action, which killed
+    the main process in the middle of its stop and left vLLM's whole tree running (issue 19:
+    a second SIGTERM 0.5 s into the drain did it every time).
+    """
     loop = asyncio.get_running_loop()
     got: asyncio.Future[str] = loop.create_future()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda s=sig: got.done() or got.set_result(s.name))
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not got.done():
+            got.set_result(sig.name)
+            return
+        log.warning("stop_signal_repeated", signal=sig.name, detail="cutting the drain short; vLLM is still stopped cleanly")
+        if hurry is not None:
+            hurry.set()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    return await got
+
+
+async def drain(runner: web.AppRunner, workers: WorkerPool, timeout: float, hurry: asyncio.Event) -> None:
+    """Stop accepting and let in-flight requests finish in every worker, for up to ``timeout``
+    seconds or until ``hurry`` is set (a repeated stop signal). Never raises: whatever happens
+    here, the caller goes on to stop vLLM."""
+    task = asyncio.ensure_future(asyncio.gather(runner.cleanup(), workers.stop(timeout + 5)))
+    hurried = asyncio.ensure_future(hurry.wait())
     try:
-        return await got
+        await asyncio.wait({task, hurried}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        hurried.cancel()
+    if not task.done():
+        log.warning("drain_cut_short")
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # finishes beside vLLM's stop
+        return
+    if task.exception() is not None:
+        log.error("drain_failed", error=repr(task.exception()))
 
 
 def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None) -> AdmissionBound:
@@ -111,12 +145,13 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
     notifier.status(f"ready: proxying {settings.upstream}")
     notifier.ready()
     watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
+    hurry = asyncio.Event()
     try:
-        sig = await wait_for_signal()
+        sig = await wait_for_signal(hurry)
         notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig)
     finally:
-        await asyncio.gather(runner.cleanup(), workers.stop(settings.drain_timeout + 5))
+        await drain(runner, workers, settings.drain_timeout, hurry)
         watchdog.cancel()
         notifier.close()
     log.info("stopped")
@@ -139,7 +174,13 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     is no GPU.
     """
     specs = [with_api_servers(m, front) for m in settings.model_specs()]
+    # vLLM trees an earlier vllama left running (killed, or crashed) hold GPU memory: stop them first,
+    # and stop ours on any exit path that skips the orderly stop below (lifeline.py).
+    stale = await asyncio.to_thread(lifeline.stop_stale, settings.state_dir, settings.stop_grace)
+    atexit.register(lifeline.stop_own, settings.state_dir)
     gpu_info = None
+    if stale and settings.gpu_check:
+        await asyncio.to_thread(gpu.wait_released, [p for b in stale for p in b.get("pids", [])], settings.gpu_release_timeout)
     if settings.gpu_check:
         try:
             needed = {m.served_name: m.gpus for m in specs if m.gpus is not None}
@@ -182,14 +223,18 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
              models={sup.served_name: sup.port for sup in pool.supervisors})
     await pool.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
+    hurry = asyncio.Event()
     try:
-        sig = await wait_for_signal()
+        sig = await wait_for_signal(hurry)
         notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
     finally:
-        # stop accepting and drain in-flight requests in every worker, then stop every vLLM's group
-        await asyncio.gather(runner.cleanup(), workers.stop(settings.drain_timeout + 5))
-        await pool.stop()
-        watchdog.cancel()
-        notifier.close()
+        # stop accepting and drain in-flight requests in every worker, then (whatever the drain
+        # did) stop every vLLM's group
+        try:
+            await drain(runner, workers, settings.drain_timeout, hurry)
+        finally:
+            await pool.stop()
+            watchdog.cancel()
+            notifier.close()
     log.info("stopped")

@@ -25,13 +25,18 @@ from .backends import BackendSpec
 from .logs import configure_logging, get_logger
 from .settings import Settings
 from .sizing import Plan
+from .supervisor.lifeline import die_with_parent
 
 log = get_logger("vllama.workers")
 
 _CTX = multiprocessing.get_context("spawn")
 
 
-def _worker_main(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound) -> None:
+def _worker_main(index: int, parent: int, settings: Settings, backends: list[BackendSpec], front: Plan,
+                 bound: AdmissionBound) -> None:
+    # A worker left behind would keep serving on the shared port (SO_REUSEPORT) with a dead
+    # supervisor's view of vLLM: it stops (draining) when the main process dies, however it dies.
+    die_with_parent(signal.SIGTERM, parent)
     configure_logging(settings.log_level, settings.log_format)
     from .cli import run_loop
 
@@ -71,7 +76,7 @@ class WorkerPool:
         self._monitor: asyncio.Task[None] | None = None
 
     def _spawn(self, index: int) -> None:
-        p = _CTX.Process(target=_worker_main, args=(index, *self._args), name=f"vllama-worker-{index}", daemon=False)
+        p = _CTX.Process(target=_worker_main, args=(index, os.getpid(), *self._args), name=f"vllama-worker-{index}", daemon=False)
         p.start()
         self._procs[index] = p
         log.info("worker_started", worker=index, pid=p.pid)

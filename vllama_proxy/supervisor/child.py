@@ -6,6 +6,7 @@ SIGKILL to the API server alone leaves them holding GPU memory
 (``start_new_session``: its pid is the process group and session id) and
 stopping always signals the group, then sweeps anything left in the session
 with psutil — even processes whose parent already died and were re-parented.
+The child also dies with vllama (``lifeline.py``: parent-death signal, launch record).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import re
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import psutil
 
 from ..logs import get_logger
+from . import lifeline
 
 log = get_logger("vllm")
 
@@ -40,9 +43,12 @@ class VllmProcess:
         last_progress: monotonic time of the latest loading-progress line.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, keep_lines: int, model: str | None = None) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, keep_lines: int, model: str | None = None,
+                 marker: str | None = None, record: Path | None = None) -> None:
         self.proc = proc
         self.pid = proc.pid
+        self.marker = marker
+        self._record = record
         self._log = log.bind(model=model) if model else log
         self.last_lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.last_progress = time.monotonic()
@@ -50,22 +56,29 @@ class VllmProcess:
 
     @classmethod
     async def launch(cls, argv: Sequence[str], env: dict[str, str] | None = None, keep_lines: int = 40,
-                     model: str | None = None) -> VllmProcess:
+                     model: str | None = None, state_dir: Path | None = None) -> VllmProcess:
         """Start ``argv`` (no shell) in a new session with piped output; its log lines name ``model``.
+
+        The child gets SIGTERM if this process dies (``lifeline.launch_hook``), its tree carries
+        a fresh ``VLLAMA_TREE`` marker, and with ``state_dir`` a launch record is written there
+        (removed by :meth:`stop`) so a later vllama can stop a tree this one could not.
 
         Raises:
             OSError: the executable cannot be run (not found, not executable).
         """
+        marker = lifeline.new_marker()
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            env=env,
+            preexec_fn=lifeline.launch_hook(),
+            env={**(os.environ if env is None else env), lifeline.MARKER: marker},
             limit=1 << 20,
         )
-        self = cls(proc, keep_lines, model)
+        record = lifeline.record(state_dir, marker, proc.pid, model or argv[0]) if state_dir is not None else None
+        self = cls(proc, keep_lines, model, marker, record)
         self._log.info("launched", pid=proc.pid, argv=list(argv))
         return self
 
@@ -116,6 +129,9 @@ class VllmProcess:
             await asyncio.to_thread(sweep_session, self.pid, exclude=self.pid)
         if self.proc.returncode is None:
             await self.proc.wait()
+        if self.marker is not None:  # anything of the tree that left the session
+            await asyncio.to_thread(lifeline.stop_tree, self.marker, None, 0)
+        lifeline.forget(self._record)
         for t in self._pumps:
             t.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)

@@ -389,7 +389,7 @@ class Supervisor:
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
-            self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name)
+            self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
             return f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
         child = self.child
