@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
+import errno
 import os
 import resource
 import signal
@@ -50,6 +51,10 @@ def raise_nofile_limit() -> int:
 async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0, reuse_port: bool = False) -> web.AppRunner:
     """Start serving ``app`` on ``host:port``; returns the runner to clean up.
 
+    Raises:
+        SystemExit: the address cannot be bound (in use, not this host's): one line naming
+            the port and how to choose another, exit status 1.
+
     ``handler_cancellation=True``: a client that disconnects cancels its handler, which
     closes the upstream connection, which makes vLLM abort the request.
     ``runner.cleanup()`` stops listening, then lets in-flight requests finish for
@@ -58,7 +63,14 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, reuse_port=reuse_port or None)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()  # the app's upstream session too: no "Unclosed client session" at exit
+        if e.errno == errno.EADDRINUSE:
+            raise SystemExit(f"vllama serve: port {port} on {host} is already in use (Ollama or another vllama?): "
+                             "choose another with --port PORT or OLLAMA_HOST=HOST:PORT") from None
+        raise SystemExit(f"vllama serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
     return runner
 
 
