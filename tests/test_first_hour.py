@@ -8,8 +8,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
-from conftest import ROOT, free_port
+import httpx
+
+from conftest import ROOT, start_proxy, stop
 
 
 def serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -28,3 +31,25 @@ def test_port_in_use_is_one_line_naming_the_port():
     assert r.returncode != 0
     assert f"port {port} on 127.0.0.1 is already in use" in r.stderr and "--port" in r.stderr and "OLLAMA_HOST" in r.stderr
     assert "Traceback" not in r.stderr and "Unclosed" not in r.stderr and "Errno" not in r.stderr, r.stderr
+
+
+def test_a_body_that_is_not_gzip_is_a_plain_400_and_no_traceback(fake, tmp_path):
+    """Before: 400 with aiohttp's wording, and an error-level "Unhandled exception" with a
+    traceback in the log (aiohttp's lingering read hit the same broken body again)."""
+    log = tmp_path / "proxy.log"
+    p = start_proxy(fake.url, log=log)
+    try:
+        for path in ("/api/generate", "/v1/completions"):
+            r = httpx.post(p.url + path, content=b'{"model": "fake-model", "prompt": "hi"}',
+                           headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            assert r.status_code == 400
+            assert r.json() == {"error": "the request body is not valid gzip (it was sent with Content-Encoding: gzip)"}
+        with httpx.Client() as c:  # the same kept-alive connection goes on serving
+            bad = c.post(p.url + "/api/generate", content=b"not gzip at all", headers={"Content-Encoding": "gzip"})
+            assert bad.status_code == 400
+            assert c.post(p.url + "/api/generate", json={"model": "fake-model", "prompt": "hi", "stream": False}).status_code == 200
+        time.sleep(0.3)
+    finally:
+        stop(p.proc)
+    text = log.read_text()
+    assert "Unhandled exception" not in text and "Traceback" not in text and '"level":"error"' not in text.replace(" ", "")

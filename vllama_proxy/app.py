@@ -28,7 +28,7 @@ from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
 from .settings import Settings
 from .sizing import Plan
-from .state import CATALOG, FRONT_END, SETTINGS, WORKER
+from .state import CATALOG, CLOSE_AFTER, FRONT_END, SETTINGS, WORKER
 from .supervisor.status import StatusBoard
 from .upstream import Upstream
 
@@ -61,7 +61,10 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
-        return error_response(e)
+        resp = error_response(e)
+        if request.get(CLOSE_AFTER):
+            resp.force_close()
+        return resp
     except web.HTTPException as e:
         status = e.status
         if status == 413:

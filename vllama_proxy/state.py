@@ -15,3 +15,5 @@ CATALOG = web.AppKey("catalog", Catalog)
 WORKER = web.AppKey("worker", int)
 #: How many processes each side of the front end runs, and why (``sizing.py``).
 FRONT_END = web.AppKey("front_end", Plan)
+#: Request key: close the connection after this request's response (its body could not be read).
+CLOSE_AFTER = "vllama.close_after"

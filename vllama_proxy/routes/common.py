@@ -17,7 +17,7 @@ from ..catalog import ServedModel
 from ..errors import BadRequest, UpstreamUnavailable
 from ..logs import get_logger
 from ..ollama_types import parse_body, parse_keep_alive, require_model
-from ..state import CATALOG, SETTINGS, WORKER
+from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
 from ..stream import CLOCK
 
 log = get_logger("vllama.routes")
@@ -33,8 +33,16 @@ async def read_body(request: web.Request) -> bytes:
     """
     try:
         return await request.read()
-    except RequestPayloadError as e:
-        raise BadRequest(f"cannot read the request body: {e}") from None
+    except RequestPayloadError:
+        # Nothing more of this body will be read: say so, or aiohttp's lingering read after the
+        # 400 hits the same error and logs it as an error-level "Unhandled exception"; and the
+        # connection closes after the 400 (the parser cannot find the next request after it).
+        request.content.feed_eof()
+        request[CLOSE_AFTER] = True
+        encoding = request.headers.get("Content-Encoding", "").strip()
+        if encoding:
+            raise BadRequest(f"the request body is not valid {encoding} (it was sent with Content-Encoding: {encoding})") from None
+        raise BadRequest("the request body could not be read as sent") from None
 
 
 async def read_request(request: web.Request, cls: type[M]) -> M:
