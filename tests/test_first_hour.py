@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from conftest import ROOT, start_proxy, stop
 
@@ -53,3 +54,27 @@ def test_a_body_that_is_not_gzip_is_a_plain_400_and_no_traceback(fake, tmp_path)
         stop(p.proc)
     text = log.read_text()
     assert "Unhandled exception" not in text and "Traceback" not in text and '"level":"error"' not in text.replace(" ", "")
+
+
+@pytest.mark.parametrize("path,body,message", [
+    ("/api/generate", {"model": "fake-model", "prompt": "x", "stream": "yes"}, 'invalid stream: must be true or false, not "yes"'),
+    ("/api/generate", {"model": "fake-model", "prompt": "x", "raw": 1}, "invalid raw: must be true or false, not 1"),
+    ("/api/generate", {"model": "fake-model", "prompt": "x", "format": "yaml"},
+     'invalid format: must be "json" or a JSON schema object, not "yaml"'),
+    ("/api/embed", {"model": "fake-model", "input": 5}, "invalid input: must be a string or a list of strings, not 5"),
+    ("/api/chat", {"model": "fake-model", "messages": [{"role": "wizard", "content": "x"}]},
+     'invalid messages[0].role: must be "system", "user", "assistant" or "tool", not "wizard"'),
+    ("/api/chat", {"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "think": "maybe"},
+     'invalid think: must be true, false, "low", "medium" or "high", not "maybe"'),
+    ("/api/generate", {"model": "fake-model", "prompt": "x", "options": {"temperature": "hot"}},
+     'invalid options.temperature: must be a number, not "hot"'),
+    ("/api/generate", {"model": "fake-model", "prompt": "x", "keep_alive": "forever"},
+     "invalid keep_alive: 'forever' (use seconds or a duration like \"5m\")"),
+    ("/api/generate", {"model": "fake-model", "prompt": "x", "top_logprobs": 50}, "invalid top_logprobs: must be at most 20, not 50"),
+])
+def test_validation_errors_are_plain_and_name_the_field(proxy, path, body, message):
+    """Before: the validation library's wording (``invalid format.literal['','json']: Input
+    should be ...``) and ``"stream": "yes"`` accepted as true; Ollama answers 400 for it."""
+    r = httpx.post(proxy.url + path, json=body, timeout=10)
+    assert r.status_code == 400
+    assert r.json() == {"error": message}

@@ -14,7 +14,7 @@ import re
 from typing import Annotated, Any, Literal, Union
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from .errors import BadRequest, MissingBody
 
@@ -53,26 +53,26 @@ class Options(_Loose):
     num_gpu: int | None = None
     main_gpu: int | None = None
     num_thread: int | None = None
-    use_mmap: bool | None = None
-    use_mlock: bool | None = None
-    numa: bool | None = None
-    low_vram: bool | None = None
-    f16_kv: bool | None = None
-    vocab_only: bool | None = None
-    logits_all: bool | None = None
-    embedding_only: bool | None = None
+    use_mmap: StrictBool | None = None
+    use_mlock: StrictBool | None = None
+    numa: StrictBool | None = None
+    low_vram: StrictBool | None = None
+    f16_kv: StrictBool | None = None
+    vocab_only: StrictBool | None = None
+    logits_all: StrictBool | None = None
+    embedding_only: StrictBool | None = None
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
     tfs_z: float | None = None
-    penalize_newline: bool | None = None
+    penalize_newline: StrictBool | None = None
     # vLLM extras (not in Ollama): let Ollama-API clients pin output length.
-    ignore_eos: bool | None = None
+    ignore_eos: StrictBool | None = None
     min_tokens: int | None = None
 
 
 Format = Union[Literal["", "json"], dict[str, Any]]
-Think = Union[bool, Literal["low", "medium", "high"]]
+Think = Union[StrictBool, Literal["low", "medium", "high"]]
 
 
 def _valid_keep_alive(v: Any) -> Any:
@@ -95,15 +95,15 @@ class GenerateRequest(_Loose):
     system: str | None = None
     template: str | None = None
     context: list[int] | None = None
-    stream: bool | None = None
-    raw: bool | None = None
+    stream: StrictBool | None = None
+    raw: StrictBool | None = None
     format: Format | None = None
     keep_alive: KeepAlive | None = None
     images: list[str] | None = None
     options: Options | None = None
     think: Think | None = None
-    truncate: bool | None = None
-    logprobs: bool | None = None
+    truncate: StrictBool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
@@ -138,10 +138,10 @@ class ChatRequest(_Loose):
     tools: list[dict[str, Any]] | None = None
     format: Format | None = None
     options: Options | None = None
-    stream: bool | None = None
+    stream: StrictBool | None = None
     think: Think | None = None
     keep_alive: KeepAlive | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
@@ -150,7 +150,7 @@ class EmbedRequest(_Loose):
 
     model: str | None = None
     input: StrOrList | None = None
-    truncate: bool | None = None
+    truncate: StrictBool | None = None
     dimensions: int | None = Field(None, gt=0)
     keep_alive: KeepAlive | None = None
     options: Options | None = None
@@ -175,8 +175,8 @@ class ModelRef(_Loose):
 
     model: str | None = None
     name: str | None = None
-    verbose: bool | None = None
-    stream: bool | None = None
+    verbose: StrictBool | None = None
+    stream: StrictBool | None = None
 
     @property
     def ref(self) -> str | None:
@@ -214,11 +214,82 @@ def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
         raise BadRequest("request body is nested too deeply") from None
 
 
+#: What a field allows, where its type alone would read badly (a union, a duration).
+_ALLOWED = {
+    "format": '"json" or a JSON schema object',
+    "think": 'true, false, "low", "medium" or "high"',
+    "keep_alive": 'a duration such as "5m" or a number of seconds (negative: forever)',
+    "stop": "a string or a list of strings",
+    "input": "a string or a list of strings",
+    "role": '"system", "user", "assistant" or "tool"',
+    "arguments": "an object",
+}
+#: Pydantic error types -> what was expected, in words.
+_KINDS = {
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "string_type": "a string", "list_type": "a list", "dict_type": "an object", "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+#: Union members and validator wrappers pydantic puts in an error's location.
+_MEMBER = re.compile(r"^(?:str|int|float|bool|list\[.*|dict\[.*|literal\[.*|function-.*|union\[.*|json-or-python\[.*|nullable\[.*|lax-or-strict\[.*|[a-z_]+\[.*\])$")
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif not _MEMBER.match(p):
+            out += f".{p}" if out else p
+    return out
+
+
+def _shown(value: Any) -> str:
+    # a scalar as JSON (cut at 40 characters); a list or object by its kind (it may be nested
+    # thousands deep)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    try:
+        text = orjson.dumps(value).decode()
+    except (TypeError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def validation_message(e: ValidationError) -> str:
-    """One line naming the first offending field: ``invalid options.temperature: Input should be a valid number``."""
-    err = e.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "union["))))
-    return f"invalid {loc or 'body'}: {err['msg']}"
+    """One line in Ollama's plain words naming the first offending field, what it must be, and
+    what was sent: ``invalid stream: must be true or false, not "yes"``,
+    ``invalid messages[0].role: must be "system", "user", "assistant" or "tool", not "wizard"``.
+
+    The validation library's own wording (type tags, union members) never reaches the client.
+    """
+    errors = e.errors(include_url=False)
+    err = errors[0]
+    path = _path(err["loc"]) or "body"
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "missing":
+        return f"invalid {path}: is required"
+    if kind == "recursion_loop":
+        return "request body is nested too deeply"
+    field = next((p for p in reversed(err["loc"]) if isinstance(p, str) and not _MEMBER.match(p)), "")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound = {"greater_than": "greater than", "greater_than_equal": "at least", "less_than": "less than",
+                 "less_than_equal": "at most"}[kind]
+        limit = next(iter(ctx.values()), "")
+        return f"invalid {path}: must be {bound} {limit}, not {_shown(err.get('input'))}"
+    if kind == "value_error":  # our own validators' messages are already plain
+        text = str(ctx.get("error", err["msg"])).removeprefix("Value error, ")
+        return text if text.startswith("invalid ") else f"invalid {path}: {text}"
+    allowed = _ALLOWED.get(field) or _KINDS.get(kind)
+    if allowed is None and kind == "literal_error":
+        allowed = str(ctx.get("expected", "")).replace("'", '"')
+    if allowed is None:
+        allowed = "a valid value"
+    return f"invalid {path}: must be {allowed}, not {_shown(err.get('input'))}"
 
 
 def require_model(name: str | None) -> str:
