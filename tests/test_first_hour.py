@@ -78,3 +78,15 @@ def test_validation_errors_are_plain_and_name_the_field(proxy, path, body, messa
     r = httpx.post(proxy.url + path, json=body, timeout=10)
     assert r.status_code == 400
     assert r.json() == {"error": message}
+
+
+def test_serve_help_reads_as_words_not_python_types():
+    """Before: ``--upstream {str,null}``, ``list[SecretStr]``, ``(default factory: list)``."""
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0
+    text = r.stdout
+    for python in ("{str,null}", "null", "SecretStr", "list[", "dict[", "default factory", "{int,auto}", "Path"):
+        assert python not in text, python
+    for readable in ("--upstream URL", "--api-key KEY", "--workers N|auto", "--keep-alive DURATION", "--port PORT",
+                     "--stop-grace SECONDS", "--state-dir DIR", "--alias NAME=SERVED"):
+        assert readable in text, readable

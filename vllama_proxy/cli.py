@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .logs import configure_logging
-from .settings import Settings
+from .settings import Settings, cli_source
 
 USAGE = """usage: vllama COMMAND [args]   (vllama serve [options] [-- vllm serve arguments])
 
@@ -66,7 +66,8 @@ def load_settings(argv: list[str]) -> Settings:
     """
     ours, theirs = split_passthrough(argv)
     try:
-        settings = Settings.load(config_path(ours), _cli_parse_args=ours, **({"vllm_args": theirs} if theirs else {}))
+        settings = Settings.load(config_path(ours), _cli_settings_source=cli_source(ours),
+                                 **({"vllm_args": theirs} if theirs else {}))
     except ValidationError as e:
         for err in e.errors(include_url=False):
             loc = ".".join(str(p) for p in err["loc"])

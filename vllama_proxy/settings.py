@@ -10,14 +10,16 @@ settings table are both generated from the field descriptions here
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from .models_config import RESERVED_VLLM_ARGS, ModelConfig, served_name_for
 
@@ -397,3 +399,33 @@ class Settings(BaseSettings):
         if raw and "host" not in self.model_fields_set and "port" not in self.model_fields_set:
             self.host, self.port = parse_ollama_host(raw)
         return self
+
+
+#: ``--help`` metavars a person reads, where the field's type alone would show a Python type.
+METAVARS = {
+    "host": "HOST", "port": "PORT", "config": "FILE", "models": "JSON", "upstream": "URL", "model": "MODEL",
+    "served_model_name": "NAME", "alias": "NAME=SERVED", "vllm_args": "ARG", "api_key_upstream": "KEY",
+    "api_key": "KEY", "api_key_file": "FILE", "origins": "ORIGIN", "max_queue": "N", "max_running": "N",
+    "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION",
+    "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
+    "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
+    "gpu_context_share": "FRACTION",
+}
+_NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
+
+
+def _readable_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> Any:
+    """``add_argument`` for the settings' CLI: metavars from :data:`METAVARS` (``SECONDS`` for the
+    other floats, ``N`` for the other ints) and no ``(default: null)``/``(default factory: list)``."""
+    field = Settings.model_fields.get(str(kwargs.get("dest", "")))
+    dest, kind = str(kwargs.get("dest", "")), str(kwargs.get("metavar", ""))
+    if field is not None and "metavar" in kwargs and (dest in METAVARS or not kind.startswith("{")):
+        kwargs["metavar"] = METAVARS.get(dest) or ("SECONDS" if "float" in kind else "N" if "int" in kind else dest.upper())
+    if isinstance(kwargs.get("help"), str):
+        kwargs["help"] = _NO_DEFAULT.sub("", kwargs["help"])
+    return parser.add_argument(*names, **kwargs)
+
+
+def cli_source(args: list[str]) -> CliSettingsSource[Settings]:
+    """The command-line source of ``vllama serve``'s settings, with a ``--help`` a person reads."""
+    return CliSettingsSource(Settings, cli_hide_none_type=True, add_argument_method=_readable_argument)(args=args)
