@@ -155,11 +155,22 @@ def test_run_errors(proxy):
     assert r.returncode == 1 and r.stderr.startswith("Error: ")
 
 
-def test_stop(proxy):
+def test_stop_in_upstream_mode_says_vllama_cannot_unload(proxy):
+    """Issue 19: with --upstream, `stop` printed success while `ps` still listed the model
+    (vllama does not run that vLLM): it now says so. With --model it unloads
+    (tests/test_keep_alive.py)."""
     r = vllama(proxy, "stop", ALIAS)
-    assert (r.returncode, r.stdout) == (0, "success\n")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"Error: vllama cannot unload '{ALIAS}': it does not run that model; vllama proxies the vLLM server at ")
+    assert "--model" not in r.stderr
     r = vllama(proxy, "stop", "nope:1b")
     assert r.returncode == 1 and r.stderr.startswith("Error: ")
+
+
+def test_ps_of_a_model_of_unknown_size_says_unknown():
+    """A model in a vLLM that vllama only proxies, its files not on this host: not "0 B, 100% CPU"."""
+    assert client_cli.processor(0, 0) == "unknown"
+    assert client_cli.processor(10, 0) == "100% CPU" and client_cli.processor(10, 12) == "100% GPU"
 
 
 def test_run_waits_for_loading_model(tmp_path):

@@ -28,6 +28,9 @@ def test_management_routes_say_what_is_served(proxy, method, path, body):
     r = httpx.request(method, proxy.url + path, json=body)
     assert r.status_code == 501
     assert "vllama does not" in r.json()["error"] and SERVED in r.json()["error"]
+    # --upstream: the advice is to change the upstream server, not to start vllama with --model
+    assert "vllama proxies the vLLM server at" in r.json()["error"] and "--model" not in r.json()["error"]
+    assert "does not blobs" not in r.json()["error"]
 
 
 def test_unknown_route_and_method_are_json(proxy):

@@ -282,7 +282,10 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
 
 
 def processor(size: int, size_vram: int) -> str:
-    """Ollama's PROCESSOR column; vLLM's measured VRAM includes the KV cache, so more than ``size`` is all GPU."""
+    """Ollama's PROCESSOR column; vLLM's measured VRAM includes the KV cache, so more than ``size`` is all GPU.
+    Neither known (a model in a vLLM that vllama only proxies, its files not on this host): ``unknown``."""
+    if size <= 0 and size_vram <= 0:
+        return "unknown"
     if size_vram <= 0:
         return "100% CPU"
     if size_vram >= size:
@@ -298,7 +301,8 @@ def cmd_ps(client: Client, args: argparse.Namespace) -> int:
         size, vram = m.get("size", 0), m.get("size_vram", 0)
         expires = parse_time(m.get("expires_at"))
         until = "Stopping..." if expires is not None and expires < time.time() else human_time(m.get("expires_at"))
-        rows.append([m["name"], short_digest(m.get("digest", "")), human_bytes(vram or size), processor(size, vram),
+        rows.append([m["name"], short_digest(m.get("digest", "")), human_bytes(vram or size) if vram or size else "unknown",
+                     processor(size, vram),
                      str(m.get("context_length") or ""), until])
     sys.stdout.write(table(rows))
     return 0

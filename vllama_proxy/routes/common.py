@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from ..backends import Backend
 from ..catalog import ServedModel
-from ..errors import BadRequest, UpstreamUnavailable
+from ..errors import BadRequest, NotSupported, UpstreamUnavailable
 from ..logs import get_logger
 from ..ollama_types import parse_body, parse_keep_alive, require_model
 from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
@@ -58,6 +58,14 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
     return name, model, catalog.backend_of(model)
 
 
+def where_models_change(request: web.Request) -> str:
+    """How the served models are changed, true to the mode vllama runs in."""
+    upstream = request.app[SETTINGS].upstream
+    if upstream:
+        return f"vllama proxies the vLLM server at {upstream}, which decides what it serves: change its models there"
+    return "change the served models with `vllama serve --model M` or the config file's [[models]] (see README)"
+
+
 async def load_reply(request: web.Request, name: str, backend: Backend, keep_alive: Any, *, chat: bool) -> web.Response:
     """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
 
@@ -65,13 +73,18 @@ async def load_reply(request: web.Request, name: str, backend: Backend, keep_ali
     ``unload`` when ``keep_alive`` is 0: the keep-alive ends now and the supervisor puts
     vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
     GenerateHandler/ChatHandler).
+
+    Raises:
+        NotSupported: an unload of a model vllama does not run (``--upstream``): 501, not a
+            ``done_reason: unload`` for a model that stays loaded.
     """
     board = backend.board
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
     unload = parse_keep_alive(keep_alive, default=default) == 0
     if unload:
-        if board is not None:
-            board.touch(0)
+        if board is None:  # --upstream: the model lives in a vLLM vllama does not run
+            raise NotSupported(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
+        board.touch(0)
     else:
         async with model_in_use(request, backend, keep_alive):
             pass

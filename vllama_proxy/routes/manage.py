@@ -18,7 +18,7 @@ from ..catalog import strip_latest
 from ..errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError
 from ..ollama_types import CopyRequest
 from ..state import CATALOG
-from .common import read_request
+from .common import read_request, where_models_change
 
 #: Ollama's model name shape: ``[host/][namespace/]model[:tag]``, letters, digits, ``._-``.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){0,2}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")
@@ -66,10 +66,19 @@ async def copy(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+#: What each unsupported route would have done, in Ollama's words.
+_UNSUPPORTED = {
+    "push": "push models to a registry",
+    "create": "create models from a Modelfile",
+    "blobs": "store blobs (they are the layers `ollama create` builds models from)",
+}
+
+
 async def unsupported(request: web.Request) -> web.Response:
-    """push, create, blobs: 501 with what vllama serves instead."""
+    """push, create, blobs: 501 with what is served and how to change it (in ``--upstream``
+    mode: on the upstream server, not with ``--model``)."""
     what = request.path.removeprefix("/api/").split("/")[0]
     raise NotSupported(
-        f"vllama does not {what} models: vLLM serves {await served_list(request)}. "
-        "Change the served models with `vllama serve --model M` or the config file's [[models]] (see README)."
+        f"vllama does not {_UNSUPPORTED.get(what, what)}: vLLM serves {await served_list(request)}; "
+        f"{where_models_change(request)}."
     )
