@@ -22,6 +22,8 @@ FAKE_VLLM_FAIL_AT_START    str: after the start delay print ``ERROR <msg>`` and 
 FAKE_VLLM_FAIL_FOR         served name: FAKE_VLLM_FAIL_AT_START applies to that model only.
 FAKE_VLLM_CRASH_AFTER      int N: the N-th generation request dies with ``os._exit(3)`` once it
                            has produced 2 tokens (mid-stream).
+(argument) --fake-invalid*  rejected as vLLM's argparse rejects an unknown argument: usage and
+                           ``vllm serve: error: unrecognized arguments: ...`` on stderr, exit 2.
 FAKE_VLLM_IGNORE_SIGTERM   1: SIGTERM is ignored (SIG_IGN). SIGINT still stops the server.
 FAKE_VLLM_GRANDCHILD       1: spawn a child process (argv[0] "VLLM::EngineCore") in the same
                            process group, standing for the engine core. It inherits stdout/stderr
@@ -1213,6 +1215,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--convert", default="auto")
     p.add_argument("--enable-sleep-mode", action="store_true")
     args, unknown = p.parse_known_args(argv)
+    rejected = [a for a in unknown if a.startswith("--fake-invalid")]
+    if rejected:  # vLLM's argparse on an argument it does not take: usage + error on stderr, exit 2
+        p.error(f"unrecognized arguments: {' '.join(rejected)}")
     args.model = model or args.model_opt or "fake-model"
     return args, unknown
 

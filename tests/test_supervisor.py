@@ -272,3 +272,28 @@ def test_workers_share_port_and_status(vllama):
     while any(alive(pid) for pid in kids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in kids)
+
+
+def test_vllm_rejecting_its_arguments_fails_at_once_and_exits_2(vllama):
+    """Issue 19.9: a vLLM usage error (exit 2, ``usage: vllm serve``) was retried as a crash for
+    minutes. At the first start it now stops vllama with vLLM's own message (exit 2, which the
+    systemd unit does not restart)."""
+    t0 = time.monotonic()
+    v = vllama(vllm_args=["--max-model-len", "2048", "--fake-invalid-flag", "x"])
+    assert v.proc.wait(30) == 2
+    assert time.monotonic() - t0 < 20
+    err = v.log.read_text()
+    assert "vllama serve: model 'tiny': vLLM rejected its arguments: vllm serve: error: unrecognized arguments: --fake-invalid-flag" in err
+    assert err.count('"launched"') == 1  # started once, never restarted
+    assert '"to": "restarting"' not in err and '"to":"restarting"' not in err.replace(" ", "")
+
+
+def test_a_rejected_argument_later_is_failed_with_vllms_message_not_a_crash_loop():
+    from vllama_proxy.supervisor.core import usage_error
+
+    lines = ["INFO 11-23 api_server.py:1 vLLM API server version 0.26.0",
+             "usage: vllm serve [model_tag] [options]",
+             "vllm serve: error: argument --structured-outputs-config: Value error, invalid JSON"]
+    assert usage_error(2, lines) == lines[-1]
+    assert usage_error(1, lines) is None  # a crash, not a usage error
+    assert usage_error(2, ["Traceback (most recent call last):", "SystemExit: 2"]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -165,5 +166,21 @@ async def test_vllm_is_launched_with_media_redirects_off(tmp_path, knobs):
         await sup.ensure_ready(timeout=20)
         environ = open(f"/proc/{sup.child.pid}/environ", "rb").read().split(b"\0")
         assert b"VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in environ
+    finally:
+        await sup.stop()
+
+
+async def test_rejected_arguments_are_failed_at_once_with_vllms_message(tmp_path, knobs):
+    sup = await run(settings(tmp_path, vllm_args=["--fake-invalid-option"], crash_loop_limit=5))
+    try:
+        t0 = time.monotonic()
+        while sup.state is not State.FAILED and time.monotonic() - t0 < 20:
+            await asyncio.sleep(0.05)
+        assert sup.state is State.FAILED and sup.restarts == 0
+        assert sup.last_error == "vLLM rejected its arguments: vllm serve: error: unrecognized arguments: --fake-invalid-option"
+        with pytest.raises(UpstreamUnavailable, match="unrecognized arguments"):
+            await sup.ensure_ready(timeout=1)
+        await asyncio.sleep(1.0)
+        assert sup.state is State.FAILED and sup.restarts == 0  # not retried: only a new configuration helps
     finally:
         await sup.stop()

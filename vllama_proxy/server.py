@@ -27,6 +27,7 @@ from .sizing import Plan, with_api_servers
 from .supervisor import gpu, lifeline
 from .supervisor.placement import Placement, set_affinity
 from .supervisor.pool import ModelPool
+from .supervisor.states import State
 from .workers import WorkerPool
 
 log = get_logger("vllama.server")
@@ -169,6 +170,22 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
     log.info("stopped")
 
 
+def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
+    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` when a model's vLLM
+    refuses its command line at its very first start (``Supervisor.config_error``)."""
+    found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def listen(sup) -> None:
+        def on_state(state: State, reason: str | None) -> None:
+            if state is State.FAILED and sup.config_error is not None and sup.restarts == 0 and not found.done():
+                found.set_result(f"model '{sup.served_name}': {reason}")
+        sup.listeners.append(on_state)
+
+    for sup in supervisors:
+        listen(sup)
+    return found
+
+
 def free_loopback_port() -> int:
     """A free TCP port on 127.0.0.1 for vLLM."""
     with socket.socket() as s:
@@ -233,13 +250,22 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
              models={sup.served_name: sup.port for sup in pool.supervisors})
+    rejected = first_start_config_error(pool.supervisors)
     await pool.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     hurry = asyncio.Event()
+    signalled = asyncio.ensure_future(wait_for_signal(hurry))
     try:
-        sig = await wait_for_signal(hurry)
-        notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
-        log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
+        await asyncio.wait({signalled, rejected}, return_when=asyncio.FIRST_COMPLETED)
+        if rejected.done():
+            # vLLM refused its arguments at the very first start: a configuration error, and the
+            # service manager should show it (exit 2: the unit's RestartPreventExitStatus)
+            notifier.stopping(f"stopping: {rejected.result()}")
+            log.error("stopping", reason=rejected.result())
+        else:
+            sig = signalled.result()
+            notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
+            log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
     finally:
         # stop accepting and drain in-flight requests in every worker, then (whatever the drain
         # did) stop every vLLM's group
@@ -250,3 +276,6 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             watchdog.cancel()
             notifier.close()
     log.info("stopped")
+    if rejected.done():
+        print(f"vllama serve: {rejected.result()}\n(fix the vLLM arguments after -- or in the model's vllm_args)", file=sys.stderr)
+        raise SystemExit(2)

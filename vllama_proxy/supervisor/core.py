@@ -53,6 +53,20 @@ def media_args(allowed: list[str], vllm_args: list[str]) -> list[str]:
     return ["--allowed-media-domains", *(allowed or [NO_MEDIA_DOMAIN])]
 
 
+def usage_error(returncode: int, lines: list[str]) -> str | None:
+    """vLLM's message when it exited because it rejected its command line, else ``None``.
+
+    vLLM parses ``vllm serve``'s arguments with argparse, which prints ``usage: vllm serve
+    ...`` and ``vllm serve: error: <why>`` and exits with status 2.
+    """
+    if returncode != 2:
+        return None
+    errors = [line.strip() for line in lines if ": error: " in line]
+    if not errors or not any(line.lstrip().startswith("usage:") for line in lines):
+        return None
+    return errors[-1]
+
+
 class Supervisor:
     """Keeps one ``vllm serve`` healthy on a private loopback port.
 
@@ -87,6 +101,8 @@ class Supervisor:
         self.holds_gpu = False
         self._loading = False  # the current start or wake was asked for by requests
         self._evict_reason: str | None = None
+        #: vLLM's own message when it rejected its arguments (a usage error): a configuration error.
+        self.config_error: str | None = None
         self._weights_bytes: int | None = None
         self._probe = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0, read_timeout=settings.health_timeout)
         self._changed = asyncio.Event()
@@ -217,6 +233,18 @@ class Supervisor:
                     self._publish()
                 reason = await self._start_once()
                 if self._stop.is_set():
+                    break
+                if self.config_error is not None:
+                    # vLLM's argparse refused its command line: no restart can fix that, only a new
+                    # configuration does. Failed at once, with vLLM's own message (issue 19.9).
+                    self._loading = False
+                    self.last_error = reason
+                    self.last_output = self.child.tail() if self.child else ""
+                    log.error("vllm_arguments_rejected", model=self.served_name, error=self.config_error,
+                              argv=self.argv())
+                    await self._stop_child()
+                    self._set(State.FAILED, reason)
+                    await self._stop.wait()
                     break
                 if reason is None:
                     self._keep_alive_from_now()
@@ -400,6 +428,10 @@ class Supervisor:
             while True:
                 if exited.done():
                     await asyncio.sleep(0.2)  # let the output pumps catch the last lines
+                    usage = usage_error(exited.result(), list(child.last_lines))
+                    if usage is not None:
+                        self.config_error = usage
+                        return f"vLLM rejected its arguments: {usage}"
                     return f"vLLM exited with code {exited.result()} during startup"
                 deadline = max(started + self.s.startup_timeout, child.last_progress + self.s.startup_progress_extension)
                 if time.monotonic() > deadline:
