@@ -128,7 +128,7 @@ def test_preload_and_unload(client, upstream_requests):
     assert r.done and r.done_reason == "load"
     with pytest.raises(ResponseError) as e:  # --upstream: vllama does not run that vLLM, so it cannot unload
         client.generate(model=SERVED, prompt="", keep_alive=0)
-    assert e.value.status_code == 501 and "cannot unload" in e.value.error
+    assert e.value.status_code == 400 and "cannot unload" in e.value.error
     assert upstream_requests("/v1/completions") == [] and upstream_requests("/v1/chat/completions") == []
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from ..backends import Backend
 from ..catalog import ServedModel
-from ..errors import BadRequest, NotSupported, UpstreamUnavailable
+from ..errors import BadRequest, UpstreamUnavailable
 from ..logs import get_logger
 from ..ollama_types import parse_body, parse_keep_alive, require_model
 from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
@@ -75,15 +75,15 @@ async def load_reply(request: web.Request, name: str, backend: Backend, keep_ali
     GenerateHandler/ChatHandler).
 
     Raises:
-        NotSupported: an unload of a model vllama does not run (``--upstream``): 501, not a
-            ``done_reason: unload`` for a model that stays loaded.
+        BadRequest: an unload of a model vllama does not run (``--upstream``): a 400 saying so,
+            not a ``done_reason: unload`` for a model that stays loaded.
     """
     board = backend.board
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
     unload = parse_keep_alive(keep_alive, default=default) == 0
     if unload:
         if board is None:  # --upstream: the model lives in a vLLM vllama does not run
-            raise NotSupported(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
+            raise BadRequest(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
         board.touch(0)
     else:
         async with model_in_use(request, backend, keep_alive):
