@@ -94,7 +94,7 @@ async def wait_for_signal(hurry: asyncio.Event | None = None) -> str:
         if not got.done():
             got.set_result(sig.name)
             return
-        log.warning("stop_signal_repeated", signal=sig.name, detail="cutting the drain short; vLLM is still stopped cleanly")
+        log.warning("stop_signal_repeated", signal=sig.name, detail="no longer waiting for requests in flight; vLLM is still stopped cleanly")
         if hurry is not None:
             hurry.set()
 
