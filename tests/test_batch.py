@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ALIAS, ROOT, SERVED, get_json, start_fake, start_proxy, stop
-from vllama_proxy.batch import BatchError, main, run_batch, scan_output, server_url
+from vllama_proxy.client.batch import BatchError, main, run_batch, scan_output, server_url
 
 EIGHT = "".join(f"tok{i} " for i in range(8))
-BATCH_CMD = [sys.executable, "-c", "import sys; from vllama_proxy.batch import main; sys.exit(main(sys.argv[1:]))"]
+BATCH_CMD = [sys.executable, "-c", "import sys; from vllama_proxy.client.batch import main; sys.exit(main(sys.argv[1:]))"]
 
 
 def write_jsonl(path: Path, lines: list) -> Path:

@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from vllama_proxy import client_cli
-from vllama_proxy.client_cli import COMMANDS, go_duration, human_bytes, human_duration, human_number, main
+from vllama_proxy.client import commands as client_cli
+from vllama_proxy.client.commands import COMMANDS, go_duration, human_bytes, human_duration, human_number, main
 
 from conftest import ALIAS, ROOT, SERVED, TESTS, free_port, get_json, stop, wait_http
 
-CODE = "import sys; from vllama_proxy.client_cli import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
+CODE = "import sys; from vllama_proxy.client.commands import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
 TOKENS = "".join(f"tok{i} " for i in range(8))  # the fake's answer: "tok0 tok1 ... tok7 "
 
 

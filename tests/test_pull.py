@@ -22,8 +22,8 @@ from ollama import ResponseError
 
 import fake_hub
 from conftest import ALIAS, SERVED, TESTS, Server, free_port, start_proxy, stop, wait_http
-from vllama_proxy import hub
 from vllama_proxy.errors import BadRequest
+from vllama_proxy.models import hub
 
 WEIGHTS_SHA = hashlib.sha256(fake_hub.weights()).hexdigest()
 PULLED = {"config.json", "tokenizer_config.json", "generation_config.json", "model.safetensors"}

@@ -1,4 +1,4 @@
-"""systemd notifications (``vllama_proxy/sdnotify.py``), tested against real Unix datagram sockets.
+"""systemd notifications (``vllama_proxy/front/sdnotify.py``), tested against real Unix datagram sockets.
 
 The unit tests bind a socket where systemd would (a path, or an abstract name) and read
 what :class:`Notifier` sends, with the sender's credentials as systemd sees them. The
@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from conftest import free_port
-from vllama_proxy.sdnotify import Notifier, attach, describe, run_watchdog
+from vllama_proxy.front.sdnotify import Notifier, attach, describe, run_watchdog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.core import Supervisor
 from vllama_proxy.supervisor.states import State
@@ -203,7 +203,7 @@ def test_attach_follows_supervisor_transitions(sock_path):
 
 
 def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
-    from vllama_proxy.models_config import ModelConfig
+    from vllama_proxy.models.config import ModelConfig
     from vllama_proxy.supervisor.pool import ModelPool
 
     server = _bind(str(sock_path))

@@ -15,10 +15,10 @@ import httpx
 import psutil
 import pytest
 
-from vllama_proxy.models_config import ModelConfig
-from vllama_proxy import sizing
-from vllama_proxy.sizing import engine_gpus, engine_slots, plan, usable_cpus, with_api_servers
+from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.supervisor import sizing
 from vllama_proxy.supervisor.placement import engine_core_pids, plan_placement
+from vllama_proxy.supervisor.sizing import engine_gpus, engine_slots, plan, usable_cpus, with_api_servers
 
 
 def one(*vllm_args: str, **kw) -> list[ModelConfig]:
@@ -100,7 +100,7 @@ def test_cgroup_v2_quota_smallest_up_the_tree(tmp_path):
 
 
 def test_smallest_quota_up_the_tree_whatever_this_machine_has(tmp_path):
-    from vllama_proxy.sizing import _cgroup_quota
+    from vllama_proxy.supervisor.sizing import _cgroup_quota
 
     root, proc = cgroup_v2(tmp_path, {"kubepods/pod1/ctr": "max 100000", "kubepods/pod1": "250000 100000", "kubepods": "800000 100000"})
     assert _cgroup_quota(root, proc) == 2.5

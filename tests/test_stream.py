@@ -1,11 +1,11 @@
-"""Unit tests of ``stream.py``'s pieces that need no HTTP: the ``created_at`` clock and the
+"""Unit tests of ``api/stream.py``'s pieces that need no HTTP: the ``created_at`` clock and the
 timing marks behind ``eval_duration`` and the TPOT histogram."""
 
 from __future__ import annotations
 
 import time
 
-from vllama_proxy import stream
+from vllama_proxy.api import stream
 
 
 def test_created_at_follows_a_wall_clock_stepped_back(monkeypatch):

@@ -8,10 +8,11 @@ import zlib
 
 import pytest
 
+from vllama_proxy.api.ollama_types import Options
+from vllama_proxy.api.stream import ChatTranslator, Timings
+from vllama_proxy.api.translate import image_url, response_format, sampling_params
 from vllama_proxy.errors import BadRequest
-from vllama_proxy.ollama_types import Options, parse_keep_alive
-from vllama_proxy.stream import ChatTranslator, Timings
-from vllama_proxy.translate import image_url, response_format, sampling_params
+from vllama_proxy.models.keep_alive import parse_keep_alive
 
 
 def test_sampling_params_names_and_ignored():

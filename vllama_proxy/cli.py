@@ -7,7 +7,6 @@ proxies a running vLLM server; with ``--model M`` it also launches and supervise
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import os
 import shutil
@@ -80,16 +79,6 @@ def load_settings(argv: list[str]) -> Settings:
     return settings
 
 
-def run_loop(coro) -> None:
-    """Run ``coro`` to completion on uvloop (asyncio's loop where uvloop is missing)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``vllama`` script."""
     argv = sys.argv[1:] if argv is None else argv
@@ -98,13 +87,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     if command == "batch":
-        from .batch import main as batch_main
+        from vllama_proxy.client.batch import main as batch_main
 
         raise SystemExit(batch_main(rest))
-    from .client_cli import COMMANDS as CLIENT_COMMANDS
+    from vllama_proxy.client.commands import COMMANDS as CLIENT_COMMANDS
 
     if command in CLIENT_COMMANDS:
-        from .client_cli import main as client_main
+        from vllama_proxy.client.commands import main as client_main
 
         raise SystemExit(client_main(command, rest))
     if command != "serve":
@@ -112,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     settings = load_settings(rest)
     configure_logging(settings.log_level, settings.log_format)
-    from .sizing import resolve
+    from vllama_proxy.supervisor.sizing import resolve
 
     settings, front = resolve(settings)  # --workers auto -> a number, and each vLLM's API servers
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
@@ -121,13 +110,15 @@ def main(argv: list[str] | None = None) -> None:
         metrics_dir = tempfile.mkdtemp(prefix="vllama-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         atexit.register(shutil.rmtree, metrics_dir, True)
+    from vllama_proxy.front.site import run_loop
+
     if settings.upstream:
-        from .server import serve_upstream
+        from vllama_proxy.front.server import serve_upstream
 
         run_loop(serve_upstream(settings, front))
         return
     if settings.model_specs():
-        from .server import serve_supervised
+        from vllama_proxy.front.server import serve_supervised
 
         run_loop(serve_supervised(settings, front))
         return

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from .models_config import RESERVED_VLLM_ARGS, ModelConfig, served_name_for
+from vllama_proxy.models.config import RESERVED_VLLM_ARGS, ModelConfig, served_name_for
 
 #: Ollama's default port (``envconfig.Host`` in ollama/ollama).
 OLLAMA_DEFAULT_PORT = 11434
@@ -374,7 +374,7 @@ class Settings(BaseSettings):
 
     def keep_alive_seconds(self) -> float:
         """The default keep_alive in seconds (negative: forever)."""
-        from .ollama_types import parse_keep_alive
+        from vllama_proxy.models.keep_alive import parse_keep_alive
 
         return parse_keep_alive(self.keep_alive, default=300.0)
 

@@ -18,17 +18,17 @@ from typing import Any
 
 import psutil
 
-from ..errors import UpstreamError, UpstreamUnavailable
-from ..logs import get_logger
-from ..model_files import read_model_files
-from ..models_config import ModelConfig, has_flag
-from ..settings import Settings
-from ..upstream import Upstream, read_response
+from vllama_proxy.models.config import ModelConfig, has_flag
+from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
 from .child import VllmProcess
+from ..errors import UpstreamError, UpstreamUnavailable
+from ..logs import get_logger
 from .placement import pin_engine_cores
+from ..settings import Settings
 from .states import TRANSITIONS, InvalidTransition, State
 from .status import StatusBoard
+from ..upstream import Upstream, read_response
 
 log = get_logger("vllama.supervisor")
 

@@ -27,11 +27,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..logs import get_logger
-from ..models_config import ModelConfig
-from ..ollama_types import parse_keep_alive
-from ..settings import Settings
+from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models.keep_alive import parse_keep_alive
 from .core import Supervisor
+from ..logs import get_logger
+from ..settings import Settings
 from .states import State
 from .status import StatusBoard
 

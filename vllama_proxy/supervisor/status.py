@@ -17,10 +17,10 @@ import multiprocessing
 import time
 from typing import Any
 
-from ..errors import UpstreamUnavailable
-from ..shm import SharedLock
 from . import gpu
 from .child import session_members
+from ..errors import UpstreamUnavailable
+from .shm import SharedLock
 from .states import State
 
 _STATES = list(State)

@@ -1,0 +1,174 @@
+"""No import circles inside the package, and no import from a lower part to a higher one (issue 20).
+
+The graph is read from the source with ``ast``, not by importing anything: every ``import`` and
+``from ... import`` of a ``vllama_proxy`` module counts, at module level or inside a function
+(a lazy import still ties the two modules), and so do ``TYPE_CHECKING`` imports for the circle
+check (a type named both ways is a circle of knowledge even if Python never runs it). Relative
+imports are resolved against the importing file's package; ``from pkg import name`` counts as an
+import of ``pkg.name`` where that is a module, else of ``pkg`` itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = "vllama_proxy"
+
+#: The parts, lowest first: a module may import its own part and the parts below it. Run-time
+#: imports only; a ``TYPE_CHECKING`` import may name a type from above (models/backends.py
+#: names the supervisor's StatusBoard, which front/ hands in).
+LAYERS = [
+    [PKG, f"{PKG}.errors", f"{PKG}.logs"],
+    [f"{PKG}.upstream"],
+    [f"{PKG}.models"],
+    [f"{PKG}.settings"],
+    [f"{PKG}.supervisor"],
+    [f"{PKG}.api"],
+    [f"{PKG}.front"],
+    [f"{PKG}.client"],
+    [f"{PKG}.cli", f"{PKG}.__main__"],
+]
+
+
+def _module_of(path: Path, root: Path) -> tuple[str, bool]:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _type_checking_ids(tree: ast.AST) -> set[int]:
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+        ):
+            for stmt in node.body:
+                out |= {id(n) for n in ast.walk(stmt)}
+    return out
+
+
+def import_graph(root: Path = ROOT, *, type_checking: bool = True) -> dict[str, set[str]]:
+    """module -> the package modules it imports (dotted names)."""
+    files = {}
+    for path in sorted((root / PKG).rglob("*.py")):
+        files[_module_of(path, root)] = path
+    modules = {m for m, _ in files}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for (mod, is_pkg), path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = set() if type_checking else _type_checking_ids(tree)
+        package = mod if is_pkg else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base_parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(base_parts + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                for alias in node.names:
+                    if f"{base}.{alias.name}" in modules:
+                        graph[mod].add(f"{base}.{alias.name}")
+                    elif base in modules:
+                        graph[mod].add(base)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules:
+                        graph[mod].add(alias.name)
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle as a path ``a -> b -> ... -> a`` (one per strongly connected component)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph[v]:
+                components.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+
+    cycles = []
+    for comp in components:  # a shortest way round from the first module, for the message
+        start, members = comp[0], set(comp)
+        paths, seen, found = [[start]], {start}, None
+        while paths and found is None:
+            nxt = []
+            for p in paths:
+                for w in sorted(graph[p[-1]] & members):
+                    if w == start:
+                        found = p + [start]
+                        break
+                    if w not in seen:
+                        seen.add(w)
+                        nxt.append(p + [w])
+                if found:
+                    break
+            paths = nxt
+        cycles.append(found or comp)
+    return cycles
+
+
+def layer_of(module: str) -> int | None:
+    best, level = -1, None
+    for i, layer in enumerate(LAYERS):
+        for part in layer:
+            inside = module == part or (part != PKG and module.startswith(part + "."))
+            if inside and len(part) > best:
+                best, level = len(part), i
+    return level
+
+
+def test_no_import_cycles() -> None:
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import circles in the package:\n" + "\n".join("  " + " -> ".join(c) for c in cycles)
+
+
+def test_no_upward_imports() -> None:
+    upward = []
+    for mod, targets in sorted(import_graph(type_checking=False).items()):
+        here = layer_of(mod)
+        for t in sorted(targets):
+            there = layer_of(t)
+            if here is not None and there is not None and there > here:
+                upward.append(f"  {mod} -> {t}")
+    assert not upward, "imports from a lower part to a higher one (see LAYERS):\n" + "\n".join(upward)
+
+
+def test_every_module_has_a_layer() -> None:
+    lost = sorted(m for m in import_graph() if layer_of(m) is None)
+    assert not lost, f"modules on no layer (add them to LAYERS): {lost}"
+
+
+def test_top_level_is_small() -> None:
+    entries = sorted(p.name for p in (ROOT / PKG).iterdir()
+                     if p.name not in ("__pycache__", "__init__.py", "__main__.py") and not p.name.endswith(".pyc"))
+    assert len(entries) <= 10, f"the package's top level has {len(entries)} entries: {entries}"

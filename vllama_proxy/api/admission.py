@@ -1,0 +1,124 @@
+"""One bound on inference requests in flight for the whole server, shared by every worker.
+
+vLLM queues whatever it cannot run yet, so vllama sends every request upstream at once
+and only bounds how many it holds: vLLM's running capacity (the sum over models of
+``max_num_seqs`` x data-parallel size) plus ``--max-queue`` waiting (Ollama's
+``OLLAMA_MAX_QUEUE``). Beyond that a request gets Ollama's 503 ``server busy`` with
+``Retry-After`` at once, instead of an ever-growing pile of connections.
+
+The count lives in shared memory under one lock (:mod:`.shm`), so the bound is the
+server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
+per-worker split turned away requests while other workers had room (issue 12: 1,791 of
+4,096 rejected at 1,024 streams with data parallel 2). A waiting request costs a socket
+and a coroutine here, a few tens of kB (``benchmarks/RESULTS.md``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from vllama_proxy.errors import error_body
+from vllama_proxy.models.config import ModelConfig, vllm_arg
+from vllama_proxy.supervisor.shm import SharedLock
+from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Routes whose requests occupy vLLM (plus every POST under /v1/).
+_INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+#: Ollama's words for a full queue (``server/sched.go`` ErrMaxQueue).
+BUSY = "server busy, please try again.  maximum pending requests exceeded"
+#: vLLM's default ``--max-num-seqs`` for its OpenAI server on GPUs with >= 70 GiB (not A100),
+#: and on smaller ones (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``, 0.26).
+VLLM_MAX_NUM_SEQS_LARGE_GPU = 1024
+VLLM_MAX_NUM_SEQS_SMALL_GPU = 256
+
+
+def default_max_num_seqs(gpu_memory_bytes: int | None, gpu_name: str = "") -> int:
+    """vLLM's ``max_num_seqs`` when not given: 1024 on GPUs with >= 70 GiB other than the A100,
+    else 256. Unknown GPU (``--upstream``, no NVML): 1024, since admitting a request vLLM then
+    queues costs little and turning away one it could run is what this bound must not do."""
+    if gpu_memory_bytes is None:
+        return VLLM_MAX_NUM_SEQS_LARGE_GPU
+    large = gpu_memory_bytes >= 70 * 1024**3 and "a100" not in gpu_name.lower()
+    return VLLM_MAX_NUM_SEQS_LARGE_GPU if large else VLLM_MAX_NUM_SEQS_SMALL_GPU
+
+
+def running_capacity(specs: list[ModelConfig], default_seqs: int) -> int:
+    """Requests vLLM runs at once over all models: ``max_num_seqs`` x data-parallel size each."""
+    total = 0
+    for s in specs:
+        seqs = int(vllm_arg(s.args(), "--max-num-seqs") or default_seqs)
+        dp = int(vllm_arg(s.args(), "--data-parallel-size", "-dp") or 1)
+        total += seqs * dp
+    return total
+
+
+class AdmissionBound:
+    """The server-wide count of inference requests in flight, in shared memory.
+
+    Args:
+        limit: most requests in flight over every worker.
+        slots: workers (each counts in its own slot too, so a dead worker's share is given back).
+        per_slot: most requests in flight in one worker (what its open-file limit allows:
+            ``SO_REUSEPORT`` may send one worker far more than its share); default no cap.
+    """
+
+    def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None) -> None:
+        ctx = ctx or multiprocessing.get_context("spawn")
+        self.limit = limit
+        self.per_slot = per_slot if per_slot is not None else limit
+        self._lock = SharedLock()
+        self._total = ctx.RawValue("i", 0)
+        self._slots = ctx.RawArray("i", max(slots, 1))
+
+    def try_enter(self, slot: int) -> bool:
+        """Count one more request of worker ``slot`` if the server is below its limit."""
+        with self._lock.held():
+            if self._total.value >= self.limit or self._slots[slot] >= self.per_slot:
+                return False
+            self._total.value += 1
+            self._slots[slot] += 1
+            return True
+
+    def leave(self, slot: int) -> None:
+        """That request finished."""
+        with self._lock.held():
+            self._total.value -= 1
+            self._slots[slot] -= 1
+
+    def reset_slot(self, slot: int) -> None:
+        """Worker ``slot`` died with its requests: give their places back."""
+        with self._lock.held():
+            self._total.value -= self._slots[slot]
+            self._slots[slot] = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._total.value
+
+
+def middleware(bound: AdmissionBound, slot: int, retry_after: int) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Admit inference requests while the server-wide count is below ``bound.limit``; beyond it,
+    Ollama's 503 ``server busy`` with ``Retry-After: retry_after``."""
+    headers = {"Retry-After": str(retry_after)}
+
+    @web.middleware
+    async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
+            return await handler(request)
+        if not bound.try_enter(slot):
+            QUEUE_REJECTIONS.inc()
+            return web.Response(status=503, body=error_body(BUSY), content_type="application/json", headers=headers)
+        IN_FLIGHT.inc()
+        try:
+            return await handler(request)
+        finally:
+            bound.leave(slot)
+            IN_FLIGHT.dec()
+
+    return admit

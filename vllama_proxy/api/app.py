@@ -1,0 +1,229 @@
+"""The aiohttp application: routes, the error/log middleware, app-scoped resources.
+
+Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
+Ollama shape + access log + metrics; CORS, Host guard and API keys from
+``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (parse, resolve model) -> ``translate.py`` (Ollama ->
+OpenAI body) -> ``upstream.py`` (the shared vLLM client) -> ``stream.py`` (vLLM
+chunks -> Ollama NDJSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from vllama_proxy.errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
+from vllama_proxy.logs import get_logger
+from vllama_proxy.models.aliases import AliasStore
+from vllama_proxy.models.backends import Backend, BackendSpec
+from vllama_proxy.models.catalog import Catalog
+from vllama_proxy.settings import Settings
+from vllama_proxy.supervisor.sizing import Plan
+from vllama_proxy.supervisor.status import StatusBoard
+from vllama_proxy.upstream import Upstream
+from . import access, admission
+from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
+from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
+from .state import CATALOG, CLOSE_AFTER, FRONT_END, SETTINGS, WORKER
+
+log = get_logger("vllama.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: A client's X-Request-ID is kept only if it is plain (it lands in every log line).
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+@web.middleware
+async def errors_and_access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind a ``request_id``, map every error to Ollama's ``{"error"}``, log one line per request.
+
+    A client that disconnects cancels the handler (``handler_cancellation=True``); that
+    is logged with Ollama's status for it, 499 ``request canceled``.
+    """
+    structlog.contextvars.clear_contextvars()
+    given = request.headers.get("X-Request-ID", "")
+    structlog.contextvars.bind_contextvars(request_id=given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16])
+    start = time.perf_counter()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except VllamaError as e:
+        status = e.status
+        if isinstance(e, UpstreamError):
+            UPSTREAM_ERRORS.labels(type(e).__name__).inc()
+        if status >= 500:
+            log.warning("upstream_error", error=e.message, status=status)
+        resp = error_response(e)
+        if request.get(CLOSE_AFTER):
+            resp.force_close()
+        return resp
+    except web.HTTPException as e:
+        status = e.status
+        if status == 413:
+            limit = request.app[SETTINGS].max_body_size
+            return error_response(RequestTooLarge(f"request body too large: the limit is {limit} bytes"))
+        if e.empty_body or status < 400:
+            raise
+        text = "404 page not found" if status == 404 else (e.reason or "").lower()
+        return web.Response(status=status, body=error_body(text), content_type="application/json", headers=_allow(e))
+    except asyncio.CancelledError:
+        status = 499  # Ollama: client gone -> "request canceled"
+        raise
+    except Exception:
+        log.exception("unhandled_error")
+        return web.Response(status=500, body=error_body("internal error; see the vllama log"), content_type="application/json")
+    finally:
+        REQUESTS.labels(route_of(request), str(status)).inc()
+        stream_error = request.get("vllama.stream_error")
+        if stream_error is not None:
+            UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
+        if request.app[SETTINGS].access_log:
+            extra = {"stream_error": stream_error.message} if stream_error is not None else {}
+            log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2), **extra)
+
+
+#: Routes that answer while vLLM loads: static facts and the probes.
+_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics"})
+
+
+def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware answering 503 + Ollama error on the API while no model can serve.
+
+    While vLLM starts the proxy already listens, so clients get a clear "loading"
+    error instead of refused connections or hangs. A few attribute reads per request;
+    each model is gated again on its own when a request uses it (``routes/common.py``).
+    """
+
+    def open_(board: StatusBoard) -> bool:
+        # A sleeping or unloaded model (keep_alive ended) is loaded on demand by the handler.
+        return board.available or board.waking or board.loading
+
+    @web.middleware
+    async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in _UNGATED and not any(open_(b) for b in boards):
+            raise UpstreamUnavailable(boards[0].unavailable_message())
+        return await handler(request)
+
+    return gate
+
+
+async def fallback(request: web.Request) -> web.Response:
+    """404 ``404 page not found`` for unknown paths, 405 with ``Allow`` for a known path's other methods."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is request.match_info.route.resource:
+            continue
+        _, methods = await resource.resolve(request)
+        allowed |= methods
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, sorted(allowed))
+    raise web.HTTPNotFound()
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """``Expect`` handling before the handler runs: ``100-continue`` is honoured, any other
+    value is a 417 in Ollama's error shape (aiohttp's default one fails on non-UTF-8 values)."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() == "100-continue":
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        return None
+    return web.Response(status=417, body=error_body(f"unsupported Expect: {ascii(expect)}"), content_type="application/json")
+
+
+def _allow(e: web.HTTPException) -> dict[str, str] | None:
+    allow = e.headers.get("Allow")
+    return {"Allow": allow} if allow else None
+
+
+def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
+              bound: admission.AdmissionBound) -> web.Application:
+    """The Ollama-API app proxying the vLLM servers in ``backends``.
+
+    Args:
+        settings: the validated settings (``workers`` resolved to a number).
+        backends: one per model vllama launches (with its status board), or the one
+            ``--upstream`` server.
+        worker: this process's index among ``--workers`` (its slot for in-flight counts).
+        front: the front end's plan (processes per side), for ``/readyz``.
+        bound: the server-wide admission count in shared memory (``admission.py``).
+    """
+    middlewares = [errors_and_access_log, access.cors(settings.origins)]
+    if access.is_loopback_bind(settings.host):
+        middlewares.append(access.host_guard())
+    keys = settings.api_keys()
+    if keys:
+        middlewares.append(access.api_keys(keys, metrics_open=settings.metrics_open))
+    boards = [b.board for b in backends if b.board is not None]
+    if boards:
+        middlewares.append(ready_gate(boards))
+    middlewares.append(admission.middleware(bound, worker, settings.retry_after))
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
+    app.on_response_prepare.append(access.add_cors_headers)
+    pool = Upstream(
+        backends[0].url,
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        api_key=settings.api_key_upstream,
+    )
+    live = [Backend(spec, pool if i == 0 else pool.at(spec.url)) for i, spec in enumerate(backends)]
+    aliases = dict(settings.alias)
+    for spec in settings.model_specs():
+        aliases.update({a: spec.served_name for a in spec.aliases})
+    app[SETTINGS] = settings
+    app[WORKER] = worker
+    app[FRONT_END] = front
+    app[CATALOG] = Catalog(
+        live,
+        aliases=aliases,
+        vllm_args={"*": settings.vllm_args},
+        ttl=settings.models_ttl,
+        store=AliasStore(settings.state_dir / "aliases.json"),
+    )
+
+    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
+        await pool.start()  # the one session and connection pool every backend uses
+        yield
+        await pool.close()
+
+    app.cleanup_ctx.append(upstream_session)
+    routes = [
+        ("GET", "/", meta.root),  # GET routes also answer HEAD
+        ("GET", "/api/version", meta.version),
+        ("GET", "/livez", health.livez),
+        ("GET", "/readyz", health.readyz),
+        ("GET", "/metrics", make_handler(boards)),
+        ("GET", "/vllm/metrics", openai.vllm_metrics),
+        ("POST", "/api/generate", generate.generate),
+        ("POST", "/api/chat", chat.chat),
+        ("POST", "/api/embed", embed.embed),
+        ("POST", "/api/embeddings", embed.embeddings),
+        ("GET", "/api/tags", models.tags),
+        ("POST", "/api/show", models.show),
+        ("GET", "/api/ps", models.ps),
+        ("POST", "/api/pull", hub.pull),
+        ("POST", "/api/push", manage.unsupported),
+        ("POST", "/api/create", manage.unsupported),
+        ("POST", "/api/copy", manage.copy),
+        ("DELETE", "/api/delete", hub.delete),
+        ("*", "/api/blobs/{digest}", manage.unsupported),
+        ("*", "/v1/{tail:.*}", openai.passthrough),
+    ]
+    for method, path, handler in routes:
+        if method == "GET":
+            app.router.add_get(path, handler, expect_handler=expect_continue)
+        else:
+            app.router.add_route(method, path, handler, expect_handler=expect_continue)
+    # Last: unknown paths and methods land here, not on aiohttp's system routes, so they
+    # too get Ollama's error shape and our Expect handling.
+    app.router.add_route("*", "/{tail:.*}", fallback, expect_handler=expect_continue)
+    return app

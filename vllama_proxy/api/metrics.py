@@ -1,0 +1,85 @@
+"""Prometheus metrics of the proxy (prometheus-client), served at ``GET /metrics``.
+
+Names follow the field: TTFT and TPOT as Ollama clients see them (measured at the
+proxy, per route, once per request: a per-token metric would cost the streaming hot
+path more than the rest of the translation; vLLM's per-token ITL histogram,
+``vllm:inter_token_latency_seconds``, is at ``/vllm/metrics``), requests by route and status, requests in flight, queue
+rejections (``--max-queue``), upstream errors by kind, and the supervisor's state
+and restarts. vLLM's own metrics are relayed at ``GET /vllm/metrics``.
+
+With ``--workers N`` every process writes its values to files in
+``PROMETHEUS_MULTIPROC_DIR`` (set by the CLI before prometheus-client is imported)
+and a scrape of any worker aggregates all of them — prometheus-client's documented
+multiprocess mode.
+"""
+
+from __future__ import annotations
+
+import os
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from vllama_proxy.supervisor.states import State
+from vllama_proxy.supervisor.status import StatusBoard
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+REQUESTS = Counter("vllama_requests", "HTTP requests answered, by route and status.", ["route", "status"])
+IN_FLIGHT = Gauge("vllama_requests_in_flight", "Inference requests being answered now.", multiprocess_mode="livesum")
+QUEUE_REJECTIONS = Counter("vllama_queue_rejections", "Requests answered 503 server busy because --max-queue was reached.")
+UPSTREAM_ERRORS = Counter("vllama_upstream_errors", "Failures talking to vLLM, by kind.", ["kind"])
+TTFT = Histogram("vllama_time_to_first_token_seconds", "Time from request received to first token written, Ollama side.", ["route"], buckets=_LATENCY_BUCKETS)
+TPOT = Histogram("vllama_time_per_output_token_seconds",
+                 "Per request: time from the first to the last output token over output tokens - 1, Ollama side.",
+                 ["route"], buckets=_TPOT_BUCKETS)
+
+
+class SupervisorCollector:
+    """Per model: ``vllama_supervisor_state{model,state}`` (1 for the current state),
+    ``vllama_supervisor_restarts_total{model}`` and ``vllama_model_requests_in_flight{model}``."""
+
+    def __init__(self, boards: list[StatusBoard]) -> None:
+        self._boards = boards
+
+    def collect(self):
+        state = GaugeMetricFamily("vllama_supervisor_state", "Supervisor state of each model's vLLM: 1 for the current one.", labels=["model", "state"])
+        restarts = CounterMetricFamily("vllama_supervisor_restarts", "Times each model's vLLM was restarted by the supervisor.", labels=["model"])
+        in_flight = GaugeMetricFamily("vllama_model_requests_in_flight", "Requests using each model now, over all workers.", labels=["model"])
+        for board in self._boards:
+            current = board.state
+            for s in State:
+                state.add_metric([board.served_name, s.value], 1.0 if s is current else 0.0)
+            restarts.add_metric([board.served_name], float(board.restarts))
+            in_flight.add_metric([board.served_name], float(board.in_flight))
+        yield state
+        yield restarts
+        yield in_flight
+
+
+def make_handler(boards: list[StatusBoard]):
+    """The ``GET /metrics`` handler: this process's (or all workers') metrics plus the supervisor's."""
+    extra = CollectorRegistry(auto_describe=True)
+    if boards:
+        extra.register(SupervisorCollector(boards))
+
+    async def metrics(request: web.Request) -> web.Response:
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+        else:
+            registry = REGISTRY
+        body = generate_latest(registry) + generate_latest(extra)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return metrics
+
+
+def route_of(request: web.Request) -> str:
+    """A bounded label for the route: its pattern (``/v1/{tail}``), or ``other``."""
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else "other"

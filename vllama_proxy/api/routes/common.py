@@ -1,0 +1,152 @@
+"""Small helpers the handlers share: body parsing, model resolution, load/unload replies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+from pydantic import BaseModel
+
+from vllama_proxy.api.ollama_types import parse_body, require_model
+from vllama_proxy.errors import BadRequest, UpstreamUnavailable
+from vllama_proxy.logs import get_logger
+from vllama_proxy.models.backends import Backend, ServedModel
+from vllama_proxy.models.keep_alive import parse_keep_alive
+from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
+from ..stream import CLOCK
+
+log = get_logger("vllama.routes")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The raw request body.
+
+    Raises:
+        BadRequest: it cannot be read as sent (e.g. ``Content-Encoding: gzip`` on a body that is not gzip).
+    """
+    try:
+        return await request.read()
+    except RequestPayloadError:
+        # Nothing more of this body will be read: say so, or aiohttp's lingering read after the
+        # 400 hits the same error and logs it as an error-level "Unhandled exception"; and the
+        # connection closes after the 400 (the parser cannot find the next request after it).
+        request.content.feed_eof()
+        request[CLOSE_AFTER] = True
+        encoding = request.headers.get("Content-Encoding", "").strip()
+        if encoding:
+            raise BadRequest(f"the request body is not valid {encoding} (it was sent with Content-Encoding: {encoding})") from None
+        raise BadRequest("the request body could not be read as sent") from None
+
+
+async def read_request(request: web.Request, cls: type[M]) -> M:
+    """The request body parsed into ``cls`` (see ``ollama_types.parse_body`` for the errors raised)."""
+    return parse_body(await read_body(request), cls)
+
+
+async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
+    """``(name as sent, served model, its backend)``; raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+    name = require_model(name)
+    catalog = request.app[CATALOG]
+    model = await catalog.resolve(name)
+    return name, model, catalog.backend_of(model)
+
+
+def where_models_change(request: web.Request) -> str:
+    """How the served models are changed, true to the mode vllama runs in."""
+    upstream = request.app[SETTINGS].upstream
+    if upstream:
+        return f"vllama proxies the vLLM server at {upstream}, which decides what it serves: change its models there"
+    return "change the served models with `vllama serve --model M` or the config file's [[models]] (see README)"
+
+
+async def load_reply(request: web.Request, name: str, backend: Backend, keep_alive: Any, *, chat: bool) -> web.Response:
+    """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
+
+    ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
+    ``unload`` when ``keep_alive`` is 0: the keep-alive ends now and the supervisor puts
+    vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
+    GenerateHandler/ChatHandler).
+
+    Raises:
+        BadRequest: an unload of a model vllama does not run (``--upstream``): a 400 saying so,
+            not a ``done_reason: unload`` for a model that stays loaded.
+    """
+    board = backend.board
+    default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
+    unload = parse_keep_alive(keep_alive, default=default) == 0
+    if unload:
+        if board is None:  # --upstream: the model lives in a vLLM vllama does not run
+            raise BadRequest(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
+        board.touch(0)
+    else:
+        async with model_in_use(request, backend, keep_alive):
+            pass
+    body: dict[str, Any] = {"model": name, "created_at": CLOCK.now()}
+    if chat:
+        body["message"] = {"role": "assistant", "content": ""}
+    else:
+        body["response"] = ""
+    body.update(done=True, done_reason="unload" if unload else "load")
+    return web.json_response(body, dumps=_dumps)
+
+
+@asynccontextmanager
+async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) -> AsyncIterator[None]:
+    """Hold ``backend``'s model for one request: loaded, counted in flight, keep-alive renewed.
+
+    When vllama runs the model: a sleeping or unloaded one is woken or started (bounded
+    by ``--load-timeout``, while idle models make room), the request counts as in flight
+    (so the model is neither put to sleep nor evicted under it), and its keep_alive
+    (Ollama: per request, else the model's default; negative forever) counts from the
+    start and again from the end of the request. With ``--upstream`` it does nothing.
+
+    Raises:
+        UpstreamUnavailable: the model is starting at launch (503 "loading"), failed, or
+            could not be brought back in time.
+    """
+    board = backend.board
+    if board is None:
+        yield
+        return
+    seconds = parse_keep_alive(keep_alive, default=board.keep_alive)
+    slot = request.app[WORKER]
+    timeout = request.app[SETTINGS].load_timeout
+    if not (board.available or board.waking or board.loading):
+        raise UpstreamUnavailable(board.unavailable_message())
+    board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
+    try:
+        while True:
+            await board.wait_ready(timeout)
+            if board.try_begin(slot):  # before wait_end: never uncounted in between
+                break
+            # the supervisor began putting it to sleep after wait_ready saw it ready: wait again
+    finally:
+        board.wait_end(slot)
+    board.touch(seconds)
+    try:
+        yield
+    finally:
+        board.touch(seconds)  # Ollama sets the expiry after each request; before end(), so the
+        board.end(slot)  # supervisor never sees it idle with the old expiry
+
+
+def log_ignored(ignored: list[str]) -> None:
+    """Ollama-only options have no vLLM meaning: note them once per request at debug level."""
+    if ignored:
+        log.debug("options_ignored", options=ignored)
+
+
+def now_ns() -> int:
+    """Monotonic nanoseconds, the base of every Ollama duration."""
+    return time.perf_counter_ns()
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()

@@ -1,0 +1,81 @@
+"""``POST /api/embed`` and legacy ``POST /api/embeddings`` -> vLLM ``/v1/embeddings``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
+from vllama_proxy.models.backends import Backend
+from .common import model_in_use, now_ns, read_request, resolve_model
+from ..ollama_types import EmbedRequest, EmbeddingsRequest
+
+
+def l2_normalize(vec: list[float]) -> list[float]:
+    """``vec / ||vec||``; a zero vector is returned unchanged."""
+    norm = math.sqrt(math.fsum(x * x for x in vec))
+    return [x / norm for x in vec] if norm else vec
+
+
+async def _embeddings(backend: Backend, name: str, served: str, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+    body: dict[str, Any] = {"model": served, "input": inputs, "encoding_format": "float"}
+    if truncate:
+        body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
+    try:
+        data = await backend.upstream.post_json("/v1/embeddings", body)
+    except UpstreamRejected as e:
+        # vLLM serves /v1/embeddings only for pooling models: a generation model answers 404.
+        if e.status == 404:
+            raise UnsupportedCapability(name, "embeddings") from None
+        raise
+    items = sorted(data.get("data") or [], key=lambda d: d.get("index", 0))
+    usage = data.get("usage") or {}
+    return [d["embedding"] for d in items], int(usage.get("prompt_tokens") or 0)
+
+
+async def embed(request: web.Request) -> web.Response:
+    """Ollama's embed: ``{model, embeddings: [[float]], total_duration, load_duration, prompt_eval_count}``.
+
+    Vectors are L2-normalised; ``dimensions`` keeps the first N values and
+    re-normalises (Ollama ``server/routes.go`` EmbedHandler). ``truncate`` (default
+    true) cuts inputs to the context length; false lets vLLM's 400 through. An empty
+    input answers ``[]`` without asking vLLM.
+    """
+    t0 = now_ns()
+    req = await read_request(request, EmbedRequest)
+    name, model, backend = await resolve_model(request, req.model)
+    inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
+    inputs = [i for i in inputs if i]
+    t_sent = now_ns()
+    vectors: list[list[float]] = []
+    count = 0
+    if inputs:
+        async with model_in_use(request, backend, req.keep_alive):
+            vectors, count = await _embeddings(backend, name, model.name, inputs, req.truncate is not False)
+        if req.dimensions:
+            vectors = [v[: req.dimensions] for v in vectors]
+        vectors = [l2_normalize(v) for v in vectors]
+    end = now_ns()
+    body = {
+        "model": name,
+        "embeddings": vectors,
+        "total_duration": max(end - t0, 1),
+        "load_duration": max(t_sent - t0, 1),
+        "prompt_eval_count": count,
+    }
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """Legacy embeddings: ``{model, prompt}`` -> ``{"embedding": [float]}`` (not normalised, as Ollama)."""
+    req = await read_request(request, EmbeddingsRequest)
+    name, model, backend = await resolve_model(request, req.model)
+    vec: list[float] = []
+    if req.prompt:
+        async with model_in_use(request, backend, req.keep_alive):
+            vectors, _ = await _embeddings(backend, name, model.name, [req.prompt], True)
+        vec = vectors[0] if vectors else []
+    return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

@@ -1,0 +1,58 @@
+"""``POST /api/generate`` -> vLLM ``/v1/completions`` (raw) or ``/v1/chat/completions`` (templated)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
+from vllama_proxy.models.backends import ServedModel
+from vllama_proxy.upstream import Upstream
+from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
+from ..ollama_types import GenerateRequest
+from ..state import CATALOG
+from ..stream import GenerateTranslator, Timings, relay
+from ..translate import check_capabilities, generate_body
+
+
+async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
+    """``max_tokens`` meaning "until the context is full": context length minus prompt tokens.
+
+    vLLM's ``/v1/completions`` stops at 16 tokens when ``max_tokens`` is absent or null
+    (measured on vLLM 0.26, ``benchmarks/RESULTS.md``), unlike Ollama's ``num_predict: -1``.
+    The prompt is counted by vLLM's own ``/tokenize``; if that fails, by its UTF-8 length
+    (an upper bound for byte-level tokenizers), so the cap stays within the context.
+    """
+    try:
+        data = await upstream.post_json("/tokenize", {"model": model.name, "prompt": prompt})
+        count = int(data["count"])
+        limit = int(data.get("max_model_len") or model.max_model_len or 0)
+    except (UpstreamRejected, KeyError, TypeError, ValueError):
+        count = len(prompt.encode()) + 2
+        limit = model.max_model_len or 0
+    return max(limit - count, 1)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """Ollama's generate: NDJSON stream by default, one JSON object with ``stream: false``.
+
+    An empty prompt only (pre)loads the model (``done_reason: load``/``unload``).
+    ``suffix`` needs fill-in-the-middle, which vLLM's completions endpoint lacks:
+    answered as Ollama does for a model without it, 400 ``"X" does not support insert``.
+    """
+    timings = Timings(now_ns())
+    req = await read_request(request, GenerateRequest)
+    name, model, backend = await resolve_model(request, req.model)
+    if not req.prompt and not req.images and not req.suffix:
+        return await load_reply(request, name, backend, req.keep_alive, chat=False)
+    caps = await request.app[CATALOG].capabilities(model)
+    if req.suffix:
+        raise UnsupportedCapability(name, "insert")
+    check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
+    path, body, ignored = generate_body(req, model.name)
+    log_ignored(ignored)
+    stream = req.stream is not False
+    translator = GenerateTranslator(name, timings, aggregate=not stream)
+    async with model_in_use(request, backend, req.keep_alive):
+        if path == "/v1/completions" and "max_tokens" not in body:
+            body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
+        return await relay(request, backend.upstream, path, body, translator, stream=stream)

@@ -1,0 +1,48 @@
+"""``/livez`` and ``/readyz`` for systemd, containers and Kubernetes probes.
+
+``/livez`` is 200 while the process serves HTTP. ``/readyz`` is 200 only when every
+model can serve (ready, or asleep/unloaded and loaded on demand); otherwise 503 with
+JSON naming the state, since when, and the last error (supervised), or the
+upstream's health (``--upstream``).
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from vllama_proxy.supervisor import probes
+from ..state import CATALOG, FRONT_END
+
+
+async def livez(request: web.Request) -> web.Response:
+    """Always 200 while the event loop answers."""
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 when requests can be served now, else 503; JSON body either way.
+
+    One model: its status (``state``, ``since``, ``restarts``, ``last_error``...). Several:
+    ``{"state": "ready"|"unavailable", "models": [status, ...]}``, 503 until every model is
+    past its first start, then 200 whenever some model is ready, asleep, unloaded or loading
+    for a request. A model restarting or failed shows in the body only. ``front_end`` says
+    how many processes vllama and each vLLM serve with, and why (``supervisor/sizing.py``).
+    """
+    backends = request.app[CATALOG].backends
+    boards = [b.board for b in backends if b.board is not None]
+    if len(boards) == 1:
+        body = boards[0].status()
+        ready = boards[0].available  # sleeping/unloaded still serves: the next request loads it
+    elif boards:
+        # Ready once every model is past its first start (as systemd's READY=1), then whenever
+        # some model can serve: one model restarting or failed must not take the others out
+        # of a load balancer; it is reported in the body.
+        ready = all(b.settled for b in boards) and any(b.available or b.loading for b in boards)
+        body = {"state": "ready" if ready else "unavailable", "models": [b.status() for b in boards]}
+    else:
+        code = await probes.health(backends[0].upstream)
+        ready = code == 200
+        body = {"state": "ready" if ready else "unavailable", "upstream_health": code}
+    body["front_end"] = request.app[FRONT_END].as_dict()
+    return web.Response(status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json")

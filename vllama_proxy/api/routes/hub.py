@@ -1,0 +1,124 @@
+"""``POST /api/pull`` and ``DELETE /api/delete`` for Hugging Face models (the work is in ``models/hub.py``).
+
+A served model pulls at once (clients pull before they chat) and cannot be deleted. Any
+other ``org/name[:revision]`` is downloaded into the Hugging Face cache, where vLLM finds it
+(``vllama serve --model org/name``), or removed from it. Other names (``llama3:8b``) are not
+hub ids: 404 naming what is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import orjson
+from aiohttp import web
+
+from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
+from vllama_proxy.models import hub
+from vllama_proxy.models.catalog import strip_latest
+from .common import read_request
+from .manage import served_list
+from ..ollama_types import ModelRef, require_model
+from ..state import CATALOG
+from ..stream import NDJSON
+
+
+async def pull(request: web.Request) -> web.StreamResponse:
+    """Ollama's pull: NDJSON progress ending ``{"status": "success"}``, or that one object with ``stream: false``.
+
+    The stream starts once the repository's manifest is known, so an unknown, gated or
+    unreachable repository is still a plain HTTP error; later failures are the stream's last
+    line, ``{"error": ...}``.
+    """
+    req = await read_request(request, ModelRef)
+    name = require_model(req.ref)
+    if await _served(request, name, strict=False) is not None:
+        return _success(req.stream)
+    model = hub.parse_model(name)
+    if model is None:
+        raise NotSupported(
+            f"vllama cannot pull '{name}': it pulls Hugging Face models (org/name) and serves "
+            f"{await served_list(request)} through vLLM. Start vllama with --model {name} to serve it.",
+            status=404,
+        )
+    async with aclosing(hub.pull(model)) as events:
+        if req.stream is False:
+            async for _ in events:
+                pass
+            return _success(False)
+        out: web.StreamResponse | None = None
+        held: list[bytes] = []
+        try:
+            async for event in events:
+                line = orjson.dumps(event) + b"\n"
+                if out is not None:
+                    await out.write(line)
+                elif event["status"] == hub.MANIFEST:
+                    held.append(line)
+                else:
+                    out = web.StreamResponse(headers={"Content-Type": NDJSON})
+                    await out.prepare(request)
+                    await out.write(b"".join(held) + line)
+        except VllamaError as e:
+            if out is None:
+                raise
+            request["vllama.stream_error"] = e
+            await out.write_eof(error_line(e))
+            return out
+    if out is None:  # cannot happen: the last event is "success", after the manifest
+        return _success(True)
+    await out.write_eof()
+    return out
+
+
+async def delete(request: web.Request) -> web.Response:
+    """Ollama's delete: 200 with an empty body; 404 ``model 'X' not found``; 400 for a served model.
+
+    An alias made with ``/api/copy`` is removed (the model it names stays), as deleting
+    a copy in Ollama leaves the original.
+    """
+    req = await read_request(request, ModelRef)
+    name = require_model(req.ref)
+    catalog = request.app[CATALOG]
+    try:
+        if await asyncio.to_thread(catalog.store.remove, strip_latest(name)):
+            return web.Response(status=200)
+    except OSError as e:
+        raise VllamaError(f"cannot remove the alias from {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+    if await _served(request, name, strict=True) is not None:
+        raise VllamaError(f"model '{name}' is in use: it is being served", status=400)
+    model = hub.parse_model(name)
+    if model is None:
+        raise ModelNotFound(name)
+    await asyncio.to_thread(hub.delete, model, name)
+    return web.Response(status=200)
+
+
+async def _served(request: web.Request, name: str, *, strict: bool) -> str | None:
+    """The served name ``name`` refers to: by Ollama name or alias, or (a hub id without a
+    revision) by the hub id vLLM loaded it from. ``strict``: an unreachable vLLM is an error,
+    else it counts as serving nothing."""
+    catalog = request.app[CATALOG]
+    try:
+        try:
+            return (await catalog.resolve(name)).name
+        except ModelNotFound:
+            pass
+        try:
+            model = hub.parse_model(name)
+        except BadRequest:
+            return None
+        if model is not None and model.revision is None:
+            wanted = model.repo_id.casefold()
+            return next((m.name for m in await catalog.models() if m.root.casefold() == wanted), None)
+    except UpstreamError:
+        if strict:
+            raise
+    return None
+
+
+def _success(stream: bool | None) -> web.Response:
+    if stream is False:
+        return web.json_response({"status": "success"})
+    return web.Response(body=orjson.dumps({"status": "success"}) + b"\n", content_type=NDJSON)

@@ -1,0 +1,84 @@
+"""Ollama's model management beyond pull and delete: copy makes an alias; push, create and blobs are 501.
+
+``POST /api/copy`` gives a served model another name, kept in the alias store
+(``models/aliases.py``) so every worker and later runs know it; ``DELETE /api/delete`` of
+that name removes it again (``routes/hub.py``). Push, create and blobs answer 501
+naming what is served and how to serve something else. Pull and delete (Hugging
+Face Hub cache) live in ``routes/hub.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from aiohttp import web
+
+from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError
+from vllama_proxy.models.catalog import strip_latest
+from .common import read_request, where_models_change
+from ..ollama_types import CopyRequest
+from ..state import CATALOG
+
+#: Ollama's model name shape: ``[host/][namespace/]model[:tag]``, letters, digits, ``._-``.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){0,2}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")
+
+
+async def served_list(request: web.Request) -> str:
+    """The Ollama names of every served model, comma-separated (for error messages)."""
+    try:
+        names = [n for m in await request.app[CATALOG].models() for n in request.app[CATALOG].names_for(m)]
+    except UpstreamError:
+        names = []
+    return ", ".join(names) or "nothing yet"
+
+
+async def copy(request: web.Request) -> web.Response:
+    """Ollama's copy: ``{"source", "destination"}`` -> 200, empty body; ``destination`` becomes an alias.
+
+    Errors as Ollama's ``server/routes.go`` CopyHandler: 400 ``source and destination are
+    required``, 400 ``destination "X" is invalid``, 404 ``model 'X' not found``. A name that
+    is already a served model or a configured alias is not replaced (400).
+    """
+    req = await read_request(request, CopyRequest)
+    source, destination = (req.source or "").strip(), (req.destination or "").strip()
+    if not source or not destination:
+        raise BadRequest("source and destination are required")
+    if len(destination) > 256 or not _NAME.fullmatch(destination):
+        raise BadRequest(f'destination "{destination}" is invalid')
+    catalog = request.app[CATALOG]
+    model = await catalog.resolve(source)
+    try:
+        existing = await catalog.resolve(destination)
+    except ModelNotFound:
+        existing = None
+    if strip_latest(destination).casefold() == model.name.casefold():
+        return web.Response(status=200)  # its own served name: nothing to add
+    if existing is not None and existing.name != model.name:
+        if strip_latest(destination).casefold() == existing.name.casefold():
+            raise BadRequest(f"'{destination}' is a served model; choose another name")
+        if catalog.is_configured_alias(destination):
+            raise BadRequest(f"'{destination}' is an alias in vllama's configuration; choose another name")
+    try:
+        await asyncio.to_thread(catalog.store.set, strip_latest(destination), model.name)
+    except OSError as e:
+        raise VllamaError(f"cannot save the alias in {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+    return web.Response(status=200)
+
+
+#: What each unsupported route would have done, in Ollama's words.
+_UNSUPPORTED = {
+    "push": "push models to a registry",
+    "create": "create models from a Modelfile",
+    "blobs": "store blobs (they are the layers `ollama create` builds models from)",
+}
+
+
+async def unsupported(request: web.Request) -> web.Response:
+    """push, create, blobs: 501 with what is served and how to change it (in ``--upstream``
+    mode: on the upstream server, not with ``--model``)."""
+    what = request.path.removeprefix("/api/").split("/")[0]
+    raise NotSupported(
+        f"vllama does not {_UNSUPPORTED.get(what, what)}: vLLM serves {await served_list(request)}; "
+        f"{where_models_change(request)}."
+    )

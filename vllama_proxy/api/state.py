@@ -1,0 +1,19 @@
+"""Typed keys for the app-scoped objects every handler reaches through ``request.app``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from vllama_proxy.models.catalog import Catalog
+from vllama_proxy.settings import Settings
+from vllama_proxy.supervisor.sizing import Plan
+
+SETTINGS = web.AppKey("settings", Settings)
+#: The served models, and the backend (vLLM server, status board) of each.
+CATALOG = web.AppKey("catalog", Catalog)
+#: This process's index among ``--workers``: its slot in each board's in-flight counts.
+WORKER = web.AppKey("worker", int)
+#: How many processes each side of the front end runs, and why (``supervisor/sizing.py``).
+FRONT_END = web.AppKey("front_end", Plan)
+#: Request key: close the connection after this request's response (its body could not be read).
+CLOSE_AFTER = "vllama.close_after"

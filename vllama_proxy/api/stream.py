@@ -1,0 +1,448 @@
+"""vLLM's streamed chunks -> Ollama's NDJSON: one small state machine per response.
+
+A :class:`Translator` is fed every decoded SSE chunk of one upstream response and
+returns the Ollama chunks to emit; :meth:`Translator.final` builds the single
+``done: true`` record with counts (from vLLM's ``usage``) and nanosecond durations
+measured here. :func:`relay` drives it: NDJSON out when the client streams, one
+aggregated JSON object when it does not. Upstream is always streamed, so TTFT
+(``prompt_eval_duration``) is measured the same way in both modes.
+
+Per-chunk work is kept to a dict lookup or two and one ``orjson.dumps``: this is
+the hot path at thousands of tokens per second (issue 4 measures its CPU cost).
+
+Source: ``shared/ollama-api.md`` "Responses" (chunk shapes, exactly one final
+chunk, durations in nanoseconds and non-zero when counts are) and Ollama's
+``server/routes.go`` ``streamResponse`` (an error after the stream began is the
+last NDJSON line).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
+from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
+from .metrics import TPOT, TTFT
+
+NDJSON = "application/x-ndjson"
+
+_FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop"}
+
+
+class _Clock:
+    """``created_at`` strings (RFC 3339, UTC, nanoseconds digits) for chunks.
+
+    Formatting costs more than the rest of a chunk's translation, so one string serves
+    every chunk of the same 100 µs (chunks of a batch, streams written back to back); the
+    seconds part is cached as well. The window is ``[start, start + 100 µs)`` of the wall
+    clock, so a clock stepped back (NTP) gets a fresh string at once instead of a frozen one.
+    """
+
+    __slots__ = ("_sec", "_prefix", "_start", "_until", "_last")
+
+    def __init__(self) -> None:
+        self._sec = -1
+        self._prefix = ""
+        self._start = 0
+        self._until = 0
+        self._last = ""
+
+    def now(self) -> str:
+        ns = time.time_ns()
+        if self._start <= ns < self._until:
+            return self._last
+        sec, frac = divmod(ns, 1_000_000_000)
+        if sec != self._sec:
+            self._sec = sec
+            self._prefix = datetime.fromtimestamp(sec, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        self._start = ns
+        self._until = ns + 100_000
+        self._last = f"{self._prefix}.{frac:09d}Z"
+        return self._last
+
+
+CLOCK = _Clock()
+
+
+def rfc3339(ts: float) -> str:
+    """Seconds since the epoch -> RFC 3339 UTC with nanoseconds, as Ollama's ``created_at``."""
+    ns = int(ts * 1e9)
+    sec, frac = divmod(ns, 1_000_000_000)
+    return datetime.fromtimestamp(sec, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+
+
+class Timings:
+    """Monotonic nanosecond marks of one request: received, sent upstream, first and last token."""
+
+    __slots__ = ("received", "sent", "first", "last")
+
+    def __init__(self, received: int) -> None:
+        self.received = received
+        self.sent = received
+        self.first = 0
+        self.last = 0
+
+
+class Translator:
+    """Turns one upstream stream into Ollama chunks; subclasses know generate vs chat.
+
+    Args:
+        model: the model name as the client sent it (echoed in every chunk).
+        timings: marks shared with :func:`relay`.
+        aggregate: keep text and tool calls for a non-streaming answer.
+    """
+
+    def __init__(self, model: str, timings: Timings, *, aggregate: bool) -> None:
+        self.model = model
+        self.t = timings
+        self.aggregate = aggregate
+        self.done_reason = "stop"
+        self.finished = False
+        self.prompt_eval_count = 0
+        self.eval_count = 0
+        self.n_chunks = 0
+        self.content: list[str] = []
+        self.thinking: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self._reasoned = False  # a reasoning delta arrived: the content's leading whitespace is eaten
+        self._thought = False  # non-blank thinking was emitted
+        self._said = False  # non-blank content was emitted after reasoning
+
+    # subclasses: feed(chunk) -> list of Ollama chunk dicts; final() -> dict
+
+    def _eat_whitespace(self, text: str | None, thinking: str | None) -> tuple[str | None, str | None]:
+        """Whitespace right after ``<think>`` and right after ``</think>`` is dropped, as Ollama's
+        thinking parser does (``thinking/parser.go``): vLLM's reasoning parsers pass on the model's
+        ``"\n"`` after ``<think>`` and ``"\n\n"`` after ``</think>`` (seen with qwen3 on vLLM 0.26,
+        issue 13), which Ollama clients would show as blank lines."""
+        if thinking:
+            self._reasoned = True
+            if not self._thought:
+                thinking = thinking.lstrip()
+                self._thought = bool(thinking)
+        if text and self._reasoned and not self._said:
+            text = text.lstrip()
+            self._said = bool(text)
+        return text, thinking
+
+    def _usage_and_finish(self, chunk: dict[str, Any], choice: dict[str, Any] | None) -> None:
+        usage = chunk.get("usage")
+        if usage:
+            self.prompt_eval_count = usage.get("prompt_tokens") or 0
+            self.eval_count = usage.get("completion_tokens") or 0
+        if choice is not None:
+            fr = choice.get("finish_reason")
+            if fr is not None:
+                self.finished = True
+                self.done_reason = _FINISH.get(fr, "stop")
+                if self.t.first:
+                    # The finish chunk carries the last counted token (EOS, or the end of a
+                    # tool call vLLM's parser held back): eval_duration and TPOT end here,
+                    # as vLLM's own TPOT, (latency - TTFT) / (output tokens - 1), does.
+                    self.t.last = time.perf_counter_ns()
+
+    def _keep(self, text: str | None, thinking: str | None, lps: list[dict[str, Any]] | None) -> None:
+        """Collect a chunk's pieces for the aggregated (non-streaming) answer."""
+        if text:
+            self.content.append(text)
+        if thinking:
+            self.thinking.append(thinking)
+        if lps:
+            self.logprobs.extend(lps)
+
+    def _mark_token(self) -> None:
+        now = time.perf_counter_ns()
+        if not self.t.first:
+            self.t.first = now
+        self.t.last = now
+        self.n_chunks += 1
+
+    def _final_fields(self) -> dict[str, Any]:
+        t = self.t
+        end = time.perf_counter_ns()
+        eval_count = self.eval_count or self.n_chunks
+        first = t.first or end
+        last = t.last or end
+        return {
+            "done": True,
+            "done_reason": self.done_reason,
+            "total_duration": max(end - t.received, 1),
+            "load_duration": max(t.sent - t.received, 1),
+            "prompt_eval_count": self.prompt_eval_count,
+            "prompt_eval_duration": max(first - t.sent, 1),
+            "eval_count": eval_count,
+            "eval_duration": max(last - first, 1),
+        }
+
+
+def _logprobs_chat(lp: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """OpenAI chat ``logprobs.content`` -> Ollama ``logprobs`` entries (same keys, minus ``bytes``)."""
+    if not lp or not lp.get("content"):
+        return []
+    return [
+        {
+            "token": e.get("token"),
+            "logprob": e.get("logprob"),
+            "top_logprobs": [{"token": x.get("token"), "logprob": x.get("logprob")} for x in e.get("top_logprobs") or []],
+        }
+        for e in lp["content"]
+    ]
+
+
+def _logprobs_completion(lp: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """OpenAI completions ``logprobs`` (parallel lists) -> Ollama ``logprobs`` entries."""
+    if not lp or not lp.get("tokens"):
+        return []
+    tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
+    return [
+        {
+            "token": tok,
+            "logprob": val,
+            "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()],
+        }
+        for tok, val, top in zip(lp["tokens"], lp.get("token_logprobs") or [], tops)
+    ]
+
+
+class GenerateTranslator(Translator):
+    """``/api/generate`` chunks ``{model, created_at, response, thinking?, done}`` from either
+    ``/v1/completions`` (raw) or ``/v1/chat/completions`` (templated) chunks."""
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        choices = chunk.get("choices")
+        choice = choices[0] if choices else None
+        self._usage_and_finish(chunk, choice)
+        if choice is None:
+            return []
+        delta = choice.get("delta")
+        if delta is None:  # /v1/completions
+            text = choice.get("text")
+            thinking = None
+            lps = _logprobs_completion(choice.get("logprobs")) if choice.get("logprobs") else None
+        else:
+            text = delta.get("content")
+            thinking = delta.get("reasoning") or delta.get("reasoning_content")
+            lps = _logprobs_chat(choice.get("logprobs")) if choice.get("logprobs") else None
+            if thinking or (self._reasoned and not self._said):
+                text, thinking = self._eat_whitespace(text, thinking)
+        if not text and not thinking:
+            return []
+        self._mark_token()
+        if self.aggregate:
+            self._keep(text, thinking, lps)
+            return []
+        out: dict[str, Any] = {"model": self.model, "created_at": CLOCK.now(), "response": text or "", "done": False}
+        if thinking:
+            out["thinking"] = thinking
+        if lps:
+            out["logprobs"] = lps
+        return [out]
+
+    def final(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": CLOCK.now(), "response": "".join(self.content)}
+        if self.thinking:
+            out["thinking"] = "".join(self.thinking)
+        if self.logprobs:
+            out["logprobs"] = self.logprobs
+        out.update(self._final_fields())
+        return out
+
+
+class ChatTranslator(Translator):
+    """``/api/chat`` chunks ``{model, created_at, message: {role, content, thinking?, tool_calls?}, done}``.
+
+    OpenAI streams a tool call as fragments (name first, then pieces of a JSON string
+    of arguments, keyed by ``index``); Ollama sends each call whole, in one chunk, with
+    ``arguments`` as an object. Fragments are assembled here and a call is emitted once
+    the next call starts or the choice finishes.
+    """
+
+    def __init__(self, model: str, timings: Timings, *, aggregate: bool) -> None:
+        super().__init__(model, timings, aggregate=aggregate)
+        self._calls: dict[int, dict[str, Any]] = {}  # index -> {"id", "name", "args": [str]}
+        self.tool_calls: list[dict[str, Any]] = []
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        choices = chunk.get("choices")
+        choice = choices[0] if choices else None
+        if choice is None:
+            self._usage_and_finish(chunk, None)
+            return []
+        delta = choice.get("delta") or {}
+        text = delta.get("content")
+        thinking = delta.get("reasoning") or delta.get("reasoning_content")
+        if thinking or (self._reasoned and not self._said):
+            text, thinking = self._eat_whitespace(text, thinking)
+        out: list[dict[str, Any]] = []
+        tc_deltas = delta.get("tool_calls")
+        if tc_deltas:
+            self._mark_token()
+            for d in tc_deltas:
+                idx = d.get("index", 0)
+                if idx not in self._calls:
+                    # A new call begins: the earlier ones are complete.
+                    out.extend(self._flush(before=idx))
+                    self._calls[idx] = {"id": d.get("id"), "name": "", "args": []}
+                call = self._calls[idx]
+                fn = d.get("function") or {}
+                if fn.get("name"):
+                    call["name"] += fn["name"]
+                if fn.get("arguments"):
+                    call["args"].append(fn["arguments"])
+                if d.get("id") and not call["id"]:
+                    call["id"] = d["id"]
+        self._usage_and_finish(chunk, choice)
+        if text or thinking:
+            self._mark_token()
+            lps = _logprobs_chat(choice.get("logprobs")) if choice.get("logprobs") else None
+            if self.aggregate:
+                self._keep(text, thinking, lps)
+            else:
+                msg: dict[str, Any] = {"role": "assistant", "content": text or ""}
+                if thinking:
+                    msg["thinking"] = thinking
+                item: dict[str, Any] = {"model": self.model, "created_at": CLOCK.now(), "message": msg, "done": False}
+                if lps:
+                    item["logprobs"] = lps
+                out.append(item)
+        if self.finished:
+            out.extend(self._flush())
+        return out
+
+    def _flush(self, before: int | None = None) -> list[dict[str, Any]]:
+        """Complete the buffered calls (those with index < ``before``, or all)."""
+        done = sorted(i for i in self._calls if before is None or i < before)
+        out = []
+        for i in done:
+            call = self._calls.pop(i)
+            tc = _ollama_tool_call(call, len(self.tool_calls))
+            self.tool_calls.append(tc)
+            if not self.aggregate:
+                msg = {"role": "assistant", "content": "", "tool_calls": [tc]}
+                out.append({"model": self.model, "created_at": CLOCK.now(), "message": msg, "done": False})
+        return out
+
+    def final(self) -> dict[str, Any]:
+        self._flush()
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) if self.aggregate else ""}
+        if self.aggregate:
+            if self.thinking:
+                msg["thinking"] = "".join(self.thinking)
+            if self.tool_calls:
+                msg["tool_calls"] = self.tool_calls
+        out: dict[str, Any] = {"model": self.model, "created_at": CLOCK.now(), "message": msg}
+        if self.aggregate and self.logprobs:
+            out["logprobs"] = self.logprobs
+        out.update(self._final_fields())
+        return out
+
+
+def _ollama_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    """An assembled OpenAI call -> Ollama's ``{id, function: {index, name, arguments: {...}}}``.
+
+    Arguments that are not a JSON object (a model's malformed output) are kept, not
+    dropped: they go under ``arguments`` as ``{"__raw__": text}`` so the client sees them.
+    """
+    raw = "".join(call["args"])
+    try:
+        args = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError:
+        args = None
+    if not isinstance(args, dict):
+        args = {"__raw__": raw}
+    fn = {"index": index, "name": call["name"], "arguments": args}
+    return {"id": call["id"] or f"call_{index}", "function": fn}
+
+
+async def relay(
+    request: web.Request,
+    upstream: Upstream,
+    path: str,
+    body: dict[str, Any],
+    translator: Translator,
+    *,
+    stream: bool,
+) -> web.StreamResponse:
+    """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
+
+    Errors before the first byte to the client (vLLM's 4xx, unreachable upstream, and an
+    error event vLLM streams before any token, such as a bad JSON schema) propagate as
+    exceptions and become a status + ``{"error"}``: the NDJSON response begins with its
+    first line, as Ollama's ``streamResponse`` sends its headers with the first chunk.
+    Once the stream began, an error becomes its last line and the stream ends. A stream
+    that ends without a finish reason is an error too, never a silent truncation.
+
+    The streamed loop is the proxy's hot path (one pass per upstream read, usually one
+    token): decode, translate, one write; metrics are observed once per request.
+    """
+    t = translator.t
+    t.sent = time.perf_counter_ns()
+    route = request.path
+    async with upstream.request("POST", path, body=encode_json(body)) as resp:
+        feed = translator.feed
+        if not stream:
+            async for batch in iter_sse(resp):
+                for chunk in batch:
+                    feed(chunk)
+            if not translator.finished:
+                raise _unfinished()
+            final = translator.final()
+            if t.first:
+                TTFT.labels(route).observe((t.first - t.received) / 1e9)
+            _observe_tpot(route, translator)
+            return web.Response(body=orjson.dumps(final), content_type="application/json")
+        out: web.StreamResponse | None = None
+        dumps = orjson.dumps
+        decoder = SSEDecoder()
+        decode = decoder.feed
+        first_write = 0
+        try:
+            while not decoder.done:
+                # One write per upstream read: under load several events arrive per read.
+                lines = [dumps(item) for chunk in decode(await read_some(resp)) for item in feed(chunk)]
+                if lines:
+                    if out is None:
+                        out = await _begin(request)
+                    await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
+                    if not first_write:  # TTFT as the client sees it, even if the stream fails later
+                        first_write = time.perf_counter_ns()
+                        TTFT.labels(route).observe((first_write - t.received) / 1e9)
+                if decoder.failure is not None:
+                    raise decoder.failure
+            if not translator.finished:
+                raise _unfinished()
+            last = dumps(translator.final()) + b"\n"
+            _observe_tpot(route, translator)
+        except VllamaError as e:
+            if out is None:
+                raise  # nothing sent yet: the client gets the status and the error
+            request["vllama.stream_error"] = e
+            last = error_line(e)
+        if out is None:
+            out = await _begin(request)
+        await out.write_eof(last)  # the last line and the end of the chunked body in one write
+        return out
+
+
+def _unfinished() -> UpstreamProtocolError:
+    return UpstreamProtocolError("vLLM ended the stream ([DONE]) without a finish reason: the answer may be incomplete")
+
+
+def _observe_tpot(route: str, translator: Translator) -> None:
+    """TPOT of one finished request: first to last token over output tokens - 1."""
+    t = translator.t
+    tokens = translator.eval_count or translator.n_chunks
+    if tokens > 1 and t.last > t.first:
+        TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
+
+
+async def _begin(request: web.Request) -> web.StreamResponse:
+    """Start the NDJSON response (status 200 and headers go out with the first line)."""
+    out = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await out.prepare(request)
+    return out

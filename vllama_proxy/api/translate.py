@@ -1,0 +1,299 @@
+"""Pure translation of Ollama requests into vLLM's OpenAI request bodies. No I/O here.
+
+The reverse direction (vLLM's streamed chunks into Ollama's NDJSON) lives in
+``stream.py``. Field names follow each side: Ollama's on the way in
+(``num_predict``, ``repeat_penalty``), vLLM's on the way out (``max_tokens``,
+``repetition_penalty``). Sources: ``shared/ollama-api.md`` (Ollama), vLLM's
+"OpenAI-Compatible Server" docs (extra sampling parameters, ``chat_template_kwargs``,
+``response_format``, ``stream_options``).
+
+Unset Ollama options stay unset upstream, so vLLM applies the model's own
+``generation_config.json`` defaults: the Hugging Face counterpart of the
+``PARAMETER`` lines of an Ollama Modelfile.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any
+
+from vllama_proxy.errors import BadRequest, UnsupportedCapability
+from vllama_proxy.upstream import encode_json
+from .ollama_types import ChatRequest, GenerateRequest, Message, Options
+
+#: Ollama option -> vLLM sampling parameter, for keys whose value passes unchanged.
+_SAME_VALUE = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repeat_penalty": "repetition_penalty",
+    "ignore_eos": "ignore_eos",
+    "min_tokens": "min_tokens",
+}
+#: Options with meaning only inside Ollama's runner (or no vLLM counterpart): logged, ignored.
+IGNORED_OPTIONS = frozenset(
+    {
+        "num_ctx", "num_keep", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap",
+        "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only", "logits_all", "embedding_only",
+        "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "penalize_newline", "typical_p",
+        "repeat_last_n",
+    }
+)
+_STREAM_OPTIONS = {"include_usage": True}
+
+
+def sampling_params(options: Options | None) -> tuple[dict[str, Any], list[str]]:
+    """vLLM sampling fields for Ollama ``options``, and the option names that were ignored.
+
+    - ``num_predict``: ≤0 or unset means no cap (Ollama: -1 infinite, -2 fill context;
+      its runner also treats 0 as no limit): ``max_tokens`` is left out. vLLM's chat
+      endpoint then generates up to the context's end; its ``/v1/completions`` would stop
+      at 16 (null or absent alike), so the generate handler fills in the remaining context
+      (``routes/generate.py``).
+    - ``top_k`` ≤0 and ``seed`` -1 mean "off"/"random" in Ollama and are left out.
+    - ``stop`` may be a string or a list.
+
+    Returns:
+        ``(fields, ignored)``: the body fields, and sorted names of options that have no
+        vLLM meaning (``num_ctx``, ``mirostat``, unknown keys...).
+    """
+    out: dict[str, Any] = {}
+    if options is None:
+        return out, []
+    set_fields = options.model_dump(exclude_none=True)
+    ignored = []
+    for key, value in set_fields.items():
+        if key in _SAME_VALUE:
+            out[_SAME_VALUE[key]] = value
+        elif key == "num_predict":
+            if value > 0:
+                out["max_tokens"] = value
+        elif key == "top_k":
+            if value > 0:
+                out["top_k"] = value
+        elif key == "seed":
+            if value >= 0:
+                out["seed"] = value
+        elif key == "stop":
+            out["stop"] = [value] if isinstance(value, str) else value
+        else:
+            ignored.append(key)
+    return out, sorted(ignored)
+
+
+def response_format(fmt: Any) -> dict[str, Any] | None:
+    """Ollama ``format`` -> vLLM ``response_format``: ``"json"`` -> json_object, a schema -> json_schema."""
+    if fmt in (None, ""):
+        return None
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    raise BadRequest(f"invalid format: {fmt!r} (use \"json\" or a JSON schema object)")
+
+
+#: Image formats a vision model's processor (PIL in vLLM) reads, by their leading bytes.
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+)
+_DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,", re.ASCII)
+
+
+def image_mime(data: bytes) -> str | None:
+    """The media type of an image file from its first bytes (PNG, JPEG, GIF, WebP, BMP), else ``None``."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    for magic, mime in _IMAGE_MAGIC:
+        if data.startswith(magic):
+            return mime
+    return None
+
+
+def image_url(b64: str, where: str = "images[0]") -> dict[str, Any]:
+    """An OpenAI ``image_url`` part holding a ``data:`` URL that vllama builds itself.
+
+    Ollama's API carries images as base64 file contents (``api.ImageData``, a ``[]byte``
+    that Go decodes as standard base64); so does vllama. The media type is read from the
+    decoded bytes, never taken from the client: nothing but an image vllama recognises
+    reaches vLLM, so a URL (``http://169.254.169.254/...``, ``file:///etc/passwd``) can
+    never make vLLM fetch anything. A ``data:image/...;base64,`` prefix (what browsers
+    and some clients send) is accepted and its payload checked the same way.
+
+    Raises:
+        BadRequest: empty, not standard base64, or not a PNG/JPEG/GIF/WebP/BMP image
+            (the message names the field, ``where``).
+    """
+    if not isinstance(b64, str) or not b64:
+        raise BadRequest(f"invalid {where}: empty image")
+    payload = b64[m.end():] if (m := _DATA_URL.match(b64)) else b64
+    if "\n" in payload or "\r" in payload:  # Go's decoder skips line breaks; so do we
+        payload = payload.replace("\r", "").replace("\n", "")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        kind = "a URL" if "://" in b64[:16] else "not base64"
+        raise BadRequest(f"invalid {where}: {kind}; images must be base64-encoded image files") from None
+    mime = image_mime(data)
+    if mime is None:
+        raise BadRequest(f"invalid {where}: not an image (PNG, JPEG, GIF, WebP or BMP)")
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{payload}"}}
+
+
+def _content(text: str | None, images: list[str] | None, where: str) -> Any:
+    if not images:
+        return text or ""
+    parts: list[dict[str, Any]] = [image_url(img, f"{where}images[{i}]") for i, img in enumerate(images)]
+    if text:
+        parts.append({"type": "text", "text": text})
+    return parts
+
+
+def messages_to_openai(messages: list[Message]) -> list[dict[str, Any]]:
+    """Ollama chat messages -> OpenAI messages.
+
+    - ``images`` become ``image_url`` content parts.
+    - assistant ``tool_calls`` (arguments as an object) become OpenAI tool calls with
+      JSON-string ``arguments`` and an ``id`` (kept if the client sent one, else made up).
+    - ``tool`` messages get a ``tool_call_id``: the one sent, else the id of the latest
+      unanswered call of the function named by ``tool_name``, else a made-up one; the
+      function name rides along as ``name``.
+    - assistant ``thinking`` of earlier turns is dropped, as Ollama's templates do.
+    """
+    out: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []  # (function name, id) of calls not yet answered
+    n_calls = 0
+    for i, m in enumerate(messages):
+        if m.role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": _content(m.content, m.images, f"messages[{i}].")}
+            if m.tool_calls:
+                calls = []
+                for tc in m.tool_calls:
+                    call_id = tc.id or f"call_{n_calls}"
+                    n_calls += 1
+                    pending.append((tc.function.name, call_id))
+                    calls.append(
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": tc.function.name, "arguments": encode_json(tc.function.arguments).decode()},
+                        }
+                    )
+                msg["tool_calls"] = calls
+                if not m.content:
+                    msg["content"] = None
+            out.append(msg)
+        elif m.role == "tool":
+            call_id = m.tool_call_id
+            name = m.tool_name
+            if call_id is None:
+                match = next((p for p in reversed(pending) if name is None or p[0] == name), None)
+                if match is not None:
+                    pending.remove(match)
+                    name = name or match[0]
+                    call_id = match[1]
+                else:
+                    call_id = f"call_{n_calls}"
+                    n_calls += 1
+            else:
+                pending = [p for p in pending if p[1] != call_id]
+            msg = {"role": "tool", "content": m.content or "", "tool_call_id": call_id}
+            if name:
+                msg["name"] = name
+            out.append(msg)
+        else:
+            out.append({"role": m.role, "content": _content(m.content, m.images, f"messages[{i}].")})
+    return out
+
+
+def thinking_fields(think: Any) -> dict[str, Any]:
+    """Ollama ``think`` -> vLLM's ``chat_template_kwargs.enable_thinking`` (+ ``reasoning_effort`` for levels)."""
+    if think is None:
+        return {}
+    if isinstance(think, str):
+        return {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": think}
+    return {"chat_template_kwargs": {"enable_thinking": bool(think)}}
+
+
+def check_capabilities(model: str, caps: list[str], *, tools: bool = False, think: Any = None, images: bool = False) -> None:
+    """Ollama's capability checks before generation.
+
+    Raises:
+        UnsupportedCapability: ``"X" does not support tools|thinking|vision|completion``.
+    """
+    if "completion" not in caps:
+        raise UnsupportedCapability(model, "generate")
+    if tools and "tools" not in caps:
+        raise UnsupportedCapability(model, "tools")
+    if think not in (None, False) and "thinking" not in caps:
+        raise UnsupportedCapability(model, "thinking")
+    if images and "vision" not in caps:
+        raise UnsupportedCapability(model, "vision")
+
+
+def _common(served: str, options: Options | None, fmt: Any, logprobs: bool | None, top_logprobs: int | None, chat: bool) -> tuple[dict[str, Any], list[str]]:
+    params, ignored = sampling_params(options)
+    body: dict[str, Any] = {"model": served, "stream": True, "stream_options": _STREAM_OPTIONS, **params}
+    rf = response_format(fmt)
+    if rf is not None:
+        body["response_format"] = rf
+    if logprobs or top_logprobs:
+        if chat:
+            body["logprobs"] = True
+            if top_logprobs:
+                body["top_logprobs"] = top_logprobs
+        else:
+            body["logprobs"] = top_logprobs or 0
+    return body, ignored
+
+
+def chat_body(req: ChatRequest, served: str) -> tuple[dict[str, Any], list[str]]:
+    """``/api/chat`` -> ``/v1/chat/completions`` body (always streamed upstream) and ignored options."""
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True)
+    body["messages"] = messages_to_openai(req.messages or [])
+    if req.tools:
+        body["tools"] = req.tools
+    body.update(thinking_fields(req.think))
+    return body, ignored
+
+
+def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any], list[str]]:
+    """``/api/generate`` -> ``(upstream path, body, ignored options)``.
+
+    ``raw: true`` sends the prompt untouched to ``/v1/completions``. Otherwise the
+    model's own chat template is applied by vLLM: ``system`` + ``prompt`` (+ ``images``)
+    go to ``/v1/chat/completions`` as a system and a user message (Ollama applies its
+    Modelfile TEMPLATE the same way).
+
+    Raises:
+        BadRequest: ``raw`` combined with ``template``/``system``/``context`` (as Ollama),
+            ``raw`` with ``images``, or a custom ``template`` (a Go template we cannot render).
+    """
+    if req.raw:
+        if req.template or req.system or req.context:
+            raise BadRequest("raw mode does not support template, system, or context")
+        if req.images:
+            raise BadRequest("raw mode does not support images: send them without raw to apply the model's template")
+        body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False)
+        body["prompt"] = req.prompt or ""
+        return "/v1/completions", body, ignored
+    if req.template:
+        raise BadRequest(
+            "custom templates are not supported: vllama applies the model's own chat template; "
+            "render the prompt yourself and send it with raw: true"
+        )
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True)
+    messages: list[dict[str, Any]] = []
+    if req.system:
+        messages.append({"role": "system", "content": req.system})
+    messages.append({"role": "user", "content": _content(req.prompt, req.images, "")})
+    body["messages"] = messages
+    body.update(thinking_fields(req.think))
+    return "/v1/chat/completions", body, ignored

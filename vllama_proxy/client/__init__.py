@@ -1,0 +1,1 @@
+"""What runs on the client side: the ``vllama`` client commands and ``vllama batch``."""

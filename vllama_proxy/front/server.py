@@ -1,0 +1,209 @@
+"""Run the proxy: bind, serve until SIGTERM/SIGINT, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import time
+
+from aiohttp import web
+
+from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
+from vllama_proxy.api.app import build_app
+from vllama_proxy.logs import get_logger
+from vllama_proxy.models.backends import BackendSpec, ServedModel
+from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.settings import Settings
+from vllama_proxy.supervisor import gpu, lifeline
+from vllama_proxy.supervisor.placement import Placement, set_affinity
+from vllama_proxy.supervisor.pool import ModelPool
+from vllama_proxy.supervisor.sizing import Plan, with_api_servers
+from vllama_proxy.supervisor.states import State
+from .sdnotify import Notifier, attach, run_watchdog
+from .site import raise_nofile_limit, start_site, wait_for_signal
+from .workers import WorkerPool
+
+log = get_logger("vllama.server")
+
+
+async def drain(runner: web.AppRunner, workers: WorkerPool, timeout: float, hurry: asyncio.Event) -> None:
+    """Stop accepting and let in-flight requests finish in every worker, for up to ``timeout``
+    seconds or until ``hurry`` is set (a repeated stop signal). Never raises: whatever happens
+    here, the caller goes on to stop vLLM."""
+    task = asyncio.ensure_future(asyncio.gather(runner.cleanup(), workers.stop(timeout + 5)))
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({task, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hurried.cancel()
+    if not task.done():
+        log.warning("drain_cut_short")
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # finishes beside vLLM's stop
+        return
+    if task.exception() is not None:
+        log.error("drain_failed", error=repr(task.exception()))
+
+
+def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None) -> AdmissionBound:
+    """The server-wide bound on inference requests: vLLM's running capacity (``--max-running``,
+    else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``.
+    Each worker also stops at what its open-file limit allows (two sockets per request, 256
+    kept for pooled connections, probes and logs), however the kernel spreads connections."""
+    running = settings.max_running or running_capacity(
+        specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
+    )
+    limit = running + settings.max_queue
+    per_worker = max((nofile - 256) // 2, 1)
+    if per_worker * int(settings.workers) < limit:
+        log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
+    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker)
+
+
+def log_front_end(front: Plan) -> None:
+    """One line saying how many processes each side of the front end runs, and why."""
+    log.info("front_end", **front.as_dict())
+
+
+async def serve_upstream(settings: Settings, front: Plan) -> None:
+    """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal."""
+    assert settings.upstream is not None
+    notifier = Notifier()
+    nofile = raise_nofile_limit()
+    log_front_end(front)
+    bound = admission_bound(settings, [], nofile, None)
+    backends = [BackendSpec(url=settings.upstream)]
+    app = build_app(settings, backends, front=front, bound=bound)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    workers = WorkerPool(settings, backends, front, bound)
+    await workers.start(settings.workers - 1)
+    log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
+    notifier.status(f"ready: proxying {settings.upstream}")
+    notifier.ready()
+    watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
+    hurry = asyncio.Event()
+    try:
+        sig = await wait_for_signal(hurry)
+        notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
+        log.info("stopping", signal=sig)
+    finally:
+        await drain(runner, workers, settings.drain_timeout, hurry)
+        watchdog.cancel()
+        notifier.close()
+    log.info("stopped")
+
+
+def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
+    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` when a model's vLLM
+    refuses its command line at its very first start (``Supervisor.config_error``)."""
+    found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def listen(sup) -> None:
+        def on_state(state: State, reason: str | None) -> None:
+            if state is State.FAILED and sup.config_error is not None and sup.restarts == 0 and not found.done():
+                found.set_result(f"model '{sup.served_name}': {reason}")
+        sup.listeners.append(on_state)
+
+    for sup in supervisors:
+        listen(sup)
+    return found
+
+
+def free_loopback_port() -> int:
+    """A free TCP port on 127.0.0.1 for vLLM."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def serve_supervised(settings: Settings, front: Plan) -> None:
+    """``vllama serve --model M`` or ``--config`` with ``[[models]]``: launch and keep one
+    ``vllm serve`` per model healthy, serve the Ollama API for all of them.
+
+    The proxy listens at once (503 "loading" until a preloaded model is ready). On
+    SIGTERM/SIGINT: stop accepting, let in-flight requests finish for ``drain_timeout``,
+    stop every vLLM's process group, return (exit 0). Exits 1 with one line when there
+    is no GPU.
+    """
+    specs = [with_api_servers(m, front) for m in settings.model_specs()]
+    # vLLM trees an earlier vllama left running (killed, or crashed) hold GPU memory: stop them first,
+    # and stop ours on any exit path that skips the orderly stop below (lifeline.py).
+    stale = await asyncio.to_thread(lifeline.stop_stale, settings.state_dir, settings.stop_grace)
+    atexit.register(lifeline.stop_own, settings.state_dir)
+    gpu_info = None
+    if stale and settings.gpu_check:
+        await asyncio.to_thread(gpu.wait_released, [p for b in stale for p in b.get("pids", [])], settings.gpu_release_timeout)
+    if settings.gpu_check:
+        try:
+            needed = {m.served_name: m.gpus for m in specs if m.gpus is not None}
+            for warning in await asyncio.to_thread(gpu.preflight, max(m.gpu_share for m in specs), needed):
+                log.warning("gpu_memory_in_use", detail=warning)
+        except gpu.GpuUnavailable as e:
+            print(f"vllama: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
+        gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids}))
+    nofile = raise_nofile_limit()
+    if front.placement.active:
+        # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
+        try:
+            set_affinity(os.getpid(), front.placement.other_cpus)
+        except OSError as e:  # the cpuset changed since, or a sandbox forbids it: run unpinned, and say so
+            why = f"could not confine vllama to {front.placement.other_cpus}: {e}"
+            log.warning("engine_core_not_pinned", detail=why)
+            front = dataclasses.replace(front, placement=Placement(source=f"off ({why})"))
+    log_front_end(front)
+    bound = admission_bound(settings, specs, nofile, gpu_info)
+    pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
+                     engine_cpus=front.placement.engine_cpus)
+    notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
+    attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
+    now = int(time.time())
+    backends = [
+        BackendSpec(
+            url=f"http://127.0.0.1:{sup.port}",
+            board=sup.board,
+            model=ServedModel(name=sup.served_name, root=sup.spec.model, max_model_len=sup.spec.context_length,
+                              created=now, vllm_args=tuple(sup.spec.args())),
+        )
+        for sup in pool.supervisors
+    ]
+    app = build_app(settings, backends, front=front, bound=bound)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    workers = WorkerPool(settings, backends, front, bound)
+    await workers.start(settings.workers - 1)
+    log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
+             models={sup.served_name: sup.port for sup in pool.supervisors})
+    rejected = first_start_config_error(pool.supervisors)
+    await pool.start()
+    watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
+    hurry = asyncio.Event()
+    signalled = asyncio.ensure_future(wait_for_signal(hurry))
+    try:
+        await asyncio.wait({signalled, rejected}, return_when=asyncio.FIRST_COMPLETED)
+        if rejected.done():
+            # vLLM refused its arguments at the very first start: a configuration error, and the
+            # service manager should show it (exit 2: the unit's RestartPreventExitStatus)
+            notifier.stopping(f"stopping: {rejected.result()}")
+            log.error("stopping", reason=rejected.result())
+        else:
+            sig = signalled.result()
+            notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
+            log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
+    finally:
+        # stop accepting and drain in-flight requests in every worker, then (whatever the drain
+        # did) stop every vLLM's group
+        try:
+            await drain(runner, workers, settings.drain_timeout, hurry)
+        finally:
+            await pool.stop()
+            watchdog.cancel()
+            notifier.close()
+    log.info("stopped")
+    if rejected.done():
+        print(f"vllama serve: {rejected.result()}\n(fix the vLLM arguments after -- or in the model's vllm_args)", file=sys.stderr)
+        raise SystemExit(2)

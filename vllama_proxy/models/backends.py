@@ -1,0 +1,59 @@
+"""Where each model's requests go: one vLLM server (and, when vllama runs it, its status board) per model.
+
+A :class:`BackendSpec` is the picklable description every proxy process receives;
+:class:`Backend` is its live form in one process, whose upstream client shares that
+process's one connection pool with every other backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vllama_proxy.upstream import Upstream
+
+if TYPE_CHECKING:  # pragma: no cover  (annotations only: the board is handed in from above)
+    from vllama_proxy.supervisor.status import StatusBoard
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One entry of vLLM's ``/v1/models``.
+
+    Attributes:
+        name: vLLM's served name (the ``model`` sent upstream).
+        root: the model path or hub id it was loaded from.
+        max_model_len: context length in tokens, if vLLM reports it.
+        created: seconds since the epoch.
+        vllm_args: the ``vllm serve`` arguments it runs with (capabilities come from them).
+    """
+
+    name: str
+    root: str
+    max_model_len: int | None
+    created: int
+    vllm_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One vLLM server.
+
+    Attributes:
+        url: its base URL (no ``/v1``).
+        board: its supervisor's status when vllama runs it (``None``: ``--upstream``).
+        model: the model vllama launched there (``None``: whatever its ``/v1/models`` lists).
+    """
+
+    url: str
+    board: StatusBoard | None = None
+    model: ServedModel | None = None
+
+
+class Backend:
+    """A :class:`BackendSpec` in this process: ``upstream`` is its client, ``board`` its status."""
+
+    def __init__(self, spec: BackendSpec, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.board = spec.board
+        self.model = spec.model

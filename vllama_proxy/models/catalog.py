@@ -1,0 +1,264 @@
+"""Which models vLLM serves, under which Ollama names, with which capabilities.
+
+The models vllama launches are known from its settings; a vLLM given with
+``--upstream`` is asked with ``GET /v1/models``. Lists are cached: a stale list is
+served while a refresh runs in the background, so resolving a model name on the
+request path is a dict lookup, not an upstream round trip. Only an unknown name
+forces a refresh (at most once a second), so a model added upstream is found.
+Resolving a name also chooses where its requests go: :meth:`Catalog.backend_of`.
+
+Names follow Ollama: every served model is listed as ``<served>:latest``;
+requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
+``Qwen/Qwen2.5-1.5B-Instruct``) and those made with ``/api/copy`` resolve to the
+served name (``shared/ollama-api.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from vllama_proxy.errors import ModelNotFound, UpstreamError
+from vllama_proxy.logs import get_logger
+from .backends import ServedModel
+from .config import has_flag, vllm_arg
+from .model_files import ModelFiles, read_model_files
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .aliases import AliasStore
+    from .backends import Backend
+
+log = get_logger("vllama.catalog")
+
+LATEST = ":latest"
+
+
+def strip_latest(name: str) -> str:
+    """``X:latest`` -> ``X``; other tags are kept (``qwen2.5:1.5b`` stays)."""
+    return name[: -len(LATEST)] if name.endswith(LATEST) else name
+
+
+def ollama_name(name: str) -> str:
+    """The ``X:latest`` form Ollama lists (a name that has a tag keeps it)."""
+    tail = name.rsplit("/", 1)[-1]
+    return name if ":" in tail else name + LATEST
+
+
+def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
+    """Ollama capabilities from how vLLM was started and what the model is.
+
+    ``embedding`` for pooling runners (``--runner pooling``, ``--task embed``,
+    ``--convert embed``), else ``completion``; ``tools`` only with
+    ``--enable-auto-tool-choice`` and a ``--tool-call-parser``; ``thinking`` with a
+    ``--reasoning-parser``; ``vision`` when the config has a vision tower. ``insert``
+    (``suffix``) never: vLLM's completions endpoint does not support ``suffix``.
+    """
+    args = model.vllm_args
+    pooling = (vllm_arg(args, "--runner") == "pooling" or vllm_arg(args, "--task") in ("embed", "embedding")
+               or vllm_arg(args, "--convert") == "embed")
+    caps = ["embedding"] if pooling else ["completion"]
+    if not pooling:
+        if has_flag(args, "--enable-auto-tool-choice") and has_flag(args, "--tool-call-parser"):
+            caps.append("tools")
+        if has_flag(args, "--reasoning-parser"):
+            caps.append("thinking")
+        cfg = files.config
+        if "vision_config" in cfg or "image_token_id" in cfg or "image_token_index" in cfg:
+            caps.append("vision")
+    return caps
+
+
+class Catalog:
+    """The served models, their Ollama names, and the backend serving each.
+
+    Args:
+        backends: the vLLM servers. One launched by vllama names its model (known even
+            while it sleeps, is unloaded or starts; its ``/v1/models`` only refines the
+            context length once it is ready). One given by ``--upstream`` is asked what it serves.
+        aliases: Ollama name -> served name (``--alias`` and the config's ``aliases``).
+        vllm_args: arguments vLLM runs with, per served name (``"*"`` for all), for an
+            ``--upstream`` server's models.
+        ttl: seconds a fetched list counts as fresh.
+        store: aliases made with ``/api/copy`` (:class:`~vllama_proxy.models.aliases.AliasStore`).
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        *,
+        aliases: Mapping[str, str] | None = None,
+        vllm_args: Mapping[str, Iterable[str]] | None = None,
+        ttl: float = 10.0,
+        store: AliasStore | None = None,
+    ) -> None:
+        self._backends = list(backends)
+        self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
+        self._folded = {k.casefold(): v for k, v in self._aliases.items()}  # lookups ignore case, as Ollama's
+        self._store = store
+        self._args = {k: tuple(v) for k, v in (vllm_args or {}).items()}
+        self._ttl = ttl
+        self._backend_of: dict[str, Backend] = {b.model.name: b for b in self._backends if b.model is not None}
+        self._models: dict[str, ServedModel] | None = None
+        if all(b.model is not None for b in self._backends):  # all launched by vllama: known up front
+            self._models = {b.model.name: b.model for b in self._backends if b.model is not None}
+            self._fetched_at = time.monotonic()
+        else:
+            self._fetched_at = 0.0
+        self._fetch_task: asyncio.Task[dict[str, ServedModel]] | None = None
+        self._files: dict[str, asyncio.Task[ModelFiles]] = {}
+
+    async def models(self) -> list[ServedModel]:
+        """All served models (fetching the list if none is cached)."""
+        return list((await self._current()).values())
+
+    async def resolve(self, name: str) -> ServedModel:
+        """The served model an Ollama name refers to.
+
+        Raises:
+            ModelNotFound: neither a served name (with or without ``:latest``, any case) nor an alias.
+            UpstreamUnavailable: no list is cached and vLLM cannot be asked.
+        """
+        found = self._lookup(await self._current(), name)
+        if found is None and time.monotonic() - self._fetched_at > 1.0:
+            found = self._lookup(await self._fetch(), name)
+        if found is None:
+            raise ModelNotFound(name)
+        return found
+
+    def backend_of(self, model: ServedModel) -> Backend:
+        """The backend serving ``model`` (an ``--upstream`` server serves every model it lists)."""
+        return self._backend_of.get(model.name) or self._backends[0]
+
+    @property
+    def backends(self) -> list[Backend]:
+        return list(self._backends)
+
+    def aliases(self) -> dict[str, str]:
+        """Every alias -> served name: configured ones, then those made with ``/api/copy``."""
+        if self._store is None:
+            return self._aliases
+        return {**{strip_latest(k): v for k, v in self._store.current().items()}, **self._aliases}
+
+    @property
+    def store(self) -> AliasStore:
+        """Where ``/api/copy`` keeps aliases.
+
+        Raises:
+            RuntimeError: the catalog was built without one.
+        """
+        if self._store is None:
+            raise RuntimeError("no alias store")
+        return self._store
+
+    def is_configured_alias(self, name: str) -> bool:
+        """Whether ``name`` is an alias from the settings (``/api/copy`` does not replace those)."""
+        return strip_latest(name).casefold() in self._folded
+
+    def names_for(self, model: ServedModel) -> list[str]:
+        """Every Ollama name of ``model``: ``<served>:latest`` first, then its aliases."""
+        names = [ollama_name(model.name)]
+        for alias, target in self.aliases().items():
+            if target == model.name and ollama_name(alias) not in names:
+                names.append(ollama_name(alias))
+        return names
+
+    async def files(self, model: ServedModel) -> ModelFiles:
+        """The model's own files (read once, in a worker thread, then cached)."""
+        task = self._files.get(model.name)
+        if task is None or (task.done() and task.exception() is not None):
+            task = asyncio.ensure_future(asyncio.to_thread(read_model_files, model.root, model.name))
+            self._files[model.name] = task
+        return await asyncio.shield(task)
+
+    async def capabilities(self, model: ServedModel) -> list[str]:
+        """See :func:`capabilities`."""
+        return capabilities(model, await self.files(model))
+
+    # -- internals -------------------------------------------------------------
+    def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
+        key = strip_latest(name)
+        m = models.get(key)
+        if m is None:
+            target = self._folded.get(key.casefold())
+            if target is None and self._store is not None:
+                target = self._store.lookup(key)
+            if target is not None:
+                m = models.get(target)
+        if m is None:
+            folded = key.casefold()
+            m = next((v for k, v in models.items() if k.casefold() == folded), None)
+        return m
+
+    async def _current(self) -> dict[str, ServedModel]:
+        if self._models is None:
+            return await self._fetch()
+        if time.monotonic() - self._fetched_at > self._ttl and (self._fetch_task is None or self._fetch_task.done()):
+            self._fetch_task = asyncio.ensure_future(self._do_fetch())
+            self._fetch_task.add_done_callback(_consume_exception)
+        return self._models
+
+    async def _fetch(self) -> dict[str, ServedModel]:
+        # One fetch at a time, shared by every waiter; shielded so that a client
+        # leaving does not cancel the fetch other requests wait on.
+        if self._fetch_task is None or self._fetch_task.done():
+            self._fetch_task = asyncio.ensure_future(self._do_fetch())
+            self._fetch_task.add_done_callback(_consume_exception)
+        return await asyncio.shield(self._fetch_task)
+
+    async def _do_fetch(self) -> dict[str, ServedModel]:
+        models: dict[str, ServedModel] = {}
+        for backend in self._backends:
+            if backend.model is not None:
+                models[backend.model.name] = await self._refine(backend, backend.model)
+                continue
+            try:
+                data = await backend.upstream.get_json("/v1/models")
+            except UpstreamError:
+                if self._models is not None:
+                    log.warning("models_refresh_failed", keeping=len(self._models))
+                    return self._models
+                raise
+            for entry in _entries(data):
+                name = str(entry["id"])
+                args = self._args.get(name, self._args.get("*", ()))
+                models[name] = ServedModel(
+                    name=name,
+                    root=str(entry.get("root") or name),
+                    max_model_len=entry.get("max_model_len") if isinstance(entry.get("max_model_len"), int) else None,
+                    created=int(entry.get("created") or time.time()),
+                    vllm_args=args,
+                )
+        if models != self._models:
+            log.info("models", served=sorted(models))
+        self._models = models
+        self._fetched_at = time.monotonic()
+        return models
+
+    async def _refine(self, backend: Backend, known: ServedModel) -> ServedModel:
+        """A launched model, with the context length its ready vLLM reports (vLLM may derive
+        one shorter than the config's); as configured while it is not ready."""
+        current = (self._models or {}).get(known.name, known)
+        if backend.board is None or not backend.board.ready:
+            return current
+        try:
+            data = await backend.upstream.get_json("/v1/models")
+        except UpstreamError:
+            return current
+        for entry in _entries(data):
+            if entry["id"] == known.name and isinstance(entry.get("max_model_len"), int):
+                return replace(current, max_model_len=entry["max_model_len"])
+        return current
+
+
+def _entries(data: object) -> list[dict]:
+    """The model entries of a ``/v1/models`` answer (malformed ones skipped)."""
+    items = data.get("data", []) if isinstance(data, dict) else []
+    return [e for e in items if isinstance(e, dict) and e.get("id")]
+
+
+def _consume_exception(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

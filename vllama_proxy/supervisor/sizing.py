@@ -1,0 +1,273 @@
+"""How many processes the front end gets: vLLM's API servers and vllama's own workers.
+
+vLLM streams through its API-server process: with one (vLLM's default), detokenizing
+and writing SSE caps a 1.4 B model on an H200 at ~13-15k output tokens/s while the GPU
+does ~37-40k (issue 11, ``benchmarks/RESULTS.md``). vLLM's ``--api-server-count N`` (RFC
+#12705, PR #17546) runs N API-server processes on one port; vllama's ``--workers N`` does
+the same for the proxy. Both cost cores that the engine core (one busy core per GPU
+process) and the clients also need, and oversubscribing the cores starves the engine
+core's scheduling loop, which idles the GPU. So the split is read from what this process
+may really use: its CPU affinity and its cgroup's CPU quota (a container's ``--cpus``,
+a Kubernetes limit), not the host's core count.
+
+The rule (measured on the lent 16-core H200 machine, ``benchmarks/RESULTS.md``, issue 11):
+one core per GPU process is kept for vLLM's engine; of the rest, half goes to vLLM's API
+servers (at least the data-parallel size, vLLM's own default; at most 8 per engine) and a
+quarter to vllama's workers (1 to 32): an API server spends several times the proxy's CPU
+per streamed token (detokenizing, building each SSE event). 16 cores and one GPU give 8 + 4
+(4 + 4 streamed 27.6k tok/s at 256 streams, 8 + 4 29.3k; vLLM alone 16.4k); 32 cores and
+data parallel 2 give 15 + 8. The last quarter stays free for the clients, the kernel's
+network work and uneven load across processes. Explicit flags always win; every choice is
+logged and shown in ``/readyz``. The engine cores' own CPUs are chosen here too
+(``supervisor/placement.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllama_proxy.models.config import ModelConfig, has_flag, vllm_arg
+from vllama_proxy.settings import Settings
+from .gpu import host_numbers
+from .placement import Placement, plan_placement
+
+#: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200 (issue 11).
+MAX_API_SERVERS_PER_ENGINE = 8
+#: Most vllama workers chosen automatically.
+MAX_AUTO_WORKERS = 32
+#: vLLM flags under which it decides its API servers itself (headless, external or hybrid
+#: load balancing, one server per rank, gRPC): vllama leaves ``--api-server-count`` alone.
+_VLLM_DECIDES = (
+    "--api-server-count", "-asc", "--headless", "--data-parallel-external-lb", "--data-parallel-rank", "-dpn",
+    "--data-parallel-hybrid-lb", "--data-parallel-start-rank", "-dpr", "--data-parallel-multi-port-external-lb",
+    "--grpc",
+)
+#: vLLM flags under which its engine cores are not this vLLM's local children to place.
+_VLLM_PLACES_ENGINES = ("--headless", "--data-parallel-external-lb", "--data-parallel-rank", "-dpn",
+                        "--data-parallel-hybrid-lb", "--data-parallel-start-rank", "-dpr")
+
+
+def _cgroup_quota(root: Path, proc_cgroup: Path) -> float | None:
+    """CPUs allowed by the cgroup quota of this process and its ancestors (smallest wins), or None.
+
+    cgroup v2: ``cpu.max`` = ``"QUOTA PERIOD"`` or ``"max PERIOD"``; v1: ``cpu.cfs_quota_us``
+    (-1: none) / ``cpu.cfs_period_us`` in the ``cpu`` controller's hierarchy.
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    found: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue  # not a hierarchy line
+        _, controllers, path = parts
+        if controllers == "":  # v2 unified hierarchy
+            base, files = root, ("cpu.max",)
+        elif "cpu" in controllers.split(","):
+            base = root / controllers if (root / controllers).is_dir() else root / "cpu"
+            files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        d = base / path.lstrip("/")
+        while True:
+            q = _read_quota(d, files)
+            if q is not None:
+                found.append(q)
+            if d == base or not str(d).startswith(str(base)):
+                break
+            d = d.parent
+    return min(found) if found else None
+
+
+def _read_quota(d: Path, files: tuple[str, ...]) -> float | None:
+    try:
+        if len(files) == 1:
+            quota, period = (d / files[0]).read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota = int((d / files[0]).read_text())
+        period = int((d / files[1]).read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[float, str]:
+    """``(CPUs, how they were found)``: the CPU affinity's size, lowered to the cgroup CPU quota.
+
+    A quota of 2.5 CPUs counts as 2.5 (the callers round). Never less than 1.
+    """
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = os.cpu_count() or 1
+    quota = _cgroup_quota(root, proc_cgroup)
+    if quota is not None and quota < affinity:
+        return max(quota, 1.0), f"cgroup CPU quota {quota:g} (affinity {affinity})"
+    return float(affinity), f"CPU affinity {affinity}"
+
+
+def engine_cores(spec: ModelConfig) -> int:
+    """Cores vLLM's engine keeps busy for one model: one per GPU process (tensor x pipeline x data
+    parallel), plus one engine-core process per data-parallel rank when its workers are separate
+    processes (tensor or pipeline parallel > 1)."""
+    gpus = spec.gpu_count_needed()
+    dp = _dp(spec)
+    return gpus + (dp if gpus > dp else 0)
+
+
+def model_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
+    """The GPUs ``spec``'s vLLM drives, as NVML knows them: indices (nvidia-smi order) or UUIDs.
+    ``gpus`` when set; else the first entries of the inherited ``CUDA_VISIBLE_DEVICES``; else the
+    first GPUs (``ModelConfig.gpu_ids``)."""
+    if spec.gpus is None and environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        entries = environ["CUDA_VISIBLE_DEVICES"].split(",")[:spec.gpu_count_needed()]
+        return [int(e) if e.strip().isdigit() else e.strip() for e in entries]
+    return list(spec.gpu_ids)
+
+
+def engine_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
+    """The first GPU of each data-parallel rank that runs here (``--data-parallel-size-local``
+    of them when given) of ``spec``'s vLLM (:func:`model_gpus`)."""
+    per_rank = max(spec.gpu_count_needed() // _dp(spec), 1)
+    local = int(vllm_arg(spec.args(), "--data-parallel-size-local", "-dpl") or _dp(spec))
+    visible = model_gpus(spec, environ)
+    return [visible[r * per_rank] for r in range(local) if r * per_rank < len(visible)]
+
+
+def engine_slots(spec: ModelConfig) -> list[int]:
+    """One slot per engine core for :func:`~vllama_proxy.supervisor.placement.plan_placement`:
+    the host-wide number of its GPU (``gpu.host_numbers``), else the GPU's index, else its rank."""
+    gpus = engine_gpus(spec)
+    numbers = host_numbers(gpus) if gpus else []
+    slots = [n if n is not None else g if isinstance(g, int) else r for r, (g, n) in enumerate(zip(gpus, numbers))]
+    return slots or list(range(_dp(spec)))
+
+
+def pinned_engines(specs: list[ModelConfig]) -> dict[str, list[int]]:
+    """Served name -> engine slots, for the models whose engine cores get CPUs of their own: the
+    first model (config order) on each set of GPUs, where vLLM decides its own data-parallel
+    processes (``--headless``, external load balancing, Ray) never. Later models on the same GPUs
+    (swapped by keep_alive, rarely busy together) run their engine cores on the shared CPUs
+    rather than reserve one CPU per configured model."""
+    out: dict[str, list[int]] = {}
+    seen: set[tuple[int | str, ...]] = set()
+    for s in specs:
+        key = tuple(model_gpus(s))
+        if key in seen or any(has_flag(s.args(), f) for f in _VLLM_PLACES_ENGINES) \
+                or vllm_arg(s.args(), "--data-parallel-backend", "-dpb") == "ray":
+            continue
+        seen.add(key)
+        out[s.served_name] = engine_slots(s)
+    return out
+
+
+def _dp(spec: ModelConfig) -> int:
+    return int(vllm_arg(spec.args(), "--data-parallel-size", "-dp") or 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The front end's size, as chosen (logged at start, shown in ``/readyz`` as ``front_end``).
+
+    Attributes:
+        cpus: CPUs this process may use, and ``cpus_source`` how that was found.
+        workers: vllama proxy processes; ``workers_source`` ``"auto"`` or ``"--workers"``.
+        api_servers: served name -> vLLM API servers, and for each how it was decided
+            (``"auto"``, ``"vllm_args"``: given after ``--``, ``"vllm"``: vLLM's own default).
+    """
+
+    cpus: float
+    cpus_source: str
+    workers: int
+    workers_source: str
+    api_servers: dict[str, int] = field(default_factory=dict)
+    api_servers_source: dict[str, str] = field(default_factory=dict)
+    placement: Placement = field(default_factory=Placement)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "cpus": self.cpus,
+            "cpus_source": self.cpus_source,
+            "workers": self.workers,
+            "workers_source": self.workers_source,
+            "vllm_api_servers": {n: {"count": c, "source": self.api_servers_source[n]} for n, c in self.api_servers.items()},
+            "engine_cpus": self.placement.engine_cpus,
+            "other_cpus": self.placement.other_cpus,
+            "engine_cpus_source": self.placement.source,
+        }
+
+
+def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None) -> Plan:
+    """Choose vllama's workers and each model's vLLM API servers for ``cpus`` usable CPUs.
+
+    Args:
+        cpus: usable CPUs (:func:`usable_cpus`, or ``--cpus``).
+        cpus_source: how ``cpus`` was found, for the log and ``/readyz``.
+        specs: the models vllama launches (empty with ``--upstream``: vLLM runs elsewhere).
+        workers: ``--workers`` if given (it wins), else ``None`` for the automatic choice.
+    """
+    reserved = sum(engine_cores(s) for s in specs)
+    front = max(cpus - reserved, 0.0)
+    api: dict[str, int] = {}
+    source: dict[str, str] = {}
+    for s in specs:
+        dp = _dp(s)
+        given = vllm_arg(s.args(), "--api-server-count", "-asc")
+        if given is not None and given.isdigit():
+            api[s.served_name], source[s.served_name] = int(given), "vllm_args"
+        elif any(has_flag(s.args(), f) for f in _VLLM_DECIDES) or not _multi_api_allowed():
+            api[s.served_name], source[s.served_name] = dp, "vllm"
+        else:
+            share = front / 2 / len(specs)
+            api[s.served_name] = min(max(round(share), dp), MAX_API_SERVERS_PER_ENGINE * dp)
+            source[s.served_name] = "auto"
+    if workers is None:
+        chosen, wsource = min(max(round(front / 4), 1), MAX_AUTO_WORKERS), "auto"
+    else:
+        chosen, wsource = workers, "--workers"
+    return Plan(cpus, cpus_source, chosen, wsource, api, source)
+
+
+def _multi_api_allowed() -> bool:
+    """vLLM refuses several API servers with runtime LoRA updating, and runs one with its Rust front end."""
+    lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true")
+    return not lora and not os.environ.get("VLLM_RUST_FRONTEND_PATH")
+
+
+def with_api_servers(spec: ModelConfig, plan_: Plan) -> ModelConfig:
+    """``spec`` with ``--api-server-count N`` added to its vLLM arguments when vllama chose N
+    and N differs from vLLM's own default (the data-parallel size)."""
+    n = plan_.api_servers.get(spec.served_name)
+    if plan_.api_servers_source.get(spec.served_name) != "auto" or n is None or n == _dp(spec):
+        return spec
+    return spec.model_copy(update={"vllm_args": [*spec.vllm_args, "--api-server-count", str(n)]})
+
+
+def resolve(settings: Settings) -> tuple[Settings, Plan]:
+    """The settings with ``workers`` made a number, and the :class:`Plan` behind it.
+
+    ``--cpus`` replaces the detected CPUs; ``--workers N`` and ``--api-server-count`` after ``--``
+    (or in a model's ``vllm_args``) win over the automatic choice. The engine cores' CPUs come
+    from the real affinity (``--pin-engine-core``), whatever ``--cpus`` says.
+    """
+    if settings.cpus is not None:
+        cpus, source = settings.cpus, "--cpus"
+    else:
+        cpus, source = usable_cpus()
+    specs = settings.model_specs()
+    p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers))
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no affinity to set
+        affinity = []
+    mode = settings.pin_engine_core if affinity else "off"
+    engines = pinned_engines(specs) if mode != "off" else {}
+    placement = plan_placement(mode, affinity, min(cpus, len(affinity) or cpus), engines)
+    p = dataclasses.replace(p, placement=placement)
+    return settings.model_copy(update={"workers": p.workers}), p
