@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Print the README's settings table from the Settings class (a test checks the README matches).
+"""Print the settings table of docs/configuration.md from the Settings class (a test checks the page matches).
 
-Usage: scripts/settings_table.py [--update README.md]
+Usage: scripts/settings_table.py [--update docs/configuration.md]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def table() -> str:
 
 
 def main() -> None:
-    """Print the table; with ``--update README.md`` replace the table in that file."""
+    """Print the table; with ``--update docs/configuration.md`` replace the table in that file."""
     if sys.argv[1:2] == ["--update"]:
         path = Path(sys.argv[2])
         text = path.read_text()

@@ -1,4 +1,4 @@
-"""Settings: precedence, OLLAMA_HOST, the `--` pass-through, and the README table staying true."""
+"""Settings: precedence, OLLAMA_HOST, the `--` pass-through, and the settings table of docs/configuration.md staying true."""
 
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ def test_bad_values_exit_2():
     assert r.returncode == 2 and "--upstream" in r.stderr
 
 
-def test_readme_settings_table_is_current():
+def test_settings_table_is_current():
     table = subprocess.run([sys.executable, "scripts/settings_table.py"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    readme = (ROOT / "README.md").read_text()
-    assert table.strip() in readme, "README settings table is stale: run scripts/settings_table.py"
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert table.strip() in page, "the settings table is stale: run scripts/settings_table.py --update docs/configuration.md"
 
 
 # --- the config file (--config / VLLAMA_CONFIG) ---------------------------------------------

@@ -3,9 +3,9 @@
 Precedence (highest first): command-line flags, ``VLLAMA_*`` environment variables,
 ``.env`` in the working directory, the TOML config file (``--config``/``VLLAMA_CONFIG``:
 any setting by its field name, plus ``[[models]]`` tables), ``OLLAMA_HOST`` (for the
-listen address only, as Ollama reads it), then the defaults below. ``vllama serve --help`` and the README's
-settings table are both generated from the field descriptions here
-(``scripts/settings_table.py``; a test keeps the README in step).
+listen address only, as Ollama reads it), then the defaults below. ``vllama serve --help`` and the settings
+table of ``docs/configuration.md`` are both generated from the field descriptions here
+(``scripts/settings_table.py``; a test keeps the page in step).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class Settings(BaseSettings):
     workers: int | Literal["auto"] = Field(
         "auto",
         description="Proxy processes sharing the port (SO_REUSEPORT); auto: a quarter of the CPUs left after "
-        "one per GPU process of vLLM's engine (see the README's front-end section).",
+        "one per GPU process of vLLM's engine (see docs/operations.md, the front end).",
     )
     cpus: float | None = Field(
         None,
