@@ -229,3 +229,35 @@ async def test_a_fresh_connection_that_fails_is_not_retried():
     finally:
         await up.close()
         await srv.stop()
+
+
+async def test_a_stream_read_up_to_done_keeps_its_connection():
+    """vLLM (uvicorn) sends ``data: [DONE]`` and the chunked body's end in separate writes: the
+    stream's reader stops at ``[DONE]``, and the connection must still go back to the pool once the
+    end arrives, not be closed (issue 19, item 10: on the H200 about every second request through
+    vllama opened a new connection to vLLM while the direct client reused its own)."""
+    peers = []
+
+    async def sse(request):
+        peers.append(request.transport.get_extra_info("peername"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(0.01)  # the generator's end, then the terminating chunk
+        await resp.write_eof()
+        return resp
+
+    server, up = await serve(sse)
+    try:
+        for _ in range(5):
+            async with up.request("POST", "/v1/completions", body=b"{}") as resp:
+                chunks = []
+                async for batch in iter_sse(resp):
+                    chunks.extend(batch)
+            assert [c["choices"][0]["text"] for c in chunks] == ["x"]
+            await asyncio.sleep(0.05)  # the next request comes after the end (a client's round trip)
+        assert len(set(peers)) == 1, f"{len(set(peers))} connections for 5 sequential streams"
+    finally:
+        await up.close()
+        await server.close()

@@ -71,6 +71,32 @@ async def _on_reuse(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> 
 #: A stale pooled connection fails as the request is written: a failure later than this is
 #: vLLM dying mid-request, whose work is not silently done twice.
 _STALE_WITHIN_S = 1.0
+#: How long a connection whose reader stopped at ``data: [DONE]`` waits for the body's end
+#: before it is closed instead of pooled (see :func:`_release_at_end`).
+_END_WITHIN_S = 1.0
+
+
+async def _release_at_end(resp: aiohttp.ClientResponse) -> None:
+    """Return ``resp``'s connection to the pool once its body has ended.
+
+    vLLM's uvicorn writes ``data: [DONE]`` and the chunked body's last chunk separately, and
+    readers stop at ``[DONE]``; aiohttp closes a connection released before its body's end,
+    so about every second request at low load paid a new connection to vLLM, landing on any
+    of its API servers (issue 19, item 10). Anything but the end within ``_END_WITHIN_S``
+    closes it, as before (vLLM then sees a disconnect).
+    """
+    try:
+        rest = await asyncio.wait_for(resp.content.readany(), _END_WITHIN_S)
+    except asyncio.CancelledError:
+        resp.close()
+        raise
+    except Exception:  # noqa: BLE001 - timeout or a broken connection: not poolable
+        resp.close()
+        return
+    if rest:
+        resp.close()
+    else:
+        resp.release()
 
 
 def encode_json(obj: Any) -> bytes:
@@ -113,6 +139,7 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # one connection per request: the retry's
         self._pool: Upstream | None = None  # set by at(): whose session this client uses
+        self._ending: set[asyncio.Task[None]] = set()  # connections waiting for their body's end
 
     def at(self, base_url: str) -> Upstream:
         """A client of another server (another model's vLLM) that uses this one's session and
@@ -124,6 +151,7 @@ class Upstream:
         other._session = None
         other._fresh = None
         other._pool = self
+        other._ending = self._ending
         return other
 
     async def start(self) -> None:
@@ -145,6 +173,8 @@ class Upstream:
 
     async def close(self) -> None:
         """Close the session and every pooled connection."""
+        for task in list(self._ending):
+            task.cancel()
         for session in (self._session, self._fresh):
             if session is not None:
                 await session.close()
@@ -185,6 +215,8 @@ class Upstream:
 
         Leaving the block early (client disconnect cancels the handler) closes the
         connection instead of returning it to the pool, which makes vLLM abort the request.
+        Leaving it normally before the body's end (a reader that stopped at ``[DONE]``) pools
+        the connection once the end arrives, without waiting for it here.
 
         Raises:
             UpstreamRejected: ``check`` and vLLM answered 4xx/5xx (its message and status).
@@ -206,7 +238,12 @@ class Upstream:
             resp.close()  # drop the connection so vLLM sees the disconnect and aborts
             raise
         else:
-            resp.release()
+            if resp.content.is_eof():
+                resp.release()
+            else:
+                task = asyncio.ensure_future(_release_at_end(resp))
+                self._ending.add(task)
+                task.add_done_callback(self._ending.discard)
 
     async def get_json(self, path: str) -> Any:
         """``GET path`` and decode the JSON answer (errors as :meth:`request`)."""
