@@ -520,16 +520,19 @@ class ClientPool:
 
     async def run_level(self, target: Target, wl: Workload, prompts: Callable[[], str], concurrency: int,
                         n_requests: int, round_: int = 0) -> Run:
-        k = len(self.conns)
+        # No more processes than streams: each process runs at least one stream, so spreading
+        # c=1 over 4 processes would run 4 streams at once (issue 19: the GPU's "c=1" was c=4).
+        conns = self.conns[:max(1, min(len(self.conns), concurrency))]
+        k = len(conns)
         reqs = [request_for(target, wl, prompts()) for _ in range(n_requests)]
         start_at = time.perf_counter() + 0.3 + 0.0002 * n_requests  # after every child got its share
         pos = 0
-        for i, conn in enumerate(self.conns):
+        for i, conn in enumerate(conns):
             n_i = self._share(n_requests, k, i)
-            conn.send((target, wl, reqs[pos:pos + n_i], max(1, self._share(concurrency, k, i)), start_at))
+            conn.send((target, wl, reqs[pos:pos + n_i], self._share(concurrency, k, i), start_at))
             pos += n_i
         loop = asyncio.get_running_loop()
-        parts = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn in self.conns))
+        parts = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn in conns))
         results = [r for part in parts for r in part[0]]
         wall = max(p[2] for p in parts) - min(p[1] for p in parts)
         return Run(target, concurrency, results, wall, sum(p[3] for p in parts), round_)
