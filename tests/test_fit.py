@@ -332,6 +332,27 @@ async def test_a_model_that_cannot_fit_is_not_launched_and_requests_get_the_numb
         await pool.stop()
 
 
+async def test_a_model_refused_for_memory_another_process_holds_starts_once_it_is_freed(tmp_path, knobs, qwen7b):
+    fake_gpus(knobs, g0=(10, 24))  # something outside vllama holds 14 GiB
+    launched = launches(knobs)
+    knobs.setenv("FAKE_VLLM_START_DELAY", "0")
+    specs = [ModelConfig(model=str(qwen7b), name="qwen7b", gpu_memory_utilization=0.8, preload=False)]  # 19.2 GiB: enough
+    pool = ModelPool(pool_settings(tmp_path), specs, [free_port()])
+    (big,) = pool.supervisors
+    await pool.start()
+    try:
+        with pytest.raises(ModelTooLarge) as e:
+            await big.board.wait_ready(timeout=10)
+        assert e.value.message.startswith("model 'qwen7b' requires more GPU memory (19.2 GiB) than is available (9.8 GiB): ")
+        assert "vLLM takes gpu_memory_utilization 0.8 × 24.0 GiB = 19.2 GiB of GPU 0 at start, which has 10.0 GiB free" in e.value.message
+        assert launched == [] and big.state is State.UNLOADED
+        fake_gpus(knobs, g0=(23.5, 24))  # freed: the next request checks again and starts it
+        await big.board.wait_ready(timeout=20)
+        assert launched == ["qwen7b"] and big.state is State.READY and big.board.refused_at == 0
+    finally:
+        await pool.stop()
+
+
 async def test_the_check_counts_what_evicting_idle_models_frees_and_skips_without_nvml(tmp_path, knobs, qwen7b):
     specs = [ModelConfig(model="/idle", name="idle", gpu_memory_utilization=0.5),
              ModelConfig(model="/pinned", name="pinned", gpu_memory_utilization=0.5, pin=True),

@@ -48,6 +48,10 @@ from .status import StatusBoard
 
 log = get_logger("vllama.pool")
 
+#: The CUDA context of a loaded vLLM, outside its ``--gpu-memory-utilization`` (H200, vLLM 0.26:
+#: 0.5 of the GPU + 0.6 GiB held; ``benchmarks/RESULTS.md``, "Why the pool counts a CUDA context").
+START_CONTEXT_BYTES = int(0.6 * fit.GiB)
+
 #: A GPU's whole memory, in shares; a hair over 1 so that 0.3 + 0.7 fits despite float rounding.
 _CAPACITY = 1.0 + 1e-9
 
@@ -260,7 +264,10 @@ class ModelPool:
                     pinned.setdefault(o.served_name, {})[i] = held
                 else:
                     reclaimable += held
-            context = 0 if asleep_self else int(self.s.gpu_context_share * total)
+            # its own CUDA context, made before vLLM reads the free memory: the pool's share for it,
+            # at most the 0.6 GiB a loaded vLLM held on the H200 (benchmarks/RESULTS.md; the share's
+            # 0.01 covers the 1.4 GiB of a sleeping one), so that the check refuses no start vLLM allows
+            context = 0 if asleep_self else min(int(self.s.gpu_context_share * total), START_CONTEXT_BYTES)
             rooms.append(fit.GpuRoom(i, total, free, reclaimable, context))
         return rooms, list(pinned.items())
 
