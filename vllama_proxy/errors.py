@@ -13,6 +13,7 @@ boundary (``upstream.py``), never in handlers.
     ├── ModelNotFound                 404  "model 'X' not found"
     ├── NotSupported                  501  model management vllama leaves to vLLM
     ├── RequestTooLarge               413
+    ├── ModelTooLarge                 507  the model does not fit in its GPUs' memory (fit check)
     └── UpstreamError                 the vLLM side failed
         ├── UpstreamRejected          vLLM's own 4xx, passed on with vLLM's status/message
         ├── UpstreamUnavailable       503  refused/reset connection, vLLM starting or gone
@@ -86,6 +87,20 @@ class RequestTooLarge(VllamaError):
     """The request body is over the configured limit (413)."""
 
     status = 413
+
+
+class ModelTooLarge(VllamaError):
+    """The model cannot be loaded: its estimated weights, KV cache and overhead do not fit in the
+    memory of its GPUs even after idle models are unloaded (``models/fit.py``).
+
+    Ollama answers 500 ``model requires more system memory (X GiB) than is available (Y GiB)``;
+    vllama keeps 500 for its own faults (this is neither a bug nor a client mistake: the request
+    is valid, the server lacks room) and answers 507 Insufficient Storage (RFC 4918 §11.5: the
+    server "is unable to store the representation needed to complete the request"), a server-side
+    status that, unlike 503, does not invite a retry of the same request.
+    """
+
+    status = 507
 
 
 class UpstreamError(VllamaError):

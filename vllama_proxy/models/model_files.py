@@ -145,15 +145,22 @@ def _token_text(tok: Any) -> str | None:
     return tok if isinstance(tok, str) else None
 
 
-def _safetensors_parameter_count(f: Path) -> int:
-    """Sum of tensor element counts from a safetensors header (8-byte length + JSON)."""
+def read_safetensors_header(f: Path) -> dict[str, Any]:
+    """The tensors of a safetensors file: name -> ``{"dtype", "shape", "data_offsets"}``, from its
+    header (8-byte little-endian length, then JSON; ``__metadata__`` left out). ``{}`` if unreadable."""
     try:
         with f.open("rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             if n > 100 * 1024 * 1024:
-                return 0
+                return {}
             header = json.loads(fh.read(n))
     except (OSError, ValueError, struct.error):
-        return 0
-    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__" and isinstance(t, dict))
+        return {}
+    if not isinstance(header, dict):
+        return {}
+    return {k: t for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)}
 
+
+def _safetensors_parameter_count(f: Path) -> int:
+    """Sum of tensor element counts from a safetensors header (8-byte length + JSON)."""
+    return sum(math.prod(t.get("shape") or []) for t in read_safetensors_header(f).values())

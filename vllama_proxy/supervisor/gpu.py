@@ -113,6 +113,25 @@ def wait_released(pids: Collection[int], timeout: float, interval: float = 0.5) 
         time.sleep(interval)
 
 
+def memory(indices: Collection[int]) -> dict[int, tuple[int, int]] | None:
+    """``{index: (free bytes, total bytes)}`` of the GPUs ``indices`` (nvidia-smi order) that NVML
+    sees, or ``None`` without NVML: the fit check's numbers (``models/fit.py``)."""
+    try:
+        _init()
+    except GpuUnavailable:
+        return None
+    try:
+        out = {}
+        count = pynvml.nvmlDeviceGetCount()
+        for i in indices:
+            if i < count:
+                mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+                out[i] = (int(mem.free), int(mem.total))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def smallest(indices: Collection[int]) -> tuple[int, str] | None:
     """``(total bytes, name)`` of the GPU with the least memory among ``indices`` (nvidia-smi
     order), or ``None`` without NVML: what vLLM's defaults that depend on the GPU see."""

@@ -17,6 +17,14 @@ Models sharing a GPU start one at a time: vLLM sizes its KV cache from the memor
 finds free while starting, and two concurrent starts each count the other's
 allocations as their own.
 
+Before a model is admitted, its size is checked against its GPUs' memory (``models/fit.py``:
+weights from the safetensors headers, KV cache for its context from ``config.json``, a
+measured overhead, against ``gpu_memory_utilization`` × each GPU and the memory NVML finds
+free plus what unloading its evictable neighbours would free). A model that cannot fit even
+then is not launched (vLLM would only exit at start, again and again): it stays unloaded with
+the numbers and what would fit in ``last_error``, and requests for it get that message (507).
+Without NVML (``--no-gpu-check``) or without local weight files there is no check.
+
 Everything here runs in the main process's event loop: the decision to admit a model
 and marking it as holding its share happen without an ``await`` in between, so two
 models cannot both claim the same room.
@@ -27,8 +35,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models import fit
+from vllama_proxy.models.config import ModelConfig, vllm_arg
 from vllama_proxy.models.keep_alive import parse_keep_alive
+from vllama_proxy.models.model_files import find_model_dir
+from . import gpu
 from .core import Supervisor
 from ..logs import get_logger
 from ..settings import Settings
@@ -36,6 +47,10 @@ from .states import State
 from .status import StatusBoard
 
 log = get_logger("vllama.pool")
+
+#: The CUDA context of a loaded vLLM, outside its ``--gpu-memory-utilization`` (H200, vLLM 0.26:
+#: 0.5 of the GPU + 0.6 GiB held; ``benchmarks/RESULTS.md``, "Why the pool counts a CUDA context").
+START_CONTEXT_BYTES = int(0.6 * fit.GiB)
 
 #: A GPU's whole memory, in shares; a hair over 1 so that 0.3 + 0.7 fits despite float rounding.
 _CAPACITY = 1.0 + 1e-9
@@ -80,6 +95,7 @@ class ModelPool:
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._shapes: dict[str, fit.ModelShape] = {}  # served name -> its files' sizes (read once found)
 
     async def start(self) -> None:
         """Start every supervisor (preloads begin loading; the rest wait for a request)."""
@@ -160,6 +176,7 @@ class ModelPool:
         """
         deadline = time.monotonic() + self.s.load_timeout
         before = None if _is_note(sup.last_error) else sup.last_error  # a crash's reason outlives the wait
+        checked = False
         while True:
             if sup.stopping:
                 return False
@@ -174,9 +191,17 @@ class ModelPool:
                     return False
                 await self._wait_change()
                 continue
+            if not checked:  # once no neighbour is loading: NVML's free memory is what vLLM would see
+                checked = True
+                report = await self.fit_report(sup)
+                if report is not None and not report.fits:
+                    self._refuse(sup, report)
+                    return False
+                continue  # the check awaited: look at the neighbours again before claiming room
             if self.fits(sup):
                 sup.holds_gpu = True  # no await since fits(): nobody else can claim this room first
                 sup.last_error = before
+                sup.board.admitted()
                 return True
             self._note(sup, f"no room: {self._blockers(sup)}")
             if not on_demand:
@@ -190,6 +215,70 @@ class ModelPool:
                 if victim is not None:
                     victim.evict(f"evicted to make room for {sup.served_name}")
             await self._wait_change()
+
+    # -- fit before start (models/fit.py) ----------------------------------------------
+    async def fit_report(self, sup: Supervisor) -> fit.FitReport | None:
+        """Whether ``sup`` fits on its GPUs if every idle neighbour that may be evicted for it were
+        unloaded; ``None`` when that cannot be known (``--no-gpu-check``, no NVML, no weight files
+        yet). Logs the estimate (one line)."""
+        if not self.s.gpu_check:
+            return None
+        shape = self._shapes.get(sup.served_name)
+        if shape is None:
+            shape = await asyncio.to_thread(lambda: fit.read_shape(find_model_dir(sup.spec.model)))
+            if shape is None:
+                log.info("fit_unknown", model=sup.served_name, reason="no config.json or weight files found locally")
+                return None
+            self._shapes[sup.served_name] = shape
+        ids = sup.spec.gpu_ids
+        memory = await asyncio.to_thread(gpu.memory, ids)
+        if not memory or any(i not in memory for i in ids):
+            return None
+        args = sup.spec.args()
+        est = fit.estimate(shape, args, tensor_parallel=int(vllm_arg(args, "--tensor-parallel-size", "-tp") or 1),
+                           pipeline_parallel=int(vllm_arg(args, "--pipeline-parallel-size", "-pp") or 1))
+        rooms, pinned = self._rooms(sup, memory)
+        report = fit.check(sup.served_name, est, sup.spec.gpu_share, rooms, pinned)
+        g = report.tightest
+        log.info("fit_estimate", model=sup.served_name, fits=report.fits, needed_gib=round(est.needed / fit.GiB, 2),
+                 weights_gib=round(est.weights / fit.GiB, 2), kv_gib=round(est.kv / fit.GiB, 2), context=est.context,
+                 overhead_gib=round(est.overhead / fit.GiB, 2), gpu=g.index, share_gib=round(report.budget(g) / fit.GiB, 2),
+                 free_gib=round(g.free / fit.GiB, 2), reclaimable_gib=round(g.reclaimable / fit.GiB, 2),
+                 **({"notes": list(est.notes)} if est.notes else {}))
+        return report
+
+    def _rooms(self, sup: Supervisor, memory: dict[int, tuple[int, int]]) -> tuple[list[fit.GpuRoom], list[tuple[str, dict[int, int]]]]:
+        """``sup``'s GPUs as NVML finds them, with what its evictable neighbours would free; and
+        the pinned neighbours holding memory (never evicted: named in the advice)."""
+        asleep_self = sup.state is State.SLEEPING and sup.child is not None  # it holds its context already
+        rooms = []
+        pinned: dict[str, dict[int, int]] = {}
+        for i in sup.spec.gpu_ids:
+            free, total = memory[i]
+            reclaimable = 0
+            for o in self._neighbours(sup):
+                if i not in o.spec.gpu_ids or not self._held(o):
+                    continue
+                held = int(self._held(o) * total)
+                if o.spec.pin:
+                    pinned.setdefault(o.served_name, {})[i] = held
+                else:
+                    reclaimable += held
+            # its own CUDA context, made before vLLM reads the free memory: the pool's share for it,
+            # at most the 0.6 GiB a loaded vLLM held on the H200 (benchmarks/RESULTS.md; the share's
+            # 0.01 covers the 1.4 GiB of a sleeping one), so that the check refuses no start vLLM allows
+            context = 0 if asleep_self else min(int(self.s.gpu_context_share * total), START_CONTEXT_BYTES)
+            rooms.append(fit.GpuRoom(i, total, free, reclaimable, context))
+        return rooms, list(pinned.items())
+
+    def _refuse(self, sup: Supervisor, report: fit.FitReport) -> None:
+        """Leave ``sup`` unloaded: why (the numbers and the advice) in its status, then the refusal
+        mark that answers the requests waiting for it."""
+        message = report.message()
+        log.warning("model_does_not_fit", model=sup.served_name, detail=message)
+        sup.last_error = message
+        sup._publish()
+        sup.board.refuse()
 
     @staticmethod
     def _note(sup: Supervisor, why: str) -> None:

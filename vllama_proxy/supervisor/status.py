@@ -19,7 +19,7 @@ from typing import Any
 
 from . import gpu
 from .child import session_members
-from ..errors import UpstreamUnavailable
+from ..errors import ModelTooLarge, UpstreamUnavailable
 from .shm import SharedLock
 from .states import State
 
@@ -60,6 +60,7 @@ class StatusBoard:
         self._loading = ctx.RawValue("i", 0)  # 1 while a start or wake asked for by requests is under way
         self._closing = ctx.RawValue("i", 0)  # 1 while the supervisor checks it is idle before sleeping/stopping it
         self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
+        self._refused = ctx.RawValue("d", 0.0)  # epoch s of the latest fit check that refused it (0: none since it loaded)
         self._lock = SharedLock()  # guards state vs. _closing, _inflight and _waiting together
         self._inflight = ctx.RawArray("i", max(slots, 1))
         self._waiting = ctx.RawArray("i", max(slots, 1))  # requests waiting for it to load, per process
@@ -127,6 +128,22 @@ class StatusBoard:
     def waking(self) -> bool:
         """A request wants the model loaded (asked within the last ``WANT_TTL`` seconds)."""
         return time.time() - self._wanted.value < WANT_TTL
+
+    def refuse(self) -> None:
+        """The supervisor's side: the fit check refused to start it (``last_error`` says why, published
+        first); requests waiting for it get that message now. Clears the wake request, so that it is
+        checked again only when a request asks again."""
+        self._refused.value = time.time()
+        self.clear_wake()
+
+    def admitted(self) -> None:
+        """The supervisor's side: it got its GPU memory; earlier refusals no longer apply."""
+        self._refused.value = 0.0
+
+    @property
+    def refused_at(self) -> float:
+        """Epoch seconds of the latest refusal by the fit check (0: none since it was last admitted)."""
+        return self._refused.value
 
     @property
     def settled(self) -> bool:
@@ -199,12 +216,16 @@ class StatusBoard:
         Polls shared memory (any worker process may call this): the cold path only.
 
         Raises:
+            ModelTooLarge: the fit check refused to load it after this call asked (507).
             UpstreamUnavailable: not ready within ``timeout`` s, or vLLM failed or is stopping.
         """
         deadline = time.monotonic() + timeout
+        asked = time.time()
         while not self.ready:
             state = self.state
             if state in (State.SLEEPING, State.UNLOADED):
+                if self._refused.value >= asked:  # a verdict reached since this request asked: final for it
+                    raise ModelTooLarge(self.last_error or f"model '{self.served_name}' does not fit in its GPUs' memory")
                 self.request_wake()
             elif state in (State.FAILED, State.STOPPING, State.STOPPED, State.UNHEALTHY):
                 raise UpstreamUnavailable(self.unavailable_message())
