@@ -131,6 +131,11 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     is no GPU.
     """
     specs = [with_api_servers(m, front) for m in settings.model_specs()]
+    for served, entry in settings.library_entries().items():
+        # chat_template: the library names vLLM's own tool templates (examples/*.jinja), which
+        # vLLM's wheel does not ship; the repo's own template serves instead.
+        log.info("library_model", model=served, library=entry.name, repo=entry.repo, quantization=entry.quant_kind,
+                 fallback=entry.fallback, vllm_args=entry.vllm_args(), chat_template_skipped=entry.chat_template or None)
     # vLLM trees an earlier vllama left running (killed, or crashed) hold GPU memory: stop them first,
     # and stop ours on any exit path that skips the orderly stop below (lifeline.py).
     stale = await asyncio.to_thread(lifeline.stop_stale, settings.state_dir, settings.stop_grace)
