@@ -490,9 +490,11 @@ class Library:
 
     # -- advice --------------------------------------------------------------------
     def closest(self, name: str, also: list[str] | tuple[str, ...] = (), n: int = 3) -> list[str]:
-        """The known names closest to ``name`` (``also``: more candidates, e.g. the served names)."""
+        """The known names closest to ``name``, compared without tags; ``also`` (the served names)
+        are given whole and win over a library name of the same base (``qwen2.5:0.5b`` over ``qwen2.5``)."""
         base = name.partition(":")[0].casefold()
-        pool = {c.casefold(): c for c in (*also, *self._rows)}
+        pool = {c.casefold(): c for c in self._rows}
+        pool.update({c.partition(":")[0].casefold(): c for c in also})
         return [pool[c] for c in difflib.get_close_matches(base, list(pool), n=n, cutoff=0.6)]
 
     def advice(self, name: str, served: list[str] | tuple[str, ...] = ()) -> str:
