@@ -413,6 +413,8 @@ class Library:
             (self.replaced if m.name in rows else self.added).append(m.name)
             rows[m.name] = m
         self._rows = rows
+        #: parsers of the user's rows that vLLM did not register when the table was made
+        self.warnings = [f"{m.name}: {p}" for m in (user.model if user else []) for p in unknown_parsers(m)]
         classes = (user.quant_classes if user and user.quant_classes else None) or packaged.quant_classes
         assert classes is not None  # the packaged file has them (strict_problems)
         self._suffixes: list[tuple[str, str]] = sorted(
@@ -593,13 +595,16 @@ def load(user_file: Path | None = None) -> Library:
         LibraryError: a file is unreadable or breaks the schema.
     """
     user = read_file(user_file) if user_file is not None else None
-    lib = Library(packaged(), user, user_path=user_file)
-    if user is not None:
-        for m in user.model:
-            for problem in unknown_parsers(m):
-                log.warning("library_parser_unknown", file=str(user_file), name=m.name, problem=problem)
-        log.info("library", file=str(user_file), added=lib.added, replaced=lib.replaced, names=len(lib.names))
-    return lib
+    return Library(packaged(), user, user_path=user_file)
+
+
+def log_user_file(lib: Library) -> None:
+    """One line on what a user's file changed (and a warning per parser vLLM may lack); nothing without one."""
+    if lib.user_path is None:
+        return
+    log.info("library", file=str(lib.user_path), added=lib.added, replaced=lib.replaced, names=len(lib.names))
+    for problem in lib.warnings:
+        log.warning("library_parser_unknown", file=str(lib.user_path), problem=problem)
 
 
 def main(argv: list[str]) -> int:
