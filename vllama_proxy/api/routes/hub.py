@@ -35,7 +35,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
     name = require_model(req.ref)
     if await _served(request, name, strict=False) is not None:
         return _success(req.stream)
-    model = hub.parse_model(name) or _from_library(request, name)
+    model = hub.parse_model(name) or await _from_library(request, name)
     async with aclosing(hub.pull(model)) as events:
         if req.stream is False:
             async for _ in events:
@@ -82,21 +82,28 @@ async def delete(request: web.Request) -> web.Response:
         raise VllamaError(f"cannot remove the alias from {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
     if await _served(request, name, strict=True) is not None:
         raise VllamaError(f"model '{name}' is in use: it is being served", status=400)
-    model = hub.parse_model(name) or _from_library(request, name)
+    model = hub.parse_model(name) or await _from_library(request, name)
     await asyncio.to_thread(hub.delete, model, name)
     return web.Response(status=200)
 
 
-def _from_library(request: web.Request, name: str) -> hub.HubModel:
+async def _from_library(request: web.Request, name: str) -> hub.HubModel:
     """The Hugging Face repo a library name (``qwen2.5:0.5b``) maps to.
 
     Raises:
         ModelNotFound: not a library name: 404 naming the closest ones and how to name a Hub model.
     """
-    library = request.app[CATALOG].library
-    if library is None:
+    catalog = request.app[CATALOG]
+    if catalog.library is None:
         raise ModelNotFound(name)
-    entry = library.resolve(name)
+    try:
+        entry = catalog.library.resolve(name)
+    except ModelNotFound as e:
+        try:  # the advice names the closest served names too
+            served = {m.name: m for m in await catalog.models()}
+        except UpstreamError:
+            raise e from None
+        raise catalog.not_found(name, served) from None
     return hub.HubModel(entry.repo, None if entry.revision == "main" else entry.revision)
 
 
