@@ -236,10 +236,10 @@ FAST = ["--no-gpu-check", "--health-interval", "0.2", "--startup-poll-interval",
 
 
 class Vllama:
-    """``vllama serve`` supervising the stand-in vllm: ``--model tiny`` or, with ``config`` (TOML text), ``--config``."""
+    """``vllama serve`` supervising the stand-in vllm: ``--model tiny`` (or ``model``) or, with ``config`` (TOML text), ``--config``."""
 
     def __init__(self, tmp_path: Path, env: dict[str, str] | None = None, flags: list[str] | None = None, vllm_args: list[str] | None = None,
-                 config: str | None = None):
+                 config: str | None = None, model: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = tmp_path / "tiny"
@@ -250,7 +250,7 @@ class Vllama:
              "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp_path / "state"),
              "VLLAMA_CPUS": "2",
              **(env or {})}
-        source = ["--model", str(self.model)]
+        source = ["--model", model or str(self.model)]  # model: another --model (a library name, a hub id)
         if config is not None:
             (tmp_path / "vllama.toml").write_text(config)
             source = ["--config", str(tmp_path / "vllama.toml")]

@@ -25,6 +25,9 @@ answers without a token), an unknown revision 404 ``RevisionNotFound``, an unkno
 Repositories (see :func:`repo_files`):
     acme/tiny-*         any name: config, tokenizer config, generation config, ``model.safetensors``
                         (~24 MiB, LFS), and files vLLM never reads (``pytorch_model.bin``, ``original/``)
+    Qwen/Qwen2.5-0.5B-Instruct, Qwen/Qwen2.5-0.5B-Instruct-AWQ
+                        the same files, under the repos vllama's library maps ``qwen2.5:0.5b`` and
+                        ``qwen2.5:0.5b-instruct-q4_K_M`` to (``vllama pull qwen2.5:0.5b``)
     acme/gated-model    gated: 401 GatedRepo on download without access
     acme/huge-model     its weights claim 10 PB
     acme/corrupt-model  the bytes of its weights do not match the sha256 the tree lists
@@ -89,11 +92,15 @@ def weights() -> bytes:
     return struct.pack("<Q", len(header)) + header + bytes(range(256)) * (2 * n // 256) + b"\0" * (2 * n % 256)
 
 
+#: Repos of the library table (vllama_proxy/models/library.toml) the fake Hub serves, as tiny ones.
+LIBRARY_REPOS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct-AWQ")
+
+
 def repo_files(repo_id: str) -> list[File] | None:
     """The files of ``repo_id`` (``None``: no such repo)."""
     config = json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
                          "num_hidden_layers": 2, "vocab_size": 1000, "torch_dtype": "bfloat16"}).encode()
-    if repo_id.startswith("acme/tiny-"):
+    if repo_id.startswith("acme/tiny-") or repo_id in LIBRARY_REPOS:
         return [
             File("config.json", config, lfs=False),
             File("tokenizer_config.json", json.dumps({"eos_token": "<|im_end|>", "repo": repo_id}).encode(), lfs=False),

@@ -101,7 +101,7 @@ async def test_mixed_file(proxy, upstream_requests, tmp_path):
         assert r[cid]["response"] is None and r[cid]["error"]["code"] == "invalid_line"
     assert r["nomodel"]["response"]["status_code"] == 404 and r["nomodel"]["error"]["code"] == "http_error"
     assert r["nomodel-ollama"]["response"]["status_code"] == 404
-    assert r["nomodel-ollama"]["error"]["message"] == "model 'nope' not found"
+    assert r["nomodel-ollama"]["error"]["message"].startswith("model 'nope' not found: ")
     assert r["e400"]["response"]["status_code"] == 400
     assert "maximum context length" in r["e400"]["error"]["message"]
     anonymous = {x["id"]: x for x in results if x["custom_id"] is None}

@@ -83,9 +83,12 @@ def test_show(proxy):
 def test_pull(proxy):
     r = vllama(proxy, "pull", ALIAS)
     assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "success"
-    r = vllama(proxy, "pull", "llama3:8b")
+    r = vllama(proxy, "pull", "lama3:8b")  # not a library name: what is close, in one line
     assert r.returncode == 1
-    assert r.stderr.startswith("Error: vllama cannot pull 'llama3:8b'") and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("Error: model 'lama3:8b' not found: it is not a name in vllama's library") and r.stderr.count("\n") == 1
+    assert "llama3" in r.stderr and "org/name" in r.stderr
+    r = vllama(proxy, "pull", "llama3:8b")  # a library name: its repo (this proxy's Hub is offline)
+    assert r.returncode == 1 and r.stderr.startswith("Error: cannot pull 'meta-llama/Meta-Llama-3-8B-Instruct': HF_HUB_OFFLINE")
 
 
 EVENTS = ({"status": "pulling manifest"},

@@ -50,7 +50,9 @@ def test_copy_makes_an_alias_and_delete_removes_it(fake, state_dir, upstream_req
     ({"source": SERVED}, 400, "source and destination are required"),
     ({"source": "", "destination": "x"}, 400, "source and destination are required"),
     ({"source": SERVED, "destination": "bad name!"}, 400, 'destination "bad name!" is invalid'),
-    ({"source": "nothing-here", "destination": "x"}, 404, "model 'nothing-here' not found"),
+    ({"source": "nothing-here", "destination": "x"}, 404, "model 'nothing-here' not found: it is not a name in vllama's "
+     "library (72 Ollama names, see docs/library.md); a Hugging Face model is named by its id, org/name (e.g. "
+     "Qwen/Qwen2.5-7B-Instruct)"),
     ({"source": SERVED, "destination": SERVED}, 200, None),  # the same model: nothing to refuse
 ])
 def test_copy_errors(proxy, body, status, error):

@@ -141,7 +141,9 @@ def test_model_names(client, name):
 def test_client_mistakes(client, proxy):
     with pytest.raises(ResponseError) as e:
         client.generate(model="nope", prompt="x")
-    assert e.value.status_code == 404 and e.value.error == "model 'nope' not found"
+    # not served, not in the library: Ollama's words, then how to name a Hugging Face model (issue 22)
+    assert e.value.status_code == 404 and e.value.error.startswith("model 'nope' not found: it is not a name in vllama's library")
+    assert "org/name" in e.value.error
     with pytest.raises(ResponseError) as e:
         client.generate(model=SERVED, prompt="x", suffix="y")
     assert e.value.status_code == 400 and e.value.error == f'"{SERVED}" does not support insert'

@@ -14,9 +14,9 @@ from conftest import SERVED, free_port, get_json, start_proxy, stop, wait_aborte
 def test_pull_served_model_succeeds(client, proxy):
     assert client.pull(SERVED).status == "success"
     assert [p.status for p in client.pull(SERVED + ":latest", stream=True)] == ["success"]
-    with pytest.raises(ResponseError) as e:
-        client.pull("llama3:8b")
-    assert e.value.status_code == 404 and "--model llama3:8b" in e.value.error and SERVED in e.value.error
+    with pytest.raises(ResponseError) as e:  # neither served nor a library name: what is close
+        client.pull("fake-modl:8b")
+    assert e.value.status_code == 404 and f"the closest known names are {SERVED}" in e.value.error and "org/name" in e.value.error
 
 
 @pytest.mark.parametrize("method,path,body", [

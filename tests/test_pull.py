@@ -156,10 +156,29 @@ def test_pull_of_a_served_model_needs_no_hub(client, hub_requests):
     assert hub_requests() == []
 
 
-def test_pull_of_a_name_that_is_not_a_hub_id(client):
+def test_pull_of_a_library_name_pulls_the_repo_it_maps_to(client, hf_home):
+    # issue 22: the Ollama name means the repo of vllama's library table, with Ollama's progress
+    events = list(client.pull("qwen2.5:0.5b", stream=True))
+    assert events[0].status == "pulling manifest" and events[-1].status == "success"
+    assert any(e.digest == "sha256:" + WEIGHTS_SHA for e in events)
+    (revision,) = cached(hf_home, "Qwen/Qwen2.5-0.5B-Instruct").revisions
+    assert {f.file_name for f in revision.files} == PULLED
+    # a quantization tag: the publisher's AWQ repo
+    assert client.pull("qwen2.5:0.5b-instruct-q4_K_M").status == "success"
+    assert cached(hf_home, "Qwen/Qwen2.5-0.5B-Instruct-AWQ") is not None
+    # and the name deletes what it pulled
+    assert client.delete("qwen2.5:0.5b-instruct-q4_K_M").status == "success"
+    assert cached(hf_home, "Qwen/Qwen2.5-0.5B-Instruct-AWQ") is None
+
+
+def test_pull_of_an_unknown_name_says_what_is_close(client):
     with pytest.raises(ResponseError) as e:
-        client.pull("llama3:8b")
-    assert e.value.status_code == 404 and "--model llama3:8b" in e.value.error and SERVED in e.value.error
+        client.pull("lama3.2")
+    assert e.value.status_code == 404 and e.value.error.startswith("model 'lama3.2' not found: it is not a name in vllama's library")
+    assert "the closest known names are llama3.2" in e.value.error and "org/name" in e.value.error
+    with pytest.raises(ResponseError) as e:
+        client.pull("qwen2.5:99b")
+    assert e.value.status_code == 404 and "knows qwen2.5 with the tags 0.5b, 1.5b" in e.value.error
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -69,12 +69,16 @@ class UnsupportedCapability(BadRequest):
 
 
 class ModelNotFound(VllamaError):
-    """The requested model is neither served nor an alias (Ollama: 404 ``model 'X' not found``)."""
+    """The requested model is neither served nor an alias (Ollama: 404 ``model 'X' not found``).
+
+    ``detail``, when given, follows after a colon: what is close, what to name instead.
+    """
 
     status = 404
 
-    def __init__(self, model: str) -> None:
-        super().__init__(f"model '{model}' not found")
+    def __init__(self, model: str, detail: str | None = None) -> None:
+        super().__init__(f"model '{model}' not found" + (f": {detail}" if detail else ""))
+        self.model = model
 
 
 class NotSupported(VllamaError):

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from vllama_proxy.models.config import RESERVED_VLLM_ARGS, ModelConfig, served_name_for
+from vllama_proxy.errors import ModelNotFound
+from vllama_proxy.models import library
+from vllama_proxy.models.config import RESERVED_VLLM_ARGS, ModelConfig
 
 #: Ollama's default port (``envconfig.Host`` in ollama/ollama).
 OLLAMA_DEFAULT_PORT = 11434
@@ -112,11 +114,18 @@ class Settings(BaseSettings):
     )
     model: str | None = Field(
         None,
-        description="Model for the supervisor to serve with `vllm serve` (HF id or local directory).",
+        description="Model for the supervisor to serve with `vllm serve`: an Ollama library name (qwen2.5:7b, llama3.2; "
+        "see docs/library.md), a Hugging Face id or a local directory.",
     )
     served_model_name: str | None = Field(
         None,
-        description="Name vLLM serves the model under (default: the hub id, or a local directory's name).",
+        description="Name vLLM serves the model under (default: the library name or hub id as given, or a local directory's name).",
+    )
+    library: Path | None = Field(
+        None,
+        description="Your own library file (Ollama names -> Hugging Face repos, the packaged table's schema): its rows "
+        "add names or replace packaged rows of the same name (default: <state-dir>/library.toml when it exists; "
+        "see docs/library.md).",
     )
     alias: dict[str, str] = Field(
         default_factory=dict,
@@ -264,6 +273,11 @@ class Settings(BaseSettings):
     )
     access_log: bool = Field(True, description="Log one line per request (route, status, duration).")
 
+    #: The library (packaged + user file) and the launched models resolved through it, made once
+    #: by :meth:`_library_names` (pickled along to the workers).
+    _library: library.Library | None = PrivateAttr(None)
+    _specs: list[tuple[ModelConfig, library.Entry | None]] = PrivateAttr(default_factory=list)
+
     @field_validator("workers")
     @classmethod
     def _workers_range(cls, v: int | str) -> int | str:
@@ -316,20 +330,50 @@ class Settings(BaseSettings):
                 ports.add(m.port)
         return self
 
-    def model_specs(self) -> list[ModelConfig]:
-        """The models vllama launches: the ``[[models]]`` tables, or the one ``--model`` describes."""
+    @model_validator(mode="after")
+    def _library_names(self) -> Settings:
+        # Library names (qwen2.5:7b) become their repo and vLLM arguments once, here, so that a
+        # tag the table lacks is a settings error at start, not a vLLM that cannot load "x:y".
+        path = self.library
+        if path is None and (self.state_dir / "library.toml").is_file():
+            path = self.state_dir / "library.toml"
+        try:
+            self._library = library.load(path)
+            self._specs = [library.resolve_spec(m, self._library) for m in self._raw_specs()]
+        except library.LibraryError as e:
+            raise ValueError(str(e)) from None
+        except ModelNotFound as e:
+            raise ValueError(e.message) from None
+        return self
+
+    def _raw_specs(self) -> list[ModelConfig]:
         if self.models:
             return list(self.models)
         if self.model:
             return [
                 ModelConfig(
                     model=self.model,
-                    name=self.served_model_name or served_name_for(self.model),
+                    name=self.served_model_name,
                     vllm_args=self.vllm_args,
                     port=self.vllm_port,
                 )
             ]
         return []
+
+    def model_specs(self) -> list[ModelConfig]:
+        """The models vllama launches: the ``[[models]]`` tables, or the one ``--model`` describes,
+        library names resolved (``qwen2.5:7b`` -> ``Qwen/Qwen2.5-7B-Instruct`` served as ``qwen2.5:7b``
+        with tool calling on; see ``models/library.py``)."""
+        return [spec for spec, _ in self._specs]
+
+    def library_entries(self) -> dict[str, library.Entry]:
+        """Served name -> the library entry it came from, for the launched models named by a library name."""
+        return {spec.served_name: entry for spec, entry in self._specs if entry is not None}
+
+    def library_table(self) -> library.Library:
+        """The library: the packaged table, extended or overridden by ``--library`` (or ``<state_dir>/library.toml``)."""
+        assert self._library is not None  # made by the validator
+        return self._library
 
     @classmethod
     def settings_customise_sources(
@@ -404,7 +448,7 @@ class Settings(BaseSettings):
 #: ``--help`` metavars a person reads, where the field's type alone would show a Python type.
 METAVARS = {
     "host": "HOST", "port": "PORT", "config": "FILE", "models": "JSON", "upstream": "URL", "model": "MODEL",
-    "served_model_name": "NAME", "alias": "NAME=SERVED", "vllm_args": "ARG", "api_key_upstream": "KEY",
+    "served_model_name": "NAME", "library": "FILE", "alias": "NAME=SERVED", "vllm_args": "ARG", "api_key_upstream": "KEY",
     "api_key": "KEY", "api_key_file": "FILE", "origins": "ORIGIN", "max_queue": "N", "max_running": "N",
     "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION",
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",

@@ -188,6 +188,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         vllm_args={"*": settings.vllm_args},
         ttl=settings.models_ttl,
         store=AliasStore(settings.state_dir / "aliases.json"),
+        library=settings.library_table(),
     )
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:

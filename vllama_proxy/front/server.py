@@ -16,6 +16,7 @@ from aiohttp import web
 from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.api.app import build_app
 from vllama_proxy.logs import get_logger
+from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
 from vllama_proxy.models.config import ModelConfig
 from vllama_proxy.settings import Settings
@@ -73,6 +74,7 @@ def log_front_end(front: Plan) -> None:
 async def serve_upstream(settings: Settings, front: Plan) -> None:
     """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal."""
     assert settings.upstream is not None
+    library.log_user_file(settings.library_table())
     notifier = Notifier()
     nofile = raise_nofile_limit()
     log_front_end(front)
@@ -131,6 +133,12 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     is no GPU.
     """
     specs = [with_api_servers(m, front) for m in settings.model_specs()]
+    library.log_user_file(settings.library_table())
+    for served, entry in settings.library_entries().items():
+        # chat_template: the library names vLLM's own tool templates (examples/*.jinja), which
+        # vLLM's wheel does not ship; the repo's own template serves instead.
+        log.info("library_model", model=served, library=entry.name, repo=entry.repo, quantization=entry.quant_kind,
+                 fallback=entry.fallback, vllm_args=entry.vllm_args(), chat_template_skipped=entry.chat_template or None)
     # vLLM trees an earlier vllama left running (killed, or crashed) hold GPU memory: stop them first,
     # and stop ours on any exit path that skips the orderly stop below (lifeline.py).
     stale = await asyncio.to_thread(lifeline.stop_stale, settings.state_dir, settings.stop_grace)

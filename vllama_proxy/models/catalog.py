@@ -10,7 +10,9 @@ Resolving a name also chooses where its requests go: :meth:`Catalog.backend_of`.
 Names follow Ollama: every served model is listed as ``<served>:latest``;
 requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
 ``Qwen/Qwen2.5-1.5B-Instruct``) and those made with ``/api/copy`` resolve to the
-served name (``shared/ollama-api.md``).
+served name (``shared/ollama-api.md``). A library name (``qwen2.5:7b``, ``models/library.py``)
+that is not a served name resolves to the model served from its repo (``--model
+Qwen/Qwen2.5-7B-Instruct``); an unknown one is a 404 that names the closest known names.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.logs import get_logger
 from .backends import ServedModel
 from .config import has_flag, vllm_arg
+from .library import Library, looks_like_library_name
 from .model_files import ModelFiles, read_model_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +86,7 @@ class Catalog:
             ``--upstream`` server's models.
         ttl: seconds a fetched list counts as fresh.
         store: aliases made with ``/api/copy`` (:class:`~vllama_proxy.models.aliases.AliasStore`).
+        library: Ollama library names -> repos (``models/library.py``), for names that are not served names.
     """
 
     def __init__(
@@ -93,8 +97,10 @@ class Catalog:
         vllm_args: Mapping[str, Iterable[str]] | None = None,
         ttl: float = 10.0,
         store: AliasStore | None = None,
+        library: Library | None = None,
     ) -> None:
         self._backends = list(backends)
+        self._library = library
         self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
         self._folded = {k.casefold(): v for k, v in self._aliases.items()}  # lookups ignore case, as Ollama's
         self._store = store
@@ -118,15 +124,33 @@ class Catalog:
         """The served model an Ollama name refers to.
 
         Raises:
-            ModelNotFound: neither a served name (with or without ``:latest``, any case) nor an alias.
+            ModelNotFound: neither a served name (with or without ``:latest``, any case), an alias,
+                nor a library name of a served repo; for a name of the library's form, the message
+                says what is close and how to name a Hugging Face model.
             UpstreamUnavailable: no list is cached and vLLM cannot be asked.
         """
         found = self._lookup(await self._current(), name)
         if found is None and time.monotonic() - self._fetched_at > 1.0:
             found = self._lookup(await self._fetch(), name)
         if found is None:
-            raise ModelNotFound(name)
+            raise self.not_found(name, await self._current())
         return found
+
+    @property
+    def library(self) -> Library | None:
+        return self._library
+
+    def not_found(self, name: str, models: Mapping[str, ServedModel]) -> ModelNotFound:
+        """The 404 for ``name``: with the library's advice when it has a library name's form."""
+        if self._library is None or not looks_like_library_name(name.strip()):
+            return ModelNotFound(name)
+        try:
+            entry = self._library.resolve(name)
+        except ModelNotFound as e:
+            if name.partition(":")[0] in self._library:  # a known name, an unknown tag
+                return e
+            return ModelNotFound(name, self._library.advice(name, [strip_latest(n) for n in models]))
+        return ModelNotFound(name, f"vllama's library maps it to {entry.repo}, which this server does not serve")
 
     def backend_of(self, model: ServedModel) -> Backend:
         """The backend serving ``model`` (an ``--upstream`` server serves every model it lists)."""
@@ -190,7 +214,21 @@ class Catalog:
         if m is None:
             folded = key.casefold()
             m = next((v for k, v in models.items() if k.casefold() == folded), None)
+        if m is None and self._library is not None:
+            m = self._by_library_name(models, name)
         return m
+
+    def _by_library_name(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
+        """The served model loaded from the repo a library name maps to (``qwen2.5:7b`` ->
+        the model served from ``Qwen/Qwen2.5-7B-Instruct``, whatever its served name)."""
+        assert self._library is not None
+        if name.strip() not in self._library:
+            return None
+        try:
+            repo = self._library.resolve(name).repo.casefold()
+        except ModelNotFound:
+            return None
+        return next((m for m in models.values() if m.root.casefold() == repo), None)
 
     async def _current(self) -> dict[str, ServedModel]:
         if self._models is None:

@@ -2,8 +2,9 @@
 
 A served model pulls at once (clients pull before they chat) and cannot be deleted. Any
 other ``org/name[:revision]`` is downloaded into the Hugging Face cache, where vLLM finds it
-(``vllama serve --model org/name``), or removed from it. Other names (``llama3:8b``) are not
-hub ids: 404 naming what is served.
+(``vllama serve --model org/name``), or removed from it. An Ollama library name
+(``qwen2.5:0.5b``, ``llama3.2``) means the repo vLLM's library table maps it to
+(``models/library.py``); any other name is a 404 naming the closest library names.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from contextlib import aclosing
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
+from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, VllamaError, error_line
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .common import read_request
-from .manage import served_list
 from ..ollama_types import ModelRef, require_model
 from ..state import CATALOG
 from ..stream import NDJSON
@@ -35,13 +35,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
     name = require_model(req.ref)
     if await _served(request, name, strict=False) is not None:
         return _success(req.stream)
-    model = hub.parse_model(name)
-    if model is None:
-        raise NotSupported(
-            f"vllama cannot pull '{name}': it pulls Hugging Face models (org/name) and serves "
-            f"{await served_list(request)} through vLLM. Start vllama with --model {name} to serve it.",
-            status=404,
-        )
+    model = hub.parse_model(name) or await _from_library(request, name)
     async with aclosing(hub.pull(model)) as events:
         if req.stream is False:
             async for _ in events:
@@ -88,11 +82,29 @@ async def delete(request: web.Request) -> web.Response:
         raise VllamaError(f"cannot remove the alias from {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
     if await _served(request, name, strict=True) is not None:
         raise VllamaError(f"model '{name}' is in use: it is being served", status=400)
-    model = hub.parse_model(name)
-    if model is None:
-        raise ModelNotFound(name)
+    model = hub.parse_model(name) or await _from_library(request, name)
     await asyncio.to_thread(hub.delete, model, name)
     return web.Response(status=200)
+
+
+async def _from_library(request: web.Request, name: str) -> hub.HubModel:
+    """The Hugging Face repo a library name (``qwen2.5:0.5b``) maps to.
+
+    Raises:
+        ModelNotFound: not a library name: 404 naming the closest ones and how to name a Hub model.
+    """
+    catalog = request.app[CATALOG]
+    if catalog.library is None:
+        raise ModelNotFound(name)
+    try:
+        entry = catalog.library.resolve(name)
+    except ModelNotFound as e:
+        try:  # the advice names the closest served names too
+            served = {m.name: m for m in await catalog.models()}
+        except UpstreamError:
+            raise e from None
+        raise catalog.not_found(name, served) from None
+    return hub.HubModel(entry.repo, None if entry.revision == "main" else entry.revision)
 
 
 async def _served(request: web.Request, name: str, *, strict: bool) -> str | None:
