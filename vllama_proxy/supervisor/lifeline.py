@@ -10,7 +10,8 @@ and makes the next start fail (issue 19). Three layers make that impossible:
    stops vLLM, which shuts down its own engine core and workers on SIGTERM.
 2. **Launch records.** Every vLLM tree gets a marker in its environment
    (``VLLAMA_TREE=<id>``, inherited by every descendant, so it survives re-parenting
-   and new sessions) and a record ``<state_dir>/children/<id>.json`` naming its process
+   and new sessions; vLLM's retitled processes, whose environment the title overwrites,
+   are found by their session and title instead) and a record ``<state_dir>/children/<id>.json`` naming its process
    group and its owner (vllama's pid and start time). A vllama that starts finds the
    records whose owner is gone and stops those trees first (:func:`stop_stale`): what
    layer 1 could not stop (a vLLM that ignores or hangs on SIGTERM) is gone before the
@@ -136,11 +137,39 @@ def _owner_alive(body: dict) -> bool:
     return isinstance(pid, int) and pid != os.getpid() and _started(pid) == body.get("owner_started")
 
 
-def stop_tree(marker: str, pgid: int | None, grace: float) -> list[int]:
-    """SIGTERM a tree's process group and every marked process, wait up to ``grace`` seconds,
-    SIGKILL what is left; returns the pids that were found. Only processes carrying the
-    marker are ever signalled (a recycled process-group id is left alone)."""
+#: What vLLM's processes call themselves (``VLLM::EngineCore``, ``VLLM::APIServer_0``, ...).
+_VLLM_TITLE = "VLLM::"
+
+
+def _titled_members(sid: int, since: float) -> list[psutil.Process]:
+    """Live processes of session ``sid`` started at or after ``since`` that carry a vLLM
+    process title. vLLM retitles its processes (setproctitle), which overwrites their
+    environment in ``/proc``, so these are found by session, not by the marker."""
+    found = []
+    for p in psutil.process_iter(["status", "name", "cmdline", "create_time"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or os.getsid(p.pid) != sid:
+                continue
+            title = " ".join(p.info["cmdline"] or []) or p.info["name"] or ""
+            if _VLLM_TITLE in title and p.info["create_time"] >= since - 1:
+                found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def stop_tree(marker: str, pgid: int | None, grace: float, launched: float | None = None) -> list[int]:
+    """SIGTERM a tree's process group and every process of it, wait up to ``grace`` seconds,
+    SIGKILL what is left; returns the pids that were found.
+
+    Only processes of the tree are ever signalled: those carrying the marker, and (with
+    ``launched``, the time the tree was started) the vLLM-titled processes of its session
+    started since, which lost the marker to their new title. A recycled process-group id
+    is left alone."""
     procs = marked(marker)
+    if pgid and launched is not None:
+        seen = {p.pid for p in procs}
+        procs += [p for p in _titled_members(pgid, launched) if p.pid not in seen]
     if not procs:
         return []
     pids = [p.pid for p in procs]
@@ -180,7 +209,7 @@ def stop_stale(state_dir: Path, grace: float) -> list[dict]:
             continue
         if _owner_alive(body):
             continue  # another running vllama's (one state dir, several instances)
-        pids = stop_tree(str(body.get("marker", "")), body.get("pgid"), grace)
+        pids = stop_tree(str(body.get("marker", "")), body.get("pgid"), grace, body.get("launched"))
         if pids:
             log.warning("stale_vllm_stopped", model=body.get("model"), pgid=body.get("pgid"), pids=pids,
                         owner_pid=body.get("owner_pid"), detail="left running by a vllama that did not stop it")
@@ -203,7 +232,7 @@ def stop_own(state_dir: Path, grace: float = 5.0) -> list[dict]:
             continue
         if body.get("owner_pid") != os.getpid():
             continue
-        if stop_tree(str(body.get("marker", "")), body.get("pgid"), grace):
+        if stop_tree(str(body.get("marker", "")), body.get("pgid"), grace, body.get("launched")):
             stopped.append(body)
         forget(path)
     return stopped
