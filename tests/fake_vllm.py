@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fake vLLM 0.26 OpenAI-compatible server: a real HTTP server process for tests.
+"""A fake vLLM OpenAI-compatible server (0.26 shapes; 0.32 with FAKE_VLLM_VERSION): a real HTTP server process for tests.
 
 Run it like ``vllm serve``::
 
@@ -128,7 +128,18 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-VLLM_VERSION = "0.26.0"
+#: The vLLM version whose shapes it emits: 0.26.0 (default), or 0.32.0 (``FAKE_VLLM_VERSION``),
+#: which adds ``usage.completion_tokens_details`` (tests/fixtures/vllm-0.32).
+VLLM_VERSION = os.environ.get("FAKE_VLLM_VERSION") or "0.26.0"
+V032 = tuple(int(x) for x in VLLM_VERSION.split(".")[:2]) >= (0, 32)
+
+
+def _details(usage: dict[str, Any], chat: bool, events: list) -> dict[str, Any]:
+    """vLLM 0.32's ``completion_tokens_details``: the reasoning tokens of a chat answer, null
+    for completions and embeddings; nothing before 0.32."""
+    if V032:
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(1 for e in events if e[0] == "r")} if chat else None
+    return usage
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-nohash"
 
 _RE_TOKENS = re.compile(r"\[\[tokens:(\d+)\]\]")
@@ -856,7 +867,9 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
         p = plan.prompt_tokens
         await resp.write(_sse({
             "id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n},
+            # 0.32 adds the details to a chat stream's usage only (not to a completion stream's)
+            "usage": (_details if chat else lambda u, *_: u)({"prompt_tokens": p, "total_tokens": p + n,
+                                                              "completion_tokens": n}, chat, plan.events),
             "system_fingerprint": SYSTEM_FINGERPRINT}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
@@ -893,8 +906,8 @@ async def _non_stream(request: web.Request, state: State, plan: Plan, tracker: T
             calls[ev[1]]["function"]["arguments"] += ev[2]
     n = len(plan.events)
     p = plan.prompt_tokens
-    usage = {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n,
-             "prompt_tokens_details": None}
+    usage = _details({"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n,
+                      "prompt_tokens_details": None}, chat, plan.events)
     created = int(time.time())
     if chat:
         text = "".join(content)
@@ -1005,8 +1018,8 @@ async def embeddings(request: web.Request) -> web.Response:
     state.prompt_tokens_total += ptoks
     return json_response({"id": "embd-" + uuid.uuid4().hex, "object": "list",
                           "created": int(time.time()), "model": model, "data": data,
-                          "usage": {"prompt_tokens": ptoks, "total_tokens": ptoks,
-                                    "completion_tokens": 0, "prompt_tokens_details": None}})
+                          "usage": _details({"prompt_tokens": ptoks, "total_tokens": ptoks,
+                                             "completion_tokens": 0, "prompt_tokens_details": None}, False, [])})
 
 
 async def tokenize(request: web.Request) -> web.Response:

