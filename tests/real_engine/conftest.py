@@ -187,6 +187,19 @@ class RealVllama:
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
         self.t_start = time.monotonic()
 
+    def wait_live(self, timeout: float = 30) -> None:
+        """Until the proxy answers (it listens at once, before vLLM is up)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllama exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                httpx.get(self.url + "/livez", timeout=2)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise AssertionError(f"vllama did not listen within {timeout} s:\n{self.tail()}")
+
     def ready(self) -> dict:
         return httpx.get(self.url + "/readyz", timeout=5).json()
 

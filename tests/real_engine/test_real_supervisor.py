@@ -1,0 +1,167 @@
+"""vllama's supervisor on the real vLLM child: start-up gating, two API servers, kill -9 of the real
+engine core mid-stream, SIGTERM drain and stop.
+
+One ``vllama serve --model DIR -- ... --api-server-count 2`` for the module; the tests run in file
+order (the last one stops it). A random model answers greedily with newlines and a repeated word
+and never ends on its own, so ``num_predict`` sets how long a stream lasts (~1-3 ms a token here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import ollama
+import psutil
+import pytest
+from conftest import RealVllama
+
+LONG = {"temperature": 0, "num_predict": 30000}  # 10+ s of streaming on CPU, however fast the machine
+ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--api-server-count", "2"]
+
+
+@pytest.fixture(scope="module")
+def sup(tiny_model, start_real) -> RealVllama:
+    return start_real("supervisor", model=tiny_model, vllm_args=ARGS)  # not waited for: the first test watches it start
+
+
+@pytest.fixture
+def ready(sup) -> RealVllama:
+    sup.wait_ready()
+    return sup
+
+
+def _titled(server: RealVllama, prefix: str) -> list[psutil.Process]:
+    return [p for p in server.processes() if p.name().startswith(prefix)]
+
+
+def test_startup_is_gated_until_vllm_is_ready(sup, tiny_model):
+    sup.wait_live()
+    r = httpx.get(sup.url + "/readyz", timeout=5)
+    assert r.status_code == 503 and r.json()["state"] == "starting"
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=sup.url).generate(model=tiny_model.name, prompt="x")
+    assert e.value.status_code == 503 and "loading" in str(e.value.error)
+    body = sup.wait_ready()
+    assert httpx.get(sup.url + "/readyz", timeout=5).status_code == 200 and body["restarts"] == 0
+    # vLLM's own log went through vllama's log, and the gate opened after vLLM said it was up
+    lines = [json.loads(x) for x in sup.log.read_text().splitlines() if x.startswith("{")]
+    vllm_lines = [x["line"] for x in lines if x.get("component") == "vllm" and "line" in x]
+    assert any("Application startup complete" in x or "Starting vLLM" in x for x in vllm_lines), vllm_lines[-20:]
+
+
+def test_two_api_servers_share_the_engine(ready, tiny_model):
+    fe = ready.ready()["front_end"]["vllm_api_servers"][tiny_model.name]
+    assert fe == {"count": 2, "source": "vllm_args"}
+    assert sorted(p.name() for p in _titled(ready, "VLLM::APIServer")) == ["VLLM::APIServer_0", "VLLM::APIServer_1"]
+    assert len(_titled(ready, "VLLM::EngineCor")) == 1
+    out: list = []
+    threads = [threading.Thread(target=lambda i=i: out.append(ollama.Client(host=ready.url, timeout=60).generate(model=tiny_model.name, prompt=f"n{i}",
+                                                                         options={"temperature": 0, "num_predict": 20})))
+               for i in range(8)]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert len(out) == 8 and all(r.eval_count == 20 for r in out)
+
+
+def test_kill_9_of_the_engine_core_mid_stream(ready, tiny_model):
+    """Every streaming client gets an error line, vLLM is restarted, nothing of the old tree remains."""
+    restarts = ready.ready()["restarts"]
+    old_root = psutil.Process(ready.ready()["pid"])
+    old_tree = [old_root, *old_root.children(recursive=True)]
+    old_session = os.getsid(old_root.pid)
+    (engine,) = [p for p in old_tree if p.name().startswith("VLLM::EngineCor")]
+    results: dict[int, tuple] = {}
+    began = [threading.Event() for _ in range(3)]
+
+    def stream(i: int) -> None:
+        # A client per thread, and every thread keeps reading: a client that stops reading (a barrier
+        # at its second chunk) held back the other streams, vLLM's own API server too.
+        n = 0
+        try:
+            for chunk in ollama.Client(host=ready.url, timeout=120).generate(
+                    model=tiny_model.name, prompt=f"s{i}", stream=True, options=LONG):
+                n += 1
+                if n == 2:
+                    began[i].set()
+                if chunk.done:
+                    results[i] = ("done", n, chunk.done_reason)
+                    return
+            results[i] = ("ended without done", n)
+        except ollama.ResponseError as e:
+            results[i] = ("error", n, e.status_code, str(e.error))
+        except Exception as e:  # noqa: BLE001 - anything else is a failure to report
+            results[i] = (type(e).__name__, n, str(e)[:200])
+        finally:
+            began[i].set()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    [t.start() for t in threads]
+    deadline = time.monotonic() + 90
+    while not all(b.is_set() for b in began) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.send_signal(signal.SIGKILL)
+    # On 2 busy CPUs a stream can finish its tokens before the last one has begun: those were not
+    # in flight; every stream that was must end with an error line, none silently.
+    ended_before = {i for i, r in results.items() if r[0] == "done"}
+    [t.join(120) for t in threads]
+    in_flight = {i: r for i, r in results.items() if i not in ended_before}
+    assert len(results) == 3 and len(in_flight) >= 2, results
+    assert all(r[0] == "error" for r in in_flight.values()), results
+    assert all(r[1] >= 2 for r in in_flight.values())  # the error came after tokens, as a line of the stream
+    # the old tree goes entirely (API servers, worker), the supervisor launches a new one
+    _, alive = psutil.wait_procs(old_tree, timeout=60)
+    assert not alive, f"old vLLM processes left: {[(p.pid, p.name()) for p in alive]}"
+    body = ready.wait_state(tiny_model.name, ("ready",), timeout=420)
+    assert body["restarts"] == restarts + 1 and body["pid"] != old_root.pid
+    assert not [p for p in psutil.process_iter() if _session(p) == old_session], "orphans of the old session"
+    r = ollama.Client(host=ready.url, timeout=120).generate(model=tiny_model.name, prompt="after", options={"temperature": 0, "num_predict": 5})
+    assert r.eval_count == 5
+    assert len(_titled(ready, "VLLM::APIServer")) == 2 and len(_titled(ready, "VLLM::EngineCor")) == 1
+
+
+def _session(p: psutil.Process) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return None
+
+
+def test_sigterm_drains_in_flight_streams_then_stops_everything(ready, tiny_model):
+    tree = ready.processes()
+    assert any(p.name().startswith("VLLM::EngineCor") for p in tree)
+    c = ollama.Client(host=ready.url, timeout=120)
+    chunks = []
+    first = threading.Event()
+    result: dict = {}
+
+    def stream() -> None:
+        try:
+            for chunk in c.generate(model=tiny_model.name, prompt="drain", stream=True,
+                                    options={"temperature": 0, "num_predict": 4000}):
+                chunks.append(chunk)
+                first.set()
+            result["ok"] = True
+        except Exception as e:  # noqa: BLE001
+            result["error"] = repr(e)
+            first.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert first.wait(60)
+    t0 = time.monotonic()
+    ready.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    with pytest.raises((httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):  # no longer accepting
+        httpx.get(ready.url + "/api/tags", timeout=5)
+    t.join(120)
+    assert result == {"ok": True}, result
+    assert chunks[-1].done and chunks[-1].eval_count == 4000  # the in-flight stream finished in full
+    assert ready.proc.wait(90) == 0
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive and ready.processes() == [], [(p.pid, p.name()) for p in alive]
+    assert time.monotonic() - t0 < 60
