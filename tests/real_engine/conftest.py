@@ -30,8 +30,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(HERE))
-import make_tiny_model  # noqa: E402
+from . import make_tiny_model  # noqa: E402
 
 MARK = "real_engine"
 #: vLLM arguments every real server gets: a small context, and a KV cache of a fixed 64 MiB. On the

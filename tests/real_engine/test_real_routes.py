@@ -20,7 +20,7 @@ import ollama
 import openai
 import psutil
 import pytest
-from conftest import BASE_ARGS, RealVllama
+from .conftest import BASE_ARGS, RealVllama
 
 CHAT, EMBED = "tiny-chat", "tiny-embed"
 GREEDY = {"temperature": 0}

@@ -18,7 +18,7 @@ import httpx
 import ollama
 import psutil
 import pytest
-from conftest import RealVllama
+from .conftest import RealVllama
 
 LONG = {"temperature": 0, "num_predict": 30000}  # 10+ s of streaming on CPU, however fast the machine
 ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--api-server-count", "2"]

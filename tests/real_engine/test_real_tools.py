@@ -14,7 +14,7 @@ import importlib.util
 import sys
 
 import pytest
-from conftest import BASE_ARGS, ROOT, RealVllama
+from .conftest import BASE_ARGS, ROOT, RealVllama
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "tool_model"))
 import e2e_tools  # noqa: E402
