@@ -78,20 +78,6 @@ def test_crash_loop_fails_with_last_output(vllama):
     assert v.stop() == 0
 
 
-def test_sigterm_drains_in_flight_and_leaves_nothing(vllama):
-    v = vllama(env={"FAKE_VLLM_GRANDCHILD": "1", "FAKE_VLLM_TOKEN_DELAY": "0.02"})
-    v.wait_state("ready")
-    server, engine = v.server_pid(), v.grandchild_pid()
-    client = Client(host=v.url)
-    stream = client.generate(model="tiny", prompt="x [[tokens:100]]", stream=True)
-    first = next(stream)
-    v.proc.send_signal(signal.SIGTERM)
-    rest = list(stream)  # the in-flight request finishes during the drain
-    assert rest[-1].done and len(rest) + 1 == 101 and first.response == "tok0 "
-    assert v.proc.wait(30) == 0
-    assert not alive(server) and not alive(engine)
-
-
 def _gone(*pids: int, timeout: float = 15) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
