@@ -248,7 +248,7 @@ class Vllama:
         self.log = tmp_path / "vllama.log"
         e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.pidfile),
              "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp_path / "state"),
-             "VLLAMA_CPUS": "2",
+             "VLLAMA_CPUS": "2", "HF_HOME": str(tmp_path / "hf"),  # on-demand models: this test's cache, not the user's
              **(env or {})}
         source = ["--model", model or str(self.model)]  # model: another --model (a library name, a hub id)
         if config is not None:

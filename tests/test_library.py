@@ -321,7 +321,7 @@ def test_serve_a_library_name(vllama):
     assert client.show("qwen2.5:0.5b").capabilities == ["completion", "tools"]
     with pytest.raises(ResponseError) as e:
         client.show("qwen2.5:7b")
-    assert e.value.status_code == 404 and "maps it to Qwen/Qwen2.5-7B-Instruct, which this server does not serve" in e.value.error
+    assert e.value.status_code == 404 and "maps it to Qwen/Qwen2.5-7B-Instruct, which is not pulled here; try pulling it first" in e.value.error
     with pytest.raises(ResponseError) as e:
         client.chat(model="qwen2.5:0.6b", messages=[{"role": "user", "content": "hi"}])
     assert e.value.status_code == 404 and "knows qwen2.5 with the tags" in e.value.error

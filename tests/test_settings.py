@@ -43,7 +43,9 @@ def test_passthrough_and_aliases():
 def test_bad_values_exit_2():
     r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", "ftp://x"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "upstream" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve"], capture_output=True, text=True, cwd=ROOT)
+    # nothing to serve: no model, no upstream, and on-demand models off (plain `vllama serve` serves
+    # local models on demand, as `ollama serve`)
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--no-on-demand"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "--upstream" in r.stderr
 
 

@@ -117,13 +117,13 @@ def main(argv: list[str] | None = None) -> None:
 
         run_loop(serve_upstream(settings, front))
         return
-    if settings.model_specs():
+    if settings.model_specs() or settings.on_demand:  # none configured: local models start on demand
         from vllama_proxy.front.server import serve_supervised
 
         run_loop(serve_supervised(settings, front))
         return
-    print("vllama serve: give --upstream URL (proxy a running vLLM), --model M (launch vLLM) "
-          "or --config FILE with [[models]]", file=sys.stderr)
+    print("vllama serve: give --upstream URL (proxy a running vLLM), --model M (launch vLLM), "
+          "--config FILE with [[models]], or leave --on-demand on (local models start when named)", file=sys.stderr)
     raise SystemExit(2)
 
 

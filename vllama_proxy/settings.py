@@ -127,6 +127,21 @@ class Settings(BaseSettings):
         "add names or replace packaged rows of the same name (default: <state-dir>/library.toml when it exists; "
         "see docs/library.md).",
     )
+    on_demand: bool = Field(
+        True,
+        description="Start a local model (pulled into the Hugging Face cache) the first time a request names it, as Ollama "
+        "does, with its library name's vLLM arguments; off: only --model / [[models]] are served.",
+    )
+    on_demand_models: list[str] = Field(
+        default_factory=list,
+        description="Allow-list for on-demand models: names or shell patterns (qwen2.5:*, Qwen/*), repeatable "
+        "(empty: any local model).",
+    )
+    max_on_demand: int | None = Field(
+        None, ge=1,
+        description="On-demand models loaded or asleep at once (default: 3 per GPU, Ollama's OLLAMA_MAX_LOADED_MODELS); "
+        "the least recently used idle one is unloaded for the next.",
+    )
     alias: dict[str, str] = Field(
         default_factory=dict,
         description="Ollama names for served models, NAME=SERVED (repeatable), e.g. qwen2.5:1.5b=Qwen/Qwen2.5-1.5B-Instruct.",
@@ -453,7 +468,7 @@ METAVARS = {
     "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION",
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
-    "gpu_context_share": "FRACTION",
+    "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 

@@ -14,6 +14,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -23,6 +24,7 @@ from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
 from vllama_proxy.models.catalog import Catalog
+from vllama_proxy.models.on_demand import OnDemand
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
@@ -146,7 +148,7 @@ def _allow(e: web.HTTPException) -> dict[str, str] | None:
 
 
 def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
-              bound: admission.AdmissionBound) -> web.Application:
+              bound: admission.AdmissionBound, slots: Any = None) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
 
     Args:
@@ -156,6 +158,8 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         worker: this process's index among ``--workers`` (its slot for in-flight counts).
         front: the front end's plan (processes per side), for ``/readyz``.
         bound: the server-wide admission count in shared memory (``admission.py``).
+        slots: the on-demand slots (``supervisor/slots.py``), whose backends are the ``slot`` ones of
+            ``backends``; ``None``: no model starts on demand.
     """
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
@@ -164,8 +168,9 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     if keys:
         middlewares.append(access.api_keys(keys, metrics_open=settings.metrics_open))
     boards = [b.board for b in backends if b.board is not None]
-    if boards:
-        middlewares.append(ready_gate(boards))
+    configured = [b.board for b in backends if b.board is not None and b.slot is None]
+    if configured:  # on-demand models are gated per request (routes/common.py), not here
+        middlewares.append(ready_gate(configured))
     middlewares.append(admission.middleware(bound, worker, settings.retry_after))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
@@ -176,6 +181,11 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         api_key=settings.api_key_upstream,
     )
     live = [Backend(spec, pool if i == 0 else pool.at(spec.url)) for i, spec in enumerate(backends)]
+    on_demand = None
+    if slots is not None:
+        on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=settings.library_table(),
+                             allow=settings.on_demand_models, vllm_args=settings.vllm_args, keep_alive=settings.keep_alive,
+                             load_timeout=settings.load_timeout)
     aliases = dict(settings.alias)
     for spec in settings.model_specs():
         aliases.update({a: spec.served_name for a in spec.aliases})
@@ -183,12 +193,13 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     app[WORKER] = worker
     app[FRONT_END] = front
     app[CATALOG] = Catalog(
-        live,
+        [b for b in live if b.slot is None],
         aliases=aliases,
         vllm_args={"*": settings.vllm_args},
         ttl=settings.models_ttl,
         store=AliasStore(settings.state_dir / "aliases.json"),
         library=settings.library_table(),
+        on_demand=on_demand,
     )
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:

@@ -50,6 +50,8 @@ class SupervisorCollector:
         restarts = CounterMetricFamily("vllama_supervisor_restarts", "Times each model's vLLM was restarted by the supervisor.", labels=["model"])
         in_flight = GaugeMetricFamily("vllama_model_requests_in_flight", "Requests using each model now, over all workers.", labels=["model"])
         for board in self._boards:
+            if not board.served_name:
+                continue  # an on-demand slot no model has taken yet
             current = board.state
             for s in State:
                 state.add_metric([board.served_name, s.value], 1.0 if s is current else 0.0)

@@ -594,6 +594,12 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
     piped = not sys.stdin.isatty()
     if piped:  # like ollama: stdin first, then the arguments
         prompt = " ".join(p for p in (sys.stdin.read(), prompt) if p)
+    try:  # as `ollama run`: a model the server does not have is pulled first, with progress
+        client.json("POST", "/api/show", {"model": args.model})
+    except ApiError as e:
+        if e.status == 404:
+            cmd_pull(client, argparse.Namespace(model=args.model, insecure=False))
+        # anything else (a model still loading: 503) is preload's to wait for or report
     preload(client, args)
     if not piped and not prompt:
         return interactive(client, args)

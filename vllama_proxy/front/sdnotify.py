@@ -181,13 +181,14 @@ def attach(target: Supervisor | ModelPool, notifier: Notifier) -> None:
     also failed), ``STOPPING=1`` when one becomes ``stopping``. Call it before starting them.
     """
     supervisors = list(getattr(target, "supervisors", [target]))
-    many = len(supervisors) > 1
+    configured = [s for s in supervisors if getattr(s, "slot", None) is None]  # not the on-demand slots
+    many = len(configured) > 1
     settled = {id(s) for s in supervisors if s.state in (State.UNLOADED, State.SLEEPING)}
     ready_sent = False
 
     def text(sup: Supervisor, state: State, reason: str | None) -> str:
         line = describe(state, reason, sup.served_name, sup.restarts)
-        return f"{sup.served_name}: {line}" if many else line
+        return f"{sup.served_name}: {line}" if many or sup not in configured else line
 
     def ready_once_settled() -> None:
         nonlocal ready_sent
@@ -209,8 +210,10 @@ def attach(target: Supervisor | ModelPool, notifier: Notifier) -> None:
 
         return on_transition
 
-    for sup in supervisors:
+    for sup in configured:
         notifier.status(text(sup, sup.state, None))
+    if not configured:
+        notifier.status("ready: no model configured; local models start when a request names them")
     for sup in supervisors:
         sup.listeners.append(listener(sup))
     ready_once_settled()  # nothing preloads: ready at once

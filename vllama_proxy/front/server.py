@@ -18,12 +18,13 @@ from vllama_proxy.api.app import build_app
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu, lifeline
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
-from vllama_proxy.supervisor.sizing import Plan, with_api_servers
+from vllama_proxy.supervisor.slots import SlotTable
+from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
 from .sdnotify import Notifier, attach, run_watchdog
 from .site import raise_nofile_limit, start_site, wait_for_signal
@@ -116,6 +117,22 @@ def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
     return found
 
 
+def on_demand_slots(settings: Settings) -> SlotTable | None:
+    """The on-demand slots (``--max-on-demand``; default 3 per GPU as Ollama's
+    ``OLLAMA_MAX_LOADED_MODELS``, 3 when no GPU is counted), logged; ``None`` with ``--no-on-demand``."""
+    if not settings.on_demand:
+        log.info("on_demand", enabled=False)
+        return None
+    count, source = settings.max_on_demand, "--max-on-demand"
+    if count is None:
+        gpus = gpu.count() if settings.gpu_check else 0
+        count, source = 3 * max(gpus, 1), f"3 per GPU ({gpus} GPUs)" if gpus else "3 (no GPU counted)"
+    log.info("on_demand", enabled=True, max_on_demand=count, source=source,
+             allow=settings.on_demand_models or "any local model")
+    return SlotTable(count, [free_loopback_port() for _ in range(count)], workers=int(settings.workers),
+                     keep_alive=settings.keep_alive_seconds())
+
+
 def free_loopback_port() -> int:
     """A free TCP port on 127.0.0.1 for vLLM."""
     with socket.socket() as s:
@@ -149,12 +166,13 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     if settings.gpu_check:
         try:
             needed = {m.served_name: m.gpus for m in specs if m.gpus is not None}
-            for warning in await asyncio.to_thread(gpu.preflight, max(m.gpu_share for m in specs), needed):
+            share = max((m.gpu_share for m in specs), default=VLLM_DEFAULT_GPU_SHARE)  # none: on-demand models only
+            for warning in await asyncio.to_thread(gpu.preflight, share, needed):
                 log.warning("gpu_memory_in_use", detail=warning)
         except gpu.GpuUnavailable as e:
             print(f"vllama: {e}", file=sys.stderr)
             raise SystemExit(1) from None
-        gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids}))
+        gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids} or {0}))
     nofile = raise_nofile_limit()
     if front.placement.active:
         # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
@@ -166,8 +184,11 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             front = dataclasses.replace(front, placement=Placement(source=f"off ({why})"))
     log_front_end(front)
     bound = admission_bound(settings, specs, nofile, gpu_info)
+    slots = on_demand_slots(settings)
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
-                     engine_cpus=front.placement.engine_cpus)
+                     engine_cpus=front.placement.engine_cpus, slots=slots,
+                     # each on-demand model gets the API servers a lone configured model would
+                     prepare=lambda m: with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))))
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     now = int(time.time())
@@ -178,15 +199,17 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             model=ServedModel(name=sup.served_name, root=sup.spec.model, max_model_len=sup.spec.context_length,
                               created=now, vllm_args=tuple(sup.spec.args())),
         )
-        for sup in pool.supervisors
+        for sup in pool.supervisors if sup.slot is None
     ]
-    app = build_app(settings, backends, front=front, bound=bound)
+    backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
+                 for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
+    app = build_app(settings, backends, front=front, bound=bound, slots=slots)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
-    workers = WorkerPool(settings, backends, front, bound)
+    workers = WorkerPool(settings, backends, front, bound, slots)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
-             models={sup.served_name: sup.port for sup in pool.supervisors})
-    rejected = first_start_config_error(pool.supervisors)
+             models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})
+    rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     hurry = asyncio.Event()

@@ -19,6 +19,7 @@ import signal
 import time
 from multiprocessing.connection import wait as mp_wait
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from vllama_proxy.api.admission import AdmissionBound
 from vllama_proxy.logs import configure_logging, get_logger
@@ -33,22 +34,23 @@ _CTX = multiprocessing.get_context("spawn")
 
 
 def _worker_main(index: int, parent: int, settings: Settings, backends: list[BackendSpec], front: Plan,
-                 bound: AdmissionBound) -> None:
+                 bound: AdmissionBound, slots: Any = None) -> None:
     # A worker left behind would keep serving on the shared port (SO_REUSEPORT) with a dead
     # supervisor's view of vLLM: it stops (draining) when the main process dies, however it dies.
     die_with_parent(signal.SIGTERM, parent)
     configure_logging(settings.log_level, settings.log_format)
     from .site import run_loop
 
-    run_loop(_serve(index, settings, backends, front, bound))
+    run_loop(_serve(index, settings, backends, front, bound, slots))
 
 
-async def _serve(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound) -> None:
+async def _serve(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound,
+                 slots: Any = None) -> None:
     from vllama_proxy.api.app import build_app
     from .site import raise_nofile_limit, start_site, wait_for_signal
 
     raise_nofile_limit()
-    app = build_app(settings, backends, worker=index, front=front, bound=bound)
+    app = build_app(settings, backends, worker=index, front=front, bound=bound, slots=slots)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True)
     log.info("worker_listening", worker=index, port=settings.port)
     try:
@@ -65,10 +67,12 @@ class WorkerPool:
         backends: the vLLM servers (with their status boards in shared memory), as ``build_app`` takes them.
         front: the front end's plan (shown in ``/readyz``).
         bound: the server-wide admission count in shared memory.
+        slots: the on-demand slots (shared memory), or ``None``.
     """
 
-    def __init__(self, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound) -> None:
-        self._args = (settings, backends, front, bound)
+    def __init__(self, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound,
+                 slots: Any = None) -> None:
+        self._args = (settings, backends, front, bound, slots)
         self._bound = bound
         self._boards = [spec.board for spec in backends if spec.board is not None]
         self._procs: dict[int, BaseProcess] = {}

@@ -43,11 +43,13 @@ class BackendSpec:
         url: its base URL (no ``/v1``).
         board: its supervisor's status when vllama runs it (``None``: ``--upstream``).
         model: the model vllama launched there (``None``: whatever its ``/v1/models`` lists).
+        slot: the on-demand slot it is (``supervisor/slots.py``; its model changes), else ``None``.
     """
 
     url: str
     board: StatusBoard | None = None
     model: ServedModel | None = None
+    slot: int | None = None
 
 
 class Backend:
@@ -57,3 +59,4 @@ class Backend:
         self.upstream = upstream
         self.board = spec.board
         self.model = spec.model
+        self.slot = spec.slot

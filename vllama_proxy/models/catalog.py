@@ -33,6 +33,7 @@ from .model_files import ModelFiles, read_model_files
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import AliasStore
     from .backends import Backend
+    from .on_demand import OnDemand
 
 log = get_logger("vllama.catalog")
 
@@ -87,6 +88,7 @@ class Catalog:
         ttl: seconds a fetched list counts as fresh.
         store: aliases made with ``/api/copy`` (:class:`~vllama_proxy.models.aliases.AliasStore`).
         library: Ollama library names -> repos (``models/library.py``), for names that are not served names.
+        on_demand: local models started when a request names them (``models/on_demand.py``; ``None``: off).
     """
 
     def __init__(
@@ -98,7 +100,9 @@ class Catalog:
         ttl: float = 10.0,
         store: AliasStore | None = None,
         library: Library | None = None,
+        on_demand: OnDemand | None = None,
     ) -> None:
+        self._on_demand = on_demand
         self._backends = list(backends)
         self._library = library
         self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
@@ -117,8 +121,15 @@ class Catalog:
         self._files: dict[str, asyncio.Task[ModelFiles]] = {}
 
     async def models(self) -> list[ServedModel]:
-        """All served models (fetching the list if none is cached)."""
-        return list((await self._current()).values())
+        """All served models (fetching the list if none is cached), then those on-demand slots hold."""
+        served = list((await self._current()).values()) if self._backends else []
+        if self._on_demand is not None:
+            served += [m for m in self._on_demand.models() if m.name not in {s.name for s in served}]
+        return served
+
+    @property
+    def on_demand(self) -> OnDemand | None:
+        return self._on_demand
 
     async def resolve(self, name: str) -> ServedModel:
         """The served model an Ollama name refers to.
@@ -129,11 +140,14 @@ class Catalog:
                 says what is close and how to name a Hugging Face model.
             UpstreamUnavailable: no list is cached and vLLM cannot be asked.
         """
-        found = self._lookup(await self._current(), name)
-        if found is None and time.monotonic() - self._fetched_at > 1.0:
+        models = await self._current() if self._backends else {}
+        found = self._lookup(models, name)
+        if found is None and self._on_demand is not None:
+            found = self._on_demand.held(name) or await self._on_demand.claim(name)
+        if found is None and self._backends and time.monotonic() - self._fetched_at > 1.0:
             found = self._lookup(await self._fetch(), name)
         if found is None:
-            raise self.not_found(name, await self._current())
+            raise self.not_found(name, models)
         return found
 
     @property
@@ -141,7 +155,17 @@ class Catalog:
         return self._library
 
     def not_found(self, name: str, models: Mapping[str, ServedModel]) -> ModelNotFound:
-        """The 404 for ``name``: with the library's advice when it has a library name's form."""
+        """The 404 for ``name``: with the library's advice when it has a library name's form; "try
+        pulling it first" (Ollama's words) for one on-demand would start once it is pulled."""
+        pull = "try pulling it first (vllama pull, or POST /api/pull)"
+        if self._on_demand is not None and name.strip().count("/") == 1:
+            return ModelNotFound(name, pull)
+        if self._on_demand is not None and self._library is not None and name.strip() in self._library:
+            try:
+                entry = self._library.resolve(name)
+            except ModelNotFound as e:  # an unknown tag: the name's tags
+                return e
+            return ModelNotFound(name, f"vllama's library maps it to {entry.repo}, which is not pulled here; {pull}")
         if self._library is None or not looks_like_library_name(name.strip()):
             return ModelNotFound(name)
         try:
@@ -153,8 +177,17 @@ class Catalog:
         return ModelNotFound(name, f"vllama's library maps it to {entry.repo}, which this server does not serve")
 
     def backend_of(self, model: ServedModel) -> Backend:
-        """The backend serving ``model`` (an ``--upstream`` server serves every model it lists)."""
-        return self._backend_of.get(model.name) or self._backends[0]
+        """The backend serving ``model`` (an ``--upstream`` server serves every model it lists).
+
+        Raises:
+            ModelNotFound: an on-demand model no slot holds any more (another model took it).
+        """
+        found = self._backend_of.get(model.name)
+        if found is None and self._on_demand is not None:
+            found = self._on_demand.backend_of(model)
+            if found is None:
+                raise ModelNotFound(model.name, "it was unloaded; retry")
+        return found or self._backends[0]
 
     @property
     def backends(self) -> list[Backend]:

@@ -80,11 +80,19 @@ class Supervisor:
             start or wake (``None``: it always fits).
         engine_cpus: one CPU set per engine core, applied each time vLLM becomes ready
             (``placement.py``; ``None``: the kernel places them).
+        slot: ``(table, index)`` for an on-demand slot (``slots.py``): ``spec`` is a placeholder and
+            the model is whatever the slot holds when a request wakes it.
+        prepare: applied to each model a slot takes (the front end's ``--api-server-count``, as for
+            configured models: ``sizing.with_api_servers``).
     """
 
     def __init__(self, settings: Settings, spec: ModelConfig, *, port: int, board: StatusBoard, pool: Any = None,
-                 engine_cpus: list[list[int]] | None = None) -> None:
+                 engine_cpus: list[list[int]] | None = None, slot: tuple[Any, int] | None = None,
+                 prepare: Callable[[ModelConfig], ModelConfig] | None = None) -> None:
         self.s = settings
+        self.slot = slot
+        self.prepare = prepare
+        self._generation = 0
         self.engine_cpus = engine_cpus
         self.spec = spec
         self.port = port
@@ -127,7 +135,9 @@ class Supervisor:
     async def start(self) -> None:
         """Begin supervising (returns at once; vLLM loads in the background)."""
         await self._probe.start()
-        log.info("state", model=self.served_name, to=self.state.value, reason="launching" if self.state is State.STARTING else "loads on demand")
+        if self.slot is None:  # an empty on-demand slot has nothing to say yet
+            log.info("state", model=self.served_name, to=self.state.value,
+                     reason="launching" if self.state is State.STARTING else "loads on demand")
         self._task = asyncio.create_task(self._run(), name=f"supervisor:{self.served_name}")
 
     async def stop(self) -> None:
@@ -211,9 +221,12 @@ class Supervisor:
         on_demand = self.state is State.UNLOADED
         try:
             while not self._stop.is_set():
+                if self._respec() and self.state is not State.UNLOADED:
+                    self._set(State.UNLOADED, f"the slot now holds {self.served_name}")  # from failed or restarting
                 if self.state is State.UNLOADED:
                     if not await self._wait_wake(None):
                         break
+                    self._respec()
                     on_demand = True
                 if not await self._admit(on_demand):
                     if self._stop.is_set():
@@ -244,10 +257,13 @@ class Supervisor:
                               argv=self.argv())
                     await self._stop_child()
                     self._set(State.FAILED, reason)
-                    await self._stop.wait()
-                    break
+                    if self.slot is None or not await self._wait_respec():
+                        await self._stop.wait()
+                        break
+                    continue  # an on-demand slot: it now holds another model
                 if reason is None:
                     self._keep_alive_from_now()
+                    self._loading = False  # the start requests asked for is over (as after a wake)
                     self._set(State.READY)
                     ready_at = time.monotonic()
                     reason = await self._serve()
@@ -284,6 +300,34 @@ class Supervisor:
                     self._set(State.STOPPING)
                 await self._stop_child()
                 self._set(State.STOPPED)
+
+    def _respec(self) -> bool:
+        """An on-demand slot took another model since it was last read: run that one from now on."""
+        if self.slot is None:
+            return False
+        table, index = self.slot
+        generation = table.generation(index)
+        spec = table.spec(index)
+        if generation == self._generation or spec is None:
+            return False
+        self._generation = generation
+        if self.prepare is not None:
+            spec = self.prepare(spec)
+        self.spec, self.served_name = spec, spec.served_name
+        self.config_error = self.last_error = None
+        self.last_output = ""
+        self.restarts = 0
+        self._weights_bytes = None
+        log.info("on_demand_model", slot=index, model=self.served_name, repo=spec.model, vllm_args=spec.args())
+        return True
+
+    async def _wait_respec(self) -> bool:
+        """Until the slot takes another model (True) or supervision stops (False)."""
+        table, index = self.slot
+        while table.generation(index) == self._generation:
+            if await self._sleep_or_stop(0.1):
+                return False
+        return True
 
     async def _admit(self, on_demand: bool) -> bool:
         """Whether vLLM may take its GPU memory now (see ``pool.ModelPool.make_room``)."""

@@ -113,6 +113,18 @@ def wait_released(pids: Collection[int], timeout: float, interval: float = 0.5) 
         time.sleep(interval)
 
 
+def count() -> int:
+    """How many GPUs NVML sees (0 without NVML)."""
+    try:
+        _init()
+    except GpuUnavailable:
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def memory(indices: Collection[int]) -> dict[int, tuple[int, int]] | None:
     """``{index: (free bytes, total bytes)}`` of the GPUs ``indices`` (nvidia-smi order) that NVML
     sees, or ``None`` without NVML: the fit check's numbers (``models/fit.py``)."""

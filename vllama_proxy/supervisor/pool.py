@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from vllama_proxy.models import fit
 from vllama_proxy.models.config import ModelConfig, vllm_arg
@@ -43,6 +44,7 @@ from . import gpu
 from .core import Supervisor
 from ..logs import get_logger
 from ..settings import Settings
+from .slots import SlotTable
 from .states import State
 from .status import StatusBoard
 
@@ -75,10 +77,14 @@ class ModelPool:
         ports: the loopback port of each model's vLLM, in the same order.
         engine_cpus: served name -> the CPU set of each of its engine cores (``sizing.Plan.placement``;
             none: the kernel places them).
+        slots: the on-demand slots (``slots.py``): one more supervisor each, unloaded until a request
+            claims the slot for a local model.
+        prepare: what each slot's supervisor applies to the model it takes (``Supervisor``'s ``prepare``).
     """
 
     def __init__(self, settings: Settings, specs: list[ModelConfig], ports: list[int],
-                 engine_cpus: dict[str, list[list[int]]] | None = None) -> None:
+                 engine_cpus: dict[str, list[list[int]]] | None = None, slots: SlotTable | None = None,
+                 prepare: Callable[[ModelConfig], ModelConfig] | None = None) -> None:
         self.s = settings
         self.supervisors: list[Supervisor] = []
         for spec, port in zip(specs, ports, strict=True):
@@ -90,6 +96,12 @@ class ModelPool:
             )
             sup = Supervisor(settings, spec, port=port, board=board, pool=self,
                              engine_cpus=(engine_cpus or {}).get(spec.served_name))
+            sup.listeners.append(self._on_transition)
+            self.supervisors.append(sup)
+        self.slots = slots
+        for i, (board, port) in enumerate(zip(slots.boards if slots else [], slots.ports if slots else [], strict=True)):
+            placeholder = ModelConfig(model=f"on-demand-slot-{i}", vllm_args=settings.vllm_args, preload=False)
+            sup = Supervisor(settings, placeholder, port=port, board=board, pool=self, slot=(slots, i), prepare=prepare)
             sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
         self._changed = asyncio.Event()

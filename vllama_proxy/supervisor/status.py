@@ -48,6 +48,7 @@ class StatusBoard:
     def __init__(self, served_name: str, ctx: Any = None, *, slots: int = 1, keep_alive: float = 300.0,
                  initial: State = State.STARTING) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
+        self._name = ctx.RawArray("c", 512)  # in shared memory: an on-demand slot's model changes (slots.py)
         self.served_name = served_name
         self.keep_alive = keep_alive
         self._state = ctx.RawValue("i", _STATES.index(initial))
@@ -82,6 +83,15 @@ class StatusBoard:
             self._state.value = _STATES.index(state)  # last: readers see a complete record for it
 
     @property
+    def served_name(self) -> str:
+        """The model's served name (an on-demand slot's changes when another model takes it)."""
+        return self._name.value.decode(errors="replace")
+
+    @served_name.setter
+    def served_name(self, name: str) -> None:
+        self._name.value = name.encode()[: len(self._name) - 1]
+
+    @property
     def state(self) -> State:
         return _STATES[self._state.value]
 
@@ -105,6 +115,11 @@ class StatusBoard:
         now = time.time()
         self._expires.value = math.inf if keep_alive_s < 0 else now + keep_alive_s
         self._last_used.value = now
+
+    def expire(self) -> None:
+        """End the keep-alive now without counting as a use (the least recently used stays so):
+        the supervisor unloads the model at its next check if nothing uses it."""
+        self._expires.value = time.time()
 
     @property
     def expires_at(self) -> float:

@@ -117,6 +117,7 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
         return
     seconds = parse_keep_alive(keep_alive, default=board.keep_alive)
     slot = request.app[WORKER]
+    held = board.served_name  # an on-demand slot may take another model before this request is counted
     timeout = request.app[SETTINGS].load_timeout
     if not (board.available or board.waking or board.loading):
         raise UpstreamUnavailable(board.unavailable_message())
@@ -129,6 +130,9 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
             # the supervisor began putting it to sleep after wait_ready saw it ready: wait again
     finally:
         board.wait_end(slot)
+    if board.served_name != held:
+        board.end(slot)
+        raise UpstreamUnavailable(f"model '{held}' was unloaded for another model before this request began; retry")
     board.touch(seconds)
     try:
         yield

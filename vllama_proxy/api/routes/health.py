@@ -29,19 +29,24 @@ async def readyz(request: web.Request) -> web.Response:
     for a request. A model restarting or failed shows in the body only. ``front_end`` says
     how many processes vllama and each vLLM serve with, and why (``supervisor/sizing.py``).
     """
-    backends = request.app[CATALOG].backends
-    boards = [b.board for b in backends if b.board is not None]
-    if len(boards) == 1:
+    catalog = request.app[CATALOG]
+    boards = [b.board for b in catalog.backends if b.board is not None]
+    on_demand = catalog.on_demand
+    held = [b.board for b in on_demand.backends if b.board is not None and b.board.served_name] if on_demand else []
+    if len(boards) == 1 and not held:
         body = boards[0].status()
         ready = boards[0].available  # sleeping/unloaded still serves: the next request loads it
-    elif boards:
+    elif boards or held:
         # Ready once every model is past its first start (as systemd's READY=1), then whenever
         # some model can serve: one model restarting or failed must not take the others out
-        # of a load balancer; it is reported in the body.
-        ready = all(b.settled for b in boards) and any(b.available or b.loading for b in boards)
-        body = {"state": "ready" if ready else "unavailable", "models": [b.status() for b in boards]}
+        # of a load balancer; it is reported in the body. On-demand models count once they are
+        # wanted (a server with none configured is ready to start them).
+        ready = all(b.settled for b in boards) and (not boards or any(b.available or b.loading for b in boards))
+        body = {"state": "ready" if ready else "unavailable", "models": [b.status() for b in boards + held]}
+    elif on_demand is not None:  # no model configured: local models start when requests name them
+        ready, body = True, {"state": "ready", "models": []}
     else:
-        code = await probes.health(backends[0].upstream)
+        code = await probes.health(catalog.backends[0].upstream)
         ready = code == 200
         body = {"state": "ready" if ready else "unavailable", "upstream_health": code}
     body["front_end"] = request.app[FRONT_END].as_dict()

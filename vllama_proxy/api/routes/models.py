@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.models.backends import ServedModel
+from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from .common import read_request, resolve_model
 from ..ollama_types import ModelRef
@@ -104,6 +105,16 @@ async def tags(request: web.Request) -> web.Response:
         files = await catalog.files(model)
         entry = {"modified_at": _modified_at(model, files), "size": files.size, "digest": files.digest, "details": details(files)}
         out += [{"name": n, "model": n, **entry} for n in catalog.names_for(model)]
+    if catalog.on_demand is not None:  # pulled models, which start when a request names them (Ollama lists them all)
+        listed = {e["name"].casefold() for e in out}
+        roots = {m.root.casefold() for m in await catalog.models()}
+        for lm in await catalog.on_demand.local():
+            name = ollama_name(lm.name)
+            if name.casefold() in listed or lm.repo.casefold() in roots:
+                continue
+            files = await catalog.files(ServedModel(name=lm.name, root=str(lm.path), max_model_len=None, created=int(lm.modified)))
+            out.append({"name": name, "model": name, "modified_at": rfc3339(lm.modified), "size": files.size or lm.size,
+                        "digest": files.digest, "details": details(files)})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
 
 

@@ -1,0 +1,207 @@
+"""Ollama's model life (issue 22, part 3): pulled models are listed and start when a request names them.
+
+A ``vllama serve`` with no model configured, the stand-in vLLM as its ``vllm``, and a Hugging Face
+cache filled by the real ``huggingface_hub`` from the fake Hub (``fake_hub.py``) through vllama's
+own ``/api/pull``, or laid out by hand as ``huggingface_hub`` leaves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+
+from conftest import ROOT, free_port, get_json, stop, wait_http, write_model_dir
+from test_models_pool import fakes, states
+from test_pull import fake_hf, hf_env  # noqa: F401 - the fake Hub fixture
+
+QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def place(hub: Path, repo: str) -> Path:
+    """``repo`` in the cache layout ``huggingface_hub`` leaves: blobs linked from a snapshot, refs/main."""
+    d = hub / ("models--" + repo.replace("/", "--"))
+    commit = f"{abs(hash(repo)) % 16**40:040x}"
+    snap = d / "snapshots" / commit
+    write_model_dir(d / "tmp")
+    (d / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True)
+    for f in sorted((d / "tmp").iterdir()):
+        blob = d / "blobs" / f"{abs(hash((repo, f.name))):x}"
+        f.rename(blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (d / "tmp").rmdir()
+    (d / "refs").mkdir()
+    (d / "refs" / "main").write_text(commit)
+    return snap
+
+
+class Server:
+    """``vllama serve`` with nothing configured (an empty config file) and ``flags``."""
+
+    def __init__(self, tmp: Path, *flags: str, env: dict[str, str] | None = None, config: str = "") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "vllama.log"
+        (tmp / "vllama.toml").write_text(config)
+        from conftest import FAST, TESTS
+
+        e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PYTHON": sys.executable,
+             "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp / "state"), "VLLAMA_CPUS": "2",
+             "FAKE_VLLM_TOKEN_DELAY": "0", **(env or {})}
+        cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--config", str(tmp / "vllama.toml"), "--port", str(self.port),
+               *FAST, *flags]
+        self.proc = subprocess.Popen(cmd, env=e, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+        wait_http(self.url + "/livez", self.proc)
+        self.client = ollama.Client(host=self.url, timeout=60)
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while httpx.get(self.url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, httpx.get(self.url + "/readyz").text
+            time.sleep(0.05)
+
+    def launched(self) -> list[list[str]]:
+        """The argv of every vLLM launched, in order."""
+        return [json.loads(x)["argv"] for x in self.log.read_text().splitlines() if '"launched"' in x]
+
+
+@pytest.fixture
+def hub(tmp_path) -> Path:
+    h = tmp_path / "hf" / "hub"
+    h.mkdir(parents=True)
+    return h
+
+
+@pytest.fixture
+def serve(tmp_path, hub):
+    started: list[Server] = []
+
+    def start(*flags: str, **kw) -> Server:
+        env = {"HF_HOME": str(hub.parent), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", **kw.pop("env", {})}
+        s = Server(tmp_path, *flags, env=env, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        stop(s.proc, timeout=20)
+
+
+def test_local_models_are_listed_and_start_when_named(serve, hub):
+    place(hub, QWEN)
+    place(hub, "acme/tiny-chat")
+    (hub / "models--acme--half-done" / "snapshots" / "x").mkdir(parents=True)  # no config, no weights: not a model
+    s = serve("--cpus", "8")
+    assert httpx.get(s.url + "/readyz").json()["state"] == "ready"  # nothing configured: ready to start models
+    listed = {m.model: m for m in s.client.list().models}
+    # as Ollama lists local models: a library repo under its library name, any other under its id
+    assert set(listed) == {"qwen2.5:0.5b", "acme/tiny-chat:latest"}
+    d = listed["qwen2.5:0.5b"].details
+    assert (d.family, d.parameter_size, d.quantization_level) == ("qwen2", "64.06K", "BF16")
+    assert listed["qwen2.5:0.5b"].size > 128000 and listed["qwen2.5:0.5b"].digest
+    assert s.client.ps().models == [] and s.launched() == []
+    # named: started on demand, with its family's vLLM arguments (tools, as Ollama's template gives them)
+    r = s.client.generate(model="qwen2.5:0.5b", prompt="hi", options={"num_predict": 3})
+    assert r.done and r.eval_count == 3
+    (argv,) = s.launched()
+    assert argv[2] == QWEN and argv[argv.index("--served-model-name") + 1] == "qwen2.5:0.5b"
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+    assert argv[argv.index("--api-server-count") + 1] == "4"  # sized as a lone configured model (8 CPUs)
+    assert [m.model for m in s.client.ps().models] == ["qwen2.5:0.5b"]
+    assert "tools" in s.client.show("qwen2.5:0.5b").capabilities
+    assert [m["model"] for m in httpx.get(s.url + "/readyz").json()["models"]] == ["qwen2.5:0.5b"]
+    # the listing does not repeat it now that it runs
+    assert sorted(m.model for m in s.client.list().models) == ["acme/tiny-chat:latest", "qwen2.5:0.5b"]
+    # another library name of the same repo, and a Hugging Face id, each start their own
+    chat = s.client.chat(model="acme/tiny-chat", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})
+    assert chat.message.content and chat.done
+    assert s.launched()[-1][2] == "acme/tiny-chat" and "--tool-call-parser" not in s.launched()[-1]
+    # a library name that is not pulled, and one that does not exist: Ollama's advice
+    with pytest.raises(ollama.ResponseError) as e:
+        s.client.generate(model="llama3.2", prompt="hi")
+    assert e.value.status_code == 404 and "try pulling it first" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        s.client.generate(model="lama3.2", prompt="hi")
+    assert e.value.status_code == 404 and "llama3.2" in e.value.error
+    # a local path is never started on a client's say-so
+    with pytest.raises(ollama.ResponseError) as e:
+        s.client.generate(model=str(hub / "models--acme--tiny-chat"), prompt="hi")
+    assert e.value.status_code == 404 and len(s.launched()) == 2
+
+
+def test_a_full_slot_table_unloads_the_least_recently_used_idle_model(serve, hub):
+    for repo in ("acme/tiny-a", "acme/tiny-b", "acme/tiny-c"):
+        place(hub, repo)
+    # three fit on the GPU (0.3 each): the slot table (2), not memory, is what is full
+    s = serve("--max-on-demand", "2", "--keep-alive", "-1", "--", "--gpu-memory-utilization", "0.3")
+    for name in ("acme/tiny-a", "acme/tiny-b"):
+        assert s.client.generate(model=name, prompt="x", options={"num_predict": 1}).done
+    assert sorted(m.model for m in s.client.ps().models) == ["acme/tiny-a:latest", "acme/tiny-b:latest"]
+    s.client.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1})  # b is now the least recently used
+    t = time.monotonic()
+    assert s.client.generate(model="acme/tiny-c", prompt="x", options={"num_predict": 1}).done
+    assert time.monotonic() - t < 30
+    assert sorted(m.model for m in s.client.ps().models) == ["acme/tiny-a:latest", "acme/tiny-c:latest"]
+    log = [json.loads(x) for x in s.log.read_text().splitlines() if x.startswith("{")]
+    assert [x["model"] for x in log if x.get("event") == "on_demand_unload"] == ["acme/tiny-b"]
+    # b comes back the same way, in the slot a model left
+    assert s.client.generate(model="acme/tiny-b", prompt="x", options={"num_predict": 1}).done
+    assert len(s.client.ps().models) == 2
+
+
+def test_allow_list_and_off_switch(serve, hub, tmp_path):
+    place(hub, QWEN)
+    place(hub, "acme/tiny-chat")
+    s = serve("--on-demand-models", "qwen2.5:*")
+    assert s.client.generate(model="qwen2.5:0.5b", prompt="x", options={"num_predict": 1}).done
+    with pytest.raises(ollama.ResponseError) as e:
+        s.client.generate(model="acme/tiny-chat", prompt="x")
+    assert e.value.status_code == 403 and "--on-demand-models" in e.value.error
+    stop(s.proc, timeout=20)
+    # off: only what is configured is served or listed
+    model = write_model_dir(tmp_path / "configured")
+    off = serve("--no-on-demand", config=f'[[models]]\nmodel = "{model}"\nname = "configured"\n')
+    off.wait_ready()
+    assert [m.model for m in off.client.list().models] == ["configured:latest"]
+    with pytest.raises(ollama.ResponseError) as e:
+        off.client.generate(model="qwen2.5:0.5b", prompt="x")
+    assert e.value.status_code == 404 and "try pulling" not in e.value.error
+    assert [a[2] for a in off.launched()] == [str(model)]
+
+
+def test_vllama_run_pulls_then_answers_on_a_fresh_server(serve, fake_hf, hub):  # noqa: F811
+    s = serve(env={**hf_env(fake_hf.url, hub.parent), "HF_HUB_CACHE": str(hub)})
+    assert s.client.list().models == []
+    out = subprocess.run([sys.executable, "-m", "vllama_proxy", "run", "qwen2.5:0.5b", "say hi"], cwd=ROOT,
+                         env={**os.environ, "OLLAMA_HOST": s.url}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pulling manifest" in out.stderr and "success" in out.stderr  # Ollama's pull progress first
+    assert out.stdout.strip().startswith("tok0")  # then the stand-in's answer
+    assert [m.model for m in s.client.list().models] == ["qwen2.5:0.5b"]
+    assert [m.model for m in s.client.ps().models] == ["qwen2.5:0.5b"]
+    assert get_json(fakes_url(s) + "/_fake/requests")[-1]["body"]["model"] == "qwen2.5:0.5b"
+
+
+def fakes_url(s: Server) -> str:
+    argv = s.launched()[-1]
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+
+
+def test_slot_state_is_the_same_in_every_worker(serve, hub):
+    place(hub, "acme/tiny-w")
+    s = serve("--workers", "3")
+    assert s.client.generate(model="acme/tiny-w", prompt="x", options={"num_predict": 1}).done
+    # new connections land on any of the 3 processes (SO_REUSEPORT): each knows the slot's model
+    for _ in range(12):
+        with httpx.Client() as c:
+            assert [m["model"] for m in c.get(s.url + "/api/ps").json()["models"]] == ["acme/tiny-w:latest"]
+    assert len(s.launched()) == 1
+    assert states  # (imported helper kept for parity with test_models_pool)

@@ -1,0 +1,152 @@
+"""Local models started the moment a request names them, as Ollama does (``--on-demand``, on by default).
+
+The catalog (``catalog.py``) asks here when a name is none of the configured models: a
+name an on-demand slot already holds resolves to that slot's backend; a local model
+(``local.py``: pulled into the Hugging Face cache) that the allow-list admits claims a slot
+(``supervisor/slots.py``, handed in from above), served under the name as asked with its
+library name's vLLM arguments (tool calling, reasoning parser, pooling runner: ``library.py``
+``resolve_spec``) after the server's own ``--`` arguments. The request then waits for it to
+load like any unloaded model's (``routes/common.py`` ``model_in_use``), and the pool makes
+GPU room by evicting least-recently-used idle models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from vllama_proxy.errors import VllamaError
+from vllama_proxy.logs import get_logger
+from . import local
+from .backends import ServedModel
+from .config import ModelConfig
+from .library import Library, resolve_spec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .backends import Backend
+
+log = get_logger("vllama.on_demand")
+
+
+class NotAllowed(VllamaError):
+    """A local model the on-demand allow-list does not admit (403)."""
+
+    status = 403
+
+
+class OnDemand:
+    """The on-demand slots as the request path sees them.
+
+    Args:
+        slots: the slot table (``supervisor/slots.py``: ``find``, ``spec``, ``claim``, ``boards``).
+        backends: one per slot, in slot order (its board and its vLLM's URL).
+        library: for names and each family's vLLM arguments.
+        allow: the allow-list (``--on-demand-models``; empty: every local model).
+        vllm_args: the server's own arguments after ``--``, given to every on-demand model.
+        keep_alive: the server's default keep_alive (``--keep-alive``), as each model's own.
+        load_timeout: seconds a request waits for a slot to free up (``--load-timeout``).
+        ttl: seconds a scan of the cache counts as fresh (a miss rescans at most this often).
+    """
+
+    def __init__(self, slots: Any, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
+                 vllm_args: list[str], keep_alive: str | None = None, load_timeout: float = 600.0, ttl: float = 2.0) -> None:
+        self.slots = slots
+        self.load_timeout = load_timeout
+        self.backends = list(backends)
+        self.library = library
+        self.allow = list(allow)
+        # never put to sleep: a sleeping vLLM would keep its slot (stopped instead when evicted or idle)
+        self.vllm_args = [a for a in vllm_args if a != "--enable-sleep-mode"]
+        self.keep_alive = keep_alive
+        self.ttl = ttl
+        self._scan: list[local.LocalModel] = []
+        self._scanned_at = 0.0
+        self._task: asyncio.Task[list[local.LocalModel]] | None = None
+
+    async def local(self, *, fresh: bool = False) -> list[local.LocalModel]:
+        """The local models (a scan of the cache, in a worker thread, shared by concurrent callers)."""
+        if fresh or time.monotonic() - self._scanned_at > self.ttl:
+            if self._task is None or self._task.done():
+                self._task = asyncio.ensure_future(asyncio.to_thread(local.scan, self.library))
+            self._scan = await asyncio.shield(self._task)
+            self._scanned_at = time.monotonic()
+        return self._scan
+
+    def held(self, name: str) -> ServedModel | None:
+        """The model a slot holds under served name ``name`` (``:latest`` ignored, any case)."""
+        i = self.slots.find(name.strip().removesuffix(":latest"))
+        return self._served(i) if i is not None else None
+
+    def models(self) -> list[ServedModel]:
+        """The models the slots hold now (loaded or not)."""
+        out = []
+        for i in range(len(self.slots)):
+            m = self._served(i)
+            if m is not None:
+                out.append(m)
+        return out
+
+    def backend_of(self, model: ServedModel) -> Backend | None:
+        i = self.slots.find(model.name)
+        return self.backends[i] if i is not None else None
+
+    async def claim(self, name: str) -> ServedModel | None:
+        """The slot's model for ``name`` when it names a local model (claiming a slot for it); ``None``
+        when it names none.
+
+        Raises:
+            NotAllowed: a local model the allow-list does not admit.
+            UpstreamUnavailable: every slot holds a model in use (``SlotTable.claim``).
+        """
+        found = local.find(name, await self.local(), self.library)
+        if found is None:
+            found = local.find(name, await self.local(fresh=True), self.library)  # pulled a moment ago
+        if found is None:
+            return None
+        model, served = found
+        if not local.allowed(served, model.repo, self.allow):
+            raise NotAllowed(f"model '{name}' is a local model, but this server starts only "
+                             f"{', '.join(self.allow)} on demand (--on-demand-models)")
+        # the family's vLLM arguments: by the library name asked for, else by the one the repo is listed under
+        key = served if self.library is not None and "/" not in served and served.partition(":")[0] in self.library else None
+        key = key or local.repo_names(self.library).get(model.repo.casefold())
+        spec = ModelConfig(model=key or model.repo, name=served, vllm_args=self.vllm_args, keep_alive=self.keep_alive, preload=False)
+        if key and self.library is not None:
+            spec, _ = resolve_spec(spec, self.library)
+            spec = spec.model_copy(update={"model": model.repo})  # the cached repo (a quantization tag names another)
+        i = await self._claim(spec)
+        log.info("on_demand_claim", model=spec.served_name, repo=spec.model, slot=i)
+        return self._served(i)
+
+    async def _claim(self, spec: ModelConfig) -> int:
+        """A slot for ``spec``; when all hold loaded models, the least recently used idle one is
+        unloaded (its keep_alive ended now) and the claim retried, up to ``load_timeout``."""
+        deadline = time.monotonic() + self.load_timeout
+        while True:
+            try:
+                return self.slots.claim(spec)
+            except VllamaError as full:
+                leaving = _unloading(self.slots)
+                victim = None if leaving else self.slots.idle_loaded()
+                if time.monotonic() > deadline or (victim is None and not leaving):
+                    raise full from None
+                if victim is not None:
+                    log.info("on_demand_unload", model=victim.served_name, for_model=spec.served_name)
+                    victim.expire()  # its supervisor unloads it at the next check
+            await asyncio.sleep(0.05)
+
+    def _served(self, i: int) -> ServedModel | None:
+        spec = self.slots.spec(i)
+        if spec is None:
+            return None
+        return ServedModel(name=spec.served_name, root=spec.model, max_model_len=spec.context_length,
+                           created=int(time.time()), vllm_args=tuple(spec.args()))
+
+
+def _unloading(slots: Any) -> bool:
+    """Whether some slot's model is on its way out (its keep_alive ended, nothing uses it)."""
+    now = time.time()
+    return any(b.served_name and b.state.value == "ready" and b.expires_at <= now and b.in_flight == 0
+               and b.waiters == 0 for b in slots.boards)

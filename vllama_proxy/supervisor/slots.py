@@ -1,0 +1,111 @@
+"""On-demand slots: the supervisors that run local models no ``--model`` or ``[[models]]`` names.
+
+Ollama starts any local model the moment a request names it. vllama's proxy processes
+(``--workers N``) are spawned with the status boards they gate requests on, so the boards of
+on-demand models exist from the start: ``max_on_demand`` slots, each a status board, a
+loopback port and one supervisor in the main process. A request for a local model that no
+slot holds *claims* one, in whichever process it arrives: under one lock it takes a slot that
+is empty, else the least recently used slot whose model is unloaded (or failed) and that no
+request uses or waits for, and writes the model's name and :class:`ModelConfig` there. The
+slot's supervisor, which waits for a wake request like any unloaded model's, reads its new
+model when it wakes (:meth:`SlotTable.spec`). A loaded model keeps its slot until its
+keep_alive ends or the pool evicts it for GPU room; when every slot holds one in use, a
+request for another model gets a 503 naming them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+from vllama_proxy.errors import UpstreamUnavailable
+from vllama_proxy.models.config import ModelConfig
+from .shm import SharedLock
+from .states import State
+from .status import StatusBoard
+
+#: Bytes for a slot's model (its ``ModelConfig`` as JSON).
+_SPEC_BYTES = 16384
+
+
+class SlotsFull(UpstreamUnavailable):
+    """Every slot holds a model that is loaded, loading or in use (503)."""
+
+
+class SlotTable:
+    """The on-demand slots, in shared memory (create before spawning the proxy processes).
+
+    Args:
+        count: how many slots (models loaded or asleep at once, on demand).
+        ports: the loopback port of each slot's vLLM.
+        workers: proxy processes (each counts its requests in its own board slot).
+        keep_alive: the default keep_alive of on-demand models, seconds.
+    """
+
+    def __init__(self, count: int, ports: list[int], *, workers: int, keep_alive: float, ctx: Any = None) -> None:
+        ctx = ctx or multiprocessing.get_context("spawn")
+        assert len(ports) == count
+        self.ports = list(ports)
+        self.boards = [StatusBoard("", ctx, slots=workers, keep_alive=keep_alive, initial=State.UNLOADED) for _ in range(count)]
+        self._specs = [ctx.RawArray("c", _SPEC_BYTES) for _ in range(count)]
+        self._generation = ctx.RawArray("i", count)
+        self._lock = SharedLock()
+
+    def __len__(self) -> int:
+        return len(self.boards)
+
+    def find(self, name: str) -> int | None:
+        """The slot holding served name ``name`` (any case), if any."""
+        folded = name.casefold()
+        return next((i for i, b in enumerate(self.boards) if b.served_name and b.served_name.casefold() == folded), None)
+
+    def spec(self, index: int) -> ModelConfig | None:
+        """The model slot ``index`` holds (``None``: empty)."""
+        raw = self._specs[index].value
+        return ModelConfig.model_validate_json(raw) if raw else None
+
+    def generation(self, index: int) -> int:
+        """Bumped each time slot ``index`` takes another model."""
+        return self._generation[index]
+
+    def claim(self, spec: ModelConfig) -> int:
+        """The slot that serves ``spec.served_name``: the one holding it, else one taken for it.
+
+        Raises:
+            SlotsFull: every slot holds a model that is loaded, loading or in use (503); the caller
+                may end the keep_alive of :meth:`idle_loaded`'s model and try again once it unloads.
+        """
+        with self._lock.held():
+            found = self.find(spec.served_name)
+            if found is not None:
+                return found
+            free = [i for i, b in enumerate(self.boards) if self._reusable(b)]
+            if not free:
+                held = ", ".join(f"{b.served_name} ({b.state.value})" for b in self.boards)
+                raise SlotsFull(
+                    f"cannot load '{spec.served_name}': all {len(self.boards)} on-demand models are loaded or in use "
+                    f"({held}); retry when one is idle (keep_alive), unload one (keep_alive 0), or raise --max-on-demand")
+            i = min(free, key=lambda k: (bool(self.boards[k].served_name), self.boards[k].last_used))
+            raw = spec.model_dump_json(exclude_defaults=True).encode()
+            if len(raw) >= _SPEC_BYTES:
+                raise UpstreamUnavailable(f"cannot load '{spec.served_name}': its vLLM arguments are too long")
+            self._specs[i].value = raw
+            self.boards[i].served_name = spec.served_name
+            self._generation[i] += 1
+            return i
+
+    def idle_loaded(self) -> StatusBoard | None:
+        """The least recently used slot whose model is loaded (ready) and idle: no request in flight,
+        waiting for or asking for it. Ending its keep_alive (``touch(0)``) unloads it at the supervisor's next
+        check, as Ollama unloads the least recently used runner for a new model."""
+        idle = [b for b in self.boards if b.served_name and b.state is State.READY and b.in_flight == 0
+                and b.waiters == 0 and not b.waking]
+        return min(idle, key=lambda b: b.last_used, default=None)
+
+    @staticmethod
+    def _reusable(board: StatusBoard) -> bool:
+        """Empty, or its model unloaded (or failed) with no request using, waiting for or asking for it."""
+        if not board.served_name:
+            return True
+        return (board.state in (State.UNLOADED, State.FAILED) and board.in_flight == 0 and board.waiters == 0
+                and not board.waking and not board.loading)
