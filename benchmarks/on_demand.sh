@@ -17,6 +17,7 @@
 #   list     /api/tags and /api/ps before anything ran
 #   swap     the real ollama client asks qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b (16 tokens each): each
 #            is started on demand, the one before stopped for GPU room (vLLM's default 0.9 of the GPU each)
+#   swap-sleep  with VLLM_ARGS=--enable-sleep-mode given to start: A, B, A, B, A (the later visits wake)
 #   tools    a chat with a tool to qwen2.5:1.5b (its library arguments turn tool calling on); show
 #   refuse   llama3.3:70b: refused by the fit check with its numbers, nothing launched
 #   stop     SIGTERM, leftover processes, GPU memory
@@ -70,7 +71,8 @@ models)
   log "models made and placed in $(( $(date +%s) - t )) s: $(du -shL "$HUB" | cut -f1)"
   ;;
 start)
-  setsid python3 -m vllama_proxy serve --keep-alive -1 --log-format json > $LOGS/vllama.log 2>&1 < /dev/null &
+  # VLLM_ARGS: vLLM arguments for every on-demand model (after --), e.g. --enable-sleep-mode
+  setsid python3 -m vllama_proxy serve --keep-alive -1 --log-format json ${VLLM_ARGS:+-- $VLLM_ARGS} > $LOGS/vllama.log 2>&1 < /dev/null &
   echo $! > $LOGS/pid
   wait_ready "$(cat $LOGS/pid)" 60 || { tail -30 $LOGS/vllama.log; exit 1; }
   log "vllama up with no model configured: $(curl -s $URL/readyz)"
@@ -82,6 +84,11 @@ llama)  # the Llama-shaped model again (the first run's tokenizer lacked <|pytho
 swap)
   log "GPU before: $(gpu)"
   client ask qwen2.5:1.5b llama3.2:1b qwen2.5:1.5b
+  log "GPU after: $(gpu)"
+  ;;
+swap-sleep)  # with VLLM_ARGS=--enable-sleep-mode at start: the second visit of each is a wake
+  log "GPU before: $(gpu)"
+  client ask qwen2.5:1.5b llama3.2:1b qwen2.5:1.5b llama3.2:1b qwen2.5:1.5b
   log "GPU after: $(gpu)"
   ;;
 tools)

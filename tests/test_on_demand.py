@@ -157,6 +157,28 @@ def test_a_full_slot_table_unloads_the_least_recently_used_idle_model(serve, hub
     assert len(s.client.ps().models) == 2
 
 
+def test_sleep_mode_swaps_by_waking_and_a_full_table_stops_an_asleep_model(serve, hub):
+    for repo in ("acme/tiny-a", "acme/tiny-b", "acme/tiny-c"):
+        place(hub, repo)
+    # 0.6 each: two never fit together, so each swap puts the other to sleep (vLLM sleep mode)
+    s = serve("--max-on-demand", "2", "--keep-alive", "-1", "--", "--gpu-memory-utilization", "0.6", "--enable-sleep-mode")
+    ask = lambda m: s.client.generate(model=m, prompt="x", options={"num_predict": 1}).done  # noqa: E731
+    assert ask("acme/tiny-a") and ask("acme/tiny-b")
+    assert {m["model"]: m["state"] for m in httpx.get(s.url + "/readyz").json()["models"]} == {
+        "acme/tiny-a": "sleeping", "acme/tiny-b": "ready"}
+    assert ask("acme/tiny-a")  # woken, not started again
+    assert [a[2] for a in s.launched()] == ["acme/tiny-a", "acme/tiny-b"]
+    # both slots taken (a ready, b asleep): c stops the least recently used idle one, b, asleep
+    assert ask("acme/tiny-c")
+    log = [json.loads(x) for x in s.log.read_text().splitlines() if x.startswith("{")]
+    assert [x["model"] for x in log if x.get("event") == "on_demand_unload"] == ["acme/tiny-b"]
+    assert any(x.get("event") == "state" and x.get("model") == "acme/tiny-b" and x.get("to") == "unloaded"
+               and "slot is wanted" in (x.get("reason") or "") for x in log)
+    assert {m["model"]: m["state"] for m in httpx.get(s.url + "/readyz").json()["models"]} == {
+        "acme/tiny-a": "sleeping", "acme/tiny-c": "ready"}
+    assert [m.model for m in s.client.ps().models] == ["acme/tiny-c:latest"]
+
+
 def test_allow_list_and_off_switch(serve, hub, tmp_path):
     place(hub, QWEN)
     place(hub, "acme/tiny-chat")

@@ -57,8 +57,7 @@ class OnDemand:
         self.backends = list(backends)
         self.library = library
         self.allow = list(allow)
-        # never put to sleep: a sleeping vLLM would keep its slot (stopped instead when evicted or idle)
-        self.vllm_args = [a for a in vllm_args if a != "--enable-sleep-mode"]
+        self.vllm_args = list(vllm_args)
         self.keep_alive = keep_alive
         self.ttl = ttl
         self._scan: list[local.LocalModel] = []
@@ -134,7 +133,10 @@ class OnDemand:
                     raise full from None
                 if victim is not None:
                     log.info("on_demand_unload", model=victim.served_name, for_model=spec.served_name)
-                    victim.expire()  # its supervisor unloads it at the next check
+                    if victim.state.value == "sleeping":
+                        victim.request_release()  # asleep (vLLM sleep mode): its supervisor stops it
+                    else:
+                        victim.expire()  # its supervisor unloads it (or puts it to sleep) at the next check
             await asyncio.sleep(0.05)
 
     def _served(self, i: int) -> ServedModel | None:
@@ -148,5 +150,6 @@ class OnDemand:
 def _unloading(slots: Any) -> bool:
     """Whether some slot's model is on its way out (its keep_alive ended, nothing uses it)."""
     now = time.time()
-    return any(b.served_name and b.state.value == "ready" and b.expires_at <= now and b.in_flight == 0
-               and b.waiters == 0 for b in slots.boards)
+    return any(b.served_name and b.in_flight == 0 and b.waiters == 0
+               and ((b.state.value == "ready" and b.expires_at <= now) or (b.state.value == "sleeping" and b.release_asked))
+               for b in slots.boards)

@@ -345,6 +345,7 @@ class Supervisor:
         # Ready again: wake requests are fulfilled (waiters re-ask while they poll), and a
         # fresh load starts the default keep_alive, unless a request asked for longer.
         self.board.clear_wake()
+        self.board.take_release()  # a release asked of it while asleep no longer applies
         default = self.board.keep_alive
         until = math.inf if default < 0 else time.time() + default
         if self.board.expires_at < until:
@@ -411,6 +412,7 @@ class Supervisor:
                         if not exited.done() and self._evict_reason is not None:
                             why = self._evict_reason  # asleep, yet in the way: stop it outright
                             await self._stop_child()
+                            self.board.take_release()  # done (asked until now: the slot's claimant waits on it)
                             self._set(State.UNLOADED, why)
                             return _RELOAD
                         return f"vLLM exited with code {exited.result()} while asleep"
@@ -440,6 +442,8 @@ class Supervisor:
         """Wait for a request to need the model; False if stop was requested, the child exited,
         or (asleep) an eviction was asked for."""
         while not self.board.waking:
+            if exited is not None and self._evict_reason is None and self.board.release_asked:
+                self._evict_reason = "its on-demand slot is wanted for another model"
             if self._stop.is_set() or (exited is not None and (exited.done() or self._evict_reason is not None)):
                 return False
             await asyncio.sleep(0.02)

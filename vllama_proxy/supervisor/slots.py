@@ -95,10 +95,11 @@ class SlotTable:
             return i
 
     def idle_loaded(self) -> StatusBoard | None:
-        """The least recently used slot whose model is loaded (ready) and idle: no request in flight,
-        waiting for or asking for it. Ending its keep_alive (``touch(0)``) unloads it at the supervisor's next
-        check, as Ollama unloads the least recently used runner for a new model."""
-        idle = [b for b in self.boards if b.served_name and b.state is State.READY and b.in_flight == 0
+        """The least recently used slot whose model is loaded (ready, or asleep with vLLM's sleep mode)
+        and idle: no request in flight, waiting for or asking for it. The caller frees it as Ollama
+        unloads the least recently used runner for a new model: a ready one's keep_alive ends now
+        (:meth:`StatusBoard.expire`), an asleep one is asked to stop (:meth:`StatusBoard.request_release`)."""
+        idle = [b for b in self.boards if b.served_name and b.state in (State.READY, State.SLEEPING) and b.in_flight == 0
                 and b.waiters == 0 and not b.waking]
         return min(idle, key=lambda b: b.last_used, default=None)
 

@@ -61,6 +61,7 @@ class StatusBoard:
         self._loading = ctx.RawValue("i", 0)  # 1 while a start or wake asked for by requests is under way
         self._closing = ctx.RawValue("i", 0)  # 1 while the supervisor checks it is idle before sleeping/stopping it
         self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
+        self._release = ctx.RawValue("i", 0)  # 1: an on-demand slot's next model asks this sleeping one to stop
         self._refused = ctx.RawValue("d", 0.0)  # epoch s of the latest fit check that refused it (0: none since it loaded)
         self._lock = SharedLock()  # guards state vs. _closing, _inflight and _waiting together
         self._inflight = ctx.RawArray("i", max(slots, 1))
@@ -115,6 +116,21 @@ class StatusBoard:
         now = time.time()
         self._expires.value = math.inf if keep_alive_s < 0 else now + keep_alive_s
         self._last_used.value = now
+
+    def request_release(self) -> None:
+        """Ask the supervisor to stop this model if it is asleep and idle (its on-demand slot is
+        wanted for another model: a sleeping vLLM holds the slot)."""
+        self._release.value = 1
+
+    @property
+    def release_asked(self) -> bool:
+        """A release was asked for and the supervisor has not taken it yet."""
+        return bool(self._release.value)
+
+    def take_release(self) -> bool:
+        """The supervisor's side: whether a release was asked for (and clear the request)."""
+        asked, self._release.value = bool(self._release.value), 0
+        return asked
 
     def expire(self) -> None:
         """End the keep-alive now without counting as a use (the least recently used stays so):
