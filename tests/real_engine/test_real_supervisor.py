@@ -115,7 +115,7 @@ def test_kill_9_of_the_engine_core_mid_stream(ready, tiny_model):
     On 2 CPUs vLLM's engine core and worker spin on both, and the engine core's outputs reach its API
     server in bursts up to ~30 s apart (seen against vLLM directly, without vllama, and once not
     before the three 30,000-token streams were complete). So what was in flight is judged by what each
-    stream got, and a kill that found every stream already complete is tried once more.
+    stream got, and a kill that cut no stream mid-way is tried once more.
     """
     for attempt in range(2):
         restarts = ready.ready()["restarts"]
@@ -130,17 +130,21 @@ def test_kill_9_of_the_engine_core_mid_stream(ready, tiny_model):
         in_flight = {i: r for i, r in results.items() if i not in complete}
         assert len(results) == 3, why
         assert all(r["end"] == "error" for r in in_flight.values()), why
-        assert all(r["chunks"] >= 2 for r in in_flight.values()), why  # the error came after tokens, as a line of the stream
+        # the error came after tokens, as a line of the stream; or, for a stream that had not begun,
+        # as an HTTP error (seen once in CI: a 503 "vLLM closed the connection" 17 s before the kill,
+        # vLLM's API server starved of CPU on 2 cores)
+        assert all(r["chunks"] >= 2 or r.get("status", 0) >= 500 for r in in_flight.values()), why
+        cut = {i: r for i, r in in_flight.items() if r["chunks"] >= 2}
         # the old tree goes entirely (API servers, worker), the supervisor launches a new one
         _, alive = psutil.wait_procs(old_tree, timeout=60)
         assert not alive, f"old vLLM processes left: {[(p.pid, p.name()) for p in alive]}"
         body = ready.wait_state(tiny_model.name, ("ready",), timeout=420)
         assert body["restarts"] == restarts + 1 and body["pid"] != old_root.pid
         assert not [p for p in psutil.process_iter() if _session(p) == old_session], "orphans of the old session"
-        if in_flight:
+        if cut:
             break
-        print(f"attempt {attempt + 1}: every stream was complete before the kill: {why}")
-    assert in_flight, f"no stream was in flight at the kill in 2 attempts: {why}"
+        print(f"attempt {attempt + 1}: no stream was cut mid-way by the kill: {why}")
+    assert cut, f"no stream was cut mid-way by the kill in 2 attempts: {why}"
     r = ollama.Client(host=ready.url, timeout=120).generate(model=tiny_model.name, prompt="after", options={"temperature": 0, "num_predict": 5})
     assert r.eval_count == 5
     assert len(_titled(ready, "VLLM::APIServer")) == 2 and len(_titled(ready, "VLLM::EngineCor")) == 1
