@@ -18,8 +18,7 @@ import httpx
 import ollama
 import pytest
 
-from conftest import ROOT, free_port, get_json, stop, wait_http, write_model_dir
-from test_models_pool import fakes, states
+from conftest import FAST, ROOT, TESTS, free_port, get_json, stop, wait_http, write_model_dir
 from test_pull import fake_hf, hf_env  # noqa: F401 - the fake Hub fixture
 
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -51,8 +50,6 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "vllama.log"
         (tmp / "vllama.toml").write_text(config)
-        from conftest import FAST, TESTS
-
         e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PYTHON": sys.executable,
              "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp / "state"), "VLLAMA_CPUS": "2",
              "FAKE_VLLM_TOKEN_DELAY": "0", **(env or {})}
@@ -226,4 +223,3 @@ def test_slot_state_is_the_same_in_every_worker(serve, hub):
         with httpx.Client() as c:
             assert [m["model"] for m in c.get(s.url + "/api/ps").json()["models"]] == ["acme/tiny-w:latest"]
     assert len(s.launched()) == 1
-    assert states  # (imported helper kept for parity with test_models_pool)

@@ -130,6 +130,10 @@ class UpstreamUnavailable(UpstreamError):
     status = 503
 
 
+class SlotsFull(UpstreamUnavailable):
+    """Every on-demand slot holds a model that is loaded, loading or in use (503; ``supervisor/slots.py``)."""
+
+
 class UpstreamTimeout(UpstreamError):
     """vLLM sent nothing within the idle-read timeout (504)."""
 

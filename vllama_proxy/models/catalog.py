@@ -124,7 +124,8 @@ class Catalog:
         """All served models (fetching the list if none is cached), then those on-demand slots hold."""
         served = list((await self._current()).values()) if self._backends else []
         if self._on_demand is not None:
-            served += [m for m in self._on_demand.models() if m.name not in {s.name for s in served}]
+            names = {s.name for s in served}
+            served += [m for m in self._on_demand.models() if m.name not in names]
         return served
 
     @property

@@ -13,7 +13,8 @@ A request may name a local model by that name, by any library name of its repo
 Hugging Face id. Local paths are never on-demand models: a client must not make the server
 load an arbitrary directory.
 
-Everything here reads the disk: callers run :func:`scan` in a worker thread.
+Everything here reads the disk: callers run :func:`scan` in a worker thread. The cache is read
+by ``huggingface_hub``'s own ``scan_cache_dir``, as ``hub.py`` reads it for ``/api/delete``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
+
+from huggingface_hub import scan_cache_dir
+from huggingface_hub.errors import CacheNotFound
 
 from .library import Library, looks_like_library_name
 
@@ -46,28 +50,6 @@ class LocalModel:
     modified: float
 
 
-def cache_dir() -> Path:
-    """The Hugging Face hub cache vLLM reads (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ~/.cache/huggingface/hub)."""
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
-
-
-def _snapshot(repo_dir: Path) -> Path | None:
-    """The snapshot ``refs/main`` points to, else the newest one."""
-    snaps = repo_dir / "snapshots"
-    ref = repo_dir / "refs" / "main"
-    if ref.is_file():
-        commit = ref.read_text().strip()
-        if (snaps / commit).is_dir():
-            return snaps / commit
-    try:
-        found = [p for p in snaps.iterdir() if p.is_dir()]
-    except OSError:
-        return None
-    return max(found, key=lambda p: p.stat().st_mtime, default=None)
-
-
 def repo_names(library: Library | None) -> dict[str, str]:
     """Repo id (case-folded) -> the library name it is listed under: a plain tag's repo, first in the
     table's order (``Qwen/Qwen2.5-0.5B-Instruct`` -> ``qwen2.5:0.5b``); a row's default tag is
@@ -83,32 +65,27 @@ def repo_names(library: Library | None) -> dict[str, str]:
     return out
 
 
-def scan(library: Library | None, root: Path | None = None) -> list[LocalModel]:
-    """Every loadable model repo in the cache, by name (see the module's docstring); ``[]`` when
-    there is no cache. Never raises for a half-downloaded or foreign entry: it is skipped."""
-    root = root or cache_dir()
+def scan(library: Library | None) -> list[LocalModel]:
+    """Every loadable model repo in the cache (``huggingface_hub.scan_cache_dir``), by name (see the
+    module's docstring); ``[]`` when there is no cache. A repo is loadable when the revision its
+    ``main`` ref points to (else its newest) has ``config.json`` and safetensors at its top; a
+    half-downloaded or corrupted one is skipped (the library lists it in its warnings)."""
+    try:
+        cache = scan_cache_dir()
+    except CacheNotFound:
+        return []
     names = repo_names(library)
     out: list[LocalModel] = []
-    try:
-        entries = sorted(root.iterdir())
-    except OSError:
-        return out
-    for d in entries:
-        if not d.name.startswith("models--") or not d.is_dir():
+    for repo in sorted(cache.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model" or not repo.revisions:
             continue
-        repo = d.name[len("models--"):].replace("--", "/")
-        snap = _snapshot(d)
-        if snap is None or not (snap / "config.json").is_file():
+        rev = next((r for r in repo.revisions if "main" in r.refs), None) or max(repo.revisions, key=lambda r: r.last_modified)
+        top = {f.file_name: f for f in rev.files if f.file_path.parent == rev.snapshot_path}
+        weights = [f for name, f in top.items() if name.endswith(_WEIGHTS)]
+        if "config.json" not in top or not weights:
             continue
-        try:
-            weights = [p for p in snap.iterdir() if p.name.endswith(_WEIGHTS)]
-            size = sum(p.stat().st_size for p in weights)  # through the symlinks: the blobs' sizes
-            modified = (snap / "config.json").stat().st_mtime
-        except OSError:
-            continue
-        if not weights:
-            continue
-        out.append(LocalModel(name=names.get(repo.casefold(), repo), repo=repo, path=snap, size=size, modified=modified))
+        out.append(LocalModel(name=names.get(repo.repo_id.casefold(), repo.repo_id), repo=repo.repo_id, path=rev.snapshot_path,
+                              size=sum(f.size_on_disk for f in weights), modified=top["config.json"].blob_last_modified))
     return out
 
 
@@ -141,4 +118,3 @@ def allowed(name: str, repo: str, patterns: list[str]) -> bool:
         return True
     candidates = {name.casefold(), name.casefold().removesuffix(":latest"), repo.casefold()}
     return any(fnmatch.fnmatchcase(c, p.casefold()) for p in patterns for c in candidates)
-

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from vllama_proxy.errors import VllamaError
+from vllama_proxy.errors import SlotsFull, VllamaError
 from vllama_proxy.logs import get_logger
 from . import local
 from .backends import ServedModel
@@ -63,6 +63,7 @@ class OnDemand:
         self._scan: list[local.LocalModel] = []
         self._scanned_at = 0.0
         self._task: asyncio.Task[list[local.LocalModel]] | None = None
+        self._served_cache: dict[int, tuple[int, ServedModel | None]] = {}  # slot -> (its generation, its model)
 
     async def local(self, *, fresh: bool = False) -> list[local.LocalModel]:
         """The local models (a scan of the cache, in a worker thread, shared by concurrent callers)."""
@@ -97,7 +98,8 @@ class OnDemand:
 
         Raises:
             NotAllowed: a local model the allow-list does not admit.
-            UpstreamUnavailable: every slot holds a model in use (``SlotTable.claim``).
+            SlotsFull: every slot holds a model in use (``SlotTable.claim``), and none became free
+                within ``load_timeout``.
         """
         found = local.find(name, await self.local(), self.library)
         if found is None:
@@ -121,35 +123,29 @@ class OnDemand:
 
     async def _claim(self, spec: ModelConfig) -> int:
         """A slot for ``spec``; when all hold loaded models, the least recently used idle one is
-        unloaded (its keep_alive ended now) and the claim retried, up to ``load_timeout``."""
+        unloaded (``SlotTable.evict_idle``) and the claim retried, up to ``load_timeout``."""
         deadline = time.monotonic() + self.load_timeout
         while True:
             try:
                 return self.slots.claim(spec)
-            except VllamaError as full:
-                leaving = _unloading(self.slots)
-                victim = None if leaving else self.slots.idle_loaded()
-                if time.monotonic() > deadline or (victim is None and not leaving):
-                    raise full from None
-                if victim is not None:
-                    log.info("on_demand_unload", model=victim.served_name, for_model=spec.served_name)
-                    if victim.state.value == "sleeping":
-                        victim.request_release()  # asleep (vLLM sleep mode): its supervisor stops it
-                    else:
-                        victim.expire()  # its supervisor unloads it (or puts it to sleep) at the next check
+            except SlotsFull:
+                if time.monotonic() > deadline:
+                    raise
+                if not self.slots.leaving():
+                    victim = self.slots.evict_idle()
+                    if victim is None:
+                        raise
+                    log.info("on_demand_unload", model=victim, for_model=spec.served_name)
             await asyncio.sleep(0.05)
 
     def _served(self, i: int) -> ServedModel | None:
-        spec = self.slots.spec(i)
-        if spec is None:
-            return None
-        return ServedModel(name=spec.served_name, root=spec.model, max_model_len=spec.context_length,
-                           created=int(time.time()), vllm_args=tuple(spec.args()))
-
-
-def _unloading(slots: Any) -> bool:
-    """Whether some slot's model is on its way out (its keep_alive ended, nothing uses it)."""
-    now = time.time()
-    return any(b.served_name and b.in_flight == 0 and b.waiters == 0
-               and ((b.state.value == "ready" and b.expires_at <= now) or (b.state.value == "sleeping" and b.release_asked))
-               for b in slots.boards)
+        """Slot ``i``'s model (parsed once per model the slot takes: the request path reads it)."""
+        generation = self.slots.generation(i)
+        cached = self._served_cache.get(i)
+        if cached is None or cached[0] != generation:
+            spec = self.slots.spec(i)
+            model = None if spec is None else ServedModel(
+                name=spec.served_name, root=spec.model, max_model_len=spec.context_length, created=int(time.time()),
+                vllm_args=tuple(spec.args()))
+            cached = self._served_cache[i] = (generation, model)
+        return cached[1]

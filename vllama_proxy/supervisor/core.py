@@ -307,8 +307,10 @@ class Supervisor:
             return False
         table, index = self.slot
         generation = table.generation(index)
-        spec = table.spec(index)
-        if generation == self._generation or spec is None:
+        if generation == self._generation:
+            return False
+        spec = table.spec(index)  # parsed only when the slot took another model
+        if spec is None:
             return False
         self._generation = generation
         if self.prepare is not None:
@@ -345,7 +347,7 @@ class Supervisor:
         # Ready again: wake requests are fulfilled (waiters re-ask while they poll), and a
         # fresh load starts the default keep_alive, unless a request asked for longer.
         self.board.clear_wake()
-        self.board.take_release()  # a release asked of it while asleep no longer applies
+        self.board.clear_release()  # a release asked of it while asleep no longer applies
         default = self.board.keep_alive
         until = math.inf if default < 0 else time.time() + default
         if self.board.expires_at < until:
@@ -412,7 +414,7 @@ class Supervisor:
                         if not exited.done() and self._evict_reason is not None:
                             why = self._evict_reason  # asleep, yet in the way: stop it outright
                             await self._stop_child()
-                            self.board.take_release()  # done (asked until now: the slot's claimant waits on it)
+                            self.board.clear_release()  # done (asked until now: the slot's claimant waits on it)
                             self._set(State.UNLOADED, why)
                             return _RELOAD
                         return f"vLLM exited with code {exited.result()} while asleep"

@@ -16,9 +16,10 @@ request for another model gets a 503 naming them.
 from __future__ import annotations
 
 import multiprocessing
+import time
 from typing import Any
 
-from vllama_proxy.errors import UpstreamUnavailable
+from vllama_proxy.errors import SlotsFull
 from vllama_proxy.models.config import ModelConfig
 from .shm import SharedLock
 from .states import State
@@ -26,10 +27,6 @@ from .status import StatusBoard
 
 #: Bytes for a slot's model (its ``ModelConfig`` as JSON).
 _SPEC_BYTES = 16384
-
-
-class SlotsFull(UpstreamUnavailable):
-    """Every slot holds a model that is loaded, loading or in use (503)."""
 
 
 class SlotTable:
@@ -73,7 +70,7 @@ class SlotTable:
 
         Raises:
             SlotsFull: every slot holds a model that is loaded, loading or in use (503); the caller
-                may end the keep_alive of :meth:`idle_loaded`'s model and try again once it unloads.
+                may free one with :meth:`evict_idle` and try again once it is unloaded (:meth:`leaving`).
         """
         with self._lock.held():
             found = self.find(spec.served_name)
@@ -94,14 +91,30 @@ class SlotTable:
             self._generation[i] += 1
             return i
 
-    def idle_loaded(self) -> StatusBoard | None:
-        """The least recently used slot whose model is loaded (ready, or asleep with vLLM's sleep mode)
-        and idle: no request in flight, waiting for or asking for it. The caller frees it as Ollama
-        unloads the least recently used runner for a new model: a ready one's keep_alive ends now
-        (:meth:`StatusBoard.expire`), an asleep one is asked to stop (:meth:`StatusBoard.request_release`)."""
+    def leaving(self) -> bool:
+        """Whether some slot's model is on its way out, idle: a ready one whose keep_alive has ended,
+        or an asleep one asked to stop (:meth:`evict_idle`); its supervisor unloads it at its next check."""
+        now = time.time()
+        return any(b.served_name and b.in_flight == 0 and b.waiters == 0
+                   and ((b.state is State.READY and b.expires_at <= now) or (b.state is State.SLEEPING and b.release_asked))
+                   for b in self.boards)
+
+    def evict_idle(self) -> str | None:
+        """Free the least recently used slot whose model is loaded (ready, or asleep with vLLM's sleep
+        mode) and idle: no request in flight, waiting for or asking for it; its name, or ``None`` when
+        none is idle. As Ollama unloads the least recently used runner for a new model: a ready one's
+        keep_alive ends now (:meth:`StatusBoard.expire`; with sleep mode it goes to sleep first), an
+        asleep one is asked to stop (:meth:`StatusBoard.request_release`)."""
         idle = [b for b in self.boards if b.served_name and b.state in (State.READY, State.SLEEPING) and b.in_flight == 0
                 and b.waiters == 0 and not b.waking]
-        return min(idle, key=lambda b: b.last_used, default=None)
+        victim = min(idle, key=lambda b: b.last_used, default=None)
+        if victim is None:
+            return None
+        if victim.state is State.SLEEPING:
+            victim.request_release()
+        else:
+            victim.expire()
+        return victim.served_name
 
     @staticmethod
     def _reusable(board: StatusBoard) -> bool:

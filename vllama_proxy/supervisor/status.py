@@ -124,13 +124,12 @@ class StatusBoard:
 
     @property
     def release_asked(self) -> bool:
-        """A release was asked for and the supervisor has not taken it yet."""
+        """A release was asked for and the supervisor has not finished or dropped it yet."""
         return bool(self._release.value)
 
-    def take_release(self) -> bool:
-        """The supervisor's side: whether a release was asked for (and clear the request)."""
-        asked, self._release.value = bool(self._release.value), 0
-        return asked
+    def clear_release(self) -> None:
+        """The supervisor's side: the release asked for is done, or no longer applies (woken again)."""
+        self._release.value = 0
 
     def expire(self) -> None:
         """End the keep-alive now without counting as a use (the least recently used stays so):
