@@ -288,6 +288,11 @@ class Settings(BaseSettings):
     )
     access_log: bool = Field(True, description="Log one line per request (route, status, duration).")
 
+    # --- many users (issue 27; docs/configuration.md "Many users") -----------------------
+    max_aliases: int = Field(
+        256, ge=0, description="Most aliases /api/copy may make (each is listed in every /api/tags).",
+    )
+
     #: The library (packaged + user file) and the launched models resolved through it, made once
     #: by :meth:`_library_names` (pickled along to the workers).
     _library: library.Library | None = PrivateAttr(None)

@@ -40,6 +40,7 @@ from vllama_proxy.models import fit
 from vllama_proxy.models.config import ModelConfig, vllm_arg
 from vllama_proxy.models.keep_alive import parse_keep_alive
 from vllama_proxy.models.model_files import find_model_dir
+from vllama_proxy.models.on_demand import safe_args
 from . import gpu
 from .core import Supervisor
 from ..logs import get_logger
@@ -99,8 +100,12 @@ class ModelPool:
             sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
         self.slots = slots
+        on_demand_args, left_out = safe_args(settings.vllm_args)
+        if slots and left_out:
+            log.info("on_demand_args_left_out", args=left_out,
+                     reason="not safe for any repo a user pulls: given only to the models the operator names")
         for i, (board, port) in enumerate(zip(slots.boards if slots else [], slots.ports if slots else [], strict=True)):
-            placeholder = ModelConfig(model=f"on-demand-slot-{i}", vllm_args=settings.vllm_args, preload=False)
+            placeholder = ModelConfig(model=f"on-demand-slot-{i}", vllm_args=on_demand_args, preload=False)
             sup = Supervisor(settings, placeholder, port=port, board=board, pool=self, slot=(slots, i), prepare=prepare)
             sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)

@@ -8,7 +8,7 @@ from ..ollama_types import ChatRequest
 from ..state import CATALOG
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities
-from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, wants_unload, model_in_use, now_ns, read_request, resolve_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -18,6 +18,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, ChatRequest)
+    if (not req.messages) and wants_unload(request, req.keep_alive):
+        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
+        return await load_reply(request, name, maybe, req.keep_alive, chat=True)
     name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
         return await load_reply(request, name, backend, req.keep_alive, chat=True)

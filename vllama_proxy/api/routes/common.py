@@ -13,7 +13,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel
 
 from vllama_proxy.api.ollama_types import parse_body, require_model
-from vllama_proxy.errors import BadRequest, UpstreamUnavailable
+from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamUnavailable
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
@@ -51,11 +51,29 @@ async def read_request(request: web.Request, cls: type[M]) -> M:
 
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
-    """``(name as sent, served model, its backend)``; raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+    """``(name as sent, served model, its backend)`` for inference or an explicit load: a local model
+    no on-demand slot holds claims one. Raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+    name = require_model(name)
+    catalog = request.app[CATALOG]
+    model = await catalog.resolve(name, claim=True)
+    return name, model, catalog.backend_of(model)
+
+
+async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
+    """``(name as sent, served model, its backend or None)`` without loading anything: an on-demand
+    model no slot holds has no backend (issue 27: looking a model up never loads it)."""
     name = require_model(name)
     catalog = request.app[CATALOG]
     model = await catalog.resolve(name)
-    return name, model, catalog.backend_of(model)
+    try:
+        return name, model, catalog.backend_of(model)
+    except ModelNotFound:
+        return name, model, None
+
+
+def wants_unload(request: web.Request, keep_alive: Any) -> bool:
+    """Whether a load request's ``keep_alive`` unloads (0): it must not load the model first."""
+    return parse_keep_alive(keep_alive, default=1.0) == 0
 
 
 def where_models_change(request: web.Request) -> str:
@@ -66,7 +84,7 @@ def where_models_change(request: web.Request) -> str:
     return "change the served models with `vllama serve --model M` or the config file's [[models]] (see README)"
 
 
-async def load_reply(request: web.Request, name: str, backend: Backend, keep_alive: Any, *, chat: bool) -> web.Response:
+async def load_reply(request: web.Request, name: str, backend: Backend | None, keep_alive: Any, *, chat: bool) -> web.Response:
     """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
 
     ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
@@ -78,14 +96,17 @@ async def load_reply(request: web.Request, name: str, backend: Backend, keep_ali
         BadRequest: an unload of a model vllama does not run (``--upstream``): a 400 saying so,
             not a ``done_reason: unload`` for a model that stays loaded.
     """
-    board = backend.board
+    board = backend.board if backend is not None else None
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
     unload = parse_keep_alive(keep_alive, default=default) == 0
-    if unload:
+    if unload and backend is None:
+        pass  # an on-demand model no slot holds: nothing is loaded, nothing to unload
+    elif unload:
         if board is None:  # --upstream: the model lives in a vLLM vllama does not run
             raise BadRequest(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
         board.touch(0)
     else:
+        assert backend is not None
         async with model_in_use(request, backend, keep_alive):
             pass
     body: dict[str, Any] = {"model": name, "created_at": CLOCK.now()}

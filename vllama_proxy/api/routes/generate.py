@@ -7,7 +7,7 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
-from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, wants_unload, model_in_use, now_ns, read_request, resolve_model
 from ..ollama_types import GenerateRequest
 from ..state import CATALOG
 from ..stream import GenerateTranslator, Timings, relay
@@ -41,6 +41,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, GenerateRequest)
+    if (not req.prompt and not req.images and not req.suffix) and wants_unload(request, req.keep_alive):
+        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
+        return await load_reply(request, name, maybe, req.keep_alive, chat=False)
     name, model, backend = await resolve_model(request, req.model)
     if not req.prompt and not req.images and not req.suffix:
         return await load_reply(request, name, backend, req.keep_alive, chat=False)

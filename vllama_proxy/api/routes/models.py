@@ -17,7 +17,7 @@ from aiohttp import web
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
-from .common import read_request, resolve_model
+from .common import lookup_model, read_request
 from ..ollama_types import ModelRef
 from ..state import CATALOG
 from ..stream import rfc3339
@@ -121,7 +121,7 @@ async def tags(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    _, model, _ = await resolve_model(request, req.ref)
+    _, model, _ = await lookup_model(request, req.ref)  # never loads it (issue 27)
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)

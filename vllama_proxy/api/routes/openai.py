@@ -82,7 +82,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
         name = _form_model(request.headers.get("Content-Type", ""), body)  # audio transcriptions
         if name is not None:
             try:
-                return body, catalog.backend_of(await catalog.resolve(name))
+                return body, catalog.backend_of(await catalog.resolve(name, claim=True))
             except ModelNotFound:
                 raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     if not isinstance(name, str):
@@ -90,7 +90,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
             return body, default
         raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
     try:
-        model = await catalog.resolve(name)
+        model = await catalog.resolve(name, claim=request.method == "POST")  # inference claims an on-demand slot
     except ModelNotFound:
         if one:
             return body, default  # vLLM answers the 404 in its own words
