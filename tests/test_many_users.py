@@ -6,6 +6,8 @@ cache as ``huggingface_hub`` leaves them (``test_on_demand.place``), or pulled f
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import ollama
 import pytest
@@ -103,3 +105,200 @@ def test_trust_remote_code_never_reaches_a_model_the_operator_did_not_name(serve
     assert not {"--trust-remote-code", "--load-format", "pt", "--hf-overrides={}"} & set(evil)
     assert evil[evil.index("--max-num-seqs") + 1] == "8" and "--enforce-eager" in evil  # sizing and tuning: kept
     assert any(x.get("event") == "on_demand_args_left_out" for x in _log(s))
+
+
+# -- 3. keys with roles ------------------------------------------------------------------------
+
+KEYS_TOML = """
+[[keys]]
+name = "root"
+key = "sk-root"
+role = "admin"
+
+[[keys]]
+name = "alice"
+key = "sk-alice"
+role = "user"
+models = ["acme/tiny-a*", "prod"]
+
+[[keys]]
+name = "bob"
+sha256 = "{bob}"
+max_in_flight = 1
+"""
+
+
+def keys_file(tmp_path, extra: str = "") -> "Path":
+    import hashlib
+    p = tmp_path / "keys.toml"
+    p.write_text(KEYS_TOML.format(bob=hashlib.sha256(b"sk-bob").hexdigest()) + extra)
+    return p
+
+
+def as_key(s, key: str) -> ollama.Client:
+    return ollama.Client(host=s.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def test_keys_with_roles(serve, hub, tmp_path):
+    for repo in ("acme/tiny-a", "acme/tiny-b", "acme/tiny-prod"):
+        place(hub, repo)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys_file(tmp_path)),
+              "--api-key", "sk-flag", "--", "--gpu-memory-utilization", "0.3")
+    s.wait_ready()
+    root, alice, bob, flag = (as_key(s, k) for k in ("sk-root", "sk-alice", "sk-bob", "sk-flag"))
+    # 401: no key, an unknown key
+    for headers in ({}, {"Authorization": "Bearer sk-nope"}):
+        r = httpx.get(s.url + "/api/tags", headers=headers)
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer" and "unauthorized" in r.json()["error"]
+    # a user sees and uses what its patterns allow
+    assert {m.model for m in alice.list().models} == {"prod:latest", "acme/tiny-a:latest"}
+    assert {m.model for m in bob.list().models} == {"prod:latest", "acme/tiny-a:latest", "acme/tiny-b:latest"}
+    assert alice.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    assert alice.show("prod").details.family == "qwen2"
+    for call in (lambda: alice.generate(model="acme/tiny-b", prompt="x"), lambda: alice.show("acme/tiny-b"),
+                 lambda: alice.chat(model="acme/tiny-b", messages=[{"role": "user", "content": "x"}])):
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 403 and "alice" in e.value.error and "acme/tiny-b" in e.value.error
+    r = httpx.post(s.url + "/v1/chat/completions", headers={"Authorization": "Bearer sk-alice"},
+                   json={"model": "acme/tiny-b", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 403
+    assert [m["id"] for m in httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer sk-alice"}).json()["data"]] == [
+        "prod", "acme/tiny-a"]
+    # only an admin pulls, deletes, copies, creates, pushes
+    for method, path, body, what in (("POST", "/api/pull", {"model": "acme/tiny-z"}, "pull models"),
+                                     ("DELETE", "/api/delete", {"model": "acme/tiny-b"}, "delete models"),
+                                     ("POST", "/api/copy", {"source": "prod", "destination": "x"}, "copy models"),
+                                     ("POST", "/api/create", {"model": "x"}, "create models"),
+                                     ("POST", "/api/push", {"model": "x"}, "push models")):
+        r = httpx.request(method, s.url + path, json=body, headers={"Authorization": "Bearer sk-bob"})
+        assert r.status_code == 403 and r.json()["error"] == f"key 'bob' (role user) may not {what}: that needs an admin key"
+    root.copy("prod", "mine")
+    flag.delete("mine")  # --api-key stays an admin key
+    # a user may not unload the operator's model; an admin may
+    r = httpx.post(s.url + "/api/generate", json={"model": "prod", "keep_alive": 0}, headers={"Authorization": "Bearer sk-alice"})
+    assert r.status_code == 403 and "unload" in r.json()["error"]
+    # a user's keep_alive 0 in a request does not unload a model after it either
+    assert alice.generate(model="prod", prompt="x", keep_alive=0, options={"num_predict": 1}).done
+    assert "prod:latest" in [m.model for m in alice.ps().models]
+    assert root.generate(model="prod", prompt="", keep_alive=0).done_reason == "unload"
+    # the probes stay open; /readyz says only ready or not without a key
+    assert httpx.get(s.url + "/readyz").json() == {"state": "ready"}
+    assert "models" in httpx.get(s.url + "/readyz", headers={"Authorization": "Bearer sk-alice"}).json()
+
+
+def test_on_demand_admin_only_and_protected_models(serve, hub, tmp_path):
+    place(hub, "acme/tiny-a")
+    place(hub, "acme/tiny-prod")
+    # two models never fit together (0.6 each): a user's on-demand model may not evict prod
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys_file(tmp_path)),
+              "--on-demand-admin-only", "--load-timeout", "3", "--", "--gpu-memory-utilization", "0.6")
+    s.wait_ready()
+    alice, root = as_key(s, "sk-alice"), as_key(s, "sk-root")
+    with pytest.raises(ollama.ResponseError) as e:
+        alice.generate(model="acme/tiny-a", prompt="x")
+    assert e.value.status_code == 403 and "--on-demand-admin-only" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        root.generate(model="acme/tiny-a", prompt="x")  # even an admin's: prod is protected (--protect-models auto)
+    assert e.value.status_code == 503
+    assert [m.model for m in root.ps().models] == ["prod:latest"]
+    assert root.generate(model="prod", prompt="", keep_alive=0).done_reason == "unload"  # an admin makes room
+    assert root.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    assert alice.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done  # loaded now: a user may use it
+
+
+def test_keys_file_reloads_on_sighup_in_every_worker_without_dropping_streams(serve, hub, tmp_path):
+    import signal
+    import threading
+    place(hub, "acme/tiny-prod")
+    path = keys_file(tmp_path)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(path), "--workers", "2",
+              env={"FAKE_VLLM_TOKEN_DELAY": "0.05"})
+    s.wait_ready()
+    got: list = []
+    stream = threading.Thread(target=lambda: got.extend(as_key(s, "sk-alice").generate(
+        model="prod", prompt="x [[tokens:60]]", stream=True, options={"num_predict": 60})))
+    stream.start()
+    time.sleep(0.5)
+    path.write_text(path.read_text() + '\n[[keys]]\nname = "carol"\nkey = "sk-carol"\n')
+    s.proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    for _ in range(8):  # new connections reach both workers (SO_REUSEPORT)
+        with httpx.Client() as c:
+            assert c.get(s.url + "/api/tags", headers={"Authorization": "Bearer sk-carol"}).status_code == 200
+    path.write_text("[[keys]]\nname = broken\n")  # does not parse: the keys stay as they were
+    s.proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    for _ in range(8):
+        with httpx.Client() as c:
+            assert c.get(s.url + "/api/tags", headers={"Authorization": "Bearer sk-carol"}).status_code == 200
+    stream.join(30)
+    assert s.proc.poll() is None  # SIGHUP no longer stops the server once a keys file is given
+    assert got and got[-1].done and got[-1].eval_count == 60  # the stream in flight ran to its end
+    assert any(x.get("event") == "keys_reload_failed" for x in _log(s))
+
+
+def test_plain_key_file_keeps_working_and_every_key_is_an_admin(serve, hub, tmp_path):
+    place(hub, "acme/tiny-prod")
+    plain = tmp_path / "keys.txt"
+    plain.write_text("# one key a line\nsk-one\n\nsk-two\n")
+    s = serve("--model", "acme/tiny-prod", "--api-key-file", str(plain))
+    s.wait_ready()
+    assert httpx.get(s.url + "/api/tags").status_code == 401
+    as_key(s, "sk-two").copy("acme/tiny-prod", "an-alias")  # an admin's call
+
+
+# -- fair share (admission after the body, per-key share, vLLM priority) --------------------------
+
+def test_one_key_cannot_take_every_place_and_vllm_gets_priorities(serve, hub, tmp_path):
+    import concurrent.futures as cf
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys_file(tmp_path)), "--max-running", "4",
+              "--max-queue", "4", env={"FAKE_VLLM_TOKEN_DELAY": "0.05"})
+    s.wait_ready()
+    assert "--scheduling-policy" in s.launched()[0] and s.launched()[0][-1] == "priority"
+
+    def ask(key: str, n: int = 40) -> httpx.Response:
+        return httpx.post(s.url + "/api/generate", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": "prod", "prompt": "x [[tokens:40]]", "stream": False, "options": {"num_predict": n}})
+
+    with cf.ThreadPoolExecutor(12) as ex:
+        heavy = [ex.submit(ask, "sk-alice") for _ in range(10)]
+        time.sleep(1.0)
+        light = ask("sk-root", 1)  # the bound is 8: alice alone may hold 7 of them
+        answers = [f.result() for f in heavy]
+    assert light.status_code == 200
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200] * 7 + [429] * 3, codes
+    refused = next(r for r in answers if r.status_code == 429)
+    assert refused.headers["Retry-After"] and "fair share" in refused.json()["error"]
+    # 429 over a key's own max_in_flight
+    with cf.ThreadPoolExecutor(2) as ex:
+        first = ex.submit(ask, "sk-bob")
+        time.sleep(0.5)
+        second = ask("sk-bob", 1)
+        assert first.result().status_code == 200
+    assert second.status_code == 429 and "max_in_flight" in second.json()["error"] and second.headers["Retry-After"]
+    # vLLM saw each request's priority: a key's requests in flight before it (root's alone: 0)
+    argv = s.launched()[0]
+    sent = httpx.get(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/_fake/requests").json()
+    bodies = [r["body"] for r in sent if isinstance(r.get("body"), dict) and "priority" in r["body"]]
+    assert sorted(b["priority"] for b in bodies if b["max_tokens"] == 40) == [0, 0, 1, 2, 3, 4, 5, 6]  # alice's 7, bob's 1st
+    assert [b["priority"] for b in bodies if b["max_tokens"] == 1] == [0]  # root's: none of its own in flight
+
+
+def test_a_request_takes_a_place_only_once_its_body_is_read(serve, hub):
+    import socket
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--max-running", "1", "--max-queue", "1")
+    s.wait_ready()
+    trickling = []
+    for _ in range(4):  # each sends its headers and one byte of a 100-byte body, then nothing
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{")
+        trickling.append(c)
+    time.sleep(0.5)
+    assert s.client.generate(model="acme/tiny-prod", prompt="x", options={"num_predict": 1}).done  # the bound is 2
+    for c in trickling:
+        c.close()

@@ -174,7 +174,11 @@ class Settings(BaseSettings):
         description="API key clients must send as `Authorization: Bearer` on /api/*, /v1/* and the metrics routes "
         "(repeatable; none: open).",
     )
-    api_key_file: Path | None = Field(None, description="File of API keys, one per line (# comments); added to --api-key.")
+    api_key_file: Path | None = Field(
+        None,
+        description="File of API keys: one per line (# comments, each an admin key), or TOML [[keys]] with name, key or "
+        "sha256, role (admin|user), models, max_in_flight, priority; added to --api-key; read again on SIGHUP.",
+    )
     metrics_open: bool = Field(
         False,
         description="Serve /metrics and /vllm/metrics without an API key (for a scraper that sends none); by default "
@@ -292,6 +296,27 @@ class Settings(BaseSettings):
     max_aliases: int = Field(
         256, ge=0, description="Most aliases /api/copy may make (each is listed in every /api/tags).",
     )
+    on_demand_admin_only: bool = Field(
+        False, description="Only admin keys start a model that is not loaded; user keys use the models already loaded.",
+    )
+    protect_models: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Never evict an operator's model (--model, [[models]]) to make room for an on-demand one; an admin "
+        "still unloads it with keep_alive 0 (auto: on with --api-key-file).",
+    )
+    fair_share: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Share the admission bound between keys and set each request's vLLM priority (fewer in flight, or a "
+        "higher key priority, first; vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
+    )
+
+    def protects_models(self) -> bool:
+        """Whether on-demand models may not evict the operator's (``protect_models``)."""
+        return self.protect_models == "on" or (self.protect_models == "auto" and self.api_key_file is not None)
+
+    def fair(self) -> bool:
+        """Whether keys share the admission bound and vLLM schedules by priority (``fair_share``)."""
+        return self.fair_share == "on" or (self.fair_share == "auto" and self.api_key_file is not None)
 
     #: The library (packaged + user file) and the launched models resolved through it, made once
     #: by :meth:`_library_names` (pickled along to the workers).

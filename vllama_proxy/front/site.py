@@ -9,6 +9,7 @@ import asyncio
 import errno
 import resource
 import signal
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -73,8 +74,11 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def wait_for_signal(hurry: asyncio.Event | None = None) -> str:
+async def wait_for_signal(hurry: asyncio.Event | None = None, reload: Callable[[], None] | None = None) -> str:
     """Block until SIGTERM, SIGINT or SIGHUP; returns the signal's name.
+
+    With ``reload`` (an ``--api-key-file`` is configured), SIGHUP calls it instead of stopping:
+    the keys file is read again, as daemons reload their configuration (issue 27).
 
     The handlers stay installed for the rest of the process: a repeated signal sets
     ``hurry`` (cut the drain short) and is logged, never the default action, which killed
@@ -93,5 +97,8 @@ async def wait_for_signal(hurry: asyncio.Event | None = None) -> str:
             hurry.set()
 
     for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, on_signal, sig)
+        if sig is signal.SIGHUP and reload is not None:
+            loop.add_signal_handler(sig, reload)
+        else:
+            loop.add_signal_handler(sig, on_signal, sig)
     return await got

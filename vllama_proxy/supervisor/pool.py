@@ -170,12 +170,18 @@ class ModelPool:
         short = self._short(sup)
         candidates = [
             o for o in self._neighbours(sup)
-            if not o.spec.pin and short & set(o.spec.gpu_ids)
+            if not self._protected(o, sup) and short & set(o.spec.gpu_ids)
             and o.board.in_flight == 0 and o.board.waiters == 0 and not o.board.waking
         ]
         ready = [o for o in candidates if o.holds_gpu and o.state is State.READY]
         asleep = [o for o in candidates if not o.holds_gpu and o.state is State.SLEEPING and o.child is not None]
         return min(ready or asleep, key=lambda o: o.board.last_used, default=None)
+
+    def _protected(self, o: Supervisor, sup: Supervisor) -> bool:
+        """Whether ``o`` may not be evicted for ``sup``: pinned, or an operator's model when ``sup`` is
+        an on-demand one and ``--protect-models`` is on (issue 27: one user's pulls took the
+        production model off the GPU). An admin still unloads it with keep_alive 0."""
+        return o.spec.pin or (sup.slot is not None and o.slot is None and self.s.protects_models())
 
     def _blockers(self, sup: Supervisor) -> str:
         held = [f"{o.served_name} ({self._held(o):g}, {o.state.value})" for o in self._neighbours(sup) if self._held(o)]
@@ -277,7 +283,7 @@ class ModelPool:
                 if i not in o.spec.gpu_ids or not self._held(o):
                     continue
                 held = int(self._held(o) * total)
-                if o.spec.pin:
+                if self._protected(o, sup):
                     pinned.setdefault(o.served_name, {})[i] = held
                 else:
                     reclaimable += held

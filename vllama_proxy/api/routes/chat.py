@@ -8,7 +8,7 @@ from ..ollama_types import ChatRequest
 from ..state import CATALOG
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities
-from .common import load_reply, log_ignored, lookup_model, wants_unload, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, with_priority, wants_unload, model_in_use, now_ns, read_request, resolve_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -32,4 +32,4 @@ async def chat(request: web.Request) -> web.StreamResponse:
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)
     async with model_in_use(request, backend, req.keep_alive):
-        return await relay(request, backend.upstream, "/v1/chat/completions", body, translator, stream=stream)
+        return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream)

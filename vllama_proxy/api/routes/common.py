@@ -13,10 +13,13 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel
 
 from vllama_proxy.api.ollama_types import parse_body, require_model
-from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamUnavailable
+from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, UpstreamUnavailable
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
+from ..keys import Key, key_of
+#: Request key: this request's vLLM ``priority`` (lower first), set by ``admission.py`` with fair sharing.
+PRIORITY = "vllama.priority"
 from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
 from ..stream import CLOCK
 
@@ -55,8 +58,28 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
     no on-demand slot holds claims one. Raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
     name = require_model(name)
     catalog = request.app[CATALOG]
+    key = key_of(request)
+    if not key.admin and request.app[SETTINGS].on_demand_admin_only:
+        _, model, backend = await lookup_model(request, name)
+        if backend is None:
+            raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
+                            "this server starts models on demand for admin keys only (--on-demand-admin-only)")
     model = await catalog.resolve(name, claim=True)
+    check_model(key, name, model)
     return name, model, catalog.backend_of(model)
+
+
+def check_model(key: Key, name: str, model: ServedModel) -> None:
+    """403 unless ``key`` may use ``model`` (asked as ``name``): its ``models`` patterns match the
+    name as asked, the served name or the repo (``keys.py``)."""
+    if not key.may_use(name, model.name, model.root):
+        raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
+
+
+def may_list(request: web.Request, model: ServedModel, names: list[str]) -> bool:
+    """Whether the request's key may see ``model`` in a listing (tags, ps, /v1/models)."""
+    key = key_of(request)
+    return not key.models or key.may_use(model.name, model.root, *names)
 
 
 async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
@@ -65,6 +88,7 @@ async def lookup_model(request: web.Request, name: str | None) -> tuple[str, Ser
     name = require_model(name)
     catalog = request.app[CATALOG]
     model = await catalog.resolve(name)
+    check_model(key_of(request), name, model)
     try:
         return name, model, catalog.backend_of(model)
     except ModelNotFound:
@@ -99,8 +123,13 @@ async def load_reply(request: web.Request, name: str, backend: Backend | None, k
     board = backend.board if backend is not None else None
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
     unload = parse_keep_alive(keep_alive, default=default) == 0
+    key = key_of(request)
     if unload and backend is None:
         pass  # an on-demand model no slot holds: nothing is loaded, nothing to unload
+    elif unload and not key.admin and board is not None and (board.in_flight or backend.slot is None):
+        # a user may unload an on-demand model no one else uses; not the operator's, not one in use
+        raise Forbidden(f"key '{key.name}' (role {key.role}) may not unload '{name}' (keep_alive 0): "
+                        f"{'others are using it' if board.in_flight else 'the operator runs it'}; that needs an admin key")
     elif unload:
         if board is None:  # --upstream: the model lives in a vLLM vllama does not run
             raise BadRequest(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
@@ -137,6 +166,8 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
         yield
         return
     seconds = parse_keep_alive(keep_alive, default=board.keep_alive)
+    if seconds <= 0 and not key_of(request).admin:
+        seconds = board.keep_alive  # a user neither unloads after its request nor pins a model forever
     slot = request.app[WORKER]
     held = board.served_name  # an on-demand slot may take another model before this request is counted
     timeout = request.app[SETTINGS].load_timeout
@@ -160,6 +191,15 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     finally:
         board.touch(seconds)  # Ollama sets the expiry after each request; before end(), so the
         board.end(slot)  # supervisor never sees it idle with the old expiry
+
+
+def with_priority(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the request's vLLM ``priority`` when fair sharing set one (``admission.py``),
+    replacing any the client sent: a client must not jump the queue. Returns ``body``."""
+    priority = request.get(PRIORITY)
+    if priority is not None:
+        body["priority"] = priority
+    return body
 
 
 def log_ignored(ignored: list[str]) -> None:

@@ -7,7 +7,7 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
-from .common import load_reply, log_ignored, lookup_model, wants_unload, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, with_priority, wants_unload, model_in_use, now_ns, read_request, resolve_model
 from ..ollama_types import GenerateRequest
 from ..state import CATALOG
 from ..stream import GenerateTranslator, Timings, relay
@@ -58,4 +58,4 @@ async def generate(request: web.Request) -> web.StreamResponse:
     async with model_in_use(request, backend, req.keep_alive):
         if path == "/v1/completions" and "max_tokens" not in body:
             body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
-        return await relay(request, backend.upstream, path, body, translator, stream=stream)
+        return await relay(request, backend.upstream, path, with_priority(request, body), translator, stream=stream)

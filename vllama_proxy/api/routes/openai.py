@@ -18,7 +18,8 @@ from aiohttp import web
 from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
-from .common import model_in_use, read_body
+from .common import PRIORITY, check_model, may_list, model_in_use, read_body, with_priority
+from ..keys import key_of
 from ..state import CATALOG
 
 _FORWARD_REQUEST = ("Content-Type", "Accept")
@@ -40,10 +41,13 @@ async def _models(request: web.Request) -> web.Response | None:
         return None
     models = await catalog.models()
     if tail in ("models", "models/"):
-        return web.json_response({"object": "list", "data": [_model_entry(m) for m in models]}, dumps=_dumps)
+        shown = [m for m in models if may_list(request, m, catalog.names_for(m))]
+        return web.json_response({"object": "list", "data": [_model_entry(m) for m in shown]}, dumps=_dumps)
     wanted = tail.removeprefix("models/")
     try:
-        return web.json_response(_model_entry(await catalog.resolve(wanted)), dumps=_dumps)
+        model = await catalog.resolve(wanted)  # a lookup: loads nothing (issue 27)
+        check_model(key_of(request), wanted, model)
+        return web.json_response(_model_entry(model), dumps=_dumps)
     except ModelNotFound:
         err = {"error": {"message": f"The model `{wanted}` does not exist.", "type": "NotFoundError", "code": 404}}
         return web.json_response(err, status=404, dumps=_dumps)
@@ -82,7 +86,9 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
         name = _form_model(request.headers.get("Content-Type", ""), body)  # audio transcriptions
         if name is not None:
             try:
-                return body, catalog.backend_of(await catalog.resolve(name, claim=True))
+                model = await catalog.resolve(name, claim=True)
+                check_model(key_of(request), name, model)
+                return body, catalog.backend_of(model)
             except ModelNotFound:
                 raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     if not isinstance(name, str):
@@ -95,11 +101,13 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
         if one:
             return body, default  # vLLM answers the 404 in its own words
         raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
+    check_model(key_of(request), name, model)
     backend = catalog.backend_of(model)
-    if model.name == name:
+    prioritised = request.get(PRIORITY) is not None and request.method == "POST"
+    if model.name == name and not prioritised:
         return body, backend
     data["model"] = model.name
-    return encode_json(data), backend
+    return encode_json(with_priority(request, data) if prioritised else data), backend
 
 
 def _form_model(content_type: str, body: bytes) -> str | None:
