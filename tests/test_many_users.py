@@ -302,3 +302,35 @@ def test_a_request_takes_a_place_only_once_its_body_is_read(serve, hub):
     assert s.client.generate(model="acme/tiny-prod", prompt="x", options={"num_predict": 1}).done  # the bound is 2
     for c in trickling:
         c.close()
+
+
+# -- 5. who used what ----------------------------------------------------------------------------
+
+def test_logs_and_metrics_name_the_key_and_client_never_the_secret(serve, hub, tmp_path):
+    import re
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys_file(tmp_path)))
+    s.wait_ready()
+    alice, root = as_key(s, "sk-alice"), as_key(s, "sk-root")
+    a = [alice.generate(model="prod", prompt="one two three", options={"num_predict": 3}) for _ in range(2)]
+    r = root.chat(model="prod", messages=[{"role": "user", "content": "hi there"}], options={"num_predict": 2})
+    httpx.post(s.url + "/api/generate", headers={"Authorization": "Bearer sk-alice", "X-Request-ID": "client-id-7"},
+               json={"model": "prod", "prompt": "x", "stream": False, "options": {"num_predict": 1}})
+    metrics = httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-root"}).text
+
+    def value(name: str, **labels: str) -> float:
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        m = re.search(rf"^{name}\{{{want}\}} (\S+)$", metrics, re.M)
+        assert m, (name, labels)
+        return float(m.group(1))
+
+    assert value("vllama_key_requests_total", key="alice", model="prod", status="2xx") == 3
+    assert value("vllama_key_requests_total", key="root", model="prod", status="2xx") == 1
+    assert value("vllama_key_prompt_tokens_total", key="alice", model="prod") == 2 * a[0].prompt_eval_count + 1
+    assert value("vllama_key_output_tokens_total", key="alice", model="prod") == 2 * 3 + 1
+    assert value("vllama_key_output_tokens_total", key="root", model="prod") == r.eval_count == 2
+    lines = [x for x in _log(s) if x.get("event") == "request" and x["path"] == "/api/generate"]
+    assert {x["key"] for x in lines} == {"alice"} and {x["client"] for x in lines} == {"127.0.0.1"}
+    tagged = [x for x in lines if x.get("client_request_id") == "client-id-7"]
+    assert len(tagged) == 1 and tagged[0]["request_id"] != "client-id-7"  # vllama's own id, the client's beside it
+    assert "sk-alice" not in s.log.read_text() and "sk-root" not in s.log.read_text()

@@ -30,7 +30,7 @@ from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
-from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
+from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
 from .state import CATALOG, CLOSE_AFTER, FRONT_END, KEYS, SETTINGS, WORKER
 
@@ -93,6 +93,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         stream_error = request.get("vllama.stream_error")
         if stream_error is not None:
             UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
+        observe_key_usage(request, keys.key_of(request).name, status)
         if request.app[SETTINGS].access_log:
             extra = {"stream_error": stream_error.message} if stream_error is not None else {}
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2),

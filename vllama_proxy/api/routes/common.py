@@ -21,6 +21,7 @@ from ..keys import Key, key_of
 #: Request key: this request's vLLM ``priority`` (lower first), set by ``admission.py`` with fair sharing.
 PRIORITY = "vllama.priority"
 from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
+from ..metrics import MODEL
 from ..stream import CLOCK
 
 log = get_logger("vllama.routes")
@@ -66,6 +67,7 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
                             "this server starts models on demand for admin keys only (--on-demand-admin-only)")
     model = await catalog.resolve(name, claim=True)
     check_model(key, name, model)
+    request[MODEL] = model.name  # for the per-key counters (metrics.py)
     return name, model, catalog.backend_of(model)
 
 

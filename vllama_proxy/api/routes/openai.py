@@ -20,6 +20,7 @@ from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
 from .common import PRIORITY, check_model, may_list, model_in_use, read_body, with_priority
 from ..keys import key_of
+from ..metrics import MODEL
 from ..state import CATALOG
 
 _FORWARD_REQUEST = ("Content-Type", "Accept")
@@ -102,6 +103,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
             return body, default  # vLLM answers the 404 in its own words
         raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     check_model(key_of(request), name, model)
+    request[MODEL] = model.name
     backend = catalog.backend_of(model)
     prioritised = request.get(PRIORITY) is not None and request.method == "POST"
     if model.name == name and not prioritised:
