@@ -334,3 +334,79 @@ def test_logs_and_metrics_name_the_key_and_client_never_the_secret(serve, hub, t
     tagged = [x for x in lines if x.get("client_request_id") == "client-id-7"]
     assert len(tagged) == 1 and tagged[0]["request_id"] != "client-id-7"  # vllama's own id, the client's beside it
     assert "sk-alice" not in s.log.read_text() and "sk-root" not in s.log.read_text()
+
+
+# -- 6. the server's own limits -------------------------------------------------------------------
+
+def test_connections_per_address_idle_and_body_timeouts_and_small_bodies(serve, hub):
+    import socket
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--max-connections-per-address", "3", "--idle-timeout", "1.5",
+              "--body-timeout", "1")
+    s.wait_ready()
+
+    def closed_within(c: socket.socket, seconds: float) -> bool:
+        c.settimeout(seconds)
+        try:
+            return c.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+
+    held = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(3)]
+    extra = socket.create_connection(("127.0.0.1", s.port))
+    assert closed_within(extra, 1.0)  # a 4th connection from this address: closed at once
+    assert all(closed_within(c, 3.0) for c in held)  # idle (no request at all): closed after --idle-timeout
+    # a body that does not arrive in time: 408
+    c = socket.create_connection(("127.0.0.1", s.port))
+    c.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    c.settimeout(5)
+    assert c.recv(4096).startswith(b"HTTP/1.1 408")
+    c.close()
+    # non-inference routes take small bodies only; inference routes take --max-body-size
+    big = {"model": "acme/tiny-prod", "prompt": "x" * 1_500_000}  # one word: one token to the stand-in
+    r = httpx.post(s.url + "/api/show", json=big)
+    assert r.status_code == 413 and "/api/show" in r.json()["error"]
+    r = httpx.post(s.url + "/api/generate", json={**big, "stream": False, "options": {"num_predict": 1}}, timeout=30)
+    assert r.status_code == 200
+
+
+@pytest.fixture
+def slow_hub():
+    import subprocess
+    import sys
+    from conftest import TESTS, free_port, stop, wait_http
+    port, cdn = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, str(TESTS / "fake_hub.py"), "--port", str(port), "--cdn-port", str(cdn), "--delay", "0.3"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/_fake/health", proc)
+    yield url
+    stop(proc)
+
+
+def test_concurrent_pulls_are_capped_and_reserve_their_bytes(serve, hub, slow_hub):
+    import concurrent.futures as cf
+    env = {**hf_env(slow_hub, hub.parent), "HF_HUB_CACHE": str(hub)}
+    # acme/tiny-* weigh ~24 MiB each: a 40 MiB quota holds one, not two
+    s = serve("--max-pulls", "2", "--cache-quota", str(40 * 1024 * 1024), env=env)
+
+    def pull(name: str) -> httpx.Response:
+        return httpx.post(s.url + "/api/pull", json={"model": name, "stream": False}, timeout=120)
+
+    with cf.ThreadPoolExecutor(3) as ex:
+        first = ex.submit(pull, "acme/tiny-p1")
+        time.sleep(2.0)  # downloading (0.3 s per MiB)
+        second = pull("acme/tiny-p2")  # the first's bytes are held: the quota refuses it now
+        assert second.status_code == 507 and "quota" in second.json()["error"]
+        assert first.result().status_code == 200
+    third = pull("acme/tiny-p3")  # the cache itself now holds ~24 MiB
+    assert third.status_code == 507
+    s2 = serve("--max-pulls", "1", env=env)
+    with cf.ThreadPoolExecutor(3) as ex:
+        first = ex.submit(lambda: httpx.post(s2.url + "/api/pull", json={"model": "acme/tiny-q1", "stream": False}, timeout=120))
+        time.sleep(2.0)
+        r = httpx.post(s2.url + "/api/pull", json={"model": "acme/tiny-q2", "stream": False}, timeout=120)
+        assert r.status_code == 429 and "--max-pulls" in r.json()["error"] and r.headers["Retry-After"]
+        assert first.result().status_code == 200

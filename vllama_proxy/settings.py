@@ -304,6 +304,26 @@ class Settings(BaseSettings):
         description="Never evict an operator's model (--model, [[models]]) to make room for an on-demand one; an admin "
         "still unloads it with keep_alive 0 (auto: on with --api-key-file).",
     )
+    idle_timeout: float = Field(
+        120.0, gt=0, description="Seconds a client connection may stay idle (before its first request or between requests).",
+    )
+    body_timeout: float = Field(
+        60.0, gt=0, description="Seconds a client may take to send a request body (a slower one gets 408).",
+    )
+    max_connections_per_address: int | None = Field(
+        None, ge=1,
+        description="Open connections one client address may hold in each vllama process (default: a quarter of the "
+        "process's open-file limit); more are closed at once.",
+    )
+    max_small_body_size: int = Field(
+        1024 * 1024, gt=0,
+        description="Largest request body of a route that is not inference (show, pull, copy, delete...), bytes; "
+        "inference routes take --max-body-size.",
+    )
+    max_pulls: int = Field(2, ge=1, description="Pulls at once over the server; more get 429.")
+    cache_quota: int | None = Field(
+        None, gt=0, description="Most bytes the Hugging Face cache may hold after a pull (507 beyond it; default: the disk).",
+    )
     fair_share: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Share the admission bound between keys and set each request's vLLM priority (fewer in flight, or a "
@@ -499,6 +519,7 @@ METAVARS = {
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
+    "max_small_body_size": "BYTES", "cache_quota": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 

@@ -29,7 +29,7 @@ from vllama_proxy.supervisor.slots import SlotTable
 from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
 from .sdnotify import Notifier, attach, run_watchdog
-from .site import raise_nofile_limit, start_site, wait_for_signal
+from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 from .workers import WorkerPool
 
 log = get_logger("vllama.server")
@@ -113,7 +113,8 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
     bound = admission_bound(settings, [], nofile, None)
     backends = [BackendSpec(url=settings.upstream)]
     app = build_app(settings, backends, front=front, bound=bound)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     workers = WorkerPool(settings, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
@@ -236,7 +237,8 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
     app = build_app(settings, backends, front=front, bound=bound, slots=slots)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     workers = WorkerPool(settings, backends, front, bound, slots)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,

@@ -47,11 +47,12 @@ def _worker_main(index: int, parent: int, settings: Settings, backends: list[Bac
 async def _serve(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound,
                  slots: Any = None) -> None:
     from vllama_proxy.api.app import build_app
-    from .site import raise_nofile_limit, start_site, wait_for_signal
+    from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 
-    raise_nofile_limit()
+    nofile = raise_nofile_limit()
     app = build_app(settings, backends, worker=index, front=front, bound=bound, slots=slots)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     log.info("worker_listening", worker=index, port=settings.port)
     try:
         await wait_for_signal(reload=_key_reloader(app, settings))

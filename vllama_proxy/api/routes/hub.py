@@ -20,7 +20,7 @@ from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .common import read_request
 from ..ollama_types import ModelRef, require_model
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS
 from ..stream import NDJSON
 
 
@@ -36,7 +36,9 @@ async def pull(request: web.Request) -> web.StreamResponse:
     if await _served(request, name, strict=False) is not None:
         return _success(req.stream)  # served (or pulled) already
     model = hub.parse_model(name) or await _from_library(request, name)
-    async with aclosing(hub.pull(model)) as events:
+    settings = request.app[SETTINGS]
+    limits = hub.PullLimits(settings.state_dir / "pulls", settings.max_pulls, settings.cache_quota)
+    async with aclosing(hub.pull(model, limits)) as events:
         if req.stream is False:
             async for _ in events:
                 pass
