@@ -94,6 +94,8 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
                 raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     if not isinstance(name, str):
         if one:
+            if default.model is not None:  # a key limited to some models may not reach this one unnamed
+                check_model(key_of(request), default.model.name, default.model)
             return body, default
         raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
     try:
