@@ -80,6 +80,7 @@ class AdmissionBound:
         self._total = ctx.RawValue("i", 0)
         self._slots = ctx.RawArray("i", max(slots, 1))
         self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
+        self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
 
     def try_enter(self, slot: int) -> bool:
@@ -119,6 +120,7 @@ class AdmissionBound:
             self._total.value += 1
             self._slots[slot] += 1
             self._keys[key] = mine + 1
+            self._worker_keys[slot * KEY_SLOTS + key] += 1
             if mine == 0:
                 self._active.value += 1
             return mine
@@ -129,6 +131,7 @@ class AdmissionBound:
             self._total.value -= 1
             self._slots[slot] -= 1
             self._keys[key] -= 1
+            self._worker_keys[slot * KEY_SLOTS + key] -= 1
             if self._keys[key] == 0:
                 self._active.value -= 1
 
@@ -147,6 +150,14 @@ class AdmissionBound:
         with self._lock.held():
             self._total.value -= self._slots[slot]
             self._slots[slot] = 0
+            base = slot * KEY_SLOTS
+            for key in range(KEY_SLOTS):
+                n = self._worker_keys[base + key]
+                if n:
+                    self._worker_keys[base + key] = 0
+                    self._keys[key] -= n
+                    if self._keys[key] == 0:
+                        self._active.value -= 1
 
     @property
     def in_flight(self) -> int:
