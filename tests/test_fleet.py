@@ -191,3 +191,18 @@ def test_session_key_is_the_conversations():
     assert session.headers("X-Session-ID", {"X-Session-ID": "mine"}, key)["X-Session-ID"] == "mine"
     assert "X-Session-ID" not in session.headers("", {}, key)
     assert session.generate_key("m", None) is None and session.generate_key("m", "s") == session.generate_key("m", "s")
+
+
+def test_stand_in_prefix_cache_counts_as_vllm():
+    """The stand-in's ``vllm:prefix_cache_*`` (what loadgen's cluster hit rate reads in dry runs)."""
+    from fake_vllm import PrefixCache
+
+    cache = PrefixCache(capacity=4)
+    words = [f"w{i}" for i in range(40)]  # 2 full blocks of 16, 8 words left over
+    cache.query(words)
+    assert (cache.queries, cache.hits) == (40, 0)
+    cache.query(words[:20] + ["other"] * 20)  # the first block is shared, the second is not
+    assert (cache.queries, cache.hits) == (80, 16)
+    cache.query([f"x{i}" for i in range(64)])  # 4 new blocks: the least recently used leave
+    cache.query(words)
+    assert cache.hits == 16, "evicted blocks are no hits"
