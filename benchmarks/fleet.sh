@@ -6,14 +6,17 @@
 #
 # Prerequisites as benchmarks/ttft_c1.sh: the vLLM wheel chunks stashed by earlier calls; the call with
 # `install` carries the last chunk, $DEV (a copy of shared/device) and .whl (vllama's deps the image
-# lacks, and vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl: `pip download vllm-router==0.1.17
-# --no-deps -d .whl`).
+# lacks). vllm-router's wheel (23 MB, abi3, so Python 3.12 takes it) travels in a call of its own,
+# `router-wheel`, carrying .whl-router: `pip download vllm-router==0.1.17 --no-deps -d .whl-router`.
 #
 #   install   $DEV/install-vllm.sh install
-#   setup     .whl into /tmp/vsite (vllm-router included); the random Qwen2.5-1.5B-shaped model $MODEL
-#   size      the KV cache per engine: the workload's system prompts (G x SYSTEM_WORDS words, counted
-#             with the model's tokenizer) times KV_FRACTION (0.75): one engine cannot hold every group's
-#             prefix, two can; bytes per token from config.json (2 x layers x KV heads x head dim x 2)
+#   router-wheel  .whl-router into /tmp/vsite (vllm-router)
+#   setup     .whl (and .whl-router if carried) into /tmp/vsite; the random Qwen2.5-1.5B-shaped model $MODEL
+#   size      the KV cache per engine (--kv-cache-memory-bytes), from the workload counted with the model's
+#             tokenizer: KV_FRACTION (0.75) of all G system prompts + the sessions half of C in flight add:
+#             one engine cannot hold every group's prefix and all sessions, two engines with the groups
+#             split between them can, two that each see every group (round robin) cannot; bytes per token
+#             from config.json (2 x layers x KV heads x head dim x 2)
 #   start     TOPOLOGY (fleet | one | dp2):
 #             fleet: the router (no workers: the nodes join it), engines a and b started one after the
 #                    other (two starting at once on one GPU misjudge their KV cache), each
@@ -27,15 +30,21 @@
 #             then the workload: loadgen --conversations G,S,T at C sessions in flight, TTFT/ITL/tok/s per
 #             turn and the cluster prefix-cache hit rate (sum of the engines' hits / queries); $OUT/POLICY.json
 #   run       one and dp2: the same workload against the node ($OUT/$TOPOLOGY.json)
-#   failover  fleet, cache_aware: the workload again, FAIL_AT (20) s into it engine a's EngineCore gets
+#   failover  fleet, cache_aware: the workload with 3 x S sessions per group, FAIL_AT (4) s into it engine a's EngineCore gets
 #             SIGKILL; which turns failed (and whether each was in flight at the kill), when the last
 #             failure ended, how long until a's supervisor had it ready and the router took it back;
 #             $OUT/failover.json, failover.txt
 #   stop      SIGTERM everything; leftover processes and GPU memory; logs to $OUT
 #
-# The lead's call after the two stash calls (timeout_s 600; about 8-9 minutes on an H100/H200):
-#   OUT=$OUT DEV=.devscripts benchmarks/fleet.sh install setup size start run-cache_aware \
-#     run-consistent_hash run-round_robin failover stop
+# The lead's calls, back to back after the two stash calls (servers outlive a call while the machine is warm):
+#   1. carry .whl-router (~5 s):       benchmarks/fleet.sh router-wheel
+#   2. carry the last chunk, $DEV, .whl (timeout_s 600, ~4-5 min: two engines start one after the other):
+#        OUT=$OUT DEV=.devscripts benchmarks/fleet.sh install setup size start
+#   3. no carry (timeout_s 600, ~3-5 min):
+#        OUT=$OUT benchmarks/fleet.sh run-cache_aware run-consistent_hash run-round_robin failover stop
+# Outputs in $OUT: summary.txt (one line per run), cache_aware.json, consistent_hash.json, round_robin.json,
+# failover.json (loadgen JSON: pooled summary, per-turn timeline, each engine's prefix-cache counters),
+# failover.txt, {front,a,b,router}.log.gz.
 # Issue 32 on nvidia-h200-x2: PLACEMENT=split for the fleet; TOPOLOGY=one and TOPOLOGY=dp2 with `start run stop`.
 # Dry run against the stand-in (no GPU): PATH=$PWD/tests/bin:$PATH MODEL=<any dir> VLLAMA_EXTRA=--no-gpu-check
 #   NO_GPU=1 benchmarks/fleet.sh start run-cache_aware failover stop
@@ -43,8 +52,10 @@ set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
 TOPOLOGY=${TOPOLOGY:-fleet} PLACEMENT=${PLACEMENT:-shared} GPU_UTIL=${GPU_UTIL:-0.4}
 G=${G:-8} S=${S:-8} T=${T:-4} C=${C:-32} SYSTEM_WORDS=${SYSTEM_WORDS:-3000} TURN_WORDS=${TURN_WORDS:-64} TOKENS=${TOKENS:-64}
-KV_FRACTION=${KV_FRACTION:-0.75} FAIL_AT=${FAIL_AT:-20} SERVED=qwen-random
-PR=${PR:-30000} ROUTER=http://127.0.0.1:${PR:-30000} FRONT=http://127.0.0.1:11434
+KV_FRACTION=${KV_FRACTION:-0.75} FAIL_AT=${FAIL_AT:-4} SERVED=qwen-random
+# ports: the front, the router and its Prometheus listener, nodes a and b and their vLLMs
+PF=${PF:-11434} PR=${PR:-30000} PP=${PP:-29000} PA=${PA:-11501} PB=${PB:-11502} VA=${VA:-8101} VB=${VB:-8102}
+ROUTER=http://127.0.0.1:$PR FRONT=http://127.0.0.1:$PF
 mkdir -p "$OUT" "$LOGS"
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH=/tmp/vsite/bin:/tmp/site/bin:$PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
@@ -76,7 +87,7 @@ node() {  # name port vllm_port gpu [extra vllama flags...]: a node supervising 
 }
 router() {  # policy: (re)start vllm-router with no workers; the nodes join it (--register-with)
   [ -f $LOGS/router.pid ] && kill -TERM "$(cat $LOGS/router.pid)" 2>/dev/null && sleep 1
-  setsid vllm-router --host 127.0.0.1 --port $PR --prometheus-port 29000 --policy "$1" \
+  setsid vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$1" \
     --health-check-interval-secs 2 --health-failure-threshold 1 --health-success-threshold 1 \
     --worker-startup-check-interval 1 >> $LOGS/router.log 2>&1 < /dev/null &
   echo $! > $LOGS/router.pid
@@ -89,7 +100,7 @@ wait_workers() {  # n: until the router lists n healthy workers
   done
   log "router: not $1 healthy workers after 60 s: $(curl -s $ROUTER/workers)"; return 1
 }
-metrics_urls() { if [ "$TOPOLOGY" = fleet ]; then echo http://127.0.0.1:8101/metrics,http://127.0.0.1:8102/metrics; else echo http://127.0.0.1:8101/metrics; fi; }
+metrics_urls() { if [ "$TOPOLOGY" = fleet ]; then echo http://127.0.0.1:$VA/metrics,http://127.0.0.1:$VB/metrics; else echo http://127.0.0.1:$VA/metrics; fi; }
 reset_caches() {  # every engine's prefix cache emptied (vLLM's dev-mode route), so each run starts cold
   for u in $(metrics_urls | tr ',' ' '); do curl -s -X POST "${u%/metrics}/reset_prefix_cache" -o /dev/null -w "%{http_code} "; done
 }
@@ -114,44 +125,57 @@ for phase in "$@"; do case $phase in
 install) "$DEV/install-vllm.sh" install || exit 1 ;;
 setup)
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite .whl/*.whl
+  [ -d .whl-router ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite .whl-router/*.whl
   [ -f "$MODEL/config.json" ] || python3 "$DEV/make_random_model.py" "$MODEL"
   log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null); vllm-router $(python3 -c 'import importlib.metadata as m; print(m.version("vllm-router"))'); $(nproc) CPUs; GPU: $(nvidia-smi --query-gpu=name,memory.used --format=csv,noheader | tr '\n' ' ')"
   ;;
 size)
-  python3 - "$MODEL" $G $SYSTEM_WORDS $KV_FRACTION > $LOGS/kv_bytes <<'EOF' || exit 1
+  python3 - "$MODEL" $G $SYSTEM_WORDS $KV_FRACTION $C $T $TURN_WORDS $TOKENS > $LOGS/kv_bytes <<'EOF' || exit 1
 import json, random, sys
 sys.path.insert(0, "benchmarks")
 from loadgen import VOCAB
 from transformers import AutoTokenizer
 model, groups, words, fraction = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+c, turns, turn_words, tokens = (int(x) for x in sys.argv[5:9])
 cfg = json.load(open(f"{model}/config.json"))
 head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2  # K and V, bf16
 rng = random.Random(0)  # as loadgen's run_conversations makes the system prompts
 tok = AutoTokenizer.from_pretrained(model)
-tokens = sum(len(tok(" ".join(rng.choices(VOCAB, k=words)))["input_ids"]) for _ in range(groups))
-print(int(tokens * fraction * per_token))
-print(f"system prompts: {groups} x {tokens // groups} tokens = {tokens}; KV {per_token} B/token; cache per engine "
-      f"{fraction} x {tokens} tokens = {tokens * fraction * per_token / 2**30:.2f} GiB", file=sys.stderr)
+systems = sum(len(tok(" ".join(rng.choices(VOCAB, k=words)))["input_ids"]) for _ in range(groups))
+turn = len(tok(" ".join(rng.choices(VOCAB, k=turn_words)))["input_ids"])
+session = turns * (turn + tokens + 8)  # what a session adds beyond its system prompt (+ chat template)
+# One engine cannot hold every group's system prompt and the sessions in flight (it needs systems +
+# c x session); with the groups split between two, each needs systems/2 + c/2 x session, which fits;
+# round robin gives each engine every group again.
+cache = int(fraction * systems + c / 2 * session)
+print(cache * per_token)
+print(f"system prompts {groups} x {systems // groups} tokens, a session {session} tokens beyond; KV {per_token} B/token; "
+      f"per engine {cache} tokens = {cache * per_token / 2**30:.2f} GiB (all on one engine needs {systems + c * session})",
+      file=sys.stderr)
 EOF
   log "KV cache per engine: $(cat $LOGS/kv_bytes) bytes (--kv-cache-memory-bytes)"
+  ;;
+router-wheel)  # its own call: the vllm-router wheel (23 MB) does not fit beside a vLLM chunk in one carry
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite .whl-router/*.whl || exit 1
+  log "vllm-router $(python3 -c 'import importlib.metadata as m; print(m.version("vllm-router"))') in /tmp/vsite"
   ;;
 start)
   case $TOPOLOGY in
   fleet)
     router cache_aware || exit 1
     gb=0; [ "$PLACEMENT" = split ] && gb=1
-    node a 11501 8101 0 --register-with $ROUTER --register-interval 1 || exit 1
-    node b 11502 8102 $gb --register-with $ROUTER --register-interval 1 || exit 1
+    node a $PA $VA 0 --register-with $ROUTER --register-interval 1 || exit 1
+    node b $PB $VB $gb --register-with $ROUTER --register-interval 1 || exit 1
     wait_workers 2 || exit 1
-    VLLAMA_STATE_DIR=$LOGS/state-front setsid python3 -m vllama_proxy serve --upstream $ROUTER --port 11434 --log-format json \
+    VLLAMA_STATE_DIR=$LOGS/state-front setsid python3 -m vllama_proxy serve --upstream $ROUTER --port $PF --log-format json \
       > $LOGS/front.log 2>&1 < /dev/null &
     echo $! > $LOGS/front.pid
     wait_url $FRONT/readyz "$(cat $LOGS/front.pid)" 60 || exit 1
     log "fleet up ($PLACEMENT): router $(curl -s $ROUTER/list_workers); front $(curl -s $FRONT/readyz | head -c 300)"
     ;;
-  one) node a 11434 8101 0 || exit 1 ;;
-  dp2) VLLM_ARGS="--data-parallel-size 2 ${VLLM_ARGS:-}" node a 11434 8101 0,1 || exit 1 ;;
+  one) node a $PF $VA 0 || exit 1 ;;
+  dp2) VLLM_ARGS="--data-parallel-size 2 ${VLLM_ARGS:-}" node a $PF $VA 0,1 || exit 1 ;;
   esac
   log "GPU: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | tr '\n' ' ')"
   ;;
@@ -160,7 +184,9 @@ run-*)
   router "$policy" || exit 1
   wait_workers 2 || exit 1
   log "policy $policy: prefix caches reset ($(reset_caches)); workload G=$G S=$S T=$T, $C sessions in flight"
-  workload $FRONT "$OUT/$policy.json" > $LOGS/$policy.txt 2>&1
+  # a seed of its own per run: the same sizes, other words, so no run finds an earlier run's prefixes cached
+  # even where the reset is refused (vLLM answers it only with VLLM_SERVER_DEV_MODE=1)
+  workload $FRONT "$OUT/$policy.json" --seed "$(cksum <<< "$policy" | cut -c1-6)" > $LOGS/$policy.txt 2>&1
   report "$OUT/$policy.json" "$policy"
   ;;
 run)
@@ -172,16 +198,16 @@ failover)
   router cache_aware || exit 1
   wait_workers 2 || exit 1
   reset_caches > /dev/null
-  restarts0=$(curl -s http://127.0.0.1:11501/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["restarts"])')
-  workload $FRONT "$OUT/failover.json" > $LOGS/failover.txt 2>&1 &
+  restarts0=$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["restarts"])')
+  workload $FRONT "$OUT/failover.json" --conversations $G,$((S * 3)),$T --seed 99 > $LOGS/failover.txt 2>&1 &
   lg=$!
   sleep "$FAIL_AT"
-  root=$(curl -s http://127.0.0.1:11501/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+  root=$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
   engine=$(python3 -c "import psutil,sys; print(next((p.pid for p in psutil.Process($root).children(recursive=True) if p.name().startswith('VLLM::EngineCor')), $root))")
   t_kill=$(now); kill -9 "$engine"
   log "failover: SIGKILL to engine a's engine core ($engine) at $FAIL_AT s"
   for _ in $(seq 1200); do  # 10 min at most
-    [ "$(curl -s http://127.0.0.1:11501/readyz | python3 -c 'import json,sys; b=json.load(sys.stdin); print(b["state"] == "ready" and b["restarts"])' 2>/dev/null)" = "$((restarts0 + 1))" ] && break
+    [ "$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; b=json.load(sys.stdin); print(b["state"] == "ready" and b["restarts"])' 2>/dev/null)" = "$((restarts0 + 1))" ] && break
     sleep 0.5
   done
   t_ready=$(now)

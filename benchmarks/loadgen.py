@@ -580,7 +580,9 @@ async def engine_counters(session: aiohttp.ClientSession, url: str) -> dict[str,
 
 def cluster_cache(before: list[dict[str, float]], after: list[dict[str, float]], urls: list[str]) -> dict[str, Any]:
     """Cluster prefix-cache hit rate: the sum of every engine's hit tokens over the sum of their queried tokens."""
-    per = [{"url": u, **{k: a[k] - b[k] for k in a}} for u, b, a in zip(urls, before, after)]
+    # an engine restarted during the run starts its counters again: what it counted since (marked)
+    per = [{"url": u, **({k: a[k] - b[k] for k in a} if a["queries"] >= b["queries"] else {**a, "restarted": True})}
+           for u, b, a in zip(urls, before, after)]
     q, h = sum(e["queries"] for e in per), sum(e["hits"] for e in per)
     return {"cluster_hit_rate": round(h / q, 4) if q else None, "queries": q, "hits": h, "engines": per}
 
