@@ -191,7 +191,7 @@ run-*)
   ;;
 run)
   log "$TOPOLOGY: prefix caches reset ($(reset_caches)); workload G=$G S=$S T=$T, $C sessions in flight"
-  workload $FRONT "$OUT/$TOPOLOGY.json" > $LOGS/$TOPOLOGY.txt 2>&1
+  workload $FRONT "$OUT/$TOPOLOGY.json" --seed "$(cksum <<< "$TOPOLOGY" | cut -c1-6)" > $LOGS/$TOPOLOGY.txt 2>&1
   report "$OUT/$TOPOLOGY.json" "$TOPOLOGY"
   ;;
 failover)
