@@ -288,6 +288,23 @@ class Settings(BaseSettings):
     )
     access_log: bool = Field(True, description="Log one line per request (route, status, duration).")
 
+    # --- a fleet behind vllm-router (docs/fleet.md) ------------------------------------
+    session_header: str = Field(
+        "X-Session-ID",
+        description="Header carrying a conversation's stable key upstream (a hash of the model, system prompt and first "
+        "user message; the client's own value is kept), read by vllm-router's consistent_hash policy. Empty: none.",
+    )
+    register_with: str | None = Field(
+        None,
+        description="URL of a vllm-router this node joins: its /add_worker is called with --advertise-url whenever the "
+        "node is ready and the router does not list it (after a restart of either), /remove_worker on a clean stop.",
+    )
+    advertise_url: str | None = Field(
+        None,
+        description="The URL the router reaches this node at (default: http://<this host's name>:<--port>).",
+    )
+    register_interval: float = Field(10.0, gt=0, description="Seconds between checks that the router lists this node.")
+
     #: The library (packaged + user file) and the launched models resolved through it, made once
     #: by :meth:`_library_names` (pickled along to the workers).
     _library: library.Library | None = PrivateAttr(None)
@@ -469,6 +486,7 @@ METAVARS = {
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
+    "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 

@@ -49,7 +49,7 @@ ALLOW_HEADERS = (
 )
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
 #: Routes no API key guards: the probes (and, with ``--metrics-open``, :data:`METRICS_PATHS`).
-PROBE_PATHS = frozenset({"/", "/livez", "/readyz"})
+PROBE_PATHS = frozenset({"/", "/livez", "/readyz", "/health"})
 #: The proxy's and vLLM's Prometheus metrics: one rule for both.
 METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
 

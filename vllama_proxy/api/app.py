@@ -93,7 +93,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics"})
+_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health"})
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -213,6 +213,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         ("GET", "/api/version", meta.version),
         ("GET", "/livez", health.livez),
         ("GET", "/readyz", health.readyz),
+        ("GET", "/health", health.health),  # vLLM's, for vllm-router (docs/fleet.md)
         ("GET", "/metrics", make_handler(boards)),
         ("GET", "/vllm/metrics", openai.vllm_metrics),
         ("POST", "/api/generate", generate.generate),

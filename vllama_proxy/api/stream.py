@@ -19,6 +19,7 @@ last NDJSON line).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -367,6 +368,7 @@ async def relay(
     translator: Translator,
     *,
     stream: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
 
@@ -379,11 +381,13 @@ async def relay(
 
     The streamed loop is the proxy's hot path (one pass per upstream read, usually one
     token): decode, translate, one write; metrics are observed once per request.
+    ``headers`` replace the JSON content type sent upstream (``api/session.py`` adds the
+    conversation's key for a router).
     """
     t = translator.t
     t.sent = time.perf_counter_ns()
     route = request.path
-    async with upstream.request("POST", path, body=encode_json(body)) as resp:
+    async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
         feed = translator.feed
         if not stream:
             async for batch in iter_sse(resp):

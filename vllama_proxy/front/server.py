@@ -26,6 +26,7 @@ from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
 from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
+from .fleet import Registration
 from .sdnotify import Notifier, attach, run_watchdog
 from .site import raise_nofile_limit, start_site, wait_for_signal
 from .workers import WorkerPool
@@ -191,6 +192,11 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
                      prepare=lambda m: with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))))
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
+    configured = [sup for sup in pool.supervisors if sup.slot is None]
+    registration = None
+    if settings.register_with:  # a node of a fleet: keep the router listing it (front/fleet.py)
+        registration = Registration(settings, lambda: any(sup.board.available for sup in configured))
+        registration.watch(configured)
     now = int(time.time())
     backends = [
         BackendSpec(
@@ -211,6 +217,8 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
              models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
+    if registration is not None:
+        await registration.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     hurry = asyncio.Event()
     signalled = asyncio.ensure_future(wait_for_signal(hurry))
@@ -229,6 +237,8 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
         # stop accepting and drain in-flight requests in every worker, then (whatever the drain
         # did) stop every vLLM's group
         try:
+            if registration is not None:  # the router sends nothing more while the node drains
+                await registration.stop()
             await drain(runner, workers, settings.drain_timeout, hurry)
         finally:
             await pool.stop()

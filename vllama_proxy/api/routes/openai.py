@@ -21,7 +21,7 @@ from vllama_proxy.upstream import encode_json, iter_raw, read_response
 from .common import model_in_use, read_body
 from ..state import CATALOG
 
-_FORWARD_REQUEST = ("Content-Type", "Accept")
+_FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
 
 
