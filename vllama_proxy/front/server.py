@@ -18,7 +18,7 @@ from vllama_proxy.api.app import build_app
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig
+from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu, lifeline
 from vllama_proxy.supervisor.placement import Placement, set_affinity
@@ -59,12 +59,15 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     running = settings.max_running or running_capacity(
         specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
     )
+    # what clients are told (/api/version max_running): a guess for an --upstream server is not told
+    known = running if settings.max_running or settings.upstream is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
     limit = running + settings.max_queue
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
-    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker)
+    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
+             max_running_shown=known)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known)
 
 
 def log_front_end(front: Plan) -> None:
