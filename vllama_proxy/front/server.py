@@ -20,7 +20,7 @@ from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
 from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor import gpu, lifeline
+from vllama_proxy.supervisor import gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
@@ -188,10 +188,14 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     log_front_end(front)
     bound = admission_bound(settings, specs, nofile, gpu_info)
     slots = on_demand_slots(settings)
+    warm.log_compile_cache(settings.state_dir)
+    gpus = await asyncio.to_thread(gpu.count) if slots is not None and settings.on_demand_sleep else 0
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
                      engine_cpus=front.placement.engine_cpus, slots=slots,
                      # each on-demand model gets the API servers a lone configured model would
-                     prepare=lambda m: with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))))
+                     prepare=lambda m: warm.with_sleep(
+                         with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))),
+                         enabled=settings.on_demand_sleep, reserve=settings.sleep_host_memory_reserve, gpus=gpus))
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     now = int(time.time())
