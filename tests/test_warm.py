@@ -34,8 +34,11 @@ def test_compile_cache_given_default_or_state_dir(tmp_path):
     # a home that cannot be written (here: below a regular file; systemd's DynamicUser, a read-only root)
     (tmp_path / "file").write_text("")
     path, why, env = compile_cache(state, {"HOME": str(tmp_path / "file" / "home")})
-    assert (path, env) == (state / "vllm-cache", {"VLLM_CACHE_ROOT": str(state / "vllm-cache")})
+    assert (path, env) == (state / "vllm-cache", {"VLLM_CACHE_ROOT": str(state / "vllm-cache"),
+                                                  "TRITON_CACHE_DIR": str(state / "vllm-cache" / "triton")})
     assert "not writable" in why
+    _, _, env = compile_cache(state, {"HOME": str(tmp_path / "file" / "home"), "TRITON_CACHE_DIR": "/t"})
+    assert env == {"VLLM_CACHE_ROOT": str(state / "vllm-cache")}  # a given Triton cache is kept
 
 
 def test_sleep_choice_from_ram_weights_and_gpus():
@@ -79,6 +82,7 @@ def test_on_demand_models_sleep_by_default_and_the_cache_is_kept(serve, hub, tmp
     pids = [x["pid"] for x in log if x.get("event") == "launched"]
     env = _environ(pids[-1])
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "state" / "vllm-cache") and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "state" / "vllm-cache" / "triton")
 
 
 def test_no_sleep_when_turned_off_or_without_ram_or_gpu(serve, hub):

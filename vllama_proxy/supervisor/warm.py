@@ -3,11 +3,14 @@
 A cold ``vllm serve`` spends most of its start compiling (``torch.compile`` and CUDA graph
 capture). vLLM keeps what it compiled under ``VLLM_CACHE_ROOT`` (default
 ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``: ``vllm/envs.py``), Inductor's and Triton's
-caches included (``compilation/compiler_interface.py`` puts them beside it), so the second
+caches included (``compilation/compiler_interface.py`` puts them beside it; with torch >= 2.10
+its AOT compile path sets only Inductor's, and Triton keeps ``~/.triton/cache``), so the second
 start of the same model and arguments skips the compile. Under a service manager the home
 directory is often not writable (systemd ``DynamicUser``/``ProtectHome``, a container's
 read-only root): vLLM would then compile every time, so vllama points ``VLLM_CACHE_ROOT``
-into its own state directory (``$STATE_DIRECTORY`` under systemd, which survives restarts).
+into its own state directory (``$STATE_DIRECTORY`` under systemd, which survives restarts), and
+Triton's ``TRITON_CACHE_DIR`` beside it unless set (not a ``VLLM_*`` variable: no part of the
+compile cache's key).
 
 A model that sleeps (vLLM's sleep mode level 1: weights copied to CPU RAM, KV cache freed)
 answers again in about a second (0.6 s on an H100, issue 22) where a stopped one starts cold
@@ -55,7 +58,7 @@ def compile_cache(state_dir: Path, environ: Mapping[str, str] = os.environ) -> t
         ``(directory, why, environment to add)``: ``VLLM_CACHE_ROOT`` when set (kept); else
         vLLM's own default (``$XDG_CACHE_HOME/vllm`` or ``$HOME/.cache/vllm``) when it is
         writable (nothing added); else ``<state_dir>/vllm-cache``, given to vLLM as
-        ``VLLM_CACHE_ROOT``.
+        ``VLLM_CACHE_ROOT``, with ``TRITON_CACHE_DIR=<state_dir>/vllm-cache/triton`` unless set.
     """
     given = environ.get("VLLM_CACHE_ROOT")
     if given:
@@ -65,7 +68,10 @@ def compile_cache(state_dir: Path, environ: Mapping[str, str] = os.environ) -> t
     if _writable(default):
         return default, "vLLM's default (writable)", {}
     ours = state_dir / STATE_CACHE
-    return ours, f"the state directory ({default} is not writable)", {"VLLM_CACHE_ROOT": str(ours)}
+    env = {"VLLM_CACHE_ROOT": str(ours)}
+    if not environ.get("TRITON_CACHE_DIR"):
+        env["TRITON_CACHE_DIR"] = str(ours / "triton")
+    return ours, f"the state directory ({default} is not writable)", env
 
 
 def log_compile_cache(state_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
