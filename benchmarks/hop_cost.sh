@@ -34,12 +34,15 @@
 #   cold     (GPU free; optional) vllama's model with a fresh compile cache again, beside vanilla
 #   ondemand (GPU free) two random models placed in $HUB as Qwen/Qwen2.5-1.5B-Instruct and
 #            meta-llama/Llama-3.2-1B-Instruct; `vllama serve` with no model and its defaults; the real
-#            ollama client asks qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b (16 tokens each); then stopped
+#            ollama client asks qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b (16 tokens
+#            each: the third is A -> B -> A; the fourth and fifth separate a model's first sleep); then stopped
 #
-# Two calls after the two stash calls (timeout_s 600 each; about 8 and 9 minutes):
-#   1: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup wake start c1 sweep spread batch stop
-#   2: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh offline vanilla warm ondemand
-# (`cold` adds ~2.5 min: give it a call of its own with `vanilla` if the first call's start is not enough.)
+# After the two stash calls, three calls back to back (the machine must stay warm: vllama keeps running
+# between them; timeout_s 600 each): the install call (with the last chunk), then two calls of measurements:
+#   0: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup wake start      (~3.5 min)
+#   1: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh c1 sweep spread batch stop offline   (~8 min)
+#   2: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh vanilla warm ondemand          (~8 min)
+# (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
 # Outputs in $OUT (one call's; at most 8 files): summary.txt (every result, tables), c1.json and
 # sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), spread.json, stages.jsonl, logs.tar.gz.
 # Dry run against the stand-in (tests/bin/vllm on PATH, no GPU): MODEL (a model dir), VLLAMA_EXTRA
@@ -199,7 +202,7 @@ ondemand)
   setsid python3 -m vllama_proxy serve --port $PB --log-format json ${VLLAMA_EXTRA:-} > $LOGS/ondemand.log 2>&1 < /dev/null &
   echo $! > $LOGS/d.pid
   for _ in $(seq 120); do curl -sf $B/readyz > /dev/null && break; sleep 0.5; done
-  python3 benchmarks/on_demand_client.py $B ask ${ONDEMAND_MODELS:-qwen2.5:1.5b llama3.2:1b qwen2.5:1.5b} 2>&1 | say
+  python3 benchmarks/on_demand_client.py $B ask ${ONDEMAND_MODELS:-qwen2.5:1.5b llama3.2:1b qwen2.5:1.5b llama3.2:1b qwen2.5:1.5b} 2>&1 | say
   grep -aE '"on_demand_sleep"|"compile_cache"|"woke_up"|"on_demand_unload"|"to":"(sleeping|ready|unloaded)"' $LOGS/ondemand.log | cut -c1-300 | say
   stop_pid $LOGS/d.pid
   log "stopped; GPU memory used: $(gpu)"
