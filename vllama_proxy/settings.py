@@ -279,6 +279,12 @@ class Settings(BaseSettings):
     failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
     gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping.")
     gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
+    on_demand_sleep: bool = Field(
+        True,
+        description="On-demand models run with vLLM's sleep mode (--enable-sleep-mode) when vLLM runs on a GPU and free "
+        "host RAM holds their weights plus --sleep-host-memory-reserve: an unloaded one then wakes in about a second "
+        "instead of starting cold (decided and logged per model); off: they stop.",
+    )
 
     # --- logging -----------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")

@@ -32,7 +32,7 @@ from vllama_proxy.upstream import Upstream
 from . import access, admission
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
-from .state import CATALOG, CLOSE_AFTER, FRONT_END, SETTINGS, WORKER
+from .state import ACCEPTED, CATALOG, CLOSE_AFTER, FRONT_END, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -52,6 +52,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     given = request.headers.get("X-Request-ID", "")
     structlog.contextvars.bind_contextvars(request_id=given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16])
     start = time.perf_counter()
+    request[ACCEPTED] = time.perf_counter_ns()  # stage timings (stream.py) count from here
     status = 500
     try:
         resp = await handler(request)
@@ -192,6 +193,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     app[SETTINGS] = settings
     app[WORKER] = worker
     app[FRONT_END] = front
+    app[MAX_RUNNING] = bound.running
     app[CATALOG] = Catalog(
         [b for b in live if b.slot is None],
         aliases=aliases,

@@ -17,3 +17,8 @@ WORKER = web.AppKey("worker", int)
 FRONT_END = web.AppKey("front_end", Plan)
 #: Request key: close the connection after this request's response (its body could not be read).
 CLOSE_AFTER = "vllama.close_after"
+#: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown
+#: (``--upstream`` without ``--max-running`` / ``--max-num-seqs``): ``/api/version``'s ``max_running``.
+MAX_RUNNING = web.AppKey("max_running", object)
+#: Request key: ``time.perf_counter_ns()`` when the outermost middleware saw the request (stage timings).
+ACCEPTED = "vllama.accepted"

@@ -18,9 +18,9 @@ from vllama_proxy.api.app import build_app
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig
+from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor import gpu, lifeline
+from vllama_proxy.supervisor import gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
@@ -60,12 +60,15 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     running = settings.max_running or running_capacity(
         specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
     )
+    # what clients are told (/api/version max_running): a guess for an --upstream server is not told
+    known = running if settings.max_running or settings.upstream is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
     limit = running + settings.max_queue
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
-    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker)
+    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
+             max_running_shown=known)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known)
 
 
 def log_front_end(front: Plan) -> None:
@@ -186,10 +189,14 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     log_front_end(front)
     bound = admission_bound(settings, specs, nofile, gpu_info)
     slots = on_demand_slots(settings)
+    warm.log_compile_cache(settings.state_dir)
+    gpus = await asyncio.to_thread(gpu.count) if slots is not None and settings.on_demand_sleep else 0
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
                      engine_cpus=front.placement.engine_cpus, slots=slots,
                      # each on-demand model gets the API servers a lone configured model would
-                     prepare=lambda m: with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))))
+                     prepare=lambda m: warm.with_sleep(
+                         with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))),
+                         enabled=settings.on_demand_sleep, reserve=settings.sleep_host_memory_reserve, gpus=gpus))
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     configured = [sup for sup in pool.supervisors if sup.slot is None]
