@@ -283,6 +283,12 @@ class Settings(BaseSettings):
     failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
     gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping.")
     gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
+    on_demand_sleep: bool = Field(
+        True,
+        description="On-demand models run with vLLM's sleep mode (--enable-sleep-mode) when vLLM runs on a GPU and free "
+        "host RAM holds their weights plus --sleep-host-memory-reserve: an unloaded one then wakes in about a second "
+        "instead of starting cold (decided and logged per model); off: they stop.",
+    )
 
     # --- logging -----------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
@@ -291,6 +297,23 @@ class Settings(BaseSettings):
         description="Log format: console on a TTY, JSON otherwise (auto), or forced.",
     )
     access_log: bool = Field(True, description="Log one line per request (route, status, duration).")
+
+    # --- a fleet behind vllm-router (docs/fleet.md) ------------------------------------
+    session_header: str = Field(
+        "X-Session-ID",
+        description="Header carrying a conversation's stable key upstream (a hash of the model, system prompt and first "
+        "user message; the client's own value is kept), read by vllm-router's consistent_hash policy. Empty: none.",
+    )
+    register_with: str | None = Field(
+        None,
+        description="URL of a vllm-router this node joins: its /add_worker is called with --advertise-url whenever the "
+        "node is ready and the router does not list it (after a restart of either), /remove_worker on a clean stop.",
+    )
+    advertise_url: str | None = Field(
+        None,
+        description="The URL the router reaches this node at (default: http://<this host's name>:<--port>).",
+    )
+    register_interval: float = Field(10.0, gt=0, description="Seconds between checks that the router lists this node.")
 
     # --- many users (issue 27; docs/configuration.md "Many users") -----------------------
     max_aliases: int = Field(
@@ -519,6 +542,7 @@ METAVARS = {
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
+    "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL",
     "max_small_body_size": "BYTES", "cache_quota": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")

@@ -70,11 +70,16 @@ class AdmissionBound:
         slots: workers (each counts in its own slot too, so a dead worker's share is given back).
         per_slot: most requests in flight in one worker (what its open-file limit allows:
             ``SO_REUSEPORT`` may send one worker far more than its share); default no cap.
+        running: requests vLLM runs at once over all models, when vllama knows it (``None``:
+            an ``--upstream`` server whose ``--max-num-seqs`` was not given); shown to clients
+            as ``max_running`` in ``/api/version`` (``vllama batch`` sizes its concurrency by it).
     """
 
-    def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None) -> None:
+    def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
+                 running: int | None = None) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
+        self.running = running
         self.per_slot = per_slot if per_slot is not None else limit
         self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)

@@ -32,7 +32,7 @@ from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
-from .state import CATALOG, CLOSE_AFTER, FRONT_END, KEYS, SETTINGS, WORKER
+from .state import ACCEPTED, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -58,6 +58,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         structlog.contextvars.bind_contextvars(request_id=own)
     request["vllama.request_id"] = own
     start = time.perf_counter()
+    request[ACCEPTED] = time.perf_counter_ns()  # stage timings (stream.py) count from here
     status = 500
     try:
         resp = await handler(request)
@@ -101,7 +102,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics"})
+_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health"})
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -202,6 +203,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     app[KEYS] = ring
     app[WORKER] = worker
     app[FRONT_END] = front
+    app[MAX_RUNNING] = bound.running
     app[CATALOG] = Catalog(
         [b for b in live if b.slot is None],
         aliases=aliases,
@@ -223,6 +225,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         ("GET", "/api/version", meta.version),
         ("GET", "/livez", health.livez),
         ("GET", "/readyz", health.readyz),
+        ("GET", "/health", health.health),  # vLLM's, for vllm-router (docs/fleet.md)
         ("GET", "/metrics", make_handler(boards)),
         ("GET", "/vllm/metrics", openai.vllm_metrics),
         ("POST", "/api/generate", generate.generate),

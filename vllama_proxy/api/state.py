@@ -20,3 +20,8 @@ FRONT_END = web.AppKey("front_end", Plan)
 CLOSE_AFTER = "vllama.close_after"
 #: The API keys and their roles (``keys.py``), read again on SIGHUP.
 KEYS = web.AppKey("keys", KeyRing)
+#: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown
+#: (``--upstream`` without ``--max-running`` / ``--max-num-seqs``): ``/api/version``'s ``max_running``.
+MAX_RUNNING = web.AppKey("max_running", object)
+#: Request key: ``time.perf_counter_ns()`` when the outermost middleware saw the request (stage timings).
+ACCEPTED = "vllama.accepted"

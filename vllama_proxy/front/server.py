@@ -20,14 +20,15 @@ from vllama_proxy.api.state import KEYS
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, vllm_arg
+from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor import gpu, lifeline
+from vllama_proxy.supervisor import gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
 from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
+from .fleet import Registration
 from .sdnotify import Notifier, attach, run_watchdog
 from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 from .workers import WorkerPool
@@ -90,12 +91,15 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     running = settings.max_running or running_capacity(
         specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
     )
+    # what clients are told (/api/version max_running): a guess for an --upstream server is not told
+    known = running if settings.max_running or settings.upstream is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
     limit = running + settings.max_queue
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
-    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker)
+    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
+             max_running_shown=known)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known)
 
 
 def log_front_end(front: Plan) -> None:
@@ -217,13 +221,21 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     log_front_end(front)
     bound = admission_bound(settings, specs, nofile, gpu_info)
     slots = on_demand_slots(settings)
+    warm.log_compile_cache(settings.state_dir)
+    gpus = await asyncio.to_thread(gpu.count) if slots is not None and settings.on_demand_sleep else 0
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
                      engine_cpus=front.placement.engine_cpus, slots=slots,
                      # each on-demand model gets the API servers a lone configured model would
-                     prepare=lambda m: with_priority_policy(with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))),
-                                                            settings))
+                     prepare=lambda m: with_priority_policy(warm.with_sleep(
+                         with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))),
+                         enabled=settings.on_demand_sleep, reserve=settings.sleep_host_memory_reserve, gpus=gpus), settings))
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
+    configured = [sup for sup in pool.supervisors if sup.slot is None]
+    registration = None
+    if settings.register_with:  # a node of a fleet: keep the router listing it (front/fleet.py)
+        registration = Registration(settings, lambda: any(sup.board.available for sup in configured))
+        registration.watch(configured)
     now = int(time.time())
     backends = [
         BackendSpec(
@@ -245,6 +257,8 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
              models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
+    if registration is not None:
+        await registration.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     hurry = asyncio.Event()
     signalled = asyncio.ensure_future(wait_for_signal(hurry, reload=reloader(app, settings, workers)))
@@ -263,6 +277,8 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
         # stop accepting and drain in-flight requests in every worker, then (whatever the drain
         # did) stop every vLLM's group
         try:
+            if registration is not None:  # the router sends nothing more while the node drains
+                await registration.stop()
             await drain(runner, workers, settings.drain_timeout, hurry)
         finally:
             await pool.stop()

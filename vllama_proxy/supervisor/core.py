@@ -28,6 +28,7 @@ from .placement import pin_engine_cores
 from ..settings import Settings
 from .states import TRANSITIONS, InvalidTransition, State
 from .status import StatusBoard
+from .warm import compile_cache
 from ..upstream import Upstream, read_response
 
 log = get_logger("vllama.supervisor")
@@ -465,6 +466,8 @@ class Supervisor:
             # vllama's own metrics directory (--workers) is not vLLM's: with several API servers vLLM
             # makes its own, and given ours it would mix its series into vllama's /metrics and back.
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            # vLLM's compile cache where it survives a restart (the state directory when home is read-only)
+            env.update(compile_cache(self.s.state_dir, env)[2])
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)

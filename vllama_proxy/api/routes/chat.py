@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .. import session
 from ..ollama_types import ChatRequest
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities
 from .common import load_reply, log_ignored, lookup_model, with_priority, wants_unload, model_in_use, now_ns, read_request, resolve_model
@@ -31,5 +32,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     log_ignored(ignored)
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)
+    # the conversation's key, so that a router in front of several engines keeps it on one (api/session.py)
+    headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(model.name, req.messages))
     async with model_in_use(request, backend, req.keep_alive):
-        return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream)
+        return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream,
+                           headers=headers)

@@ -23,7 +23,7 @@ from ..keys import key_of
 from ..metrics import MODEL
 from ..state import CATALOG
 
-_FORWARD_REQUEST = ("Content-Type", "Accept")
+_FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
 
 
