@@ -273,8 +273,8 @@ def _admin_route(method: str, path: str) -> str | None:
     return None
 
 
-#: Routes no API key guards: the probes (and, with ``--metrics-open``, the two metrics routes).
-PROBE_PATHS = frozenset({"/", "/livez", "/readyz"})
+#: The proxy's and vLLM's Prometheus metrics: guarded like /api/* unless ``--metrics-open``. The probes
+#: (``/``, ``/livez``, ``/readyz``, ``/health``) and every other path outside /api/ and /v1/ are open.
 METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
 
 
