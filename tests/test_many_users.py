@@ -418,3 +418,14 @@ def test_the_example_keys_file_parses():
     keys = {k.name: k for _, k in parse_keys_file(ROOT / "deploy" / "keys.example.toml")}
     assert keys["ops"].admin and not keys["batch"].admin and keys["batch"].max_in_flight == 256
     assert keys["batch"].may_use("qwen2.5:7b") and not keys["batch"].may_use("llama3.2")
+
+
+def test_a_keys_file_that_does_not_parse_stops_the_start_with_its_reason(tmp_path):
+    import subprocess
+    import sys
+    from conftest import ROOT
+    bad = tmp_path / "keys.toml"
+    bad.write_text('[[keys]]\nname = "x"\nrole = "root"\nkey = "k"\n')
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", "http://127.0.0.1:9", "--api-key-file", str(bad)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, env={**__import__("os").environ, "VLLAMA_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 2 and "[[keys]] #1: role" in r.stderr, r.stderr[-2000:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -173,7 +174,11 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
-    ring = keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
+    try:
+        ring = keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
+    except (OSError, ValueError) as e:  # a configuration error: say so and stop, as for a bad flag
+        print(f"vllama serve: --api-key-file: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     middlewares.append(keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: keys.py
     boards = [b.board for b in backends if b.board is not None]
     configured = [b.board for b in backends if b.board is not None and b.slot is None]

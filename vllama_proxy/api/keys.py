@@ -209,7 +209,7 @@ class KeyRing:
         return self._by_digest.get(hashlib.sha256(token).hexdigest())
 
     def load(self) -> None:
-        """Read the keys (at start; a bad file then stops the start).
+        """Read the keys (at start; a bad file then stops the start: exit status 2).
 
         Raises:
             OSError, ValueError: as :func:`parse_keys_file`.
@@ -229,10 +229,14 @@ class KeyRing:
     def reload(self) -> bool:
         """Read the keys again (``SIGHUP``); a file that cannot be read or parsed keeps the old keys.
         Requests in flight keep the key they came with. Whether the new keys took effect."""
+        before = self._by_digest
         try:
             self.load()
+            if before and not self._by_digest:
+                raise ValueError("it holds no key any more (the server would be open to anyone)")
         except (OSError, ValueError) as e:
-            log.error("keys_reload_failed", path=str(self.path), error=str(e), kept=len(self._by_digest))
+            self._by_digest = before
+            log.error("keys_reload_failed", path=str(self.path), error=str(e), kept=len(before))
             return False
         log.info("keys_loaded", path=str(self.path), keys=sorted(k.name for k in self.keys),
                  admins=sum(k.admin for k in self.keys))
