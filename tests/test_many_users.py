@@ -258,9 +258,9 @@ def test_one_key_cannot_take_every_place_and_vllm_gets_priorities(serve, hub, tm
     s.wait_ready()
     assert "--scheduling-policy" in s.launched()[0] and s.launched()[0][-1] == "priority"
 
-    def ask(key: str, n: int = 40) -> httpx.Response:
+    def ask(key: str, n: int = 80) -> httpx.Response:
         return httpx.post(s.url + "/api/generate", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                          json={"model": "prod", "prompt": "x [[tokens:40]]", "stream": False, "options": {"num_predict": n}})
+                          json={"model": "prod", "prompt": "x [[tokens:80]]", "stream": False, "options": {"num_predict": n}})
 
     with cf.ThreadPoolExecutor(12) as ex:
         heavy = [ex.submit(ask, "sk-alice") for _ in range(10)]
@@ -283,7 +283,7 @@ def test_one_key_cannot_take_every_place_and_vllm_gets_priorities(serve, hub, tm
     argv = s.launched()[0]
     sent = httpx.get(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/_fake/requests").json()
     bodies = [r["body"] for r in sent if isinstance(r.get("body"), dict) and "priority" in r["body"]]
-    assert sorted(b["priority"] for b in bodies if b["max_tokens"] == 40) == [0, 0, 1, 2, 3, 4, 5, 6]  # alice's 7, bob's 1st
+    assert sorted(b["priority"] for b in bodies if b["max_tokens"] == 80) == [0, 0, 1, 2, 3, 4, 5, 6]  # alice's 7, bob's 1st
     assert [b["priority"] for b in bodies if b["max_tokens"] == 1] == [0]  # root's: none of its own in flight
 
 
