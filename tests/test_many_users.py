@@ -429,3 +429,12 @@ def test_a_keys_file_that_does_not_parse_stops_the_start_with_its_reason(tmp_pat
     r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", "http://127.0.0.1:9", "--api-key-file", str(bad)],
                        capture_output=True, text=True, cwd=ROOT, timeout=60, env={**__import__("os").environ, "VLLAMA_STATE_DIR": str(tmp_path)})
     assert r.returncode == 2 and "[[keys]] #1: role" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_slot_refuses_a_model_whose_arguments_do_not_fit_with_a_503():
+    from vllama_proxy.errors import UpstreamUnavailable
+    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.supervisor.slots import SlotTable
+    table = SlotTable(1, [1], workers=1, keep_alive=0)
+    with pytest.raises(UpstreamUnavailable, match="too long"):  # was a NameError: slots.py did not import it
+        table.claim(ModelConfig(model="acme/x", name="x", vllm_args=["--max-model-len", "1" * 20000], preload=False))
