@@ -50,9 +50,9 @@ STAGES = ("handler", "parsed", "upstream_headers", "first_upstream_data", "first
 #: Who used what (issue 27): per key name (never the secret; ``-`` on an open server) and served model.
 KEY_REQUESTS = Counter("vllama_key_requests", "Requests that named a model, by key name, model and status class.",
                        ["key", "model", "status"])
-KEY_PROMPT_TOKENS = Counter("vllama_key_prompt_tokens", "Prompt tokens of answered Ollama requests, by key name and model.",
+KEY_PROMPT_TOKENS = Counter("vllama_key_prompt_tokens", "Prompt tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
                             ["key", "model"])
-KEY_OUTPUT_TOKENS = Counter("vllama_key_output_tokens", "Output tokens of answered Ollama requests, by key name and model.",
+KEY_OUTPUT_TOKENS = Counter("vllama_key_output_tokens", "Output tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
                             ["key", "model"])
 #: Request keys: the served model a request named, and its ``(prompt, output)`` tokens once answered.
 MODEL = "vllama.model"

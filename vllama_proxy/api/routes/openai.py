@@ -10,6 +10,7 @@ vLLM's own error event shape, ``data: {"error": {...}}``.
 from __future__ import annotations
 
 import email.policy
+from collections import deque
 from email.parser import BytesParser
 
 import orjson
@@ -20,7 +21,7 @@ from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
 from .common import PRIORITY, check_model, may_list, model_in_use, read_body, with_priority
 from ..keys import key_of
-from ..metrics import MODEL
+from ..metrics import MODEL, USAGE
 from ..state import CATALOG
 
 _FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys
@@ -149,9 +150,11 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         ) as resp:
             out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
             await out.prepare(request)
+            kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
             try:
                 async for data in iter_raw(resp):
                     await out.write(data)
+                    kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
             except UpstreamError as e:
                 request["vllama.stream_error"] = e
                 if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -160,7 +163,31 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
                 else:
                     raise  # the connection is dropped: a truncated non-SSE body must not look complete
             await out.write_eof()
+            if resp.status == 200 and request.method == "POST":
+                usage = _usage(b"".join(kept))
+                if usage is not None:
+                    request[USAGE] = usage
             return out
+
+
+def _usage(tail: bytes) -> tuple[int, int] | None:
+    """``(prompt_tokens, completion_tokens)`` of vLLM's answer from its last bytes: the ``usage`` of a
+    JSON body, or of the last SSE event that has one (streams with ``stream_options.include_usage``);
+    ``None`` when there is none. Read once per request, after the answer was relayed."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = tail.rfind(b"data: ", 0, at)
+    try:
+        if start < 0:
+            data = orjson.loads(tail)
+        else:
+            end = tail.find(b"\n", at)
+            data = orjson.loads(tail[start + 6:end if end >= 0 else None])
+        usage = data.get("usage") or {}
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return None
 
 
 async def vllm_metrics(request: web.Request) -> web.Response:
