@@ -164,3 +164,26 @@ def error_response(exc: VllamaError, headers: dict[str, str] | None = None) -> w
 def error_line(exc: VllamaError) -> bytes:
     """The last NDJSON line of a stream that failed after it began (status stays 200)."""
     return error_body(exc.message) + b"\n"
+
+
+class Unauthorized(VllamaError):
+    """No key, or a key this server does not know (401, ``WWW-Authenticate: Bearer``)."""
+
+    status = 401
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(VllamaError):
+    """A known key whose role may not do this (403); the message names what and which role may."""
+
+    status = 403
+
+
+class TooManyRequests(VllamaError):
+    """A key over its own limit (``max_in_flight``): 429 with ``Retry-After`` seconds."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}

@@ -174,7 +174,11 @@ class Settings(BaseSettings):
         description="API key clients must send as `Authorization: Bearer` on /api/*, /v1/* and the metrics routes "
         "(repeatable; none: open).",
     )
-    api_key_file: Path | None = Field(None, description="File of API keys, one per line (# comments); added to --api-key.")
+    api_key_file: Path | None = Field(
+        None,
+        description="File of API keys: one per line (# comments, each an admin key), or TOML [[keys]] with name, key or "
+        "sha256, role (admin|user), models, max_in_flight, priority; added to --api-key; read again on SIGHUP.",
+    )
     metrics_open: bool = Field(
         False,
         description="Serve /metrics and /vllm/metrics without an API key (for a scraper that sends none); by default "
@@ -310,6 +314,52 @@ class Settings(BaseSettings):
         description="The URL the router reaches this node at (default: http://<this host's name>:<--port>).",
     )
     register_interval: float = Field(10.0, gt=0, description="Seconds between checks that the router lists this node.")
+
+    # --- many users (issue 27; docs/configuration.md "Many users") -----------------------
+    max_aliases: int = Field(
+        256, ge=0, description="Most aliases /api/copy may make (each is listed in every /api/tags).",
+    )
+    on_demand_admin_only: bool = Field(
+        False, description="Only admin keys start a model that is not loaded; user keys use the models already loaded.",
+    )
+    protect_models: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Never evict an operator's model (--model, [[models]]) to make room for an on-demand one; an admin "
+        "still unloads it with keep_alive 0 (auto: on with --api-key-file).",
+    )
+    idle_timeout: float = Field(
+        120.0, gt=0, description="Seconds a client connection may stay idle (before its first request or between requests).",
+    )
+    body_timeout: float = Field(
+        60.0, gt=0, description="Seconds a client may take to send a request body (a slower one gets 408).",
+    )
+    max_connections_per_address: int | None = Field(
+        None, ge=1,
+        description="Open connections one client address may hold in each vllama process (default: a quarter of the "
+        "process's open-file limit); more are closed at once.",
+    )
+    max_small_body_size: int = Field(
+        1024 * 1024, gt=0,
+        description="Largest request body of a route that is not inference (show, pull, copy, delete...), bytes; "
+        "inference routes take --max-body-size.",
+    )
+    max_pulls: int = Field(2, ge=1, description="Pulls at once over the server; more get 429.")
+    cache_quota: int | None = Field(
+        None, gt=0, description="Most bytes the Hugging Face cache may hold after a pull (507 beyond it; default: the disk).",
+    )
+    fair_share: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Share the admission bound between keys and set each request's vLLM priority (fewer in flight, or a "
+        "higher key priority, first; vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
+    )
+
+    def protects_models(self) -> bool:
+        """Whether on-demand models may not evict the operator's (``protect_models``)."""
+        return self.protect_models == "on" or (self.protect_models == "auto" and self.api_key_file is not None)
+
+    def fair(self) -> bool:
+        """Whether keys share the admission bound and vLLM schedules by priority (``fair_share``)."""
+        return self.fair_share == "on" or (self.fair_share == "auto" and self.api_key_file is not None)
 
     #: The library (packaged + user file) and the launched models resolved through it, made once
     #: by :meth:`_library_names` (pickled along to the workers).
@@ -493,6 +543,7 @@ METAVARS = {
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
     "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL",
+    "max_small_body_size": "BYTES", "cache_quota": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 

@@ -47,6 +47,29 @@ STAGE = Histogram("vllama_request_stage_seconds",
                   "first_client_write (first NDJSON line written; streamed answers only).",
                   ["stage"], buckets=_STAGE_BUCKETS)
 STAGES = ("handler", "parsed", "upstream_headers", "first_upstream_data", "first_client_write")
+#: Who used what (issue 27): per key name (never the secret; ``-`` on an open server) and served model.
+KEY_REQUESTS = Counter("vllama_key_requests", "Requests that named a model, by key name, model and status class.",
+                       ["key", "model", "status"])
+KEY_PROMPT_TOKENS = Counter("vllama_key_prompt_tokens", "Prompt tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
+                            ["key", "model"])
+KEY_OUTPUT_TOKENS = Counter("vllama_key_output_tokens", "Output tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
+                            ["key", "model"])
+#: Request keys: the served model a request named, and its ``(prompt, output)`` tokens once answered.
+MODEL = "vllama.model"
+USAGE = "vllama.usage"
+
+
+def observe_key_usage(request: web.Request, key: str, status: int) -> None:
+    """Count the request under its key and model (once, at the end of the request)."""
+    model = request.get(MODEL)
+    if model is None:
+        return
+    KEY_REQUESTS.labels(key, model, f"{status // 100}xx").inc()
+    usage = request.get(USAGE)
+    if usage is not None:
+        KEY_PROMPT_TOKENS.labels(key, model).inc(usage[0])
+        KEY_OUTPUT_TOKENS.labels(key, model).inc(usage[1])
+
 
 class SupervisorCollector:
     """Per model: ``vllama_supervisor_state{model,state}`` (1 for the current state),

@@ -7,6 +7,7 @@ from aiohttp import web
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
+from .keys import KeyRing
 
 SETTINGS = web.AppKey("settings", Settings)
 #: The served models, and the backend (vLLM server, status board) of each.
@@ -17,6 +18,8 @@ WORKER = web.AppKey("worker", int)
 FRONT_END = web.AppKey("front_end", Plan)
 #: Request key: close the connection after this request's response (its body could not be read).
 CLOSE_AFTER = "vllama.close_after"
+#: The API keys and their roles (``keys.py``), read again on SIGHUP.
+KEYS = web.AppKey("keys", KeyRing)
 #: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown
 #: (``--upstream`` without ``--max-running`` / ``--max-num-seqs``): ``/api/version``'s ``max_running``.
 MAX_RUNNING = web.AppKey("max_running", object)

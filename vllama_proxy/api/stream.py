@@ -28,7 +28,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
-from .metrics import STAGE, STAGES, TPOT, TTFT
+from .metrics import STAGE, STAGES, TPOT, TTFT, USAGE
 from .state import ACCEPTED
 
 #: The stage histogram's children, bound once (``labels`` per request would cost a dict lookup each).
@@ -409,7 +409,7 @@ async def relay(
             final = translator.final()
             if t.first:
                 TTFT.labels(route).observe((t.first - t.received) / 1e9)
-            _observe_tpot(route, translator)
+            _observe_tpot(route, translator, request)
             return web.Response(body=orjson.dumps(final), content_type="application/json")
         out: web.StreamResponse | None = None
         dumps = orjson.dumps
@@ -436,7 +436,7 @@ async def relay(
             if not translator.finished:
                 raise _unfinished()
             last = dumps(translator.final()) + b"\n"
-            _observe_tpot(route, translator)
+            _observe_tpot(route, translator, request)
         except VllamaError as e:
             if out is None:
                 raise  # nothing sent yet: the client gets the status and the error
@@ -462,10 +462,13 @@ def _observe_stages(request: web.Request, t: Timings, first_write: int) -> None:
             child.observe((mark - accepted) / 1e9)
 
 
-def _observe_tpot(route: str, translator: Translator) -> None:
-    """TPOT of one finished request: first to last token over output tokens - 1."""
+def _observe_tpot(route: str, translator: Translator, request: web.Request | None = None) -> None:
+    """TPOT of one finished request: first to last token over output tokens - 1; its tokens for
+    the per-key counters (``metrics.observe_key_usage``)."""
     t = translator.t
     tokens = translator.eval_count or translator.n_chunks
+    if request is not None:
+        request[USAGE] = (translator.prompt_eval_count, tokens)
     if tokens > 1 and t.last > t.first:
         TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
 

@@ -10,15 +10,17 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
 from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.api.app import build_app
+from vllama_proxy.api.state import KEYS
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag
+from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
@@ -28,10 +30,39 @@ from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
 from .fleet import Registration
 from .sdnotify import Notifier, attach, run_watchdog
-from .site import raise_nofile_limit, start_site, wait_for_signal
+from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 from .workers import WorkerPool
 
 log = get_logger("vllama.server")
+
+
+def with_priority_policy(spec: ModelConfig, settings: Settings) -> ModelConfig:
+    """With fair sharing (``--fair-share``), vLLM serves its waiting requests by the ``priority``
+    vllama sets on each (``api/admission.py``): ``--scheduling-policy priority`` (vLLM's
+    ``SchedulerConfig.policy``; lower first, arrival breaking ties), last so that it wins over an
+    operator's ``--scheduling-policy`` (logged). Without it, ``spec`` unchanged."""
+    if not settings.fair():
+        return spec
+    given = vllm_arg(spec.vllm_args, "--scheduling-policy")
+    if given not in (None, "priority"):
+        log.warning("scheduling_policy_replaced", model=spec.served_name, given=given,
+                    reason="fair sharing sets each request's priority (--fair-share off keeps yours)")
+    if given == "priority":
+        return spec
+    return spec.model_copy(update={"vllm_args": [*spec.vllm_args, "--scheduling-policy", "priority"]})
+
+
+def reloader(app: web.Application, settings: Settings, workers: WorkerPool) -> Callable[[], None] | None:
+    """SIGHUP with an ``--api-key-file``: this process reads the keys again and each worker is told
+    to (``api/keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
+    if settings.api_key_file is None:
+        return None
+
+    def reload() -> None:
+        app[KEYS].reload()
+        workers.hup()
+
+    return reload
 
 
 async def drain(runner: web.AppRunner, workers: WorkerPool, timeout: float, hurry: asyncio.Event) -> None:
@@ -86,7 +117,8 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
     bound = admission_bound(settings, [], nofile, None)
     backends = [BackendSpec(url=settings.upstream)]
     app = build_app(settings, backends, front=front, bound=bound)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     workers = WorkerPool(settings, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
@@ -95,7 +127,7 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
     watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
     hurry = asyncio.Event()
     try:
-        sig = await wait_for_signal(hurry)
+        sig = await wait_for_signal(hurry, reload=reloader(app, settings, workers))
         notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig)
     finally:
@@ -153,7 +185,7 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     stop every vLLM's process group, return (exit 0). Exits 1 with one line when there
     is no GPU.
     """
-    specs = [with_api_servers(m, front) for m in settings.model_specs()]
+    specs = [with_priority_policy(with_api_servers(m, front), settings) for m in settings.model_specs()]
     library.log_user_file(settings.library_table())
     for served, entry in settings.library_entries().items():
         # chat_template: the library names vLLM's own tool templates (examples/*.jinja), which
@@ -194,9 +226,9 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
                      engine_cpus=front.placement.engine_cpus, slots=slots,
                      # each on-demand model gets the API servers a lone configured model would
-                     prepare=lambda m: warm.with_sleep(
+                     prepare=lambda m: with_priority_policy(warm.with_sleep(
                          with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))),
-                         enabled=settings.on_demand_sleep, reserve=settings.sleep_host_memory_reserve, gpus=gpus))
+                         enabled=settings.on_demand_sleep, reserve=settings.sleep_host_memory_reserve, gpus=gpus), settings))
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     configured = [sup for sup in pool.supervisors if sup.slot is None]
@@ -217,7 +249,8 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
     app = build_app(settings, backends, front=front, bound=bound, slots=slots)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     workers = WorkerPool(settings, backends, front, bound, slots)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
@@ -228,7 +261,7 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
         await registration.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     hurry = asyncio.Event()
-    signalled = asyncio.ensure_future(wait_for_signal(hurry))
+    signalled = asyncio.ensure_future(wait_for_signal(hurry, reload=reloader(app, settings, workers)))
     try:
         await asyncio.wait({signalled, rejected}, return_when=asyncio.FIRST_COMPLETED)
         if rejected.done():

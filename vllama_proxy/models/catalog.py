@@ -132,8 +132,12 @@ class Catalog:
     def on_demand(self) -> OnDemand | None:
         return self._on_demand
 
-    async def resolve(self, name: str) -> ServedModel:
+    async def resolve(self, name: str, *, claim: bool = False) -> ServedModel:
         """The served model an Ollama name refers to.
+
+        ``claim``: a local model no on-demand slot holds claims one (it will load) — only inference
+        and an explicit load ask for that; a lookup (show, copy, pull, delete, ``GET /v1/models/X``)
+        gets the model as it would be served and changes nothing of what is loaded (issue 27).
 
         Raises:
             ModelNotFound: neither a served name (with or without ``:latest``, any case), an alias,
@@ -144,7 +148,8 @@ class Catalog:
         models = await self._current() if self._backends else {}
         found = self._lookup(models, name)
         if found is None and self._on_demand is not None:
-            found = self._on_demand.held(name) or await self._on_demand.claim(name)
+            target = self._alias_target(name) or name  # an alias made with /api/copy of an on-demand model
+            found = self._on_demand.held(target) or await (self._on_demand.claim if claim else self._on_demand.lookup)(target)
         if found is None and self._backends and time.monotonic() - self._fetched_at > 1.0:
             found = self._lookup(await self._fetch(), name)
         if found is None:
@@ -235,7 +240,18 @@ class Catalog:
         """See :func:`capabilities`."""
         return capabilities(model, await self.files(model))
 
+    def is_configured(self, model: ServedModel) -> bool:
+        """Whether ``model`` is one of the operator's (``--model``, ``[[models]]``, ``--upstream``), not an on-demand one."""
+        return model.name in self._backend_of or (bool(self._backends) and self._backends[0].model is None)
+
     # -- internals -------------------------------------------------------------
+    def _alias_target(self, name: str) -> str | None:
+        key = strip_latest(name)
+        target = self._folded.get(key.casefold())
+        if target is None and self._store is not None:
+            target = self._store.lookup(key)
+        return target
+
     def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
         key = strip_latest(name)
         m = models.get(key)

@@ -9,7 +9,7 @@ from ..ollama_types import ChatRequest
 from ..state import CATALOG, SETTINGS
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities
-from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, with_priority, wants_unload, model_in_use, now_ns, read_request, resolve_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -19,6 +19,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, ChatRequest)
+    if (not req.messages) and wants_unload(request, req.keep_alive):
+        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
+        return await load_reply(request, name, maybe, req.keep_alive, chat=True)
     name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
         return await load_reply(request, name, backend, req.keep_alive, chat=True)
@@ -32,4 +35,5 @@ async def chat(request: web.Request) -> web.StreamResponse:
     # the conversation's key, so that a router in front of several engines keeps it on one (api/session.py)
     headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(model.name, req.messages))
     async with model_in_use(request, backend, req.keep_alive):
-        return await relay(request, backend.upstream, "/v1/chat/completions", body, translator, stream=stream, headers=headers)
+        return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream,
+                           headers=headers)

@@ -7,7 +7,7 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
-from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, model_in_use, now_ns, read_request, resolve_model, wants_unload, with_priority
 from .. import session
 from ..ollama_types import GenerateRequest
 from ..state import CATALOG, SETTINGS
@@ -42,6 +42,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, GenerateRequest)
+    if (not req.prompt and not req.images and not req.suffix) and wants_unload(request, req.keep_alive):
+        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
+        return await load_reply(request, name, maybe, req.keep_alive, chat=False)
     name, model, backend = await resolve_model(request, req.model)
     if not req.prompt and not req.images and not req.suffix:
         return await load_reply(request, name, backend, req.keep_alive, chat=False)
@@ -57,4 +60,4 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if path == "/v1/completions" and "max_tokens" not in body:
             body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
         headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.generate_key(model.name, req.system))
-        return await relay(request, backend.upstream, path, body, translator, stream=stream, headers=headers)
+        return await relay(request, backend.upstream, path, with_priority(request, body), translator, stream=stream, headers=headers)

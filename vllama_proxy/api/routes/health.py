@@ -13,7 +13,8 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.supervisor import probes
-from ..state import CATALOG, FRONT_END
+from ..keys import KEY
+from ..state import CATALOG, FRONT_END, KEYS
 
 
 async def livez(request: web.Request) -> web.Response:
@@ -40,9 +41,12 @@ async def readyz(request: web.Request) -> web.Response:
     past its first start, then 200 whenever some model is ready, asleep, unloaded or loading
     for a request. A model restarting or failed shows in the body only. ``front_end`` says
     how many processes vllama and each vLLM serve with, and why (``supervisor/sizing.py``).
+    When API keys are configured, a caller without a valid key gets ``{"state"}`` only (issue 27).
     """
     ready, body = await _readiness(request)
     body["front_end"] = request.app[FRONT_END].as_dict()
+    if request.app[KEYS].configured and KEY not in request:
+        body = {"state": "ready" if ready else "unavailable"}  # models, PIDs, errors: for key holders only
     return web.Response(status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json")
 
 

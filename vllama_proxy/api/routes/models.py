@@ -17,7 +17,8 @@ from aiohttp import web
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
-from .common import read_request, resolve_model
+from .common import lookup_model, may_list, read_request
+from ..keys import key_of
 from ..ollama_types import ModelRef
 from ..state import CATALOG
 from ..stream import rfc3339
@@ -102,6 +103,8 @@ async def tags(request: web.Request) -> web.Response:
     catalog = request.app[CATALOG]
     out = []
     for model in await catalog.models():
+        if not may_list(request, model, catalog.names_for(model)):
+            continue
         files = await catalog.files(model)
         entry = {"modified_at": _modified_at(model, files), "size": files.size, "digest": files.digest, "details": details(files)}
         out += [{"name": n, "model": n, **entry} for n in catalog.names_for(model)]
@@ -110,7 +113,7 @@ async def tags(request: web.Request) -> web.Response:
         roots = {m.root.casefold() for m in await catalog.models()}
         for lm in await catalog.on_demand.local():
             name = ollama_name(lm.name)
-            if name.casefold() in listed or lm.repo.casefold() in roots:
+            if name.casefold() in listed or lm.repo.casefold() in roots or not key_of(request).may_use(name, lm.repo):
                 continue
             files = await catalog.files(ServedModel(name=lm.name, root=str(lm.path), max_model_len=None, created=int(lm.modified)))
             out.append({"name": name, "model": name, "modified_at": rfc3339(lm.modified), "size": files.size or lm.size,
@@ -121,7 +124,7 @@ async def tags(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    _, model, _ = await resolve_model(request, req.ref)
+    _, model, _ = await lookup_model(request, req.ref)  # never loads it (issue 27)
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)
@@ -153,6 +156,8 @@ async def ps(request: web.Request) -> web.Response:
         board = catalog.backend_of(model).board
         if board is not None and not board.ready:
             continue  # asleep, unloaded or loading: not loaded
+        if not may_list(request, model, catalog.names_for(model)):
+            continue
         files = await catalog.files(model)
         vram = await board.vram_bytes() if board is not None else 0
         until = board.expires_at if board is not None else math.inf
