@@ -9,11 +9,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import ROOT, start_proxy, stop
+from conftest import ROOT, free_port, start_proxy, stop
 
 
 def serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -90,3 +91,88 @@ def test_serve_help_reads_as_words_not_python_types():
     for readable in ("--upstream URL", "--api-key KEY", "--workers N|auto", "--keep-alive DURATION", "--port PORT",
                      "--stop-grace SECONDS", "--state-dir DIR", "--alias NAME=SERVED"):
         assert readable in text, readable
+
+
+# --- issue 26: the README's main command, as written, from a venv that is not activated -------------
+
+
+def fresh_venv(tmp_path, with_vllm: bool):
+    """A new venv as ``python3 -m venv .venv && .venv/bin/pip install -e '.[vllm]'`` leaves it, made
+    cheaply: the interpreter linked, the test venv's packages and this checkout on its path through a
+    ``.pth`` file, ``bin/vllama`` written as pip writes console scripts, and (``with_vllm``) the
+    stand-in ``vllm`` in its ``bin`` only."""
+    import sysconfig
+    import venv
+
+    root = tmp_path / ".venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+    python = root / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "vllama-test.pth").write_text(f"{ROOT}\n{sysconfig.get_path('purelib')}\n")
+    script = root / "bin" / "vllama"
+    script.write_text(f"#!{python}\nimport sys\nfrom vllama_proxy.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
+    script.chmod(0o755)
+    if with_vllm:
+        (root / "bin" / "vllm").symlink_to(ROOT / "tests" / "bin" / "vllm")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLAMA_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update(PATH="/usr/bin:/bin", HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", VLLAMA_CPUS="2",
+               VLLAMA_STATE_DIR=str(tmp_path / "state"), VLLAMA_LOG_FORMAT="json", FAKE_VLLM_PYTHON=sys.executable)
+    return root, env
+
+
+def test_readme_main_command_finds_the_venvs_vllm_without_activation(tmp_path):
+    """Before: ``cannot run 'vllm': No such file or directory`` five times, then ``failed``, and
+    vllama stayed up: it looked for ``vllm`` on PATH only, which lacks an unactivated venv's bin."""
+    root, env = fresh_venv(tmp_path, with_vllm=True)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    # the README's command, with the port of this test and no GPU on this machine
+    proc = subprocess.Popen([".venv/bin/vllama", "serve", "--model", "qwen2.5:7b", "--no-gpu-check", "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"not ready (exit {proc.poll()}): {log.read_text()[-3000:]}")
+        tags = httpx.get(f"http://127.0.0.1:{port}/api/tags").json()
+        assert "qwen2.5:7b" in {m["name"] for m in tags["models"]}
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert f'"path": "{root}/bin/vllm"' in text or f'"path":"{root}/bin/vllm"' in text.replace(" ", ""), text[-2000:]
+    assert "cannot run" not in text
+
+
+def test_no_vllm_anywhere_exits_at_once_with_one_line(tmp_path):
+    """Before: five launch failures, then the ``failed`` state, retried every 5 minutes, for ever."""
+    root, env = fresh_venv(tmp_path, with_vllm=False)
+    t0 = time.monotonic()
+    r = subprocess.run([".venv/bin/vllama", "serve", "--model", "qwen2.5:7b", "--no-gpu-check", "--port", str(free_port())],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert time.monotonic() - t0 < 30
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (f"vllama serve: cannot find the vLLM executable 'vllm' (not beside {root}/bin/python nor on PATH): "
+                    "install vLLM beside vllama: pip install 'vllama[vllm]', or name it with --vllm-executable PATH")
+    assert "Traceback" not in r.stderr and '"launched"' not in r.stderr
+
+
+def test_a_vllm_that_cannot_be_run_exits_at_the_first_start(tmp_path):
+    """A ``--vllm-executable`` that exists but cannot be executed (here: its interpreter is missing):
+    no restart can fix it, so vllama stops with the reason instead of sitting in ``failed``."""
+    bad = tmp_path / "vllm"
+    bad.write_text("#!/nonexistent/python3\n")
+    bad.chmod(0o755)
+    r = serve("--model", str(tmp_path), "--no-gpu-check", "--port", str(free_port()), "--vllm-executable", str(bad),
+              "--log-format", "json", env={"VLLAMA_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"vllama serve: model '{tmp_path.name}': cannot run '{bad}': No such file or directory" in r.stderr
+    assert "--vllm-executable PATH" in r.stderr.strip().splitlines()[-1]
+    assert '"to":"restarting"' not in r.stderr.replace(" ", "")

@@ -257,7 +257,8 @@ class Settings(BaseSettings):
         "(repeatable; vLLM's --allowed-media-domains; redirects off). None: vLLM fetches nothing; * : any host "
         "(vLLM's own default). The Ollama API takes base64 images only and never asks vLLM to fetch.",
     )
-    vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches (looked up on PATH).")
+    vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches: a path, or a name "
+                                 "looked up beside vllama's own Python (its venv's bin) first, then on PATH.")
     vllm_port: int = Field(0, ge=0, le=65535, description="Loopback port for the supervised vLLM (0: pick a free one).")
     startup_timeout: float = Field(900.0, gt=0, description="Seconds vLLM may take to become ready (download, load, compile).")
     startup_progress_extension: float = Field(
