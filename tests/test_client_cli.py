@@ -11,6 +11,7 @@ import sys
 import termios
 import time
 
+import httpx
 import pytest
 
 from vllama_proxy.client import commands as client_cli
@@ -198,6 +199,59 @@ def test_run_waits_for_loading_model(tmp_path):
         stop(proc)
 
 
+def test_run_fails_at_once_when_the_model_failed_to_load(tmp_path):
+    """Issue 26.2: ``vllama run`` spun for 9 min 58 s on a model the server already knew had failed
+    (every 503 was retried). A 503 without ``Retry-After`` is final; a loading one carries it."""
+    (tmp_path / "tiny").mkdir()
+    port = free_port()
+    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_FAIL_AT_START": "CUDA out of memory",
+           "VLLAMA_LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
+                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--crash-loop-limit", "1", "--stop-grace", "2"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/livez", proc)
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/readyz").json()["state"] != "failed":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", CODE, "run", "tiny", "hi"], input="",
+                           capture_output=True, text=True, env=env_for(url), cwd=ROOT, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith("Error: model 'tiny' failed to load: vLLM exited with code 1 during startup"), r.stderr
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop(proc)
+
+
+def test_loading_503_carries_retry_after_and_a_failed_one_does_not(tmp_path):
+    """The signal ``vllama run`` (and any HTTP client) reads: Retry-After on 503 "loading" only."""
+    (tmp_path / "tiny").mkdir()
+    port = free_port()
+    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_START_DELAY": "3", "FAKE_VLLM_FAIL_AT_START": "boom",
+           "VLLAMA_LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
+                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--crash-loop-limit", "1", "--stop-grace", "2"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/livez", proc)
+        loading = httpx.post(url + "/api/generate", json={"model": "tiny", "prompt": ""})
+        assert loading.status_code == 503 and "is loading" in loading.json()["error"]
+        assert loading.headers["Retry-After"] == "1"
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/readyz").json()["state"] != "failed":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        failed = httpx.post(url + "/api/generate", json={"model": "tiny", "prompt": ""})
+        assert failed.status_code == 503 and "failed to load" in failed.json()["error"]
+        assert "Retry-After" not in failed.headers
+    finally:
+        stop(proc)
+
+
 def test_connection_refused(proxy):
     url = f"http://127.0.0.1:{free_port()}"
     for args in (["list"], ["ps"], ["run", ALIAS, "hi"]):
@@ -336,3 +390,26 @@ def test_interactive_ctrl_c_clear_and_ctrl_d(terminal, fake, upstream_requests):
     slow, after, fresh = upstream_requests("/v1/chat/completions")
     assert [m["content"] for m in after["body"]["messages"]] == ["after [[tokens:1]]"]  # the interrupted one left
     assert [m["content"] for m in fresh["body"]["messages"]] == ["fresh [[tokens:1]]"]
+
+
+def test_run_shows_what_the_server_says_while_the_model_loads(tmp_path):
+    """Issue 28.3: a spinner with the server's state and the time so far, as ``ollama run`` shows one
+    while it loads (before: a silent wait)."""
+    from types import SimpleNamespace
+
+    (tmp_path / "tiny").mkdir()
+    port = free_port()
+    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_START_DELAY": "4", "VLLAMA_LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
+                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--stop-grace", "2"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/livez", proc)
+        t = Terminal(SimpleNamespace(url=url), "tiny", "hi [[tokens:2]]")
+        t.expect("loading tiny (0s)")
+        t.expect("loading tiny: vLLM starting (")  # the server's state, read from /readyz
+        t.expect("tok0 tok1", timeout=20)
+        assert t.close() == 0
+    finally:
+        stop(proc)

@@ -50,11 +50,14 @@ class ConnectError(Exception):
 
 
 class ApiError(Exception):
-    """The server answered ``{"error": message}`` (``status`` 0: inside a 200 stream)."""
+    """The server answered ``{"error": message}`` (``status`` 0: inside a 200 stream);
+    ``retry_after``: its ``Retry-After`` header, sent with a 503 that retrying will cure
+    (a model loading, a busy server), absent when it will not (a model that failed to load)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
 
 
 # ---------------------------------------------------------------------------- HTTP
@@ -95,7 +98,7 @@ class Client:
         if not 200 <= resp.status < 300:
             raw = resp.read()
             conn.close()
-            raise ApiError(_error_message(raw, resp), resp.status)
+            raise ApiError(_error_message(raw, resp), resp.status, resp.getheader("Retry-After"))
         return conn, resp
 
     def json(self, method: str, path: str, body: Any = None) -> Any:
@@ -104,6 +107,22 @@ class Client:
             return orjson.loads(resp.read() or b"{}")
         finally:
             conn.close()
+
+    def probe(self, path: str) -> dict[str, Any]:
+        """GET ``path`` and return its JSON object whatever the status (``/readyz`` says why in a
+        503); ``{}`` when the body is no JSON object."""
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        conn = cls(self.host, self.port, timeout=self.connect_timeout)
+        try:
+            conn.request("GET", path, headers=self.headers)
+            raw = conn.getresponse().read()
+        finally:
+            conn.close()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {}
+        return body if isinstance(body, dict) else {}
 
     @contextlib.contextmanager
     def stream(self, path: str, body: Any) -> Iterator[Iterator[dict[str, Any]]]:
@@ -233,12 +252,15 @@ def table(rows: list[list[str]], indent: str = "", pad: int = 4) -> str:
 
 
 class Spinner:
-    """A braille spinner with a message on stderr, drawn by a thread; nothing when stderr is not a TTY."""
+    """A braille spinner with a message on stderr, drawn by a thread; nothing when stderr is not a TTY.
+    With ``elapsed`` the seconds since it started follow the message ("loading qwen2.5:7b (12s)")."""
 
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", elapsed: bool = False) -> None:
         self.message = message
+        self.elapsed = elapsed
+        self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -251,6 +273,11 @@ class Spinner:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def drawing(self) -> bool:
+        """Whether it is on screen (stderr is a terminal and it was not stopped)."""
+        return self._thread is not None
+
     def stop(self) -> None:
         if self._thread is not None:
             self._stop.set()
@@ -262,7 +289,8 @@ class Spinner:
     def _draw(self) -> None:
         i = 0
         while not self._stop.wait(0.1 if i else 0):
-            sys.stderr.write(f"\r{self.FRAMES[i % len(self.FRAMES)]} {self.message}{CLEAR_LINE}")
+            tail = f" ({time.monotonic() - self.started:.0f}s)" if self.elapsed else ""
+            sys.stderr.write(f"\r{self.FRAMES[i % len(self.FRAMES)]} {self.message}{tail}{CLEAR_LINE}")
             sys.stderr.flush()
             i += 1
 
@@ -445,25 +473,74 @@ def parse_think(value: str | None) -> bool | str | None:
     raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high)")
 
 
+#: What the spinner says while a model in this server state comes up (``/readyz``'s ``state``).
+LOADING_VERBS = {"starting": "loading", "unloaded": "loading", "sleeping": "waking", "restarting": "restarting",
+                 "unhealthy": "restarting", "ready": "loading"}
+
+
+def load_state(client: Client, model: str) -> str | None:
+    """The server's state of ``model`` from vllama's ``/readyz`` (``starting``, ``sleeping``, ...);
+    None when the server does not say (Ollama has no ``/readyz``; a model not yet claimed)."""
+    try:
+        body = client.probe("/readyz")
+    except (ConnectError, OSError, http.client.HTTPException):
+        return None
+    want = model.removesuffix(":latest").casefold()
+    entries = body.get("models") or ([body] if "state" in body and "model" in body else [])
+    for entry in entries:
+        if str(entry.get("model", "")).removesuffix(":latest").casefold() == want:
+            return entry.get("state")
+    return None
+
+
+def watch_loading(client: Client, model: str, spinner: Spinner, done: threading.Event) -> None:
+    """Until ``done``: put the server's state of ``model`` into ``spinner``'s message, once a second
+    (``loading qwen2.5:7b: vLLM starting``), as ``ollama run`` shows a spinner while it loads."""
+    while not done.wait(1.0):
+        state = load_state(client, model)
+        if state is not None and not done.is_set():
+            spinner.message = f"{LOADING_VERBS.get(state, 'loading')} {model}: vLLM {state}"
+
+
 def preload(client: Client, args: argparse.Namespace) -> None:
-    """Load the model (empty prompt) behind a spinner, retrying 503s ("loading") with backoff up to --load-timeout."""
+    """Load the model (an empty prompt, as ``ollama run`` does) behind a spinner that says what the
+    server reports and for how long; 503s with ``Retry-After`` (loading) are retried with backoff
+    up to ``--load-timeout``.
+
+    Raises:
+        ApiError: any other error at once, a 503 without ``Retry-After`` included: the model
+            failed to load, and no wait will change that (Ollama fails at once too; issue 26.2).
+    """
     body: dict[str, Any] = {"model": args.model, "prompt": ""}
     if args.keepalive is not None:
         body["keep_alive"] = args.keepalive
     deadline, delay = time.monotonic() + args.load_timeout, 0.25
-    with Spinner(f"loading {args.model}") as spinner:
-        while True:
-            try:
-                client.json("POST", "/api/generate", body)
-                return
-            except ApiError as e:
-                if e.status != 503:
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise ApiError(f"{e} (gave up after {args.load_timeout:g} s)", e.status) from None
-                spinner.message = str(e)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    done = threading.Event()
+    with Spinner(f"loading {args.model}", elapsed=True) as spinner:
+        if spinner.drawing:
+            watcher = Client(client.url, connect_timeout=2.0)
+            threading.Thread(target=watch_loading, args=(watcher, args.model, spinner, done), daemon=True).start()
+        try:
+            while True:
+                try:
+                    client.json("POST", "/api/generate", body)
+                    return
+                except ApiError as e:
+                    if e.status != 503 or e.retry_after is None:
+                        raise
+                    if time.monotonic() + delay > deadline:
+                        raise ApiError(f"{e} (gave up after {args.load_timeout:g} s)", e.status) from None
+                    time.sleep(max(delay, min(_seconds(e.retry_after), 5.0)))
+                    delay = min(delay * 2, 5.0)
+        finally:
+            done.set()
+
+
+def _seconds(retry_after: str) -> float:
+    try:
+        return float(retry_after)
+    except ValueError:  # an HTTP date: not sent by vllama; back off as usual
+        return 0.0
 
 
 def chat_once(client: Client, args: argparse.Namespace, messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -180,10 +180,10 @@ class Supervisor:
             if self.state in (State.STOPPING, State.STOPPED):
                 raise UpstreamUnavailable(f"vLLM is {self.state.value}")
             if self.state is State.FAILED:  # a crash loop: say so now, not at the timeout
-                raise UpstreamUnavailable(self.board.unavailable_message())
+                raise self.board.unavailable()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise UpstreamUnavailable(self.board.unavailable_message())
+                raise self.board.unavailable()
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
