@@ -413,3 +413,97 @@ def test_run_shows_what_the_server_says_while_the_model_loads(tmp_path):
         assert t.close() == 0
     finally:
         stop(proc)
+
+
+def test_interactive_slash_commands_are_ollamas(terminal, upstream_requests):
+    """Issue 26.5: ``/set parameter temperature 0.2``, ``/set system ...``, ``/show info`` and ``/set foo``
+    went to the model as chat messages. Now they do what ``ollama run`` does, in its words."""
+    t = terminal(ALIAS)
+    t.expect(">>> ")
+    t.send("/?\n")
+    t.expect("  /set            Set session variables")
+    t.expect("  /? shortcuts    Help for keyboard shortcuts")
+    t.send("/? set\n")
+    t.expect("  /set parameter ...     Set a parameter")
+    t.send("/set parameter temperature 0.2\n")
+    t.expect("Set parameter 'temperature' to '0.2'")
+    t.send("/set parameter stop END STOP\n")
+    t.expect("Set parameter 'stop' to 'END, STOP'")
+    t.send("/set parameter wobble 3\n")
+    t.expect('''Couldn't set parameter: "unknown parameter 'wobble'"''')
+    t.send("/set parameter seed x\n")
+    t.expect('''Couldn't set parameter: "invalid int value [x]"''')
+    t.send("/set parameter\n")
+    t.expect("Available Parameters:")
+    t.send("/set system You are terse.\n")
+    t.expect("Set system message.")
+    t.send("/show system\n")
+    t.expect("You are terse.")
+    t.send("/show parameters\n")
+    t.expect("Model defined parameters:")
+    t.expect("User defined parameters:")
+    t.expect("  temperature                    0.2")
+    t.expect("  stop                           [END STOP]")
+    t.send("/show info\n")
+    t.expect("  Model")
+    t.expect("architecture")
+    t.send("/show template\n")
+    t.expect("<|im_start|>")
+    t.send("/show nonsense\n")
+    t.expect("Unknown command '/show nonsense'. Type /? for help")
+    t.send("/set foo\n")
+    t.expect("Unknown command '/set foo'. Type /? for help")
+    t.send("/foo bar baz\n")
+    t.expect("Unknown command '/foo'. Type /? for help")
+    t.send("/load\n")
+    t.expect("Usage:\r\n  /load <modelname>")
+    t.send("/set format json\n")
+    t.expect("Set format to 'json' mode.")
+    t.send("/set noformat\n")
+    t.expect("Disabled format.")
+    t.expect(">>> ")
+    t.send("question [[tokens:2]]\n")
+    assert "tok0 tok1" in t.expect(">>> ")
+    t.send('/set system """Two\n')
+    t.expect("... ")
+    t.send('lines."""\n')
+    t.expect("Set system message.")
+    t.send("/clear\n")
+    t.expect("Cleared session context")
+    t.expect(">>> ")
+    t.send("again [[tokens:1]]\n")
+    assert "tok0" in t.expect(">>> ")
+    t.send("/bye\n")
+    assert t.close() == 0
+    first, second = upstream_requests("/v1/chat/completions")  # no slash command reached the model
+    assert first["body"]["temperature"] == 0.2 and first["body"]["stop"] == ["END", "STOP"]
+    assert "response_format" not in first["body"]
+    assert first["body"]["messages"] == [{"role": "system", "content": "You are terse."},
+                                         {"role": "user", "content": "question [[tokens:2]]"}]
+    # /clear keeps the system message (the latest one), as Ollama's does
+    assert second["body"]["messages"] == [{"role": "system", "content": "Two\nlines."},
+                                          {"role": "user", "content": "again [[tokens:1]]"}]
+
+
+def test_repl_parameters_are_typed_as_ollamas():
+    from vllama_proxy.client import repl
+
+    assert repl.parse_parameter("temperature", ["0.5"]) == 0.5
+    assert repl.parse_parameter("num_ctx", ["4096"]) == 4096
+    assert repl.parse_parameter("stop", ["a", "b"]) == ["a", "b"]
+    assert repl.parse_parameter("penalize_newline", ["true"]) is True
+    with pytest.raises(ValueError, match=r"invalid float value \[hot\]"):
+        repl.parse_parameter("temperature", ["hot"])
+
+
+def test_wordwrap_breaks_between_words():
+    import io
+
+    from vllama_proxy.client import repl
+
+    out = io.StringIO()
+    w = repl.WordWrap(out, 12)
+    for piece in ("The quick br", "own fox jumps over", " the lazy dog\nend"):
+        w.write(piece)
+    w.close()
+    assert out.getvalue() == "The quick \nbrown fox \njumps over \nthe lazy dog\nend"
