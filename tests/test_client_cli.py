@@ -507,3 +507,26 @@ def test_wordwrap_breaks_between_words():
         w.write(piece)
     w.close()
     assert out.getvalue() == "The quick \nbrown fox \njumps over \nthe lazy dog\nend"
+
+
+def test_version_as_ollama_prints_it(proxy):
+    """Issue 26.8: ``vllama -v``/``--version`` (there was none), worded as ``ollama -v``."""
+    for flag in ("-v", "--version"):
+        r = subprocess.run([sys.executable, "-m", "vllama_proxy", flag], capture_output=True, text=True, cwd=ROOT,
+                           env=env_for(proxy.url), timeout=20)
+        assert (r.returncode, r.stdout) == (0, f"vllama version is {client_cli.__version__}\n"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "-v"], capture_output=True, text=True, cwd=ROOT,
+                       env=env_for(f"http://127.0.0.1:{free_port()}"), timeout=20)
+    assert r.stdout == f"Warning: could not connect to a running vllama instance\nWarning: client version is {client_cli.__version__}\n"
+
+
+def test_run_without_a_model_names_the_model_only_and_typos_get_a_suggestion():
+    """Issue 26.8: ``vllama run`` alone said the prompt was required (it is optional); a mistyped
+    flag printed the usage before the error, with no suggestion."""
+    r = subprocess.run([sys.executable, "-c", CODE, "run"], capture_output=True, text=True, cwd=ROOT, timeout=20)
+    assert r.returncode == 2
+    assert r.stderr == "vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)\n"
+    r = subprocess.run([sys.executable, "-c", CODE, "run", "m", "--vrebose"], capture_output=True, text=True, cwd=ROOT, timeout=20)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["vllama run: error: unrecognized arguments: --vrebose (did you mean --verbose?)",
+                                     "(`vllama run --help` lists the options)"]

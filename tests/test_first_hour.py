@@ -176,3 +176,22 @@ def test_a_vllm_that_cannot_be_run_exits_at_the_first_start(tmp_path):
     assert f"vllama serve: model '{tmp_path.name}': cannot run '{bad}': No such file or directory" in r.stderr
     assert "--vllm-executable PATH" in r.stderr.strip().splitlines()[-1]
     assert '"to":"restarting"' not in r.stderr.replace(" ", "")
+
+
+def test_serve_help_is_grouped_with_examples_and_a_typo_gets_one_line():
+    """Issue 26.8: 224 lines with no grouping or examples, RST double backticks; a mistyped flag
+    printed 30 usage lines before the error, with no "did you mean"."""
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0
+    text = r.stdout
+    assert text.startswith("usage: vllama serve [options] [-- vllm serve arguments]\n")
+    assert "``" not in text
+    groups = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert groups == ["options", "where it listens", "what it serves", "the connection to vLLM", "access",
+                      "requests and the front end", "models vllama runs (--model, --config, on demand)",
+                      "the vLLM process it supervises", "logging", "examples"]
+    assert "  vllama serve --upstream http://127.0.0.1:8000" in text
+    r = serve("--prot", "5")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["vllama serve: error: unrecognized arguments: --prot 5 (did you mean --port?)",
+                                     "(`vllama serve --help` lists the options)"]

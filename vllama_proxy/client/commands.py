@@ -39,7 +39,7 @@ import orjson
 from tqdm import tqdm
 
 from vllama_proxy import __version__
-from vllama_proxy.settings import parse_ollama_host
+from vllama_proxy.settings import CliParser, parse_ollama_host
 
 from . import repl
 
@@ -387,6 +387,24 @@ def show_info(info: dict[str, Any]) -> str:
 def cmd_stop(client: Client, args: argparse.Namespace) -> int:
     client.json("POST", "/api/generate", {"model": args.model, "prompt": "", "keep_alive": 0})
     print("success")
+    return 0
+
+
+def print_version(host: str | None = None) -> int:
+    """``vllama -v``, as ``ollama -v`` prints it: the server's version (at ``OLLAMA_HOST``), and the
+    client's when it differs or no server answers (``/api/version``: ``{"version", "vllama"}``)."""
+    try:
+        info = Client(host, connect_timeout=2.0).json("GET", "/api/version")
+    except (ConnectError, ApiError, OSError, http.client.HTTPException, ValueError):
+        info = None
+        print("Warning: could not connect to a running vllama instance")
+    server = (info or {}).get("vllama")
+    if server:
+        print(f"vllama version is {server}")
+    elif info:  # an Ollama server: it says only its own version
+        print(f"ollama version is {info.get('version')}")
+    if server != __version__:
+        print(f"Warning: client version is {__version__}")
     return 0
 
 
@@ -835,7 +853,7 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"vllama {command}")
+    p = CliParser(prog=f"vllama {command}")
     p.add_argument("--host", help="server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)")
     if command == "list":
         p.description = "List the models the server serves."
@@ -853,8 +871,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--insecure", action="store_true", help="allow insecure registries")
     elif command == "run":
         p.description = "Chat with a model: PROMPT, piped stdin, or interactively."
-        p.add_argument("model")
-        p.add_argument("prompt", nargs="*")
+        p.add_argument("model", nargs="?")  # checked in main: argparse would call the prompt required too
+        p.add_argument("prompt", nargs="*", help="the prompt (none: piped stdin, or an interactive session)")
         p.add_argument("--verbose", action="store_true", help="show timings after each answer")
         p.add_argument("--think", type=parse_think, metavar="[=LEVEL]",
                        help="ask for thinking and show it (--think, --think=false, --think=high)")
@@ -892,6 +910,10 @@ def main(command: str, argv: list[str]) -> int:
         args = _parser(command).parse_intermixed_args(argv)  # flags may follow the prompt words
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    if command == "run" and args.model is None:  # Ollama: "requires at least 1 arg(s)"; the prompt is optional
+        print("vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)",
+              file=sys.stderr)
+        return 2
     if command == "run" and args.hidethinking and args.think is None:
         args.think = True
     try:
