@@ -195,3 +195,32 @@ def test_serve_help_is_grouped_with_examples_and_a_typo_gets_one_line():
     assert r.returncode == 2
     assert r.stderr.splitlines() == ["vllama serve: error: unrecognized arguments: --prot 5 (did you mean --port?)",
                                      "(`vllama serve --help` lists the options)"]
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (["--model", "m", "--keep-alive", "5x"], {}, "vllama serve: invalid keep_alive: '5x' is not a duration"),
+    (["--upstream", "http://127.0.0.1:9", "--keep-alive", "5x"], {}, "vllama serve: invalid keep_alive: '5x' is not a duration"),
+    (["--upstream", "http://127.0.0.1:9"], {"OLLAMA_KEEP_ALIVE": "5x"}, "vllama serve: invalid OLLAMA_KEEP_ALIVE: '5x' is not a duration"),
+    (["--model", "m", "--upstream", "http://127.0.0.1:9"], {}, "vllama serve: --upstream proxies a running vLLM; --model launches one"),
+])
+def test_settings_that_cannot_work_are_one_line_at_start(args, env, message):
+    """Issue 26.6-7: ``--keep-alive 5x`` was a traceback (supervised) or accepted silently
+    (``--upstream``); ``--model`` beside ``--upstream`` was ignored silently."""
+    r = serve(*args, "--port", str(free_port()), "--no-gpu-check", env=env, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr.startswith(message) and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_upstream_mode_refuses_to_pull_what_it_could_never_serve(proxy):
+    """Issue 26.6: in ``--upstream`` mode ``vllama run qwen2.5:0.5b hi`` downloaded the whole model,
+    then said this server does not serve it. Now the pull is refused before any download."""
+    r = httpx.post(proxy.url + "/api/pull", json={"model": "qwen2.5:0.5b"}, timeout=10)
+    assert r.status_code == 501
+    assert r.json()["error"].startswith("model 'qwen2.5:0.5b' is not served by the vLLM at http://127.0.0.1:")
+    assert "cannot start models" in r.json()["error"]
+    code = "import sys; from vllama_proxy.client.commands import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
+    run = subprocess.run([sys.executable, "-c", code, "run", "qwen2.5:0.5b", "hi"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "OLLAMA_HOST": proxy.url}, timeout=30)
+    assert run.returncode == 1
+    assert run.stderr.startswith("Error: model 'qwen2.5:0.5b' is not served by the vLLM at"), run.stderr
+    assert httpx.post(proxy.url + "/api/pull", json={"model": "fake-model", "stream": False}).json() == {"status": "success"}

@@ -47,6 +47,18 @@ def parse_ollama_host(value: str) -> tuple[str, int]:
     return host, port
 
 
+def _duration(value: str) -> str:
+    """``value`` if it is an Ollama keep_alive (seconds or a Go duration), else ValueError saying so."""
+    from vllama_proxy.errors import BadRequest
+    from vllama_proxy.models.keep_alive import parse_keep_alive
+
+    try:
+        parse_keep_alive(value, default=300.0)
+    except BadRequest:
+        raise ValueError(f"{value!r} is not a duration (seconds, or like 5m, 1h30m, -1 for forever)") from None
+    return value
+
+
 #: The config file being read (set by :meth:`Settings.load` around construction).
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("vllama_config_file", default=None)
 
@@ -301,6 +313,12 @@ class Settings(BaseSettings):
             raise ValueError("workers must be auto or 1..256")
         return v
 
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive_duration(cls, v: str) -> str:
+        # checked at start: a typo was a traceback (supervised) or ignored (--upstream) (issue 26.7)
+        return _duration(v)
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, v: object) -> object:
@@ -330,6 +348,9 @@ class Settings(BaseSettings):
             raise ValueError("give either --model or [[models]] in the config file, not both")
         if self.models and self.upstream:
             raise ValueError("--upstream proxies a running vLLM; [[models]] are launched by vllama: choose one")
+        if self.model and self.upstream:  # --model was ignored silently (issue 26.6)
+            raise ValueError("--upstream proxies a running vLLM; --model launches one: choose one (the arguments "
+                             "after -- describe the upstream's vLLM)")
         if self.models and self.vllm_args:
             raise ValueError("arguments after -- apply to --model; with [[models]] give each model its vllm_args")
         names: dict[str, str] = {}
@@ -426,7 +447,10 @@ class Settings(BaseSettings):
             self.origins = [*self.origins, *(o.strip() for o in origins.split(",") if o.strip())]
         keep = os.environ.get("OLLAMA_KEEP_ALIVE")
         if keep and "keep_alive" not in self.model_fields_set:
-            self.keep_alive = keep
+            try:
+                self.keep_alive = _duration(keep)
+            except ValueError as e:
+                raise ValueError(f"invalid OLLAMA_KEEP_ALIVE: {e}") from None
         queue = os.environ.get("OLLAMA_MAX_QUEUE")
         if queue and "max_queue" not in self.model_fields_set:
             self.max_queue = int(queue)

@@ -4,7 +4,9 @@ A served model pulls at once (clients pull before they chat) and cannot be delet
 other ``org/name[:revision]`` is downloaded into the Hugging Face cache, where vLLM finds it
 (``vllama serve --model org/name``), or removed from it. An Ollama library name
 (``qwen2.5:0.5b``, ``llama3.2``) means the repo vLLM's library table maps it to
-(``models/library.py``); any other name is a 404 naming the closest library names.
+(``models/library.py``); any other name is a 404 naming the closest library names. With
+``--upstream`` a model the vLLM does not serve is refused before any download (501): vllama
+could never start it.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from contextlib import aclosing
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, VllamaError, error_line
+from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .common import read_request
 from ..ollama_types import ModelRef, require_model
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS
 from ..stream import NDJSON
 
 
@@ -36,6 +38,11 @@ async def pull(request: web.Request) -> web.StreamResponse:
     if await _served(request, name, strict=False) is not None:
         return _success(req.stream)
     model = hub.parse_model(name) or await _from_library(request, name)
+    upstream = request.app[SETTINGS].upstream
+    if upstream:  # vllama starts no model in this mode: the download could never serve (issue 26.6)
+        raise NotSupported(f"model '{name}' is not served by the vLLM at {upstream}, and vllama serve --upstream "
+                           f"cannot start models: pulling it would not make it runnable (serve it with vllama serve "
+                           f"--model {name}, or start that vLLM with it)")
     async with aclosing(hub.pull(model)) as events:
         if req.stream is False:
             async for _ in events:
