@@ -121,6 +121,9 @@ def test_pull_progress_bar_on_a_terminal():
     last = text.replace("\r", "\n").splitlines()
     assert "pulling manifest" in last and "success" in last
     assert any(line.startswith("pulling abc: 100%") and "2.00G/2.00G" in line for line in last), last
+    # issue 26.9: the steps after the files come below their bars, not above them
+    order = [i for i, line in enumerate(last) if line.startswith("pulling abc: 100%") or line in ("verifying sha256 digest", "success")]
+    assert [last[i][:11] for i in order][-3:] == ["pulling abc", "verifying s", "success"], last
 
 
 def test_run_prompt(proxy, upstream_requests):
@@ -530,3 +533,13 @@ def test_run_without_a_model_names_the_model_only_and_typos_get_a_suggestion():
     assert r.returncode == 2
     assert r.stderr.splitlines() == ["vllama run: error: unrecognized arguments: --vrebose (did you mean --verbose?)",
                                      "(`vllama run --help` lists the options)"]
+
+
+def test_stop_prints_nothing(vllama):
+    """Issue 26.9: ``vllama stop`` printed "success" (Ollama prints nothing)."""
+    v = vllama()
+    v.wait_state("ready")
+    r = subprocess.run([sys.executable, "-c", CODE, "stop", "tiny"], capture_output=True, text=True, env=env_for(v.url), cwd=ROOT,
+                       timeout=20)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    v.wait_state("unloaded")

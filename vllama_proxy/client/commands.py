@@ -385,8 +385,8 @@ def show_info(info: dict[str, Any]) -> str:
 
 
 def cmd_stop(client: Client, args: argparse.Namespace) -> int:
+    """Ollama's ``stop``: unload with ``keep_alive: 0``; prints nothing, as Ollama's does."""
     client.json("POST", "/api/generate", {"model": args.model, "prompt": "", "keep_alive": 0})
-    print("success")
     return 0
 
 
@@ -451,13 +451,17 @@ class PullProgress:
                                                file=self.out, dynamic_ncols=True, mininterval=0.1, leave=True)
             bar.update(max(0, min(completed, total) - bar.n))
         elif status != self.status:
+            if not digest:  # a step after the files ("verifying", "success"): below their bars, as Ollama's
+                self.close()
             tqdm.write(status, file=self.out)
             self.out.flush()
         self.status = status
 
     def close(self) -> None:
+        """Finish the bars (they stay on screen); a later event of the same file starts a new one."""
         for bar in self.bars.values():
             bar.close()
+        self.bars.clear()
 
 
 def cmd_pull(client: Client, args: argparse.Namespace) -> int:
