@@ -224,3 +224,12 @@ def test_upstream_mode_refuses_to_pull_what_it_could_never_serve(proxy):
     assert run.returncode == 1
     assert run.stderr.startswith("Error: model 'qwen2.5:0.5b' is not served by the vLLM at"), run.stderr
     assert httpx.post(proxy.url + "/api/pull", json={"model": "fake-model", "stream": False}).json() == {"status": "success"}
+
+
+def test_settings_table_script_help_is_help():
+    """Issue 26.9: ``scripts/settings_table.py --help`` printed the table."""
+    script = [sys.executable, str(ROOT / "scripts" / "settings_table.py")]
+    r = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("Print the settings table") and "| flag |" not in r.stdout
+    r = subprocess.run([*script, "--updte"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Usage:" in r.stderr and r.stdout == ""
