@@ -215,7 +215,8 @@ def test_vllama_run_pulls_then_answers_on_a_fresh_server(serve, fake_hf, hub):  
     assert out.stdout.strip().startswith("tok0")  # then the stand-in's answer
     assert [m.model for m in s.client.list().models] == ["qwen2.5:0.5b"]
     assert [m.model for m in s.client.ps().models] == ["qwen2.5:0.5b"]
-    assert get_json(fakes_url(s) + "/_fake/requests")[-1]["body"]["model"] == "qwen2.5:0.5b"
+    generations = [r for r in get_json(fakes_url(s) + "/_fake/requests") if r.get("body")]  # ps asks /v1/models too
+    assert generations[-1]["body"]["model"] == "qwen2.5:0.5b"
 
 
 def fakes_url(s: Server) -> str:
