@@ -175,7 +175,7 @@ def test_missing_executable_fails_clearly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path), "--no-gpu-check",
                         "--port", str(free_port()), "--vllm-executable", "/nonexistent/vllm"],
                        capture_output=True, text=True, cwd=ROOT, timeout=30, env={**os.environ, "VLLAMA_CPUS": "2"})
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith(
         "vllama serve: cannot find the vLLM executable '/nonexistent/vllm' (no such executable file): install vLLM")
 

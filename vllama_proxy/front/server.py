@@ -252,7 +252,8 @@ def check_vllm_executable(settings: Settings, launches: bool) -> str | None:
     """The ``vllm`` executable the supervisor will run (``child.find_executable``), logged.
 
     Raises:
-        SystemExit: (1, one line on stderr) it cannot be found and ``launches`` (a model is
+        SystemExit: (2, one line on stderr: a configuration error, which the systemd unit does
+            not restart) it cannot be found and ``launches`` (a model is
             configured, so vllama could only sit in the ``failed`` state); without configured
             models (on-demand only) a missing one is a warning, and each start says it again.
     """
@@ -265,6 +266,6 @@ def check_vllm_executable(settings: Settings, launches: bool) -> str | None:
     line = f"cannot find the vLLM executable {settings.vllm_executable!r} ({where})"
     if launches:
         print(f"vllama serve: {line}: {VLLM_MISSING_HINT}", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(2)
     log.warning("vllm_executable_missing", detail=line, hint=VLLM_MISSING_HINT)
     return None
