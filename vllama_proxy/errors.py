@@ -134,7 +134,7 @@ class UpstreamUnavailable(UpstreamError):
 class ModelLoading(UpstreamUnavailable):
     """The model is loading (starting, restarting, waking): 503 with ``Retry-After``, the HTTP way
     (RFC 9110 §10.2.3) to say that retrying helps. A 503 without it (a model that failed to load)
-    is final: ``vllama run`` stops waiting at once (issue 26.2), ``vllama batch`` does not retry."""
+    is final: ``vllama run`` stops waiting at once (issue 26.2)."""
 
     retry_after = 1
 
