@@ -1262,7 +1262,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         model, argv = argv[0], argv[1:]
     p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
     p.add_argument("--model", dest="model_opt", default=None)
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--host", default="127.0.0.1")  # loopback unless asked: a stand-in is no service (issue 26.9)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--max-model-len", type=_parse_len, default=4096)

@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vllama_proxy.errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
+from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, error_body, error_response
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
@@ -121,7 +121,7 @@ def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamR
     @web.middleware
     async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _UNGATED and not any(open_(b) for b in boards):
-            raise UpstreamUnavailable(boards[0].unavailable_message())
+            raise boards[0].unavailable()
         return await handler(request)
 
     return gate

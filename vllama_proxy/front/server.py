@@ -23,6 +23,7 @@ from vllama_proxy.models.backends import BackendSpec, ServedModel
 from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu, lifeline, warm
+from vllama_proxy.supervisor.child import find_executable
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
@@ -138,8 +139,9 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
 
 
 def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
-    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` when a model's vLLM
-    refuses its command line at its very first start (``Supervisor.config_error``)."""
+    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (or ``cannot run 'vllm':
+    ...``) when a model's vLLM can never start as configured, at its very first start
+    (``Supervisor.config_error``)."""
     found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def listen(sup) -> None:
@@ -209,6 +211,7 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             print(f"vllama: {e}", file=sys.stderr)
             raise SystemExit(1) from None
         gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids} or {0}))
+    check_vllm_executable(settings, launches=bool(specs))  # nothing can start without it: say so now
     nofile = raise_nofile_limit()
     if front.placement.active:
         # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
@@ -286,5 +289,33 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             notifier.close()
     log.info("stopped")
     if rejected.done():
-        print(f"vllama serve: {rejected.result()}\n(fix the vLLM arguments after -- or in the model's vllm_args)", file=sys.stderr)
+        hint = (VLLM_MISSING_HINT if "cannot run" in rejected.result()
+                else "fix the vLLM arguments after -- or in the model's vllm_args")
+        print(f"vllama serve: {rejected.result()}\n({hint})", file=sys.stderr)
         raise SystemExit(2)
+
+
+VLLM_MISSING_HINT = "install vLLM beside vllama: pip install 'vllama[vllm]', or name it with --vllm-executable PATH"
+
+
+def check_vllm_executable(settings: Settings, launches: bool) -> str | None:
+    """The ``vllm`` executable the supervisor will run (``child.find_executable``), logged.
+
+    Raises:
+        SystemExit: (2, one line on stderr: a configuration error, which the systemd unit does
+            not restart) it cannot be found and ``launches`` (a model is
+            configured, so vllama could only sit in the ``failed`` state); without configured
+            models (on-demand only) a missing one is a warning, and each start says it again.
+    """
+    found = find_executable(settings.vllm_executable)
+    if found is not None:
+        log.info("vllm_executable", path=found)
+        return found
+    where = (f"not beside {sys.executable} nor on PATH" if os.sep not in settings.vllm_executable
+             else "no such executable file")
+    line = f"cannot find the vLLM executable {settings.vllm_executable!r} ({where})"
+    if launches:
+        print(f"vllama serve: {line}: {VLLM_MISSING_HINT}", file=sys.stderr)
+        raise SystemExit(2)
+    log.warning("vllm_executable_missing", detail=line, hint=VLLM_MISSING_HINT)
+    return None

@@ -21,7 +21,7 @@ import psutil
 from vllama_proxy.models.config import ModelConfig, has_flag
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
-from .child import VllmProcess
+from .child import VllmProcess, find_executable
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from .placement import pin_engine_cores
@@ -126,7 +126,7 @@ class Supervisor:
         fetching limited (:func:`media_args`)."""
         args = self.spec.args()
         return [
-            self.s.vllm_executable, "serve", self.spec.model,
+            find_executable(self.s.vllm_executable) or self.s.vllm_executable, "serve", self.spec.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--served-model-name", self.served_name,
             *media_args(self.s.allowed_media_domains, args),
@@ -181,10 +181,10 @@ class Supervisor:
             if self.state in (State.STOPPING, State.STOPPED):
                 raise UpstreamUnavailable(f"vLLM is {self.state.value}")
             if self.state is State.FAILED:  # a crash loop: say so now, not at the timeout
-                raise UpstreamUnavailable(self.board.unavailable_message())
+                raise self.board.unavailable()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise UpstreamUnavailable(self.board.unavailable_message())
+                raise self.board.unavailable()
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
@@ -254,7 +254,7 @@ class Supervisor:
                     self._loading = False
                     self.last_error = reason
                     self.last_output = self.child.tail() if self.child else ""
-                    log.error("vllm_arguments_rejected", model=self.served_name, error=self.config_error,
+                    log.error("vllm_cannot_start", model=self.served_name, error=self.config_error,
                               argv=self.argv())
                     await self._stop_child()
                     self._set(State.FAILED, reason)
@@ -472,7 +472,9 @@ class Supervisor:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
-            return f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
+            # not there or not executable: no restart can fix it, only a new configuration (issue 26.1)
+            self.config_error = f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
+            return self.config_error
         child = self.child
         self._publish()
         started = time.monotonic()

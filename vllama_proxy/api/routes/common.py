@@ -201,7 +201,7 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     held = board.served_name  # an on-demand slot may take another model before this request is counted
     timeout = request.app[SETTINGS].load_timeout
     if not (board.available or board.waking or board.loading):
-        raise UpstreamUnavailable(board.unavailable_message())
+        raise board.unavailable()
     board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
     try:
         while True:

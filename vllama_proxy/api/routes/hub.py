@@ -4,7 +4,9 @@ A served model pulls at once (clients pull before they chat) and cannot be delet
 other ``org/name[:revision]`` is downloaded into the Hugging Face cache, where vLLM finds it
 (``vllama serve --model org/name``), or removed from it. An Ollama library name
 (``qwen2.5:0.5b``, ``llama3.2``) means the repo vLLM's library table maps it to
-(``models/library.py``); any other name is a 404 naming the closest library names.
+(``models/library.py``); any other name is a 404 naming the closest library names. With
+``--upstream`` a model the vLLM does not serve is refused before any download (501): vllama
+could never start it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from contextlib import aclosing
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, VllamaError, error_line
+from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .common import read_request
@@ -37,6 +39,11 @@ async def pull(request: web.Request) -> web.StreamResponse:
         return _success(req.stream)  # served (or pulled) already
     model = hub.parse_model(name) or await _from_library(request, name)
     settings = request.app[SETTINGS]
+    upstream = settings.upstream
+    if upstream:  # vllama starts no model in this mode: the download could never serve (issue 26.6)
+        raise NotSupported(f"model '{name}' is not served by the vLLM at {upstream}, and vllama serve --upstream "
+                           f"cannot start models: pulling it would not make it runnable (serve it with vllama serve "
+                           f"--model {name}, or start that vLLM with it)")
     limits = hub.PullLimits(settings.state_dir / "pulls", settings.max_pulls, settings.cache_quota)
     async with aclosing(hub.pull(model, limits)) as events:
         if req.stream is False:

@@ -7,6 +7,7 @@ always present, ``capabilities`` always a list (Copilot and Continue break other
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -14,9 +15,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.models.backends import ServedModel
+from vllama_proxy.errors import UpstreamError
+from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
+from vllama_proxy.supervisor import gpu
 from .common import lookup_model, may_list, read_request
 from ..keys import key_of
 from ..ollama_types import ModelRef
@@ -148,18 +151,27 @@ async def ps(request: web.Request) -> web.Response:
 
     ``size_vram`` is the GPU memory of the model's vLLM process tree measured with NVML
     when vllama supervises it (weights + KV cache); otherwise, or when NVML cannot see
-    the processes, it equals ``size`` (the weights, which are on the GPU).
+    the processes, it equals ``size`` (the weights, which are on the GPU), unless vllama
+    runs it on a host with no NVIDIA GPU: then 0 (on the CPU). ``context_length`` is the
+    one vLLM reports when the model's configuration did not say it (an on-demand model).
     """
     catalog = request.app[CATALOG]
     out = []
+    no_gpu: bool | None = None
     for model in await catalog.models():
-        board = catalog.backend_of(model).board
+        backend = catalog.backend_of(model)
+        board = backend.board
         if board is not None and not board.ready:
             continue  # asleep, unloaded or loading: not loaded
         if not may_list(request, model, catalog.names_for(model)):
             continue
         files = await catalog.files(model)
         vram = await board.vram_bytes() if board is not None else 0
+        if board is not None and not vram and no_gpu is None:
+            # vllama runs it and NVML measured nothing: on a host without a GPU it is on the CPU
+            # ("100% CPU" in ps, not "100% GPU"; issue 26.9)
+            no_gpu = await asyncio.to_thread(gpu.count) == 0
+        context = model.max_model_len or await _reported_context(backend, model.name)
         until = board.expires_at if board is not None else math.inf
         name = catalog.names_for(model)[0]
         out.append(
@@ -170,8 +182,21 @@ async def ps(request: web.Request) -> web.Response:
                 "digest": files.digest,
                 "details": details(files),
                 "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
-                "size_vram": vram or files.size,
-                "context_length": model.max_model_len or 0,
+                "size_vram": vram or (0 if board is not None and no_gpu else files.size),
+                "context_length": context,
             }
         )
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
+
+
+async def _reported_context(backend: Backend, name: str) -> int:
+    """The ``max_model_len`` the model's vLLM reports in ``/v1/models`` (0 when it says none or
+    cannot be asked): ``ps``'s CONTEXT for a model whose configuration did not give one (issue 26.9)."""
+    try:
+        data = await backend.upstream.get_json("/v1/models")
+    except UpstreamError:
+        return 0
+    for entry in data.get("data", []) if isinstance(data, dict) else []:
+        if isinstance(entry, dict) and entry.get("id") == name and isinstance(entry.get("max_model_len"), int):
+            return entry["max_model_len"]
+    return 0
