@@ -42,6 +42,8 @@
 #   0: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup wake start      (~3.5 min)
 #   1: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh c1 sweep spread batch stop offline   (~8 min)
 #   2: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh vanilla warm ondemand          (~8 min)
+#   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
+#      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh ondemand
 # (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
 # Outputs in $OUT (one call's; at most 8 files): summary.txt (every result, tables), c1.json and
 # sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), spread.json, stages.jsonl, logs.tar.gz.
@@ -188,17 +190,30 @@ cold|warm)
   ;;
 ondemand)
   t=$(date +%s)
+  # a repo counts only when vllama's catalog loads it (config.json and safetensors in the main snapshot,
+  # vllama_proxy/models/local.py), not when its folder exists: a folder left by a failed call (call 2 of
+  # 2026-11-24 had no $DEV: empty snapshots) must be made again, and any failure stops the phase here
+  catalog() { python3 -c 'from vllama_proxy.models import local
+for m in local.scan(None): print(m.repo)'; }
+  has() { catalog | grep -qx "$1"; }
   if [ -n "${NO_GPU:-}" ]; then  # the dry run: copies of $MODEL under both names
     for r in Qwen/Qwen2.5-1.5B-Instruct meta-llama/Llama-3.2-1B-Instruct; do
-      d=$HUB/models--${r//\//--}; [ -d "$d" ] || { rm -rf $LOGS/src; cp -r "$MODEL" $LOGS/src; python3 benchmarks/on_demand_models.py place $LOGS/src "$HUB" $r; }
+      has $r || { rm -rf $LOGS/src; cp -r "$MODEL" $LOGS/src; python3 benchmarks/on_demand_models.py place $LOGS/src "$HUB" $r || exit 1; }
     done
   else
-    [ -d /tmp/qwen-src ] || python3 "$DEV/make_random_model.py" /tmp/qwen-src > /dev/null
-    [ -d "$HUB/models--Qwen--Qwen2.5-1.5B-Instruct" ] || python3 benchmarks/on_demand_models.py place /tmp/qwen-src "$HUB" Qwen/Qwen2.5-1.5B-Instruct
-    [ -d /tmp/llama-src ] || python3 benchmarks/on_demand_models.py llama /tmp/llama-src --tokenizer-from "$(echo "$HUB"/models--Qwen--Qwen2.5-1.5B-Instruct/snapshots/*)"
-    [ -d "$HUB/models--meta-llama--Llama-3.2-1B-Instruct" ] || python3 benchmarks/on_demand_models.py place /tmp/llama-src "$HUB" meta-llama/Llama-3.2-1B-Instruct
+    if ! has Qwen/Qwen2.5-1.5B-Instruct; then
+      rm -rf /tmp/qwen-src
+      python3 "$DEV/make_random_model.py" /tmp/qwen-src > /dev/null \
+        && python3 benchmarks/on_demand_models.py place /tmp/qwen-src "$HUB" Qwen/Qwen2.5-1.5B-Instruct || exit 1
+    fi
+    if ! has meta-llama/Llama-3.2-1B-Instruct; then
+      rm -rf /tmp/llama-src
+      python3 benchmarks/on_demand_models.py llama /tmp/llama-src --tokenizer-from "$(echo "$HUB"/models--Qwen--Qwen2.5-1.5B-Instruct/snapshots/*)" \
+        && python3 benchmarks/on_demand_models.py place /tmp/llama-src "$HUB" meta-llama/Llama-3.2-1B-Instruct || exit 1
+    fi
   fi
-  log "on-demand models in $HUB ($(( $(date +%s) - t )) s): $(ls "$HUB" | tr '\n' ' ')"
+  log "on-demand models in $HUB ($(( $(date +%s) - t )) s), as vllama's catalog sees them: $(catalog | tr '\n' ' ')"
+  has Qwen/Qwen2.5-1.5B-Instruct && has meta-llama/Llama-3.2-1B-Instruct || { log "a model is missing from the catalog"; exit 1; }
   setsid python3 -m vllama_proxy serve --port $PB --log-format json ${VLLAMA_EXTRA:-} > $LOGS/ondemand.log 2>&1 < /dev/null &
   echo $! > $LOGS/d.pid
   for _ in $(seq 120); do curl -sf $B/readyz > /dev/null && break; sleep 0.5; done

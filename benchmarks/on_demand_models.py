@@ -26,12 +26,16 @@ import struct
 from pathlib import Path
 
 
-def llama(out: Path, tokenizer_from: Path) -> None:
+def llama(final: Path, tokenizer_from: Path) -> None:
+    """Writes into ``final``.part and renames it when every file is there: a run that fails half-way
+    leaves no directory that a later ``[ -d ]`` check or ``place`` takes for a model."""
     import torch
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out.mkdir(parents=True, exist_ok=True)
+    out = final.with_name(final.name + ".part")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     from tokenizers import Tokenizer
 
     for f in ("tokenizer_config.json", "generation_config.json"):
@@ -57,10 +61,19 @@ def llama(out: Path, tokenizer_from: Path) -> None:
               else (torch.randn(s, generator=g, device=dev) * 0.02).to(torch.bfloat16).cpu()).contiguous()
           for k, s in shapes.items()}
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    print(f"llama: {sum(t.numel() for t in sd.values()) / 1e9:.3f} B params -> {out}")
+    shutil.rmtree(final, ignore_errors=True)
+    out.rename(final)
+    print(f"llama: {sum(t.numel() for t in sd.values()) / 1e9:.3f} B params -> {final}")
 
 
 def place(src: Path, hub: Path, repo: str) -> Path:
+    """Raises SystemExit when ``src`` lacks ``config.json`` or a ``*.safetensors``:
+    vllama's catalog (``vllama_proxy/models/local.py``) skips such a snapshot, so placing it would make
+    the name a 404 ("not pulled here") long after the step that failed."""
+    names = {f.name for f in src.iterdir()} if src.is_dir() else set()
+    if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
+        raise SystemExit(f"place: {src} holds {sorted(names) or 'nothing'}: no config.json and safetensors "
+                         f"to place as {repo} (did the step that makes it fail?)")
     d = hub / ("models--" + repo.replace("/", "--"))
     shutil.rmtree(d, ignore_errors=True)  # placed again: the new files only
     commit = hashlib.sha1(repo.encode()).hexdigest()
