@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from vllama_proxy.errors import BadRequest, UnsupportedCapability
+from vllama_proxy.models.fim import FimFormat
 from vllama_proxy.upstream import encode_json
 from .ollama_types import ChatRequest, GenerateRequest, Message, Options
 
@@ -276,6 +277,11 @@ def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any
         BadRequest: ``raw`` combined with ``template``/``system``/``context`` (as Ollama),
             ``raw`` with ``images``, or a custom ``template`` (a Go template we cannot render).
     """
+    if req.context:
+        raise BadRequest(
+            "context is not supported: vllama keeps no token context between requests (Ollama deprecated it); "
+            "send the conversation as messages to /api/chat, or the whole prompt with raw: true"
+        )
     if req.raw:
         if req.template or req.system or req.context:
             raise BadRequest("raw mode does not support template, system, or context")
@@ -297,3 +303,32 @@ def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any
     body["messages"] = messages
     body.update(thinking_fields(req.think))
     return "/v1/chat/completions", body, ignored
+
+
+def fim_body(req: GenerateRequest, served: str, fmt: FimFormat) -> tuple[dict[str, Any], list[str]]:
+    """``/api/generate`` with ``suffix`` -> a ``/v1/completions`` body holding the model's FIM prompt.
+
+    As Ollama's templates render ``.Suffix``: ``prompt`` is what precedes the cursor, ``suffix``
+    what follows; ``system`` is not part of a FIM prompt (Ollama's code templates leave it out).
+    The format's stop tokens go as ``stop_token_ids`` (a special token never appears in the text
+    vLLM matches ``stop`` strings against), the rest as ``stop`` beside the client's own.
+
+    Raises:
+        BadRequest: ``suffix`` with ``raw`` (a raw prompt is never templated), ``images``, or ``template``.
+    """
+    if req.context:
+        raise BadRequest("context is not supported with suffix: send the code before the cursor as prompt")
+    if req.raw:
+        raise BadRequest("raw mode does not support suffix: send the model's fill-in-the-middle prompt as the raw prompt, or drop raw")
+    if req.images:
+        raise BadRequest("suffix (fill-in-the-middle) does not take images")
+    if req.template:
+        raise BadRequest("custom templates are not supported: vllama builds the model's own fill-in-the-middle prompt from suffix")
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False)
+    body["prompt"] = fmt.prompt(req.prompt or "", req.suffix or "")
+    stop = [*body.get("stop", []), *(s for s in fmt.stop if s not in body.get("stop", []))]
+    if stop:
+        body["stop"] = stop
+    if fmt.stop_token_ids:
+        body["stop_token_ids"] = list(fmt.stop_token_ids)
+    return body, ignored

@@ -27,7 +27,8 @@ from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.logs import get_logger
 from .backends import ServedModel
 from .config import has_flag, vllm_arg
-from .library import Library, looks_like_library_name
+from .fim import FimFormat, fim_format
+from .library import Library, load as load_library, looks_like_library_name
 from .model_files import ModelFiles, read_model_files
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,7 +59,8 @@ def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
     ``--convert embed``), else ``completion``; ``tools`` only with
     ``--enable-auto-tool-choice`` and a ``--tool-call-parser``; ``thinking`` with a
     ``--reasoning-parser``; ``vision`` when the config has a vision tower. ``insert``
-    (``suffix``) never: vLLM's completions endpoint does not support ``suffix``.
+    (``suffix``) is added by :meth:`Catalog.capabilities` for a model with a fill-in-the-middle
+    format (``models/fim.py``): vLLM's completions endpoint has no ``suffix`` of its own.
     """
     args = model.vllm_args
     pooling = (vllm_arg(args, "--runner") == "pooling" or vllm_arg(args, "--task") in ("embed", "embedding")
@@ -232,8 +234,17 @@ class Catalog:
         return await asyncio.shield(task)
 
     async def capabilities(self, model: ServedModel) -> list[str]:
-        """See :func:`capabilities`."""
-        return capabilities(model, await self.files(model))
+        """See :func:`capabilities`; ``insert`` when :meth:`fim` finds a format."""
+        caps = capabilities(model, await self.files(model))
+        if "completion" in caps and await self.fim(model) is not None:
+            caps.append("insert")
+        return caps
+
+    async def fim(self, model: ServedModel) -> FimFormat | None:
+        """The model's fill-in-the-middle format (``models/fim.py``), or ``None``."""
+        if self._library is None:
+            self._library = load_library()
+        return fim_format(model.root, await self.files(model), self._library)
 
     # -- internals -------------------------------------------------------------
     def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
