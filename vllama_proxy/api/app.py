@@ -24,6 +24,7 @@ from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
 from vllama_proxy.models.catalog import Catalog
+from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.on_demand import OnDemand
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
@@ -31,7 +32,7 @@ from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
-from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
+from .routes import chat, create, embed, generate, health, hub, manage, meta, models, openai
 from .state import CATALOG, CLOSE_AFTER, FRONT_END, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
@@ -200,6 +201,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         store=AliasStore(settings.state_dir / "aliases.json"),
         library=settings.library_table(),
         on_demand=on_demand,
+        created=CreatedStore(settings.state_dir / "created.json"),
     )
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
@@ -224,7 +226,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         ("GET", "/api/ps", models.ps),
         ("POST", "/api/pull", hub.pull),
         ("POST", "/api/push", manage.unsupported),
-        ("POST", "/api/create", manage.unsupported),
+        ("POST", "/api/create", create.create),
         ("POST", "/api/copy", manage.copy),
         ("DELETE", "/api/delete", hub.delete),
         ("*", "/api/blobs/{digest}", manage.unsupported),

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from vllama_proxy.errors import BadRequest, UnsupportedCapability
+from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.fim import FimFormat
 from vllama_proxy.upstream import encode_json
 from .ollama_types import ChatRequest, GenerateRequest, Message, Options
@@ -265,13 +266,41 @@ def chat_body(req: ChatRequest, served: str) -> tuple[dict[str, Any], list[str]]
     return body, ignored
 
 
-def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any], list[str]]:
+def with_model_defaults(req: ChatRequest | GenerateRequest, made: CreatedModel | None) -> tuple[Any, list[dict[str, Any]]]:
+    """A request to a model made with ``/api/create``, with that model's layers applied, and the
+    messages to put before a templated generate's prompt.
+
+    As Ollama: the request's ``options`` win over the model's ``PARAMETER`` defaults; the model's
+    ``SYSTEM`` is used when the request brings no system prompt of its own; its ``MESSAGE``s come
+    before the conversation (chat) or the prompt (generate without ``raw``). A raw generate gets
+    the options only. ``made`` ``None``: ``(req, [])`` unchanged.
+    """
+    if made is None:
+        return req, []
+    merged = {**made.parameters, **(req.options.model_dump(exclude_none=True) if req.options else {})}
+    update: dict[str, Any] = {"options": Options.model_validate(merged) if merged else req.options}
+    before = [dict(m) for m in made.messages]
+    if isinstance(req, ChatRequest):
+        msgs = list(req.messages or [])
+        pre = [Message.model_validate(m) for m in before]
+        if made.system and not any(m.role == "system" for m in msgs):
+            pre.insert(0, Message(role="system", content=made.system))
+        update["messages"] = pre + msgs
+        return req.model_copy(update=update), []
+    if req.raw:
+        return req.model_copy(update=update), []
+    if not req.system and made.system:
+        update["system"] = made.system
+    return req.model_copy(update=update), before
+
+
+def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """``/api/generate`` -> ``(upstream path, body, ignored options)``.
 
     ``raw: true`` sends the prompt untouched to ``/v1/completions``. Otherwise the
     model's own chat template is applied by vLLM: ``system`` + ``prompt`` (+ ``images``)
     go to ``/v1/chat/completions`` as a system and a user message (Ollama applies its
-    Modelfile TEMPLATE the same way).
+    Modelfile TEMPLATE the same way); ``before`` (a created model's ``MESSAGE``s) between them.
 
     Raises:
         BadRequest: ``raw`` combined with ``template``/``system``/``context`` (as Ollama),
@@ -299,6 +328,7 @@ def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any
     messages: list[dict[str, Any]] = []
     if req.system:
         messages.append({"role": "system", "content": req.system})
+    messages += before or []
     messages.append({"role": "user", "content": _content(req.prompt, req.images, "")})
     body["messages"] = messages
     body.update(thinking_fields(req.think))

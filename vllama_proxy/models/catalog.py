@@ -34,6 +34,7 @@ from .model_files import ModelFiles, read_model_files
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import AliasStore
     from .backends import Backend
+    from .created import CreatedModel, CreatedStore
     from .on_demand import OnDemand
 
 log = get_logger("vllama.catalog")
@@ -91,6 +92,7 @@ class Catalog:
         store: aliases made with ``/api/copy`` (:class:`~vllama_proxy.models.aliases.AliasStore`).
         library: Ollama library names -> repos (``models/library.py``), for names that are not served names.
         on_demand: local models started when a request names them (``models/on_demand.py``; ``None``: off).
+        created: models made with ``/api/create`` (``models/created.py``): each resolves to its base.
     """
 
     def __init__(
@@ -103,8 +105,10 @@ class Catalog:
         store: AliasStore | None = None,
         library: Library | None = None,
         on_demand: OnDemand | None = None,
+        created: CreatedStore | None = None,
     ) -> None:
         self._on_demand = on_demand
+        self._created = created
         self._backends = list(backends)
         self._library = library
         self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
@@ -135,7 +139,7 @@ class Catalog:
         return self._on_demand
 
     async def resolve(self, name: str) -> ServedModel:
-        """The served model an Ollama name refers to.
+        """The served model an Ollama name refers to (for a model made with ``/api/create``: its base).
 
         Raises:
             ModelNotFound: neither a served name (with or without ``:latest``, any case), an alias,
@@ -143,6 +147,36 @@ class Catalog:
                 says what is close and how to name a Hugging Face model.
             UpstreamUnavailable: no list is cached and vLLM cannot be asked.
         """
+        made = self.created(name)
+        if made is not None:
+            return await self._resolve(made.base)  # a served name: created models never stand on created ones
+        return await self._resolve(name)
+
+    def is_served_name(self, name: str) -> bool:
+        """Whether ``name`` names a served model or an alias in the list cached now (no fetch, no
+        on-demand start): ``/api/create`` does not replace those."""
+        return self._lookup(self._models or {}, name) is not None
+
+    def created(self, name: str) -> CreatedModel | None:
+        """The model made with ``/api/create`` that ``name`` names, else ``None``."""
+        return self._created.lookup(name) if self._created is not None else None
+
+    def created_models(self) -> list[CreatedModel]:
+        """Every model made with ``/api/create``."""
+        return list(self._created.current().values()) if self._created is not None else []
+
+    @property
+    def created_store(self) -> CreatedStore:
+        """Where ``/api/create`` keeps its models.
+
+        Raises:
+            RuntimeError: the catalog was built without one.
+        """
+        if self._created is None:
+            raise RuntimeError("no created-model store")
+        return self._created
+
+    async def _resolve(self, name: str) -> ServedModel:
         models = await self._current() if self._backends else {}
         found = self._lookup(models, name)
         if found is None and self._on_demand is not None:

@@ -7,7 +7,7 @@ from aiohttp import web
 from ..ollama_types import ChatRequest
 from ..state import CATALOG
 from ..stream import ChatTranslator, Timings, relay
-from ..translate import chat_body, check_capabilities
+from ..translate import chat_body, check_capabilities, with_model_defaults
 from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
 
 
@@ -21,6 +21,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
         return await load_reply(request, name, backend, req.keep_alive, chat=True)
+    req, _ = with_model_defaults(req, request.app[CATALOG].created(name))
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)
     check_capabilities(name, caps, tools=bool(req.tools), think=req.think, images=images)

@@ -75,6 +75,11 @@ async def delete(request: web.Request) -> web.Response:
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
     catalog = request.app[CATALOG]
+    try:  # a model made with /api/create: its name and layers go, its base stays
+        if await asyncio.to_thread(catalog.created_store.remove, name):
+            return web.Response(status=200)
+    except OSError as e:
+        raise VllamaError(f"cannot remove the model from {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
     try:
         if await asyncio.to_thread(catalog.store.remove, strip_latest(name)):
             return web.Response(status=200)

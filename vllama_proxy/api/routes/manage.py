@@ -47,6 +47,16 @@ async def copy(request: web.Request) -> web.Response:
     if len(destination) > 256 or not _NAME.fullmatch(destination):
         raise BadRequest(f'destination "{destination}" is invalid')
     catalog = request.app[CATALOG]
+    made = catalog.created(source)
+    if made is not None:  # a model made with /api/create: the copy is one too, with the same layers
+        if catalog.is_served_name(destination):
+            raise BadRequest(f"'{destination}' is a served model or an alias; choose another name")
+        copied = made.model_copy(update={"name": strip_latest(destination)})
+        try:
+            await asyncio.to_thread(catalog.created_store.put, copied)
+        except OSError as e:
+            raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+        return web.Response(status=200)
     model = await catalog.resolve(source)
     try:
         existing = await catalog.resolve(destination)

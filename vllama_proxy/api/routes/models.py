@@ -16,6 +16,7 @@ from aiohttp import web
 
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.models.catalog import ollama_name
+from vllama_proxy.models.created import CreatedModel, parameter_lines, render_modelfile
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from .common import read_request, resolve_model
 from ..ollama_types import ModelRef
@@ -115,16 +116,24 @@ async def tags(request: web.Request) -> web.Response:
             files = await catalog.files(ServedModel(name=lm.name, root=str(lm.path), max_model_len=None, created=int(lm.modified)))
             out.append({"name": name, "model": name, "modified_at": rfc3339(lm.modified), "size": files.size or lm.size,
                         "digest": files.digest, "details": details(files)})
+    served = {m.name: m for m in await catalog.models()}
+    for made in catalog.created_models():  # made with /api/create: the base's weights, their own digest
+        base = served.get(made.base)
+        files = await catalog.files(base) if base is not None else ModelFiles()
+        name = ollama_name(made.name)
+        out.append({"name": name, "model": name, "modified_at": rfc3339(made.created_at), "size": files.size,
+                    "digest": made.digest, "details": created_details(made, files)})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
 
 
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    _, model, _ = await resolve_model(request, req.ref)
+    name, model, _ = await resolve_model(request, req.ref)
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)
+    made = catalog.created(name)
     body = {
         "license": "",
         "modelfile": _modelfile(model, files, params),
@@ -135,7 +144,24 @@ async def show(request: web.Request) -> web.Response:
         "capabilities": await catalog.capabilities(model),
         "modified_at": _modified_at(model, files),
     }
+    if made is not None:  # Ollama's show of a created model: its own layers, its parent
+        own = parameter_lines(made.parameters)
+        keys = set(made.parameters)
+        body.update(
+            modelfile=render_modelfile(made),
+            parameters="\n".join(own + [p for p in params.splitlines() if p.split(" ", 1)[0] not in keys]),
+            system=made.system or "",
+            license="\n".join(made.license),
+            messages=made.messages,
+            details=created_details(made, files),
+            modified_at=rfc3339(made.created_at),
+        )
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def created_details(made: CreatedModel, files: ModelFiles) -> dict[str, Any]:
+    """``details`` of a model made with ``/api/create``: its base's, with ``parent_model`` the ``from`` it was made of."""
+    return {**details(files), "parent_model": made.parent}
 
 
 async def ps(request: web.Request) -> web.Response:
@@ -157,16 +183,19 @@ async def ps(request: web.Request) -> web.Response:
         vram = await board.vram_bytes() if board is not None else 0
         until = board.expires_at if board is not None else math.inf
         name = catalog.names_for(model)[0]
-        out.append(
-            {
-                "name": name,
-                "model": name,
-                "size": files.size,
-                "digest": files.digest,
-                "details": details(files),
-                "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
-                "size_vram": vram or files.size,
-                "context_length": model.max_model_len or 0,
-            }
-        )
+        entry = {
+            "name": name,
+            "model": name,
+            "size": files.size,
+            "digest": files.digest,
+            "details": details(files),
+            "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
+            "size_vram": vram or files.size,
+            "context_length": model.max_model_len or 0,
+        }
+        out.append(entry)
+        for made in catalog.created_models():  # loaded with their base: the same vLLM serves them
+            if made.base == model.name:
+                own = ollama_name(made.name)
+                out.append({**entry, "name": own, "model": own, "digest": made.digest, "details": created_details(made, files)})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")

