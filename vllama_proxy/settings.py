@@ -279,6 +279,12 @@ class Settings(BaseSettings):
     failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
     gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping.")
     gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
+    max_blob_size: int = Field(
+        256 * 1024**3,
+        gt=0,
+        description="Largest blob POST /api/blobs accepts, bytes (a model's weights or an adapter, for /api/create); "
+        "an upload must also leave 1 GiB free on the state directory's disk.",
+    )
 
     # --- logging -----------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
@@ -469,6 +475,7 @@ METAVARS = {
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
+    "max_blob_size": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 

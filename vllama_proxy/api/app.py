@@ -23,6 +23,7 @@ from vllama_proxy.errors import RequestTooLarge, UpstreamError, UpstreamUnavaila
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
+from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.on_demand import OnDemand
@@ -32,8 +33,8 @@ from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
-from .routes import chat, create, embed, generate, health, hub, manage, meta, models, openai
-from .state import CATALOG, CLOSE_AFTER, FRONT_END, SETTINGS, WORKER
+from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
+from .state import BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -186,11 +187,12 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     if slots is not None:
         on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=settings.library_table(),
                              allow=settings.on_demand_models, vllm_args=settings.vllm_args, keep_alive=settings.keep_alive,
-                             load_timeout=settings.load_timeout)
+                             load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models")
     aliases = dict(settings.alias)
     for spec in settings.model_specs():
         aliases.update({a: spec.served_name for a in spec.aliases})
     app[SETTINGS] = settings
+    app[BLOBS] = BlobStore(settings.state_dir / "blobs", settings.max_blob_size)
     app[WORKER] = worker
     app[FRONT_END] = front
     app[CATALOG] = Catalog(
@@ -229,7 +231,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         ("POST", "/api/create", create.create),
         ("POST", "/api/copy", manage.copy),
         ("DELETE", "/api/delete", hub.delete),
-        ("*", "/api/blobs/{digest}", manage.unsupported),
+        ("*", "/api/blobs/{digest}", blobs.blob),
         ("*", "/v1/{tail:.*}", openai.passthrough),
     ]
     for method, path, handler in routes:

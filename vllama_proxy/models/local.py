@@ -89,6 +89,39 @@ def scan(library: Library | None) -> list[LocalModel]:
     return out
 
 
+#: The file naming a model directory built from uploaded blobs (``/api/create`` ``files``).
+NAME_FILE = ".vllama-name"
+
+
+def uploaded_dir(root: Path, name: str) -> Path:
+    """The directory under ``root`` that holds the files uploaded for model ``name``."""
+    import hashlib
+    import re
+
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    return root / f"{safe}-{hashlib.sha256(name.casefold().encode()).hexdigest()[:8]}"
+
+
+def scan_uploaded(root: Path | None) -> list[LocalModel]:
+    """The model directories ``/api/create`` built from uploaded files under ``root``
+    (``<state_dir>/models``): each has ``config.json``, safetensors and :data:`NAME_FILE`. vLLM is
+    given the directory; these are the only local paths that run on demand, as vllama made them."""
+    out: list[LocalModel] = []
+    if root is None or not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        try:
+            name = (d / NAME_FILE).read_text().strip()
+            weights = [f for f in d.iterdir() if f.name.endswith(_WEIGHTS)]
+            if not name or not (d / "config.json").is_file() or not weights:
+                continue
+            out.append(LocalModel(name=name, repo=str(d), path=d, size=sum(f.stat().st_size for f in weights),
+                                  modified=(d / "config.json").stat().st_mtime))
+        except OSError:
+            continue
+    return out
+
+
 def find(name: str, models: list[LocalModel], library: Library | None) -> tuple[LocalModel, str] | None:
     """The local model a request's ``name`` means, and the name to serve it under; ``None`` if none.
 

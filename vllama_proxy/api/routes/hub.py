@@ -10,6 +10,7 @@ other ``org/name[:revision]`` is downloaded into the Hugging Face cache, where v
 from __future__ import annotations
 
 import asyncio
+import shutil
 from contextlib import aclosing
 
 import orjson
@@ -18,9 +19,10 @@ from aiohttp import web
 from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, VllamaError, error_line
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
+from vllama_proxy.models.local import uploaded_dir
 from .common import read_request
 from ..ollama_types import ModelRef, require_model
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS
 from ..stream import NDJSON
 
 
@@ -77,6 +79,8 @@ async def delete(request: web.Request) -> web.Response:
     catalog = request.app[CATALOG]
     try:  # a model made with /api/create: its name and layers go, its base stays
         if await asyncio.to_thread(catalog.created_store.remove, name):
+            uploaded = uploaded_dir(request.app[SETTINGS].state_dir / "models", strip_latest(name))
+            await asyncio.to_thread(shutil.rmtree, uploaded, True)  # weights uploaded for it, if any (the blobs stay)
             return web.Response(status=200)
     except OSError as e:
         raise VllamaError(f"cannot remove the model from {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None

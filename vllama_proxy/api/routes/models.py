@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -103,6 +104,8 @@ async def tags(request: web.Request) -> web.Response:
     catalog = request.app[CATALOG]
     out = []
     for model in await catalog.models():
+        if model.root.startswith("/") and not Path(model.root).exists():
+            continue  # an on-demand slot still holds a model whose uploaded files were deleted (/api/delete)
         files = await catalog.files(model)
         entry = {"modified_at": _modified_at(model, files), "size": files.size, "digest": files.digest, "details": details(files)}
         out += [{"name": n, "model": n, **entry} for n in catalog.names_for(model)]
