@@ -294,6 +294,12 @@ def with_model_defaults(req: ChatRequest | GenerateRequest, made: CreatedModel |
     return req.model_copy(update=update), before
 
 
+def upstream_model(made: CreatedModel | None, served: str) -> str:
+    """vLLM's ``model`` for a request: a created model's LoRA adapter (vLLM serves it under that
+    name, ``models/adapters.py``), else the served model."""
+    return next(iter(made.adapters), served) if made is not None and made.adapters else served
+
+
 def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """``/api/generate`` -> ``(upstream path, body, ignored options)``.
 

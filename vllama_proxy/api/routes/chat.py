@@ -7,7 +7,7 @@ from aiohttp import web
 from ..ollama_types import ChatRequest
 from ..state import CATALOG
 from ..stream import ChatTranslator, Timings, relay
-from ..translate import chat_body, check_capabilities, with_model_defaults
+from ..translate import chat_body, check_capabilities, upstream_model, with_model_defaults
 from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
 
 
@@ -21,11 +21,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
         return await load_reply(request, name, backend, req.keep_alive, chat=True)
-    req, _ = with_model_defaults(req, request.app[CATALOG].created(name))
+    made = request.app[CATALOG].created(name)
+    req, _ = with_model_defaults(req, made)
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)
     check_capabilities(name, caps, tools=bool(req.tools), think=req.think, images=images)
-    body, ignored = chat_body(req, model.name)
+    body, ignored = chat_body(req, upstream_model(made, model.name))
     log_ignored(ignored)
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)

@@ -13,6 +13,7 @@ import asyncio
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,14 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, VllamaError
+from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamRejected, VllamaError
+from vllama_proxy.models.adapters import check_adapter, lora_plan
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.blobs import parse_digest
+from vllama_proxy.upstream import read_response
 from vllama_proxy.models.created import CreatedModel, parse_modelfile
 from vllama_proxy.models.local import NAME_FILE, uploaded_dir
-from .common import read_request
+from .common import model_in_use, read_request
 from .manage import _NAME
 from ..ollama_types import CreateRequest, Message, Options, validation_message
 from ..state import BLOBS, CATALOG, SETTINGS
@@ -75,8 +78,6 @@ async def create(request: web.Request) -> web.StreamResponse:
     if req.quantize:
         raise BadRequest("quantize is not supported: vLLM serves published quantizations; "
                          "name one instead (a library tag such as qwen2.5:7b-q4_K_M, or an AWQ/GPTQ/FP8 repo)")
-    if req.adapters or fields.get("adapters"):
-        raise BadRequest("adapters are not supported yet: create a model FROM a served one")
     source = (req.from_ or fields.get("from") or "").strip()
     if not source and not req.files:
         raise BadRequest("neither 'from' or 'files' was specified")
@@ -98,6 +99,18 @@ async def create(request: web.Request) -> web.StreamResponse:
             raise ModelNotFound(source, e.message.partition(": ")[2] or None) from None
         base_name = base.name
         lines.append({"status": "using existing layer sha256:" + (await catalog.files(base)).digest})
+    adapters = dict(parent.adapters) if parent else {}
+    sources: list[str] = list(fields.get("adapters", []))
+    if req.adapters or sources:
+        if req.files:
+            raise BadRequest("adapters need a base model: give 'from', not 'files'")
+        if len(sources) + bool(req.adapters) > 1:
+            raise BadRequest("one adapter per model: vLLM applies one LoRA adapter to a request")
+        path = await adapter_dir(request, strip_latest(name), req.adapters or {}, sources)
+        base_files = await catalog.files(base)
+        await asyncio.to_thread(check_adapter, path, base_files.config, base.root)
+        adapters = {strip_latest(name): str(path)}
+        lines.append({"status": f"using adapter {path.name}"})
     system = req.system if req.system is not None else fields.get("system", parent.system if parent else None)
     params = dict(parent.parameters) if parent else {}
     params.update(check_parameters({**fields.get("parameters", {}), **(req.parameters or {})}))
@@ -112,12 +125,15 @@ async def create(request: web.Request) -> web.StreamResponse:
     made = CreatedModel(
         name=strip_latest(name), base=base_name, parent=parent.parent if parent and _same(source, name) else source,
         system=system, parameters=params, messages=messages, license=[lic] if isinstance(lic, str) else list(lic),
+        adapters=adapters,
     )
     try:
         await asyncio.to_thread(catalog.created_store.put, made)
     except OSError as e:
         raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)",
                           status=500) from None
+    if made.adapters and not (parent is not None and parent.adapters == made.adapters):
+        lines += await serve_adapter(request, made)
     lines += [{"status": f"creating new layer sha256:{digest}"} for _, digest in made.layers()]
     lines += [{"status": "writing manifest"}, {"status": "success"}]
     if req.stream is False:
@@ -171,6 +187,77 @@ def _link_dir(target: Path, files: dict[str, Path], name: str) -> None:
     (tmp / NAME_FILE).write_text(name + "\n")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
+
+
+async def adapter_dir(request: web.Request, name: str, blobs_of: dict[str, str], sources: list[str]) -> Path:
+    """The PEFT directory of the adapter: built from uploaded blobs (``adapters``: file name -> digest,
+    in ``<state_dir>/adapters``), a local directory, or a Hugging Face repo id (downloaded into the cache).
+
+    Raises:
+        BadRequest: a blob not uploaded, a path part in a file name, a directory that is not there,
+            a repo that cannot be fetched.
+    """
+    if blobs_of:
+        blobs = request.app[BLOBS]
+        for fname, digest in blobs_of.items():
+            if not _FILE.fullmatch(fname) or fname.startswith("."):
+                raise BadRequest(f"invalid file name {fname!r}: files are named without a directory")
+            if not blobs.exists(digest):
+                raise BadRequest(f"blob {digest} not found: upload {fname} first (POST /api/blobs/{digest})")
+        target = uploaded_dir(request.app[SETTINGS].state_dir / "adapters", name)
+        await asyncio.to_thread(_link_dir, target, {f: blobs.path(d) for f, d in blobs_of.items()}, name)
+        return target
+    source = sources[0].strip()
+    local = Path(source).expanduser()
+    if local.is_absolute() or source.startswith("."):
+        if not local.is_dir():
+            raise BadRequest(f"adapter {source}: no such directory on the server")
+        return local
+    if source.count("/") != 1:
+        raise BadRequest(f"adapter {source!r}: name a PEFT directory on the server or a Hugging Face repo id (org/name)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(await asyncio.to_thread(snapshot_download, source))
+    except Exception as e:  # noqa: BLE001 - not found, offline, gated: the client is told which
+        raise BadRequest(f"adapter {source}: cannot fetch it from Hugging Face: {e}") from None
+
+
+async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[str, str]]:
+    """Make the base's vLLM serve ``made``'s adapter: loaded at run time when its LoRA limits allow it,
+    else (LoRA off, or a larger rank) the supervisor restarts it with larger ones (``models/adapters.py``)
+    and this waits until it is ready again. Progress lines for create's stream.
+
+    Raises:
+        BadRequest: vLLM refused the adapter (its message); the model is not kept.
+    """
+    catalog = request.app[CATALOG]
+    base = await catalog.resolve(made.base)
+    backend = catalog.backend_of(base)
+    board = backend.board
+    lora_name, path = next(iter(made.adapters.items()))
+    others = [m for m in catalog.created_models() if m.name.casefold() != made.name.casefold()]
+    before = await asyncio.to_thread(lora_plan, others, made.base)
+    after = await asyncio.to_thread(lora_plan, [*others, made], made.base)
+    if board is not None and not board.ready:
+        return [{"status": "the adapter loads with the base model"}]  # its next start has it (--lora-modules)
+    if board is None or before.covers(after):
+        try:
+            body = orjson.dumps({"lora_name": lora_name, "lora_path": path})
+            async with backend.upstream.request("POST", "/v1/load_lora_adapter", body=body) as resp:
+                await read_response(resp)  # vLLM answers in plain text
+        except UpstreamRejected as e:
+            if "already been loaded" not in e.message:
+                await asyncio.to_thread(catalog.created_store.remove, made.name)
+                raise BadRequest(f"vLLM did not load the adapter: {e.message}") from None
+        return [{"status": "loaded the adapter into the running model"}]
+    # the supervisor sees the larger limits at its next check and restarts vLLM with them
+    deadline = time.monotonic() + 3 * request.app[SETTINGS].health_interval + 30
+    while board.ready and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    async with model_in_use(request, backend, None):
+        pass
+    return [{"status": f"restarted the base model with LoRA (max rank {after.max_rank}, {after.max_loras} adapters per batch)"}]
 
 
 def _same(a: str, b: str) -> bool:

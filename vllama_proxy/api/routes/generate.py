@@ -11,7 +11,7 @@ from .common import load_reply, log_ignored, model_in_use, now_ns, read_request,
 from ..ollama_types import GenerateRequest
 from ..state import CATALOG
 from ..stream import GenerateTranslator, Timings, relay
-from ..translate import check_capabilities, fim_body, generate_body, with_model_defaults
+from ..translate import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
@@ -46,7 +46,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not req.prompt and not req.images and not req.suffix:
         return await load_reply(request, name, backend, req.keep_alive, chat=False)
     catalog = request.app[CATALOG]
-    req, before = with_model_defaults(req, catalog.created(name))
+    made = catalog.created(name)
+    req, before = with_model_defaults(req, made)
+    served = upstream_model(made, model.name)
     caps = await catalog.capabilities(model)
     if req.suffix:
         fmt = await catalog.fim(model)
@@ -54,10 +56,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
             raise UnsupportedCapability(name, "insert")
         check_capabilities(name, caps)
         path = "/v1/completions"
-        body, ignored = fim_body(req, model.name, fmt)
+        body, ignored = fim_body(req, served, fmt)
     else:
         check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
-        path, body, ignored = generate_body(req, model.name, before)
+        path, body, ignored = generate_body(req, served, before)
     log_ignored(ignored)
     stream = req.stream is not False
     translator = GenerateTranslator(name, timings, aggregate=not stream)

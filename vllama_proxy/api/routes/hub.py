@@ -79,8 +79,8 @@ async def delete(request: web.Request) -> web.Response:
     catalog = request.app[CATALOG]
     try:  # a model made with /api/create: its name and layers go, its base stays
         if await asyncio.to_thread(catalog.created_store.remove, name):
-            uploaded = uploaded_dir(request.app[SETTINGS].state_dir / "models", strip_latest(name))
-            await asyncio.to_thread(shutil.rmtree, uploaded, True)  # weights uploaded for it, if any (the blobs stay)
+            for kind in ("models", "adapters"):  # weights or an adapter uploaded for it, if any (the blobs stay)
+                await asyncio.to_thread(shutil.rmtree, uploaded_dir(request.app[SETTINGS].state_dir / kind, strip_latest(name)), True)
             return web.Response(status=200)
     except OSError as e:
         raise VllamaError(f"cannot remove the model from {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
