@@ -11,11 +11,16 @@ model's system prompt is seen in what vLLM counted and answered.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import httpx
 import ollama
 import pytest
-from .conftest import BASE_ARGS, RealVllama
+from .conftest import BASE_ARGS, ROOT, RealVllama
+
+EXAMPLES = ROOT / "tests" / "fixtures" / "ollama-python-examples"
 
 CODER = "tiny-coder"
 PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
@@ -28,6 +33,7 @@ def server(tiny_fim_model, start_real) -> RealVllama:
 [[models]]
 model = "{tiny_fim_model}"
 name = "{CODER}"
+aliases = ["gemma3", "codellama:7b-code"]   # the names ollama-python's examples use
 vllm_args = {json.dumps(BASE_ARGS)}
 """
     v = start_real("fim", config=cfg)
@@ -87,3 +93,15 @@ def test_create_from_a_served_model_and_chat_through_it(server):
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="mario", messages=hi)
     assert e.value.status_code == 404
+
+
+@pytest.mark.parametrize("example", ["create.py", "fill-in-middle.py"])
+def test_ollama_python_examples_run_unchanged(server, example):
+    run = subprocess.run([sys.executable, str(EXAMPLES / example)], env={**os.environ, "OLLAMA_HOST": server.url},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if example == "create.py":
+        assert run.stdout.strip() == "success"
+        client = ollama.Client(host=server.url, timeout=120)
+        assert client.show("my-assistant").details.parent_model == "gemma3"
+        client.delete("my-assistant")
