@@ -13,6 +13,8 @@ requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
 served name (``shared/ollama-api.md``). A library name (``qwen2.5:7b``, ``models/library.py``)
 that is not a served name resolves to the model served from its repo (``--model
 Qwen/Qwen2.5-7B-Instruct``); an unknown one is a 404 that names the closest known names.
+The order in which every kind of name is tried is ``models/names.py``'s, which owns it; the
+catalog feeds it the served models and asks the on-demand slots last.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .config import has_flag, vllm_arg
 from .fim import FimFormat, fim_format
 from .library import Library, load as load_library, looks_like_library_name
 from .model_files import ModelFiles, read_model_files
+from .names import LATEST, Names, ollama_name, strip_latest  # noqa: F401 - re-exported: the catalog's callers use them
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import AliasStore
@@ -38,20 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .on_demand import OnDemand
 
 log = get_logger("vllama.catalog")
-
-LATEST = ":latest"
-
-
-def strip_latest(name: str) -> str:
-    """``X:latest`` -> ``X``; other tags are kept (``qwen2.5:1.5b`` stays)."""
-    return name[: -len(LATEST)] if name.endswith(LATEST) else name
-
-
-def ollama_name(name: str) -> str:
-    """The ``X:latest`` form Ollama lists (a name that has a tag keeps it)."""
-    tail = name.rsplit("/", 1)[-1]
-    return name if ":" in tail else name + LATEST
-
 
 def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
     """Ollama capabilities from how vLLM was started and what the model is.
@@ -111,8 +100,8 @@ class Catalog:
         self._created = created
         self._backends = list(backends)
         self._library = library
-        self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
-        self._folded = {k.casefold(): v for k, v in self._aliases.items()}  # lookups ignore case, as Ollama's
+        #: every name but the on-demand ones resolves there (models/names.py)
+        self.names = Names(aliases, store=store, created=created, library=library)
         self._store = store
         self._args = {k: tuple(v) for k, v in (vllm_args or {}).items()}
         self._ttl = ttl
@@ -159,7 +148,7 @@ class Catalog:
 
     def created(self, name: str) -> CreatedModel | None:
         """The model made with ``/api/create`` that ``name`` names, else ``None``."""
-        return self._created.lookup(name) if self._created is not None else None
+        return self.names.created(name)
 
     def created_models(self) -> list[CreatedModel]:
         """Every model made with ``/api/create``."""
@@ -232,9 +221,7 @@ class Catalog:
 
     def aliases(self) -> dict[str, str]:
         """Every alias -> served name: configured ones, then those made with ``/api/copy``."""
-        if self._store is None:
-            return self._aliases
-        return {**{strip_latest(k): v for k, v in self._store.current().items()}, **self._aliases}
+        return self.names.aliases()
 
     @property
     def store(self) -> AliasStore:
@@ -249,7 +236,7 @@ class Catalog:
 
     def is_configured_alias(self, name: str) -> bool:
         """Whether ``name`` is an alias from the settings (``/api/copy`` does not replace those)."""
-        return strip_latest(name).casefold() in self._folded
+        return self.names.is_configured_alias(name)
 
     def names_for(self, model: ServedModel) -> list[str]:
         """Every Ollama name of ``model``: ``<served>:latest`` first, then its aliases."""
@@ -282,32 +269,7 @@ class Catalog:
 
     # -- internals -------------------------------------------------------------
     def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
-        key = strip_latest(name)
-        m = models.get(key)
-        if m is None:
-            target = self._folded.get(key.casefold())
-            if target is None and self._store is not None:
-                target = self._store.lookup(key)
-            if target is not None:
-                m = models.get(target)
-        if m is None:
-            folded = key.casefold()
-            m = next((v for k, v in models.items() if k.casefold() == folded), None)
-        if m is None and self._library is not None:
-            m = self._by_library_name(models, name)
-        return m
-
-    def _by_library_name(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
-        """The served model loaded from the repo a library name maps to (``qwen2.5:7b`` ->
-        the model served from ``Qwen/Qwen2.5-7B-Instruct``, whatever its served name)."""
-        assert self._library is not None
-        if name.strip() not in self._library:
-            return None
-        try:
-            repo = self._library.resolve(name).repo.casefold()
-        except ModelNotFound:
-            return None
-        return next((m for m in models.values() if m.root.casefold() == repo), None)
+        return self.names.lookup(models, name)
 
     async def _current(self) -> dict[str, ServedModel]:
         if self._models is None:
