@@ -21,10 +21,11 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamRejected, VllamaError
+from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, UpstreamRejected, VllamaError
 from vllama_proxy.models.adapters import check_adapter, lora_plan
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.blobs import parse_digest
+from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import read_response
 from vllama_proxy.models.created import CreatedModel, parse_modelfile
 from vllama_proxy.models.local import NAME_FILE, uploaded_dir
@@ -239,25 +240,44 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
     others = [m for m in catalog.created_models() if m.name.casefold() != made.name.casefold()]
     before = await asyncio.to_thread(lora_plan, others, made.base)
     after = await asyncio.to_thread(lora_plan, [*others, made], made.base)
-    if board is not None and not board.ready:
+    if board is not None and board.state is State.UNLOADED:
         return [{"status": "the adapter loads with the base model"}]  # its next start has it (--lora-modules)
     if board is None or before.covers(after):
-        try:
-            body = orjson.dumps({"lora_name": lora_name, "lora_path": path})
-            async with backend.upstream.request("POST", "/v1/load_lora_adapter", body=body) as resp:
-                await read_response(resp)  # vLLM answers in plain text
-        except UpstreamRejected as e:
-            if "already been loaded" not in e.message:
-                await asyncio.to_thread(catalog.created_store.remove, made.name)
-                raise BadRequest(f"vLLM did not load the adapter: {e.message}") from None
+        async with model_in_use(request, backend, None):  # awake (or started) while it loads
+            try:
+                body = orjson.dumps({"lora_name": lora_name, "lora_path": path})
+                async with backend.upstream.request("POST", "/v1/load_lora_adapter", body=body) as resp:
+                    await read_response(resp)  # vLLM answers in plain text
+            except UpstreamRejected as e:
+                if "already been loaded" not in e.message:
+                    await asyncio.to_thread(catalog.created_store.remove, made.name)
+                    raise BadRequest(f"vLLM did not load the adapter: {e.message}") from None
         return [{"status": "loaded the adapter into the running model"}]
-    # the supervisor sees the larger limits at its next check and restarts vLLM with them
+    # a limit must grow: the supervisor restarts the (awake, idle) vLLM at its next check
+    async with model_in_use(request, backend, None):
+        pass
     deadline = time.monotonic() + 3 * request.app[SETTINGS].health_interval + 30
     while board.ready and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     async with model_in_use(request, backend, None):
         pass
     return [{"status": f"restarted the base model with LoRA (max rank {after.max_rank}, {after.max_loras} adapters per batch)"}]
+
+
+async def unload_adapter(request: web.Request, made: CreatedModel) -> None:
+    """Best effort: the base's running vLLM forgets ``made``'s adapter (``/v1/unload_lora_adapter``);
+    a vLLM that is not running, or refuses, is left as it is (its next start no longer has it)."""
+    catalog = request.app[CATALOG]
+    try:
+        base = await catalog.resolve(made.base)
+        backend = catalog.backend_of(base)
+        if backend.board is not None and not backend.board.ready:
+            return
+        body = orjson.dumps({"lora_name": next(iter(made.adapters))})
+        async with backend.upstream.request("POST", "/v1/unload_lora_adapter", body=body) as resp:
+            await read_response(resp)
+    except (UpstreamError, ModelNotFound):
+        pass
 
 
 def _same(a: str, b: str) -> bool:
