@@ -79,3 +79,20 @@ def test_limits_grow_only_when_they_must(lora, tmp_path):
     (big / "adapter_config.json").write_text(json.dumps({**cfg, "r": 64}))
     grown = lora_plan([made("a", lora), made("d", big)], "tool")
     assert grown.max_rank == 64 and not one.covers(grown)  # a larger rank: a restart
+
+
+def test_create_with_an_adapter_of_another_base_is_a_400(client):
+    """Through the real ollama client: the shipped adapter (hidden size 384) on the stand-in's model (64)."""
+    import ollama
+
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.create(model="mango", from_="fake-model", adapters=files)
+    assert e.value.status_code == 400 and e.value.error.startswith("base mismatch: the adapter's base_model.model.model.layers.")
+    with pytest.raises(ollama.ResponseError) as e:
+        client.create(model="mango", from_="fake-model", adapters={"adapter_config.json": files["adapter_config.json"]})
+    assert e.value.status_code == 400 and "no adapter_model.safetensors" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.create(model="mango", from_="fake-model", adapters=files, files=files)
+    assert e.value.status_code == 400
+    assert "mango:latest" not in {m.model for m in client.list().models}
