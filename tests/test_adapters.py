@@ -14,6 +14,7 @@ import struct
 import pytest
 
 from conftest import ROOT
+from test_pull import fake_hf, hf_home, hub_proxy  # noqa: F401 - the fake Hub fixtures
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models.adapters import LoraPlan, check_adapter, lora_plan
 from vllama_proxy.models.created import CreatedModel
@@ -96,3 +97,23 @@ def test_create_with_an_adapter_of_another_base_is_a_400(client):
         client.create(model="mango", from_="fake-model", adapters=files, files=files)
     assert e.value.status_code == 400
     assert "mango:latest" not in {m.model for m in client.list().models}
+
+
+def test_adapter_sources_a_local_directory_and_a_hugging_face_repo(proxy, hub_proxy):
+    """ADAPTER in a Modelfile: a PEFT directory on the server (read and checked: the shipped one does
+    not fit the stand-in's model), a repo id fetched through huggingface_hub (the fake Hub: a model
+    repo is no adapter, a gated one cannot be fetched)."""
+    import httpx
+
+    def create(url, adapter):
+        body = {"model": "ad", "modelfile": f"FROM fake-model\nADAPTER {adapter}\n", "stream": False}
+        return httpx.post(url + "/api/create", json=body, timeout=60)
+
+    r = create(proxy.url, LORA)
+    assert r.status_code == 400 and r.json()["error"].startswith("base mismatch"), r.text
+    r = create(proxy.url, "/no/such/adapter")
+    assert r.status_code == 400 and "no such directory" in r.json()["error"]
+    r = create(hub_proxy.url, "acme/tiny-notlora")
+    assert r.status_code == 400 and "no readable adapter_config.json" in r.json()["error"], r.text
+    r = create(hub_proxy.url, "acme/gated-model")
+    assert r.status_code == 400 and "cannot fetch it from Hugging Face" in r.json()["error"], r.text

@@ -20,6 +20,8 @@ by ``huggingface_hub``'s own ``scan_cache_dir``, as ``hub.py`` reads it for ``/a
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,9 +97,6 @@ NAME_FILE = ".vllama-name"
 
 def uploaded_dir(root: Path, name: str) -> Path:
     """The directory under ``root`` that holds the files uploaded for model ``name``."""
-    import hashlib
-    import re
-
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
     return root / f"{safe}-{hashlib.sha256(name.casefold().encode()).hexdigest()[:8]}"
 
