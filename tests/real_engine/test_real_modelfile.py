@@ -87,6 +87,11 @@ def test_create_from_a_served_model_and_chat_through_it(server):
     assert made.eval_count <= 8  # PARAMETER num_predict reached vLLM as max_tokens
     # one vLLM serves both: the created model is listed loaded with its base, no process of its own
     assert {"mario:latest", f"{CODER}:latest"} <= {m.model for m in client.ps().models}
+    # a copy is a created model too: the same system prompt reaches vLLM
+    client.copy("mario", "mario-copy")
+    copied = client.chat(model="mario-copy", messages=hi, stream=False)
+    assert (copied.prompt_eval_count, copied.message.content) == (made.prompt_eval_count, made.message.content)
+    client.delete("mario-copy")
     modelfile = client.show("mario").modelfile
     assert f"FROM {CODER}" in modelfile and f'SYSTEM "{MARIO}"' in modelfile and "PARAMETER temperature 0" in modelfile
     client.delete("mario")
