@@ -286,11 +286,13 @@ _LINE_HANDLERS = {"ollama": _ollama_line, "ollama-chat": _ollama_chat_line}
 
 
 async def one_request(
-    session: aiohttp.ClientSession, target: Target, wl: Workload, url: str, body: bytes, headers: dict[str, str]
+    session: aiohttp.ClientSession, target: Target, wl: Workload, url: str, body: bytes, headers: dict[str, str],
+    handle: Callable[[_StreamState, bytes, float], bool] | None = None,
 ) -> RequestResult:
-    """Send one streamed request and measure it; never raises (errors are in the result)."""
+    """Send one streamed request and measure it; never raises (errors are in the result).
+    ``handle``: another line handler than the protocol's (one that also keeps the text)."""
     res = RequestResult()
-    handle = _LINE_HANDLERS.get(target.protocol, _openai_line)
+    handle = handle or _LINE_HANDLERS.get(target.protocol, _openai_line)
     clock = time.perf_counter
     t0 = res.start = clock()
     st = _StreamState(res, t0)
@@ -458,6 +460,158 @@ async def run_level(
     reqs = [request_for(target, wl, prompts()) for _ in range(n_requests)]  # before the clock
     results, t0, t1, cpu = await run_requests(session, target, wl, reqs, concurrency)
     return Run(target, concurrency, results, t1 - t0, cpu, round_)
+
+
+# --------------------------------------------------------------------------- multi-turn conversations
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """Multi-turn chats with shared system prompts, as Ollama clients hold them (``--conversations G,S,T``).
+
+    ``groups`` groups of ``sessions`` sessions each; every session of a group starts with the group's
+    system prompt (``system_words`` random words: the prefix a group shares), then ``turns`` user
+    turns of ``turn_words`` words, each answered with ``output_tokens`` tokens; every turn resends the
+    whole history (system, earlier user turns and the assistant's actual replies) to ``/api/chat``,
+    so turn k's prompt begins with turn k-1's. Sessions run ``concurrency`` at a time, each its
+    turns one after the other; the first turns of all sessions are interleaved across groups.
+    """
+
+    groups: int
+    sessions: int
+    turns: int
+    system_words: int = 1000
+    turn_words: int = 64
+
+    @classmethod
+    def parse(cls, spec: str, system_words: int, turn_words: int) -> Conversations:
+        g, s, t = (int(x) for x in spec.split(","))
+        if min(g, s, t) < 1:
+            raise ValueError(f"bad --conversations {spec!r}: want G,S,T, each >= 1")
+        return cls(g, s, t, system_words, turn_words)
+
+
+async def chat_turn(session: aiohttp.ClientSession, target: Target, wl: Workload, messages: list[dict[str, str]],
+                    headers: dict[str, str] | None = None) -> tuple[RequestResult, str]:
+    """One streamed ``/api/chat`` turn: its measurement and the assistant's text (for the next turn)."""
+    body = {"model": target.model or wl.model, "messages": messages, "stream": True,
+            "options": {"num_predict": wl.output_tokens, "ignore_eos": True, "temperature": wl.temperature}}
+    parts: list[str] = []
+
+    def handle(st: _StreamState, line: bytes, now: float) -> bool:
+        line = line.strip()
+        if line:
+            content = (orjson.loads(line).get("message") or {}).get("content")
+            if content:
+                parts.append(content)
+        return _ollama_chat_line(st, line, now)
+
+    res = await one_request(session, target, wl, target.base + "/api/chat", orjson.dumps(body),
+                            {"Content-Type": "application/json", **(headers or {})}, handle=handle)
+    return res, "".join(parts)
+
+
+async def run_conversations(session: aiohttp.ClientSession, target: Target, wl: Workload, conv: Conversations,
+                            concurrency: int, seed: int = 0) -> Run:
+    """Every session of ``conv`` against ``target`` (``ollama-chat``), ``concurrency`` sessions at a time.
+
+    The run's ``extra`` has ``timeline``: per turn ``[start_s, e2e_s, ok, turn, group]`` relative to
+    ``t0_unix`` (the wall clock at the run's start), for failover analysis.
+    """
+    rng = random.Random(seed)
+    systems = [" ".join(rng.choices(VOCAB, k=conv.system_words)) for _ in range(conv.groups)]
+    order = [(g, s) for s in range(conv.sessions) for g in range(conv.groups)]  # groups interleaved
+    users = {key: [" ".join(rng.choices(VOCAB, k=conv.turn_words)) for _ in range(conv.turns)] for key in order}
+    results: list[RequestResult] = []
+    timeline: list[list[Any]] = []
+    nxt = 0
+    t0 = time.perf_counter()
+
+    async def one_session(g: int, s: int) -> None:
+        messages = [{"role": "system", "content": systems[g]}]
+        for turn, text in enumerate(users[(g, s)]):
+            messages.append({"role": "user", "content": text})
+            res, reply = await chat_turn(session, target, wl, messages)
+            results.append(res)
+            timeline.append([round(res.start - t0, 4), round(res.e2e, 4), res.ok, turn, g])
+            if not res.ok:
+                return  # a client whose turn failed starts over elsewhere; this session ends
+            messages.append({"role": "assistant", "content": reply})
+
+    async def worker() -> None:
+        nonlocal nxt
+        while nxt < len(order):
+            key = order[nxt]
+            nxt += 1
+            await one_session(*key)
+
+    t0_unix = time.time()
+    cpu0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(order))))))
+    wall = time.perf_counter() - t0
+    run = Run(target, concurrency, results, wall, _cpu_seconds() - cpu0)
+    run.extra = {"t0_unix": round(t0_unix, 3), "timeline": sorted(timeline)}
+    return run
+
+
+async def engine_counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """One vLLM's prefix-cache ``queries``/``hits`` (tokens) and finished ``requests``, from its Prometheus
+    ``/metrics`` (``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``,
+    ``vllm:request_success_total``); zeros when it cannot be read (an engine restarting)."""
+    out = {"queries": 0.0, "hits": 0.0, "requests": 0.0}
+    names = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits",
+             "vllm:request_success_total": "requests"}
+    try:
+        async with session.get(url) as resp:
+            text = (await resp.read()).decode()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return out
+    for line in text.splitlines():
+        name, _, rest = line.partition("{") if "{" in line.split(" ")[0] else line.partition(" ")
+        key = names.get(name)
+        if key:
+            try:
+                out[key] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
+def cluster_cache(before: list[dict[str, float]], after: list[dict[str, float]], urls: list[str]) -> dict[str, Any]:
+    """Cluster prefix-cache hit rate: the sum of every engine's hit tokens over the sum of their queried tokens."""
+    # an engine restarted during the run starts its counters again: what it counted since (marked)
+    per = [{"url": u, **({k: a[k] - b[k] for k in a} if a["queries"] >= b["queries"] else {**a, "restarted": True})}
+           for u, b, a in zip(urls, before, after)]
+    q, h = sum(e["queries"] for e in per), sum(e["hits"] for e in per)
+    return {"cluster_hit_rate": round(h / q, 4) if q else None, "queries": q, "hits": h, "engines": per}
+
+
+async def conversations_main(args: argparse.Namespace) -> dict[str, Any]:
+    """``--conversations``: one run per target per level; cluster prefix-cache rate from ``--engine-metrics``."""
+    conv = Conversations.parse(args.conversations, args.system_words, args.turn_words)
+    wl = Workload(args.model, args.output_tokens, args.turn_words, args.temperature, not args.no_check_tokens)
+    urls = [u for u in (args.engine_metrics or "").split(",") if u]
+    out: dict[str, Any] = {**environment(), "config": {k: v for k, v in vars(args).items() if k not in ("target_list", "level_list", "n_for")},
+                           "workload": {"groups": conv.groups, "sessions_per_group": conv.sessions, "turns": conv.turns,
+                                        "system_words": conv.system_words, "turn_words": conv.turn_words,
+                                        "output_tokens": wl.output_tokens, "model": wl.model},
+                           "runs": []}
+    async with make_session() as session:
+        for c in args.level_list:
+            for t in args.target_list:
+                before = [await engine_counters(session, u) for u in urls]
+                run = await run_conversations(session, t, wl, conv, c, args.seed)
+                after = [await engine_counters(session, u) for u in urls]
+                s = summarize([run])
+                s["timeline"] = run.extra["timeline"]
+                s["t0_unix"] = run.extra["t0_unix"]
+                if urls:
+                    s["cache"] = cluster_cache(before, after, urls)
+                log(progress(run) + (f" cluster hit rate {s['cache']['cluster_hit_rate']}" if urls else ""))
+                out["runs"].append(s)
+    out["table"] = results_table([{k: v for k, v in r.items() if k != "timeline"} for r in out["runs"]])
+    return out
 
 
 # --------------------------------------------------------------------------- several client processes
@@ -814,6 +968,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="record every process's CPU during each run by kind (vLLM API servers, engine core, "
                         "vllama, client, other; needs psutil)")
     p.add_argument("--json", default=None, metavar="PATH", help="write all results there")
+    p.add_argument("--conversations", default=None, metavar="G,S,T",
+                   help="instead of single prompts: G groups of S multi-turn sessions of T turns (ollama-chat targets; "
+                        "each group shares one system prompt, the history is resent each turn); --levels is sessions in flight")
+    p.add_argument("--system-words", type=int, default=1000, help="--conversations: random words of each group's system prompt")
+    p.add_argument("--turn-words", type=int, default=64, help="--conversations: random words of each user turn")
+    p.add_argument("--engine-metrics", default=None, metavar="URL,URL",
+                   help="--conversations: each engine's vLLM /metrics, read before and after each run for the "
+                        "cluster prefix-cache hit rate (sum of hits / sum of queries)")
     args = p.parse_args(argv)
     try:
         args.target_list = [Target.parse(s) for s in args.targets.split(",") if s.strip()]
@@ -944,6 +1106,14 @@ def main(argv: list[str] | None = None) -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft < need:
         log(f"warning: RLIMIT_NOFILE soft limit {soft} < {need} sockets this run may need (--raise-nofile)")
+    if args.conversations:
+        out = run_loop(conversations_main(args), not args.no_uvloop)
+        print(out["table"])
+        if args.json:
+            with open(args.json, "wb") as f:
+                f.write(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+            log(f"wrote {args.json}")
+        return 0  # errors are data here (the failover run counts them)
     out = run_loop(main_async(args), not args.no_uvloop)
     text = report(out)
     print(text)

@@ -36,15 +36,20 @@ def table() -> str:
 
 def main() -> None:
     """Print the table; with ``--update docs/configuration.md`` replace the table in that file."""
-    if sys.argv[1:2] == ["--update"]:
-        path = Path(sys.argv[2])
+    args = sys.argv[1:]
+    if args in (["-h"], ["--help"]):
+        print(__doc__.strip())
+    elif len(args) == 2 and args[0] == "--update":
+        path = Path(args[1])
         text = path.read_text()
         start = text.index("| flag | environment |")
         end = text.index("\n\n", start)
         path.write_text(text[:start] + table() + text[end:])
-    else:
+    elif not args:
         print(table())
-
+    else:
+        print(__doc__.strip(), file=sys.stderr)
+        raise SystemExit(2)
 
 if __name__ == "__main__":
     main()

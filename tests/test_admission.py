@@ -150,3 +150,17 @@ def test_bound_is_shared_by_every_worker(fake):
         assert retry == {"5"}
     finally:
         stop(p.proc)
+
+
+def test_fair_shares_and_a_dead_workers_requests_leave_their_keys_counts_too():
+    from vllama_proxy.api.admission import FULL, KEY_LIMIT, OVER_SHARE, AdmissionBound
+    bound = AdmissionBound(8, slots=2)  # 7 of 8 places for a key alone, 1 kept for a newcomer
+    assert [bound.enter(1, 7, fair=True) for _ in range(8)] == [0, 1, 2, 3, 4, 5, 6, OVER_SHARE]  # worker 1, key 7
+    assert bound.enter(0, 9, fair=True) == 0  # a newcomer finds room
+    assert bound.enter(0, 9, fair=True) == FULL
+    bound.reset_slot(1)  # worker 1 died with key 7's seven requests
+    assert bound.in_flight == 1 and bound.key_in_flight(7) == 0 and bound.enter(0, 7, fair=True) == 0
+    assert bound.enter(0, 7, key_max=1) == KEY_LIMIT
+    bound.leave_key(0, 7)
+    bound.leave_key(0, 9)
+    assert bound.in_flight == 0 and [bound.enter(0, 9, fair=True) for _ in range(7)] == list(range(7))  # key 9 alone again: 7

@@ -7,10 +7,13 @@ interruption tests run the batch itself as a separate process and kill it.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -19,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ALIAS, ROOT, SERVED, get_json, start_fake, start_proxy, stop
+from vllama_proxy.client import batch
 from vllama_proxy.client.batch import BatchError, main, run_batch, scan_output, server_url
 
 EIGHT = "".join(f"tok{i} " for i in range(8))
@@ -308,3 +312,97 @@ def test_server_url_rejects():
         server_url("ftp://x")
     with pytest.raises(BatchError):
         server_url("host:99999")
+
+
+# --------------------------------------------------------------------------- concurrency and progress (issue 28)
+
+
+class Tty(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def peak_in_flight(fake_url: str, done: threading.Event) -> list[int]:
+    """Sample the fake's requests in flight every 10 ms until ``done``; returns the samples (in a list filled by a thread)."""
+    samples: list[int] = []
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(get_json(fake_url + "/_fake/stats")["in_flight"])
+            time.sleep(0.01)
+
+    threading.Thread(target=sample, daemon=True).start()
+    return samples
+
+
+def test_concurrency_follows_the_server(slow_stack, model_dir, tmp_path):
+    fake, _ = slow_stack
+    p = start_proxy(fake.url, "--max-running", "8")
+    try:
+        assert get_json(p.url + "/api/version")["max_running"] == 8
+        inp = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"c{i}", f"item-{i} [[tokens:20]]") for i in range(40)])
+        settle(fake.url)
+        done = threading.Event()
+        samples = peak_in_flight(fake.url, done)
+        err = io.StringIO()
+        try:
+            s = asyncio.run(run_batch(inp, tmp_path / "out.jsonl", host=p.url, progress=err))
+        finally:
+            done.set()
+        assert (s.ok, s.remaining) == (40, 0)
+        assert "concurrency 10: the server runs 8 requests at once" in err.getvalue()
+        assert max(samples) == 10, samples  # 8 running + a quarter queued, never the old default 64
+    finally:
+        stop(p.proc)
+
+
+def test_concurrency_fallback_when_the_server_does_not_say(proxy, tmp_path):
+    # --upstream without --max-running or --max-num-seqs: vllama does not know, and does not guess aloud
+    assert "max_running" not in get_json(proxy.url + "/api/version")
+    inp = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"c{i}") for i in range(3)])
+    err = io.StringIO()
+    s = asyncio.run(run_batch(inp, tmp_path / "out.jsonl", host=proxy.url, progress=err))
+    assert s.ok == 3
+    assert "concurrency 64: the server does not say" in err.getvalue()
+    # an explicit --concurrency is not overridden, and not announced
+    err = io.StringIO()
+    asyncio.run(run_batch(inp, tmp_path / "out2.jsonl", host=proxy.url, progress=err, concurrency=2))
+    assert "concurrency" not in err.getvalue()
+
+
+def test_max_running_with_max_num_seqs(fake):
+    # told after --: 16 x data parallel 2 (vLLM's arguments, as a supervised model's)
+    p = start_proxy(fake.url, vllm_args=["--max-num-seqs", "16", "--data-parallel-size", "2"])
+    try:
+        assert get_json(p.url + "/api/version")["max_running"] == 32
+    finally:
+        stop(p.proc)
+
+
+def test_progress_bar_on_a_terminal(slow_stack, tmp_path):
+    fake, proxy = slow_stack
+    inp = write_jsonl(tmp_path / "in.jsonl", ["not json"]
+                      + [chat_line(f"c{i}", f"item-{i} [[tokens:30]]") for i in range(8)])
+    err = Tty()
+    s = asyncio.run(run_batch(inp, tmp_path / "out.jsonl", host=proxy.url, progress=err, concurrency=2))
+    assert (s.ok, s.invalid) == (8, 1)
+    text = err.getvalue()
+    frames = [f for f in text.split("\r") if f.strip()]
+    assert any("/9" in f and "ok " in f and "errors 1" in f and "tok/s" in f for f in frames), frames
+    assert any(re.search(r"\[\d\d:\d\d<\d\d:\d\d", f) for f in frames), frames  # tqdm's elapsed<ETA
+    assert "vllama batch: 0/" not in text  # not the plain log lines
+
+
+def test_progress_lines_when_not_a_terminal(slow_stack, tmp_path, monkeypatch):
+    fake, proxy = slow_stack
+    monkeypatch.setattr(batch, "PLAIN_INTERVAL", 0.1)
+    inp = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"c{i}", f"item-{i} [[tokens:30]]") for i in range(6)])
+    err = io.StringIO()
+    s = asyncio.run(run_batch(inp, tmp_path / "out.jsonl", host=proxy.url, progress=err, concurrency=2))
+    assert s.ok == 6
+    lines = [ln for ln in err.getvalue().splitlines() if "/6 (" in ln]
+    assert lines and all(re.fullmatch(r"vllama batch: \d/6 \(.*\)  ok \d  errors 0  .* req/s  \d+ tok/s  ETA \S+", ln)
+                         for ln in lines), err.getvalue()
+    assert "\r" not in err.getvalue() and "\x1b" not in err.getvalue()

@@ -11,6 +11,7 @@ import sys
 import termios
 import time
 
+import httpx
 import pytest
 
 from vllama_proxy.client import commands as client_cli
@@ -87,8 +88,8 @@ def test_pull(proxy):
     assert r.returncode == 1
     assert r.stderr.startswith("Error: model 'lama3:8b' not found: it is not a name in vllama's library") and r.stderr.count("\n") == 1
     assert "llama3" in r.stderr and "org/name" in r.stderr
-    r = vllama(proxy, "pull", "llama3:8b")  # a library name: its repo (this proxy's Hub is offline)
-    assert r.returncode == 1 and r.stderr.startswith("Error: cannot pull 'meta-llama/Meta-Llama-3-8B-Instruct': HF_HUB_OFFLINE")
+    r = vllama(proxy, "pull", "llama3:8b")  # a library name, but this proxy (--upstream) could never start it
+    assert r.returncode == 1 and r.stderr.startswith("Error: model 'llama3:8b' is not served by the vLLM at")
 
 
 EVENTS = ({"status": "pulling manifest"},
@@ -120,6 +121,9 @@ def test_pull_progress_bar_on_a_terminal():
     last = text.replace("\r", "\n").splitlines()
     assert "pulling manifest" in last and "success" in last
     assert any(line.startswith("pulling abc: 100%") and "2.00G/2.00G" in line for line in last), last
+    # issue 26.9: the steps after the files come below their bars, not above them
+    order = [i for i, line in enumerate(last) if line.startswith("pulling abc: 100%") or line in ("verifying sha256 digest", "success")]
+    assert [last[i][:11] for i in order][-3:] == ["pulling abc", "verifying s", "success"], last
 
 
 def test_run_prompt(proxy, upstream_requests):
@@ -194,6 +198,59 @@ def test_run_waits_for_loading_model(tmp_path):
         r = subprocess.run([sys.executable, "-c", CODE, "run", "tiny", "hi [[tokens:2]]"], input="",
                            capture_output=True, text=True, env=env_for(url), cwd=ROOT, timeout=20)
         assert (r.returncode, r.stdout) == (0, "tok0 tok1 \n"), r.stderr
+    finally:
+        stop(proc)
+
+
+def test_run_fails_at_once_when_the_model_failed_to_load(tmp_path):
+    """Issue 26.2: ``vllama run`` spun for 9 min 58 s on a model the server already knew had failed
+    (every 503 was retried). A 503 without ``Retry-After`` is final; a loading one carries it."""
+    (tmp_path / "tiny").mkdir()
+    port = free_port()
+    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_FAIL_AT_START": "CUDA out of memory",
+           "VLLAMA_LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
+                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--crash-loop-limit", "1", "--stop-grace", "2"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/livez", proc)
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/readyz").json()["state"] != "failed":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", CODE, "run", "tiny", "hi"], input="",
+                           capture_output=True, text=True, env=env_for(url), cwd=ROOT, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith("Error: model 'tiny' failed to load: vLLM exited with code 1 during startup"), r.stderr
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop(proc)
+
+
+def test_loading_503_carries_retry_after_and_a_failed_one_does_not(tmp_path):
+    """The signal ``vllama run`` (and any HTTP client) reads: Retry-After on 503 "loading" only."""
+    (tmp_path / "tiny").mkdir()
+    port = free_port()
+    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_START_DELAY": "3", "FAKE_VLLM_FAIL_AT_START": "boom",
+           "VLLAMA_LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
+                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--crash-loop-limit", "1", "--stop-grace", "2"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/livez", proc)
+        loading = httpx.post(url + "/api/generate", json={"model": "tiny", "prompt": ""})
+        assert loading.status_code == 503 and "is loading" in loading.json()["error"]
+        assert loading.headers["Retry-After"] == "1"
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/readyz").json()["state"] != "failed":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        failed = httpx.post(url + "/api/generate", json={"model": "tiny", "prompt": ""})
+        assert failed.status_code == 503 and "failed to load" in failed.json()["error"]
+        assert "Retry-After" not in failed.headers
     finally:
         stop(proc)
 
@@ -336,3 +393,153 @@ def test_interactive_ctrl_c_clear_and_ctrl_d(terminal, fake, upstream_requests):
     slow, after, fresh = upstream_requests("/v1/chat/completions")
     assert [m["content"] for m in after["body"]["messages"]] == ["after [[tokens:1]]"]  # the interrupted one left
     assert [m["content"] for m in fresh["body"]["messages"]] == ["fresh [[tokens:1]]"]
+
+
+def test_run_shows_what_the_server_says_while_the_model_loads(tmp_path):
+    """Issue 28.3: a spinner with the server's state and the time so far, as ``ollama run`` shows one
+    while it loads (before: a silent wait)."""
+    from types import SimpleNamespace
+
+    (tmp_path / "tiny").mkdir()
+    port = free_port()
+    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_START_DELAY": "4", "VLLAMA_LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
+                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--stop-grace", "2"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/livez", proc)
+        t = Terminal(SimpleNamespace(url=url), "tiny", "hi [[tokens:2]]")
+        t.expect("loading tiny (0s)")
+        t.expect("loading tiny: vLLM starting (")  # the server's state, read from /readyz
+        t.expect("tok0 tok1", timeout=20)
+        assert t.close() == 0
+    finally:
+        stop(proc)
+
+
+def test_interactive_slash_commands_are_ollamas(terminal, upstream_requests):
+    """Issue 26.5: ``/set parameter temperature 0.2``, ``/set system ...``, ``/show info`` and ``/set foo``
+    went to the model as chat messages. Now they do what ``ollama run`` does, in its words."""
+    t = terminal(ALIAS)
+    t.expect(">>> ")
+    t.send("/?\n")
+    t.expect("  /set            Set session variables")
+    t.expect("  /? shortcuts    Help for keyboard shortcuts")
+    t.send("/? set\n")
+    t.expect("  /set parameter ...     Set a parameter")
+    t.send("/set parameter temperature 0.2\n")
+    t.expect("Set parameter 'temperature' to '0.2'")
+    t.send("/set parameter stop END STOP\n")
+    t.expect("Set parameter 'stop' to 'END, STOP'")
+    t.send("/set parameter wobble 3\n")
+    t.expect('''Couldn't set parameter: "unknown parameter 'wobble'"''')
+    t.send("/set parameter seed x\n")
+    t.expect('''Couldn't set parameter: "invalid int value [x]"''')
+    t.send("/set parameter\n")
+    t.expect("Available Parameters:")
+    t.send("/set system You are terse.\n")
+    t.expect("Set system message.")
+    t.send("/show system\n")
+    t.expect("You are terse.")
+    t.send("/show parameters\n")
+    t.expect("Model defined parameters:")
+    t.expect("User defined parameters:")
+    t.expect("  temperature                    0.2")
+    t.expect("  stop                           [END STOP]")
+    t.send("/show info\n")
+    t.expect("  Model")
+    t.expect("architecture")
+    t.send("/show template\n")
+    t.expect("<|im_start|>")
+    t.send("/show nonsense\n")
+    t.expect("Unknown command '/show nonsense'. Type /? for help")
+    t.send("/set foo\n")
+    t.expect("Unknown command '/set foo'. Type /? for help")
+    t.send("/foo bar baz\n")
+    t.expect("Unknown command '/foo'. Type /? for help")
+    t.send("/load\n")
+    t.expect("Usage:\r\n  /load <modelname>")
+    t.send("/set format json\n")
+    t.expect("Set format to 'json' mode.")
+    t.send("/set noformat\n")
+    t.expect("Disabled format.")
+    t.expect(">>> ")
+    t.send("question [[tokens:2]]\n")
+    assert "tok0 tok1" in t.expect(">>> ")
+    t.send('/set system """Two\n')
+    t.expect("... ")
+    t.send('lines."""\n')
+    t.expect("Set system message.")
+    t.send("/clear\n")
+    t.expect("Cleared session context")
+    t.expect(">>> ")
+    t.send("again [[tokens:1]]\n")
+    assert "tok0" in t.expect(">>> ")
+    t.send("/bye\n")
+    assert t.close() == 0
+    first, second = upstream_requests("/v1/chat/completions")  # no slash command reached the model
+    assert first["body"]["temperature"] == 0.2 and first["body"]["stop"] == ["END", "STOP"]
+    assert "response_format" not in first["body"]
+    assert first["body"]["messages"] == [{"role": "system", "content": "You are terse."},
+                                         {"role": "user", "content": "question [[tokens:2]]"}]
+    # /clear keeps the system message (the latest one), as Ollama's does
+    assert second["body"]["messages"] == [{"role": "system", "content": "Two\nlines."},
+                                          {"role": "user", "content": "again [[tokens:1]]"}]
+
+
+def test_repl_parameters_are_typed_as_ollamas():
+    from vllama_proxy.client import repl
+
+    assert repl.parse_parameter("temperature", ["0.5"]) == 0.5
+    assert repl.parse_parameter("num_ctx", ["4096"]) == 4096
+    assert repl.parse_parameter("stop", ["a", "b"]) == ["a", "b"]
+    assert repl.parse_parameter("penalize_newline", ["true"]) is True
+    with pytest.raises(ValueError, match=r"invalid float value \[hot\]"):
+        repl.parse_parameter("temperature", ["hot"])
+
+
+def test_wordwrap_breaks_between_words():
+    import io
+
+    from vllama_proxy.client import repl
+
+    out = io.StringIO()
+    w = repl.WordWrap(out, 12)
+    for piece in ("The quick br", "own fox jumps over", " the lazy dog\nend"):
+        w.write(piece)
+    w.close()
+    assert out.getvalue() == "The quick \nbrown fox \njumps over \nthe lazy dog\nend"
+
+
+def test_version_as_ollama_prints_it(proxy):
+    """Issue 26.8: ``vllama -v``/``--version`` (there was none), worded as ``ollama -v``."""
+    for flag in ("-v", "--version"):
+        r = subprocess.run([sys.executable, "-m", "vllama_proxy", flag], capture_output=True, text=True, cwd=ROOT,
+                           env=env_for(proxy.url), timeout=20)
+        assert (r.returncode, r.stdout) == (0, f"vllama version is {client_cli.__version__}\n"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "-v"], capture_output=True, text=True, cwd=ROOT,
+                       env=env_for(f"http://127.0.0.1:{free_port()}"), timeout=20)
+    assert r.stdout == f"Warning: could not connect to a running vllama instance\nWarning: client version is {client_cli.__version__}\n"
+
+
+def test_run_without_a_model_names_the_model_only_and_typos_get_a_suggestion():
+    """Issue 26.8: ``vllama run`` alone said the prompt was required (it is optional); a mistyped
+    flag printed the usage before the error, with no suggestion."""
+    r = subprocess.run([sys.executable, "-c", CODE, "run"], capture_output=True, text=True, cwd=ROOT, timeout=20)
+    assert r.returncode == 2
+    assert r.stderr == "vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)\n"
+    r = subprocess.run([sys.executable, "-c", CODE, "run", "m", "--vrebose"], capture_output=True, text=True, cwd=ROOT, timeout=20)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["vllama run: error: unrecognized arguments: --vrebose (did you mean --verbose?)",
+                                     "(`vllama run --help` lists the options)"]
+
+
+def test_stop_prints_nothing(vllama):
+    """Issue 26.9: ``vllama stop`` printed "success" (Ollama prints nothing)."""
+    v = vllama()
+    v.wait_state("ready")
+    r = subprocess.run([sys.executable, "-c", CODE, "stop", "tiny"], capture_output=True, text=True, env=env_for(v.url), cwd=ROOT,
+                       timeout=20)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    v.wait_state("unloaded")

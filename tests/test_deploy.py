@@ -201,10 +201,11 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     env_target = root / unit_value("EnvironmentFile").lstrip("-/")
     env_target.parent.mkdir(parents=True)
     shutil.copy(ENV_FILE, env_target)
-    exe = root / shlex.split(unit_value("ExecStart"))[0].lstrip("/")
-    exe.parent.mkdir(parents=True)
-    exe.write_text("#!/bin/sh\n")
-    exe.chmod(0o755)
+    for command in ("ExecStart", "ExecReload"):
+        exe = root / shlex.split(unit_value(command))[0].lstrip("/")
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
     r = subprocess.run(["systemd-analyze", "verify", f"--root={root}", "vllama.service"], capture_output=True, text=True)
     # verify exits 0 on unknown keys and unparsable values, only warning: any output is a failure
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr

@@ -159,6 +159,10 @@ def check(path: str, a: Answer) -> None:
         STATS["501"] += 1
         assert _is_ollama_error(_json(a.body, f"{path} 501 body")), f"{path}: {a!r}"
         return
+    if path == "/api/pull" and a.status == 501 and _is_ollama_error(_json(a.body, f"{path} 501 body")):
+        # with --upstream a model that vLLM does not serve is refused before any download (issue 26.6)
+        assert "cannot start models" in json.loads(a.body)["error"], a
+        return
     if path == "/api/pull" and a.status == 503 and _is_ollama_error(_json(a.body, f"{path} 503 body")):
         # a well-formed hub id (org/name) is a real pull; tests run offline (HF_HUB_OFFLINE=1)
         assert "HF_HUB_OFFLINE" in json.loads(a.body)["error"] or "Hugging Face Hub" in json.loads(a.body)["error"], a

@@ -20,6 +20,9 @@ import pytest
 
 from conftest import FAST, ROOT, TESTS, free_port, get_json, stop, wait_http, write_model_dir
 from test_pull import fake_hf, hf_env  # noqa: F401 - the fake Hub fixture
+from vllama_proxy.supervisor import gpu
+
+FAKE_MAX_MODEL_LEN = 4096  # the stand-in's default --max-model-len (tests/fake_vllm.py)
 
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
 
@@ -113,6 +116,12 @@ def test_local_models_are_listed_and_start_when_named(serve, hub):
     assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
     assert argv[argv.index("--api-server-count") + 1] == "4"  # sized as a lone configured model (8 CPUs)
     assert [m.model for m in s.client.ps().models] == ["qwen2.5:0.5b"]
+    # issue 26.9: ps said "100% GPU" and no CONTEXT for it; now vLLM's max_model_len, and on this
+    # host (no NVIDIA GPU) no GPU memory
+    (running,) = httpx.get(s.url + "/api/ps").json()["models"]
+    assert running["context_length"] == FAKE_MAX_MODEL_LEN
+    if not gpu.count():
+        assert running["size_vram"] == 0 and running["size"] > 0
     assert "tools" in s.client.show("qwen2.5:0.5b").capabilities
     assert [m["model"] for m in httpx.get(s.url + "/readyz").json()["models"]] == ["qwen2.5:0.5b"]
     # the listing does not repeat it now that it runs
@@ -206,7 +215,8 @@ def test_vllama_run_pulls_then_answers_on_a_fresh_server(serve, fake_hf, hub):  
     assert out.stdout.strip().startswith("tok0")  # then the stand-in's answer
     assert [m.model for m in s.client.list().models] == ["qwen2.5:0.5b"]
     assert [m.model for m in s.client.ps().models] == ["qwen2.5:0.5b"]
-    assert get_json(fakes_url(s) + "/_fake/requests")[-1]["body"]["model"] == "qwen2.5:0.5b"
+    generations = [r for r in get_json(fakes_url(s) + "/_fake/requests") if r.get("body")]  # ps asks /v1/models too
+    assert generations[-1]["body"]["model"] == "qwen2.5:0.5b"
 
 
 def fakes_url(s: Server) -> str:

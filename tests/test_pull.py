@@ -8,6 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from ollama import ResponseError
 
 import fake_hub
-from conftest import ALIAS, SERVED, TESTS, Server, free_port, start_proxy, stop, wait_http
+from conftest import ALIAS, ROOT, SERVED, TESTS, Server, free_port, stop, wait_http
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models import hub
 
@@ -51,9 +52,28 @@ def hf_env(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
             "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", **extra}
 
 
+def start_server(model_dir: Path, env: dict[str, str]) -> Server:
+    """``vllama serve --model fake-model`` over the stand-in vLLM: a server that launches vLLM (with
+    ``--upstream`` a pull of a model that vLLM does not serve is refused, issue 26.6); pulled models
+    are not served on demand here (``--no-on-demand``), so they download and delete as any."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(model_dir), "--alias", f"{ALIAS}={SERVED}",
+           "--no-gpu-check", "--no-on-demand", "--port", str(port), "--startup-poll-interval", "0.1", "--stop-grace", "2"]
+    env = {**os.environ, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_CPUS": "2", "FAKE_VLLM_PYTHON": sys.executable,
+           "VLLAMA_STATE_DIR": tempfile.mkdtemp(prefix="vllama-state-"), **env}
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(f"http://127.0.0.1:{port}", proc, port)
+    wait_http(server.url + "/livez", proc)
+    deadline = time.monotonic() + 30
+    while httpx.get(server.url + "/readyz").status_code != 200:
+        assert time.monotonic() < deadline and proc.poll() is None, "vllama serve did not become ready"
+        time.sleep(0.1)
+    return server
+
+
 @pytest.fixture(scope="module")
-def hub_proxy(fake, fake_hf, hf_home) -> Iterator[Server]:
-    s = start_proxy(fake.url, env=hf_env(fake_hf.url, hf_home))
+def hub_proxy(model_dir, fake_hf, hf_home) -> Iterator[Server]:
+    s = start_server(model_dir, hf_env(fake_hf.url, hf_home))
     yield s
     stop(s.proc)
 
@@ -236,9 +256,9 @@ def test_client_leaving_stops_the_download(hub_proxy, hf_home):
     assert not list(blob.parent.glob("*.incomplete"))
 
 
-def test_hub_unreachable_is_503(fake, tmp_path):
+def test_hub_unreachable_is_503(model_dir, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
-    p = start_proxy(fake.url, env=hf_env(dead, tmp_path))
+    p = start_server(model_dir, hf_env(dead, tmp_path))
     try:
         r = httpx.post(p.url + "/api/pull", json={"model": "acme/tiny-model"}, timeout=30)
         assert r.status_code == 503
@@ -247,9 +267,9 @@ def test_hub_unreachable_is_503(fake, tmp_path):
         stop(p.proc)
 
 
-def test_offline_mode_pulls_only_what_is_cached(fake, fake_hf, client, hf_home, hub_requests):
+def test_offline_mode_pulls_only_what_is_cached(model_dir, fake_hf, client, hf_home, hub_requests):
     assert client.pull("acme/tiny-offline").status == "success"
-    p = start_proxy(fake.url, env=hf_env(fake_hf.url, hf_home, HF_HUB_OFFLINE="1"))
+    p = start_server(model_dir, hf_env(fake_hf.url, hf_home, HF_HUB_OFFLINE="1"))
     try:
         offline = ollama.Client(host=p.url)
         hub_requests()

@@ -170,11 +170,14 @@ def test_unhealthy_and_hung_engines_restart(vllama, tmp_path):
     assert v.stop() == 0
 
 
-def test_missing_executable_fails_clearly(vllama):
-    v = vllama(flags=["--vllm-executable", "/nonexistent/vllm"])
-    body = v.wait_state("failed")
-    assert "cannot run '/nonexistent/vllm'" in body["last_error"]
-    assert v.stop() == 0
+def test_missing_executable_fails_clearly(tmp_path):
+    """Issue 26.1: a start that can never succeed stops vllama with one line (it used to stay up in ``failed``)."""
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path), "--no-gpu-check",
+                        "--port", str(free_port()), "--vllm-executable", "/nonexistent/vllm"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=30, env={**os.environ, "VLLAMA_CPUS": "2"})
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "vllama serve: cannot find the vLLM executable '/nonexistent/vllm' (no such executable file): install vLLM")
 
 
 def test_preflight_without_gpu(tmp_path):

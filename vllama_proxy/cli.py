@@ -22,6 +22,7 @@ from .settings import Settings, cli_source
 USAGE = """usage: vllama COMMAND [args]   (vllama serve [options] [-- vllm serve arguments])
 
 Commands:
+  -v, --version  print the version of vllama (and of the server at OLLAMA_HOST)
   serve    serve the Ollama API in front of vLLM (see `vllama serve --help`)
   batch    run an OpenAI-batch JSONL file through a running server (see `vllama batch --help`)
   list     list the models a running server serves
@@ -86,6 +87,10 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="")
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
+    if command in ("-v", "--version"):
+        from vllama_proxy.client.commands import print_version
+
+        raise SystemExit(print_version())
     if command == "batch":
         from vllama_proxy.client.batch import main as batch_main
 

@@ -17,6 +17,7 @@ boundary (``upstream.py``), never in handlers.
     └── UpstreamError                 the vLLM side failed
         ├── UpstreamRejected          vLLM's own 4xx, passed on with vLLM's status/message
         ├── UpstreamUnavailable       503  refused/reset connection, vLLM starting or gone
+        │   └── ModelLoading          503 + Retry-After  the model is loading: retrying will help
         ├── UpstreamTimeout           504  no byte from vLLM within the idle-read timeout
         └── UpstreamProtocolError     502  vLLM answered something we cannot parse
 
@@ -130,6 +131,14 @@ class UpstreamUnavailable(UpstreamError):
     status = 503
 
 
+class ModelLoading(UpstreamUnavailable):
+    """The model is loading (starting, restarting, waking): 503 with ``Retry-After``, the HTTP way
+    (RFC 9110 §10.2.3) to say that retrying helps. A 503 without it (a model that failed to load)
+    is final: ``vllama run`` stops waiting at once (issue 26.2)."""
+
+    retry_after = 1
+
+
 class SlotsFull(UpstreamUnavailable):
     """Every on-demand slot holds a model that is loaded, loading or in use (503; ``supervisor/slots.py``)."""
 
@@ -152,7 +161,10 @@ def error_body(message: str) -> bytes:
 
 
 def error_response(exc: VllamaError, headers: dict[str, str] | None = None) -> web.Response:
-    """The non-streaming answer for ``exc``: its status and ``{"error": exc.message}``."""
+    """The non-streaming answer for ``exc``: its status and ``{"error": exc.message}`` (and
+    ``Retry-After`` for :class:`ModelLoading`)."""
+    if isinstance(exc, ModelLoading):
+        headers = {"Retry-After": str(exc.retry_after), **(headers or {})}
     return web.Response(
         status=exc.status,
         body=error_body(exc.message),
@@ -164,3 +176,26 @@ def error_response(exc: VllamaError, headers: dict[str, str] | None = None) -> w
 def error_line(exc: VllamaError) -> bytes:
     """The last NDJSON line of a stream that failed after it began (status stays 200)."""
     return error_body(exc.message) + b"\n"
+
+
+class Unauthorized(VllamaError):
+    """No key, or a key this server does not know (401, ``WWW-Authenticate: Bearer``)."""
+
+    status = 401
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(VllamaError):
+    """A known key whose role may not do this (403); the message names what and which role may."""
+
+    status = 403
+
+
+class TooManyRequests(VllamaError):
+    """A key over its own limit (``max_in_flight``): 429 with ``Retry-After`` seconds."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}

@@ -15,7 +15,7 @@ import os
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
@@ -45,6 +45,18 @@ def parse_ollama_host(value: str) -> tuple[str, int]:
     host = parts.hostname or "127.0.0.1"
     port = parts.port if parts.port is not None else OLLAMA_DEFAULT_PORT
     return host, port
+
+
+def _duration(value: str) -> str:
+    """``value`` if it is an Ollama keep_alive (seconds or a Go duration), else ValueError saying so."""
+    from vllama_proxy.errors import BadRequest
+    from vllama_proxy.models.keep_alive import parse_keep_alive
+
+    try:
+        parse_keep_alive(value, default=300.0)
+    except BadRequest:
+        raise ValueError(f"{value!r} is not a duration (seconds, or like 5m, 1h30m, -1 for forever)") from None
+    return value
 
 
 #: The config file being read (set by :meth:`Settings.load` around construction).
@@ -174,7 +186,11 @@ class Settings(BaseSettings):
         description="API key clients must send as `Authorization: Bearer` on /api/*, /v1/* and the metrics routes "
         "(repeatable; none: open).",
     )
-    api_key_file: Path | None = Field(None, description="File of API keys, one per line (# comments); added to --api-key.")
+    api_key_file: Path | None = Field(
+        None,
+        description="File of API keys: one per line (# comments, each an admin key), or TOML [[keys]] with name, key or "
+        "sha256, role (admin|user), models, max_in_flight, priority; added to --api-key; read again on SIGHUP.",
+    )
     metrics_open: bool = Field(
         False,
         description="Serve /metrics and /vllm/metrics without an API key (for a scraper that sends none); by default "
@@ -257,7 +273,8 @@ class Settings(BaseSettings):
         "(repeatable; vLLM's --allowed-media-domains; redirects off). None: vLLM fetches nothing; * : any host "
         "(vLLM's own default). The Ollama API takes base64 images only and never asks vLLM to fetch.",
     )
-    vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches (looked up on PATH).")
+    vllm_executable: str = Field("vllm", description="The `vllm` executable the supervisor launches: a path, or a name "
+                                 "looked up beside vllama's own Python (its venv's bin) first, then on PATH.")
     vllm_port: int = Field(0, ge=0, le=65535, description="Loopback port for the supervised vLLM (0: pick a free one).")
     startup_timeout: float = Field(900.0, gt=0, description="Seconds vLLM may take to become ready (download, load, compile).")
     startup_progress_extension: float = Field(
@@ -285,6 +302,12 @@ class Settings(BaseSettings):
         description="Largest blob POST /api/blobs accepts, bytes (a model's weights or an adapter, for /api/create); "
         "an upload must also leave 1 GiB free on the state directory's disk.",
     )
+    on_demand_sleep: bool = Field(
+        True,
+        description="On-demand models run with vLLM's sleep mode (--enable-sleep-mode) when vLLM runs on a GPU and free "
+        "host RAM holds their weights plus --sleep-host-memory-reserve: an unloaded one then wakes in about a second "
+        "instead of starting cold (decided and logged per model); off: they stop.",
+    )
 
     # --- logging -----------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
@@ -293,6 +316,69 @@ class Settings(BaseSettings):
         description="Log format: console on a TTY, JSON otherwise (auto), or forced.",
     )
     access_log: bool = Field(True, description="Log one line per request (route, status, duration).")
+
+    # --- a fleet behind vllm-router (docs/fleet.md) ------------------------------------
+    session_header: str = Field(
+        "X-Session-ID",
+        description="Header carrying a conversation's stable key upstream (a hash of the model, system prompt and first "
+        "user message; the client's own value is kept), read by vllm-router's consistent_hash policy. Empty: none.",
+    )
+    register_with: str | None = Field(
+        None,
+        description="URL of a vllm-router this node joins: its /add_worker is called with --advertise-url whenever the "
+        "node is ready and the router does not list it (after a restart of either), /remove_worker on a clean stop.",
+    )
+    advertise_url: str | None = Field(
+        None,
+        description="The URL the router reaches this node at (default: http://<this host's name>:<--port>).",
+    )
+    register_interval: float = Field(10.0, gt=0, description="Seconds between checks that the router lists this node.")
+
+    # --- many users (issue 27; docs/configuration.md "Many users") -----------------------
+    max_aliases: int = Field(
+        256, ge=0, description="Most aliases /api/copy may make (each is listed in every /api/tags).",
+    )
+    on_demand_admin_only: bool = Field(
+        False, description="Only admin keys start a model that is not loaded; user keys use the models already loaded.",
+    )
+    protect_models: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Never evict an operator's model (--model, [[models]]) to make room for an on-demand one; an admin "
+        "still unloads it with keep_alive 0 (auto: on with --api-key-file).",
+    )
+    idle_timeout: float = Field(
+        120.0, gt=0, description="Seconds a client connection may stay idle (before its first request or between requests).",
+    )
+    body_timeout: float = Field(
+        60.0, gt=0, description="Seconds a client may take to send a request body (a slower one gets 408).",
+    )
+    max_connections_per_address: int | None = Field(
+        None, ge=1,
+        description="Open connections one client address may hold in each vllama process (default: a quarter of the "
+        "process's open-file limit); more are closed at once.",
+    )
+    max_small_body_size: int = Field(
+        1024 * 1024, gt=0,
+        description="Largest request body of a route that is not inference (show, pull, copy, delete...), bytes; "
+        "inference routes take --max-body-size.",
+    )
+    max_pulls: int = Field(2, ge=1, description="Pulls at once over the server; more get 429.")
+    cache_quota: int | None = Field(
+        None, gt=0, description="Most bytes the Hugging Face cache may hold after a pull (507 beyond it; default: the disk).",
+    )
+    fair_share: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Share the admission bound between keys and set each request's vLLM priority (fewer in flight, or a "
+        "higher key priority, first; vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
+    )
+
+    def protects_models(self) -> bool:
+        """Whether on-demand models may not evict the operator's (``protect_models``)."""
+        return self.protect_models == "on" or (self.protect_models == "auto" and self.api_key_file is not None)
+
+    def fair(self) -> bool:
+        """Whether keys share the admission bound and vLLM schedules by priority (``fair_share``)."""
+        return self.fair_share == "on" or (self.fair_share == "auto" and self.api_key_file is not None)
 
     #: The library (packaged + user file) and the launched models resolved through it, made once
     #: by :meth:`_library_names` (pickled along to the workers).
@@ -305,6 +391,12 @@ class Settings(BaseSettings):
         if isinstance(v, int) and not 1 <= v <= 256:
             raise ValueError("workers must be auto or 1..256")
         return v
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive_duration(cls, v: str) -> str:
+        # checked at start: a typo was a traceback (supervised) or ignored (--upstream) (issue 26.7)
+        return _duration(v)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -335,6 +427,9 @@ class Settings(BaseSettings):
             raise ValueError("give either --model or [[models]] in the config file, not both")
         if self.models and self.upstream:
             raise ValueError("--upstream proxies a running vLLM; [[models]] are launched by vllama: choose one")
+        if self.model and self.upstream:  # --model was ignored silently (issue 26.6)
+            raise ValueError("--upstream proxies a running vLLM; --model launches one: choose one (the arguments "
+                             "after -- describe the upstream's vLLM)")
         if self.models and self.vllm_args:
             raise ValueError("arguments after -- apply to --model; with [[models]] give each model its vllm_args")
         names: dict[str, str] = {}
@@ -431,7 +526,10 @@ class Settings(BaseSettings):
             self.origins = [*self.origins, *(o.strip() for o in origins.split(",") if o.strip())]
         keep = os.environ.get("OLLAMA_KEEP_ALIVE")
         if keep and "keep_alive" not in self.model_fields_set:
-            self.keep_alive = keep
+            try:
+                self.keep_alive = _duration(keep)
+            except ValueError as e:
+                raise ValueError(f"invalid OLLAMA_KEEP_ALIVE: {e}") from None
         queue = os.environ.get("OLLAMA_MAX_QUEUE")
         if queue and "max_queue" not in self.model_fields_set:
             self.max_queue = int(queue)
@@ -475,23 +573,91 @@ METAVARS = {
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
-    "max_blob_size": "BYTES",
+    "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL",
+    "max_small_body_size": "BYTES", "cache_quota": "BYTES", "max_blob_size": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 
 
+#: ``vllama serve --help``'s groups: each starts at this field and runs to the next one's start
+#: (fields in the class's order), so a setting added inside a section lands in its group.
+HELP_GROUPS = {
+    "host": "where it listens", "config": "what it serves", "connect_timeout": "the connection to vLLM",
+    "api_key": "access", "max_queue": "requests and the front end",
+    "keep_alive": "models vllama runs (--model, --config, on demand)", "vllm_executable": "the vLLM process it supervises",
+    "log_level": "logging",
+}
+
+SERVE_DESCRIPTION = """Serve the Ollama API in front of vLLM: launch and supervise `vllm serve` for --model (or
+--config's [[models]], or models pulled earlier, started when a request names them), or
+proxy a vLLM that already runs (--upstream). Durations are seconds, sizes bytes."""
+
+SERVE_EXAMPLES = """examples:
+  vllama serve --model qwen2.5:7b                     launch vLLM, serve the Ollama API on 127.0.0.1:11434
+  vllama serve --model qwen2.5:7b -- --max-model-len 8192
+                                                      arguments after -- go to `vllm serve`
+  vllama serve                                        serve pulled models (vllama pull), each started on demand
+  vllama serve --upstream http://127.0.0.1:8000       proxy a running vLLM (no GPU needed here)
+  vllama serve --config vllama.toml                   several models (deploy/vllama.example.toml)
+  OLLAMA_HOST=0.0.0.0 vllama serve --model qwen2.5:7b --api-key-file keys.txt
+                                                      every address, clients need a key
+
+Every option is also a VLLAMA_* variable (VLLAMA_KEEP_ALIVE=10m) and a config-file key
+(docs/configuration.md lists them all)."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """The parser of ``vllama serve`` and the client commands: a mistyped option gets one line and
+    a "did you mean", not the 30 lines of usage argparse prints first (issue 26.8)."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+
+        hint = ""
+        options = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        for word in re.findall(r"(--?[\w-]+)", message.split(":", 1)[-1]) if "unrecognized" in message else []:
+            close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
+            if close:
+                hint = f" (did you mean {close[0]}?)"
+                break
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n(`{self.prog} --help` lists the options)\n")
+
+
+def _group(parser: argparse.ArgumentParser, dest: str) -> Any:
+    """The help group ``dest``'s option is shown in (:data:`HELP_GROUPS`), made on first use."""
+    groups = parser.__dict__.setdefault("_vllama_groups", {})
+    title = None
+    for name in Settings.model_fields:
+        title = HELP_GROUPS.get(name, title)
+        if name == dest:
+            break
+    if title is None or dest not in Settings.model_fields:
+        return parser
+    if title not in groups:
+        groups[title] = parser.add_argument_group(title)
+    return groups[title]
+
+
 def _readable_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> Any:
     """``add_argument`` for the settings' CLI: metavars from :data:`METAVARS` (``SECONDS`` for the
-    other floats, ``N`` for the other ints) and no ``(default: null)``/``(default factory: list)``."""
+    other floats, ``N`` for the other ints), no ``(default: null)``/``(default factory: list)``,
+    each option in its group of :data:`HELP_GROUPS`."""
     field = Settings.model_fields.get(str(kwargs.get("dest", "")))
     dest, kind = str(kwargs.get("dest", "")), str(kwargs.get("metavar", ""))
     if field is not None and "metavar" in kwargs and (dest in METAVARS or not kind.startswith("{")):
         kwargs["metavar"] = METAVARS.get(dest) or ("SECONDS" if "float" in kind else "N" if "int" in kind else dest.upper())
     if isinstance(kwargs.get("help"), str):
         kwargs["help"] = _NO_DEFAULT.sub("", kwargs["help"])
+    if isinstance(parser, CliParser) and field is not None:
+        return _group(parser, str(kwargs["dest"])).add_argument(*names, **kwargs)
     return parser.add_argument(*names, **kwargs)
 
 
 def cli_source(args: list[str]) -> CliSettingsSource[Settings]:
-    """The command-line source of ``vllama serve``'s settings, with a ``--help`` a person reads."""
-    return CliSettingsSource(Settings, cli_hide_none_type=True, add_argument_method=_readable_argument)(args=args)
+    """The command-line source of ``vllama serve``'s settings, with a ``--help`` a person reads:
+    options in groups, examples, and a "did you mean" for a mistyped one (:class:`CliParser`)."""
+    parser = CliParser(prog="vllama serve", usage="%(prog)s [options] [-- vllm serve arguments]",
+                         description=SERVE_DESCRIPTION, epilog=SERVE_EXAMPLES,
+                         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    return CliSettingsSource(Settings, cli_hide_none_type=True, add_argument_method=_readable_argument,
+                             root_parser=parser)(args=args)

@@ -12,17 +12,13 @@ All three follow Ollama (``shared/ollama-api.md`` "Serving environment";
 - **Host guard** (DNS rebinding): when bound to loopback, a request whose Host is not
   loopback, private, unspecified, one of this machine's addresses, ``localhost``,
   ``*.localhost``, ``*.local``, ``*.internal`` or the hostname gets 403.
-- **API keys**: ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and both metrics
-  routes (``/metrics``, ``/vllm/metrics``: model names and token counts), compared in
-  constant time against every configured key; keys are never logged. ``/``, ``/livez``
-  and ``/readyz`` stay open for probes; ``--metrics-open`` opens the two metrics routes
-  (for a scraper that sends no key).
+- **API keys** and their roles are ``keys.py``'s: ``Authorization: Bearer <key>`` on ``/api/*``,
+  ``/v1/*`` and both metrics routes; ``/``, ``/livez`` and ``/readyz`` stay open for probes.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hmac
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,10 +44,6 @@ ALLOW_HEADERS = (
     "x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout"
 )
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
-#: Routes no API key guards: the probes (and, with ``--metrics-open``, :data:`METRICS_PATHS`).
-PROBE_PATHS = frozenset({"/", "/livez", "/readyz"})
-#: The proxy's and vLLM's Prometheus metrics: one rule for both.
-METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
 
 
 def _forbidden(message: str) -> web.Response:
@@ -151,40 +143,6 @@ def host_guard() -> Middleware:
                 cache[host] = ok
         if not ok:
             return _forbidden(f"host {host!r} is not allowed: vllama is bound to loopback")
-        return await handler(request)
-
-    return middleware
-
-
-def api_keys(keys: Iterable[str], metrics_open: bool = False) -> Middleware:
-    """Require ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and the metrics routes
-    (unless ``metrics_open``); 401 otherwise.
-
-    Every configured key is compared with ``hmac.compare_digest`` (no early exit), so
-    the time taken does not reveal which key or how much of it matched.
-    """
-    expected = [k.encode() for k in keys if k]
-    guarded = frozenset() if metrics_open else METRICS_PATHS
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        path = request.path
-        if request.method == "OPTIONS" or not (path.startswith(("/api/", "/v1/")) or path in guarded):
-            return await handler(request)
-        auth = request.headers.get("Authorization", "")
-        scheme, _, token = auth.partition(" ")
-        # headers arrive decoded with surrogateescape: encode back to the bytes sent
-        given = token.strip().encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
-        ok = False
-        for key in expected:
-            ok |= hmac.compare_digest(given, key)
-        if not ok:
-            return web.Response(
-                status=401,
-                body=error_body("unauthorized: send Authorization: Bearer <api key>"),
-                content_type="application/json",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
         return await handler(request)
 
     return middleware

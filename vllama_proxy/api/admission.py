@@ -21,13 +21,17 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import error_body
+from vllama_proxy.errors import TooManyRequests, error_body
 from vllama_proxy.models.config import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
+from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
+from .routes.common import PRIORITY, read_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: :meth:`AdmissionBound.enter`'s refusals: the server is full, the key is at its own limit, or over its share.
+FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 #: Routes whose requests occupy vLLM (plus every POST under /v1/).
 _INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
 #: Ollama's words for a full queue (``server/sched.go`` ErrMaxQueue).
@@ -66,15 +70,23 @@ class AdmissionBound:
         slots: workers (each counts in its own slot too, so a dead worker's share is given back).
         per_slot: most requests in flight in one worker (what its open-file limit allows:
             ``SO_REUSEPORT`` may send one worker far more than its share); default no cap.
+        running: requests vLLM runs at once over all models, when vllama knows it (``None``:
+            an ``--upstream`` server whose ``--max-num-seqs`` was not given); shown to clients
+            as ``max_running`` in ``/api/version`` (``vllama batch`` sizes its concurrency by it).
     """
 
-    def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None) -> None:
+    def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
+                 running: int | None = None) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
+        self.running = running
         self.per_slot = per_slot if per_slot is not None else limit
         self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)
         self._slots = ctx.RawArray("i", max(slots, 1))
+        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
+        self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
+        self._active = ctx.RawValue("i", 0)  # keys with a request in flight
 
     def try_enter(self, slot: int) -> bool:
         """Count one more request of worker ``slot`` if the server is below its limit."""
@@ -84,6 +96,53 @@ class AdmissionBound:
             self._total.value += 1
             self._slots[slot] += 1
             return True
+
+    def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
+        """Count one more request of worker ``slot`` for the key whose counter is ``key``.
+
+        Refused when the server is full (:data:`FULL`), when the key has ``key_max`` in flight
+        (:data:`KEY_LIMIT`) and, with ``fair``, when the key holds its share while others may
+        want theirs (:data:`OVER_SHARE`): the share is the bound less a reserve of 1/8 kept for
+        keys with nothing in flight, split evenly over the keys with requests in flight (this one
+        counted). So a key alone may use 7/8 of the bound, two keys up to half of that each, and a
+        newcomer always finds room (issue 27: one user's 200 streams took all 128 places).
+
+        Returns:
+            the key's requests in flight before this one (>= 0, for its vLLM priority), or a
+            refusal code (< 0). One lock, a few integer reads: no queue.
+        """
+        with self._lock.held():
+            mine = self._keys[key]
+            if self._total.value >= self.limit or self._slots[slot] >= self.per_slot:
+                return FULL
+            if key_max is not None and mine >= key_max:
+                return KEY_LIMIT
+            if fair:
+                active = self._active.value + (mine == 0)
+                share = max(1, (self.limit - self.limit // 8) // max(active, 1))
+                if mine >= share:
+                    return OVER_SHARE
+            self._total.value += 1
+            self._slots[slot] += 1
+            self._keys[key] = mine + 1
+            self._worker_keys[slot * KEY_SLOTS + key] += 1
+            if mine == 0:
+                self._active.value += 1
+            return mine
+
+    def leave_key(self, slot: int, key: int) -> None:
+        """That request (counted by :meth:`enter`) finished."""
+        with self._lock.held():
+            self._total.value -= 1
+            self._slots[slot] -= 1
+            self._keys[key] -= 1
+            self._worker_keys[slot * KEY_SLOTS + key] -= 1
+            if self._keys[key] == 0:
+                self._active.value -= 1
+
+    def key_in_flight(self, key: int) -> int:
+        """Requests in flight of the key whose counter is ``key``."""
+        return self._keys[key]
 
     def leave(self, slot: int) -> None:
         """That request finished."""
@@ -96,29 +155,62 @@ class AdmissionBound:
         with self._lock.held():
             self._total.value -= self._slots[slot]
             self._slots[slot] = 0
+            base = slot * KEY_SLOTS
+            for key in range(KEY_SLOTS):
+                n = self._worker_keys[base + key]
+                if n:
+                    self._worker_keys[base + key] = 0
+                    self._keys[key] -= n
+                    if self._keys[key] == 0:
+                        self._active.value -= 1
 
     @property
     def in_flight(self) -> int:
         return self._total.value
 
 
-def middleware(bound: AdmissionBound, slot: int, retry_after: int) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Admit inference requests while the server-wide count is below ``bound.limit``; beyond it,
-    Ollama's 503 ``server busy`` with ``Retry-After: retry_after``."""
+def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
+               priority: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Admit inference requests once their body is read, while the server-wide count is below
+    ``bound.limit``: beyond it, Ollama's 503 ``server busy`` with ``Retry-After: retry_after``; a key
+    at its ``max_in_flight`` or, with ``fair``, over its share (:meth:`AdmissionBound.enter`), 429
+    with ``Retry-After``.
+
+    The body is read first (``routes/common.read_body``, bounded by the body limit and the read
+    timeout), so a client trickling its body holds a connection, never a place (issue 27: 9,216
+    such connections filled the bound while vLLM sat idle). With ``priority`` the request's vLLM
+    ``priority`` is set (:data:`PRIORITY`): the key's requests in flight before it, less 1,000,000
+    per step of the key's own ``priority``: lower is served first (vLLM ``--scheduling-policy priority``).
+    """
     headers = {"Retry-After": str(retry_after)}
 
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
             return await handler(request)
-        if not bound.try_enter(slot):
+        await read_body(request)  # cached by aiohttp: the handler's read returns it
+        key = key_of(request)
+        got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
+        if got < 0:
             QUEUE_REJECTIONS.inc()
-            return web.Response(status=503, body=error_body(BUSY), content_type="application/json", headers=headers)
+            if got == FULL:
+                return web.Response(status=503, body=error_body(BUSY), content_type="application/json", headers=headers)
+            raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
+        if priority:
+            request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
         try:
             return await handler(request)
         finally:
-            bound.leave(slot)
+            bound.leave_key(slot, key.slot)
             IN_FLIGHT.dec()
 
     return admit
+
+
+def _refusal(code: int, key: Key, bound: AdmissionBound) -> str:
+    mine = bound.key_in_flight(key.slot)
+    if code == KEY_LIMIT:
+        return f"key '{key.name}' has {mine} requests in flight, its max_in_flight; retry when one ends"
+    return (f"key '{key.name}' has {mine} requests in flight, its fair share of the server's {bound.limit} "
+            "while other keys are served; retry when one ends")

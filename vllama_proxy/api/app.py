@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +20,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vllama_proxy.errors import RequestTooLarge, UpstreamError, UpstreamUnavailable, VllamaError, error_body, error_response
+from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, error_body, error_response
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
@@ -31,10 +32,10 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
-from . import access, admission
-from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
+from . import access, admission, keys
+from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
-from .state import BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, SETTINGS, WORKER
+from .state import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -52,8 +53,15 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     """
     structlog.contextvars.clear_contextvars()
     given = request.headers.get("X-Request-ID", "")
-    structlog.contextvars.bind_contextvars(request_id=given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16])
+    # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead (issue 27)
+    own = uuid.uuid4().hex[:16]
+    if _REQUEST_ID.fullmatch(given):
+        structlog.contextvars.bind_contextvars(request_id=own, client_request_id=given)
+    else:
+        structlog.contextvars.bind_contextvars(request_id=own)
+    request["vllama.request_id"] = own
     start = time.perf_counter()
+    request[ACCEPTED] = time.perf_counter_ns()  # stage timings (stream.py) count from here
     status = 500
     try:
         resp = await handler(request)
@@ -65,7 +73,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
-        resp = error_response(e)
+        resp = error_response(e, getattr(e, "headers", None))
         if request.get(CLOSE_AFTER):
             resp.force_close()
         return resp
@@ -89,13 +97,15 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         stream_error = request.get("vllama.stream_error")
         if stream_error is not None:
             UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
+        observe_key_usage(request, keys.key_of(request).name, status)
         if request.app[SETTINGS].access_log:
             extra = {"stream_error": stream_error.message} if stream_error is not None else {}
-            log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2), **extra)
+            log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2),
+                     key=keys.key_of(request).name, client=request.remote, **extra)
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics"})
+_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health"})
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -113,7 +123,7 @@ def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamR
     @web.middleware
     async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _UNGATED and not any(open_(b) for b in boards):
-            raise UpstreamUnavailable(boards[0].unavailable_message())
+            raise boards[0].unavailable()
         return await handler(request)
 
     return gate
@@ -166,14 +176,19 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
-    keys = settings.api_keys()
-    if keys:
-        middlewares.append(access.api_keys(keys, metrics_open=settings.metrics_open))
+    try:
+        ring = keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
+    except (OSError, ValueError) as e:  # a configuration error: say so and stop, as for a bad flag
+        print(f"vllama serve: --api-key-file: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    middlewares.append(keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: keys.py
     boards = [b.board for b in backends if b.board is not None]
     configured = [b.board for b in backends if b.board is not None and b.slot is None]
     if configured:  # on-demand models are gated per request (routes/common.py), not here
         middlewares.append(ready_gate(configured))
-    middlewares.append(admission.middleware(bound, worker, settings.retry_after))
+    supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
+    middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
+                                            priority=settings.fair() and supervised))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
     pool = Upstream(
@@ -193,8 +208,10 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         aliases.update({a: spec.served_name for a in spec.aliases})
     app[SETTINGS] = settings
     app[BLOBS] = BlobStore(settings.state_dir / "blobs", settings.max_blob_size)
+    app[KEYS] = ring
     app[WORKER] = worker
     app[FRONT_END] = front
+    app[MAX_RUNNING] = bound.running
     app[CATALOG] = Catalog(
         [b for b in live if b.slot is None],
         aliases=aliases,
@@ -217,6 +234,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         ("GET", "/api/version", meta.version),
         ("GET", "/livez", health.livez),
         ("GET", "/readyz", health.readyz),
+        ("GET", "/health", health.health),  # vLLM's, for vllm-router (docs/fleet.md)
         ("GET", "/metrics", make_handler(boards)),
         ("GET", "/vllm/metrics", openai.vllm_metrics),
         ("POST", "/api/generate", generate.generate),

@@ -37,6 +37,39 @@ TPOT = Histogram("vllama_time_per_output_token_seconds",
                  "Per request: time from the first to the last output token over output tokens - 1, Ollama side.",
                  ["route"], buckets=_TPOT_BUCKETS)
 
+_STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
+#: Where a request's time goes inside vllama (issue 28): seconds from the moment the outermost
+#: middleware saw it to the end of each stage, once per Ollama generate/chat request.
+STAGE = Histogram("vllama_request_stage_seconds",
+                  "Per request: seconds from accepted (outermost middleware) to the end of each stage: handler (the "
+                  "middlewares: CORS, API key, readiness, admission), parsed (body parsed, model resolved, vLLM body "
+                  "built: sent upstream), upstream_headers (vLLM's response headers), first_upstream_data (first body read), "
+                  "first_client_write (first NDJSON line written; streamed answers only).",
+                  ["stage"], buckets=_STAGE_BUCKETS)
+STAGES = ("handler", "parsed", "upstream_headers", "first_upstream_data", "first_client_write")
+#: Who used what (issue 27): per key name (never the secret; ``-`` on an open server) and served model.
+KEY_REQUESTS = Counter("vllama_key_requests", "Requests that named a model, by key name, model and status class.",
+                       ["key", "model", "status"])
+KEY_PROMPT_TOKENS = Counter("vllama_key_prompt_tokens", "Prompt tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
+                            ["key", "model"])
+KEY_OUTPUT_TOKENS = Counter("vllama_key_output_tokens", "Output tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
+                            ["key", "model"])
+#: Request keys: the served model a request named, and its ``(prompt, output)`` tokens once answered.
+MODEL = "vllama.model"
+USAGE = "vllama.usage"
+
+
+def observe_key_usage(request: web.Request, key: str, status: int) -> None:
+    """Count the request under its key and model (once, at the end of the request)."""
+    model = request.get(MODEL)
+    if model is None:
+        return
+    KEY_REQUESTS.labels(key, model, f"{status // 100}xx").inc()
+    usage = request.get(USAGE)
+    if usage is not None:
+        KEY_PROMPT_TOKENS.labels(key, model).inc(usage[0])
+        KEY_OUTPUT_TOKENS.labels(key, model).inc(usage[1])
+
 
 class SupervisorCollector:
     """Per model: ``vllama_supervisor_state{model,state}`` (1 for the current state),

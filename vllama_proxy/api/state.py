@@ -8,6 +8,7 @@ from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
+from .keys import KeyRing
 
 SETTINGS = web.AppKey("settings", Settings)
 #: The served models, and the backend (vLLM server, status board) of each.
@@ -20,3 +21,10 @@ FRONT_END = web.AppKey("front_end", Plan)
 CLOSE_AFTER = "vllama.close_after"
 #: Uploaded blobs (``/api/blobs``), which ``/api/create`` names by digest.
 BLOBS = web.AppKey("blobs", BlobStore)
+#: The API keys and their roles (``keys.py``), read again on SIGHUP.
+KEYS = web.AppKey("keys", KeyRing)
+#: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown
+#: (``--upstream`` without ``--max-running`` / ``--max-num-seqs``): ``/api/version``'s ``max_running``.
+MAX_RUNNING = web.AppKey("max_running", object)
+#: Request key: ``time.perf_counter_ns()`` when the outermost middleware saw the request (stage timings).
+ACCEPTED = "vllama.accepted"

@@ -19,6 +19,7 @@ last NDJSON line).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,7 +28,11 @@ from aiohttp import web
 
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
-from .metrics import TPOT, TTFT
+from .metrics import STAGE, STAGES, TPOT, TTFT, USAGE
+from .state import ACCEPTED
+
+#: The stage histogram's children, bound once (``labels`` per request would cost a dict lookup each).
+_STAGE_CHILDREN = tuple(STAGE.labels(s) for s in STAGES)
 
 NDJSON = "application/x-ndjson"
 
@@ -77,15 +82,18 @@ def rfc3339(ts: float) -> str:
 
 
 class Timings:
-    """Monotonic nanosecond marks of one request: received, sent upstream, first and last token."""
+    """Monotonic nanosecond marks of one request: received, sent upstream, first and last token;
+    for the stage timings also vLLM's response headers and the first body read."""
 
-    __slots__ = ("received", "sent", "first", "last")
+    __slots__ = ("received", "sent", "first", "last", "headers", "first_read")
 
     def __init__(self, received: int) -> None:
         self.received = received
         self.sent = received
         self.first = 0
         self.last = 0
+        self.headers = 0
+        self.first_read = 0
 
 
 class Translator:
@@ -367,6 +375,7 @@ async def relay(
     translator: Translator,
     *,
     stream: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
 
@@ -379,22 +388,28 @@ async def relay(
 
     The streamed loop is the proxy's hot path (one pass per upstream read, usually one
     token): decode, translate, one write; metrics are observed once per request.
+    ``headers`` replace the JSON content type sent upstream (``api/session.py`` adds the
+    conversation's key for a router).
     """
     t = translator.t
     t.sent = time.perf_counter_ns()
     route = request.path
-    async with upstream.request("POST", path, body=encode_json(body)) as resp:
+    async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
+        t.headers = time.perf_counter_ns()
         feed = translator.feed
         if not stream:
             async for batch in iter_sse(resp):
+                if not t.first_read:
+                    t.first_read = time.perf_counter_ns()
                 for chunk in batch:
                     feed(chunk)
             if not translator.finished:
                 raise _unfinished()
+            _observe_stages(request, t, 0)
             final = translator.final()
             if t.first:
                 TTFT.labels(route).observe((t.first - t.received) / 1e9)
-            _observe_tpot(route, translator)
+            _observe_tpot(route, translator, request)
             return web.Response(body=orjson.dumps(final), content_type="application/json")
         out: web.StreamResponse | None = None
         dumps = orjson.dumps
@@ -404,7 +419,10 @@ async def relay(
         try:
             while not decoder.done:
                 # One write per upstream read: under load several events arrive per read.
-                lines = [dumps(item) for chunk in decode(await read_some(resp)) for item in feed(chunk)]
+                data = await read_some(resp)
+                if not first_write and not t.first_read:
+                    t.first_read = time.perf_counter_ns()
+                lines = [dumps(item) for chunk in decode(data) for item in feed(chunk)]
                 if lines:
                     if out is None:
                         out = await _begin(request)
@@ -412,12 +430,13 @@ async def relay(
                     if not first_write:  # TTFT as the client sees it, even if the stream fails later
                         first_write = time.perf_counter_ns()
                         TTFT.labels(route).observe((first_write - t.received) / 1e9)
+                        _observe_stages(request, t, first_write)
                 if decoder.failure is not None:
                     raise decoder.failure
             if not translator.finished:
                 raise _unfinished()
             last = dumps(translator.final()) + b"\n"
-            _observe_tpot(route, translator)
+            _observe_tpot(route, translator, request)
         except VllamaError as e:
             if out is None:
                 raise  # nothing sent yet: the client gets the status and the error
@@ -433,10 +452,23 @@ def _unfinished() -> UpstreamProtocolError:
     return UpstreamProtocolError("vLLM ended the stream ([DONE]) without a finish reason: the answer may be incomplete")
 
 
-def _observe_tpot(route: str, translator: Translator) -> None:
-    """TPOT of one finished request: first to last token over output tokens - 1."""
+def _observe_stages(request: web.Request, t: Timings, first_write: int) -> None:
+    """One request's stage timings (``metrics.STAGE``), seconds since the outermost middleware saw it;
+    ``first_write`` 0: not streamed (no first_client_write)."""
+    accepted = request.get(ACCEPTED) or t.received
+    marks = (t.received, t.sent, t.headers, t.first_read, first_write)
+    for child, mark in zip(_STAGE_CHILDREN, marks):
+        if mark:
+            child.observe((mark - accepted) / 1e9)
+
+
+def _observe_tpot(route: str, translator: Translator, request: web.Request | None = None) -> None:
+    """TPOT of one finished request: first to last token over output tokens - 1; its tokens for
+    the per-key counters (``metrics.observe_key_usage``)."""
     t = translator.t
     tokens = translator.eval_count or translator.n_chunks
+    if request is not None:
+        request[USAGE] = (translator.prompt_eval_count, tokens)
     if tokens > 1 and t.last > t.first:
         TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
 

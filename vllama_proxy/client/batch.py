@@ -2,7 +2,7 @@
 
 ::
 
-    vllama batch requests.jsonl -o results.jsonl [--concurrency 64] [--host URL] [--api-key KEY]
+    vllama batch requests.jsonl -o results.jsonl [--concurrency N] [--host URL] [--api-key KEY]
                  [--retries 5] [--retry-backoff 1.0] [--read-timeout 3600] [--restart | --retry-failed]
 
 Input
@@ -58,9 +58,20 @@ errors (bad flags, unreadable input, corrupt output, server unreachable or refus
 API key) and unexpected failures (disk full), 130 on SIGINT / 143 on SIGTERM after
 writing and syncing what finished (in-flight requests are cancelled; resume redoes them).
 
-Progress goes to stderr: a line redrawn up to 4 times a second on a terminal, otherwise a
-log line every 5 s: done/total, ok/errors, requests/s, output tokens/s
-(``usage.completion_tokens`` or Ollama's ``eval_count``), ETA.
+Concurrency
+-----------
+Without ``--concurrency`` the run keeps the server's running capacity busy: vllama's
+``GET /api/version`` says how many requests vLLM runs at once (``max_running``: each
+model's ``--max-num-seqs`` x data-parallel size), and the batch keeps that many plus a
+quarter in flight, so vLLM already holds the next request when one finishes (a lone
+client at 64 in flight streamed 0.78x of vLLM's offline ``LLM.generate`` on an H100,
+issue 28). A server that does not say (another Ollama-API server, ``vllama serve
+--upstream`` without ``--max-running``) gets ``FALLBACK_CONCURRENCY``. The choice is
+printed. The open-file limit is raised to its hard limit when the connections need it.
+
+Progress goes to stderr: on a terminal a tqdm bar (done/total, ok, errors, output tokens/s,
+requests/s, ETA), otherwise a log line every 5 s: done/total, ok/errors, requests/s, output
+tokens/s (``usage.completion_tokens`` or Ollama's ``eval_count``), ETA.
 """
 
 from __future__ import annotations
@@ -81,6 +92,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
+from tqdm import tqdm
 
 #: Accepted ``url`` values.
 URLS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed"})
@@ -91,6 +103,10 @@ _RETRY_STATUS = frozenset({429, 503})
 DEFAULT_HOST = "http://127.0.0.1:11434"
 SYNC_INTERVAL = 0.5  # s between fsyncs of the output while results arrive
 BACKOFF_MAX = 60.0  # s, cap of one retry delay
+#: Requests in flight when the server does not say how many it runs at once.
+FALLBACK_CONCURRENCY = 64
+#: Seconds between plain progress lines when stderr is not a terminal.
+PLAIN_INTERVAL = 5.0
 
 Key = tuple[str, str]  # ("c", custom_id) or ("i", "batch_req_<n>"): what marks an input line as answered
 
@@ -472,8 +488,12 @@ async def send(session: aiohttp.ClientSession, base: str, item: Item, *, retries
         return Outcome(result_line(item, status, body, {"message": msg, "code": "http_error"}), False, 0, attempt)
 
 
-async def preflight(session: aiohttp.ClientSession, base: str) -> None:
+async def preflight(session: aiohttp.ClientSession, base: str) -> int | None:
     """Fail fast, before any result is written, when the server is unreachable or refuses the key.
+
+    Returns:
+        The server's ``max_running`` from ``GET /api/version`` (requests vLLM runs at once,
+        vllama's field), or ``None`` when the answer has none (not vllama, or it does not know).
 
     Raises:
         BatchError: connection refused / timed out, or 401/403 on ``GET /api/version``.
@@ -490,6 +510,40 @@ async def preflight(session: aiohttp.ClientSession, base: str) -> None:
         except orjson.JSONDecodeError:
             body = raw.decode("utf-8", "replace")
         raise BatchError(f"{base} refused the request ({status}): {_error_message(status, body)} (give --api-key or OLLAMA_API_KEY)")
+    try:
+        running = orjson.loads(raw).get("max_running") if status == 200 else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return running if isinstance(running, int) and not isinstance(running, bool) and running > 0 else None
+
+
+def choose_concurrency(max_running: int | None) -> tuple[int, str]:
+    """``(requests in flight, why)`` for a run without ``--concurrency``: the server's
+    ``max_running`` plus a quarter (vLLM holds the next request when one finishes), else
+    ``FALLBACK_CONCURRENCY``."""
+    if max_running is None:
+        return FALLBACK_CONCURRENCY, ("the server does not say how many requests it runs at once "
+                                      "(no max_running in /api/version); give --concurrency to change it")
+    n = max_running + max(max_running // 4, 1)
+    return n, f"the server runs {max_running} requests at once (max_running in /api/version), plus a quarter queued"
+
+
+def raise_nofile(wanted: int) -> int:
+    """Raise this process's soft open-file limit towards ``wanted`` (at most the hard limit);
+    returns the soft limit now. One socket per request in flight, plus a margin."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 # --------------------------------------------------------------------------- progress
@@ -540,17 +594,36 @@ def _duration(s: float) -> str:
     return f"{s}s"
 
 
+def progress_bar(summary: Summary, stream: TextIO) -> tqdm:
+    """A tqdm bar over the input lines (resumed ones counted as done from the start)."""
+    return tqdm(total=summary.total, initial=summary.skipped, file=stream, unit="req", dynamic_ncols=True,
+                smoothing=0.1, mininterval=0.25, desc="vllama batch", leave=False)
+
+
+def _update_bar(bar: tqdm, summary: Summary) -> None:
+    bar.n = summary.skipped + summary.written
+    t = max(summary.elapsed, 1e-9)
+    bar.set_postfix_str(f"ok {summary.ok}  errors {summary.failed + summary.invalid}  "
+                        f"{summary.output_tokens / t:.0f} tok/s", refresh=False)
+    bar.refresh()
+
+
 async def _report(summary: Summary, start: float, stream: TextIO) -> None:
-    """Redraw the progress line 4 times a second on a TTY, else log it every 5 s (a task)."""
+    """Redraw a tqdm bar 4 times a second on a TTY, else log a plain line every 5 s (a task)."""
     tty = stream.isatty()
-    while True:
-        await asyncio.sleep(0.25 if tty else 5.0)
-        summary.elapsed = time.monotonic() - start
-        if tty:
-            stream.write("\r\x1b[K" + summary.line())
-        else:
-            stream.write(f"vllama batch: {summary.line()}\n")
-        stream.flush()
+    bar = progress_bar(summary, stream) if tty else None
+    try:
+        while True:
+            await asyncio.sleep(0.25 if tty else PLAIN_INTERVAL)
+            summary.elapsed = time.monotonic() - start
+            if bar is not None:
+                _update_bar(bar, summary)
+            else:
+                stream.write(f"vllama batch: {summary.line()}\n")
+                stream.flush()
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 # --------------------------------------------------------------------------- the run
@@ -562,7 +635,7 @@ async def run_batch(
     *,
     host: str | None = None,
     api_key: str | None = None,
-    concurrency: int = 64,
+    concurrency: int | None = None,
     retries: int = 5,
     retry_backoff: float = 1.0,
     read_timeout: float | None = 3600.0,
@@ -583,7 +656,8 @@ async def run_batch(
         output_path: the JSONL results file (created, or resumed when it exists).
         host: server base URL or ``OLLAMA_HOST``-style value (default ``http://127.0.0.1:11434``).
         api_key: sent as ``Authorization: Bearer``.
-        concurrency: requests in flight at most (>= 1).
+        concurrency: requests in flight at most (>= 1); ``None``: from the server's
+            ``max_running`` (:func:`choose_concurrency`), which is noted on ``progress``.
         retries: extra attempts per request on 503/429 and connection failures (>= 0).
         retry_backoff: first retry delay, seconds; doubles per attempt (capped at 60 s).
         read_timeout: seconds without a byte of the answer before a request fails
@@ -604,7 +678,7 @@ async def run_batch(
             file, or an unreachable server / refused API key (checked before writing).
         OSError: writing the output failed (disk full...): the results written so far stay.
     """
-    if concurrency < 1:
+    if concurrency is not None and concurrency < 1:
         raise BatchError("--concurrency must be at least 1")
     if retries < 0:
         raise BatchError("--retries must be at least 0")
@@ -647,7 +721,15 @@ async def run_batch(
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
         if to_send:
-            await preflight(session, base)
+            max_running = await preflight(session, base)
+            if concurrency is None:
+                concurrency, why = choose_concurrency(max_running)
+                note(f"concurrency {concurrency}: {why}")
+        concurrency = concurrency or FALLBACK_CONCURRENCY
+        in_flight = min(concurrency, max(1, summary.remaining))
+        nofile = raise_nofile(in_flight + 64)
+        if nofile < in_flight + 64:
+            note(f"the open-file limit ({nofile}) is below what {in_flight} connections need; raise it (ulimit -n)")
         try:
             writer = ResultWriter(dst)
         except OSError as e:
@@ -669,7 +751,7 @@ async def run_batch(
                 else:
                     summary.failed += 1
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, max(1, summary.remaining)))]
+        workers = [asyncio.create_task(worker()) for _ in range(in_flight)]
         helpers = [asyncio.create_task(writer.sync_forever())]
         if progress is not None:
             helpers.append(asyncio.create_task(_report(summary, start, progress)))
@@ -687,9 +769,6 @@ async def run_batch(
             await asyncio.gather(*workers, *helpers, *([stopper] if stopper else []), return_exceptions=True)
             writer.close()
             summary.elapsed = time.monotonic() - start
-            if progress is not None and progress.isatty():
-                progress.write("\r\x1b[K")
-                progress.flush()
     return summary
 
 
@@ -714,7 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("input", help="requests, one JSON object per line: {custom_id, method, url, body}")
     p.add_argument("-o", "--output", required=True, help="results file (JSONL); resumed when it exists")
-    p.add_argument("-c", "--concurrency", type=int, default=64, help="requests in flight at most (default 64)")
+    p.add_argument("-c", "--concurrency", type=int, default=None,
+                   help="requests in flight at most (default: what the server runs at once, from its /api/version "
+                        f"max_running, plus a quarter; {FALLBACK_CONCURRENCY} when it does not say)")
     p.add_argument("--host", default=None,
                    help="server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)")
     p.add_argument("--api-key", default=None, help="sent as Authorization: Bearer (default: OLLAMA_API_KEY)")

@@ -27,6 +27,7 @@ import contextlib
 import http.client
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -38,7 +39,9 @@ import orjson
 from tqdm import tqdm
 
 from vllama_proxy import __version__
-from vllama_proxy.settings import parse_ollama_host
+from vllama_proxy.settings import CliParser, parse_ollama_host
+
+from . import repl
 
 COMMANDS = ("list", "ps", "show", "pull", "run", "stop", "cp", "rm")
 
@@ -50,11 +53,14 @@ class ConnectError(Exception):
 
 
 class ApiError(Exception):
-    """The server answered ``{"error": message}`` (``status`` 0: inside a 200 stream)."""
+    """The server answered ``{"error": message}`` (``status`` 0: inside a 200 stream);
+    ``retry_after``: its ``Retry-After`` header, sent with a 503 that retrying will cure
+    (a model loading, a busy server), absent when it will not (a model that failed to load)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
 
 
 # ---------------------------------------------------------------------------- HTTP
@@ -95,7 +101,7 @@ class Client:
         if not 200 <= resp.status < 300:
             raw = resp.read()
             conn.close()
-            raise ApiError(_error_message(raw, resp), resp.status)
+            raise ApiError(_error_message(raw, resp), resp.status, resp.getheader("Retry-After"))
         return conn, resp
 
     def json(self, method: str, path: str, body: Any = None) -> Any:
@@ -104,6 +110,22 @@ class Client:
             return orjson.loads(resp.read() or b"{}")
         finally:
             conn.close()
+
+    def probe(self, path: str) -> dict[str, Any]:
+        """GET ``path`` and return its JSON object whatever the status (``/readyz`` says why in a
+        503); ``{}`` when the body is no JSON object."""
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        conn = cls(self.host, self.port, timeout=self.connect_timeout)
+        try:
+            conn.request("GET", path, headers=self.headers)
+            raw = conn.getresponse().read()
+        finally:
+            conn.close()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {}
+        return body if isinstance(body, dict) else {}
 
     @contextlib.contextmanager
     def stream(self, path: str, body: Any) -> Iterator[Iterator[dict[str, Any]]]:
@@ -233,12 +255,15 @@ def table(rows: list[list[str]], indent: str = "", pad: int = 4) -> str:
 
 
 class Spinner:
-    """A braille spinner with a message on stderr, drawn by a thread; nothing when stderr is not a TTY."""
+    """A braille spinner with a message on stderr, drawn by a thread; nothing when stderr is not a TTY.
+    With ``elapsed`` the seconds since it started follow the message ("loading qwen2.5:7b (12s)")."""
 
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", elapsed: bool = False) -> None:
         self.message = message
+        self.elapsed = elapsed
+        self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -251,6 +276,11 @@ class Spinner:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def drawing(self) -> bool:
+        """Whether it is on screen (stderr is a terminal and it was not stopped)."""
+        return self._thread is not None
+
     def stop(self) -> None:
         if self._thread is not None:
             self._stop.set()
@@ -262,7 +292,8 @@ class Spinner:
     def _draw(self) -> None:
         i = 0
         while not self._stop.wait(0.1 if i else 0):
-            sys.stderr.write(f"\r{self.FRAMES[i % len(self.FRAMES)]} {self.message}{CLEAR_LINE}")
+            tail = f" ({time.monotonic() - self.started:.0f}s)" if self.elapsed else ""
+            sys.stderr.write(f"\r{self.FRAMES[i % len(self.FRAMES)]} {self.message}{tail}{CLEAR_LINE}")
             sys.stderr.flush()
             i += 1
 
@@ -323,6 +354,12 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         if getattr(args, flag):
             print(info.get(flag) or "")
             return 0
+    print(show_info(info))
+    return 0
+
+
+def show_info(info: dict[str, Any]) -> str:
+    """``/api/show``'s answer as Ollama's ``showInfo`` prints it: Model, Capabilities, Parameters, License."""
     details, model_info = info.get("details") or {}, info.get("model_info") or {}
     arch = model_info.get("general.architecture") or details.get("family", "")
     model_rows = [["architecture", arch]]
@@ -344,13 +381,30 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     for title, rows in sections:
         if rows:
             out.append(f"  {title}\n" + table(rows, indent="    "))
-    print("\n".join(out))
-    return 0
+    return "\n".join(out)
 
 
 def cmd_stop(client: Client, args: argparse.Namespace) -> int:
+    """Ollama's ``stop``: unload with ``keep_alive: 0``; prints nothing, as Ollama's does."""
     client.json("POST", "/api/generate", {"model": args.model, "prompt": "", "keep_alive": 0})
-    print("success")
+    return 0
+
+
+def print_version(host: str | None = None) -> int:
+    """``vllama -v``, as ``ollama -v`` prints it: the server's version (at ``OLLAMA_HOST``), and the
+    client's when it differs or no server answers (``/api/version``: ``{"version", "vllama"}``)."""
+    try:
+        info = Client(host, connect_timeout=2.0).json("GET", "/api/version")
+    except (ConnectError, ApiError, OSError, http.client.HTTPException, ValueError):
+        info = None
+        print("Warning: could not connect to a running vllama instance")
+    server = (info or {}).get("vllama")
+    if server:
+        print(f"vllama version is {server}")
+    elif info:  # an Ollama server: it says only its own version
+        print(f"ollama version is {info.get('version')}")
+    if server != __version__:
+        print(f"Warning: client version is {__version__}")
     return 0
 
 
@@ -397,13 +451,17 @@ class PullProgress:
                                                file=self.out, dynamic_ncols=True, mininterval=0.1, leave=True)
             bar.update(max(0, min(completed, total) - bar.n))
         elif status != self.status:
+            if not digest:  # a step after the files ("verifying", "success"): below their bars, as Ollama's
+                self.close()
             tqdm.write(status, file=self.out)
             self.out.flush()
         self.status = status
 
     def close(self) -> None:
+        """Finish the bars (they stay on screen); a later event of the same file starts a new one."""
         for bar in self.bars.values():
             bar.close()
+        self.bars.clear()
 
 
 def cmd_pull(client: Client, args: argparse.Namespace) -> int:
@@ -419,19 +477,6 @@ def cmd_pull(client: Client, args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- run
 
-RUN_HELP = '''Available Commands:
-  /set verbose    Show stats after each answer
-  /set quiet      Do not show stats
-  /set think      Ask for thinking and show it
-  /set nothink    Do not ask for thinking
-  /clear          Clear session context
-  /bye            Exit
-  /?, /help       Help for a command
-
-Use """ to begin a multi-line message.
-'''
-
-
 def parse_think(value: str | None) -> bool | str | None:
     if value is None:
         return None
@@ -445,36 +490,87 @@ def parse_think(value: str | None) -> bool | str | None:
     raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high)")
 
 
+#: What the spinner says while a model in this server state comes up (``/readyz``'s ``state``).
+LOADING_VERBS = {"starting": "loading", "unloaded": "loading", "sleeping": "waking", "restarting": "restarting",
+                 "unhealthy": "restarting", "ready": "loading"}
+
+
+def load_state(client: Client, model: str) -> str | None:
+    """The server's state of ``model`` from vllama's ``/readyz`` (``starting``, ``sleeping``, ...);
+    None when the server does not say (Ollama has no ``/readyz``; a model not yet claimed)."""
+    try:
+        body = client.probe("/readyz")
+    except (ConnectError, OSError, http.client.HTTPException):
+        return None
+    want = model.removesuffix(":latest").casefold()
+    entries = body.get("models") or ([body] if "state" in body and "model" in body else [])
+    for entry in entries:
+        if str(entry.get("model", "")).removesuffix(":latest").casefold() == want:
+            return entry.get("state")
+    return None
+
+
+def watch_loading(client: Client, model: str, spinner: Spinner, done: threading.Event) -> None:
+    """Until ``done``: put the server's state of ``model`` into ``spinner``'s message, once a second
+    (``loading qwen2.5:7b: vLLM starting``), as ``ollama run`` shows a spinner while it loads."""
+    while not done.wait(1.0):
+        state = load_state(client, model)
+        if state is not None and not done.is_set():
+            spinner.message = f"{LOADING_VERBS.get(state, 'loading')} {model}: vLLM {state}"
+
+
 def preload(client: Client, args: argparse.Namespace) -> None:
-    """Load the model (empty prompt) behind a spinner, retrying 503s ("loading") with backoff up to --load-timeout."""
+    """Load the model (an empty prompt, as ``ollama run`` does) behind a spinner that says what the
+    server reports and for how long; 503s with ``Retry-After`` (loading) are retried with backoff
+    up to ``--load-timeout``.
+
+    Raises:
+        ApiError: any other error at once, a 503 without ``Retry-After`` included: the model
+            failed to load, and no wait will change that (Ollama fails at once too; issue 26.2).
+    """
     body: dict[str, Any] = {"model": args.model, "prompt": ""}
     if args.keepalive is not None:
         body["keep_alive"] = args.keepalive
     deadline, delay = time.monotonic() + args.load_timeout, 0.25
-    with Spinner(f"loading {args.model}") as spinner:
-        while True:
-            try:
-                client.json("POST", "/api/generate", body)
-                return
-            except ApiError as e:
-                if e.status != 503:
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise ApiError(f"{e} (gave up after {args.load_timeout:g} s)", e.status) from None
-                spinner.message = str(e)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    done = threading.Event()
+    with Spinner(f"loading {args.model}", elapsed=True) as spinner:
+        if spinner.drawing:
+            watcher = Client(client.url, connect_timeout=2.0)
+            threading.Thread(target=watch_loading, args=(watcher, args.model, spinner, done), daemon=True).start()
+        try:
+            while True:
+                try:
+                    client.json("POST", "/api/generate", body)
+                    return
+                except ApiError as e:
+                    if e.status != 503 or e.retry_after is None:
+                        raise
+                    if time.monotonic() + delay > deadline:
+                        raise ApiError(f"{e} (gave up after {args.load_timeout:g} s)", e.status) from None
+                    time.sleep(max(delay, min(_seconds(e.retry_after), 5.0)))
+                    delay = min(delay * 2, 5.0)
+        finally:
+            done.set()
+
+
+def _seconds(retry_after: str) -> float:
+    try:
+        return float(retry_after)
+    except ValueError:  # an HTTP date: not sent by vllama; back off as usual
+        return 0.0
 
 
 def chat_once(client: Client, args: argparse.Namespace, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """Stream one answer to stdout; returns the assistant message. Ctrl-C propagates after the socket is closed."""
     body: dict[str, Any] = {"model": args.model, "messages": messages, "stream": True}
-    for key, value in (("think", args.think), ("format", args.format), ("keep_alive", args.keepalive)):
+    for key, value in (("think", args.think), ("format", args.format), ("keep_alive", args.keepalive),
+                       ("options", getattr(args, "options", None) or None)):
         if value is not None:
             body[key] = value
     show_thinking = bool(args.think) and not args.hidethinking
     tty = sys.stdout.isatty()
     out = sys.stdout
+    wrap = repl.WordWrap(out, shutil.get_terminal_size().columns - 5) if tty and getattr(args, "wordwrap", False) else None
     content: list[str] = []
     final: dict[str, Any] = {}
     thinking = False
@@ -492,11 +588,13 @@ def chat_once(client: Client, args: argparse.Namespace, messages: list[dict[str,
                 if thinking:
                     out.write("\n...done thinking.\n\n" + (RESET if tty else ""))
                     thinking = False
-                out.write(msg["content"])
+                (wrap or out).write(msg["content"])
                 content.append(msg["content"])
             out.flush()
             if event.get("done"):
                 final = event
+    if wrap is not None:
+        wrap.close()
     if thinking:
         out.write("\n...done thinking." + (RESET if tty else ""))
     answer = "".join(content)
@@ -526,67 +624,213 @@ def print_stats(final: dict[str, Any]) -> None:
     sys.stderr.flush()
 
 
-def read_message() -> str | None:
-    """One message from the terminal (``\"\"\"`` starts a multi-line one); None on Ctrl-D."""
-    try:
-        text = input(">>> ")
-        if not text.lstrip().startswith('"""'):
-            return text
-        text = text.lstrip()[3:]
-        while not text.rstrip().endswith('"""'):
-            text += "\n" + input("... ")
-    except EOFError:
-        print()
-        return None
-    return text.rstrip()[:-3].strip("\n")
+class Session:
+    """What one ``>>>`` session holds: the messages, the system message, the options set with
+    ``/set parameter``; the rest (verbose, think, format, wordwrap) lives on ``args``."""
+
+    def __init__(self, client: Client, args: argparse.Namespace) -> None:
+        self.client, self.args = client, args
+        self.messages: list[dict[str, Any]] = []
+        self.system = ""
+        self.args.options = getattr(args, "options", None) or {}
+        try:
+            import readline
+        except ImportError:  # pragma: no cover - Windows
+            readline = None
+        self.readline = readline
+
+    # -- commands ----------------------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """Apply slash command ``line`` (Ollama's, ``repl.py``); True to end the session."""
+        words = line.split()
+        name = words[0]
+        if name in ("/bye", "/exit"):
+            return True
+        if name in ("/?", "/help"):
+            topic = words[1] if len(words) > 1 else ""
+            text = {"set": repl.USAGE_SET, "/set": repl.USAGE_SET, "show": repl.USAGE_SHOW, "/show": repl.USAGE_SHOW,
+                    "shortcut": repl.USAGE_SHORTCUTS, "shortcuts": repl.USAGE_SHORTCUTS}.get(topic, "" if topic else repl.USAGE)
+            sys.stderr.write(text + ("\n" if text else ""))
+        elif name == "/clear":
+            self.messages = [{"role": "system", "content": self.system}] if self.system else []
+            print("Cleared session context")
+        elif name == "/set":
+            self.set(words[1:], line)
+        elif name == "/show":
+            self.show(words[1:])
+        elif name == "/load":
+            self.load(words[1:])
+        elif name == "/save":
+            self.save(words[1:])
+        elif name == "/list":
+            cmd_list(self.client, argparse.Namespace(prefix=words[1] if len(words) > 1 else None))
+        else:
+            print(f"Unknown command '{name}'. Type /? for help")
+        return False
+
+    def set(self, words: list[str], line: str) -> None:
+        args = self.args
+        if not words:
+            sys.stderr.write(repl.USAGE_SET + "\n")
+            return
+        what = words[0]
+        modes = {"verbose": ("verbose", True), "quiet": ("verbose", False), "wordwrap": ("wordwrap", True),
+                 "nowordwrap": ("wordwrap", False)}
+        if what in modes:
+            setattr(args, *modes[what])
+            print(f"Set '{what}' mode.")
+        elif what in ("history", "nohistory"):
+            if self.readline is not None:
+                self.readline.set_auto_history(what == "history")
+        elif what == "think":
+            args.think = words[1] if len(words) > 1 else True
+            print(f"Set 'think' mode to '{words[1]}'." if len(words) > 1 else "Set 'think' mode.")
+        elif what == "nothink":
+            args.think = False
+            print("Set 'nothink' mode.")
+        elif what == "format":
+            if len(words) < 2 or words[1] != "json":
+                print("Invalid or missing format. For 'json' mode use '/set format json'")
+            else:
+                args.format = "json"
+                print("Set format to 'json' mode.")
+        elif what == "noformat":
+            args.format = None
+            print("Disabled format.")
+        elif what == "parameter":
+            if len(words) < 3:
+                sys.stderr.write(repl.USAGE_PARAMETERS + "\n")
+                return
+            try:
+                args.options[words[1]] = repl.parse_parameter(words[1], words[2:])
+            except ValueError as e:
+                print(f'Couldn\'t set parameter: "{e}"')
+                return
+            print(f"Set parameter '{words[1]}' to '{', '.join(words[2:])}'")
+        elif what == "system":
+            if len(words) < 2:
+                sys.stderr.write(repl.USAGE_SET + "\n")
+                return
+            text = line.split("system", 1)[1].strip()
+            if text.startswith('"""'):
+                text = text[3:].removesuffix('"""').strip("\n")
+            self.system = text
+            message = {"role": "system", "content": text}
+            if self.messages and self.messages[-1]["role"] == "system":
+                self.messages[-1] = message
+            else:
+                self.messages.append(message)
+            print("Set system message.")
+        else:
+            print(f"Unknown command '/set {what}'. Type /? for help")
+
+    def show(self, words: list[str]) -> None:
+        if not words:
+            sys.stderr.write(repl.USAGE_SHOW + "\n")
+            return
+        try:
+            info = self.client.json("POST", "/api/show", {"model": self.args.model})
+        except ApiError as e:
+            print("error: couldn't get model")
+            print(f"Error: {e}", file=sys.stderr)
+            return
+        what = words[0]
+        if what == "info":
+            sys.stderr.write(show_info(info) + "\n")
+        elif what == "license":
+            print(info.get("license") or "No license was specified for this model.")
+        elif what == "modelfile":
+            print(info.get("modelfile") or "")
+        elif what == "parameters":
+            print("Model defined parameters:")
+            params = info.get("parameters") or ""
+            if not params:
+                print("  No additional parameters were specified for this model.")
+            for row in params.splitlines():
+                print(f"  {row}")
+            print()
+            if self.args.options:
+                print("User defined parameters:")
+                for key, value in self.args.options.items():
+                    print(f"  {key:<30} {repl.go_value(value)}")
+                print()
+        elif what == "system":
+            system = self.system or info.get("system") or ""
+            print(system + "\n" if system else "No system message was specified for this model.")
+        elif what == "template":
+            print(info.get("template") or "No prompt template was specified for this model.")
+        else:
+            print(f"Unknown command '/show {what}'. Type /? for help")
+
+    def load(self, words: list[str]) -> None:
+        if len(words) != 1:
+            print("Usage:\n  /load <modelname>")
+            return
+        previous = self.args.model
+        self.args.model = words[0]
+        print(f"Loading model '{words[0]}'")
+        try:
+            preload(self.client, self.args)
+        except ApiError as e:
+            self.args.model = previous
+            if e.status == 404:
+                print(f"Couldn't find model '{words[0]}'")
+            else:
+                print(f"Error: {e}", file=sys.stderr)
+            return
+        self.messages = []
+
+    def save(self, words: list[str]) -> None:
+        if len(words) != 1:
+            print("Usage:\n  /save <modelname>")
+            return
+        body: dict[str, Any] = {"model": words[0], "from": self.args.model, "messages": self.messages}
+        if self.system:
+            body["system"] = self.system
+        if self.args.options:
+            body["parameters"] = self.args.options
+        try:
+            self.client.json("POST", "/api/create", body)
+        except ApiError as e:
+            print(f"error: {e}")
+            return
+        print(f"Created new model '{words[0]}'")
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self) -> int:
+        """The ``>>>`` loop: history kept, /bye or Ctrl-D exits, Ctrl-C stops an answer."""
+        while True:
+            try:
+                text = repl.read_entry()
+            except KeyboardInterrupt:
+                print("\nUse Ctrl + d or /bye to exit.")
+                continue
+            if text is None:
+                return 0
+            stripped = text.strip()
+            if not stripped:
+                continue
+            if stripped.startswith("/"):
+                if self.command(stripped):
+                    return 0
+                continue
+            if stripped.startswith('"""'):
+                text = stripped[3:].removesuffix('"""').strip("\n")
+            self.messages.append({"role": "user", "content": text})
+            try:
+                self.messages.append(chat_once(self.client, self.args, self.messages))
+            except KeyboardInterrupt:
+                self.messages.pop()  # the unanswered question leaves the history
+                sys.stdout.write((RESET if sys.stdout.isatty() else "") + "\n")
+            except ApiError as e:
+                self.messages.pop()
+                print(f"Error: {e}", file=sys.stderr)
+            print()
 
 
 def interactive(client: Client, args: argparse.Namespace) -> int:
-    """The ``>>>`` chat loop: history kept, /bye or Ctrl-D exits, Ctrl-C stops an answer."""
-    try:
-        import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:  # pragma: no cover - Windows
-        pass
-    messages: list[dict[str, Any]] = []
-    settings = {"/set verbose": ("verbose", True), "/set quiet": ("verbose", False),
-                "/set think": ("think", True), "/set nothink": ("think", False)}
-    while True:
-        try:
-            text = read_message()
-        except KeyboardInterrupt:
-            print("\nUse Ctrl + d or /bye to exit.")
-            continue
-        if text is None:
-            return 0
-        command = text.strip()
-        if not command:
-            continue
-        if command in ("/bye", "/exit"):
-            return 0
-        if command == "/clear":
-            messages.clear()
-            print("Cleared session context")
-            continue
-        if command in ("/?", "/help"):
-            print(RUN_HELP)
-            continue
-        if command in settings:
-            setattr(args, *settings[command])
-            print(f"Set '{command.split()[1]}' mode.")
-            continue
-        if command.startswith("/") and " " not in command:
-            print(f"Unknown command '{command}'. Type /? for help")
-            continue
-        messages.append({"role": "user", "content": text})
-        try:
-            messages.append(chat_once(client, args, messages))
-        except KeyboardInterrupt:
-            messages.pop()  # the unanswered question leaves the history
-            sys.stdout.write((RESET if sys.stdout.isatty() else "") + "\n")
-        except ApiError as e:
-            messages.pop()
-            print(f"Error: {e}", file=sys.stderr)
-        print()
+    """Chat with ``args.model`` at the ``>>>`` prompt until /bye or Ctrl-D; returns the exit status."""
+    return Session(client, args).run()
 
 
 def cmd_run(client: Client, args: argparse.Namespace) -> int:
@@ -613,7 +857,7 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"vllama {command}")
+    p = CliParser(prog=f"vllama {command}")
     p.add_argument("--host", help="server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)")
     if command == "list":
         p.description = "List the models the server serves."
@@ -631,12 +875,14 @@ def _parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--insecure", action="store_true", help="allow insecure registries")
     elif command == "run":
         p.description = "Chat with a model: PROMPT, piped stdin, or interactively."
-        p.add_argument("model")
-        p.add_argument("prompt", nargs="*")
+        p.add_argument("model", nargs="?")  # checked in main: argparse would call the prompt required too
+        p.add_argument("prompt", nargs="*", help="the prompt (none: piped stdin, or an interactive session)")
         p.add_argument("--verbose", action="store_true", help="show timings after each answer")
         p.add_argument("--think", type=parse_think, metavar="[=LEVEL]",
                        help="ask for thinking and show it (--think, --think=false, --think=high)")
         p.add_argument("--hidethinking", action="store_true", help="think, but do not show the thinking")
+        p.add_argument("--nowordwrap", dest="wordwrap", action="store_false",
+                       help="do not wrap words to the next line automatically")
         p.add_argument("--format", help='response format, e.g. "json"')
         p.add_argument("--keepalive", help='how long the model stays loaded, e.g. "5m"')
         p.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model to load (600)")
@@ -668,6 +914,10 @@ def main(command: str, argv: list[str]) -> int:
         args = _parser(command).parse_intermixed_args(argv)  # flags may follow the prompt words
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    if command == "run" and args.model is None:  # Ollama: "requires at least 1 arg(s)"; the prompt is optional
+        print("vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)",
+              file=sys.stderr)
+        return 2
     if command == "run" and args.hidethinking and args.think is None:
         args.think = True
     try:

@@ -10,27 +10,60 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
 from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.api.app import build_app
+from vllama_proxy.api.state import KEYS
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig
+from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor import gpu, lifeline
+from vllama_proxy.supervisor import gpu, lifeline, warm
+from vllama_proxy.supervisor.child import find_executable
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
 from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
+from .fleet import Registration
 from .sdnotify import Notifier, attach, run_watchdog
-from .site import raise_nofile_limit, start_site, wait_for_signal
+from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 from .workers import WorkerPool
 
 log = get_logger("vllama.server")
+
+
+def with_priority_policy(spec: ModelConfig, settings: Settings) -> ModelConfig:
+    """With fair sharing (``--fair-share``), vLLM serves its waiting requests by the ``priority``
+    vllama sets on each (``api/admission.py``): ``--scheduling-policy priority`` (vLLM's
+    ``SchedulerConfig.policy``; lower first, arrival breaking ties), last so that it wins over an
+    operator's ``--scheduling-policy`` (logged). Without it, ``spec`` unchanged."""
+    if not settings.fair():
+        return spec
+    given = vllm_arg(spec.vllm_args, "--scheduling-policy")
+    if given not in (None, "priority"):
+        log.warning("scheduling_policy_replaced", model=spec.served_name, given=given,
+                    reason="fair sharing sets each request's priority (--fair-share off keeps yours)")
+    if given == "priority":
+        return spec
+    return spec.model_copy(update={"vllm_args": [*spec.vllm_args, "--scheduling-policy", "priority"]})
+
+
+def reloader(app: web.Application, settings: Settings, workers: WorkerPool) -> Callable[[], None] | None:
+    """SIGHUP with an ``--api-key-file``: this process reads the keys again and each worker is told
+    to (``api/keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
+    if settings.api_key_file is None:
+        return None
+
+    def reload() -> None:
+        app[KEYS].reload()
+        workers.hup()
+
+    return reload
 
 
 async def drain(runner: web.AppRunner, workers: WorkerPool, timeout: float, hurry: asyncio.Event) -> None:
@@ -59,12 +92,15 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     running = settings.max_running or running_capacity(
         specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
     )
+    # what clients are told (/api/version max_running): a guess for an --upstream server is not told
+    known = running if settings.max_running or settings.upstream is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
     limit = running + settings.max_queue
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
-    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker)
+    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
+             max_running_shown=known)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known)
 
 
 def log_front_end(front: Plan) -> None:
@@ -82,7 +118,8 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
     bound = admission_bound(settings, [], nofile, None)
     backends = [BackendSpec(url=settings.upstream)]
     app = build_app(settings, backends, front=front, bound=bound)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     workers = WorkerPool(settings, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
@@ -91,7 +128,7 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
     watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
     hurry = asyncio.Event()
     try:
-        sig = await wait_for_signal(hurry)
+        sig = await wait_for_signal(hurry, reload=reloader(app, settings, workers))
         notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig)
     finally:
@@ -102,8 +139,9 @@ async def serve_upstream(settings: Settings, front: Plan) -> None:
 
 
 def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
-    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` when a model's vLLM
-    refuses its command line at its very first start (``Supervisor.config_error``)."""
+    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (or ``cannot run 'vllm':
+    ...``) when a model's vLLM can never start as configured, at its very first start
+    (``Supervisor.config_error``)."""
     found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def listen(sup) -> None:
@@ -149,7 +187,7 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     stop every vLLM's process group, return (exit 0). Exits 1 with one line when there
     is no GPU.
     """
-    specs = [with_api_servers(m, front) for m in settings.model_specs()]
+    specs = [with_priority_policy(with_api_servers(m, front), settings) for m in settings.model_specs()]
     library.log_user_file(settings.library_table())
     for served, entry in settings.library_entries().items():
         # chat_template: the library names vLLM's own tool templates (examples/*.jinja), which
@@ -173,6 +211,7 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             print(f"vllama: {e}", file=sys.stderr)
             raise SystemExit(1) from None
         gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids} or {0}))
+    check_vllm_executable(settings, launches=bool(specs))  # nothing can start without it: say so now
     nofile = raise_nofile_limit()
     if front.placement.active:
         # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
@@ -185,12 +224,21 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     log_front_end(front)
     bound = admission_bound(settings, specs, nofile, gpu_info)
     slots = on_demand_slots(settings)
+    warm.log_compile_cache(settings.state_dir)
+    gpus = await asyncio.to_thread(gpu.count) if slots is not None and settings.on_demand_sleep else 0
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
                      engine_cpus=front.placement.engine_cpus, slots=slots,
                      # each on-demand model gets the API servers a lone configured model would
-                     prepare=lambda m: with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))))
+                     prepare=lambda m: with_priority_policy(warm.with_sleep(
+                         with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))),
+                         enabled=settings.on_demand_sleep, reserve=settings.sleep_host_memory_reserve, gpus=gpus), settings))
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
+    configured = [sup for sup in pool.supervisors if sup.slot is None]
+    registration = None
+    if settings.register_with:  # a node of a fleet: keep the router listing it (front/fleet.py)
+        registration = Registration(settings, lambda: any(sup.board.available for sup in configured))
+        registration.watch(configured)
     now = int(time.time())
     backends = [
         BackendSpec(
@@ -204,16 +252,19 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
     app = build_app(settings, backends, front=front, bound=bound, slots=slots)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     workers = WorkerPool(settings, backends, front, bound, slots)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
              models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
+    if registration is not None:
+        await registration.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     hurry = asyncio.Event()
-    signalled = asyncio.ensure_future(wait_for_signal(hurry))
+    signalled = asyncio.ensure_future(wait_for_signal(hurry, reload=reloader(app, settings, workers)))
     try:
         await asyncio.wait({signalled, rejected}, return_when=asyncio.FIRST_COMPLETED)
         if rejected.done():
@@ -229,6 +280,8 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
         # stop accepting and drain in-flight requests in every worker, then (whatever the drain
         # did) stop every vLLM's group
         try:
+            if registration is not None:  # the router sends nothing more while the node drains
+                await registration.stop()
             await drain(runner, workers, settings.drain_timeout, hurry)
         finally:
             await pool.stop()
@@ -236,5 +289,33 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
             notifier.close()
     log.info("stopped")
     if rejected.done():
-        print(f"vllama serve: {rejected.result()}\n(fix the vLLM arguments after -- or in the model's vllm_args)", file=sys.stderr)
+        hint = (VLLM_MISSING_HINT if "cannot run" in rejected.result()
+                else "fix the vLLM arguments after -- or in the model's vllm_args")
+        print(f"vllama serve: {rejected.result()}\n({hint})", file=sys.stderr)
         raise SystemExit(2)
+
+
+VLLM_MISSING_HINT = "install vLLM beside vllama: pip install 'vllama[vllm]', or name it with --vllm-executable PATH"
+
+
+def check_vllm_executable(settings: Settings, launches: bool) -> str | None:
+    """The ``vllm`` executable the supervisor will run (``child.find_executable``), logged.
+
+    Raises:
+        SystemExit: (2, one line on stderr: a configuration error, which the systemd unit does
+            not restart) it cannot be found and ``launches`` (a model is
+            configured, so vllama could only sit in the ``failed`` state); without configured
+            models (on-demand only) a missing one is a warning, and each start says it again.
+    """
+    found = find_executable(settings.vllm_executable)
+    if found is not None:
+        log.info("vllm_executable", path=found)
+        return found
+    where = (f"not beside {sys.executable} nor on PATH" if os.sep not in settings.vllm_executable
+             else "no such executable file")
+    line = f"cannot find the vLLM executable {settings.vllm_executable!r} ({where})"
+    if launches:
+        print(f"vllama serve: {line}: {VLLM_MISSING_HINT}", file=sys.stderr)
+        raise SystemExit(2)
+    log.warning("vllm_executable_missing", detail=line, hint=VLLM_MISSING_HINT)
+    return None

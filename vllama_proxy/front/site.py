@@ -6,11 +6,14 @@ these from here, below both, so that neither imports the other back (issue 20)."
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import resource
 import signal
+from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from vllama_proxy.logs import get_logger
 
@@ -43,8 +46,66 @@ def raise_nofile_limit() -> int:
     return soft
 
 
-async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0, reuse_port: bool = False) -> web.AppRunner:
+class _CappedHandler(RequestHandler):
+    """aiohttp's connection handler, counting open connections per client address: one over
+    :data:`_CAP` is closed as soon as it is made (issue 27: ~20,000 idle connections from one
+    client exhausted the process's open files and everyone else got read errors)."""
+
+    __slots__ = ("_vllama_addr",)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._vllama_addr = None
+        peer = transport.get_extra_info("peername")
+        addr = peer[0] if isinstance(peer, tuple) and peer else None
+        if addr is None or _CAP[0] <= 0:
+            return
+        if _OPEN[addr] >= _CAP[0]:
+            if addr not in _WARNED:
+                _WARNED.add(addr)
+                log.warning("connections_refused", client=addr, open=_OPEN[addr], limit=_CAP[0],
+                            detail="--max-connections-per-address reached: new connections are closed")
+            self.force_close()
+            return
+        _OPEN[addr] += 1
+        self._vllama_addr = addr
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        addr = getattr(self, "_vllama_addr", None)
+        if addr is not None:
+            self._vllama_addr = None
+            _OPEN[addr] -= 1
+            if _OPEN[addr] <= 0:
+                del _OPEN[addr]
+                _WARNED.discard(addr)
+        super().connection_lost(exc)
+
+
+class _CappedServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _CappedHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _CappedServer  # the same object, whose handlers count connections
+        return server
+
+
+#: Open connections per client address in this process, and the cap (0: none).
+_OPEN: collections.Counter[str] = collections.Counter()
+_WARNED: set[str] = set()
+_CAP = [0]
+
+
+async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0, reuse_port: bool = False,
+                     *, idle_timeout: float | None = None, per_address: int = 0) -> web.AppRunner:
     """Start serving ``app`` on ``host:port``; returns the runner to clean up.
+
+    ``idle_timeout``: seconds a connection may wait for its first or next request (aiohttp's
+    ``keepalive_timeout``); ``per_address``: open connections one client address may hold here
+    (0: no cap).
 
     Raises:
         SystemExit: the address cannot be bound (in use, not this host's): one line naming
@@ -55,7 +116,9 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
     ``runner.cleanup()`` stops listening, then lets in-flight requests finish for
     ``drain_timeout`` seconds before cancelling them.
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout)
+    _CAP[0] = per_address
+    extra = {"keepalive_timeout": idle_timeout} if idle_timeout is not None else {}
+    runner = _Runner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout, **extra)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True, reuse_port=reuse_port or None)
     try:
@@ -73,8 +136,11 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def wait_for_signal(hurry: asyncio.Event | None = None) -> str:
+async def wait_for_signal(hurry: asyncio.Event | None = None, reload: Callable[[], None] | None = None) -> str:
     """Block until SIGTERM, SIGINT or SIGHUP; returns the signal's name.
+
+    With ``reload`` (an ``--api-key-file`` is configured), SIGHUP calls it instead of stopping:
+    the keys file is read again, as daemons reload their configuration (issue 27).
 
     The handlers stay installed for the rest of the process: a repeated signal sets
     ``hurry`` (cut the drain short) and is logged, never the default action, which killed
@@ -93,5 +159,14 @@ async def wait_for_signal(hurry: asyncio.Event | None = None) -> str:
             hurry.set()
 
     for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, on_signal, sig)
+        if sig is signal.SIGHUP and reload is not None:
+            loop.add_signal_handler(sig, reload)
+        else:
+            loop.add_signal_handler(sig, on_signal, sig)
     return await got
+
+
+def per_address_cap(given: int | None, nofile: int) -> int:
+    """``--max-connections-per-address``, else a quarter of the open-file limit: one client may
+    never take every file of a process (each stream holds two sockets)."""
+    return given if given is not None else max(nofile // 4, 64)

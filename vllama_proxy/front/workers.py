@@ -47,16 +47,27 @@ def _worker_main(index: int, parent: int, settings: Settings, backends: list[Bac
 async def _serve(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound,
                  slots: Any = None) -> None:
     from vllama_proxy.api.app import build_app
-    from .site import raise_nofile_limit, start_site, wait_for_signal
+    from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 
-    raise_nofile_limit()
+    nofile = raise_nofile_limit()
     app = build_app(settings, backends, worker=index, front=front, bound=bound, slots=slots)
-    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True)
+    runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True,
+                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     log.info("worker_listening", worker=index, port=settings.port)
     try:
-        await wait_for_signal()
+        await wait_for_signal(reload=_key_reloader(app, settings))
     finally:
         await runner.cleanup()  # stop accepting, drain in-flight requests
+
+
+def _key_reloader(app: Any, settings: Settings) -> Any:
+    """SIGHUP's action with an ``--api-key-file``: read the keys again (``api/keys.py``); else ``None``
+    (SIGHUP stops, as before). The main process forwards SIGHUP to each worker (:meth:`WorkerPool.hup`)."""
+    if settings.api_key_file is None:
+        return None
+    from vllama_proxy.api.state import KEYS
+
+    return app[KEYS].reload
 
 
 class WorkerPool:
@@ -114,6 +125,11 @@ class WorkerPool:
                     board.reset_slot(i)  # its requests died with it: no model stays "busy" forever
                 self._bound.reset_slot(i)  # and their places in the admission bound
                 self._spawn(i)
+
+    def hup(self) -> None:
+        """Forward SIGHUP to every worker (each reads the keys file again)."""
+        for p in self._procs.values():
+            _signal(p.pid, signal.SIGHUP)
 
     async def stop(self, timeout: float) -> None:
         """SIGTERM every worker (each drains its requests), wait up to ``timeout``, then SIGKILL."""

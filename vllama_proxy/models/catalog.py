@@ -127,8 +127,12 @@ class Catalog:
     def on_demand(self) -> OnDemand | None:
         return self._on_demand
 
-    async def resolve(self, name: str) -> ServedModel:
+    async def resolve(self, name: str, *, claim: bool = False) -> ServedModel:
         """The served model an Ollama name refers to (for a model made with ``/api/create``: its base).
+
+        ``claim``: a local model no on-demand slot holds claims one (it will load) — only inference
+        and an explicit load ask for that; a lookup (show, copy, pull, delete, ``GET /v1/models/X``)
+        gets the model as it would be served and changes nothing of what is loaded (issue 27).
 
         Raises:
             ModelNotFound: neither a served name (with or without ``:latest``, any case), an alias,
@@ -138,8 +142,8 @@ class Catalog:
         """
         made = self.created(name)
         if made is not None:
-            return await self._resolve(made.base)  # a served name: created models never stand on created ones
-        return await self._resolve(name)
+            return await self._resolve(made.base, claim)  # a served name: created models never stand on created ones
+        return await self._resolve(name, claim)
 
     def is_served_name(self, name: str) -> bool:
         """Whether ``name`` names a served model or an alias in the list cached now (no fetch, no
@@ -165,11 +169,12 @@ class Catalog:
             raise RuntimeError("no created-model store")
         return self._created
 
-    async def _resolve(self, name: str) -> ServedModel:
+    async def _resolve(self, name: str, claim: bool) -> ServedModel:
         models = await self._current() if self._backends else {}
         found = self._lookup(models, name)
         if found is None and self._on_demand is not None:
-            found = self._on_demand.held(name) or await self._on_demand.claim(name)
+            target = self.names.alias_target(name) or name  # an alias made with /api/copy of an on-demand model
+            found = self._on_demand.held(target) or await (self._on_demand.claim if claim else self._on_demand.lookup)(target)
         if found is None and self._backends and time.monotonic() - self._fetched_at > 1.0:
             found = self._lookup(await self._fetch(), name)
         if found is None:
@@ -266,6 +271,10 @@ class Catalog:
         if self._library is None:
             self._library = load_library()
         return fim_format(model.root, await self.files(model), self._library)
+
+    def is_configured(self, model: ServedModel) -> bool:
+        """Whether ``model`` is one of the operator's (``--model``, ``[[models]]``, ``--upstream``), not an on-demand one."""
+        return model.name in self._backend_of or (bool(self._backends) and self._backends[0].model is None)
 
     # -- internals -------------------------------------------------------------
     def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:

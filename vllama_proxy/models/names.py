@@ -12,7 +12,7 @@ compared without ``:latest`` and without case, as Ollama's are):
 5. a library name (``library.py``: ``qwen2.5:7b``) whose repo a served model was loaded from;
 6. a local model that starts on demand (``on_demand.py`` over ``local.py``: the Hugging Face
    cache and the models built from uploaded files) — asked by ``catalog.py`` after 1-5, because
-   it may start a model.
+   it may start a model; an alias of step 3 or 4 is asked there by its target (:meth:`Names.alias_target`).
 
 Fed by: ``catalog.py`` (the served models it fetched), the settings (configured aliases), the
 alias and created-model stores, the library table. Names outside this order: ``hub.parse_model``
@@ -74,9 +74,7 @@ class Names:
         key = strip_latest(name)
         m = models.get(key)
         if m is None:
-            target = self._folded.get(key.casefold())
-            if target is None and self.store is not None:
-                target = self.store.lookup(key)
+            target = self.alias_target(key)
             if target is not None:
                 m = models.get(target)
         if m is None:
@@ -85,6 +83,15 @@ class Names:
         if m is None and self.library is not None:
             m = self._by_library_name(models, name)
         return m
+
+    def alias_target(self, name: str) -> str | None:
+        """Steps 3-4 alone: the name a configured alias or one made with ``/api/copy`` stands for, else
+        ``None`` (also for an alias of an on-demand model, which step 6 then starts by that name)."""
+        key = strip_latest(name)
+        target = self._folded.get(key.casefold())
+        if target is None and self.store is not None:
+            target = self.store.lookup(key)
+        return target
 
     def is_configured_alias(self, name: str) -> bool:
         """Whether ``name`` is an alias from the settings (``/api/copy`` and ``/api/create`` do not replace those)."""

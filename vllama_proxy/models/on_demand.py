@@ -5,7 +5,8 @@ name an on-demand slot already holds resolves to that slot's backend; a local mo
 (``local.py``: pulled into the Hugging Face cache) that the allow-list admits claims a slot
 (``supervisor/slots.py``, handed in from above), served under the name as asked with its
 library name's vLLM arguments (tool calling, reasoning parser, pooling runner: ``library.py``
-``resolve_spec``) after the server's own ``--`` arguments. The request then waits for it to
+``resolve_spec``) after those of the server's own ``--`` arguments that are safe for any repo
+(:func:`safe_args`). The request then waits for it to
 load like any unloaded model's (``routes/common.py`` ``model_in_use``), and the pool makes
 GPU room by evicting least-recently-used idle models.
 """
@@ -31,6 +32,54 @@ if TYPE_CHECKING:  # pragma: no cover
 log = get_logger("vllama.on_demand")
 
 
+#: The operator's ``--`` arguments an on-demand model gets (issue 27): those that size, place and
+#: tune the engine, safe for any repository a user may pull. Flag -> whether it takes a value.
+#: Everything else is left out: ``--trust-remote-code`` (runs the repo's own Python),
+#: ``--load-format`` (``pt`` unpickles), ``--hf-overrides``, ``--tokenizer``, ``--chat-template``,
+#: ``--tool-parser-plugin``, ``--middleware``, ``--allowed-local-media-path``, ``--revision``...:
+#: they are right for the model the operator named, not for whatever a user pulls. A library
+#: entry's own arguments (``models/library.toml``) still apply to the repos it lists.
+SAFE_FOR_ANY_REPO: dict[str, bool] = {
+    **dict.fromkeys((
+        "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+        "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
+        "--dtype", "--kv-cache-dtype", "--block-size", "--swap-space", "--cpu-offload-gb", "--seed",
+        "--api-server-count", "--scheduling-policy", "--max-logprobs", "--uvicorn-log-level",
+        "--distributed-executor-backend", "--max-num-partial-prefills", "--long-prefill-token-threshold",
+        "--compilation-config", "-O", "--max-parallel-loading-workers", "--kv-cache-memory-bytes",
+        "--allowed-media-domains", "--limit-mm-per-prompt", "--max-seq-len-to-capture",
+    ), True),
+    **dict.fromkeys((
+        "--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill", "--disable-log-stats", "--disable-log-requests", "--enable-log-requests",
+        "--disable-uvicorn-access-log", "--enable-sleep-mode", "--disable-custom-all-reduce", "--enable-expert-parallel",
+        "--async-scheduling", "--no-async-scheduling", "--disable-cascade-attn", "--disable-fastapi-docs",
+    ), False),
+}
+
+
+def safe_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(kept, left out)`` of the operator's ``--`` arguments for on-demand models: only the flags of
+    :data:`SAFE_FOR_ANY_REPO` (``--flag value``, ``--flag=value`` or a bare switch) are kept; any
+    other flag is left out with its value (the token after it when that is not a flag)."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, _ = arg.partition("=")
+        takes = SAFE_FOR_ANY_REPO.get(flag)
+        value = not eq and i + 1 < len(args) and not args[i + 1].startswith("-")
+        if takes is None:
+            n = 2 if value else 1
+            dropped += args[i:i + n]
+        else:
+            n = 2 if takes and not eq and i + 1 < len(args) else 1
+            kept += args[i:i + n]
+        i += n
+    return kept, dropped
+
+
 class NotAllowed(VllamaError):
     """A local model the on-demand allow-list does not admit (403)."""
 
@@ -45,7 +94,8 @@ class OnDemand:
         backends: one per slot, in slot order (its board and its vLLM's URL).
         library: for names and each family's vLLM arguments.
         allow: the allow-list (``--on-demand-models``; empty: every local model).
-        vllm_args: the server's own arguments after ``--``, given to every on-demand model.
+        vllm_args: the server's own arguments after ``--``; those safe for any repo (:func:`safe_args`)
+            are given to every on-demand model.
         keep_alive: the server's default keep_alive (``--keep-alive``), as each model's own.
         load_timeout: seconds a request waits for a slot to free up (``--load-timeout``).
         ttl: seconds a scan of the cache counts as fresh (a miss rescans at most this often).
@@ -61,7 +111,7 @@ class OnDemand:
         self.backends = list(backends)
         self.library = library
         self.allow = list(allow)
-        self.vllm_args = list(vllm_args)
+        self.vllm_args, _ = safe_args(vllm_args)  # never --trust-remote-code and its kin (issue 27)
         self.keep_alive = keep_alive
         self.ttl = ttl
         self._scan: list[local.LocalModel] = []
@@ -99,15 +149,53 @@ class OnDemand:
         i = self.slots.find(model.name)
         return self.backends[i] if i is not None else None
 
+    async def lookup(self, name: str) -> ServedModel | None:
+        """The model ``name`` names, as it would be served, without claiming a slot or loading it:
+        the slot's model when one holds it, else the local model's (``None``: no local model).
+        What ``/api/show``, ``/api/copy``, ``/api/pull``, ``/api/delete`` and ``GET /v1/models/<name>``
+        read (issue 27: looking a model up never loads it).
+
+        Raises:
+            NotAllowed: a local model the allow-list does not admit.
+        """
+        held = self.held(name)
+        if held is not None:
+            return held
+        spec = await self._spec(name)
+        return None if spec is None else _served_model(spec)
+
+    def serving(self, name: str, repo: str | None = None) -> bool:
+        """Whether a slot holds served name ``name`` (or a model of ``repo``) loaded, loading, asleep
+        or with requests using or waiting for it: its weights must stay (``/api/delete``)."""
+        for i in range(len(self.slots)):
+            model = self._served(i)
+            if model is None:
+                continue
+            if model.name.casefold() != name.casefold() and (repo is None or model.root.casefold() != repo.casefold()):
+                continue
+            if not self.slots.reusable(i):
+                return True
+        return False
+
     async def claim(self, name: str) -> ServedModel | None:
         """The slot's model for ``name`` when it names a local model (claiming a slot for it); ``None``
-        when it names none.
+        when it names none. Only inference and an explicit load (an empty-prompt generate) claim.
 
         Raises:
             NotAllowed: a local model the allow-list does not admit.
             SlotsFull: every slot holds a model in use (``SlotTable.claim``), and none became free
                 within ``load_timeout``.
         """
+        spec = await self._spec(name)
+        if spec is None:
+            return None
+        i = await self._claim(spec)
+        log.info("on_demand_claim", model=spec.served_name, repo=spec.model, slot=i)
+        return self._served(i)
+
+    async def _spec(self, name: str) -> ModelConfig | None:
+        """The on-demand spec of the local model ``name`` names (``None``: none): served under the
+        name as asked, its family's vLLM arguments after the operator's safe ones (:func:`safe_args`)."""
         found = local.find(name, await self.local(), self.library)
         if found is None:
             found = local.find(name, await self.local(fresh=True), self.library)  # pulled a moment ago
@@ -124,9 +212,7 @@ class OnDemand:
         if key and self.library is not None:
             spec, _ = resolve_spec(spec, self.library)
             spec = spec.model_copy(update={"model": model.repo})  # the cached repo (a quantization tag names another)
-        i = await self._claim(spec)
-        log.info("on_demand_claim", model=spec.served_name, repo=spec.model, slot=i)
-        return self._served(i)
+        return spec
 
     async def _claim(self, spec: ModelConfig) -> int:
         """A slot for ``spec``; when all hold loaded models, the least recently used idle one is
@@ -151,8 +237,11 @@ class OnDemand:
         cached = self._served_cache.get(i)
         if cached is None or cached[0] != generation:
             spec = self.slots.spec(i)
-            model = None if spec is None else ServedModel(
-                name=spec.served_name, root=spec.model, max_model_len=spec.context_length, created=int(time.time()),
-                vllm_args=tuple(spec.args()))
+            model = None if spec is None else _served_model(spec)
             cached = self._served_cache[i] = (generation, model)
         return cached[1]
+
+
+def _served_model(spec: ModelConfig) -> ServedModel:
+    return ServedModel(name=spec.served_name, root=spec.model, max_model_len=spec.context_length, created=int(time.time()),
+                       vllm_args=tuple(spec.args()))

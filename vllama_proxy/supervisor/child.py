@@ -15,7 +15,9 @@ import asyncio
 import collections
 import os
 import re
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +34,23 @@ log = get_logger("vllm")
 PROGRESS = re.compile(
     r"download|Loading|loading|shard|weights|profil|KV cache|compil|graph|Capturing|warm|Starting vLLM|Init|init engine|Available routes",
 )
+
+
+def find_executable(name: str) -> str | None:
+    """The executable ``name`` stands for: a name with a slash as given (if it can be run); a bare
+    name beside this process's Python first, then on ``PATH``; ``None`` when there is none.
+
+    Beside the Python comes first because that is where ``pip install 'vllama[vllm]'`` put
+    ``vllm``: ``.venv/bin/vllama serve`` finds ``.venv/bin/vllm`` whether or not the venv is
+    activated (issue 26.1), and a ``vllm`` of another version on ``PATH`` does not win over it.
+    ``sys.executable`` is not resolved: a venv's ``python`` is a link to the base interpreter.
+    """
+    if os.sep in name:
+        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
 
 
 class VllmProcess:

@@ -23,13 +23,14 @@ from vllama_proxy.models.config import ModelConfig, has_flag
 from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
-from .child import VllmProcess
+from .child import VllmProcess, find_executable
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from .placement import pin_engine_cores
 from ..settings import Settings
 from .states import TRANSITIONS, InvalidTransition, State
 from .status import StatusBoard
+from .warm import compile_cache
 from ..upstream import Upstream, read_response
 
 log = get_logger("vllama.supervisor")
@@ -136,7 +137,7 @@ class Supervisor:
             args = [a for i, a in enumerate(args) if a != "--api-server-count" and (i == 0 or args[i - 1] != "--api-server-count")
                     and not a.startswith("--api-server-count=")] + ["--api-server-count", "1"]
         return [
-            self.s.vllm_executable, "serve", self.spec.model,
+            find_executable(self.s.vllm_executable) or self.s.vllm_executable, "serve", self.spec.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--served-model-name", self.served_name,
             *media_args(self.s.allowed_media_domains, args),
@@ -196,10 +197,10 @@ class Supervisor:
             if self.state in (State.STOPPING, State.STOPPED):
                 raise UpstreamUnavailable(f"vLLM is {self.state.value}")
             if self.state is State.FAILED:  # a crash loop: say so now, not at the timeout
-                raise UpstreamUnavailable(self.board.unavailable_message())
+                raise self.board.unavailable()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise UpstreamUnavailable(self.board.unavailable_message())
+                raise self.board.unavailable()
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
@@ -269,7 +270,7 @@ class Supervisor:
                     self._loading = False
                     self.last_error = reason
                     self.last_output = self.child.tail() if self.child else ""
-                    log.error("vllm_arguments_rejected", model=self.served_name, error=self.config_error,
+                    log.error("vllm_cannot_start", model=self.served_name, error=self.config_error,
                               argv=self.argv())
                     await self._stop_child()
                     self._set(State.FAILED, reason)
@@ -490,6 +491,8 @@ class Supervisor:
             # vllama's own metrics directory (--workers) is not vLLM's: with several API servers vLLM
             # makes its own, and given ours it would mix its series into vllama's /metrics and back.
             env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            # vLLM's compile cache where it survives a restart (the state directory when home is read-only)
+            env.update(compile_cache(self.s.state_dir, env)[2])
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
             self._lora = await asyncio.to_thread(self.lora_plan)
@@ -497,7 +500,9 @@ class Supervisor:
                 env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # adapters created later load without a restart
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
-            return f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
+            # not there or not executable: no restart can fix it, only a new configuration (issue 26.1)
+            self.config_error = f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
+            return self.config_error
         child = self.child
         self._publish()
         started = time.monotonic()

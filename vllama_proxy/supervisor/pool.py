@@ -40,6 +40,7 @@ from vllama_proxy.models import fit
 from vllama_proxy.models.config import ModelConfig, vllm_arg
 from vllama_proxy.models.keep_alive import parse_keep_alive
 from vllama_proxy.models.model_files import find_model_dir
+from vllama_proxy.models.on_demand import safe_args
 from . import gpu
 from .core import Supervisor
 from ..logs import get_logger
@@ -99,8 +100,12 @@ class ModelPool:
             sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
         self.slots = slots
+        on_demand_args, left_out = safe_args(settings.vllm_args)
+        if slots and left_out:
+            log.info("on_demand_args_left_out", args=left_out,
+                     reason="not safe for any repo a user pulls: given only to the models the operator names")
         for i, (board, port) in enumerate(zip(slots.boards if slots else [], slots.ports if slots else [], strict=True)):
-            placeholder = ModelConfig(model=f"on-demand-slot-{i}", vllm_args=settings.vllm_args, preload=False)
+            placeholder = ModelConfig(model=f"on-demand-slot-{i}", vllm_args=on_demand_args, preload=False)
             sup = Supervisor(settings, placeholder, port=port, board=board, pool=self, slot=(slots, i), prepare=prepare)
             sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
@@ -165,12 +170,18 @@ class ModelPool:
         short = self._short(sup)
         candidates = [
             o for o in self._neighbours(sup)
-            if not o.spec.pin and short & set(o.spec.gpu_ids)
+            if not self._protected(o, sup) and short & set(o.spec.gpu_ids)
             and o.board.in_flight == 0 and o.board.waiters == 0 and not o.board.waking
         ]
         ready = [o for o in candidates if o.holds_gpu and o.state is State.READY]
         asleep = [o for o in candidates if not o.holds_gpu and o.state is State.SLEEPING and o.child is not None]
         return min(ready or asleep, key=lambda o: o.board.last_used, default=None)
+
+    def _protected(self, o: Supervisor, sup: Supervisor) -> bool:
+        """Whether ``o`` may not be evicted for ``sup``: pinned, or an operator's model when ``sup`` is
+        an on-demand one and ``--protect-models`` is on (issue 27: one user's pulls took the
+        production model off the GPU). An admin still unloads it with keep_alive 0."""
+        return o.spec.pin or (sup.slot is not None and o.slot is None and self.s.protects_models())
 
     def _blockers(self, sup: Supervisor) -> str:
         held = [f"{o.served_name} ({self._held(o):g}, {o.state.value})" for o in self._neighbours(sup) if self._held(o)]
@@ -272,7 +283,7 @@ class ModelPool:
                 if i not in o.spec.gpu_ids or not self._held(o):
                     continue
                 held = int(self._held(o) * total)
-                if o.spec.pin:
+                if self._protected(o, sup):
                     pinned.setdefault(o.served_name, {})[i] = held
                 else:
                     reclaimable += held

@@ -25,6 +25,18 @@ async def health(upstream: Upstream) -> int | None:
         return None
 
 
+async def router_readiness(upstream: Upstream) -> dict | None:
+    """``vllm-router``'s ``GET /readiness`` (``{"status": "ready"|"not_ready", "healthy_workers": n,
+    "total_workers": m}``, 200 while some worker is healthy, else 503), or ``None`` when the
+    upstream is no router (vLLM has no such route) or cannot be reached."""
+    try:
+        async with upstream.request("GET", "/readiness", check=False) as resp:
+            data = await read_json(resp) if resp.status in (200, 503) else None
+    except UpstreamError:
+        return None
+    return data if isinstance(data, dict) and "healthy_workers" in data else None
+
+
 async def serves(upstream: Upstream, name: str) -> bool:
     """Whether ``/v1/models`` lists ``name``."""
     try:

@@ -19,7 +19,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from vllama_proxy.errors import SlotsFull
+from vllama_proxy.errors import SlotsFull, UpstreamUnavailable
 from vllama_proxy.models.config import ModelConfig
 from .shm import SharedLock
 from .states import State
@@ -115,6 +115,11 @@ class SlotTable:
         else:
             victim.expire()
         return victim.served_name
+
+    def reusable(self, index: int) -> bool:
+        """Whether slot ``index`` is empty or its model unloaded (or failed) and unused: nothing of it
+        is loaded, loading or wanted, so its weights may go (``/api/delete``)."""
+        return self._reusable(self.boards[index])
 
     @staticmethod
     def _reusable(board: StatusBoard) -> bool:

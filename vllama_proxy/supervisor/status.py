@@ -19,7 +19,7 @@ from typing import Any
 
 from . import gpu
 from .child import session_members
-from ..errors import ModelTooLarge, UpstreamUnavailable
+from ..errors import ModelLoading, ModelTooLarge, UpstreamUnavailable
 from .shm import SharedLock
 from .states import State
 
@@ -258,14 +258,23 @@ class StatusBoard:
                     raise ModelTooLarge(self.last_error or f"model '{self.served_name}' does not fit in its GPUs' memory")
                 self.request_wake()
             elif state in (State.FAILED, State.STOPPING, State.STOPPED, State.UNHEALTHY):
-                raise UpstreamUnavailable(self.unavailable_message())
+                raise self.unavailable()
             if time.monotonic() > deadline:
-                raise UpstreamUnavailable(self.unavailable_message(waited=timeout))
+                raise self.unavailable(waited=timeout)
             await asyncio.sleep(0.02)
 
     @property
     def last_error(self) -> str | None:
         return self._error.value.decode(errors="replace") or None
+
+    def unavailable(self, waited: float | None = None) -> UpstreamUnavailable:
+        """The 503 for a request the model cannot serve now: :class:`ModelLoading` (with
+        ``Retry-After``) while it is on its way to ready, else final (failed, stopping, or
+        ``waited`` seconds went by)."""
+        message = self.unavailable_message(waited)
+        loading = waited is None and self.state in (State.STARTING, State.RESTARTING, State.UNHEALTHY, State.SLEEPING,
+                                                     State.UNLOADED)
+        return ModelLoading(message) if loading else UpstreamUnavailable(message)
 
     def unavailable_message(self, waited: float | None = None) -> str:
         """Why requests cannot be served now, for a 503 (``waited``: seconds a request waited)."""

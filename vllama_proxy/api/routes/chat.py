@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .. import session
 from ..ollama_types import ChatRequest
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities, upstream_model, with_model_defaults
-from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, with_priority, wants_unload, model_in_use, now_ns, read_request, resolve_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -18,6 +19,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, ChatRequest)
+    if (not req.messages) and wants_unload(request, req.keep_alive):
+        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
+        return await load_reply(request, name, maybe, req.keep_alive, chat=True)
     name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
         return await load_reply(request, name, backend, req.keep_alive, chat=True)
@@ -26,9 +30,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)
     check_capabilities(name, caps, tools=bool(req.tools), think=req.think, images=images)
-    body, ignored = chat_body(req, upstream_model(made, model.name))
+    served = upstream_model(made, model.name)  # the base's name, or its LoRA adapter's
+    body, ignored = chat_body(req, served)
     log_ignored(ignored)
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)
+    # the conversation's key, so that a router in front of several engines keeps it on one (api/session.py)
+    headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(served, req.messages))
     async with model_in_use(request, backend, req.keep_alive):
-        return await relay(request, backend.upstream, "/v1/chat/completions", body, translator, stream=stream)
+        return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream,
+                           headers=headers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,11 +14,16 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel
 
 from vllama_proxy.api.ollama_types import parse_body, require_model
-from vllama_proxy.errors import BadRequest, UpstreamUnavailable
+from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, RequestTooLarge, UpstreamUnavailable, VllamaError
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.backends import Backend, ServedModel
+from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
+from ..keys import Key, key_of
+#: Request key: this request's vLLM ``priority`` (lower first), set by ``admission.py`` with fair sharing.
+PRIORITY = "vllama.priority"
 from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
+from ..metrics import MODEL
 from ..stream import CLOCK
 
 log = get_logger("vllama.routes")
@@ -26,13 +32,31 @@ M = TypeVar("M", bound=BaseModel)
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The raw request body.
+    """The raw request body (read once; aiohttp keeps it for a second call).
+
+    Inference routes take ``--max-body-size``, every other route ``--max-small-body-size``
+    (issue 27: non-inference routes read bodies unbounded); the whole body must arrive within
+    ``--body-timeout``.
 
     Raises:
         BadRequest: it cannot be read as sent (e.g. ``Content-Encoding: gzip`` on a body that is not gzip).
+        RequestTooLarge: over the route's limit (413).
+        VllamaError: 408, not received in time (the connection is closed after the answer).
     """
+    settings = request.app[SETTINGS]
+    small = request.path not in LARGE_BODY_ROUTES and not request.path.startswith(LARGE_BODY_PREFIXES)
+    limit = settings.max_small_body_size if small else settings.max_body_size
+    if small and (request.content_length or 0) > limit:
+        request[CLOSE_AFTER] = True
+        raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
     try:
-        return await request.read()
+        async with asyncio.timeout(settings.body_timeout):
+            body = await request.read()
+    except TimeoutError:
+        request.content.feed_eof()
+        request[CLOSE_AFTER] = True
+        raise VllamaError(f"the request body was not received within {settings.body_timeout:g} s (--body-timeout)",
+                          status=408) from None
     except RequestPayloadError:
         # Nothing more of this body will be read: say so, or aiohttp's lingering read after the
         # 400 hits the same error and logs it as an error-level "Unhandled exception"; and the
@@ -43,6 +67,14 @@ async def read_body(request: web.Request) -> bytes:
         if encoding:
             raise BadRequest(f"the request body is not valid {encoding} (it was sent with Content-Encoding: {encoding})") from None
         raise BadRequest("the request body could not be read as sent") from None
+    if small and len(body) > limit:
+        raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
+    return body
+
+
+#: Routes that take ``--max-body-size`` (inference, blobs); every other route ``--max-small-body-size``.
+LARGE_BODY_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+LARGE_BODY_PREFIXES = ("/v1/", "/api/blobs/")
 
 
 async def read_request(request: web.Request, cls: type[M]) -> M:
@@ -51,11 +83,61 @@ async def read_request(request: web.Request, cls: type[M]) -> M:
 
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
-    """``(name as sent, served model, its backend)``; raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+    """``(name as sent, served model, its backend)`` for inference or an explicit load: a local model
+    no on-demand slot holds claims one. Raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+    name = require_model(name)
+    catalog = request.app[CATALOG]
+    key = key_of(request)
+    if not key.admin and request.app[SETTINGS].on_demand_admin_only:
+        _, model, backend = await lookup_model(request, name)
+        if backend is None:
+            raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
+                            "this server starts models on demand for admin keys only (--on-demand-admin-only)")
+    model = await catalog.resolve(name, claim=True)
+    check_model(key, name, model, catalog.created(name))
+    request[MODEL] = model.name  # for the per-key counters (metrics.py)
+    return name, model, catalog.backend_of(model)
+
+
+def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:
+    """403 unless ``key`` may use ``model`` (asked as ``name``): its ``models`` patterns match the
+    name as asked, the served name or the repo (``keys.py``). A model made with ``/api/create``
+    (``made``; ``model`` is then its base) is matched by its own name only: a key that may use a
+    base does not thereby use every model made of it, with its adapter and system prompt."""
+    allowed = key.may_use(name, made.name) if made is not None else key.may_use(name, model.name, model.root)
+    if not allowed:
+        raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
+
+
+def may_list(request: web.Request, model: ServedModel, names: list[str]) -> bool:
+    """Whether the request's key may see ``model`` in a listing (tags, ps, /v1/models)."""
+    key = key_of(request)
+    return not key.models or key.may_use(model.name, model.root, *names)
+
+
+def may_list_created(request: web.Request, made: CreatedModel) -> bool:
+    """Whether the request's key may see a model made with ``/api/create`` in a listing: its own
+    name matches the key's patterns (as :func:`check_model`), whatever its base's."""
+    key = key_of(request)
+    return not key.models or key.may_use(made.name)
+
+
+async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
+    """``(name as sent, served model, its backend or None)`` without loading anything: an on-demand
+    model no slot holds has no backend (issue 27: looking a model up never loads it)."""
     name = require_model(name)
     catalog = request.app[CATALOG]
     model = await catalog.resolve(name)
-    return name, model, catalog.backend_of(model)
+    check_model(key_of(request), name, model, catalog.created(name))
+    try:
+        return name, model, catalog.backend_of(model)
+    except ModelNotFound:
+        return name, model, None
+
+
+def wants_unload(request: web.Request, keep_alive: Any) -> bool:
+    """Whether a load request's ``keep_alive`` unloads (0): it must not load the model first."""
+    return parse_keep_alive(keep_alive, default=1.0) == 0
 
 
 def where_models_change(request: web.Request) -> str:
@@ -66,7 +148,7 @@ def where_models_change(request: web.Request) -> str:
     return "change the served models with `vllama serve --model M` or the config file's [[models]] (see README)"
 
 
-async def load_reply(request: web.Request, name: str, backend: Backend, keep_alive: Any, *, chat: bool) -> web.Response:
+async def load_reply(request: web.Request, name: str, backend: Backend | None, keep_alive: Any, *, chat: bool) -> web.Response:
     """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
 
     ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
@@ -78,14 +160,22 @@ async def load_reply(request: web.Request, name: str, backend: Backend, keep_ali
         BadRequest: an unload of a model vllama does not run (``--upstream``): a 400 saying so,
             not a ``done_reason: unload`` for a model that stays loaded.
     """
-    board = backend.board
+    board = backend.board if backend is not None else None
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
     unload = parse_keep_alive(keep_alive, default=default) == 0
-    if unload:
+    key = key_of(request)
+    if unload and backend is None:
+        pass  # an on-demand model no slot holds: nothing is loaded, nothing to unload
+    elif unload and not key.admin and board is not None and (board.in_flight or backend.slot is None):
+        # a user may unload an on-demand model no one else uses; not the operator's, not one in use
+        raise Forbidden(f"key '{key.name}' (role {key.role}) may not unload '{name}' (keep_alive 0): "
+                        f"{'others are using it' if board.in_flight else 'the operator runs it'}; that needs an admin key")
+    elif unload:
         if board is None:  # --upstream: the model lives in a vLLM vllama does not run
             raise BadRequest(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
         board.touch(0)
     else:
+        assert backend is not None
         async with model_in_use(request, backend, keep_alive):
             pass
     body: dict[str, Any] = {"model": name, "created_at": CLOCK.now()}
@@ -116,11 +206,13 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
         yield
         return
     seconds = parse_keep_alive(keep_alive, default=board.keep_alive)
+    if seconds <= 0 and not key_of(request).admin:
+        seconds = board.keep_alive  # a user neither unloads after its request nor pins a model forever
     slot = request.app[WORKER]
     held = board.served_name  # an on-demand slot may take another model before this request is counted
     timeout = request.app[SETTINGS].load_timeout
     if not (board.available or board.waking or board.loading):
-        raise UpstreamUnavailable(board.unavailable_message())
+        raise board.unavailable()
     board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
     try:
         while True:
@@ -139,6 +231,15 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     finally:
         board.touch(seconds)  # Ollama sets the expiry after each request; before end(), so the
         board.end(slot)  # supervisor never sees it idle with the old expiry
+
+
+def with_priority(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the request's vLLM ``priority`` when fair sharing set one (``admission.py``),
+    replacing any the client sent: a client must not jump the queue. Returns ``body``."""
+    priority = request.get(PRIORITY)
+    if priority is not None:
+        body["priority"] = priority
+    return body
 
 
 def log_ignored(ignored: list[str]) -> None:

@@ -233,8 +233,11 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
         BadRequest: vLLM refused the adapter (its message); the model is not kept.
     """
     catalog = request.app[CATALOG]
-    base = await catalog.resolve(made.base)
-    backend = catalog.backend_of(base)
+    base = await catalog.resolve(made.base)  # a lookup (issue 27): creating a model starts no on-demand base
+    try:
+        backend = catalog.backend_of(base)
+    except ModelNotFound:  # an on-demand base no slot holds: it starts with the adapter when a request names it
+        return [{"status": "the adapter loads with the base model"}]
     board = backend.board
     lora_name, path = next(iter(made.adapters.items()))
     others = [m for m in catalog.created_models() if m.name.casefold() != made.name.casefold()]

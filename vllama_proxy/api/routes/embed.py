@@ -10,7 +10,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import Backend
-from .common import model_in_use, now_ns, read_request, resolve_model
+from .common import lookup_model, model_in_use, now_ns, read_request, resolve_model
 from ..ollama_types import EmbedRequest, EmbeddingsRequest
 
 
@@ -46,13 +46,14 @@ async def embed(request: web.Request) -> web.Response:
     """
     t0 = now_ns()
     req = await read_request(request, EmbedRequest)
-    name, model, backend = await resolve_model(request, req.model)
     inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
     inputs = [i for i in inputs if i]
+    name, model, backend = await (resolve_model if inputs else lookup_model)(request, req.model)
     t_sent = now_ns()
     vectors: list[list[float]] = []
     count = 0
     if inputs:
+        assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
             vectors, count = await _embeddings(backend, name, model.name, inputs, req.truncate is not False)
         if req.dimensions:
@@ -72,9 +73,10 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     """Legacy embeddings: ``{model, prompt}`` -> ``{"embedding": [float]}`` (not normalised, as Ollama)."""
     req = await read_request(request, EmbeddingsRequest)
-    name, model, backend = await resolve_model(request, req.model)
+    name, model, backend = await (resolve_model if req.prompt else lookup_model)(request, req.model)
     vec: list[float] = []
     if req.prompt:
+        assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
             vectors, _ = await _embeddings(backend, name, model.name, [req.prompt], True)
         vec = vectors[0] if vectors else []

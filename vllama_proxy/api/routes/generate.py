@@ -7,9 +7,10 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
-from .common import load_reply, log_ignored, model_in_use, now_ns, read_request, resolve_model
+from .common import load_reply, log_ignored, lookup_model, model_in_use, now_ns, read_request, resolve_model, wants_unload, with_priority
+from .. import session
 from ..ollama_types import GenerateRequest
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS
 from ..stream import GenerateTranslator, Timings, relay
 from ..translate import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
 
@@ -42,6 +43,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, GenerateRequest)
+    if (not req.prompt and not req.images and not req.suffix) and wants_unload(request, req.keep_alive):
+        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
+        return await load_reply(request, name, maybe, req.keep_alive, chat=False)
     name, model, backend = await resolve_model(request, req.model)
     if not req.prompt and not req.images and not req.suffix:
         return await load_reply(request, name, backend, req.keep_alive, chat=False)
@@ -66,4 +70,5 @@ async def generate(request: web.Request) -> web.StreamResponse:
     async with model_in_use(request, backend, req.keep_alive):
         if path == "/v1/completions" and "max_tokens" not in body:
             body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
-        return await relay(request, backend.upstream, path, body, translator, stream=stream)
+        headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.generate_key(served, req.system))
+        return await relay(request, backend.upstream, path, with_priority(request, body), translator, stream=stream, headers=headers)

@@ -3,7 +3,8 @@
 ``/livez`` is 200 while the process serves HTTP. ``/readyz`` is 200 only when every
 model can serve (ready, or asleep/unloaded and loaded on demand); otherwise 503 with
 JSON naming the state, since when, and the last error (supervised), or the
-upstream's health (``--upstream``).
+upstream's health (``--upstream``). ``/health`` is vLLM's shape of the same answer (200 or 503,
+empty body), so that a node can stand where ``vllm-router`` expects a vLLM (``docs/fleet.md``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,24 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.supervisor import probes
-from ..state import CATALOG, FRONT_END
+from ..keys import KEY
+from ..state import CATALOG, FRONT_END, KEYS
 
 
 async def livez(request: web.Request) -> web.Response:
     """Always 200 while the event loop answers."""
     return web.json_response({"status": "alive"})
+
+
+async def health(request: web.Request) -> web.Response:
+    """vLLM's ``/health``: 200 (empty) when :func:`readyz` would be 200, else 503.
+
+    ``vllm-router`` checks each worker's ``/health`` before ``/add_worker`` adds it and then
+    every ``--health-check-interval-secs`` (its ``--health-check-endpoint`` does not apply to
+    the first check), so a vllama node answers it as a vLLM would.
+    """
+    ready, _ = await _readiness(request)
+    return web.Response(status=200 if ready else 503)
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -28,7 +41,16 @@ async def readyz(request: web.Request) -> web.Response:
     past its first start, then 200 whenever some model is ready, asleep, unloaded or loading
     for a request. A model restarting or failed shows in the body only. ``front_end`` says
     how many processes vllama and each vLLM serve with, and why (``supervisor/sizing.py``).
+    When API keys are configured, a caller without a valid key gets ``{"state"}`` only (issue 27).
     """
+    ready, body = await _readiness(request)
+    body["front_end"] = request.app[FRONT_END].as_dict()
+    if request.app[KEYS].configured and KEY not in request:
+        body = {"state": "ready" if ready else "unavailable"}  # models, PIDs, errors: for key holders only
+    return web.Response(status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json")
+
+
+async def _readiness(request: web.Request) -> tuple[bool, dict]:
     catalog = request.app[CATALOG]
     boards = [b.board for b in catalog.backends if b.board is not None]
     on_demand = catalog.on_demand
@@ -46,8 +68,15 @@ async def readyz(request: web.Request) -> web.Response:
     elif on_demand is not None:  # no model configured: local models start when requests name them
         ready, body = True, {"state": "ready", "models": []}
     else:
-        code = await probes.health(catalog.backends[0].upstream)
+        upstream = catalog.backends[0].upstream
+        code = await probes.health(upstream)
         ready = code == 200
         body = {"state": "ready" if ready else "unavailable", "upstream_health": code}
-    body["front_end"] = request.app[FRONT_END].as_dict()
-    return web.Response(status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json")
+        if code == 503:
+            # vllm-router answers /health 503 when any one worker fails; its /readiness says
+            # whether some worker is healthy, which is all a stateless front needs to serve
+            router = await probes.router_readiness(upstream)
+            if router is not None:
+                ready = bool(router.get("healthy_workers"))
+                body = {"state": "ready" if ready else "unavailable", "upstream_health": code, "router": router}
+    return ready, body

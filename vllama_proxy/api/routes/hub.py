@@ -4,7 +4,9 @@ A served model pulls at once (clients pull before they chat) and cannot be delet
 other ``org/name[:revision]`` is downloaded into the Hugging Face cache, where vLLM finds it
 (``vllama serve --model org/name``), or removed from it. An Ollama library name
 (``qwen2.5:0.5b``, ``llama3.2``) means the repo vLLM's library table maps it to
-(``models/library.py``); any other name is a 404 naming the closest library names.
+(``models/library.py``); any other name is a 404 naming the closest library names. With
+``--upstream`` a model the vLLM does not serve is refused before any download (501): vllama
+could never start it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from contextlib import aclosing
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, VllamaError, error_line
+from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.local import uploaded_dir
@@ -37,9 +39,16 @@ async def pull(request: web.Request) -> web.StreamResponse:
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
     if await _served(request, name, strict=False) is not None:
-        return _success(req.stream)
+        return _success(req.stream)  # served (or pulled) already
     model = hub.parse_model(name) or await _from_library(request, name)
-    async with aclosing(hub.pull(model)) as events:
+    settings = request.app[SETTINGS]
+    upstream = settings.upstream
+    if upstream:  # vllama starts no model in this mode: the download could never serve (issue 26.6)
+        raise NotSupported(f"model '{name}' is not served by the vLLM at {upstream}, and vllama serve --upstream "
+                           f"cannot start models: pulling it would not make it runnable (serve it with vllama serve "
+                           f"--model {name}, or start that vLLM with it)")
+    limits = hub.PullLimits(settings.state_dir / "pulls", settings.max_pulls, settings.cache_quota)
+    async with aclosing(hub.pull(model, limits)) as events:
         if req.stream is False:
             async for _ in events:
                 pass
@@ -70,12 +79,15 @@ async def pull(request: web.Request) -> web.StreamResponse:
 
 
 async def delete(request: web.Request) -> web.Response:
-    """Ollama's delete: 200 with an empty body; 404 ``model 'X' not found``; 400 for a served model.
+    """Ollama's delete: 200 with an empty body; 404 ``model 'X' not found``; 400 for a model in use.
 
     An alias made with ``/api/copy`` is removed (the model it names stays), as deleting
     a copy in Ollama leaves the original. A model made with ``/api/create`` is removed with what
     was uploaded for it (its LoRA adapter is unloaded from the running vLLM), unless a copy of it
-    still uses them.
+    still uses them. A pulled model no one uses is removed from the
+    cache (``ollama rm``); a model being served (configured, or an on-demand model loaded,
+    loading or wanted) is refused, by any name and whatever ``:revision`` is named: its
+    repo's weights must stay under it (issue 27).
     """
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
@@ -98,11 +110,39 @@ async def delete(request: web.Request) -> web.Response:
             return web.Response(status=200)
     except OSError as e:
         raise VllamaError(f"cannot remove the alias from {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
-    if await _served(request, name, strict=True) is not None:
+    serving = await _serving(request, name)
+    if serving is not None:
         raise VllamaError(f"model '{name}' is in use: it is being served", status=400)
     model = hub.parse_model(name) or await _from_library(request, name)
     await asyncio.to_thread(hub.delete, model, name)
     return web.Response(status=200)
+
+
+async def _serving(request: web.Request, name: str) -> str | None:
+    """The served name of a model ``name`` refers to that is being served now (a configured model, or
+    an on-demand one that a slot holds loaded, loading or in use), by name, alias or its repo (with
+    or without a revision); ``None`` when none. An unreachable ``--upstream`` vLLM is an error."""
+    catalog = request.app[CATALOG]
+    on_demand = catalog.on_demand
+    try:
+        model = await catalog.resolve(name)  # a lookup: loads nothing
+    except ModelNotFound:
+        model = None
+    if model is not None and (catalog.is_configured(model) or (on_demand is not None and on_demand.serving(model.name, model.root))):
+        return model.name
+    try:
+        repo = hub.parse_model(name)
+    except BadRequest:
+        repo = None
+    if repo is None and model is not None:
+        repo = hub.HubModel(model.root, None) if "/" in model.root and not model.root.startswith("/") else None
+    if repo is None:
+        return None
+    wanted = repo.repo_id.casefold()
+    for m in await catalog.models():
+        if m.root.casefold() == wanted and (catalog.is_configured(m) or (on_demand is not None and on_demand.serving(m.name, m.root))):
+            return m.name
+    return None
 
 
 async def _from_library(request: web.Request, name: str) -> hub.HubModel:
@@ -132,14 +172,15 @@ async def _served(request: web.Request, name: str, *, strict: bool) -> str | Non
     catalog = request.app[CATALOG]
     try:
         try:
-            return (await catalog.resolve(name)).name
-        except ModelNotFound:
-            pass
-        try:
             model = hub.parse_model(name)
         except BadRequest:
             return None
-        if model is not None and model.revision is None:
+        if model is None:  # an Ollama or library name (a hub id never counts by alias: issue 27)
+            try:
+                return (await catalog.resolve(name)).name
+            except ModelNotFound:
+                return None
+        if model.revision is None:
             wanted = model.repo_id.casefold()
             return next((m.name for m in await catalog.models() if m.root.casefold() == wanted), None)
     except UpstreamError:

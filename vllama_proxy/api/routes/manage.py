@@ -1,10 +1,11 @@
-"""Ollama's model management beyond pull and delete: copy makes an alias; push, create and blobs are 501.
+"""Ollama's model management beyond pull, delete and create: copy makes an alias; push is 501.
 
 ``POST /api/copy`` gives a served model another name, kept in the alias store
 (``models/aliases.py``) so every worker and later runs know it; ``DELETE /api/delete`` of
-that name removes it again (``routes/hub.py``). Push, create and blobs answer 501
-naming what is served and how to serve something else. Pull and delete (Hugging
-Face Hub cache) live in ``routes/hub.py``.
+that name removes it again (``routes/hub.py``). A copy of a model made with ``/api/create`` is
+another such model, with the same layers. Push answers 501 naming what is served and how to
+serve something else. Pull and delete (Hugging Face Hub cache) live in ``routes/hub.py``,
+create and blobs in ``routes/create.py`` and ``routes/blobs.py``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import re
 from aiohttp import web
 
 from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError
+from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .common import read_request, where_models_change
 from ..ollama_types import CopyRequest
-from ..state import CATALOG
+from ..state import CATALOG, SETTINGS
 
 #: Ollama's model name shape: ``[host/][namespace/]model[:tag]``, letters, digits, ``._-``.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){0,2}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")
@@ -47,6 +49,7 @@ async def copy(request: web.Request) -> web.Response:
     if len(destination) > 256 or not _NAME.fullmatch(destination):
         raise BadRequest(f'destination "{destination}" is invalid')
     catalog = request.app[CATALOG]
+    _not_a_pullable_name(request, destination)
     made = catalog.created(source)
     if made is not None:  # a model made with /api/create: the copy is one too, with the same layers
         if catalog.is_served_name(destination):
@@ -57,7 +60,7 @@ async def copy(request: web.Request) -> web.Response:
         except OSError as e:
             raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
         return web.Response(status=200)
-    model = await catalog.resolve(source)
+    model = await catalog.resolve(source)  # a lookup: loads nothing (issue 27)
     try:
         existing = await catalog.resolve(destination)
     except ModelNotFound:
@@ -69,11 +72,41 @@ async def copy(request: web.Request) -> web.Response:
             raise BadRequest(f"'{destination}' is a served model; choose another name")
         if catalog.is_configured_alias(destination):
             raise BadRequest(f"'{destination}' is an alias in vllama's configuration; choose another name")
+    limit = request.app[SETTINGS].max_aliases
+    if catalog.store.lookup(strip_latest(destination)) is None and len(catalog.store.current()) >= limit:
+        raise BadRequest(f"too many aliases: this server keeps at most {limit} (--max-aliases); delete one first")
     try:
         await asyncio.to_thread(catalog.store.set, strip_latest(destination), model.name)
     except OSError as e:
         raise VllamaError(f"cannot save the alias in {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
     return web.Response(status=200)
+
+
+def _not_a_pullable_name(request: web.Request, destination: str) -> None:
+    """An alias must not take a name a pull would fetch: a Hugging Face id (``org/name``) or a
+    library name, when pulled models are served on demand. Else a later ``pull`` of that name
+    serves the alias's model instead (issue 27: an alias redirected another user's pull).
+
+    Raises:
+        BadRequest: the destination is such a name.
+    """
+    if request.app[CATALOG].on_demand is None:
+        return  # pulled models are never served by name: a pull of it serves nothing either
+    try:
+        repo = hub.parse_model(destination)
+    except BadRequest:
+        repo = None
+    if repo is not None or destination.count("/") == 1:
+        raise BadRequest(f"'{destination}' has the form of a Hugging Face id (org/name), which a pull would fetch; "
+                         "choose a name without '/'")
+    library = request.app[CATALOG].library
+    if library is None or destination.strip() not in library:
+        return
+    try:
+        library.resolve(destination.strip())
+    except ModelNotFound:
+        return  # a known name with a tag the library lacks (llama3:backup) pulls nothing
+    raise BadRequest(f"'{destination}' is a name of vllama's library, which a pull would fetch; choose another name")
 
 
 #: What each unsupported route would have done, in Ollama's words.

@@ -7,6 +7,7 @@ always present, ``capabilities`` always a list (Copilot and Continue break other
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from pathlib import Path
@@ -15,11 +16,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.models.backends import ServedModel
+from vllama_proxy.errors import UpstreamError
+from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.created import CreatedModel, parameter_lines, render_modelfile
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
-from .common import read_request, resolve_model
+from vllama_proxy.supervisor import gpu
+from .common import lookup_model, may_list, may_list_created, read_request
+from ..keys import key_of
 from ..ollama_types import ModelRef
 from ..state import CATALOG
 from ..stream import rfc3339
@@ -106,6 +110,8 @@ async def tags(request: web.Request) -> web.Response:
     for model in await catalog.models():
         if model.root.startswith("/") and not Path(model.root).exists():
             continue  # an on-demand slot still holds a model whose uploaded files were deleted (/api/delete)
+        if not may_list(request, model, catalog.names_for(model)):
+            continue
         files = await catalog.files(model)
         entry = {"modified_at": _modified_at(model, files), "size": files.size, "digest": files.digest, "details": details(files)}
         out += [{"name": n, "model": n, **entry} for n in catalog.names_for(model)]
@@ -114,13 +120,15 @@ async def tags(request: web.Request) -> web.Response:
         roots = {m.root.casefold() for m in await catalog.models()}
         for lm in await catalog.on_demand.local():
             name = ollama_name(lm.name)
-            if name.casefold() in listed or lm.repo.casefold() in roots:
+            if name.casefold() in listed or lm.repo.casefold() in roots or not key_of(request).may_use(name, lm.repo):
                 continue
             files = await catalog.files(ServedModel(name=lm.name, root=str(lm.path), max_model_len=None, created=int(lm.modified)))
             out.append({"name": name, "model": name, "modified_at": rfc3339(lm.modified), "size": files.size or lm.size,
                         "digest": files.digest, "details": details(files)})
     served = {m.name: m for m in await catalog.models()}
     for made in catalog.created_models():  # made with /api/create: the base's weights, their own digest
+        if not may_list_created(request, made):
+            continue
         base = served.get(made.base)
         files = await catalog.files(base) if base is not None else ModelFiles()
         name = ollama_name(made.name)
@@ -132,7 +140,7 @@ async def tags(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    name, model, _ = await resolve_model(request, req.ref)
+    name, model, _ = await lookup_model(request, req.ref)  # never loads it (issue 27)
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)
@@ -174,16 +182,25 @@ async def ps(request: web.Request) -> web.Response:
 
     ``size_vram`` is the GPU memory of the model's vLLM process tree measured with NVML
     when vllama supervises it (weights + KV cache); otherwise, or when NVML cannot see
-    the processes, it equals ``size`` (the weights, which are on the GPU).
+    the processes, it equals ``size`` (the weights, which are on the GPU), unless vllama
+    runs it on a host with no NVIDIA GPU: then 0 (on the CPU). ``context_length`` is the
+    one vLLM reports when the model's configuration did not say it (an on-demand model).
     """
     catalog = request.app[CATALOG]
     out = []
+    no_gpu: bool | None = None
     for model in await catalog.models():
-        board = catalog.backend_of(model).board
+        backend = catalog.backend_of(model)
+        board = backend.board
         if board is not None and not board.ready:
             continue  # asleep, unloaded or loading: not loaded
         files = await catalog.files(model)
         vram = await board.vram_bytes() if board is not None else 0
+        if board is not None and not vram and no_gpu is None:
+            # vllama runs it and NVML measured nothing: on a host without a GPU it is on the CPU
+            # ("100% CPU" in ps, not "100% GPU"; issue 26.9)
+            no_gpu = await asyncio.to_thread(gpu.count) == 0
+        context = model.max_model_len or await _reported_context(backend, model.name)
         until = board.expires_at if board is not None else math.inf
         name = catalog.names_for(model)[0]
         entry = {
@@ -193,12 +210,26 @@ async def ps(request: web.Request) -> web.Response:
             "digest": files.digest,
             "details": details(files),
             "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
-            "size_vram": vram or files.size,
-            "context_length": model.max_model_len or 0,
+            "size_vram": vram or (0 if board is not None and no_gpu else files.size),
+            "context_length": context,
         }
-        out.append(entry)
+        if may_list(request, model, catalog.names_for(model)):
+            out.append(entry)
         for made in catalog.created_models():  # loaded with their base: the same vLLM serves them
-            if made.base == model.name:
+            if made.base == model.name and may_list_created(request, made):
                 own = ollama_name(made.name)
                 out.append({**entry, "name": own, "model": own, "digest": made.digest, "details": created_details(made, files)})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
+
+
+async def _reported_context(backend: Backend, name: str) -> int:
+    """The ``max_model_len`` the model's vLLM reports in ``/v1/models`` (0 when it says none or
+    cannot be asked): ``ps``'s CONTEXT for a model whose configuration did not give one (issue 26.9)."""
+    try:
+        data = await backend.upstream.get_json("/v1/models")
+    except UpstreamError:
+        return 0
+    for entry in data.get("data", []) if isinstance(data, dict) else []:
+        if isinstance(entry, dict) and entry.get("id") == name and isinstance(entry.get("max_model_len"), int):
+            return entry["max_model_len"]
+    return 0

@@ -10,6 +10,7 @@ vLLM's own error event shape, ``data: {"error": {...}}``.
 from __future__ import annotations
 
 import email.policy
+from collections import deque
 from email.parser import BytesParser
 
 import orjson
@@ -18,10 +19,12 @@ from aiohttp import web
 from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
-from .common import model_in_use, read_body
+from .common import PRIORITY, check_model, may_list, model_in_use, read_body, with_priority
+from ..keys import key_of
+from ..metrics import MODEL, USAGE
 from ..state import CATALOG
 
-_FORWARD_REQUEST = ("Content-Type", "Accept")
+_FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
 
 
@@ -40,10 +43,13 @@ async def _models(request: web.Request) -> web.Response | None:
         return None
     models = await catalog.models()
     if tail in ("models", "models/"):
-        return web.json_response({"object": "list", "data": [_model_entry(m) for m in models]}, dumps=_dumps)
+        shown = [m for m in models if may_list(request, m, catalog.names_for(m))]
+        return web.json_response({"object": "list", "data": [_model_entry(m) for m in shown]}, dumps=_dumps)
     wanted = tail.removeprefix("models/")
     try:
-        return web.json_response(_model_entry(await catalog.resolve(wanted)), dumps=_dumps)
+        model = await catalog.resolve(wanted)  # a lookup: loads nothing (issue 27)
+        check_model(key_of(request), wanted, model, catalog.created(wanted))
+        return web.json_response(_model_entry(model), dumps=_dumps)
     except ModelNotFound:
         err = {"error": {"message": f"The model `{wanted}` does not exist.", "type": "NotFoundError", "code": 404}}
         return web.json_response(err, status=404, dumps=_dumps)
@@ -82,24 +88,31 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
         name = _form_model(request.headers.get("Content-Type", ""), body)  # audio transcriptions
         if name is not None:
             try:
-                return body, catalog.backend_of(await catalog.resolve(name))
+                model = await catalog.resolve(name, claim=True)
+                check_model(key_of(request), name, model, catalog.created(name))
+                return body, catalog.backend_of(model)
             except ModelNotFound:
                 raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     if not isinstance(name, str):
         if one:
+            if default.model is not None:  # a key limited to some models may not reach this one unnamed
+                check_model(key_of(request), default.model.name, default.model)
             return body, default
         raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
     try:
-        model = await catalog.resolve(name)
+        model = await catalog.resolve(name, claim=request.method == "POST")  # inference claims an on-demand slot
     except ModelNotFound:
         if one:
             return body, default  # vLLM answers the 404 in its own words
         raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
+    check_model(key_of(request), name, model, catalog.created(name))
+    request[MODEL] = model.name
     backend = catalog.backend_of(model)
-    if model.name == name:
+    prioritised = request.get(PRIORITY) is not None and request.method == "POST"
+    if model.name == name and not prioritised:
         return body, backend
     data["model"] = model.name
-    return encode_json(data), backend
+    return encode_json(with_priority(request, data) if prioritised else data), backend
 
 
 def _form_model(content_type: str, body: bytes) -> str | None:
@@ -137,9 +150,11 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         ) as resp:
             out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
             await out.prepare(request)
+            kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
             try:
                 async for data in iter_raw(resp):
                     await out.write(data)
+                    kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
             except UpstreamError as e:
                 request["vllama.stream_error"] = e
                 if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -148,7 +163,31 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
                 else:
                     raise  # the connection is dropped: a truncated non-SSE body must not look complete
             await out.write_eof()
+            if resp.status == 200 and request.method == "POST":
+                usage = _usage(b"".join(kept))
+                if usage is not None:
+                    request[USAGE] = usage
             return out
+
+
+def _usage(tail: bytes) -> tuple[int, int] | None:
+    """``(prompt_tokens, completion_tokens)`` of vLLM's answer from its last bytes: the ``usage`` of a
+    JSON body, or of the last SSE event that has one (streams with ``stream_options.include_usage``);
+    ``None`` when there is none. Read once per request, after the answer was relayed."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = tail.rfind(b"data: ", 0, at)
+    try:
+        if start < 0:
+            data = orjson.loads(tail)
+        else:
+            end = tail.find(b"\n", at)
+            data = orjson.loads(tail[start + 6:end if end >= 0 else None])
+        usage = data.get("usage") or {}
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return None
 
 
 async def vllm_metrics(request: web.Request) -> web.Response:

@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# Issue 31 (and 32) on the lent GPU(s): a fleet of vllama nodes behind vLLM's router (vllm-router) behind
+# a vllama front, on a multi-turn chat workload with shared system prompts (docs/fleet.md).
+# From the repo root, in phases (servers are started with setsid and outlive one device call while the
+# machine stays warm, so the phases may be split over calls).
+#
+# Prerequisites as benchmarks/ttft_c1.sh: the vLLM wheel chunks stashed by earlier calls; the call with
+# `install` carries the last chunk, $DEV (a copy of shared/device) and .whl (vllama's deps the image
+# lacks). vllm-router's wheel (23 MB, abi3, so Python 3.12 takes it) travels in a call of its own,
+# `router-wheel`, carrying .whl-router: `pip download vllm-router==0.1.17 --no-deps -d .whl-router`.
+#
+#   install   $DEV/install-vllm.sh install
+#   router-wheel  .whl-router into /tmp/vsite (vllm-router)
+#   setup     .whl (and .whl-router if carried) into /tmp/vsite; the random Qwen2.5-1.5B-shaped model $MODEL
+#   size      the KV cache per engine (--kv-cache-memory-bytes), from the workload counted with the model's
+#             tokenizer: KV_FRACTION (0.75) of all G system prompts + the sessions half of C in flight add:
+#             one engine cannot hold every group's prefix and all sessions, two engines with the groups
+#             split between them can, two that each see every group (round robin) cannot; bytes per token
+#             from config.json (2 x layers x KV heads x head dim x 2)
+#   start     TOPOLOGY (fleet | one | dp2):
+#             fleet: the router (no workers: the nodes join it), engines a and b started one after the
+#                    other (two starting at once on one GPU misjudge their KV cache), each
+#                    `vllama serve --model $MODEL --register-with $ROUTER` on :11501/:11502 with its vLLM on
+#                    :8101/:8102; PLACEMENT=shared: both on GPU 0 (--gpu-memory-utilization $GPU_UTIL, 0.4),
+#                    split: CUDA_VISIBLE_DEVICES 0 and 1; then the front `vllama serve --upstream $ROUTER` on :11434
+#             one:   one node on :11434 (its vLLM on :8101), no router (the baseline)
+#             dp2:   one node on :11434 whose vLLM runs `--data-parallel-size 2` (two GPUs: vLLM's own balancer)
+#   run-POLICY  fleet only: the router restarted with --policy POLICY (cache_aware, consistent_hash,
+#             round_robin, power_of_two); the nodes join it again; every engine's prefix cache reset;
+#             then the workload: loadgen --conversations G,S,T at C sessions in flight, TTFT/ITL/tok/s per
+#             turn and the cluster prefix-cache hit rate (sum of the engines' hits / queries); $OUT/POLICY.json
+#   run       one and dp2: the same workload against the node ($OUT/$TOPOLOGY.json)
+#   failover  fleet, cache_aware: the workload with 3 x S sessions per group, FAIL_AT (4) s into it engine a's EngineCore gets
+#             SIGKILL; which turns failed (and whether each was in flight at the kill), when the last
+#             failure ended, how long until a's supervisor had it ready and the router took it back;
+#             $OUT/failover.json, failover.txt
+#   stop      SIGTERM everything; leftover processes and GPU memory; logs to $OUT
+#
+# The lead's calls, back to back after the two stash calls (servers outlive a call while the machine is warm):
+#   1. carry .whl-router (~5 s):       benchmarks/fleet.sh router-wheel
+#   2. carry the last chunk, $DEV, .whl (timeout_s 600, ~4-5 min: two engines start one after the other):
+#        OUT=$OUT DEV=.devscripts benchmarks/fleet.sh install setup size start
+#   3. no carry (timeout_s 600, ~3-5 min):
+#        OUT=$OUT benchmarks/fleet.sh run-cache_aware run-consistent_hash run-round_robin failover stop
+# Outputs in $OUT: summary.txt (one line per run), cache_aware.json, consistent_hash.json, round_robin.json,
+# failover.json (loadgen JSON: pooled summary, per-turn timeline, each engine's prefix-cache counters),
+# failover.txt, {front,a,b,router}.log.gz.
+# Issue 32 on nvidia-h200-x2: PLACEMENT=split for the fleet; TOPOLOGY=one and TOPOLOGY=dp2 with `start run stop`.
+# Dry run against the stand-in (no GPU): PATH=$PWD/tests/bin:$PATH MODEL=<any dir> VLLAMA_EXTRA=--no-gpu-check
+#   NO_GPU=1 benchmarks/fleet.sh start run-cache_aware failover stop
+set -u
+OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
+TOPOLOGY=${TOPOLOGY:-fleet} PLACEMENT=${PLACEMENT:-shared} GPU_UTIL=${GPU_UTIL:-0.4}
+G=${G:-8} S=${S:-8} T=${T:-4} C=${C:-32} SYSTEM_WORDS=${SYSTEM_WORDS:-3000} TURN_WORDS=${TURN_WORDS:-64} TOKENS=${TOKENS:-64}
+KV_FRACTION=${KV_FRACTION:-0.75} FAIL_AT=${FAIL_AT:-4} SERVED=qwen-random
+# ports: the front, the router and its Prometheus listener, nodes a and b and their vLLMs
+PF=${PF:-11434} PR=${PR:-30000} PP=${PP:-29000} PA=${PA:-11501} PB=${PB:-11502} VA=${VA:-8101} VB=${VB:-8102}
+ROUTER=http://127.0.0.1:$PR FRONT=http://127.0.0.1:$PF
+mkdir -p "$OUT" "$LOGS"
+export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH=/tmp/vsite/bin:/tmp/site/bin:$PATH \
+  VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 VLLM_SERVER_DEV_MODE=1
+ulimit -n "$(ulimit -Hn)"
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+now() { date +%s.%N; }
+wait_url() {  # url pid seconds
+  local t0; t0=$(now)
+  until curl -sf "$1" > /dev/null; do
+    if ! kill -0 "$2" 2>/dev/null; then log "$1: process exited"; return 1; fi
+    if awk "BEGIN{exit !($(now) - $t0 > $3)}"; then log "$1 not ready after $3 s"; return 1; fi
+    sleep 0.5
+  done
+  log "$1 ready after $(awk "BEGIN{printf \"%.1f\", $(now) - $t0}") s"
+}
+kv_args() { [ -f $LOGS/kv_bytes ] && echo "--kv-cache-memory-bytes $(cat $LOGS/kv_bytes)"; }
+node() {  # name port vllm_port gpu [extra vllama flags...]: a node supervising its vLLM
+  local name=$1 port=$2 vport=$3 gpu=$4; shift 4
+  local placement=()
+  [ -z "${NO_GPU:-}" ] && placement=(env CUDA_VISIBLE_DEVICES=$gpu)
+  VLLAMA_STATE_DIR=$LOGS/state-$name setsid "${placement[@]}" python3 -m vllama_proxy serve --model "$MODEL" \
+    --served-model-name $SERVED --port "$port" --vllm-port "$vport" --keep-alive -1 --log-format json \
+    ${VLLAMA_EXTRA:-} "$@" -- --max-model-len 16384 --enable-prefix-caching \
+    $([ -z "${NO_GPU:-}" ] && echo "--gpu-memory-utilization $GPU_UTIL") $(kv_args) ${VLLM_ARGS:-} \
+    > $LOGS/$name.log 2>&1 < /dev/null &
+  echo $! > $LOGS/$name.pid
+  wait_url "http://127.0.0.1:$port/readyz" "$(cat $LOGS/$name.pid)" 900 || { tail -30 $LOGS/$name.log; return 1; }
+}
+router() {  # policy: (re)start vllm-router with no workers; the nodes join it (--register-with)
+  [ -f $LOGS/router.pid ] && kill -TERM "$(cat $LOGS/router.pid)" 2>/dev/null && sleep 1
+  setsid vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$1" \
+    --health-check-interval-secs 2 --health-failure-threshold 1 --health-success-threshold 1 \
+    --worker-startup-check-interval 1 >> $LOGS/router.log 2>&1 < /dev/null &
+  echo $! > $LOGS/router.pid
+  wait_url $ROUTER/liveness "$(cat $LOGS/router.pid)" 30 || return 1
+}
+wait_workers() {  # n: until the router lists n healthy workers
+  for _ in $(seq 120); do
+    [ "$(curl -s $ROUTER/workers | python3 -c 'import json,sys; print(sum(w["is_healthy"] for w in json.load(sys.stdin)["workers"]))' 2>/dev/null)" = "$1" ] && return 0
+    sleep 0.5
+  done
+  log "router: not $1 healthy workers after 60 s: $(curl -s $ROUTER/workers)"; return 1
+}
+metrics_urls() { if [ "$TOPOLOGY" = fleet ]; then echo http://127.0.0.1:$VA/metrics,http://127.0.0.1:$VB/metrics; else echo http://127.0.0.1:$VA/metrics; fi; }
+reset_caches() {  # every engine's prefix cache emptied (vLLM's dev-mode route), so each run starts cold
+  for u in $(metrics_urls | tr ',' ' '); do curl -s -X POST "${u%/metrics}/reset_prefix_cache" -o /dev/null -w "%{http_code} "; done
+}
+workload() {  # target json [extra loadgen args]
+  python3 benchmarks/loadgen.py --targets "x=ollama-chat:$1" --model $SERVED --conversations $G,$S,$T \
+    --system-words $SYSTEM_WORDS --turn-words $TURN_WORDS --output-tokens $TOKENS --levels $C --no-check-tokens \
+    --engine-metrics "$(metrics_urls)" --json "$2" "${@:3}"
+}
+report() {  # json name
+  python3 - "$1" "$2" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))["runs"][0]
+c = r.get("cache") or {}
+per = " ".join(f"{e['hits']:.0f}/{e['queries']:.0f}" for e in c.get("engines", []))
+print(f"  {sys.argv[2]}: {r['ok']}/{r['requests']} turns ok, cluster prefix-cache hit rate {c.get('cluster_hit_rate')} "
+      f"(hits/queries per engine: {per}), TTFT p50 {r['ttft_ms']['p50']} ms p90 {r['ttft_ms']['p90']} ms, "
+      f"ITL p50 {r['itl_ms']['p50']} ms, {r['output_tok_s']} output tok/s, wall {r['wall_s']} s")
+EOF
+}
+
+for phase in "$@"; do case $phase in
+install) "$DEV/install-vllm.sh" install || exit 1 ;;
+setup)
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite .whl/*.whl
+  [ -d .whl-router ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite .whl-router/*.whl
+  [ -f "$MODEL/config.json" ] || python3 "$DEV/make_random_model.py" "$MODEL"
+  log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null); vllm-router $(python3 -c 'import importlib.metadata as m; print(m.version("vllm-router"))'); $(nproc) CPUs; GPU: $(nvidia-smi --query-gpu=name,memory.used --format=csv,noheader | tr '\n' ' ')"
+  ;;
+size)
+  python3 - "$MODEL" $G $SYSTEM_WORDS $KV_FRACTION $C $T $TURN_WORDS $TOKENS > $LOGS/kv_bytes <<'EOF' || exit 1
+import json, random, sys
+sys.path.insert(0, "benchmarks")
+from loadgen import VOCAB
+from transformers import AutoTokenizer
+model, groups, words, fraction = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+c, turns, turn_words, tokens = (int(x) for x in sys.argv[5:9])
+cfg = json.load(open(f"{model}/config.json"))
+head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2  # K and V, bf16
+rng = random.Random(0)  # as loadgen's run_conversations makes the system prompts
+tok = AutoTokenizer.from_pretrained(model)
+systems = sum(len(tok(" ".join(rng.choices(VOCAB, k=words)))["input_ids"]) for _ in range(groups))
+turn = len(tok(" ".join(rng.choices(VOCAB, k=turn_words)))["input_ids"])
+session = turns * (turn + tokens + 8)  # what a session adds beyond its system prompt (+ chat template)
+# One engine cannot hold every group's system prompt and the sessions in flight (it needs systems +
+# c x session); with the groups split between two, each needs systems/2 + c/2 x session, which fits;
+# round robin gives each engine every group again.
+cache = int(fraction * systems + c / 2 * session)
+print(cache * per_token)
+print(f"system prompts {groups} x {systems // groups} tokens, a session {session} tokens beyond; KV {per_token} B/token; "
+      f"per engine {cache} tokens = {cache * per_token / 2**30:.2f} GiB (all on one engine needs {systems + c * session})",
+      file=sys.stderr)
+EOF
+  log "KV cache per engine: $(cat $LOGS/kv_bytes) bytes (--kv-cache-memory-bytes)"
+  ;;
+router-wheel)  # its own call: the vllm-router wheel (23 MB) does not fit beside a vLLM chunk in one carry
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite .whl-router/*.whl || exit 1
+  log "vllm-router $(python3 -c 'import importlib.metadata as m; print(m.version("vllm-router"))') in /tmp/vsite"
+  ;;
+start)
+  case $TOPOLOGY in
+  fleet)
+    router cache_aware || exit 1
+    gb=0; [ "$PLACEMENT" = split ] && gb=1
+    node a $PA $VA 0 --register-with $ROUTER --register-interval 1 || exit 1
+    node b $PB $VB $gb --register-with $ROUTER --register-interval 1 || exit 1
+    wait_workers 2 || exit 1
+    VLLAMA_STATE_DIR=$LOGS/state-front setsid python3 -m vllama_proxy serve --upstream $ROUTER --port $PF --log-format json \
+      > $LOGS/front.log 2>&1 < /dev/null &
+    echo $! > $LOGS/front.pid
+    wait_url $FRONT/readyz "$(cat $LOGS/front.pid)" 60 || exit 1
+    log "fleet up ($PLACEMENT): router $(curl -s $ROUTER/list_workers); front $(curl -s $FRONT/readyz | head -c 300)"
+    ;;
+  one) node a $PF $VA 0 || exit 1 ;;
+  dp2) VLLM_ARGS="--data-parallel-size 2 ${VLLM_ARGS:-}" node a $PF $VA 0,1 || exit 1 ;;
+  esac
+  log "GPU: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | tr '\n' ' ')"
+  ;;
+run-*)
+  policy=${phase#run-}
+  router "$policy" || exit 1
+  wait_workers 2 || exit 1
+  log "policy $policy: prefix caches reset ($(reset_caches)); workload G=$G S=$S T=$T, $C sessions in flight"
+  # a seed of its own per run: the same sizes, other words, so no run finds an earlier run's prefixes cached
+  # even where the reset is refused (vLLM answers it only with VLLM_SERVER_DEV_MODE=1)
+  workload $FRONT "$OUT/$policy.json" --seed "$(cksum <<< "$policy" | cut -c1-6)" > $LOGS/$policy.txt 2>&1
+  report "$OUT/$policy.json" "$policy"
+  ;;
+run)
+  log "$TOPOLOGY: prefix caches reset ($(reset_caches)); workload G=$G S=$S T=$T, $C sessions in flight"
+  workload $FRONT "$OUT/$TOPOLOGY.json" --seed "$(cksum <<< "$TOPOLOGY" | cut -c1-6)" > $LOGS/$TOPOLOGY.txt 2>&1
+  report "$OUT/$TOPOLOGY.json" "$TOPOLOGY"
+  ;;
+failover)
+  router cache_aware || exit 1
+  wait_workers 2 || exit 1
+  reset_caches > /dev/null
+  restarts0=$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["restarts"])')
+  workload $FRONT "$OUT/failover.json" --conversations $G,$((S * 3)),$T --seed 99 > $LOGS/failover.txt 2>&1 &
+  lg=$!
+  sleep "$FAIL_AT"
+  root=$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+  engine=$(python3 -c "import psutil,sys; print(next((p.pid for p in psutil.Process($root).children(recursive=True) if p.name().startswith('VLLM::EngineCor')), $root))")
+  t_kill=$(now); kill -9 "$engine"
+  log "failover: SIGKILL to engine a's engine core ($engine) at $FAIL_AT s"
+  for _ in $(seq 1200); do  # 10 min at most
+    [ "$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; b=json.load(sys.stdin); print(b["state"] == "ready" and b["restarts"])' 2>/dev/null)" = "$((restarts0 + 1))" ] && break
+    sleep 0.5
+  done
+  t_ready=$(now)
+  wait_workers 2; t_back=$(now)
+  wait $lg
+  python3 - "$OUT/failover.json" "$t_kill" "$t_ready" "$t_back" <<'EOF' | tee -a "$OUT/summary.txt" "$OUT/failover.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))["runs"][0]
+kill, ready, back = (float(x) - r["t0_unix"] for x in sys.argv[2:5])
+failed = [t for t in r["timeline"] if not t[2]]
+in_flight = [t for t in failed if t[0] <= kill <= t[0] + t[1]]
+after = [t for t in failed if t[0] > kill]
+last_end = max((t[0] + t[1] for t in failed), default=kill)
+print(f"  kill at {kill:.1f} s: {len(failed)} turns failed ({len(in_flight)} in flight at the kill, {len(after)} started after it); "
+      f"last failure ended {last_end - kill:.2f} s after the kill; engine a ready again {ready - kill:.1f} s after, "
+      f"back in the router's rotation {back - kill:.1f} s after; {r['ok']}/{r['requests']} turns ok")
+EOF
+  report "$OUT/failover.json" failover
+  ;;
+stop)
+  for f in front router a b; do
+    [ -f $LOGS/$f.pid ] || continue; pid=$(cat $LOGS/$f.pid); kill -0 "$pid" 2>/dev/null || continue
+    kill -TERM "$pid"; for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    rm -f $LOGS/$f.pid
+  done
+  sleep 2
+  log "stopped; vLLM processes left: $(pgrep -fc '^VLLM::|vllm serve' || true), routers left: $(pgrep -fc 'vllm-router|vllm::router' || true); GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | tr '\n' ' ')"
+  for f in front a b router; do [ -f $LOGS/$f.log ] && gzip -c $LOGS/$f.log > "$OUT/$f.log.gz"; done
+  ;;
+*) echo "unknown phase $phase"; exit 2 ;;
+esac; done

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Helpers of ``benchmarks/hop_cost.sh`` (issue 28): per-round ratios, vllama's stage timings,
+the batch file, the first answer of a starting server.
+
+Usage:
+  hop_report.py rounds RUN.json                 per level and round: tok/s of each target, the ratio to
+                                                the baseline, TTFT / ITL p50 deltas (ms); then the pooled ones
+  hop_report.py merge OUT.json RUN.json...       one loadgen JSON holding the levels of several runs
+  hop_report.py metrics URL FILE                save vllama's /metrics text to FILE
+  hop_report.py stages BEFORE AFTER [LABEL]     vllama_request_stage_seconds between two /metrics files:
+                                                per stage requests, mean, p50 and p90 (ms, p from the buckets);
+                                                one JSON line (label, stages) after the table
+  hop_report.py prompts N FILE [--words 128] [--tokens 128] [--model M] [--url /v1/completions]
+                                                an OpenAI-batch JSONL of N prompts as loadgen makes them
+                                                (random common words, ignore_eos, temperature 0)
+  hop_report.py first URL KIND [--timeout S]    wait until a server answers one generated token (KIND:
+                                                ollama -> /api/generate, openai -> /v1/completions), asking
+                                                every 0.25 s; prints the seconds it took
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+STAGES = ("handler", "parsed", "upstream_headers", "first_upstream_data", "first_client_write")
+_LINE = re.compile(r'^vllama_request_stage_seconds_(bucket|count|sum)\{(.*)\} (\S+)$')
+
+
+def rounds(path: str) -> None:
+    data = json.loads(Path(path).read_text())
+    base = data.get("baseline")
+    print("| c | round | target | tok/s | baseline tok/s | ratio | TTFT p50 ms | Δ | ITL p50 ms | Δ |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for lv in data.get("levels", []):
+        by_round: dict[int, dict[str, dict]] = {}
+        for run in lv["runs"]:
+            by_round.setdefault(run["round"], {})[run["target"]] = run
+        for r, runs in sorted(by_round.items()):
+            b = runs.get(base)
+            for name, s in runs.items():
+                if name == base or b is None:
+                    continue
+                ratio = s["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("nan")
+                dt = _d(s["ttft_ms"]["p50"], b["ttft_ms"]["p50"])
+                di = _d(s["itl_ms"]["p50"], b["itl_ms"]["p50"])
+                print(f"| {lv['concurrency']} | {r} | {name} | {s['output_tok_s']:.0f} | {b['output_tok_s']:.0f} | {ratio:.3f} | "
+                      f"{s['ttft_ms']['p50']} | {dt} | {s['itl_ms']['p50']} | {di} |")
+        for name, x in lv["ratios"].items():
+            print(f"| {lv['concurrency']} | pooled | {name} | {lv['summary'][name]['output_tok_s']:.0f} | "
+                  f"{lv['summary'][base]['output_tok_s']:.0f} | {x['tok_s_ratio']} | {lv['summary'][name]['ttft_ms']['p50']} | "
+                  f"{x['ttft_p50_delta_ms']} | {lv['summary'][name]['itl_ms']['p50']} | {x['itl_p50_delta_ms']} |")
+
+
+def _d(a, b) -> str:
+    return "-" if a is None or b is None else f"{a - b:+.3f}"
+
+
+def save_metrics(url: str, out: str) -> None:
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=30) as r:
+        Path(out).write_bytes(r.read())
+
+
+def _parse(path: str) -> dict[str, dict]:
+    """stage -> {"count", "sum", "buckets": {le: cumulative count}}."""
+    out: dict[str, dict] = {s: {"count": 0.0, "sum": 0.0, "buckets": {}} for s in STAGES}
+    for line in Path(path).read_text().splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        kind, labels, value = m.groups()
+        lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        st = out.setdefault(lab.get("stage", "?"), {"count": 0.0, "sum": 0.0, "buckets": {}})
+        if kind == "bucket":
+            le = float("inf") if lab["le"] == "+Inf" else float(lab["le"])
+            st["buckets"][le] = st["buckets"].get(le, 0.0) + float(value)
+        else:
+            st[kind] += float(value)
+    return out
+
+
+def _quantile(buckets: dict[float, float], q: float) -> float | None:
+    """Prometheus' histogram_quantile: linear within the bucket holding the q-th request."""
+    items = sorted(buckets.items())
+    total = items[-1][1] if items else 0
+    if total <= 0:
+        return None
+    rank, prev_le, prev_n = q * total, 0.0, 0.0
+    for le, n in items:
+        if n >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_n) / (n - prev_n) if n > prev_n else 0)
+        prev_le, prev_n = le, n
+    return None
+
+
+def stages(before: str, after: str, label: str = "") -> None:
+    a, b = _parse(before), _parse(after)
+    rows = {}
+    print(f"vllama stage timings{' ' + label if label else ''} (ms from accepted; per request)")
+    print("| stage | requests | mean | p50 | p90 |")
+    print("|---|---|---|---|---|")
+    for s in STAGES:
+        n = b[s]["count"] - a[s]["count"]
+        tot = b[s]["sum"] - a[s]["sum"]
+        bk = {le: v - a[s]["buckets"].get(le, 0.0) for le, v in b[s]["buckets"].items()}
+        p50, p90 = _quantile(bk, 0.5), _quantile(bk, 0.9)
+        rows[s] = {"requests": int(n), "mean_ms": round(tot / n * 1000, 3) if n else None,
+                   "p50_ms": round(p50 * 1000, 3) if p50 is not None else None,
+                   "p90_ms": round(p90 * 1000, 3) if p90 is not None else None}
+        r = rows[s]
+        print(f"| {s} | {r['requests']} | {r['mean_ms']} | {r['p50_ms']} | {r['p90_ms']} |")
+    print(json.dumps({"label": label, "stages": rows}))
+
+
+def prompts(n: int, path: str, words: int, tokens: int, model: str, url: str) -> None:
+    from loadgen import PromptFactory
+
+    make = PromptFactory(words, seed=28)
+    with open(path, "w") as f:
+        for i in range(n):
+            p = make()
+            if url == "/api/generate":
+                body = {"model": model, "prompt": p, "raw": True,
+                        "options": {"num_predict": tokens, "ignore_eos": True, "temperature": 0}}
+            else:
+                body = {"model": model, "prompt": p, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+            f.write(json.dumps({"custom_id": f"p{i}", "method": "POST", "url": url, "body": body}) + "\n")
+
+
+def first(url: str, kind: str, model: str, timeout: float) -> None:
+    """Seconds until one generated token comes back (connection refused / 503 while loading: ask again)."""
+    t0 = time.monotonic()
+    if kind == "ollama":
+        req = ("/api/generate", {"model": model, "prompt": "Once upon a time", "raw": True, "stream": False,
+                                 "options": {"num_predict": 1, "temperature": 0}})
+    else:
+        req = ("/v1/completions", {"model": model, "prompt": "Once upon a time", "max_tokens": 1, "temperature": 0})
+    last = ""
+    while time.monotonic() - t0 < timeout:
+        try:
+            r = urllib.request.Request(url.rstrip("/") + req[0], data=json.dumps(req[1]).encode(),
+                                       headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(r, timeout=timeout) as resp:
+                resp.read()
+                print(f"{time.monotonic() - t0:.2f}")
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+            last = str(e)[:120]
+        time.sleep(0.25)
+    print(f"timeout after {timeout:.0f} s ({last})")
+    raise SystemExit(1)
+
+
+def main(argv: list[str]) -> None:
+    cmd, *rest = argv
+    opts = {k.lstrip("-"): v for k, v in zip(rest[::2], rest[1::2]) if k.startswith("--")}
+    pos = [x for i, x in enumerate(rest) if not x.startswith("--") and (i == 0 or not rest[i - 1].startswith("--"))]
+    if cmd == "rounds":
+        rounds(pos[0])
+    elif cmd == "merge":
+        runs = [json.loads(Path(p).read_text()) for p in pos[1:]]
+        merged = {**runs[0], "levels": sorted((lv for r in runs for lv in r.get("levels", [])), key=lambda lv: lv["concurrency"]),
+                  "table": "\n\n".join(r.get("table", "") for r in runs)}
+        Path(pos[0]).write_text(json.dumps(merged, indent=1))
+    elif cmd == "metrics":
+        save_metrics(pos[0], pos[1])
+    elif cmd == "stages":
+        stages(pos[0], pos[1], pos[2] if len(pos) > 2 else "")
+    elif cmd == "prompts":
+        prompts(int(pos[0]), pos[1], int(opts.get("words", 128)), int(opts.get("tokens", 128)),
+                opts.get("model", "qwen-random"), opts.get("url", "/v1/completions"))
+    elif cmd == "first":
+        first(pos[0], pos[1], opts.get("model", "qwen-random"), float(opts.get("timeout", 600)))
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,208 @@
+"""A fleet on the stand-in: two ``vllama serve --model`` nodes (each supervising a stand-in vLLM),
+the real ``vllm-router`` in front of them, and a ``vllama serve --upstream`` front in front of that,
+driven by the real ``ollama`` client (docs/fleet.md).
+
+What the stand-in shows here is vllama's side of the fleet: nodes join the router by themselves
+(``--register-with``) and again after the router restarts, leave it on a clean stop; the front keeps
+a conversation on one engine (its session key, read by ``consistent_hash``), stays ready and keeps
+listing the model while one engine is down (the router's ``/health`` is then 503), a stream in flight
+on a killed engine ends with an error line, new requests go to the other engine, and the restarted
+engine takes traffic again. The real engines' version is ``tests/real_engine/test_real_fleet.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from ollama import Client, ResponseError
+
+from conftest import Vllama, alive, free_port, start_proxy, stop, wait_http
+
+pytest.importorskip("vllm_router")
+ROUTER_BIN = Path(sys.executable).parent / "vllm-router"
+
+
+class Router:
+    """``vllm-router`` with no static workers (nodes register), health checked every second."""
+
+    def __init__(self, log: Path, policy: str = "consistent_hash", port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.proc = subprocess.Popen(
+            [str(ROUTER_BIN), "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-port", str(free_port()),
+             "--policy", policy, "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+             "--health-success-threshold", "1", "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "30"],
+            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        wait_http(self.url + "/liveness", self.proc)
+
+    def workers(self) -> dict[str, bool]:
+        """Listed worker URL -> healthy."""
+        return {w["url"]: w["is_healthy"] for w in httpx.get(self.url + "/workers").json()["workers"]}
+
+    def wait_workers(self, expect: dict[str, bool], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (seen := self.workers()) != expect:
+            assert time.monotonic() < deadline, f"router workers {seen}, expected {expect}\n{self.log.read_text()[-2000:]}"
+            time.sleep(0.1)
+
+
+def node(tmp_path: Path, name: str, router: Router, env: dict[str, str] | None = None) -> Vllama:
+    """A ``vllama serve --model tiny`` node joining ``router``; its stand-in vLLM on a known port (``vllm_port``)."""
+    d = tmp_path / name
+    d.mkdir()
+    vllm_port = free_port()
+    v = Vllama(d, env=env, flags=["--register-with", router.url, "--register-interval", "0.5", "--vllm-port", str(vllm_port)])
+    v.vllm_url = f"http://127.0.0.1:{vllm_port}"  # type: ignore[attr-defined]
+    return v
+
+
+def sessions_seen(engine: Vllama) -> Counter:
+    """X-Session-ID -> chat requests the engine's stand-in vLLM received with it."""
+    log = httpx.get(engine.vllm_url + "/_fake/requests").json()  # type: ignore[attr-defined]
+    return Counter({k.lower(): v for k, v in r["headers"].items()}.get("x-session-id")
+                   for r in log if r["path"] == "/v1/chat/completions")
+
+
+def chat(client: Client, turns: int, system: str, first: str) -> None:
+    """A conversation as Ollama clients hold one: the whole history resent every turn."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+    for turn in range(turns):
+        reply = client.chat(model="tiny", messages=messages, stream=False)
+        assert reply.message.content
+        messages += [{"role": "assistant", "content": reply.message.content}, {"role": "user", "content": f"and {turn}?"}]
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    started: list = []
+
+    def start(kind, *args, **kw):
+        obj = kind(*args, **kw)
+        started.append(obj)
+        return obj
+
+    yield start
+    for obj in reversed(started):  # a test that failed midway leaves nothing running
+        stop(obj.proc, timeout=20)
+        pidfile = getattr(obj, "pidfile", None)
+        for p in (pidfile, Path(f"{pidfile}.server")) if pidfile else ():
+            if p.exists() and alive(int(p.read_text())):
+                os.kill(int(p.read_text()), signal.SIGKILL)
+
+
+def test_sessions_keep_their_engine_and_nodes_rejoin(tmp_path, fleet):
+    router = fleet(Router, tmp_path / "router.log")
+    a, b = fleet(node, tmp_path, "a", router), fleet(node, tmp_path, "b", router)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})  # both joined by themselves (no --worker-urls)
+    front = fleet(start_proxy, router.url, vllm_args=[])
+    client = Client(host=front.url)
+    for s in range(12):
+        chat(client, 3, system=f"You are assistant {s % 3}.", first=f"Hello from session {s}")
+    on_a, on_b = sessions_seen(a), sessions_seen(b)
+    # each conversation carried one key on all of its 3 turns, and was answered by one engine only
+    assert sorted(on_a.values()) + sorted(on_b.values()) == [3] * 12 and None not in on_a | on_b
+    assert not set(on_a) & set(on_b)
+    assert on_a and on_b, "12 sessions all hashed to one engine"
+
+    # the router restarts (added workers are forgotten): the nodes join again within --register-interval
+    port = router.port
+    stop(router.proc)
+    router = fleet(Router, tmp_path / "router.log", port=port)
+    router.wait_workers({a.url: True, b.url: True})
+    chat(client, 1, system="You are assistant 0.", first="after the router's restart")
+
+    # a clean stop: the node leaves the router before it drains, and leaves nothing running
+    assert a.stop() == 0
+    router.wait_workers({b.url: True}, timeout=5)
+    assert not alive(a.server_pid())
+    chat(client, 2, system="You are assistant 1.", first="with one node left")
+
+
+def test_one_engine_killed(tmp_path, fleet):
+    router = fleet(Router, tmp_path / "router.log")
+    env = {"FAKE_VLLM_TOKEN_DELAY": "0.02"}
+    # a's restart takes 3 s: long enough for the router to see it unhealthy
+    a = fleet(node, tmp_path, "a", router, env={**env, "FAKE_VLLM_START_DELAY": "3"})
+    b = fleet(node, tmp_path, "b", router, env=env)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})
+    front = fleet(start_proxy, router.url, vllm_args=[])
+    # a session key the router sends to a (consistent_hash), sent by the client itself
+    key = next(k for k in (f"key-{i}" for i in range(64))
+               if Client(host=front.url, headers={"X-Session-ID": k}).chat(model="tiny", messages=[{"role": "user", "content": "x"}])
+               and sessions_seen(a)[k])
+    on_a = Client(host=front.url, headers={"X-Session-ID": key})
+    stream = on_a.chat(model="tiny", messages=[{"role": "user", "content": "long [[tokens:500]]"}], stream=True)
+    next(stream)
+    old = a.server_pid()
+    os.kill(old, signal.SIGKILL)
+    with pytest.raises(ResponseError):  # the stream in flight on the killed engine ends with an error line
+        for _ in stream:
+            pass
+
+    # while a restarts: the router's /health is 503, the front stays ready and lists the model,
+    # and new conversations are answered (by b)
+    client = Client(host=front.url)
+    deadline = time.monotonic() + 10
+    while httpx.get(router.url + "/health").status_code != 503:
+        assert time.monotonic() < deadline, "the router never saw the killed engine"
+        time.sleep(0.1)
+    ready = httpx.get(front.url + "/readyz")
+    assert ready.status_code == 200 and ready.json()["router"]["healthy_workers"] == 1, ready.text
+    assert httpx.get(front.url + "/health").status_code == 200
+    assert [m.model for m in client.list().models] == ["tiny:latest"]
+    before_b = sum(sessions_seen(b).values())
+    for s in range(4):
+        chat(client, 1, system="During the outage.", first=f"session {s}")
+    assert sum(sessions_seen(b).values()) == before_b + 4
+
+    # a's supervisor restarts its engine; the router takes it back; the key that hashed to a lands on a again
+    a.wait_state("ready", restarts=1)
+    assert a.server_pid() != old
+    router.wait_workers({a.url: True, b.url: True}, timeout=10)
+    on_a.chat(model="tiny", messages=[{"role": "user", "content": "back"}])
+    assert sessions_seen(a)[key] == 1  # the new engine's log: this request only
+
+    assert a.stop() == 0 and b.stop() == 0
+    assert not any(alive(v.server_pid()) for v in (a, b))
+
+
+def test_session_key_is_the_conversations():
+    from vllama_proxy.api import session
+    from vllama_proxy.api.ollama_types import Message
+
+    first = [Message(role="system", content="sys"), Message(role="user", content="hi")]
+    later = [*first, Message(role="assistant", content="hello"), Message(role="user", content="more")]
+    key = session.chat_key("m", first)
+    assert key and key == session.chat_key("m", later)  # every turn of one conversation: one key
+    assert key != session.chat_key("m", [first[0], Message(role="user", content="hi!")])
+    assert key != session.chat_key("other", first) and session.chat_key("m", first[:1]) is None
+    assert session.headers("X-Session-ID", {}, key)["X-Session-ID"] == key
+    assert session.headers("X-Session-ID", {"X-Session-ID": "mine"}, key)["X-Session-ID"] == "mine"
+    assert "X-Session-ID" not in session.headers("", {}, key)
+    assert session.generate_key("m", None) is None and session.generate_key("m", "s") == session.generate_key("m", "s")
+
+
+def test_stand_in_prefix_cache_counts_as_vllm():
+    """The stand-in's ``vllm:prefix_cache_*`` (what loadgen's cluster hit rate reads in dry runs)."""
+    from fake_vllm import PrefixCache
+
+    cache = PrefixCache(capacity=4)
+    words = [f"w{i}" for i in range(40)]  # 2 full blocks of 16, 8 words left over
+    cache.query(words)
+    assert (cache.queries, cache.hits) == (40, 0)
+    cache.query(words[:20] + ["other"] * 20)  # the first block is shared, the second is not
+    assert (cache.queries, cache.hits) == (80, 16)
+    cache.query([f"x{i}" for i in range(64)])  # 4 new blocks: the least recently used leave
+    cache.query(words)
+    assert cache.hits == 16, "evicted blocks are no hits"

@@ -1,0 +1,313 @@
+"""API keys with roles: who may do what, and whose share a request counts in (issue 27).
+
+Keys come from ``--api-key`` (each an admin key, as before) and ``--api-key-file``. The file is
+either one key a line (``#`` comments; each an admin key) or, when it parses as TOML with
+``[[keys]]`` tables, one entry a key::
+
+    [[keys]]
+    name = "alice"            # in logs and metrics; never the secret
+    key = "sk-alice-..."      # or: sha256 = "<hex SHA-256 of the key>"
+    role = "user"             # "admin" or "user" (default)
+    models = ["qwen2.5:*"]    # names or shell patterns it may use (default: every model)
+    max_in_flight = 8         # its own bound on requests in flight (429 beyond it)
+    priority = 0              # higher is served first by vLLM (with fair sharing on)
+
+Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
+an admin's): a **user** runs inference on the models it may use, lists and shows those, and
+loads one (an empty prompt). Only an **admin** pulls, deletes, copies, creates, pushes, unloads a
+model that others are using (``keep_alive: 0``), and, with ``--on-demand-admin-only``, starts a
+model that is not loaded. Refusals are Ollama-style ``{"error"}``: 401 for no or an unknown key,
+403 naming what the role may not do, 429 with ``Retry-After`` over a key's own limit.
+
+A key is found by the SHA-256 of what the client sends (one hash and one dict lookup, no
+comparison that stops at the first differing byte). The file is read again on ``SIGHUP``
+(every worker too, ``front/workers.py``); streams in flight are untouched, and a file that no
+longer parses leaves the keys as they were (logged). With no key configured the server is
+open and every caller is an admin, as Ollama is.
+
+Routes that need an admin: :data:`ADMIN_ROUTES` (checked by :func:`middleware`), or a handler
+wrapped with :func:`admin_only`, or a check inside a handler with :func:`require_admin`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import hashlib
+import zlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from vllama_proxy.errors import Forbidden, Unauthorized
+from vllama_proxy.logs import get_logger
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+log = get_logger("vllama.keys")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Request key: the :class:`Key` a request came with.
+KEY = "vllama.key"
+#: Per-key counters in shared memory (``admission.py``): a key's slot is a hash of its name.
+KEY_SLOTS = 1024
+#: ``(method, path prefix)`` of the routes only an admin may call. Another module adds its own
+#: admin routes with :func:`admin_only` (or ``ADMIN_ROUTES |= {...}`` before ``build_app``).
+ADMIN_ROUTES: set[tuple[str, str]] = {
+    ("POST", "/api/pull"), ("DELETE", "/api/delete"), ("POST", "/api/copy"), ("POST", "/api/create"),
+    ("POST", "/api/push"), ("POST", "/api/blobs/"), ("HEAD", "/api/blobs/"),
+}
+#: What each admin route does, for the 403's words.
+_WHAT = {"/api/pull": "pull models", "/api/delete": "delete models", "/api/copy": "copy models",
+         "/api/create": "create models", "/api/push": "push models", "/api/blobs/": "upload blobs"}
+
+
+class KeyEntry(BaseModel):
+    """One ``[[keys]]`` table of the keys file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@:-]+$")
+    key: SecretStr | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    role: Literal["admin", "user"] = "user"
+    models: list[str] = Field(default_factory=list)
+    max_in_flight: int | None = Field(None, ge=1)
+    priority: int = Field(0, ge=-1000, le=1000)
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> KeyEntry:
+        if (self.key is None) == (self.sha256 is None):
+            raise ValueError(f"key '{self.name}': give exactly one of key or sha256")
+        return self
+
+
+@dataclass(frozen=True)
+class Key:
+    """A known key, as the request path sees it (never its secret).
+
+    Attributes:
+        name: its name (logs, metrics, the per-key counter).
+        role: ``admin`` or ``user``.
+        models: names or shell patterns it may use (empty: every model).
+        max_in_flight: its own bound on requests in flight (``None``: only its fair share).
+        priority: higher is served first by vLLM.
+        slot: its per-key counter's index (:data:`KEY_SLOTS`).
+    """
+
+    name: str
+    role: str = "admin"
+    models: tuple[str, ...] = ()
+    max_in_flight: int | None = None
+    priority: int = 0
+    slot: int = 0
+    _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+    def may_use(self, *names: str) -> bool:
+        """Whether one of ``names`` (as asked, served name, repo; any case, ``:latest`` ignored)
+        matches its ``models`` patterns; always true without patterns."""
+        if not self.models:
+            return True
+        for name in names:
+            folded = name.casefold().removesuffix(":latest")
+            ok = self._cache.get(folded)
+            if ok is None:
+                ok = any(fnmatch.fnmatchcase(folded, p.casefold().removesuffix(":latest")) for p in self.models)
+                if len(self._cache) < 4096:
+                    self._cache[folded] = ok
+            if ok:
+                return True
+        return False
+
+
+#: The caller of a server with no key configured: open, an admin (as Ollama, which has no keys).
+OPEN = Key(name="-", role="admin")
+
+
+def slot_of(name: str, taken: set[int]) -> int:
+    """A stable counter slot for ``name``: CRC-32 of the name, the next free one on a collision."""
+    i = zlib.crc32(name.encode()) % KEY_SLOTS
+    while i in taken:
+        i = (i + 1) % KEY_SLOTS
+    return i
+
+
+def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
+    """``(sha256 hex, Key)`` for each key of ``path`` (see the module docstring for both formats).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: a TOML file whose ``[[keys]]`` are malformed (the message names the entry and field).
+    """
+    text = path.read_text()
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        doc = None
+    if doc is None or "keys" not in doc:  # one key a line: each an admin key
+        if path.suffix == ".toml" and doc is None:
+            tomllib.loads(text)  # a .toml file that does not parse: say where
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        return [(hashlib.sha256(ln.encode()).hexdigest(), Key(name=f"{path.name}:{i + 1}")) for i, ln in enumerate(lines)]
+    entries = doc.get("keys")
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: 'keys' must be an array of tables ([[keys]])")
+    out: list[tuple[str, Key]] = []
+    names: set[str] = set()
+    for n, raw in enumerate(entries, 1):
+        try:
+            e = KeyEntry.model_validate(raw)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "entry"
+            raise ValueError(f"{path}: [[keys]] #{n}: {where}: {first['msg']}") from None
+        if e.name in names:
+            raise ValueError(f"{path}: [[keys]] #{n}: the name '{e.name}' is given twice")
+        names.add(e.name)
+        digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
+        out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority)))
+    return out
+
+
+class KeyRing:
+    """Every configured key, found by the SHA-256 of what a client sends.
+
+    Args:
+        api_keys: ``--api-key`` values (admin keys, named ``api-key:1``...).
+        path: ``--api-key-file`` (``None``: none).
+    """
+
+    def __init__(self, api_keys: Iterable[str], path: Path | None) -> None:
+        self._flag_keys = [k for k in api_keys if k]
+        self.path = path
+        self._by_digest: dict[str, Key] = {}
+        self.load()
+
+    @property
+    def configured(self) -> bool:
+        """Whether any key is configured (else the server is open)."""
+        return bool(self._by_digest)
+
+    @property
+    def keys(self) -> list[Key]:
+        return list(self._by_digest.values())
+
+    def find(self, token: bytes) -> Key | None:
+        """The key whose secret is ``token``, or ``None``."""
+        return self._by_digest.get(hashlib.sha256(token).hexdigest())
+
+    def load(self) -> None:
+        """Read the keys (at start; a bad file then stops the start: exit status 2).
+
+        Raises:
+            OSError, ValueError: as :func:`parse_keys_file`.
+        """
+        found = [(hashlib.sha256(k.encode()).hexdigest(), Key(name=f"api-key:{i + 1}")) for i, k in enumerate(self._flag_keys)]
+        if self.path is not None:
+            found += parse_keys_file(self.path)
+        taken: set[int] = set()
+        by_digest: dict[str, Key] = {}
+        for digest, key in sorted(found, key=lambda x: x[1].name):
+            s = slot_of(key.name, taken)
+            taken.add(s)
+            by_digest[digest] = Key(name=key.name, role=key.role, models=key.models, max_in_flight=key.max_in_flight,
+                                    priority=key.priority, slot=s)
+        self._by_digest = by_digest
+
+    def reload(self) -> bool:
+        """Read the keys again (``SIGHUP``); a file that cannot be read or parsed keeps the old keys.
+        Requests in flight keep the key they came with. Whether the new keys took effect."""
+        before = self._by_digest
+        try:
+            self.load()
+            if before and not self._by_digest:
+                raise ValueError("it holds no key any more (the server would be open to anyone)")
+        except (OSError, ValueError) as e:
+            self._by_digest = before
+            log.error("keys_reload_failed", path=str(self.path), error=str(e), kept=len(before))
+            return False
+        log.info("keys_loaded", path=str(self.path), keys=sorted(k.name for k in self.keys),
+                 admins=sum(k.admin for k in self.keys))
+        return True
+
+
+def key_of(request: web.Request) -> Key:
+    """The key ``request`` came with (:data:`OPEN` on an open server or a route no key guards)."""
+    return request.get(KEY, OPEN)
+
+
+def require_admin(request: web.Request, what: str) -> None:
+    """Raise 403 unless ``request``'s key is an admin's.
+
+    Raises:
+        Forbidden: ``key 'NAME' (role user) may not WHAT: an admin key may``.
+    """
+    key = key_of(request)
+    if not key.admin:
+        raise Forbidden(f"key '{key.name}' (role {key.role}) may not {what}: that needs an admin key")
+
+
+def admin_only(handler: Handler) -> Handler:
+    """Decorator: the route needs an admin key (403 otherwise), whatever its path."""
+
+    @functools.wraps(handler)
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        require_admin(request, _WHAT.get(request.path, f"call {request.method} {request.path}"))
+        return await handler(request)
+
+    return guarded
+
+
+def _admin_route(method: str, path: str) -> str | None:
+    for m, prefix in ADMIN_ROUTES:
+        if m == method and (path == prefix or (prefix.endswith("/") and path.startswith(prefix))):
+            return _WHAT.get(prefix, f"call {method} {prefix}")
+    return None
+
+
+#: The proxy's and vLLM's Prometheus metrics: guarded like /api/* unless ``--metrics-open``. The probes
+#: (``/``, ``/livez``, ``/readyz``, ``/health``) and every other path outside /api/ and /v1/ are open.
+METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
+
+
+def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Find the request's key: ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and the
+    metrics routes (unless ``metrics_open``); 401 without a known one, 403 for a user's call of an
+    admin route. ``/readyz`` takes a key when one is sent (its details are for key holders)."""
+    guarded = frozenset() if metrics_open else METRICS_PATHS
+
+    @web.middleware
+    async def keys(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not ring.configured:
+            return await handler(request)  # open server: everyone is OPEN (an admin)
+        path = request.path
+        needed = path.startswith(("/api/", "/v1/")) or path in guarded
+        if request.method == "OPTIONS" or not (needed or "Authorization" in request.headers):
+            return await handler(request)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        # headers arrive decoded with surrogateescape: encode back to the bytes sent
+        key = ring.find(token.strip().encode("utf-8", "surrogateescape")) if scheme.lower() == "bearer" else None
+        if key is None:
+            if not needed:
+                return await handler(request)  # a probe with a wrong key: still a probe
+            raise Unauthorized("unauthorized: send Authorization: Bearer <api key>")
+        request[KEY] = key
+        if not key.admin:
+            what = _admin_route(request.method, path)
+            if what is not None:
+                raise Forbidden(f"key '{key.name}' (role {key.role}) may not {what}: that needs an admin key")
+        return await handler(request)
+
+    return keys

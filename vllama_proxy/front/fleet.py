@@ -1,0 +1,116 @@
+"""A node joins a ``vllm-router`` (``--register-with``): the router lists it while it serves.
+
+The router (vllm-project/router, PyPI ``vllm-router``) keeps the workers it was started with
+(``--worker-urls``), found (Kubernetes ``--service-discovery``) or added through
+``POST /add_worker?url=U``, and forgets added ones when it restarts. Its own health checks
+(``GET /health`` every ``--health-check-interval-secs``) take a worker out of rotation while it
+fails and bring it back when it answers again, so an engine restarted by its supervisor rejoins by
+itself; this loop covers the rest: a router started after the node, or restarted since. Every
+``register_interval`` s, and at once when a model becomes ready, it reads ``GET /list_workers``
+(``{"urls": [...]}``) and, while this node can serve and is not listed, calls ``/add_worker``
+(which answers only once the router's own ``/health`` check of the node passed; 400
+"already exists" counts as listed). On a clean stop it calls ``/remove_worker`` first, so
+that the router sends nothing more while the node drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Sequence
+
+from vllama_proxy.errors import UpstreamError
+from vllama_proxy.logs import get_logger
+from vllama_proxy.settings import Settings
+from vllama_proxy.supervisor.core import Supervisor
+from vllama_proxy.supervisor.states import State
+from vllama_proxy.upstream import Upstream, read_response
+
+log = get_logger("vllama.fleet")
+
+
+def advertise_url(settings: Settings) -> str:
+    """``--advertise-url``, else ``http://<host name>:<--port>`` (``--host`` when it names one address)."""
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host = settings.host if settings.host not in ("", "0.0.0.0", "::") else socket.gethostname()
+    return f"http://{host}:{settings.port}"
+
+
+class Registration:
+    """Keeps this node listed by the router at ``settings.register_with`` while ``serving()``.
+
+    Args:
+        settings: ``register_with``, ``advertise_url``, ``register_interval``, ``api_key_upstream``
+            (sent as the router's bearer token, if it has one).
+        serving: whether the node can take requests now (some configured model ready or loadable).
+    """
+
+    def __init__(self, settings: Settings, serving: Callable[[], bool]) -> None:
+        assert settings.register_with
+        self.url = advertise_url(settings)
+        self._router = Upstream(settings.register_with, connect_timeout=5.0, read_timeout=settings.startup_timeout,
+                                api_key=settings.api_key_upstream)
+        self._interval = settings.register_interval
+        self._serving = serving
+        self._poke = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.listed = False
+
+    def watch(self, supervisors: Sequence[Supervisor]) -> None:
+        """Check at once when one of ``supervisors`` becomes ready (call before they start)."""
+        for sup in supervisors:
+            sup.listeners.append(self._on_transition)
+
+    def _on_transition(self, state: State, _reason: str | None) -> None:
+        if state is State.READY:
+            self._poke.set()
+
+    async def start(self) -> None:
+        await self._router.start()
+        self._task = asyncio.create_task(self._run(), name="fleet-registration")
+
+    async def stop(self) -> None:
+        """Leave the router (best effort, a few seconds at most), then stop checking."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._call("/remove_worker"), 5.0)
+            log.info("router_left", router=self._router.base_url, url=self.url)
+        except (UpstreamError, asyncio.TimeoutError) as e:
+            log.warning("router_leave_failed", router=self._router.base_url, url=self.url, error=str(e))
+        await self._router.close()
+
+    async def _run(self) -> None:
+        while True:
+            if self._serving():
+                try:
+                    await self.check()
+                except UpstreamError as e:
+                    log.warning("router_unreachable", router=self._router.base_url, error=e.message)
+            try:
+                await asyncio.wait_for(self._poke.wait(), self._interval)
+            except asyncio.TimeoutError:
+                pass
+            self._poke.clear()
+
+    async def check(self) -> None:
+        """Add this node unless the router lists it.
+
+        Raises:
+            UpstreamError: the router could not be reached, or refused the node (its message).
+        """
+        data = await self._router.get_json("/list_workers")
+        urls = {str(u).rstrip("/") for u in (data.get("urls") or [])} if isinstance(data, dict) else set()
+        if self.url in urls:
+            self.listed = True
+            return
+        status, text = await self._call("/add_worker")
+        self.listed = status < 400 or "already exists" in text
+        log.info("router_joined" if self.listed else "router_join_failed", router=self._router.base_url, url=self.url,
+                 answer=text[:200])
+
+    async def _call(self, path: str) -> tuple[int, str]:
+        async with self._router.request("POST", path, params={"url": self.url}, check=False) as resp:
+            return resp.status, (await read_response(resp)).decode("utf-8", "replace")

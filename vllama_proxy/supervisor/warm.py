@@ -1,0 +1,115 @@
+"""What makes a model's next start fast: vLLM's compile cache kept, sleep instead of stop.
+
+A cold ``vllm serve`` spends most of its start compiling (``torch.compile`` and CUDA graph
+capture). vLLM keeps what it compiled under ``VLLM_CACHE_ROOT`` (default
+``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``: ``vllm/envs.py``), Inductor's and Triton's
+caches included (``compilation/compiler_interface.py`` puts them beside it; with torch >= 2.10
+its AOT compile path sets only Inductor's, and Triton keeps ``~/.triton/cache``), so the second
+start of the same model and arguments skips the compile. Under a service manager the home
+directory is often not writable (systemd ``DynamicUser``/``ProtectHome``, a container's
+read-only root): vLLM would then compile every time, so vllama points ``VLLM_CACHE_ROOT``
+into its own state directory (``$STATE_DIRECTORY`` under systemd, which survives restarts), and
+Triton's ``TRITON_CACHE_DIR`` beside it unless set (not a ``VLLM_*`` variable: no part of the
+compile cache's key).
+
+A model that sleeps (vLLM's sleep mode level 1: weights copied to CPU RAM, KV cache freed)
+answers again in about a second (0.6 s on an H100, issue 22) where a stopped one starts cold
+(100+ s). On-demand models therefore run with ``--enable-sleep-mode`` by default when vLLM
+runs on a GPU (vLLM has no sleep mode on CPU: ``Platform.is_sleep_mode_available``) and free
+host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
+supervisor checks RAM again when the model is put to sleep and stops it instead when it has
+become short (``core.Supervisor._can_sleep``). ``--no-on-demand-sleep`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import psutil
+
+from vllama_proxy.logs import get_logger
+from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models.model_files import read_model_files
+
+log = get_logger("vllama.supervisor")
+
+#: Where vllama keeps vLLM's cache when vLLM's default is not writable (under the state directory).
+STATE_CACHE = "vllm-cache"
+
+
+def _writable(d: Path) -> bool:
+    """Whether ``d`` is (or could be made as) a directory this process can write."""
+    for p in (d, *d.parents):
+        if p.exists():
+            return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
+    return False
+
+
+def compile_cache(state_dir: Path, environ: Mapping[str, str] = os.environ) -> tuple[Path, str, dict[str, str]]:
+    """Where vLLM keeps its compile cache for the models vllama launches.
+
+    Args:
+        state_dir: vllama's state directory (``--state-dir``).
+        environ: the environment vLLM inherits.
+
+    Returns:
+        ``(directory, why, environment to add)``: ``VLLM_CACHE_ROOT`` when set (kept); else
+        vLLM's own default (``$XDG_CACHE_HOME/vllm`` or ``$HOME/.cache/vllm``) when it is
+        writable (nothing added); else ``<state_dir>/vllm-cache``, given to vLLM as
+        ``VLLM_CACHE_ROOT``, with ``TRITON_CACHE_DIR=<state_dir>/vllm-cache/triton`` unless set.
+    """
+    given = environ.get("VLLM_CACHE_ROOT")
+    if given:
+        return Path(given).expanduser(), "VLLM_CACHE_ROOT", {}
+    home = environ.get("HOME") or os.path.expanduser("~")
+    default = Path(environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")) / "vllm"
+    if _writable(default):
+        return default, "vLLM's default (writable)", {}
+    ours = state_dir / STATE_CACHE
+    env = {"VLLM_CACHE_ROOT": str(ours)}
+    if not environ.get("TRITON_CACHE_DIR"):
+        env["TRITON_CACHE_DIR"] = str(ours / "triton")
+    return ours, f"the state directory ({default} is not writable)", env
+
+
+def log_compile_cache(state_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """:func:`compile_cache`, logged once (``compile_cache``); returns the environment to add."""
+    path, why, env = compile_cache(state_dir, environ)
+    log.info("compile_cache", path=str(path), source=why)
+    return env
+
+
+def sleep_choice(weights: int, available: int, reserve: int, gpus: int) -> tuple[bool, str]:
+    """Whether an on-demand model should run with vLLM's sleep mode, and why (logged).
+
+    Args:
+        weights: bytes of the model's weight files (0: unknown).
+        available: host RAM available now, bytes (``psutil.virtual_memory().available``).
+        reserve: bytes that must stay free beyond the weights (``--sleep-host-memory-reserve``).
+        gpus: GPUs NVML counts (0: vLLM runs without CUDA, where it has no sleep mode).
+    """
+    if gpus <= 0:
+        return False, "no GPU counted (vLLM's sleep mode needs CUDA)"
+    gib = 1024**3
+    if available < weights + reserve:
+        return False, (f"host RAM available {available / gib:.1f} GiB < weights {weights / gib:.1f} GiB "
+                       f"+ reserve {reserve / gib:.1f} GiB: it stops instead")
+    return True, (f"host RAM available {available / gib:.1f} GiB holds the weights {weights / gib:.1f} GiB "
+                  f"+ reserve {reserve / gib:.1f} GiB")
+
+
+def with_sleep(spec: ModelConfig, *, enabled: bool, reserve: int, gpus: int) -> ModelConfig:
+    """``spec`` with ``sleep_mode`` on when :func:`sleep_choice` says so (on-demand models; logged
+    as ``on_demand_sleep``). A spec that already sleeps, or ``enabled`` false
+    (``--no-on-demand-sleep``), is returned as it is. Reads the weights' size from disk."""
+    if spec.sleeps:
+        return spec
+    if not enabled:
+        log.info("on_demand_sleep", model=spec.served_name, sleep=False, reason="--no-on-demand-sleep")
+        return spec
+    weights = read_model_files(spec.model, spec.served_name).size
+    on, why = sleep_choice(weights, psutil.virtual_memory().available, reserve, gpus)
+    log.info("on_demand_sleep", model=spec.served_name, sleep=on, reason=why)
+    return spec.model_copy(update={"sleep_mode": True}) if on else spec
