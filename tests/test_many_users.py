@@ -187,6 +187,48 @@ def test_keys_with_roles(serve, hub, tmp_path):
     assert "models" in httpx.get(s.url + "/readyz", headers={"Authorization": "Bearer sk-alice"}).json()
 
 
+def test_create_and_blobs_are_an_admins_and_a_created_model_counts_by_its_own_name(serve, hub, tmp_path):
+    import hashlib
+    place(hub, "acme/tiny-prod")
+    carol = '\n[[keys]]\nname = "carol"\nkey = "sk-carol"\nrole = "user"\nmodels = ["coder*"]\n'
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys_file(tmp_path, carol)))
+    s.wait_ready()
+    root, alice, bob, carol = (as_key(s, k) for k in ("sk-root", "sk-alice", "sk-bob", "sk-carol"))
+    data = b"adapter weights"
+    blob = f"{s.url}/api/blobs/sha256:{hashlib.sha256(data).hexdigest()}"
+    # a user may neither create a model nor upload or probe a blob; nothing is made or stored
+    for key in ("sk-bob", "sk-alice"):
+        auth = {"Authorization": f"Bearer {key}"}
+        r = httpx.post(s.url + "/api/create", json={"model": "mario", "from": "prod", "system": "It's-a me"}, headers=auth)
+        assert r.status_code == 403 and "may not create models: that needs an admin key" in r.json()["error"]
+        r = httpx.post(blob, content=data, headers=auth)
+        assert r.status_code == 403 and "may not upload blobs: that needs an admin key" in r.json()["error"]
+        assert httpx.head(blob, headers=auth).status_code == 403
+    admin = {"Authorization": "Bearer sk-root"}
+    assert httpx.head(blob, headers=admin).status_code == 404
+    assert httpx.post(blob, content=data, headers=admin).status_code == 201
+    assert httpx.head(blob, headers=admin).status_code == 200
+    assert "mario:latest" not in [m.model for m in root.list().models]
+    root.create(model="mario", from_="prod", system="It's-a me")
+    root.create(model="coder", from_="prod", system="You write code.")
+    # a created model counts by its own name, not its base's: alice may use prod, not mario made of it;
+    # carol may use coder, not its base prod; bob (no patterns) every one
+    assert {m.model for m in alice.list().models} == {"prod:latest"}
+    assert {m.model for m in carol.list().models} == {"coder:latest"}
+    assert {"prod:latest", "mario:latest", "coder:latest"} <= {m.model for m in bob.list().models}
+    assert {m.model for m in carol.ps().models} == {"coder:latest"}  # loaded with prod, which carol does not see
+    for call in (lambda: alice.chat(model="mario", messages=[{"role": "user", "content": "x"}]), lambda: alice.show("mario"),
+                 lambda: carol.generate(model="prod", prompt="x"), lambda: carol.show("prod")):
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 403
+    assert carol.chat(model="coder", messages=[{"role": "user", "content": "x"}], options={"num_predict": 1}).done
+    assert carol.show("coder").details.parent_model == "prod"
+    r = httpx.post(s.url + "/v1/chat/completions", headers={"Authorization": "Bearer sk-alice"},
+                   json={"model": "mario", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 403
+
+
 def test_on_demand_admin_only_and_protected_models(serve, hub, tmp_path):
     place(hub, "acme/tiny-a")
     place(hub, "acme/tiny-prod")

@@ -21,8 +21,6 @@ def test_pull_served_model_succeeds(client, proxy):
 
 @pytest.mark.parametrize("method,path,body", [
     ("POST", "/api/push", {"model": SERVED}),
-    ("POST", "/api/create", {"model": "x", "from": SERVED}),
-    ("POST", "/api/blobs/sha256:abc", None),
 ])
 def test_management_routes_say_what_is_served(proxy, method, path, body):
     r = httpx.request(method, proxy.url + path, json=body)

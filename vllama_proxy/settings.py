@@ -296,6 +296,12 @@ class Settings(BaseSettings):
     failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
     gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping.")
     gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
+    max_blob_size: int = Field(
+        256 * 1024**3,
+        gt=0,
+        description="Largest blob POST /api/blobs accepts, bytes (a model's weights or an adapter, for /api/create); "
+        "an upload must also leave 1 GiB free on the state directory's disk.",
+    )
     on_demand_sleep: bool = Field(
         True,
         description="On-demand models run with vLLM's sleep mode (--enable-sleep-mode) when vLLM runs on a GPU and free "
@@ -568,7 +574,7 @@ METAVARS = {
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
     "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL",
-    "max_small_body_size": "BYTES", "cache_quota": "BYTES",
+    "max_small_body_size": "BYTES", "cache_quota": "BYTES", "max_blob_size": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 

@@ -291,6 +291,14 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_fim_model(tmp_path_factory) -> Path:
+    """The tiny random Qwen2 with Qwen2.5-Coder's fill-in-the-middle tokens in its tokenizer (issue 30)."""
+    if not engine()[0]:
+        pytest.skip("real engine absent")
+    return make_tiny_model.make(tmp_path_factory.mktemp("real-fim-model") / "tiny-coder", fim=True)
+
+
+@pytest.fixture(scope="session")
 def start_real(tmp_path_factory) -> Iterator:
     """A factory of :class:`RealVllama` servers; any still running at the session's end are stopped."""
     started: list[RealVllama] = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A tiny random-weight Qwen2 model directory for the real-engine tests, made offline.
 
-Usage: python3 tests/real_engine/make_tiny_model.py OUTDIR [--vocab 4096] [--hidden 128] [--layers 2]
+Usage: python3 tests/real_engine/make_tiny_model.py OUTDIR [--vocab 4096] [--hidden 128] [--layers 2] [--fim]
 
 Like ``/work/shared/device/make_random_model.py`` (the Qwen2.5-1.5B-shaped one used on the GPU),
 with a smaller shape and a faster tokenizer: a byte-level BPE trained on ~2 MiB of the Python
@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+#: Qwen2.5-Coder's fill-in-the-middle tokens, added with ``--fim`` (issue 30: a model vllama fills in the middle for)
+FIM = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['content'] is string %}{%- set content = message['content'] %}"
@@ -37,7 +39,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer(out: Path, vocab: int, max_bytes: int = 2 << 20) -> tuple[int, dict[str, int]]:
+def make_tokenizer(out: Path, vocab: int, max_bytes: int = 2 << 20, fim: bool = False) -> tuple[int, dict[str, int]]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     texts, total = [], 0
@@ -56,6 +58,8 @@ def make_tokenizer(out: Path, vocab: int, max_bytes: int = 2 << 20) -> tuple[int
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
+    if fim:
+        tok.add_special_tokens(FIM)
     pad = (-tok.get_vocab_size()) % 64
     tok.add_special_tokens([f"<|extra_{i}|>" for i in range(pad)])
     tok.save(str(out / "tokenizer.json"))
@@ -112,7 +116,7 @@ def make_model(out: Path, vocab: int, ids: dict[str, int], hidden: int, layers: 
     return sum(t.numel() for t in sd.values())
 
 
-def make(out: Path, vocab: int = 4096, hidden: int = 128, layers: int = 2) -> Path:
+def make(out: Path, vocab: int = 4096, hidden: int = 128, layers: int = 2, fim: bool = False) -> Path:
     """Make the model directory ``out`` unless a complete one is there already; returns ``out``."""
     if (out / "DONE").exists():
         return out
@@ -120,7 +124,7 @@ def make(out: Path, vocab: int = 4096, hidden: int = 128, layers: int = 2) -> Pa
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     t0 = time.monotonic()
-    size, ids = make_tokenizer(tmp, vocab)
+    size, ids = make_tokenizer(tmp, vocab, fim=fim)
     params = make_model(tmp, size, ids, hidden, layers)
     (tmp / "DONE").write_text(json.dumps({"vocab": size, "hidden": hidden, "layers": layers, "params": params,
                                           "seconds": round(time.monotonic() - t0, 1)}) + "\n")
@@ -137,8 +141,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--fim", action="store_true", help="add Qwen2.5-Coder's fill-in-the-middle tokens")
     a = ap.parse_args()
-    make(a.out, a.vocab, a.hidden, a.layers)
+    make(a.out, a.vocab, a.hidden, a.layers, a.fim)
     print((a.out / "DONE").read_text().strip())
 
 

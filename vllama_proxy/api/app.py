@@ -24,7 +24,9 @@ from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, err
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
+from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
+from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.on_demand import OnDemand
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
@@ -32,8 +34,8 @@ from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
-from .routes import chat, embed, generate, health, hub, manage, meta, models, openai
-from .state import ACCEPTED, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
+from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
+from .state import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -200,11 +202,12 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     if slots is not None:
         on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=settings.library_table(),
                              allow=settings.on_demand_models, vllm_args=settings.vllm_args, keep_alive=settings.keep_alive,
-                             load_timeout=settings.load_timeout)
+                             load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models")
     aliases = dict(settings.alias)
     for spec in settings.model_specs():
         aliases.update({a: spec.served_name for a in spec.aliases})
     app[SETTINGS] = settings
+    app[BLOBS] = BlobStore(settings.state_dir / "blobs", settings.max_blob_size)
     app[KEYS] = ring
     app[WORKER] = worker
     app[FRONT_END] = front
@@ -217,6 +220,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         store=AliasStore(settings.state_dir / "aliases.json"),
         library=settings.library_table(),
         on_demand=on_demand,
+        created=CreatedStore(settings.state_dir / "created.json"),
     )
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
@@ -242,10 +246,10 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         ("GET", "/api/ps", models.ps),
         ("POST", "/api/pull", hub.pull),
         ("POST", "/api/push", manage.unsupported),
-        ("POST", "/api/create", manage.unsupported),
+        ("POST", "/api/create", create.create),
         ("POST", "/api/copy", manage.copy),
         ("DELETE", "/api/delete", hub.delete),
-        ("*", "/api/blobs/{digest}", manage.unsupported),
+        ("*", "/api/blobs/{digest}", blobs.blob),
         ("*", "/v1/{tail:.*}", openai.passthrough),
     ]
     for method, path, handler in routes:

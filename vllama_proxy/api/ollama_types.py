@@ -191,6 +191,28 @@ class CopyRequest(_Loose):
     destination: str | None = None
 
 
+class CreateRequest(_Loose):
+    """``POST /api/create`` body (Ollama ``api.CreateRequest``; ``from`` is a Python keyword: ``from_``).
+
+    ``files`` and ``adapters`` map file names to ``sha256:<hex>`` digests of uploaded blobs
+    (``/api/blobs``); ``modelfile`` is the legacy text form, read as the fields it sets.
+    """
+
+    model: str | None = None
+    name: str | None = None
+    from_: str | None = Field(None, alias="from")
+    files: dict[str, str] | None = None
+    adapters: dict[str, str] | None = None
+    template: str | None = None
+    license: StrOrList | None = None
+    system: str | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[Message] | None = None
+    stream: StrictBool | None = None
+    quantize: str | None = None
+    modelfile: str | None = None
+
+
 def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
     """Decode a request body into ``cls``.
 

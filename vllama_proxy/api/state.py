@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
@@ -18,6 +19,8 @@ WORKER = web.AppKey("worker", int)
 FRONT_END = web.AppKey("front_end", Plan)
 #: Request key: close the connection after this request's response (its body could not be read).
 CLOSE_AFTER = "vllama.close_after"
+#: Uploaded blobs (``/api/blobs``), which ``/api/create`` names by digest.
+BLOBS = web.AppKey("blobs", BlobStore)
 #: The API keys and their roles (``keys.py``), read again on SIGHUP.
 KEYS = web.AppKey("keys", KeyRing)
 #: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown

@@ -20,6 +20,8 @@ import re
 from typing import Any
 
 from vllama_proxy.errors import BadRequest, UnsupportedCapability
+from vllama_proxy.models.created import CreatedModel
+from vllama_proxy.models.fim import FimFormat
 from vllama_proxy.upstream import encode_json
 from .ollama_types import ChatRequest, GenerateRequest, Message, Options
 
@@ -264,18 +266,57 @@ def chat_body(req: ChatRequest, served: str) -> tuple[dict[str, Any], list[str]]
     return body, ignored
 
 
-def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any], list[str]]:
+def with_model_defaults(req: ChatRequest | GenerateRequest, made: CreatedModel | None) -> tuple[Any, list[dict[str, Any]]]:
+    """A request to a model made with ``/api/create``, with that model's layers applied, and the
+    messages to put before a templated generate's prompt.
+
+    As Ollama: the request's ``options`` win over the model's ``PARAMETER`` defaults; the model's
+    ``SYSTEM`` is used when the request brings no system prompt of its own; its ``MESSAGE``s come
+    before the conversation (chat) or the prompt (generate without ``raw``). A raw generate gets
+    the options only. ``made`` ``None``: ``(req, [])`` unchanged.
+    """
+    if made is None:
+        return req, []
+    merged = {**made.parameters, **(req.options.model_dump(exclude_none=True) if req.options else {})}
+    update: dict[str, Any] = {"options": Options.model_validate(merged) if merged else req.options}
+    before = [dict(m) for m in made.messages]
+    if isinstance(req, ChatRequest):
+        msgs = list(req.messages or [])
+        pre = [Message.model_validate(m) for m in before]
+        if made.system and not any(m.role == "system" for m in msgs):
+            pre.insert(0, Message(role="system", content=made.system))
+        update["messages"] = pre + msgs
+        return req.model_copy(update=update), []
+    if req.raw:
+        return req.model_copy(update=update), []
+    if not req.system and made.system:
+        update["system"] = made.system
+    return req.model_copy(update=update), before
+
+
+def upstream_model(made: CreatedModel | None, served: str) -> str:
+    """vLLM's ``model`` for a request: a created model's LoRA adapter (vLLM serves it under that
+    name, ``models/adapters.py``), else the served model."""
+    return next(iter(made.adapters), served) if made is not None and made.adapters else served
+
+
+def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """``/api/generate`` -> ``(upstream path, body, ignored options)``.
 
     ``raw: true`` sends the prompt untouched to ``/v1/completions``. Otherwise the
     model's own chat template is applied by vLLM: ``system`` + ``prompt`` (+ ``images``)
     go to ``/v1/chat/completions`` as a system and a user message (Ollama applies its
-    Modelfile TEMPLATE the same way).
+    Modelfile TEMPLATE the same way); ``before`` (a created model's ``MESSAGE``s) between them.
 
     Raises:
         BadRequest: ``raw`` combined with ``template``/``system``/``context`` (as Ollama),
             ``raw`` with ``images``, or a custom ``template`` (a Go template we cannot render).
     """
+    if req.context:
+        raise BadRequest(
+            "context is not supported: vllama keeps no token context between requests (Ollama deprecated it); "
+            "send the conversation as messages to /api/chat, or the whole prompt with raw: true"
+        )
     if req.raw:
         if req.template or req.system or req.context:
             raise BadRequest("raw mode does not support template, system, or context")
@@ -293,7 +334,37 @@ def generate_body(req: GenerateRequest, served: str) -> tuple[str, dict[str, Any
     messages: list[dict[str, Any]] = []
     if req.system:
         messages.append({"role": "system", "content": req.system})
+    messages += before or []
     messages.append({"role": "user", "content": _content(req.prompt, req.images, "")})
     body["messages"] = messages
     body.update(thinking_fields(req.think))
     return "/v1/chat/completions", body, ignored
+
+
+def fim_body(req: GenerateRequest, served: str, fmt: FimFormat) -> tuple[dict[str, Any], list[str]]:
+    """``/api/generate`` with ``suffix`` -> a ``/v1/completions`` body holding the model's FIM prompt.
+
+    As Ollama's templates render ``.Suffix``: ``prompt`` is what precedes the cursor, ``suffix``
+    what follows; ``system`` is not part of a FIM prompt (Ollama's code templates leave it out).
+    The format's stop tokens go as ``stop_token_ids`` (a special token never appears in the text
+    vLLM matches ``stop`` strings against), the rest as ``stop`` beside the client's own.
+
+    Raises:
+        BadRequest: ``suffix`` with ``raw`` (a raw prompt is never templated), ``images``, or ``template``.
+    """
+    if req.context:
+        raise BadRequest("context is not supported with suffix: send the code before the cursor as prompt")
+    if req.raw:
+        raise BadRequest("raw mode does not support suffix: send the model's fill-in-the-middle prompt as the raw prompt, or drop raw")
+    if req.images:
+        raise BadRequest("suffix (fill-in-the-middle) does not take images")
+    if req.template:
+        raise BadRequest("custom templates are not supported: vllama builds the model's own fill-in-the-middle prompt from suffix")
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False)
+    body["prompt"] = fmt.prompt(req.prompt or "", req.suffix or "")
+    stop = [*body.get("stop", []), *(s for s in fmt.stop if s not in body.get("stop", []))]
+    if stop:
+        body["stop"] = stop
+    if fmt.stop_token_ids:
+        body["stop_token_ids"] = list(fmt.stop_token_ids)
+    return body, ignored

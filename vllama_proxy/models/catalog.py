@@ -13,6 +13,8 @@ requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
 served name (``shared/ollama-api.md``). A library name (``qwen2.5:7b``, ``models/library.py``)
 that is not a served name resolves to the model served from its repo (``--model
 Qwen/Qwen2.5-7B-Instruct``); an unknown one is a 404 that names the closest known names.
+The order in which every kind of name is tried is ``models/names.py``'s, which owns it; the
+catalog feeds it the served models and asks the on-demand slots last.
 """
 
 from __future__ import annotations
@@ -27,29 +29,18 @@ from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.logs import get_logger
 from .backends import ServedModel
 from .config import has_flag, vllm_arg
-from .library import Library, looks_like_library_name
+from .fim import FimFormat, fim_format
+from .library import Library, load as load_library, looks_like_library_name
 from .model_files import ModelFiles, read_model_files
+from .names import LATEST, Names, ollama_name, strip_latest  # noqa: F401 - re-exported: the catalog's callers use them
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import AliasStore
     from .backends import Backend
+    from .created import CreatedModel, CreatedStore
     from .on_demand import OnDemand
 
 log = get_logger("vllama.catalog")
-
-LATEST = ":latest"
-
-
-def strip_latest(name: str) -> str:
-    """``X:latest`` -> ``X``; other tags are kept (``qwen2.5:1.5b`` stays)."""
-    return name[: -len(LATEST)] if name.endswith(LATEST) else name
-
-
-def ollama_name(name: str) -> str:
-    """The ``X:latest`` form Ollama lists (a name that has a tag keeps it)."""
-    tail = name.rsplit("/", 1)[-1]
-    return name if ":" in tail else name + LATEST
-
 
 def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
     """Ollama capabilities from how vLLM was started and what the model is.
@@ -58,7 +49,8 @@ def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
     ``--convert embed``), else ``completion``; ``tools`` only with
     ``--enable-auto-tool-choice`` and a ``--tool-call-parser``; ``thinking`` with a
     ``--reasoning-parser``; ``vision`` when the config has a vision tower. ``insert``
-    (``suffix``) never: vLLM's completions endpoint does not support ``suffix``.
+    (``suffix``) is added by :meth:`Catalog.capabilities` for a model with a fill-in-the-middle
+    format (``models/fim.py``): vLLM's completions endpoint has no ``suffix`` of its own.
     """
     args = model.vllm_args
     pooling = (vllm_arg(args, "--runner") == "pooling" or vllm_arg(args, "--task") in ("embed", "embedding")
@@ -89,6 +81,7 @@ class Catalog:
         store: aliases made with ``/api/copy`` (:class:`~vllama_proxy.models.aliases.AliasStore`).
         library: Ollama library names -> repos (``models/library.py``), for names that are not served names.
         on_demand: local models started when a request names them (``models/on_demand.py``; ``None``: off).
+        created: models made with ``/api/create`` (``models/created.py``): each resolves to its base.
     """
 
     def __init__(
@@ -101,12 +94,14 @@ class Catalog:
         store: AliasStore | None = None,
         library: Library | None = None,
         on_demand: OnDemand | None = None,
+        created: CreatedStore | None = None,
     ) -> None:
         self._on_demand = on_demand
+        self._created = created
         self._backends = list(backends)
         self._library = library
-        self._aliases = {strip_latest(k): v for k, v in (aliases or {}).items()}
-        self._folded = {k.casefold(): v for k, v in self._aliases.items()}  # lookups ignore case, as Ollama's
+        #: every name but the on-demand ones resolves there (models/names.py)
+        self.names = Names(aliases, store=store, created=created, library=library)
         self._store = store
         self._args = {k: tuple(v) for k, v in (vllm_args or {}).items()}
         self._ttl = ttl
@@ -133,7 +128,7 @@ class Catalog:
         return self._on_demand
 
     async def resolve(self, name: str, *, claim: bool = False) -> ServedModel:
-        """The served model an Ollama name refers to.
+        """The served model an Ollama name refers to (for a model made with ``/api/create``: its base).
 
         ``claim``: a local model no on-demand slot holds claims one (it will load) — only inference
         and an explicit load ask for that; a lookup (show, copy, pull, delete, ``GET /v1/models/X``)
@@ -145,10 +140,40 @@ class Catalog:
                 says what is close and how to name a Hugging Face model.
             UpstreamUnavailable: no list is cached and vLLM cannot be asked.
         """
+        made = self.created(name)
+        if made is not None:
+            return await self._resolve(made.base, claim)  # a served name: created models never stand on created ones
+        return await self._resolve(name, claim)
+
+    def is_served_name(self, name: str) -> bool:
+        """Whether ``name`` names a served model or an alias in the list cached now (no fetch, no
+        on-demand start): ``/api/create`` does not replace those."""
+        return self._lookup(self._models or {}, name) is not None
+
+    def created(self, name: str) -> CreatedModel | None:
+        """The model made with ``/api/create`` that ``name`` names, else ``None``."""
+        return self.names.created(name)
+
+    def created_models(self) -> list[CreatedModel]:
+        """Every model made with ``/api/create``."""
+        return list(self._created.current().values()) if self._created is not None else []
+
+    @property
+    def created_store(self) -> CreatedStore:
+        """Where ``/api/create`` keeps its models.
+
+        Raises:
+            RuntimeError: the catalog was built without one.
+        """
+        if self._created is None:
+            raise RuntimeError("no created-model store")
+        return self._created
+
+    async def _resolve(self, name: str, claim: bool) -> ServedModel:
         models = await self._current() if self._backends else {}
         found = self._lookup(models, name)
         if found is None and self._on_demand is not None:
-            target = self._alias_target(name) or name  # an alias made with /api/copy of an on-demand model
+            target = self.names.alias_target(name) or name  # an alias made with /api/copy of an on-demand model
             found = self._on_demand.held(target) or await (self._on_demand.claim if claim else self._on_demand.lookup)(target)
         if found is None and self._backends and time.monotonic() - self._fetched_at > 1.0:
             found = self._lookup(await self._fetch(), name)
@@ -201,9 +226,7 @@ class Catalog:
 
     def aliases(self) -> dict[str, str]:
         """Every alias -> served name: configured ones, then those made with ``/api/copy``."""
-        if self._store is None:
-            return self._aliases
-        return {**{strip_latest(k): v for k, v in self._store.current().items()}, **self._aliases}
+        return self.names.aliases()
 
     @property
     def store(self) -> AliasStore:
@@ -218,7 +241,7 @@ class Catalog:
 
     def is_configured_alias(self, name: str) -> bool:
         """Whether ``name`` is an alias from the settings (``/api/copy`` does not replace those)."""
-        return strip_latest(name).casefold() in self._folded
+        return self.names.is_configured_alias(name)
 
     def names_for(self, model: ServedModel) -> list[str]:
         """Every Ollama name of ``model``: ``<served>:latest`` first, then its aliases."""
@@ -237,48 +260,25 @@ class Catalog:
         return await asyncio.shield(task)
 
     async def capabilities(self, model: ServedModel) -> list[str]:
-        """See :func:`capabilities`."""
-        return capabilities(model, await self.files(model))
+        """See :func:`capabilities`; ``insert`` when :meth:`fim` finds a format."""
+        caps = capabilities(model, await self.files(model))
+        if "completion" in caps and await self.fim(model) is not None:
+            caps.append("insert")
+        return caps
+
+    async def fim(self, model: ServedModel) -> FimFormat | None:
+        """The model's fill-in-the-middle format (``models/fim.py``), or ``None``."""
+        if self._library is None:
+            self._library = load_library()
+        return fim_format(model.root, await self.files(model), self._library)
 
     def is_configured(self, model: ServedModel) -> bool:
         """Whether ``model`` is one of the operator's (``--model``, ``[[models]]``, ``--upstream``), not an on-demand one."""
         return model.name in self._backend_of or (bool(self._backends) and self._backends[0].model is None)
 
     # -- internals -------------------------------------------------------------
-    def _alias_target(self, name: str) -> str | None:
-        key = strip_latest(name)
-        target = self._folded.get(key.casefold())
-        if target is None and self._store is not None:
-            target = self._store.lookup(key)
-        return target
-
     def _lookup(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
-        key = strip_latest(name)
-        m = models.get(key)
-        if m is None:
-            target = self._folded.get(key.casefold())
-            if target is None and self._store is not None:
-                target = self._store.lookup(key)
-            if target is not None:
-                m = models.get(target)
-        if m is None:
-            folded = key.casefold()
-            m = next((v for k, v in models.items() if k.casefold() == folded), None)
-        if m is None and self._library is not None:
-            m = self._by_library_name(models, name)
-        return m
-
-    def _by_library_name(self, models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
-        """The served model loaded from the repo a library name maps to (``qwen2.5:7b`` ->
-        the model served from ``Qwen/Qwen2.5-7B-Instruct``, whatever its served name)."""
-        assert self._library is not None
-        if name.strip() not in self._library:
-            return None
-        try:
-            repo = self._library.resolve(name).repo.casefold()
-        except ModelNotFound:
-            return None
-        return next((m for m in models.values() if m.root.casefold() == repo), None)
+        return self.names.lookup(models, name)
 
     async def _current(self) -> dict[str, ServedModel]:
         if self._models is None:

@@ -53,6 +53,7 @@ _NATIVE = re.compile(r"native-[a-z0-9]+")
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_FIM_FIELD = re.compile(r"\{(prefix|suffix)\}")
 #: An Ollama-style name: no ``/`` (that is a Hugging Face id), an optional ``:tag``.
 _LIBRARY_LIKE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
@@ -109,6 +110,31 @@ class Quant(_Strict):
         return v
 
 
+class Fim(_Strict):
+    """A fill-in-the-middle prompt format (``[fim.<style>]``): what ``/api/generate``'s ``suffix`` becomes.
+
+    ``template`` has ``{prefix}`` and ``{suffix}``; ``tokens`` are the special tokens a model's
+    tokenizer must have for it; ``stop`` ends the middle (sent to vLLM as ``stop_token_ids`` where
+    the tokenizer knows them, else as ``stop`` strings).
+    """
+
+    template: str
+    tokens: list[str] = Field(min_length=1)
+    stop: list[str]
+    sources: list[str] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _fields(self) -> Fim:
+        if "{prefix}" not in self.template or "{suffix}" not in self.template:
+            raise ValueError("template needs {prefix} and {suffix}")
+        return self
+
+    def prompt(self, prefix: str, suffix: str) -> str:
+        """The FIM prompt for ``prefix`` (what precedes the cursor) and ``suffix`` (what follows it)."""
+        parts = {"prefix": prefix, "suffix": suffix}
+        return _FIM_FIELD.sub(lambda m: parts[m.group(1)], self.template)
+
+
 class Tag(_Strict):
     """One size or variant tag of a name (``[[model.tag]]``); optional fields override the name's."""
 
@@ -128,6 +154,7 @@ class Tag(_Strict):
     chat_template: str | None = None
     vllm_args: list[str] | None = None
     note: str | None = None
+    fim: str | None = None
 
     @field_validator("tag")
     @classmethod
@@ -174,6 +201,7 @@ class Model(_Strict):
     ollama_capabilities: list[str] = Field(default_factory=list)
     chat_template: str = ""
     note: str = ""
+    fim: str = ""
 
     @field_validator("name")
     @classmethod
@@ -214,6 +242,9 @@ class Model(_Strict):
             tool = t.tool_call_parser if t.tool_call_parser is not None else self.tool_call_parser
             reason = t.reasoning_parser if t.reasoning_parser is not None else self.reasoning_parser
             args = t.vllm_args if t.vllm_args is not None else self.vllm_args
+            fim = t.fim if t.fim is not None else self.fim
+            if ("insert" in caps) != bool(fim):
+                raise ValueError(f"{where}fim must be set if and only if 'insert' is a capability")
             if ("tools" in caps) != bool(tool):
                 raise ValueError(f"{where}tool_call_parser must be set if and only if 'tools' is a capability")
             if ("thinking" in caps) != bool(reason):
@@ -251,6 +282,7 @@ class LibraryFile(_Strict):
     schema_version: Literal[1] | None = None
     ollama_snapshot: str | None = None
     quant_classes: QuantClasses | None = None
+    fim: dict[str, Fim] = Field(default_factory=dict)
     model: list[Model] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -377,6 +409,7 @@ class Entry:
     quant: str | None = None
     quant_kind: str | None = None
     fallback: bool = False
+    fim: str = ""
 
     def vllm_args(self) -> list[str]:
         """The ``vllm serve`` arguments the name's capabilities need: tool calling with its parser,
@@ -422,6 +455,16 @@ class Library:
             key=lambda p: -len(p[0]),
         )
         self.user_path = user_path
+        #: fill-in-the-middle formats by style: the packaged ones, then the user's (same style replaces)
+        self.fim: dict[str, Fim] = {**packaged.fim, **(user.fim if user else {})}
+        unknown = {f"{m.name}: fim style {f!r}" for m in rows.values() for f in [m.fim, *(t.fim for t in m.tag)]
+                   if f and f not in self.fim}
+        if unknown:
+            raise LibraryError(f"unknown fill-in-the-middle styles (no [fim.<style>] table): {', '.join(sorted(unknown))}")
+        self._by_repo: dict[str, tuple[Model, Tag]] = {}
+        for m in rows.values():
+            for t in m.tag:
+                self._by_repo.setdefault(t.repo.casefold(), (m, t))
 
     # -- lookups -------------------------------------------------------------------
     @property
@@ -466,6 +509,14 @@ class Library:
                 return self._entry(row, t, cls, f"{row.name}:{t.tag}-{tag[len(tag) - len(suffix):]}")
         raise ModelNotFound(name, self.tag_advice(row))
 
+    def by_repo(self, repo: str) -> Entry | None:
+        """The entry whose plain tag serves Hugging Face repo ``repo`` (any case), else ``None``."""
+        found = self._by_repo.get(repo.casefold())
+        if found is None:
+            return None
+        row, t = found
+        return self._entry(row, t, None, f"{row.name}:{t.tag}")
+
     def _tag(self, row: Model, tag: str) -> Tag | None:
         tag = tag.casefold()
         return next((t for t in row.tag if t.tag.casefold() == tag or tag in (a.casefold() for a in t.aliases)), None)
@@ -488,6 +539,7 @@ class Library:
             quant=cls,
             quant_kind=q.kind if q else None,
             fallback=q.fallback if q else False,
+            fim=(t.fim if t.fim is not None else row.fim) or "",
         )
 
     # -- advice --------------------------------------------------------------------

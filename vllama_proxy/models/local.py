@@ -20,6 +20,8 @@ by ``huggingface_hub``'s own ``scan_cache_dir``, as ``hub.py`` reads it for ``/a
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +88,36 @@ def scan(library: Library | None) -> list[LocalModel]:
             continue
         out.append(LocalModel(name=names.get(repo.repo_id.casefold(), repo.repo_id), repo=repo.repo_id, path=rev.snapshot_path,
                               size=sum(f.size_on_disk for f in weights), modified=top["config.json"].blob_last_modified))
+    return out
+
+
+#: The file naming a model directory built from uploaded blobs (``/api/create`` ``files``).
+NAME_FILE = ".vllama-name"
+
+
+def uploaded_dir(root: Path, name: str) -> Path:
+    """The directory under ``root`` that holds the files uploaded for model ``name``."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    return root / f"{safe}-{hashlib.sha256(name.casefold().encode()).hexdigest()[:8]}"
+
+
+def scan_uploaded(root: Path | None) -> list[LocalModel]:
+    """The model directories ``/api/create`` built from uploaded files under ``root``
+    (``<state_dir>/models``): each has ``config.json``, safetensors and :data:`NAME_FILE`. vLLM is
+    given the directory; these are the only local paths that run on demand, as vllama made them."""
+    out: list[LocalModel] = []
+    if root is None or not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        try:
+            name = (d / NAME_FILE).read_text().strip()
+            weights = [f for f in d.iterdir() if f.name.endswith(_WEIGHTS)]
+            if not name or not (d / "config.json").is_file() or not weights:
+                continue
+            out.append(LocalModel(name=name, repo=str(d), path=d, size=sum(f.stat().st_size for f in weights),
+                                  modified=(d / "config.json").stat().st_mtime))
+        except OSError:
+            continue
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,9 @@ class ModelFiles:
         generation_config: ``generation_config.json`` (sampling defaults vLLM applies).
         digest: 64 hex chars identifying these files.
         modified_at: mtime of ``config.json`` (seconds since the epoch), or ``None``.
+        special_tokens: the tokenizer's special-looking tokens (added tokens, and vocabulary
+            entries such as ``<PRE>``/``▁<PRE>`` or ``[SUFFIX]``) -> their ids; ``{}`` when no
+            ``tokenizer.json``/``tokenizer_config.json`` was read.
     """
 
     path: Path | None = None
@@ -47,6 +51,7 @@ class ModelFiles:
     generation_config: dict[str, Any] = field(default_factory=dict)
     digest: str = ""
     modified_at: float | None = None
+    special_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def architecture(self) -> str:
@@ -106,6 +111,7 @@ def read_model_files(root: str, served_name: str) -> ModelFiles:
         generation_config=_load_json(path / "generation_config.json"),
         digest=h.hexdigest(),
         modified_at=cfg_path.stat().st_mtime if cfg_path.is_file() else None,
+        special_tokens=_special_tokens(path, tok_config),
     )
 
 
@@ -137,6 +143,31 @@ def _chat_template(path: Path, tok_config: dict[str, Any]) -> str | None:
         named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
         tpl = named.get("default") or next(iter(named.values()), None)
     return tpl if isinstance(tpl, str) else None
+
+
+#: A vocabulary entry that reads as a control token: ``<fim_prefix>``, ``<|fim_middle|>``,
+#: ``▁<PRE>`` (SentencePiece's word-start mark is dropped from the key), ``[SUFFIX]``.
+_SPECIAL = re.compile(r"▁?(<[^<>\s]{1,40}>|\[[A-Z_]{2,20}\])")
+
+
+def _special_tokens(path: Path, tok_config: dict[str, Any]) -> dict[str, int]:
+    """Special-looking token text -> id, from ``tokenizer.json`` (added tokens, then the vocabulary)
+    and ``tokenizer_config.json``'s ``added_tokens_decoder``; the first id seen for a text wins."""
+    out: dict[str, int] = {}
+    tok = _load_json(path / "tokenizer.json")
+    for t in tok.get("added_tokens") or []:
+        if isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int):
+            out.setdefault(t["content"], t["id"])
+    for i, t in (tok_config.get("added_tokens_decoder") or {}).items():
+        text = _token_text(t)
+        if text is not None and str(i).isdigit():
+            out.setdefault(text, int(i))
+    vocab = (tok.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):
+        for text, i in vocab.items():
+            if isinstance(i, int) and _SPECIAL.fullmatch(text):
+                out.setdefault(text.removeprefix("▁"), i)
+    return out
 
 
 def _token_text(tok: Any) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllama_proxy.errors import SlotsFull, VllamaError
@@ -98,10 +99,13 @@ class OnDemand:
         keep_alive: the server's default keep_alive (``--keep-alive``), as each model's own.
         load_timeout: seconds a request waits for a slot to free up (``--load-timeout``).
         ttl: seconds a scan of the cache counts as fresh (a miss rescans at most this often).
+        uploaded: where ``/api/create`` builds models from uploaded files (``local.scan_uploaded``).
     """
 
     def __init__(self, slots: Any, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
-                 vllm_args: list[str], keep_alive: str | None = None, load_timeout: float = 600.0, ttl: float = 2.0) -> None:
+                 vllm_args: list[str], keep_alive: str | None = None, load_timeout: float = 600.0, ttl: float = 2.0,
+                 uploaded: Path | None = None) -> None:
+        self.uploaded = uploaded
         self.slots = slots
         self.load_timeout = load_timeout
         self.backends = list(backends)
@@ -119,10 +123,13 @@ class OnDemand:
         """The local models (a scan of the cache, in a worker thread, shared by concurrent callers)."""
         if fresh or time.monotonic() - self._scanned_at > self.ttl:
             if self._task is None or self._task.done():
-                self._task = asyncio.ensure_future(asyncio.to_thread(local.scan, self.library))
+                self._task = asyncio.ensure_future(asyncio.to_thread(self._scan_all))
             self._scan = await asyncio.shield(self._task)
             self._scanned_at = time.monotonic()
         return self._scan
+
+    def _scan_all(self) -> list[local.LocalModel]:
+        return local.scan(self.library) + local.scan_uploaded(self.uploaded)
 
     def held(self, name: str) -> ServedModel | None:
         """The model a slot holds under served name ``name`` (``:latest`` ignored, any case)."""

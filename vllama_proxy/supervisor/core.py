@@ -18,7 +18,9 @@ from typing import Any
 
 import psutil
 
+from vllama_proxy.models.adapters import LoraPlan, lora_plan
 from vllama_proxy.models.config import ModelConfig, has_flag
+from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
 from .child import VllmProcess, find_executable
@@ -35,6 +37,7 @@ log = get_logger("vllama.supervisor")
 
 _EXPIRED = object()  # _watch: the keep_alive ended and nothing is running
 _RELOAD = object()  # _serve: vLLM was stopped (keep_alive or eviction); start it afresh when wanted
+_LORA = object()  # _watch: an adapter created since the start needs larger LoRA limits (models/adapters.py)
 
 
 #: A host that can never resolve (RFC 6761 ``.invalid``): vLLM's domain allow-list with only
@@ -119,19 +122,32 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.listeners: list[Callable[[State, str | None], Any]] = []
+        #: models made with /api/create (their LoRA adapters set this vLLM's LoRA limits), and the plan it runs with
+        self._created = CreatedStore(settings.state_dir / "created.json")
+        self._lora = LoraPlan()
 
     # -- public API ----------------------------------------------------------------
     def argv(self) -> list[str]:
         """The child's command line (no shell): vLLM bound to loopback on the private port, media
-        fetching limited (:func:`media_args`)."""
+        fetching limited (:func:`media_args`); with LoRA adapters of created models, their
+        arguments and one API server (vLLM refuses runtime adapter loading with several)."""
         args = self.spec.args()
+        lora = self._lora.args()
+        if lora:
+            args = [a for i, a in enumerate(args) if a != "--api-server-count" and (i == 0 or args[i - 1] != "--api-server-count")
+                    and not a.startswith("--api-server-count=")] + ["--api-server-count", "1"]
         return [
             find_executable(self.s.vllm_executable) or self.s.vllm_executable, "serve", self.spec.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--served-model-name", self.served_name,
             *media_args(self.s.allowed_media_domains, args),
             *args,
+            *lora,
         ]
+
+    def lora_plan(self) -> LoraPlan:
+        """The LoRA plan the adapters known now ask for (``models/adapters.py``)."""
+        return lora_plan(self._created.current().values(), self.served_name)
 
     async def start(self) -> None:
         """Begin supervising (returns at once; vLLM loads in the background)."""
@@ -270,6 +286,11 @@ class Supervisor:
                     reason = await self._serve()
                     if reason is None:
                         break  # stop requested
+                    if reason is _LORA:  # closed to requests by _serve: stop, then start anew with the larger limits
+                        await self._stop_child()
+                        self.board.reopen()
+                        self._set(State.UNLOADED, "restarting with larger LoRA limits for a new adapter")
+                        reason = _RELOAD
                     if reason is _RELOAD:
                         failures = 0
                         on_demand = True
@@ -375,6 +396,10 @@ class Supervisor:
         """
         while True:
             reason = await self._watch()
+            if reason is _LORA:
+                if self.board.try_close():
+                    return _LORA
+                continue  # a request came in: the next check tries again
             if reason is not _EXPIRED:
                 return reason
             # Close the model to new requests only if none is in flight or waiting (one atomic step
@@ -470,6 +495,9 @@ class Supervisor:
             env.update(compile_cache(self.s.state_dir, env)[2])
             if self.sleep_mode:
                 env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
+            self._lora = await asyncio.to_thread(self.lora_plan)
+            if self._lora.modules:
+                env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # adapters created later load without a restart
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
             # not there or not executable: no restart can fix it, only a new configuration (issue 26.1)
@@ -521,6 +549,9 @@ class Supervisor:
                 failed_polls = 0 if code == 200 else failed_polls + 1
                 if failed_polls >= self.s.unhealthy_threshold:
                     return f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})"
+                idle_now = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
+                if idle_now and self._created.path.exists() and not self._lora.covers(await asyncio.to_thread(self.lora_plan)):
+                    return _LORA
                 expired = self._evict_reason is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)

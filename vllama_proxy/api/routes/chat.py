@@ -8,7 +8,7 @@ from .. import session
 from ..ollama_types import ChatRequest
 from ..state import CATALOG, SETTINGS
 from ..stream import ChatTranslator, Timings, relay
-from ..translate import chat_body, check_capabilities
+from ..translate import chat_body, check_capabilities, upstream_model, with_model_defaults
 from .common import load_reply, log_ignored, lookup_model, with_priority, wants_unload, model_in_use, now_ns, read_request, resolve_model
 
 
@@ -25,15 +25,18 @@ async def chat(request: web.Request) -> web.StreamResponse:
     name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
         return await load_reply(request, name, backend, req.keep_alive, chat=True)
+    made = request.app[CATALOG].created(name)
+    req, _ = with_model_defaults(req, made)
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)
     check_capabilities(name, caps, tools=bool(req.tools), think=req.think, images=images)
-    body, ignored = chat_body(req, model.name)
+    served = upstream_model(made, model.name)  # the base's name, or its LoRA adapter's
+    body, ignored = chat_body(req, served)
     log_ignored(ignored)
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)
     # the conversation's key, so that a router in front of several engines keeps it on one (api/session.py)
-    headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(model.name, req.messages))
+    headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(served, req.messages))
     async with model_in_use(request, backend, req.keep_alive):
         return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream,
                            headers=headers)

@@ -17,6 +17,7 @@ from vllama_proxy.api.ollama_types import parse_body, require_model
 from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, RequestTooLarge, UpstreamUnavailable, VllamaError
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.backends import Backend, ServedModel
+from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
 from ..keys import Key, key_of
 #: Request key: this request's vLLM ``priority`` (lower first), set by ``admission.py`` with fair sharing.
@@ -93,15 +94,18 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
             raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
                             "this server starts models on demand for admin keys only (--on-demand-admin-only)")
     model = await catalog.resolve(name, claim=True)
-    check_model(key, name, model)
+    check_model(key, name, model, catalog.created(name))
     request[MODEL] = model.name  # for the per-key counters (metrics.py)
     return name, model, catalog.backend_of(model)
 
 
-def check_model(key: Key, name: str, model: ServedModel) -> None:
+def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:
     """403 unless ``key`` may use ``model`` (asked as ``name``): its ``models`` patterns match the
-    name as asked, the served name or the repo (``keys.py``)."""
-    if not key.may_use(name, model.name, model.root):
+    name as asked, the served name or the repo (``keys.py``). A model made with ``/api/create``
+    (``made``; ``model`` is then its base) is matched by its own name only: a key that may use a
+    base does not thereby use every model made of it, with its adapter and system prompt."""
+    allowed = key.may_use(name, made.name) if made is not None else key.may_use(name, model.name, model.root)
+    if not allowed:
         raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
 
 
@@ -111,13 +115,20 @@ def may_list(request: web.Request, model: ServedModel, names: list[str]) -> bool
     return not key.models or key.may_use(model.name, model.root, *names)
 
 
+def may_list_created(request: web.Request, made: CreatedModel) -> bool:
+    """Whether the request's key may see a model made with ``/api/create`` in a listing: its own
+    name matches the key's patterns (as :func:`check_model`), whatever its base's."""
+    key = key_of(request)
+    return not key.models or key.may_use(made.name)
+
+
 async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
     """``(name as sent, served model, its backend or None)`` without loading anything: an on-demand
     model no slot holds has no backend (issue 27: looking a model up never loads it)."""
     name = require_model(name)
     catalog = request.app[CATALOG]
     model = await catalog.resolve(name)
-    check_model(key_of(request), name, model)
+    check_model(key_of(request), name, model, catalog.created(name))
     try:
         return name, model, catalog.backend_of(model)
     except ModelNotFound:

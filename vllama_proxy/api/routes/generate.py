@@ -12,7 +12,7 @@ from .. import session
 from ..ollama_types import GenerateRequest
 from ..state import CATALOG, SETTINGS
 from ..stream import GenerateTranslator, Timings, relay
-from ..translate import check_capabilities, generate_body
+from ..translate import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
@@ -37,8 +37,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """Ollama's generate: NDJSON stream by default, one JSON object with ``stream: false``.
 
     An empty prompt only (pre)loads the model (``done_reason: load``/``unload``).
-    ``suffix`` needs fill-in-the-middle, which vLLM's completions endpoint lacks:
-    answered as Ollama does for a model without it, 400 ``"X" does not support insert``.
+    ``suffix`` (fill-in-the-middle, what code editors send) goes to ``/v1/completions`` as the
+    model's FIM prompt (``models/fim.py``, ``translate.fim_body``); a model without a FIM format
+    gets Ollama's 400 ``"X" does not support insert``. A non-empty ``context`` is refused (400).
     """
     timings = Timings(now_ns())
     req = await read_request(request, GenerateRequest)
@@ -48,16 +49,26 @@ async def generate(request: web.Request) -> web.StreamResponse:
     name, model, backend = await resolve_model(request, req.model)
     if not req.prompt and not req.images and not req.suffix:
         return await load_reply(request, name, backend, req.keep_alive, chat=False)
-    caps = await request.app[CATALOG].capabilities(model)
+    catalog = request.app[CATALOG]
+    made = catalog.created(name)
+    req, before = with_model_defaults(req, made)
+    served = upstream_model(made, model.name)
+    caps = await catalog.capabilities(model)
     if req.suffix:
-        raise UnsupportedCapability(name, "insert")
-    check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
-    path, body, ignored = generate_body(req, model.name)
+        fmt = await catalog.fim(model)
+        if fmt is None or "insert" not in caps:
+            raise UnsupportedCapability(name, "insert")
+        check_capabilities(name, caps)
+        path = "/v1/completions"
+        body, ignored = fim_body(req, served, fmt)
+    else:
+        check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
+        path, body, ignored = generate_body(req, served, before)
     log_ignored(ignored)
     stream = req.stream is not False
     translator = GenerateTranslator(name, timings, aggregate=not stream)
     async with model_in_use(request, backend, req.keep_alive):
         if path == "/v1/completions" and "max_tokens" not in body:
             body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
-        headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.generate_key(model.name, req.system))
+        headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.generate_key(served, req.system))
         return await relay(request, backend.upstream, path, with_priority(request, body), translator, stream=stream, headers=headers)

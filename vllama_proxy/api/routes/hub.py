@@ -12,6 +12,7 @@ could never start it.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from contextlib import aclosing
 
 import orjson
@@ -20,7 +21,9 @@ from aiohttp import web
 from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
+from vllama_proxy.models.local import uploaded_dir
 from .common import read_request
+from .create import unload_adapter
 from ..ollama_types import ModelRef, require_model
 from ..state import CATALOG, SETTINGS
 from ..stream import NDJSON
@@ -79,7 +82,9 @@ async def delete(request: web.Request) -> web.Response:
     """Ollama's delete: 200 with an empty body; 404 ``model 'X' not found``; 400 for a model in use.
 
     An alias made with ``/api/copy`` is removed (the model it names stays), as deleting
-    a copy in Ollama leaves the original. A pulled model no one uses is removed from the
+    a copy in Ollama leaves the original. A model made with ``/api/create`` is removed with what
+    was uploaded for it (its LoRA adapter is unloaded from the running vLLM), unless a copy of it
+    still uses them. A pulled model no one uses is removed from the
     cache (``ollama rm``); a model being served (configured, or an on-demand model loaded,
     loading or wanted) is refused, by any name and whatever ``:revision`` is named: its
     repo's weights must stay under it (issue 27).
@@ -87,6 +92,19 @@ async def delete(request: web.Request) -> web.Response:
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
     catalog = request.app[CATALOG]
+    made = catalog.created(name)
+    shared = made is not None and any(  # a copy (/api/copy) shares its adapter and uploaded files
+        m.adapters.keys() & made.adapters.keys() or m.base == made.base == strip_latest(made.name)
+        for m in catalog.created_models() if m.name.casefold() != made.name.casefold())
+    if made is not None and made.adapters and not shared:
+        await unload_adapter(request, made)
+    try:  # a model made with /api/create: its name and layers go, its base stays
+        if await asyncio.to_thread(catalog.created_store.remove, name):
+            for kind in ("models", "adapters") if not shared else ():  # what was uploaded for it, if any (the blobs stay)
+                await asyncio.to_thread(shutil.rmtree, uploaded_dir(request.app[SETTINGS].state_dir / kind, strip_latest(name)), True)
+            return web.Response(status=200)
+    except OSError as e:
+        raise VllamaError(f"cannot remove the model from {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
     try:
         if await asyncio.to_thread(catalog.store.remove, strip_latest(name)):
             return web.Response(status=200)

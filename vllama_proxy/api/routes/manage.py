@@ -1,10 +1,11 @@
-"""Ollama's model management beyond pull and delete: copy makes an alias; push, create and blobs are 501.
+"""Ollama's model management beyond pull, delete and create: copy makes an alias; push is 501.
 
 ``POST /api/copy`` gives a served model another name, kept in the alias store
 (``models/aliases.py``) so every worker and later runs know it; ``DELETE /api/delete`` of
-that name removes it again (``routes/hub.py``). Push, create and blobs answer 501
-naming what is served and how to serve something else. Pull and delete (Hugging
-Face Hub cache) live in ``routes/hub.py``.
+that name removes it again (``routes/hub.py``). A copy of a model made with ``/api/create`` is
+another such model, with the same layers. Push answers 501 naming what is served and how to
+serve something else. Pull and delete (Hugging Face Hub cache) live in ``routes/hub.py``,
+create and blobs in ``routes/create.py`` and ``routes/blobs.py``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ async def copy(request: web.Request) -> web.Response:
         raise BadRequest(f'destination "{destination}" is invalid')
     catalog = request.app[CATALOG]
     _not_a_pullable_name(request, destination)
+    made = catalog.created(source)
+    if made is not None:  # a model made with /api/create: the copy is one too, with the same layers
+        if catalog.is_served_name(destination):
+            raise BadRequest(f"'{destination}' is a served model or an alias; choose another name")
+        copied = made.model_copy(update={"name": strip_latest(destination)})
+        try:
+            await asyncio.to_thread(catalog.created_store.put, copied)
+        except OSError as e:
+            raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+        return web.Response(status=200)
     model = await catalog.resolve(source)  # a lookup: loads nothing (issue 27)
     try:
         existing = await catalog.resolve(destination)

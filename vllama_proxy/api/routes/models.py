@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,9 +19,10 @@ from aiohttp import web
 from vllama_proxy.errors import UpstreamError
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.catalog import ollama_name
+from vllama_proxy.models.created import CreatedModel, parameter_lines, render_modelfile
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from vllama_proxy.supervisor import gpu
-from .common import lookup_model, may_list, read_request
+from .common import lookup_model, may_list, may_list_created, read_request
 from ..keys import key_of
 from ..ollama_types import ModelRef
 from ..state import CATALOG
@@ -106,6 +108,8 @@ async def tags(request: web.Request) -> web.Response:
     catalog = request.app[CATALOG]
     out = []
     for model in await catalog.models():
+        if model.root.startswith("/") and not Path(model.root).exists():
+            continue  # an on-demand slot still holds a model whose uploaded files were deleted (/api/delete)
         if not may_list(request, model, catalog.names_for(model)):
             continue
         files = await catalog.files(model)
@@ -121,16 +125,26 @@ async def tags(request: web.Request) -> web.Response:
             files = await catalog.files(ServedModel(name=lm.name, root=str(lm.path), max_model_len=None, created=int(lm.modified)))
             out.append({"name": name, "model": name, "modified_at": rfc3339(lm.modified), "size": files.size or lm.size,
                         "digest": files.digest, "details": details(files)})
+    served = {m.name: m for m in await catalog.models()}
+    for made in catalog.created_models():  # made with /api/create: the base's weights, their own digest
+        if not may_list_created(request, made):
+            continue
+        base = served.get(made.base)
+        files = await catalog.files(base) if base is not None else ModelFiles()
+        name = ollama_name(made.name)
+        out.append({"name": name, "model": name, "modified_at": rfc3339(made.created_at), "size": files.size,
+                    "digest": made.digest, "details": created_details(made, files)})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
 
 
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    _, model, _ = await lookup_model(request, req.ref)  # never loads it (issue 27)
+    name, model, _ = await lookup_model(request, req.ref)  # never loads it (issue 27)
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)
+    made = catalog.created(name)
     body = {
         "license": "",
         "modelfile": _modelfile(model, files, params),
@@ -141,7 +155,24 @@ async def show(request: web.Request) -> web.Response:
         "capabilities": await catalog.capabilities(model),
         "modified_at": _modified_at(model, files),
     }
+    if made is not None:  # Ollama's show of a created model: its own layers, its parent
+        own = parameter_lines(made.parameters)
+        keys = set(made.parameters)
+        body.update(
+            modelfile=render_modelfile(made),
+            parameters="\n".join(own + [p for p in params.splitlines() if p.split(" ", 1)[0] not in keys]),
+            system=made.system or "",
+            license="\n".join(made.license),
+            messages=made.messages,
+            details=created_details(made, files),
+            modified_at=rfc3339(made.created_at),
+        )
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def created_details(made: CreatedModel, files: ModelFiles) -> dict[str, Any]:
+    """``details`` of a model made with ``/api/create``: its base's, with ``parent_model`` the ``from`` it was made of."""
+    return {**details(files), "parent_model": made.parent}
 
 
 async def ps(request: web.Request) -> web.Response:
@@ -163,8 +194,6 @@ async def ps(request: web.Request) -> web.Response:
         board = backend.board
         if board is not None and not board.ready:
             continue  # asleep, unloaded or loading: not loaded
-        if not may_list(request, model, catalog.names_for(model)):
-            continue
         files = await catalog.files(model)
         vram = await board.vram_bytes() if board is not None else 0
         if board is not None and not vram and no_gpu is None:
@@ -174,18 +203,22 @@ async def ps(request: web.Request) -> web.Response:
         context = model.max_model_len or await _reported_context(backend, model.name)
         until = board.expires_at if board is not None else math.inf
         name = catalog.names_for(model)[0]
-        out.append(
-            {
-                "name": name,
-                "model": name,
-                "size": files.size,
-                "digest": files.digest,
-                "details": details(files),
-                "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
-                "size_vram": vram or (0 if board is not None and no_gpu else files.size),
-                "context_length": context,
-            }
-        )
+        entry = {
+            "name": name,
+            "model": name,
+            "size": files.size,
+            "digest": files.digest,
+            "details": details(files),
+            "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
+            "size_vram": vram or (0 if board is not None and no_gpu else files.size),
+            "context_length": context,
+        }
+        if may_list(request, model, catalog.names_for(model)):
+            out.append(entry)
+        for made in catalog.created_models():  # loaded with their base: the same vLLM serves them
+            if made.base == model.name and may_list_created(request, made):
+                own = ollama_name(made.name)
+                out.append({**entry, "name": own, "model": own, "digest": made.digest, "details": created_details(made, files)})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
 
 

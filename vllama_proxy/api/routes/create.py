@@ -1,0 +1,287 @@
+"""``POST /api/create``: a new model name on a served model, with its own system prompt, options and messages.
+
+Ollama's JSON (``model``, ``from``, ``system``, ``template``, ``parameters``, ``messages``,
+``license``, ``adapters``, ``files``, ``stream``; the legacy ``modelfile`` text is read as the
+fields it sets). The model is kept by ``models/created.py`` and served by its base model's vLLM:
+nothing is loaded, no GPU memory is added. Progress lines are Ollama's (``creating new layer
+sha256:...``, ``writing manifest``, ``success``), one JSON object with ``stream: false``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, UpstreamRejected, VllamaError
+from vllama_proxy.models.adapters import check_adapter, lora_plan
+from vllama_proxy.models.catalog import strip_latest
+from vllama_proxy.models.blobs import parse_digest
+from vllama_proxy.supervisor.states import State
+from vllama_proxy.upstream import read_response
+from vllama_proxy.models.created import CreatedModel, parse_modelfile
+from vllama_proxy.models.local import NAME_FILE, uploaded_dir
+from .common import model_in_use, read_request
+from .manage import _NAME
+from ..ollama_types import CreateRequest, Message, Options, validation_message
+from ..state import BLOBS, CATALOG, SETTINGS
+
+#: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.
+_PARAMETERS = frozenset(Options.model_fields)
+
+
+def check_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` checked as Ollama ``options``; ``stop`` always a list.
+
+    Raises:
+        BadRequest: an unknown name (Ollama: ``unknown parameter``) or a wrong type.
+    """
+    unknown = sorted(set(parameters) - _PARAMETERS)
+    if unknown:
+        raise BadRequest(f"unknown parameter '{unknown[0]}'")
+    try:
+        opts = Options.model_validate(parameters)
+    except ValidationError as e:
+        raise BadRequest(validation_message(e).replace("invalid ", "invalid parameter ", 1)) from None
+    out = opts.model_dump(exclude_none=True)
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
+    return out
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    """Ollama's create (``shared/ollama-api.md`` "Create a Model"; ``server/create.go``).
+
+    Errors (before any progress line): 400 ``model is required``, an invalid name, a name that is a
+    served model or a configured alias, ``from`` missing, a ``template`` (Ollama's Go templates are
+    not vLLM's Jinja: vllama always applies the base model's own chat template), ``quantize``,
+    unknown ``parameters``; 404 ``from`` unknown.
+    """
+    req = await read_request(request, CreateRequest)
+    fields: dict[str, Any] = parse_modelfile(req.modelfile) if req.modelfile else {}
+    name = (req.model or req.name or "").strip()
+    if not name:
+        raise BadRequest("model is required")
+    if len(name) > 256 or not _NAME.fullmatch(name):
+        raise BadRequest(f'model name "{name}" is invalid')
+    template = req.template if req.template is not None else fields.get("template")
+    if template:
+        raise BadRequest("TEMPLATE is not supported: vllama serves a model with its own chat template (Jinja, applied by vLLM), "
+                         "not Ollama's Go templates; leave TEMPLATE out (the base model's template is used)")
+    if req.quantize:
+        raise BadRequest("quantize is not supported: vLLM serves published quantizations; "
+                         "name one instead (a library tag such as qwen2.5:7b-q4_K_M, or an AWQ/GPTQ/FP8 repo)")
+    source = (req.from_ or fields.get("from") or "").strip()
+    if not source and not req.files:
+        raise BadRequest("neither 'from' or 'files' was specified")
+    catalog = request.app[CATALOG]
+    if catalog.created(name) is None and catalog.is_served_name(name):
+        raise BadRequest(f"'{name}' is a served model or an alias; choose another name")
+    parent = catalog.created(source) if source else None
+    lines: list[dict[str, str]] = []
+    if req.files:  # weights uploaded with /api/blobs: a model directory, run on demand under this name
+        if source:
+            raise BadRequest("give either 'from' or 'files', not both")
+        layers = await build_model_dir(request, strip_latest(name), req.files)
+        base_name, source = strip_latest(name), ""
+        lines += [{"status": f"copying file sha256:{d}"} for d in layers]
+    else:
+        try:
+            base = await catalog.resolve(source)
+        except ModelNotFound as e:
+            raise ModelNotFound(source, e.message.partition(": ")[2] or None) from None
+        base_name = base.name
+        lines.append({"status": "using existing layer sha256:" + (await catalog.files(base)).digest})
+    adapters = dict(parent.adapters) if parent else {}
+    sources: list[str] = list(fields.get("adapters", []))
+    if req.adapters or sources:
+        if req.files:
+            raise BadRequest("adapters need a base model: give 'from', not 'files'")
+        if len(sources) + bool(req.adapters) > 1:
+            raise BadRequest("one adapter per model: vLLM applies one LoRA adapter to a request")
+        path = await adapter_dir(request, strip_latest(name), req.adapters or {}, sources)
+        base_files = await catalog.files(base)
+        await asyncio.to_thread(check_adapter, path, base_files.config, base.root)
+        adapters = {strip_latest(name): str(path)}
+        lines.append({"status": f"using adapter {path.name}"})
+    system = req.system if req.system is not None else fields.get("system", parent.system if parent else None)
+    params = dict(parent.parameters) if parent else {}
+    params.update(check_parameters({**fields.get("parameters", {}), **(req.parameters or {})}))
+    raw_msgs = [m.model_dump(exclude_none=True) for m in req.messages] if req.messages is not None else fields.get("messages")
+    messages = [{"role": m["role"], "content": m.get("content") or ""} for m in raw_msgs] if raw_msgs is not None else (
+        list(parent.messages) if parent else [])
+    for i, m in enumerate(messages):
+        if m["role"] not in ("system", "user", "assistant"):
+            raise BadRequest(f'invalid messages[{i}].role: must be "system", "user" or "assistant", not "{m["role"]}"')
+        Message.model_validate(m)
+    lic = req.license if req.license is not None else fields.get("license", parent.license if parent else [])
+    made = CreatedModel(
+        name=strip_latest(name), base=base_name, parent=parent.parent if parent and _same(source, name) else source,
+        system=system, parameters=params, messages=messages, license=[lic] if isinstance(lic, str) else list(lic),
+        adapters=adapters,
+    )
+    try:
+        await asyncio.to_thread(catalog.created_store.put, made)
+    except OSError as e:
+        raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)",
+                          status=500) from None
+    if made.adapters and not (parent is not None and parent.adapters == made.adapters):
+        lines += await serve_adapter(request, made)
+    lines += [{"status": f"creating new layer sha256:{digest}"} for _, digest in made.layers()]
+    lines += [{"status": "writing manifest"}, {"status": "success"}]
+    if req.stream is False:
+        return web.Response(body=orjson.dumps(lines[-1]), content_type="application/json")
+    body = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    return web.Response(body=body, content_type="application/x-ndjson")
+
+
+#: A file name of an uploaded model: flat, no path parts.
+_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+
+
+async def build_model_dir(request: web.Request, name: str, files: dict[str, str]) -> list[str]:
+    """``<state_dir>/models/<dir>`` holding ``files`` (file name -> blob digest), linked from the
+    blobs; ``local.scan_uploaded`` lists it under ``name`` and it runs on demand. Returns the digests.
+
+    Raises:
+        BadRequest: a file name with a path part, a blob not uploaded, GGUF weights (vLLM serves
+            safetensors: upload the model's Hugging Face directory), no ``config.json`` or no
+            ``.safetensors``, or no on-demand models here (``--upstream``, or ``--no-on-demand``).
+    """
+    blobs = request.app[BLOBS]
+    for fname, digest in files.items():
+        if not _FILE.fullmatch(fname) or fname.startswith("."):
+            raise BadRequest(f"invalid file name {fname!r}: files are named without a directory")
+        if fname.lower().endswith(".gguf"):
+            raise BadRequest(f"{fname}: GGUF is not served by vllama (vLLM loads safetensors); upload the model's "
+                             "Hugging Face directory (config.json, tokenizer files, *.safetensors) instead")
+        if not blobs.exists(digest):
+            raise BadRequest(f"blob {digest} not found: upload {fname} first (POST /api/blobs/{digest})")
+    if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
+        raise BadRequest("files must hold a safetensors model directory: config.json and *.safetensors (and the tokenizer's files)")
+    if request.app[CATALOG].on_demand is None:
+        raise BadRequest("a model made from files runs on demand, which needs vllama to run vLLM itself "
+                         "(not --upstream) with on-demand models on")
+    root = request.app[SETTINGS].state_dir / "models"
+    target = uploaded_dir(root, name)
+    await asyncio.to_thread(_link_dir, target, {f: blobs.path(d) for f, d in files.items()}, name)
+    return [parse_digest(d) for d in files.values()]
+
+
+def _link_dir(target: Path, files: dict[str, Path], name: str) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for fname, blob in files.items():
+        try:
+            os.link(blob, tmp / fname)  # same disk: no copy
+        except OSError:
+            shutil.copyfile(blob, tmp / fname)
+    (tmp / NAME_FILE).write_text(name + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+async def adapter_dir(request: web.Request, name: str, blobs_of: dict[str, str], sources: list[str]) -> Path:
+    """The PEFT directory of the adapter: built from uploaded blobs (``adapters``: file name -> digest,
+    in ``<state_dir>/adapters``), a local directory, or a Hugging Face repo id (downloaded into the cache).
+
+    Raises:
+        BadRequest: a blob not uploaded, a path part in a file name, a directory that is not there,
+            a repo that cannot be fetched.
+    """
+    if blobs_of:
+        blobs = request.app[BLOBS]
+        for fname, digest in blobs_of.items():
+            if not _FILE.fullmatch(fname) or fname.startswith("."):
+                raise BadRequest(f"invalid file name {fname!r}: files are named without a directory")
+            if not blobs.exists(digest):
+                raise BadRequest(f"blob {digest} not found: upload {fname} first (POST /api/blobs/{digest})")
+        target = uploaded_dir(request.app[SETTINGS].state_dir / "adapters", name)
+        await asyncio.to_thread(_link_dir, target, {f: blobs.path(d) for f, d in blobs_of.items()}, name)
+        return target
+    source = sources[0].strip()
+    local = Path(source).expanduser()
+    if local.is_absolute() or source.startswith("."):
+        if not local.is_dir():
+            raise BadRequest(f"adapter {source}: no such directory on the server")
+        return local
+    if source.count("/") != 1:
+        raise BadRequest(f"adapter {source!r}: name a PEFT directory on the server or a Hugging Face repo id (org/name)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(await asyncio.to_thread(snapshot_download, source))
+    except Exception as e:  # noqa: BLE001 - not found, offline, gated: the client is told which
+        raise BadRequest(f"adapter {source}: cannot fetch it from Hugging Face: {e}") from None
+
+
+async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[str, str]]:
+    """Make the base's vLLM serve ``made``'s adapter: loaded at run time when its LoRA limits allow it,
+    else (LoRA off, or a larger rank) the supervisor restarts it with larger ones (``models/adapters.py``)
+    and this waits until it is ready again. Progress lines for create's stream.
+
+    Raises:
+        BadRequest: vLLM refused the adapter (its message); the model is not kept.
+    """
+    catalog = request.app[CATALOG]
+    base = await catalog.resolve(made.base)  # a lookup (issue 27): creating a model starts no on-demand base
+    try:
+        backend = catalog.backend_of(base)
+    except ModelNotFound:  # an on-demand base no slot holds: it starts with the adapter when a request names it
+        return [{"status": "the adapter loads with the base model"}]
+    board = backend.board
+    lora_name, path = next(iter(made.adapters.items()))
+    others = [m for m in catalog.created_models() if m.name.casefold() != made.name.casefold()]
+    before = await asyncio.to_thread(lora_plan, others, made.base)
+    after = await asyncio.to_thread(lora_plan, [*others, made], made.base)
+    if board is not None and board.state is State.UNLOADED:
+        return [{"status": "the adapter loads with the base model"}]  # its next start has it (--lora-modules)
+    if board is None or before.covers(after):
+        async with model_in_use(request, backend, None):  # awake (or started) while it loads
+            try:
+                body = orjson.dumps({"lora_name": lora_name, "lora_path": path})
+                async with backend.upstream.request("POST", "/v1/load_lora_adapter", body=body) as resp:
+                    await read_response(resp)  # vLLM answers in plain text
+            except UpstreamRejected as e:
+                if "already been loaded" not in e.message:
+                    await asyncio.to_thread(catalog.created_store.remove, made.name)
+                    raise BadRequest(f"vLLM did not load the adapter: {e.message}") from None
+        return [{"status": "loaded the adapter into the running model"}]
+    # a limit must grow: the supervisor restarts the (awake, idle) vLLM at its next check
+    async with model_in_use(request, backend, None):
+        pass
+    deadline = time.monotonic() + 3 * request.app[SETTINGS].health_interval + 30
+    while board.ready and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    async with model_in_use(request, backend, None):
+        pass
+    return [{"status": f"restarted the base model with LoRA (max rank {after.max_rank}, {after.max_loras} adapters per batch)"}]
+
+
+async def unload_adapter(request: web.Request, made: CreatedModel) -> None:
+    """Best effort: the base's running vLLM forgets ``made``'s adapter (``/v1/unload_lora_adapter``);
+    a vLLM that is not running, or refuses, is left as it is (its next start no longer has it)."""
+    catalog = request.app[CATALOG]
+    try:
+        base = await catalog.resolve(made.base)
+        backend = catalog.backend_of(base)
+        if backend.board is not None and not backend.board.ready:
+            return
+        body = orjson.dumps({"lora_name": next(iter(made.adapters))})
+        async with backend.upstream.request("POST", "/v1/unload_lora_adapter", body=body) as resp:
+            await read_response(resp)
+    except (UpstreamError, ModelNotFound):
+        pass
+
+
+def _same(a: str, b: str) -> bool:
+    return strip_latest(a.strip()).casefold() == strip_latest(b.strip()).casefold()

@@ -1,0 +1,283 @@
+"""Models made with ``POST /api/create``: a name, a base model vLLM serves, and Ollama's Modelfile layers.
+
+A created model (Ollama: ``FROM base`` + ``SYSTEM``, ``PARAMETER``, ``MESSAGE``, ``LICENSE``,
+``ADAPTER``) is served by its base model's vLLM: no weights are copied, no GPU memory is added.
+Its system prompt, pre-messages and default options are applied per request
+(``api/translate.py`` :func:`with_model_defaults`). They are kept in ``<state_dir>/created.json``,
+``{"name": {...}}``, which every worker and later runs read; writers take an ``flock`` on a lock
+file beside it and replace the file atomically, as ``aliases.py`` does for ``/api/copy``.
+
+:func:`render_modelfile` writes Ollama's Modelfile text (``/api/show``'s ``modelfile``);
+:func:`parse_modelfile` reads one back (Ollama's ``parser/parser.go`` grammar: one command per
+line, triple quotes for text over several lines, ``#`` comments).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from vllama_proxy.errors import BadRequest
+from vllama_proxy.logs import get_logger
+
+log = get_logger("vllama.created")
+
+
+class CreatedModel(BaseModel):
+    """One created model.
+
+    Attributes:
+        name: its name without ``:latest`` (``mario``, ``team/coder:v2``).
+        base: the served model's name requests go to (vLLM's ``model``).
+        parent: the ``from`` as the client sent it (``details.parent_model``, ``FROM`` of its Modelfile).
+        system: the default system prompt, or ``None``.
+        parameters: default Ollama options (``{"temperature": 0.2, "stop": ["x"]}``); a request's own win.
+        messages: messages put before every chat (Ollama's ``MESSAGE``), as ``{"role", "content"}``.
+        license: license texts.
+        adapters: LoRA adapters: the name vLLM serves each under -> where it was loaded from.
+        created_at: seconds since the epoch.
+    """
+
+    name: str
+    base: str
+    parent: str
+    system: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    license: list[str] = Field(default_factory=list)
+    adapters: dict[str, str] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+
+    @property
+    def digest(self) -> str:
+        """64 hex characters naming this content (``/api/tags``' ``digest``)."""
+        return hashlib.sha256(json.dumps(self.model_dump(exclude={"created_at"}), sort_keys=True).encode()).hexdigest()
+
+    def layers(self) -> list[tuple[str, str]]:
+        """``(media type, sha256 hex)`` of each Modelfile layer, as Ollama names them in create's progress."""
+        parts = [("application/vnd.ollama.image.system", self.system), ("application/vnd.ollama.image.params", self.parameters or None),
+                 ("application/vnd.ollama.image.messages", self.messages or None),
+                 ("application/vnd.ollama.image.license", self.license or None),
+                 ("application/vnd.ollama.image.adapter", self.adapters or None)]
+        return [(kind, hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()) for kind, v in parts if v is not None]
+
+
+# ------------------------------------------------------------------------------ the store
+
+
+class CreatedStore:
+    """``<state_dir>/created.json`` (see the module docstring); re-read when its mtime or size changed.
+
+    Args:
+        path: the JSON file (its directory is made on the first write).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._models: dict[str, CreatedModel] = {}
+
+    def current(self) -> dict[str, CreatedModel]:
+        """Folded name -> created model, as the file says now (``{}`` when absent or unreadable)."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            self._stamp, self._models = None, {}
+            return self._models
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            self._models = {k.casefold(): m for k, m in self._read().items()}
+            self._stamp = stamp
+        return self._models
+
+    def lookup(self, name: str) -> CreatedModel | None:
+        """The created model ``name`` (``X`` or ``X:latest``, any case) names, else ``None``."""
+        return self.current().get(_key(name))
+
+    def put(self, model: CreatedModel) -> None:
+        """Add or replace ``model``.
+
+        Raises:
+            OSError: the state directory cannot be written.
+        """
+        def change(models: dict[str, dict[str, Any]]) -> None:
+            _drop(models, model.name)
+            models[model.name] = model.model_dump()
+
+        self._update(change)
+
+    def remove(self, name: str) -> bool:
+        """Forget ``name``; whether it existed (nothing is written when it did not).
+
+        Raises:
+            OSError: the state directory cannot be written.
+        """
+        if self.lookup(name) is None:
+            return False
+        self._update(lambda models: _drop(models, _key(name)))
+        return True
+
+    def _read(self) -> dict[str, CreatedModel]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("created_unreadable", path=str(self.path), error=str(e))
+            return {}
+        out = {}
+        for k, v in (data.items() if isinstance(data, dict) else []):
+            try:
+                out[str(k)] = CreatedModel.model_validate(v)
+            except ValueError as e:
+                log.warning("created_entry_unreadable", name=k, error=str(e))
+        return out
+
+    def _update(self, change: Callable[[dict[str, dict[str, Any]]], None]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            models = {k: m.model_dump() for k, m in self._read().items()}
+            change(models)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".created.")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(models, f, indent=1, sort_keys=True)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        self._stamp = None
+
+
+def _key(name: str) -> str:
+    name = name.strip()
+    return (name[: -len(":latest")] if name.endswith(":latest") else name).casefold()
+
+
+def _drop(models: dict[str, Any], name: str) -> None:
+    for k in [k for k in models if k.casefold() == _key(name)]:
+        del models[k]
+
+
+# ------------------------------------------------------------------------------ Modelfiles
+
+
+def _quoted(text: str) -> str:
+    return f'"""{text}"""' if ("\n" in text or '"' in text or not text) else f'"{text}"'
+
+
+def _param_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    return str(v)
+
+
+def parameter_lines(parameters: dict[str, Any]) -> list[str]:
+    """``key value`` lines (a list, such as ``stop``, one line per value), as Ollama's show prints them."""
+    out = []
+    for k, v in parameters.items():
+        for item in v if isinstance(v, list) else [v]:
+            out.append(f"{k} {_param_value(item)}")
+    return out
+
+
+def render_modelfile(m: CreatedModel) -> str:
+    """The Modelfile that makes ``m`` again (``FROM`` its parent; adapters by where they came from)."""
+    lines = ['# Modelfile generated by vllama ("ollama show --modelfile")', f"FROM {m.parent or m.base}"]
+    lines += [f"ADAPTER {src}" for src in m.adapters.values()]
+    if m.system is not None:
+        lines.append(f"SYSTEM {_quoted(m.system)}")
+    lines += [f"PARAMETER {p}" for p in parameter_lines(m.parameters)]
+    lines += [f"MESSAGE {msg['role']} {_quoted(str(msg.get('content') or ''))}" for msg in m.messages]
+    lines += [f"LICENSE {_quoted(text)}" for text in m.license]
+    return "\n".join(lines) + "\n"
+
+
+_COMMAND = re.compile(r"(?i)^\s*(FROM|ADAPTER|SYSTEM|TEMPLATE|PARAMETER|MESSAGE|LICENSE|REQUIRES)\s+(.*)$")
+
+
+def parse_modelfile(text: str) -> dict[str, Any]:
+    """A Modelfile -> the fields of Ollama's create request (``from``, ``system``, ``template``,
+    ``parameters``, ``messages``, ``license``, ``adapters`` as a list of sources).
+
+    Raises:
+        BadRequest: a line that is no command, an unterminated ``\"\"\"``, a bad ``MESSAGE`` role.
+    """
+    out: dict[str, Any] = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = _COMMAND.match(line)
+        if m is None:
+            raise BadRequest(f"invalid Modelfile line {i}: {line.strip()[:60]!r} (commands: FROM, SYSTEM, PARAMETER, MESSAGE, ...)")
+        cmd, rest = m.group(1).upper(), m.group(2)
+        if cmd in ("PARAMETER", "MESSAGE"):
+            key, _, rest = rest.strip().partition(" ")
+        if rest.lstrip().startswith('"""'):
+            body = rest.lstrip()[3:]
+            while '"""' not in body:
+                if i >= len(lines):
+                    raise BadRequest('invalid Modelfile: unterminated """')
+                body += "\n" + lines[i]
+                i += 1
+            value = body[: body.index('"""')]
+        else:
+            value = rest.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                try:
+                    value = json.loads(value) if cmd == "PARAMETER" else value[1:-1]
+                except ValueError:
+                    raise BadRequest(f"invalid Modelfile line {i}: {line.strip()[:60]!r} is not a quoted string") from None
+        if cmd == "FROM":
+            out["from"] = value
+        elif cmd in ("SYSTEM", "TEMPLATE"):
+            out[cmd.lower()] = value
+        elif cmd == "LICENSE":
+            out.setdefault("license", []).append(value)
+        elif cmd == "ADAPTER":
+            out.setdefault("adapters", []).append(value)
+        elif cmd == "MESSAGE":
+            if key not in ("system", "user", "assistant"):
+                raise BadRequest(f'invalid Modelfile: MESSAGE role "{key}" is none of system, user, assistant')
+            out.setdefault("messages", []).append({"role": key, "content": value})
+        elif cmd == "PARAMETER":
+            params = out.setdefault("parameters", {})
+            typed = _typed(value)
+            if key == "stop":
+                params.setdefault("stop", []).append(str(value))
+            else:
+                params[key] = typed
+    return out
+
+
+def _typed(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    if value in ("true", "false"):
+        return value == "true"
+    return value
+
+
+__all__ = ["CreatedModel", "CreatedStore", "parameter_lines", "parse_modelfile", "render_modelfile"]
