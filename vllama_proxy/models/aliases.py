@@ -11,14 +11,12 @@ never leaves half a file. Readers re-read it only when its mtime or size changed
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from vllama_proxy.logs import get_logger
+from . import state_file
 
 log = get_logger("vllama.aliases")
 
@@ -97,19 +95,5 @@ class AliasStore:
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     def _update(self, change: Callable[[dict[str, str]], None]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            aliases = self._read()
-            change(aliases)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".aliases.")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(aliases, f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        state_file.rewrite(self.path, self._read, change)
         self._stamp = None  # re-read on the next lookup

@@ -14,12 +14,9 @@ line, triple quotes for text over several lines, ``#`` comments).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.logs import get_logger
+from . import state_file
 
 log = get_logger("vllama.created")
 
@@ -144,21 +142,7 @@ class CreatedStore:
         return out
 
     def _update(self, change: Callable[[dict[str, dict[str, Any]]], None]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            models = {k: m.model_dump() for k, m in self._read().items()}
-            change(models)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".created.")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(models, f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        state_file.rewrite(self.path, lambda: {k: m.model_dump() for k, m in self._read().items()}, change)
         self._stamp = None
 
 
