@@ -15,36 +15,15 @@ import os
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, NoReturn
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from vllama_proxy import OLLAMA_DEFAULT_PORT, CliParser, parse_ollama_host
 from vllama_proxy.errors import ModelNotFound
 from vllama_proxy.models import library
 from vllama_proxy.models.config import RESERVED_VLLM_ARGS, ModelConfig
-
-#: Ollama's default port (``envconfig.Host`` in ollama/ollama).
-OLLAMA_DEFAULT_PORT = 11434
-
-
-def parse_ollama_host(value: str) -> tuple[str, int]:
-    """Split an ``OLLAMA_HOST`` value into ``(host, port)`` the way Ollama does.
-
-    Accepts ``host``, ``host:port``, ``:port``, ``scheme://host:port`` and bracketed IPv6.
-    A bare host gets port 11434; an empty host means ``127.0.0.1``.
-
-    Raises:
-        ValueError: the port is not a number in 0..65535.
-    """
-    value = value.strip().strip('"').strip("'")
-    if "://" not in value:
-        value = "http://" + value
-    parts = urlsplit(value)
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port if parts.port is not None else OLLAMA_DEFAULT_PORT
-    return host, port
 
 
 def _duration(value: str) -> str:
@@ -604,23 +583,6 @@ SERVE_EXAMPLES = """examples:
 
 Every option is also a VLLAMA_* variable (VLLAMA_KEEP_ALIVE=10m) and a config-file key
 (docs/configuration.md lists them all)."""
-
-
-class CliParser(argparse.ArgumentParser):
-    """The parser of ``vllama serve`` and the client commands: a mistyped option gets one line and
-    a "did you mean", not the 30 lines of usage argparse prints first (issue 26.8)."""
-
-    def error(self, message: str) -> NoReturn:
-        import difflib
-
-        hint = ""
-        options = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
-        for word in re.findall(r"(--?[\w-]+)", message.split(":", 1)[-1]) if "unrecognized" in message else []:
-            close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
-            if close:
-                hint = f" (did you mean {close[0]}?)"
-                break
-        self.exit(2, f"{self.prog}: error: {message}{hint}\n(`{self.prog} --help` lists the options)\n")
 
 
 def _group(parser: argparse.ArgumentParser, dest: str) -> Any:

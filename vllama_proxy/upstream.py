@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from . import error_message, error_text
 from .logs import get_logger
 from .errors import (
     BadRequest,
@@ -227,7 +228,7 @@ class Upstream:
             resp = await self._send(method, self.base_url + path, data=body, headers=headers or _JSON, params=params)
             if check and resp.status >= 400:
                 try:
-                    raise UpstreamRejected(await _error_message(resp), resp.status)
+                    raise UpstreamRejected(error_message(await resp.read(), f"vLLM answered HTTP {resp.status}"), resp.status)
                 finally:
                     resp.release()
         # Errors raised by the caller's block (e.g. writing to a client that left) are
@@ -310,37 +311,6 @@ async def read_json(resp: aiohttp.ClientResponse) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise UpstreamProtocolError(f"vLLM sent a body that is not JSON: {raw[:200]!r}") from None
-
-
-async def _error_message(resp: aiohttp.ClientResponse) -> str:
-    """vLLM's error text from any of its error shapes.
-
-    vLLM ≥0.10: ``{"error": {"message", "type", "code"}}``; older: ``{"object": "error",
-    "message": ...}``; FastAPI: ``{"detail": ...}``.
-    """
-    raw = await resp.read()
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        text = raw.decode("utf-8", "replace").strip()
-        return text[:500] or f"vLLM answered HTTP {resp.status}"
-    return error_text(data) or f"vLLM answered HTTP {resp.status}"
-
-
-def error_text(data: Any) -> str | None:
-    """The message inside one of vLLM's error objects, or ``None`` if ``data`` is not one."""
-    if not isinstance(data, dict):
-        return None
-    err = data.get("error")
-    if isinstance(err, dict):
-        return str(err.get("message") or err)
-    if isinstance(err, str):
-        return err
-    if data.get("object") == "error" and "message" in data:
-        return str(data["message"])
-    if "detail" in data:
-        return str(data["detail"])
-    return None
 
 
 class SSEDecoder:
