@@ -14,12 +14,15 @@ import time
 import httpx
 import pytest
 
-from vllama_proxy.client import commands as client_cli
-from vllama_proxy.client.commands import COMMANDS, go_duration, human_bytes, human_duration, human_number, main
+from vllama_proxy import __version__
+from vllama_proxy.client import formatting
+from vllama_proxy.client.api_client import Client
+from vllama_proxy.client.formatting import go_duration, human_bytes, human_duration, human_number
+from vllama_proxy.client.main import COMMANDS, main
 
 from conftest import ALIAS, ROOT, SERVED, TESTS, free_port, get_json, stop, wait_http
 
-CODE = "import sys; from vllama_proxy.client.commands import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
+CODE = "import sys; from vllama_proxy.client.main import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
 TOKENS = "".join(f"tok{i} " for i in range(8))  # the fake's answer: "tok0 tok1 ... tok7 "
 
 
@@ -102,7 +105,7 @@ def test_pull_progress_plain_lines_when_not_a_terminal():
     import io
 
     out = io.StringIO()
-    bar = client_cli.PullProgress(out)
+    bar = formatting.PullProgress(out)
     for event in EVENTS:
         bar.update(event)
     bar.close()
@@ -113,7 +116,7 @@ def test_pull_progress_bar_on_a_terminal():
     import io
 
     out = io.StringIO()
-    bar = client_cli.PullProgress(out, tty=True)
+    bar = formatting.PullProgress(out, tty=True)
     for event in EVENTS:
         bar.update(event)
     bar.close()
@@ -176,8 +179,8 @@ def test_stop_in_upstream_mode_says_vllama_cannot_unload(proxy):
 
 def test_ps_of_a_model_of_unknown_size_says_unknown():
     """A model in a vLLM that vllama only proxies, its files not on this host: not "0 B, 100% CPU"."""
-    assert client_cli.processor(0, 0) == "unknown"
-    assert client_cli.processor(10, 0) == "100% CPU" and client_cli.processor(10, 12) == "100% GPU"
+    assert formatting.processor(0, 0) == "unknown"
+    assert formatting.processor(10, 0) == "100% CPU" and formatting.processor(10, 12) == "100% GPU"
 
 
 def test_run_waits_for_loading_model(tmp_path):
@@ -264,14 +267,14 @@ def test_connection_refused(proxy):
     r = vllama(proxy, "list", "--host", url)  # --host wins over OLLAMA_HOST (the running proxy)
     assert r.returncode == 1 and url in r.stderr
     # OLLAMA_HOST parsing: a bare host gets port 11434, the scheme is optional
-    assert client_cli.Client("example.com").url == "http://example.com:11434"
-    assert client_cli.Client("https://example.com:8443").url == "https://example.com:8443"
-    assert client_cli.Client("").url == "http://127.0.0.1:11434"
+    assert Client("example.com").url == "http://example.com:11434"
+    assert Client("https://example.com:8443").url == "https://example.com:8443"
+    assert Client("").url == "http://127.0.0.1:11434"
 
 
 def test_api_key_sent(monkeypatch):
     monkeypatch.setenv("OLLAMA_API_KEY", "sekrit")
-    assert client_cli.Client("x").headers["Authorization"] == "Bearer sekrit"
+    assert Client("x").headers["Authorization"] == "Bearer sekrit"
 
 
 def test_formatting():
@@ -284,8 +287,8 @@ def test_formatting():
         ["0s", "500ns", "1.5µs", "12.5ms", "1.234s", "1m2.5s"]
     assert [human_number(n) for n in (7_615_616_512, 494_032_768, 8_000_000_000, 900)] == \
         ["7.6B", "494.03M", "8B", "900"]
-    assert client_cli.processor(100, 150) == "100% GPU"
-    assert client_cli.processor(100, 25) == "75%/25% CPU/GPU"
+    assert formatting.processor(100, 150) == "100% GPU"
+    assert formatting.processor(100, 25) == "75%/25% CPU/GPU"
 
 
 # ---------------------------------------------------------------------------- interactive, on a pseudo-terminal
@@ -502,10 +505,8 @@ def test_repl_parameters_are_typed_as_ollamas():
 def test_wordwrap_breaks_between_words():
     import io
 
-    from vllama_proxy.client import repl
-
     out = io.StringIO()
-    w = repl.WordWrap(out, 12)
+    w = formatting.WordWrap(out, 12)
     for piece in ("The quick br", "own fox jumps over", " the lazy dog\nend"):
         w.write(piece)
     w.close()
@@ -517,10 +518,10 @@ def test_version_as_ollama_prints_it(proxy):
     for flag in ("-v", "--version"):
         r = subprocess.run([sys.executable, "-m", "vllama_proxy", flag], capture_output=True, text=True, cwd=ROOT,
                            env=env_for(proxy.url), timeout=20)
-        assert (r.returncode, r.stdout) == (0, f"vllama version is {client_cli.__version__}\n"), r.stderr
+        assert (r.returncode, r.stdout) == (0, f"vllama version is {__version__}\n"), r.stderr
     r = subprocess.run([sys.executable, "-m", "vllama_proxy", "-v"], capture_output=True, text=True, cwd=ROOT,
                        env=env_for(f"http://127.0.0.1:{free_port()}"), timeout=20)
-    assert r.stdout == f"Warning: could not connect to a running vllama instance\nWarning: client version is {client_cli.__version__}\n"
+    assert r.stdout == f"Warning: could not connect to a running vllama instance\nWarning: client version is {__version__}\n"
 
 
 def test_run_without_a_model_names_the_model_only_and_typos_get_a_suggestion():

@@ -218,7 +218,7 @@ def test_upstream_mode_refuses_to_pull_what_it_could_never_serve(proxy):
     assert r.status_code == 501
     assert r.json()["error"].startswith("model 'qwen2.5:0.5b' is not served by the vLLM at http://127.0.0.1:")
     assert "cannot start models" in r.json()["error"]
-    code = "import sys; from vllama_proxy.client.commands import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
+    code = "import sys; from vllama_proxy.client.main import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
     run = subprocess.run([sys.executable, "-c", code, "run", "qwen2.5:0.5b", "hi"], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "OLLAMA_HOST": proxy.url}, timeout=30)
     assert run.returncode == 1

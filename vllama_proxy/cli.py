@@ -13,11 +13,10 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from .logs import configure_logging
-from .settings import Settings, cli_source
+if TYPE_CHECKING:
+    from .settings import Settings
 
 USAGE = """usage: vllama COMMAND [args]   (vllama serve [options] [-- vllm serve arguments])
 
@@ -25,15 +24,14 @@ Commands:
   -v, --version  print the version of vllama (and of the server at OLLAMA_HOST)
   serve    serve the Ollama API in front of vLLM (see `vllama serve --help`)
   batch    run an OpenAI-batch JSONL file through a running server (see `vllama batch --help`)
-  list     list the models a running server serves
-  ps       list the running models
-  show     show a model's details (--modelfile, --template, --parameters)
-  pull     pull a model (succeeds for a model that is already served)
-  run      chat with a model: `vllama run M [PROMPT]`, piped stdin, or interactively
-  stop     ask the server to unload a model
-  cp       give a model another name (an alias): `vllama cp SOURCE DESTINATION`
-  rm       remove a name made with cp, or a pulled model from the cache
 """
+
+
+def usage() -> str:
+    """``vllama --help``: the server's commands, then each client command's summary (``client/main.py``)."""
+    from vllama_proxy.client.main import summaries
+
+    return USAGE + "".join(f"  {name:<8} {summary}\n" for name, summary in summaries().items())
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -64,6 +62,10 @@ def load_settings(argv: list[str]) -> Settings:
     Raises:
         SystemExit: invalid flags, values or config file (message on stderr, exit 2).
     """
+    from pydantic import ValidationError
+
+    from .settings import Settings, cli_source
+
     ours, theirs = split_passthrough(argv)
     try:
         settings = Settings.load(config_path(ours), _cli_settings_source=cli_source(ours),
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``vllama`` script."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        print(usage(), end="")
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     if command in ("-v", "--version"):
@@ -95,15 +97,16 @@ def main(argv: list[str] | None = None) -> None:
         from vllama_proxy.client.batch import main as batch_main
 
         raise SystemExit(batch_main(rest))
-    from vllama_proxy.client.commands import COMMANDS as CLIENT_COMMANDS
+    if command != "serve":  # the client commands: nothing of the server is imported for them
+        from vllama_proxy.client.main import COMMANDS
+        from vllama_proxy.client.main import main as client_main
 
-    if command in CLIENT_COMMANDS:
-        from vllama_proxy.client.commands import main as client_main
-
-        raise SystemExit(client_main(command, rest))
-    if command != "serve":
-        print(f"vllama: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+        if command in COMMANDS:
+            raise SystemExit(client_main(command, rest))
+        print(f"vllama: unknown command {command!r}\n{usage()}", end="", file=sys.stderr)
         raise SystemExit(2)
+    from .logs import configure_logging
+
     settings = load_settings(rest)
     configure_logging(settings.log_level, settings.log_format)
     from vllama_proxy.supervisor.sizing import resolve

@@ -88,11 +88,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 from tqdm import tqdm
+
+from vllama_proxy import error_message, ollama_host
 
 #: Accepted ``url`` values.
 URLS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed"})
@@ -361,30 +362,16 @@ class ResultWriter:
 
 
 def server_url(value: str | None) -> str:
-    """An ``OLLAMA_HOST``-style value -> base URL without a trailing ``/``.
-
-    Accepts ``host``, ``host:port``, ``:port``, ``scheme://host[:port][/path]`` and
-    bracketed IPv6; the port defaults to 11434 (443 for https), the host to 127.0.0.1.
+    """An ``OLLAMA_HOST``-style value -> base URL without a trailing ``/``
+    (:func:`vllama_proxy.ollama_host`: the port defaults to 11434, 443 for https; the host to 127.0.0.1).
 
     Raises:
         BatchError: the value is not a usable URL (bad port or scheme).
     """
-    value = (value or "").strip().strip("\"'")
-    if not value:
-        return DEFAULT_HOST
-    if "://" not in value:
-        value = "http://" + value
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https"):
-        raise BatchError(f"--host: unsupported scheme {parts.scheme!r} (use http or https)")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 11434)
-    except ValueError:
-        raise BatchError(f"--host: invalid port in {value!r}") from None
-    host = parts.hostname or "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
+        return ollama_host(value).url()
+    except ValueError as e:
+        raise BatchError(f"--host: {e}") from None
 
 
 def _payload(item: Item) -> bytes:
@@ -393,21 +380,6 @@ def _payload(item: Item) -> bytes:
         body = {k: v for k, v in body.items() if k != "stream_options"}
         body["stream"] = False
     return orjson.dumps(body)
-
-
-def _error_message(status: int, body: Any) -> str:
-    """The server's error text from an Ollama (``{"error": "..."}``) or OpenAI/vLLM body."""
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, str):
-            return err
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(body.get("message"), str):
-            return body["message"]
-    if isinstance(body, str) and body.strip():
-        return body.strip()[:500]
-    return f"HTTP {status}"
 
 
 def output_tokens(body: Any) -> int:
@@ -484,7 +456,7 @@ async def send(session: aiohttp.ClientSession, base: str, item: Item, *, retries
                 err = {"message": "the server's answer is not JSON", "code": "invalid_response"}
                 return Outcome(result_line(item, status, body, err), False, 0, attempt)
             return Outcome(result_line(item, status, body, None), True, output_tokens(body), attempt)
-        msg = _error_message(status, body) + (f" (after {attempt} retries)" if attempt and status in _RETRY_STATUS else "")
+        msg = error_message(raw, f"HTTP {status}") + (f" (after {attempt} retries)" if attempt and status in _RETRY_STATUS else "")
         return Outcome(result_line(item, status, body, {"message": msg, "code": "http_error"}), False, 0, attempt)
 
 
@@ -505,11 +477,7 @@ async def preflight(session: aiohttp.ClientSession, base: str) -> int | None:
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         raise BatchError(f"cannot reach the server at {base}: {e or type(e).__name__} (start `vllama serve`, or give --host)") from None
     if status in (401, 403):
-        try:
-            body: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = raw.decode("utf-8", "replace")
-        raise BatchError(f"{base} refused the request ({status}): {_error_message(status, body)} (give --api-key or OLLAMA_API_KEY)")
+        raise BatchError(f"{base} refused the request ({status}): {error_message(raw, f'HTTP {status}')} (give --api-key or OLLAMA_API_KEY)")
     try:
         running = orjson.loads(raw).get("max_running") if status == 200 else None
     except (orjson.JSONDecodeError, AttributeError):

@@ -1,6 +1,6 @@
-"""What ``vllama run M``'s ``>>>`` session reads and says, without the server: Ollama's slash
-commands' help texts, ``/set parameter`` values, word wrapping, multi-line entries. The session
-itself (``commands.Session``) sends the chat.
+"""The ``>>>`` session of ``vllama run M``: Ollama's slash commands and their help texts,
+``/set parameter`` values, multi-line entries, and the :class:`Session` that holds the
+conversation and sends each turn through ``chat.py``.
 
 The commands, their answers and their help texts are Ollama's (``cmd/interactive.go``
 ``generateInteractive``), so a user of ``ollama run`` finds what they know: ``/set parameter
@@ -15,7 +15,13 @@ format json``/``noformat``, ``/set verbose``/``quiet``, ``/set think [LEVEL]``/`
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import Any
+
+from .api_client import ApiError, Client
+from .chat import chat_once, preload
+from .formatting import RESET, list_table, show_info
 
 USAGE = '''Available Commands:
   /set            Set session variables
@@ -83,6 +89,7 @@ USAGE_SHORTCUTS = """Available keyboard shortcuts:
   Ctrl + d            Exit vllama (/bye)
 """
 
+
 #: Ollama's ``api.Options`` fields by the type ``api.FormatParams`` converts a value to (``stop``: a list).
 PARAMETER_TYPES: dict[str, type] = {
     **dict.fromkeys(("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "mirostat", "num_ctx", "num_batch",
@@ -136,47 +143,6 @@ def read_entry(prompt=input) -> str | None:
         return None
 
 
-class WordWrap:
-    """Streamed text wrapped at ``width`` columns between words (Ollama's ``wordwrap``, on by default on a terminal)."""
-
-    def __init__(self, out, width: int) -> None:
-        self.out, self.width = out, max(width, 10)
-        self.col = 0
-        self.word = ""
-
-    def write(self, text: str) -> None:
-        for ch in text:
-            if ch == "\n":
-                self._flush()
-                self.out.write("\n")
-                self.col = 0
-            elif ch == " ":
-                self._flush()
-                if self.col < self.width:
-                    self.out.write(" ")
-                    self.col += 1
-            else:
-                self.word += ch
-                if len(self.word) >= self.width:  # longer than a line: break it
-                    self._flush()
-
-    def _flush(self) -> None:
-        if not self.word:
-            return
-        if self.col and self.col + len(self.word) > self.width:
-            self.out.write("\n")
-            self.col = 0
-        self.out.write(self.word)
-        self.col += len(self.word)
-        self.word = ""
-
-    def close(self) -> None:
-        self._flush()
-
-    def flush(self) -> None:
-        self.out.flush()
-
-
 def go_value(value: Any) -> str:
     """A parameter as Go's ``%v`` prints it: ``[a b]`` for a list, ``true`` for a bool."""
     if isinstance(value, list):
@@ -184,3 +150,214 @@ def go_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+class Session:
+    """What one ``>>>`` session holds: the messages, the system message, the options set with
+    ``/set parameter``; the rest (verbose, think, format, wordwrap) lives on ``args``."""
+
+    def __init__(self, client: Client, args: argparse.Namespace) -> None:
+        self.client, self.args = client, args
+        self.messages: list[dict[str, Any]] = []
+        self.system = ""
+        self.args.options = getattr(args, "options", None) or {}
+        try:
+            import readline
+        except ImportError:  # pragma: no cover - Windows
+            readline = None
+        self.readline = readline
+
+    # -- commands ----------------------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """Apply slash command ``line`` (Ollama's, ``py``); True to end the session."""
+        words = line.split()
+        name = words[0]
+        if name in ("/bye", "/exit"):
+            return True
+        if name in ("/?", "/help"):
+            topic = words[1] if len(words) > 1 else ""
+            text = {"set": USAGE_SET, "/set": USAGE_SET, "show": USAGE_SHOW, "/show": USAGE_SHOW,
+                    "shortcut": USAGE_SHORTCUTS, "shortcuts": USAGE_SHORTCUTS}.get(topic, "" if topic else USAGE)
+            sys.stderr.write(text + ("\n" if text else ""))
+        elif name == "/clear":
+            self.messages = [{"role": "system", "content": self.system}] if self.system else []
+            print("Cleared session context")
+        elif name == "/set":
+            self.set(words[1:], line)
+        elif name == "/show":
+            self.show(words[1:])
+        elif name == "/load":
+            self.load(words[1:])
+        elif name == "/save":
+            self.save(words[1:])
+        elif name == "/list":
+            models = self.client.json("GET", "/api/tags").get("models") or []
+            sys.stdout.write(list_table(models, words[1] if len(words) > 1 else None))
+        else:
+            print(f"Unknown command '{name}'. Type /? for help")
+        return False
+
+    def set(self, words: list[str], line: str) -> None:
+        args = self.args
+        if not words:
+            sys.stderr.write(USAGE_SET + "\n")
+            return
+        what = words[0]
+        modes = {"verbose": ("verbose", True), "quiet": ("verbose", False), "wordwrap": ("wordwrap", True),
+                 "nowordwrap": ("wordwrap", False)}
+        if what in modes:
+            setattr(args, *modes[what])
+            print(f"Set '{what}' mode.")
+        elif what in ("history", "nohistory"):
+            if self.readline is not None:
+                self.readline.set_auto_history(what == "history")
+        elif what == "think":
+            args.think = words[1] if len(words) > 1 else True
+            print(f"Set 'think' mode to '{words[1]}'." if len(words) > 1 else "Set 'think' mode.")
+        elif what == "nothink":
+            args.think = False
+            print("Set 'nothink' mode.")
+        elif what == "format":
+            if len(words) < 2 or words[1] != "json":
+                print("Invalid or missing format. For 'json' mode use '/set format json'")
+            else:
+                args.format = "json"
+                print("Set format to 'json' mode.")
+        elif what == "noformat":
+            args.format = None
+            print("Disabled format.")
+        elif what == "parameter":
+            if len(words) < 3:
+                sys.stderr.write(USAGE_PARAMETERS + "\n")
+                return
+            try:
+                args.options[words[1]] = parse_parameter(words[1], words[2:])
+            except ValueError as e:
+                print(f'Couldn\'t set parameter: "{e}"')
+                return
+            print(f"Set parameter '{words[1]}' to '{', '.join(words[2:])}'")
+        elif what == "system":
+            if len(words) < 2:
+                sys.stderr.write(USAGE_SET + "\n")
+                return
+            text = line.split("system", 1)[1].strip()
+            if text.startswith('"""'):
+                text = text[3:].removesuffix('"""').strip("\n")
+            self.system = text
+            message = {"role": "system", "content": text}
+            if self.messages and self.messages[-1]["role"] == "system":
+                self.messages[-1] = message
+            else:
+                self.messages.append(message)
+            print("Set system message.")
+        else:
+            print(f"Unknown command '/set {what}'. Type /? for help")
+
+    def show(self, words: list[str]) -> None:
+        if not words:
+            sys.stderr.write(USAGE_SHOW + "\n")
+            return
+        try:
+            info = self.client.json("POST", "/api/show", {"model": self.args.model})
+        except ApiError as e:
+            print("error: couldn't get model")
+            print(f"Error: {e}", file=sys.stderr)
+            return
+        what = words[0]
+        if what == "info":
+            sys.stderr.write(show_info(info) + "\n")
+        elif what == "license":
+            print(info.get("license") or "No license was specified for this model.")
+        elif what == "modelfile":
+            print(info.get("modelfile") or "")
+        elif what == "parameters":
+            print("Model defined parameters:")
+            params = info.get("parameters") or ""
+            if not params:
+                print("  No additional parameters were specified for this model.")
+            for row in params.splitlines():
+                print(f"  {row}")
+            print()
+            if self.args.options:
+                print("User defined parameters:")
+                for key, value in self.args.options.items():
+                    print(f"  {key:<30} {go_value(value)}")
+                print()
+        elif what == "system":
+            system = self.system or info.get("system") or ""
+            print(system + "\n" if system else "No system message was specified for this model.")
+        elif what == "template":
+            print(info.get("template") or "No prompt template was specified for this model.")
+        else:
+            print(f"Unknown command '/show {what}'. Type /? for help")
+
+    def load(self, words: list[str]) -> None:
+        if len(words) != 1:
+            print("Usage:\n  /load <modelname>")
+            return
+        previous = self.args.model
+        self.args.model = words[0]
+        print(f"Loading model '{words[0]}'")
+        try:
+            preload(self.client, self.args)
+        except ApiError as e:
+            self.args.model = previous
+            if e.status == 404:
+                print(f"Couldn't find model '{words[0]}'")
+            else:
+                print(f"Error: {e}", file=sys.stderr)
+            return
+        self.messages = []
+
+    def save(self, words: list[str]) -> None:
+        if len(words) != 1:
+            print("Usage:\n  /save <modelname>")
+            return
+        body: dict[str, Any] = {"model": words[0], "from": self.args.model, "messages": self.messages}
+        if self.system:
+            body["system"] = self.system
+        if self.args.options:
+            body["parameters"] = self.args.options
+        try:
+            self.client.json("POST", "/api/create", body)
+        except ApiError as e:
+            print(f"error: {e}")
+            return
+        print(f"Created new model '{words[0]}'")
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self) -> int:
+        """The ``>>>`` loop: history kept, /bye or Ctrl-D exits, Ctrl-C stops an answer."""
+        while True:
+            try:
+                text = read_entry()
+            except KeyboardInterrupt:
+                print("\nUse Ctrl + d or /bye to exit.")
+                continue
+            if text is None:
+                return 0
+            stripped = text.strip()
+            if not stripped:
+                continue
+            if stripped.startswith("/"):
+                if self.command(stripped):
+                    return 0
+                continue
+            if stripped.startswith('"""'):
+                text = stripped[3:].removesuffix('"""').strip("\n")
+            self.messages.append({"role": "user", "content": text})
+            try:
+                self.messages.append(chat_once(self.client, self.args, self.messages))
+            except KeyboardInterrupt:
+                self.messages.pop()  # the unanswered question leaves the history
+                sys.stdout.write((RESET if sys.stdout.isatty() else "") + "\n")
+            except ApiError as e:
+                self.messages.pop()
+                print(f"Error: {e}", file=sys.stderr)
+            print()
+
+
+def interactive(client: Client, args: argparse.Namespace) -> int:
+    """Chat with ``args.model`` at the ``>>>`` prompt until /bye or Ctrl-D; returns the exit status."""
+    return Session(client, args).run()
+

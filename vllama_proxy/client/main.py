@@ -1,0 +1,149 @@
+"""The client commands' command line: one argparse parser, one subparser per command, each
+naming its handler (``set_defaults(func=...)``, the handlers in ``commands.py``), and
+:func:`main`, which parses, builds the :class:`~.api_client.Client` and turns what went
+wrong into a line on stderr and an exit status.
+
+``vllama COMMAND ...`` reaches :func:`main` from ``vllama_proxy/cli.py``; ``vllama serve``
+and ``vllama batch`` have their own parsers (``settings.py``, ``batch.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import sys
+
+from vllama_proxy import CliParser
+
+from . import commands
+from .api_client import ApiError, Client, ConnectError
+
+HOST_HELP = "server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)"
+
+
+def parse_think(value: str | None) -> bool | str | None:
+    """``--think[=LEVEL]``: ``true``/``false`` (and 1/0, yes/no, on/off) or a level.
+
+    Raises:
+        argparse.ArgumentTypeError: any other value.
+    """
+    if value is None:
+        return None
+    value = value.lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    if value in ("low", "medium", "high"):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high)")
+
+
+def build_parser() -> CliParser:
+    """``vllama``'s client commands: the parser, with one subparser per command (its ``--help``,
+    its arguments, its handler as ``func``), in the order ``vllama --help`` lists them."""
+    parser = CliParser(prog="vllama", description="The Ollama-style client commands of vllama.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CliParser)
+
+    def command(name: str, func, summary: str, description: str) -> CliParser:
+        p = sub.add_parser(name, help=summary, description=description)
+        p.add_argument("--host", help=HOST_HELP)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("list", commands.cmd_list, "list the models a running server serves", "List the models the server serves.")
+    p.add_argument("prefix", nargs="?", help="only names starting with this")
+
+    command("ps", commands.cmd_ps, "list the running models", "List the running models.")
+
+    p = command("show", commands.cmd_show, "show a model's details (--modelfile, --template, --parameters)",
+                "Show a model's details.")
+    p.add_argument("model")
+    for flag in ("modelfile", "template", "parameters", "license"):
+        p.add_argument(f"--{flag}", action="store_true", help=f"print only the {flag}")
+
+    p = command("pull", commands.cmd_pull, "pull a model (succeeds for a model that is already served)",
+                "Pull a model (vllama: succeeds for a served model).")
+    p.add_argument("model")
+    p.add_argument("--insecure", action="store_true", help="allow insecure registries")
+
+    p = command("run", commands.cmd_run, "chat with a model: `vllama run M [PROMPT]`, piped stdin, or interactively",
+                "Chat with a model: PROMPT, piped stdin, or interactively.")
+    p.add_argument("model", nargs="?")  # checked in main: argparse would call the prompt required too
+    p.add_argument("prompt", nargs="*", help="the prompt (none: piped stdin, or an interactive session)")
+    p.add_argument("--verbose", action="store_true", help="show timings after each answer")
+    p.add_argument("--think", type=parse_think, metavar="[=LEVEL]",
+                   help="ask for thinking and show it (--think, --think=false, --think=high)")
+    p.add_argument("--hidethinking", action="store_true", help="think, but do not show the thinking")
+    p.add_argument("--nowordwrap", dest="wordwrap", action="store_false",
+                   help="do not wrap words to the next line automatically")
+    p.add_argument("--format", help='response format, e.g. "json"')
+    p.add_argument("--keepalive", help='how long the model stays loaded, e.g. "5m"')
+    p.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model to load (600)")
+
+    p = command("stop", commands.cmd_stop, "ask the server to unload a model", "Ask the server to unload a model.")
+    p.add_argument("model")
+
+    p = command("cp", commands.cmd_cp, "give a model another name (an alias): `vllama cp SOURCE DESTINATION`",
+                "Give a model another name (an alias every client can use).")
+    p.add_argument("source")
+    p.add_argument("destination")
+
+    p = command("rm", commands.cmd_rm, "remove a name made with cp, or a pulled model from the cache",
+                "Remove a name made with cp, or a pulled model from the cache.")
+    p.add_argument("models", nargs="+", metavar="model")
+    return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def summaries() -> dict[str, str]:
+    """Each command's one-line summary (its ``help``), for ``vllama --help``."""
+    return {a.dest: a.help or "" for a in _subcommands(build_parser())._get_subactions()}
+
+
+#: The client commands, in the order ``vllama --help`` lists them.
+COMMANDS = tuple(_subcommands(build_parser()).choices)
+
+
+def main(command: str, argv: list[str]) -> int:
+    """Run client ``command`` (one of ``COMMANDS``) with its arguments; returns the exit status
+    (0 done, 1 an error the server or the connection reported, 2 a usage error, 130 Ctrl-C)."""
+    sub = _subcommands(build_parser()).choices.get(command)
+    if sub is None:
+        print(f"vllama: unknown command {command!r} (one of {', '.join(COMMANDS)})", file=sys.stderr)
+        return 2
+    if command == "run":  # a bare --think must not swallow the model name
+        argv = ["--think=true" if a == "--think" else a for a in argv]
+    try:
+        args = sub.parse_intermixed_args(argv)  # flags may follow the prompt words
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    if command == "run" and args.model is None:  # Ollama: "requires at least 1 arg(s)"; the prompt is optional
+        print("vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)",
+              file=sys.stderr)
+        return 2
+    if command == "run" and args.hidethinking and args.think is None:
+        args.think = True
+    try:
+        client = Client(args.host)
+    except ValueError as e:
+        print(f"Error: invalid host: {e}", file=sys.stderr)
+        return 1
+    try:
+        return args.func(client, args)
+    except ConnectError as e:
+        print(f"Error: could not connect to vllama at {e} (is `vllama serve` running?)", file=sys.stderr)
+    except ApiError as e:
+        print(f"Error: {e}", file=sys.stderr)
+    except (OSError, http.client.HTTPException) as e:
+        if isinstance(e, BrokenPipeError):  # `vllama list | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        print(f"Error: lost the connection to vllama at {client.url}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    return 1
