@@ -6,11 +6,18 @@ The graph is read from the source with ``ast``, not by importing anything: every
 check (a type named both ways is a circle of knowledge even if Python never runs it). Relative
 imports are resolved against the importing file's package; ``from pkg import name`` counts as an
 import of ``pkg.name`` where that is a module, else of ``pkg`` itself.
+
+The client side stands apart (issue 29.3): ``client/`` imports its own modules and the package
+root (the wire helpers both sides share), never the server's; it and the root use the standard
+library and a few small libraries only. One test runs instead of reading: ``vllama list``
+through the entry point must leave no server module in ``sys.modules``.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +37,17 @@ LAYERS = [
     [f"{PKG}.client"],
     [f"{PKG}.cli", f"{PKG}.__main__"],
 ]
+
+
+#: The server's side of the package: ``client/`` imports none of it (issue 29.3). The client talks
+#: to a server over HTTP only; what both read off the wire the same way (``OLLAMA_HOST``, an error
+#: body's text, the parser with a "did you mean") lives in the package root, ``vllama_proxy/__init__.py``.
+SERVER = [f"{PKG}.{part}" for part in ("settings", "api", "front", "supervisor", "models", "upstream", "errors", "logs")]
+#: What ``client/`` may import beside its own package, the package root and the standard library:
+#: small libraries (aiohttp as ``vllama batch``'s HTTP client, never the server's code built on it).
+CLIENT_LIBRARIES = {"orjson", "tqdm", "aiohttp"}
+#: What the package root may import beside the standard library: it is the client's too.
+ROOT_LIBRARIES = {"orjson"}
 
 
 def _module_of(path: Path, root: Path) -> tuple[str, bool]:
@@ -172,3 +190,51 @@ def test_top_level_is_small() -> None:
     entries = sorted(p.name for p in (ROOT / PKG).iterdir()
                      if p.name not in ("__pycache__", "__init__.py", "__main__.py") and not p.name.endswith(".pyc"))
     assert len(entries) <= 10, f"the package's top level has {len(entries)} entries: {entries}"
+
+
+def _libraries(path: Path) -> set[str]:
+    """The top-level names of what ``path`` imports from outside (relative imports left out)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_client_imports_nothing_of_the_server() -> None:
+    """``client/`` imports its own modules and the package root, nothing else of the package."""
+    graph = import_graph()
+    crossing = [f"  {mod} -> {t}" for mod, targets in sorted(graph.items()) if mod.startswith(f"{PKG}.client")
+                for t in sorted(targets) if t != PKG and not t.startswith(f"{PKG}.client")]
+    assert not crossing, "the client imports the server's side (it may import client/ and vllama_proxy/__init__.py):\n" \
+        + "\n".join(crossing)
+    assert not graph[PKG], f"the package root imports the package: {sorted(graph[PKG])}"
+
+
+def test_client_libraries_are_small() -> None:
+    """``client/`` and the root it imports use the standard library and a few small libraries only
+    (not pydantic-settings, structlog, prometheus-client: the server's)."""
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for path in sorted((ROOT / PKG / "client").rglob("*.py")):
+        wrong += [f"  {path.relative_to(ROOT)}: {n}" for n in sorted(_libraries(path) - stdlib - CLIENT_LIBRARIES - {PKG})]
+    root = ROOT / PKG / "__init__.py"
+    wrong += [f"  {root.relative_to(ROOT)}: {n}" for n in sorted(_libraries(root) - stdlib - ROOT_LIBRARIES)]
+    assert not wrong, "libraries the client side may not import:\n" + "\n".join(wrong)
+
+
+def test_a_client_command_loads_nothing_of_the_server() -> None:
+    """Run, not read: ``vllama list`` through the ``vllama`` entry point (``cli.py``, which also
+    dispatches ``serve``) leaves no server module and none of its libraries in ``sys.modules``."""
+    code = ("import sys\nfrom vllama_proxy.cli import main\ntry:\n    main(['list', '--host', '127.0.0.1:9'])\n"
+            "except SystemExit:\n    pass\nprint(' '.join(sorted(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert "could not connect" in r.stderr, r.stderr  # the command ran
+    heavy = tuple(SERVER) + ("pydantic", "pydantic_settings", "structlog", "prometheus_client", "aiohttp")
+    loaded = sorted({m if m.startswith(PKG) else m.split(".")[0] for m in r.stdout.split()
+                     if any(m == h or m.startswith(h + ".") for h in heavy)})
+    assert not loaded, f"`vllama list` loaded the server's modules: {loaded}"
