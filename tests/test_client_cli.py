@@ -14,9 +14,10 @@ import time
 import httpx
 import pytest
 
-from vllama_proxy import __version__
+from vllama_proxy import __version__, error_message, parse_ollama_host
 from vllama_proxy.client import formatting
 from vllama_proxy.client.api_client import Client
+from vllama_proxy.client.batch import server_url
 from vllama_proxy.client.formatting import go_duration, human_bytes, human_duration, human_number
 from vllama_proxy.client.main import COMMANDS, main
 
@@ -270,6 +271,25 @@ def test_connection_refused(proxy):
     assert Client("example.com").url == "http://example.com:11434"
     assert Client("https://example.com:8443").url == "https://example.com:8443"
     assert Client("").url == "http://127.0.0.1:11434"
+
+
+@pytest.mark.parametrize("value", ["", "example.com", ":8080", "https://example.com", "http://[::1]:9000/base/", "'0.0.0.0'"])
+def test_one_ollama_host_parser(value):
+    """Issue 29.3: ``vllama run``, ``vllama batch`` and ``vllama serve`` read OLLAMA_HOST with one
+    parser; before, the client sent https://example.com to port 11434 and batch to 443."""
+    client = Client(value)
+    assert client.url == server_url(value)
+    assert (client.host, client.port) == parse_ollama_host(value)
+
+
+def test_one_reader_of_error_bodies():
+    """Issue 29.3: the client, ``vllama batch`` and the upstream client read an error body alike."""
+    shapes = {b'{"error": "model \'x\' not found"}': "model 'x' not found",  # Ollama
+              b'{"error": {"message": "too long", "type": "BadRequestError", "code": 400}}': "too long",  # vLLM >= 0.10
+              b'{"object": "error", "message": "old"}': "old",  # older vLLM
+              b'{"detail": "Not Found"}': "Not Found",  # FastAPI
+              b"Bad Gateway\n": "Bad Gateway", b"": "HTTP 502", b"{}": "HTTP 502"}
+    assert {raw: error_message(raw, "HTTP 502") for raw in shapes} == shapes
 
 
 def test_api_key_sent(monkeypatch):
