@@ -97,6 +97,8 @@ def build_parser() -> CliParser:
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """The parser's one table of commands: argparse's subparsers action (name -> subparser, and
+    each one's ``help``), the same object ``vllama --help`` and the error messages read."""
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
