@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import TooManyRequests, error_body
+from vllama_proxy.errors import ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.config import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
 from .keys import KEY_SLOTS, Key, key_of
@@ -182,8 +182,6 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     ``priority`` is set (:data:`PRIORITY`): the key's requests in flight before it, less 1,000,000
     per step of the key's own ``priority``: lower is served first (vLLM ``--scheduling-policy priority``).
     """
-    headers = {"Retry-After": str(retry_after)}
-
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
@@ -194,7 +192,8 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if got < 0:
             QUEUE_REJECTIONS.inc()
             if got == FULL:
-                return web.Response(status=503, body=error_body(BUSY), content_type="application/json", headers=headers)
+                # answered, not raised: a full server is its bound working, not a failure to log per request
+                return error_response(ServerBusy(BUSY, retry_after))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority

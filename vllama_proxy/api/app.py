@@ -73,7 +73,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
-        resp = error_response(e, getattr(e, "headers", None))
+        resp = error_response(e)
         if request.get(CLOSE_AFTER):
             resp.force_close()
         return resp

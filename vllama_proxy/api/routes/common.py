@@ -14,7 +14,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel
 
 from vllama_proxy.api.ollama_types import parse_body, require_model
-from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, RequestTooLarge, UpstreamUnavailable, VllamaError
+from vllama_proxy.errors import BadRequest, BodyTimeout, Forbidden, ModelNotFound, RequestTooLarge, UpstreamUnavailable
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.created import CreatedModel
@@ -41,7 +41,7 @@ async def read_body(request: web.Request) -> bytes:
     Raises:
         BadRequest: it cannot be read as sent (e.g. ``Content-Encoding: gzip`` on a body that is not gzip).
         RequestTooLarge: over the route's limit (413).
-        VllamaError: 408, not received in time (the connection is closed after the answer).
+        BodyTimeout: not received in time (408; the connection is closed after the answer).
     """
     settings = request.app[SETTINGS]
     small = request.path not in LARGE_BODY_ROUTES and not request.path.startswith(LARGE_BODY_PREFIXES)
@@ -55,8 +55,7 @@ async def read_body(request: web.Request) -> bytes:
     except TimeoutError:
         request.content.feed_eof()
         request[CLOSE_AFTER] = True
-        raise VllamaError(f"the request body was not received within {settings.body_timeout:g} s (--body-timeout)",
-                          status=408) from None
+        raise BodyTimeout(f"the request body was not received within {settings.body_timeout:g} s (--body-timeout)") from None
     except RequestPayloadError:
         # Nothing more of this body will be read: say so, or aiohttp's lingering read after the
         # 400 hits the same error and logs it as an error-level "Unhandled exception"; and the

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, UpstreamRejected, VllamaError
+from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, StorageFailed, UpstreamRejected
 from vllama_proxy.models.adapters import check_adapter, lora_plan
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.blobs import parse_digest
@@ -131,8 +131,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     try:
         await asyncio.to_thread(catalog.created_store.put, made)
     except OSError as e:
-        raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)",
-                          status=500) from None
+        raise StorageFailed(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
     if made.adapters and not (parent is not None and parent.adapters == made.adapters):
         lines += await serve_adapter(request, made)
     lines += [{"status": f"creating new layer sha256:{digest}"} for _, digest in made.layers()]

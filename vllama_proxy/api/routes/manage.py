@@ -15,7 +15,7 @@ import re
 
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError
+from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, StorageFailed, UpstreamError
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .common import read_request, where_models_change
@@ -58,7 +58,7 @@ async def copy(request: web.Request) -> web.Response:
         try:
             await asyncio.to_thread(catalog.created_store.put, copied)
         except OSError as e:
-            raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+            raise StorageFailed(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
         return web.Response(status=200)
     model = await catalog.resolve(source)  # a lookup: loads nothing (issue 27)
     try:
@@ -78,7 +78,7 @@ async def copy(request: web.Request) -> web.Response:
     try:
         await asyncio.to_thread(catalog.store.set, strip_latest(destination), model.name)
     except OSError as e:
-        raise VllamaError(f"cannot save the alias in {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+        raise StorageFailed(f"cannot save the alias in {catalog.store.path}: {e.strerror or e} (see --state-dir)") from None
     return web.Response(status=200)
 
 
