@@ -7,7 +7,7 @@ name an on-demand slot already holds resolves to that slot's backend; a local mo
 library name's vLLM arguments (tool calling, reasoning parser, pooling runner: ``library.py``
 ``resolve_spec``) after those of the server's own ``--`` arguments that are safe for any repo
 (:func:`safe_args`). The request then waits for it to
-load like any unloaded model's (``routes/common.py`` ``model_in_use``), and the pool makes
+load like any unloaded model's (``api/routes/model_use.py`` ``model_in_use``), and the pool makes
 GPU room by evicting least-recently-used idle models.
 """
 

@@ -29,10 +29,11 @@ from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import read_response
 from vllama_proxy.models.created import CreatedModel, parse_modelfile
 from vllama_proxy.models.local import NAME_FILE, uploaded_dir
-from .common import model_in_use, read_request
+from .body import read_request
+from .model_use import model_in_use
 from .manage import _NAME
 from ..ollama_types import CreateRequest, Message, Options, validation_message
-from ..state import BLOBS, CATALOG, SETTINGS
+from ..app_keys import BLOBS, CATALOG, SETTINGS
 
 #: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.
 _PARAMETERS = frozenset(Options.model_fields)

@@ -22,10 +22,10 @@ from vllama_proxy.errors import BadRequest, ModelInUse, ModelNotFound, NotSuppor
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.local import uploaded_dir
-from .common import read_request
+from .body import read_request
 from .create import unload_adapter
 from ..ollama_types import ModelRef, require_model
-from ..state import CATALOG, SETTINGS
+from ..app_keys import CATALOG, SETTINGS
 from ..stream import NDJSON
 
 

@@ -1,4 +1,5 @@
-"""Typed keys for the app-scoped objects every handler reaches through ``request.app``."""
+"""The aiohttp app's typed keys (``web.AppKey``) for the app-scoped objects every handler reaches
+through ``request.app``, and the request keys (``request[...]``) the middlewares and handlers share."""
 
 from __future__ import annotations
 
