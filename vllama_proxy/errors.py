@@ -3,8 +3,9 @@
 Every failure a client can see is one of these exceptions, raised where it is detected
 (named by what went wrong, never given a status at the raise site) and turned into
 Ollama's ``{"error": "..."}`` in exactly one place: the error middleware of ``api/app.py``
-calls :func:`error_response` before a response began, a streaming handler writes
-:func:`error_line` after it began. Each class carries its HTTP status (and any headers)
+calls :func:`error_response` before a response began (``api/admission.py`` answers its
+:class:`ServerBusy` through it directly: a full server is not logged as a failure), a
+streaming handler writes :func:`error_line` after it began. Each class carries its HTTP status (and any headers)
 as class attributes, so the status of every error is read here, in this tree; only
 :class:`UpstreamRejected` takes its status from vLLM's answer. Lower-layer errors are
 translated into this tree at their boundary, never in handlers: aiohttp client errors

@@ -2,7 +2,8 @@
 
 Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
 Ollama shape + access log + metrics; CORS, Host guard and API keys from
-``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (parse, resolve model) -> ``translate.py`` (Ollama ->
+``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
+parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate.py`` (Ollama ->
 OpenAI body) -> ``upstream.py`` (the shared vLLM client) -> ``stream.py`` (vLLM
 chunks -> Ollama NDJSON).
 """
