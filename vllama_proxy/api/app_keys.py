@@ -9,6 +9,7 @@ from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
+
 from .keys import KeyRing
 
 SETTINGS = web.AppKey("settings", Settings)

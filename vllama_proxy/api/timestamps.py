@@ -32,7 +32,7 @@ class Clock:
     clock, so a clock stepped back (NTP) gets a fresh string at once instead of a frozen one.
     """
 
-    __slots__ = ("_sec", "_prefix", "_start", "_until", "_last")
+    __slots__ = ("_last", "_prefix", "_sec", "_start", "_until")
 
     def __init__(self) -> None:
         self._sec = -1

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from vllama_proxy.errors import BadRequest, BodyTimeout, RequestTooLarge
 from vllama_proxy.logs import get_logger
+
 from ..app_keys import CLOSE_AFTER, SETTINGS
 from ..ollama_types import parse_body
 

@@ -17,10 +17,16 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, UpstreamUnavailable
+from vllama_proxy.errors import (
+    BadRequest,
+    Forbidden,
+    ModelNotFound,
+    UpstreamUnavailable,
+)
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
+
 from ..app_keys import CATALOG, SETTINGS, WORKER
 from ..keys import Key, key_of
 from ..metrics import MODEL
