@@ -238,3 +238,59 @@ def test_a_client_command_loads_nothing_of_the_server() -> None:
     loaded = sorted({m if m.startswith(PKG) else m.split(".")[0] for m in r.stdout.split()
                      if any(m == h or m.startswith(h + ".") for h in heavy)})
     assert not loaded, f"`vllama list` loaded the server's modules: {loaded}"
+# ---------------------------------------------------------------------------- errors (issue 29.2)
+
+#: Where errors become HTTP answers: the error middleware (``api/app.py``; aiohttp's own 404/405/413
+#: and the 417 of ``Expect`` are translated there too). ``/v1`` answers vLLM's own error shape for
+#: the names vllama resolves itself (``api/routes/openai.py``), as vLLM would, not Ollama's.
+ERROR_BOUNDARY = {f"{PKG}.errors", f"{PKG}.api.app"}
+VLLM_SHAPE = {f"{PKG}.api.routes.openai"}
+
+
+def _modules() -> dict[str, ast.AST]:
+    return {_module_of(p, ROOT)[0]: ast.parse(p.read_text(), str(p)) for p in sorted((ROOT / PKG).rglob("*.py"))}
+
+
+def _error_classes() -> set[str]:
+    tree = ast.parse((ROOT / PKG / "errors.py").read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+
+
+def _name(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def test_every_error_is_a_class_of_the_one_tree() -> None:
+    """A client-facing error is declared in ``errors.py`` (no subclass of its tree elsewhere), and
+    its status is its class's: no raise site passes ``status=``."""
+    tree_classes = _error_classes()
+    found = []
+    for mod, tree in _modules().items():
+        if mod == f"{PKG}.errors":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(_name(b) in tree_classes for b in node.bases):
+                found.append(f"  {mod}: class {node.name} extends the error tree outside errors.py")
+            if isinstance(node, ast.Call) and _name(node.func) in tree_classes and any(k.arg == "status" for k in node.keywords):
+                found.append(f"  {mod}:{node.lineno}: {_name(node.func)}(..., status=...)")
+    assert not found, "errors outside the one tree of errors.py:\n" + "\n".join(found)
+
+
+def test_only_the_boundary_writes_error_responses() -> None:
+    """Ollama's ``{"error"}`` body is built by ``errors.py`` alone (``error_response``, ``error_line``),
+    and an HTTP error status is written into a response only at the boundary: everywhere else an
+    error is raised (or handed to ``error_response``), its status read from the tree."""
+    found = []
+    for mod, tree in _modules().items():
+        if mod in ERROR_BOUNDARY:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            if _name(node.func) == "error_body":
+                found.append(f"  {mod}:{node.lineno}: error_body(...)")
+            if mod not in VLLM_SHAPE and _name(node.func) in ("Response", "json_response", "StreamResponse"):
+                for k in node.keywords:
+                    if k.arg == "status" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, int) and k.value.value >= 400:
+                        found.append(f"  {mod}:{node.lineno}: {_name(node.func)}(status={k.value.value})")
+    assert not found, "error answers written outside the boundary (raise an errors.py class instead):\n" + "\n".join(found)

@@ -1,17 +1,17 @@
-"""Unit tests of ``api/stream.py``'s pieces that need no HTTP: the ``created_at`` clock and the
-timing marks behind ``eval_duration`` and the TPOT histogram."""
+"""Unit tests of the pieces of ``api/stream.py`` that need no HTTP: the ``created_at`` clock
+(``api/timestamps.py``) and the timing marks behind ``eval_duration`` and the TPOT histogram."""
 
 from __future__ import annotations
 
 import time
 
-from vllama_proxy.api import stream
+from vllama_proxy.api import stream, timestamps
 
 
 def test_created_at_follows_a_wall_clock_stepped_back(monkeypatch):
     now = [1_800_000_000_123_456_789]
-    monkeypatch.setattr(stream.time, "time_ns", lambda: now[0])
-    clock = stream._Clock()
+    monkeypatch.setattr(timestamps.time, "time_ns", lambda: now[0])
+    clock = timestamps.Clock()
     first = clock.now()
     assert first == "2027-01-15T08:00:00.123456789Z"
     now[0] += 50_000  # within the 100 µs window: the same string

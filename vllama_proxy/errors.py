@@ -1,32 +1,62 @@
 """The one error tree of vllama, and its one mapping onto Ollama's error shape.
 
-Every failure a client can see is one of these exceptions, raised where it is
-detected and turned into Ollama's ``{"error": "..."}`` in exactly one place
-(:func:`error_response` before streaming, :func:`error_line` after it began).
-aiohttp client errors are translated into this tree at the upstream-client
-boundary (``upstream.py``), never in handlers.
+Every failure a client can see is one of these exceptions, raised where it is detected
+(named by what went wrong, never given a status at the raise site) and turned into
+Ollama's ``{"error": "..."}`` in exactly one place: the error middleware of ``api/app.py``
+calls :func:`error_response` before a response began (``api/admission.py`` answers its
+:class:`ServerBusy` through it directly: a full server is not logged as a failure), a
+streaming handler writes :func:`error_line` after it began. Each class carries its HTTP status (and any headers)
+as class attributes, so the status of every error is read here, in this tree; only
+:class:`UpstreamRejected` takes its status from vLLM's answer. Lower-layer errors are
+translated into this tree at their boundary, never in handlers: aiohttp client errors
+in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error``.
 
-    VllamaError                       500 (never raised bare for a client mistake)
+    VllamaError                       500  (never raised bare: every failure has its class)
     ├── BadRequest                    400  malformed JSON, wrong field types, bad values
     │   ├── MissingBody               400  "missing request body"
-    │   └── UnsupportedCapability     400  '"X" does not support tools'
+    │   ├── UnsupportedCapability     400  '"X" does not support tools'
+    │   └── ModelInUse                400  delete of a model being served
+    ├── Unauthorized                  401  + WWW-Authenticate: Bearer  no key, or an unknown one
+    ├── Forbidden                     403  a key's role or models do not allow it
+    │   └── ModelNotAllowed           403  a local model the on-demand allow-list does not admit
     ├── ModelNotFound                 404  "model 'X' not found"
-    ├── NotSupported                  501  model management vllama leaves to vLLM
+    ├── MethodNotAllowed              405  a method a route does not take
+    ├── BodyTimeout                   408  the request body did not arrive within --body-timeout
     ├── RequestTooLarge               413
-    ├── ModelTooLarge                 507  the model does not fit in its GPUs' memory (fit check)
-    └── UpstreamError                 the vLLM side failed
-        ├── UpstreamRejected          vLLM's own 4xx, passed on with vLLM's status/message
+    ├── TooManyRequests               429  + Retry-After  a key over its own limit
+    │   └── TooManyPulls              429  + Retry-After: 30  --max-pulls pulls are running
+    ├── StorageFailed                 500  vllama could not write or remove its own files
+    ├── NotSupported                  501  model management vllama leaves to vLLM
+    ├── ServerBusy                    503  + Retry-After  the server-wide bound on requests is full
+    ├── InsufficientStorage           507  the server lacks room for what is asked
+    │   ├── ModelTooLarge             507  the model does not fit in its GPUs' memory (fit check)
+    │   └── NotEnoughSpace            507  a pull or upload does not fit on the disk or in --cache-quota
+    ├── PullFailed                    500  a pull from the Hugging Face Hub failed, none of the below
+    │   ├── HubAuthRequired           401  gated or private: no HF_TOKEN, or one the Hub refused
+    │   ├── HubForbidden              403  the account of HF_TOKEN may not read it; a disabled repository
+    │   ├── HubModelNotFound          404  "pull model manifest: file does not exist: ..."
+    │   ├── HubBadAnswer              502  the Hub (HF_ENDPOINT) answered what it should not
+    │   │   └── DigestMismatch        502  a downloaded file is not the bytes the Hub listed
+    │   └── HubUnavailable            503  unreachable, rate-limiting, or HF_HUB_OFFLINE set
+    └── UpstreamError                 502  the vLLM side failed
+        ├── UpstreamRejected          vLLM's own 4xx/5xx, passed on with vLLM's status/message
         ├── UpstreamUnavailable       503  refused/reset connection, vLLM starting or gone
-        │   └── ModelLoading          503 + Retry-After  the model is loading: retrying will help
+        │   ├── ModelLoading          503 + Retry-After: 1  the model is loading: retrying will help
+        │   └── SlotsFull             503  every on-demand slot holds a model in use
         ├── UpstreamTimeout           504  no byte from vLLM within the idle-read timeout
         └── UpstreamProtocolError     502  vLLM answered something we cannot parse
 
 Source of the shapes: ``shared/ollama-api.md`` "Errors" (Ollama ``server/routes.go``):
 non-streaming errors are ``application/json`` ``{"error": msg}`` with the status;
 once a stream started the status stays 200 and the last NDJSON line is ``{"error": msg}``.
+The pattern: httpx ``_exceptions.py`` (the tree in the docstring) and llama-swap
+``internal/swaputil/httperror.go`` (one error shape, one mapping).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
 
 import orjson
 from aiohttp import web
@@ -36,17 +66,18 @@ class VllamaError(Exception):
     """Base of every error vllama reports to a client.
 
     Attributes:
-        status: HTTP status used when the error happens before a response began.
+        status: HTTP status used when the error happens before a response began (a class
+            attribute of each class of the tree).
+        headers: extra response headers (``Retry-After``, ``WWW-Authenticate``).
         message: the text put in Ollama's ``{"error": ...}``.
     """
 
-    status = 500
+    status: int = 500
+    headers: ClassVar[Mapping[str, str]] = {}
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        if status is not None:
-            self.status = status
 
 
 class BadRequest(VllamaError):
@@ -69,6 +100,27 @@ class UnsupportedCapability(BadRequest):
         super().__init__(f'"{model}" does not support {capability}')
 
 
+class ModelInUse(BadRequest):
+    """``/api/delete`` of a model that is being served: its weights must stay under it (400, issue 27)."""
+
+
+class Unauthorized(VllamaError):
+    """No key, or a key this server does not know (401, ``WWW-Authenticate: Bearer``)."""
+
+    status = 401
+    headers: ClassVar[Mapping[str, str]] = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(VllamaError):
+    """A known key whose role may not do this (403); the message names what and which role may."""
+
+    status = 403
+
+
+class ModelNotAllowed(Forbidden):
+    """A local model the on-demand allow-list (``--on-demand-models``) does not admit (403)."""
+
+
 class ModelNotFound(VllamaError):
     """The requested model is neither served nor an alias (Ollama: 404 ``model 'X' not found``).
 
@@ -82,10 +134,16 @@ class ModelNotFound(VllamaError):
         self.model = model
 
 
-class NotSupported(VllamaError):
-    """An Ollama endpoint vllama deliberately leaves to vLLM's own model management (501)."""
+class MethodNotAllowed(VllamaError):
+    """A method the route does not take (405), e.g. ``GET /api/blobs/...``."""
 
-    status = 501
+    status = 405
+
+
+class BodyTimeout(VllamaError):
+    """The request body did not arrive within ``--body-timeout`` (408; the connection is closed after)."""
+
+    status = 408
 
 
 class RequestTooLarge(VllamaError):
@@ -94,18 +152,105 @@ class RequestTooLarge(VllamaError):
     status = 413
 
 
-class ModelTooLarge(VllamaError):
+class TooManyRequests(VllamaError):
+    """A key over its own limit (``max_in_flight``): 429 with ``Retry-After`` seconds."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+class TooManyPulls(TooManyRequests):
+    """``--max-pulls`` pulls are running over the server (429, ``Retry-After: 30``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after=30)
+
+
+class StorageFailed(VllamaError):
+    """vllama could not write or remove its own files: the state directory (aliases, created
+    models), the Hugging Face cache. Neither a client mistake nor vLLM's fault (500)."""
+
+
+class NotSupported(VllamaError):
+    """An Ollama endpoint vllama deliberately leaves to vLLM's own model management (501)."""
+
+    status = 501
+
+
+class ServerBusy(VllamaError):
+    """The server-wide bound on requests at once is full (``api/admission.py``): Ollama's
+    503 ``server busy``, with ``Retry-After`` seconds (``--retry-after``)."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+class InsufficientStorage(VllamaError):
+    """The server lacks room for what is asked: 507 Insufficient Storage (RFC 4918 §11.5: the
+    server "is unable to store the representation needed to complete the request"), a
+    server-side status that, unlike 503, does not invite a retry of the same request."""
+
+    status = 507
+
+
+class ModelTooLarge(InsufficientStorage):
     """The model cannot be loaded: its estimated weights, KV cache and overhead do not fit in the
     memory of its GPUs even after idle models are unloaded (``models/fit.py``).
 
     Ollama answers 500 ``model requires more system memory (X GiB) than is available (Y GiB)``;
     vllama keeps 500 for its own faults (this is neither a bug nor a client mistake: the request
-    is valid, the server lacks room) and answers 507 Insufficient Storage (RFC 4918 §11.5: the
-    server "is unable to store the representation needed to complete the request"), a server-side
-    status that, unlike 503, does not invite a retry of the same request.
+    is valid, the server lacks room) and answers 507.
     """
 
-    status = 507
+
+class NotEnoughSpace(InsufficientStorage):
+    """A pull or an upload does not fit: the disk's free space, or the cache's ``--cache-quota`` (507)."""
+
+
+class PullFailed(VllamaError):
+    """A pull from the Hugging Face Hub failed (``models/hub.py``); this class itself for a
+    failure none of its subclasses names (500, logged with its traceback)."""
+
+
+class HubAuthRequired(PullFailed):
+    """The repository is gated or private and HF_TOKEN is unset or refused (401; the message says
+    what to set). No ``WWW-Authenticate``: the credentials wanted are the server's, not the client's."""
+
+    status = 401
+
+
+class HubForbidden(PullFailed):
+    """The account of HF_TOKEN may not read the repository, or it is disabled (403)."""
+
+    status = 403
+
+
+class HubModelNotFound(PullFailed):
+    """No such repository or revision on the Hub (404, Ollama's ``pull model manifest: file does not exist``)."""
+
+    status = 404
+
+
+class HubBadAnswer(PullFailed):
+    """The Hub (or the server at ``HF_ENDPOINT``) answered what it should not (502)."""
+
+    status = 502
+
+
+class DigestMismatch(HubBadAnswer):
+    """A downloaded file's sha256 (or git blob id) is not the one the Hub listed; it was removed (502)."""
+
+
+class HubUnavailable(PullFailed):
+    """The Hub cannot be reached, is rate-limiting this server, or ``HF_HUB_OFFLINE`` forbids it (503)."""
+
+    status = 503
 
 
 class UpstreamError(VllamaError):
@@ -118,11 +263,12 @@ class UpstreamRejected(UpstreamError):
     """vLLM answered the request with an error status; its status and message are passed on.
 
     vLLM's 400s (prompt longer than the context, invalid JSON schema, ...) are client
-    mistakes and stay 400; vLLM's 5xx stay 5xx.
+    mistakes and stay 400; vLLM's 5xx stay 5xx. The one error whose status is not its class's.
     """
 
     def __init__(self, message: str, status: int) -> None:
-        super().__init__(message, status=status)
+        super().__init__(message)
+        self.status = status  # vLLM's, passed on
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -136,7 +282,7 @@ class ModelLoading(UpstreamUnavailable):
     (RFC 9110 §10.2.3) to say that retrying helps. A 503 without it (a model that failed to load)
     is final: ``vllama run`` stops waiting at once (issue 26.2)."""
 
-    retry_after = 1
+    headers: ClassVar[Mapping[str, str]] = {"Retry-After": "1"}
 
 
 class SlotsFull(UpstreamUnavailable):
@@ -160,42 +306,17 @@ def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
-def error_response(exc: VllamaError, headers: dict[str, str] | None = None) -> web.Response:
-    """The non-streaming answer for ``exc``: its status and ``{"error": exc.message}`` (and
-    ``Retry-After`` for :class:`ModelLoading`)."""
-    if isinstance(exc, ModelLoading):
-        headers = {"Retry-After": str(exc.retry_after), **(headers or {})}
+def error_response(exc: VllamaError) -> web.Response:
+    """The non-streaming answer for ``exc``: its class's status (vLLM's for
+    :class:`UpstreamRejected`), ``{"error": exc.message}`` and its headers."""
     return web.Response(
         status=exc.status,
         body=error_body(exc.message),
         content_type="application/json",
-        headers=headers,
+        headers=exc.headers or None,
     )
 
 
 def error_line(exc: VllamaError) -> bytes:
     """The last NDJSON line of a stream that failed after it began (status stays 200)."""
     return error_body(exc.message) + b"\n"
-
-
-class Unauthorized(VllamaError):
-    """No key, or a key this server does not know (401, ``WWW-Authenticate: Bearer``)."""
-
-    status = 401
-    headers = {"WWW-Authenticate": "Bearer"}
-
-
-class Forbidden(VllamaError):
-    """A known key whose role may not do this (403); the message names what and which role may."""
-
-    status = 403
-
-
-class TooManyRequests(VllamaError):
-    """A key over its own limit (``max_in_flight``): 429 with ``Retry-After`` seconds."""
-
-    status = 429
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.headers = {"Retry-After": str(retry_after)}

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import psutil
 from aiohttp import web
 
-from vllama_proxy.errors import error_body
+from vllama_proxy.errors import Forbidden
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
@@ -44,10 +44,6 @@ ALLOW_HEADERS = (
     "x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout"
 )
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
-
-
-def _forbidden(message: str) -> web.Response:
-    return web.Response(status=403, body=error_body(message), content_type="application/json")
 
 
 def cors(extra_origins: Iterable[str]) -> Middleware:
@@ -70,7 +66,7 @@ def cors(extra_origins: Iterable[str]) -> Middleware:
         if origin is None:
             return await handler(request)
         if not allowed(origin):
-            return _forbidden(f"origin {origin!r} is not allowed (set OLLAMA_ORIGINS)")
+            raise Forbidden(f"origin {origin!r} is not allowed (set OLLAMA_ORIGINS)")
         headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             headers.update({
@@ -142,7 +138,7 @@ def host_guard() -> Middleware:
             if len(cache) < 1024:
                 cache[host] = ok
         if not ok:
-            return _forbidden(f"host {host!r} is not allowed: vllama is bound to loopback")
+            raise Forbidden(f"host {host!r} is not allowed: vllama is bound to loopback")
         return await handler(request)
 
     return middleware

@@ -21,15 +21,17 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import TooManyRequests, error_body
+from vllama_proxy.errors import ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.config import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
-from .routes.common import PRIORITY, read_body
+from .routes.body import read_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: Request key: this request's vLLM ``priority`` (lower first), set here with fair sharing.
+PRIORITY = "vllama.priority"
 #: :meth:`AdmissionBound.enter`'s refusals: the server is full, the key is at its own limit, or over its share.
 FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 #: Routes whose requests occupy vLLM (plus every POST under /v1/).
@@ -176,14 +178,12 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     at its ``max_in_flight`` or, with ``fair``, over its share (:meth:`AdmissionBound.enter`), 429
     with ``Retry-After``.
 
-    The body is read first (``routes/common.read_body``, bounded by the body limit and the read
+    The body is read first (``routes/body.read_body``, bounded by the body limit and the read
     timeout), so a client trickling its body holds a connection, never a place (issue 27: 9,216
     such connections filled the bound while vLLM sat idle). With ``priority`` the request's vLLM
     ``priority`` is set (:data:`PRIORITY`): the key's requests in flight before it, less 1,000,000
     per step of the key's own ``priority``: lower is served first (vLLM ``--scheduling-policy priority``).
     """
-    headers = {"Retry-After": str(retry_after)}
-
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
@@ -194,7 +194,8 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if got < 0:
             QUEUE_REJECTIONS.inc()
             if got == FULL:
-                return web.Response(status=503, body=error_body(BUSY), content_type="application/json", headers=headers)
+                # answered, not raised: a full server is its bound working, not a failure to log per request
+                return error_response(ServerBusy(BUSY, retry_after))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
@@ -214,3 +215,12 @@ def _refusal(code: int, key: Key, bound: AdmissionBound) -> str:
         return f"key '{key.name}' has {mine} requests in flight, its max_in_flight; retry when one ends"
     return (f"key '{key.name}' has {mine} requests in flight, its fair share of the server's {bound.limit} "
             "while other keys are served; retry when one ends")
+
+
+def with_priority(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the request's vLLM ``priority`` when fair sharing set one (:func:`middleware`),
+    replacing any the client sent: a client must not jump the queue. Returns ``body``."""
+    priority = request.get(PRIORITY)
+    if priority is not None:
+        body["priority"] = priority
+    return body

@@ -2,7 +2,8 @@
 
 Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
 Ollama shape + access log + metrics; CORS, Host guard and API keys from
-``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (parse, resolve model) -> ``translate.py`` (Ollama ->
+``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
+parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate.py`` (Ollama ->
 OpenAI body) -> ``upstream.py`` (the shared vLLM client) -> ``stream.py`` (vLLM
 chunks -> Ollama NDJSON).
 """
@@ -35,7 +36,7 @@ from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
-from .state import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
+from .app_keys import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -73,7 +74,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
-        resp = error_response(e, getattr(e, "headers", None))
+        resp = error_response(e)
         if request.get(CLOSE_AFTER):
             resp.force_close()
         return resp
@@ -113,7 +114,7 @@ def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamR
 
     While vLLM starts the proxy already listens, so clients get a clear "loading"
     error instead of refused connections or hangs. A few attribute reads per request;
-    each model is gated again on its own when a request uses it (``routes/common.py``).
+    each model is gated again on its own when a request uses it (``routes/model_use.py``).
     """
 
     def open_(board: StatusBoard) -> bool:
@@ -184,7 +185,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     middlewares.append(keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: keys.py
     boards = [b.board for b in backends if b.board is not None]
     configured = [b.board for b in backends if b.board is not None and b.slot is None]
-    if configured:  # on-demand models are gated per request (routes/common.py), not here
+    if configured:  # on-demand models are gated per request (routes/model_use.py), not here
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -29,7 +28,8 @@ from aiohttp import web
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
 from .metrics import STAGE, STAGES, TPOT, TTFT, USAGE
-from .state import ACCEPTED
+from .app_keys import ACCEPTED
+from .timestamps import CLOCK
 
 #: The stage histogram's children, bound once (``labels`` per request would cost a dict lookup each).
 _STAGE_CHILDREN = tuple(STAGE.labels(s) for s in STAGES)
@@ -37,48 +37,6 @@ _STAGE_CHILDREN = tuple(STAGE.labels(s) for s in STAGES)
 NDJSON = "application/x-ndjson"
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop"}
-
-
-class _Clock:
-    """``created_at`` strings (RFC 3339, UTC, nanoseconds digits) for chunks.
-
-    Formatting costs more than the rest of a chunk's translation, so one string serves
-    every chunk of the same 100 µs (chunks of a batch, streams written back to back); the
-    seconds part is cached as well. The window is ``[start, start + 100 µs)`` of the wall
-    clock, so a clock stepped back (NTP) gets a fresh string at once instead of a frozen one.
-    """
-
-    __slots__ = ("_sec", "_prefix", "_start", "_until", "_last")
-
-    def __init__(self) -> None:
-        self._sec = -1
-        self._prefix = ""
-        self._start = 0
-        self._until = 0
-        self._last = ""
-
-    def now(self) -> str:
-        ns = time.time_ns()
-        if self._start <= ns < self._until:
-            return self._last
-        sec, frac = divmod(ns, 1_000_000_000)
-        if sec != self._sec:
-            self._sec = sec
-            self._prefix = datetime.fromtimestamp(sec, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-        self._start = ns
-        self._until = ns + 100_000
-        self._last = f"{self._prefix}.{frac:09d}Z"
-        return self._last
-
-
-CLOCK = _Clock()
-
-
-def rfc3339(ts: float) -> str:
-    """Seconds since the epoch -> RFC 3339 UTC with nanoseconds, as Ollama's ``created_at``."""
-    ns = int(ts * 1e9)
-    sec, frac = divmod(ns, 1_000_000_000)
-    return datetime.fromtimestamp(sec, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
 
 
 class Timings:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.api.app import build_app
-from vllama_proxy.api.state import KEYS
+from vllama_proxy.api.app_keys import KEYS
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel

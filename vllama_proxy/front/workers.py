@@ -65,7 +65,7 @@ def _key_reloader(app: Any, settings: Settings) -> Any:
     (SIGHUP stops, as before). The main process forwards SIGHUP to each worker (:meth:`WorkerPool.hup`)."""
     if settings.api_key_file is None:
         return None
-    from vllama_proxy.api.state import KEYS
+    from vllama_proxy.api.app_keys import KEYS
 
     return app[KEYS].reload
 

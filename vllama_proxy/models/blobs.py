@@ -17,19 +17,13 @@ import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from vllama_proxy.errors import BadRequest, RequestTooLarge, VllamaError
+from vllama_proxy.errors import BadRequest, NotEnoughSpace, RequestTooLarge
 
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
 #: Bytes that must stay free on the disk after an upload.
 DISK_RESERVE = 1024**3
 #: Bytes gathered before one write (and hash update) in a worker thread.
 _BATCH = 4 * 1024 * 1024
-
-
-class InsufficientStorage(VllamaError):
-    """The upload would not fit on the state directory's disk (507)."""
-
-    status = 507
 
 
 def parse_digest(digest: str) -> str:
@@ -69,7 +63,7 @@ class BlobStore:
         Raises:
             BadRequest: the body's sha256 is not ``digest`` (nothing is kept).
             RequestTooLarge: ``length`` or the bytes read exceed ``max_size``.
-            InsufficientStorage: less than ``length`` + 1 GiB free on the disk.
+            NotEnoughSpace: less than ``length`` + 1 GiB free on the disk.
         """
         target = self.path(digest)
         if target.is_file():
@@ -81,8 +75,8 @@ class BlobStore:
         await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
         free = (await asyncio.to_thread(shutil.disk_usage, self.root)).free
         if (length or 0) + DISK_RESERVE > free:
-            raise InsufficientStorage(f"not enough disk space for the blob in {self.root}: {free} bytes free, "
-                                      f"{length or 0} needed and {DISK_RESERVE} kept free")
+            raise NotEnoughSpace(f"not enough disk space for the blob in {self.root}: {free} bytes free, "
+                                 f"{length or 0} needed and {DISK_RESERVE} kept free")
         tmp = self.root / f".partial-{parse_digest(digest)}-{os.getpid()}-{id(chunks)}"
         h = hashlib.sha256()
         size = 0

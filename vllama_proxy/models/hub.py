@@ -64,7 +64,21 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import validate_repo_id
 
 from vllama_proxy import __version__
-from vllama_proxy.errors import BadRequest, ModelNotFound, VllamaError
+from vllama_proxy.errors import (
+    BadRequest,
+    DigestMismatch,
+    HubAuthRequired,
+    HubBadAnswer,
+    HubForbidden,
+    HubModelNotFound,
+    HubUnavailable,
+    ModelNotFound,
+    NotEnoughSpace,
+    PullFailed,
+    StorageFailed,
+    TooManyPulls,
+    VllamaError,
+)
 from vllama_proxy.logs import get_logger
 
 log = get_logger("vllama.hub")
@@ -175,16 +189,6 @@ class PullLimits:
     cache_quota: int | None = None
 
 
-class TooManyPulls(VllamaError):
-    """``max_pulls`` pulls are running (429)."""
-
-    status = 429
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.headers = {"Retry-After": "30"}
-
-
 async def pull(model: HubModel, limits: PullLimits | None = None) -> AsyncIterator[dict[str, Any]]:
     """Download ``model`` into the Hugging Face cache, yielding Ollama's progress objects.
 
@@ -256,7 +260,7 @@ def _pull(model: HubModel, emit: Emit, cancel: threading.Event, limits: PullLimi
         api.auth_check(model.repo_id)  # GatedRepoError now, before any file event
     commit = info.sha
     if not commit:
-        raise VllamaError(f"the Hugging Face Hub at {constants.ENDPOINT} did not say which commit '{model}' is", status=502)
+        raise HubBadAnswer(f"the Hugging Face Hub at {constants.ENDPOINT} did not say which commit '{model}' is")
     tree = [f for f in api.list_repo_tree(model.repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)]
     keep = set(select_files(f.path for f in tree))
     files = [f for f in tree if f.path in keep]
@@ -310,10 +314,9 @@ def _pull_offline(model: HubModel) -> None:
     try:
         snapshot_download(model.repo_id, revision=model.rev, local_files_only=True)
     except LocalEntryNotFoundError:  # IncompleteSnapshotError too
-        raise VllamaError(
+        raise HubUnavailable(
             f"cannot pull '{model}': HF_HUB_OFFLINE is set, so nothing is downloaded from the Hugging Face Hub, "
-            f"and it is not in the cache at {constants.HF_HUB_CACHE}; unset HF_HUB_OFFLINE to pull it",
-            status=503,
+            f"and it is not in the cache at {constants.HF_HUB_CACHE}; unset HF_HUB_OFFLINE to pull it"
         ) from None
 
 
@@ -441,7 +444,7 @@ def _verify(check: _Verify) -> None:
     for p in (check.path, blob):
         Path(p).unlink(missing_ok=True)
     prefix = "sha256:" if check.kind == "sha256" else "git blob "
-    raise VllamaError(f"digest mismatch, file must be downloaded again: want {prefix}{check.want}, got {prefix}{got}", status=502)
+    raise DigestMismatch(f"digest mismatch, file must be downloaded again: want {prefix}{check.want}, got {prefix}{got}")
 
 
 @contextmanager
@@ -456,7 +459,7 @@ def _reserve(model: HubModel, needed: int, limits: PullLimits | None) -> Iterato
 
     Raises:
         TooManyPulls: ``max_pulls`` are running (429).
-        VllamaError: 507, not enough disk space or over the cache quota.
+        NotEnoughSpace: not enough disk space or over the cache quota (507).
     """
     if limits is None:
         _check_free_space(model, needed)
@@ -479,9 +482,9 @@ def _reserve(model: HubModel, needed: int, limits: PullLimits | None) -> Iterato
             except CacheNotFound:
                 used = 0
             if used + reserved + needed > limits.cache_quota:
-                raise VllamaError(f"the model cache would exceed its quota: '{model}' needs {_size(needed)}, the cache "
-                                  f"holds {_size(used)} and pulls in progress {_size(reserved)} of {_size(limits.cache_quota)} "
-                                  "(--cache-quota); delete a model first", status=507)
+                raise NotEnoughSpace(f"the model cache would exceed its quota: '{model}' needs {_size(needed)}, the cache "
+                                     f"holds {_size(used)} and pulls in progress {_size(reserved)} of {_size(limits.cache_quota)} "
+                                     "(--cache-quota); delete a model first")
         mine.write_text(str(needed))
     try:
         yield
@@ -522,9 +525,8 @@ def _check_free_space(model: HubModel, needed: int, reserved: int = 0) -> None:
     free = shutil.disk_usage(where).free
     if needed > free:
         held = f" ({_size(reserved)} of them held for pulls in progress)" if reserved else ""
-        raise VllamaError(
-            f"not enough disk space in {cache}: '{model}' needs {_size(needed - reserved)}, {_size(free)} are free{held}",
-            status=507,
+        raise NotEnoughSpace(
+            f"not enough disk space in {cache}: '{model}' needs {_size(needed - reserved)}, {_size(free)} are free{held}"
         )
 
 
@@ -611,42 +613,41 @@ def hub_error(exc: BaseException, model: HubModel) -> VllamaError:
     url = f"{endpoint}/{repo}"
     token = get_token() is not None
     if find(OfflineModeIsEnabled):
-        return VllamaError(f"cannot pull '{model}': HF_HUB_OFFLINE is set, so nothing is downloaded from the Hugging Face Hub; "
-                           "unset it to pull", status=503)
+        return HubUnavailable(f"cannot pull '{model}': HF_HUB_OFFLINE is set, so nothing is downloaded from the Hugging Face Hub; "
+                              "unset it to pull")
     if find(GatedRepoError):
         if token:
-            return VllamaError(f"'{repo}' is a gated model and the account of HF_TOKEN has no access to it: "
-                               f"request access at {url}", status=403)
-        return VllamaError(f"'{repo}' is a gated model on the Hugging Face Hub: accept its conditions at {url} "
-                           "and set HF_TOKEN to a token of that account", status=401)
+            return HubForbidden(f"'{repo}' is a gated model and the account of HF_TOKEN has no access to it: "
+                                f"request access at {url}")
+        return HubAuthRequired(f"'{repo}' is a gated model on the Hugging Face Hub: accept its conditions at {url} "
+                               "and set HF_TOKEN to a token of that account")
     if find(RevisionNotFoundError):
-        return VllamaError(f"pull model manifest: file does not exist: '{repo}' has no revision '{model.rev}' "
-                           f"on the Hugging Face Hub at {endpoint}", status=404)
+        return HubModelNotFound(f"pull model manifest: file does not exist: '{repo}' has no revision '{model.rev}' "
+                                f"on the Hugging Face Hub at {endpoint}")
     if find(RepositoryNotFoundError):
         hint = "; if it is private, check that the account of HF_TOKEN can read it" if token else \
             "; if it is private, set HF_TOKEN to a token that can read it"
-        return VllamaError(f"pull model manifest: file does not exist: no model '{repo}' on the Hugging Face Hub "
-                           f"at {endpoint}{hint}", status=404)
+        return HubModelNotFound(f"pull model manifest: file does not exist: no model '{repo}' on the Hugging Face Hub "
+                                f"at {endpoint}{hint}")
     if find(DisabledRepoError):
-        return VllamaError(f"'{repo}' is disabled on the Hugging Face Hub at {endpoint}", status=403)
+        return HubForbidden(f"'{repo}' is disabled on the Hugging Face Hub at {endpoint}")
     if (e := find(RemoteEntryNotFoundError)) is not None:
-        return VllamaError(f"the Hugging Face Hub at {endpoint} lists a file of '{model}' it does not serve: {_first_line(e)}",
-                           status=502)
+        return HubBadAnswer(f"the Hugging Face Hub at {endpoint} lists a file of '{model}' it does not serve: {_first_line(e)}")
     if full is not None:
-        return VllamaError(f"not enough disk space in {cache} to pull '{model}': {full.strerror or full}", status=507)
+        return NotEnoughSpace(f"not enough disk space in {cache} to pull '{model}': {full.strerror or full}")
     if (e := find(httpx2.TransportError, ConnectionError, TimeoutError)) is not None:
-        return VllamaError(f"cannot reach the Hugging Face Hub at {endpoint}: {_first_line(e)}", status=503)
+        return HubUnavailable(f"cannot reach the Hugging Face Hub at {endpoint}: {_first_line(e)}")
     if (e := find(HfHubHTTPError)) is not None:
         return _http_error(e, model, token)
     if (e := find(FileMetadataError)) is not None:
-        return VllamaError(f"the server at {endpoint} (HF_ENDPOINT) does not answer like the Hugging Face Hub: "
-                           f"{_first_line(e)}", status=502)
+        return HubBadAnswer(f"the server at {endpoint} (HF_ENDPOINT) does not answer like the Hugging Face Hub: "
+                            f"{_first_line(e)}")
     if (e := find(LocalEntryNotFoundError)) is not None:  # a download that found neither the hub nor a cached copy
-        return VllamaError(f"cannot reach the Hugging Face Hub at {endpoint}: {_first_line(e)}", status=503)
+        return HubUnavailable(f"cannot reach the Hugging Face Hub at {endpoint}: {_first_line(e)}")
     if (e := find(OSError)) is not None:
-        return VllamaError(f"cannot write '{model}' to the Hugging Face cache at {cache}: {_first_line(e)}", status=500)
+        return StorageFailed(f"cannot write '{model}' to the Hugging Face cache at {cache}: {_first_line(e)}")
     log.error("pull_failed", model=str(model), error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-    return VllamaError(f"cannot pull '{model}': {type(exc).__name__}: {_first_line(exc)}", status=500)
+    return PullFailed(f"cannot pull '{model}': {type(exc).__name__}: {_first_line(exc)}")
 
 
 def _http_error(e: HfHubHTTPError, model: HubModel, token: bool) -> VllamaError:
@@ -654,15 +655,14 @@ def _http_error(e: HfHubHTTPError, model: HubModel, token: bool) -> VllamaError:
     status = e.response.status_code if e.response is not None else 0
     if status == 401:
         fix = "HF_TOKEN was refused: set it to a valid token" if token else "set HF_TOKEN to a token that can read it"
-        return VllamaError(f"the Hugging Face Hub at {endpoint} requires authentication for '{model.repo_id}': {fix}", status=401)
+        return HubAuthRequired(f"the Hugging Face Hub at {endpoint} requires authentication for '{model.repo_id}': {fix}")
     if status == 403:
-        return VllamaError(f"the Hugging Face Hub at {endpoint} forbids access to '{model.repo_id}'"
-                           + (" for the account of HF_TOKEN" if token else "; set HF_TOKEN to a token that can read it"),
-                           status=403)
+        return HubForbidden(f"the Hugging Face Hub at {endpoint} forbids access to '{model.repo_id}'"
+                            + (" for the account of HF_TOKEN" if token else "; set HF_TOKEN to a token that can read it"))
     if status == 429:
-        return VllamaError(f"the Hugging Face Hub at {endpoint} is rate-limiting this server (429); try again later"
-                           + ("" if token else " or set HF_TOKEN for a higher limit"), status=503)
-    return VllamaError(f"the Hugging Face Hub at {endpoint} answered {status or 'an error'}: {_first_line(e)}", status=502)
+        return HubUnavailable(f"the Hugging Face Hub at {endpoint} is rate-limiting this server (429); try again later"
+                              + ("" if token else " or set HF_TOKEN for a higher limit"))
+    return HubBadAnswer(f"the Hugging Face Hub at {endpoint} answered {status or 'an error'}: {_first_line(e)}")
 
 
 def _first_line(e: BaseException) -> str:

@@ -7,7 +7,7 @@ name an on-demand slot already holds resolves to that slot's backend; a local mo
 library name's vLLM arguments (tool calling, reasoning parser, pooling runner: ``library.py``
 ``resolve_spec``) after those of the server's own ``--`` arguments that are safe for any repo
 (:func:`safe_args`). The request then waits for it to
-load like any unloaded model's (``routes/common.py`` ``model_in_use``), and the pool makes
+load like any unloaded model's (``api/routes/model_use.py`` ``model_in_use``), and the pool makes
 GPU room by evicting least-recently-used idle models.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllama_proxy.errors import SlotsFull, VllamaError
+from vllama_proxy.errors import ModelNotAllowed, SlotsFull
 from vllama_proxy.logs import get_logger
 from . import local
 from .backends import ServedModel
@@ -78,12 +78,6 @@ def safe_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
             kept += args[i:i + n]
         i += n
     return kept, dropped
-
-
-class NotAllowed(VllamaError):
-    """A local model the on-demand allow-list does not admit (403)."""
-
-    status = 403
 
 
 class OnDemand:
@@ -156,7 +150,7 @@ class OnDemand:
         read (issue 27: looking a model up never loads it).
 
         Raises:
-            NotAllowed: a local model the allow-list does not admit.
+            ModelNotAllowed: a local model the allow-list does not admit.
         """
         held = self.held(name)
         if held is not None:
@@ -182,7 +176,7 @@ class OnDemand:
         when it names none. Only inference and an explicit load (an empty-prompt generate) claim.
 
         Raises:
-            NotAllowed: a local model the allow-list does not admit.
+            ModelNotAllowed: a local model the allow-list does not admit.
             SlotsFull: every slot holds a model in use (``SlotTable.claim``), and none became free
                 within ``load_timeout``.
         """
@@ -203,8 +197,8 @@ class OnDemand:
             return None
         model, served = found
         if not local.allowed(served, model.repo, self.allow):
-            raise NotAllowed(f"model '{name}' is a local model, but this server starts only "
-                             f"{', '.join(self.allow)} on demand (--on-demand-models)")
+            raise ModelNotAllowed(f"model '{name}' is a local model, but this server starts only "
+                                  f"{', '.join(self.allow)} on demand (--on-demand-models)")
         # the family's vLLM arguments: by the library name asked for, else by the one the repo is listed under
         key = served if self.library is not None and "/" not in served and served.partition(":")[0] in self.library else None
         key = key or local.repo_names(self.library).get(model.repo.casefold())

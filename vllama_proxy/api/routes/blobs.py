@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from vllama_proxy.errors import VllamaError
-from ..state import BLOBS
+from vllama_proxy.errors import MethodNotAllowed
+from ..app_keys import BLOBS
 
 
 async def blob(request: web.Request) -> web.Response:
@@ -21,6 +21,6 @@ async def blob(request: web.Request) -> web.Response:
     if request.method == "HEAD":
         return web.Response(status=200 if store.exists(digest) else 404)
     if request.method != "POST":
-        raise VllamaError(f"method {request.method} is not allowed on /api/blobs (HEAD or POST)", status=405)
+        raise MethodNotAllowed(f"method {request.method} is not allowed on /api/blobs (HEAD or POST)")
     made = await store.write(digest, request.content.iter_chunked(1 << 20), request.content_length)
     return web.Response(status=201 if made else 200)

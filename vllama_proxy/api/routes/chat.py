@@ -6,10 +6,13 @@ from aiohttp import web
 
 from .. import session
 from ..ollama_types import ChatRequest
-from ..state import CATALOG, SETTINGS
+from ..app_keys import CATALOG, SETTINGS
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities, upstream_model, with_model_defaults
-from .common import load_reply, log_ignored, lookup_model, with_priority, wants_unload, model_in_use, now_ns, read_request, resolve_model
+from .body import log_ignored, read_request
+from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload
+from ..admission import with_priority
+from ..timestamps import now_ns
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

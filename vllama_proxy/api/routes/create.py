@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, UpstreamRejected, VllamaError
+from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, StorageFailed, UpstreamRejected
 from vllama_proxy.models.adapters import check_adapter, lora_plan
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.blobs import parse_digest
@@ -29,10 +29,11 @@ from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import read_response
 from vllama_proxy.models.created import CreatedModel, parse_modelfile
 from vllama_proxy.models.local import NAME_FILE, uploaded_dir
-from .common import model_in_use, read_request
+from .body import read_request
+from .model_use import model_in_use
 from .manage import _NAME
 from ..ollama_types import CreateRequest, Message, Options, validation_message
-from ..state import BLOBS, CATALOG, SETTINGS
+from ..app_keys import BLOBS, CATALOG, SETTINGS
 
 #: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.
 _PARAMETERS = frozenset(Options.model_fields)
@@ -131,8 +132,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     try:
         await asyncio.to_thread(catalog.created_store.put, made)
     except OSError as e:
-        raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)",
-                          status=500) from None
+        raise StorageFailed(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
     if made.adapters and not (parent is not None and parent.adapters == made.adapters):
         lines += await serve_adapter(request, made)
     lines += [{"status": f"creating new layer sha256:{digest}"} for _, digest in made.layers()]

@@ -10,7 +10,9 @@ from aiohttp import web
 
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import Backend
-from .common import lookup_model, model_in_use, now_ns, read_request, resolve_model
+from .body import read_request
+from .model_use import lookup_model, model_in_use, resolve_model
+from ..timestamps import now_ns
 from ..ollama_types import EmbedRequest, EmbeddingsRequest
 
 

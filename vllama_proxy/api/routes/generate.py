@@ -7,10 +7,13 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
-from .common import load_reply, log_ignored, lookup_model, model_in_use, now_ns, read_request, resolve_model, wants_unload, with_priority
+from .body import log_ignored, read_request
+from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload
+from ..admission import with_priority
+from ..timestamps import now_ns
 from .. import session
 from ..ollama_types import GenerateRequest
-from ..state import CATALOG, SETTINGS
+from ..app_keys import CATALOG, SETTINGS
 from ..stream import GenerateTranslator, Timings, relay
 from ..translate import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
 

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from vllama_proxy.supervisor import probes
 from ..keys import KEY
-from ..state import CATALOG, FRONT_END, KEYS
+from ..app_keys import CATALOG, FRONT_END, KEYS
 
 
 async def livez(request: web.Request) -> web.Response:

@@ -18,14 +18,14 @@ from contextlib import aclosing
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError, error_line
+from vllama_proxy.errors import BadRequest, ModelInUse, ModelNotFound, NotSupported, StorageFailed, UpstreamError, VllamaError, error_line
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.local import uploaded_dir
-from .common import read_request
+from .body import read_request
 from .create import unload_adapter
 from ..ollama_types import ModelRef, require_model
-from ..state import CATALOG, SETTINGS
+from ..app_keys import CATALOG, SETTINGS
 from ..stream import NDJSON
 
 
@@ -104,15 +104,15 @@ async def delete(request: web.Request) -> web.Response:
                 await asyncio.to_thread(shutil.rmtree, uploaded_dir(request.app[SETTINGS].state_dir / kind, strip_latest(name)), True)
             return web.Response(status=200)
     except OSError as e:
-        raise VllamaError(f"cannot remove the model from {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+        raise StorageFailed(f"cannot remove the model from {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
     try:
         if await asyncio.to_thread(catalog.store.remove, strip_latest(name)):
             return web.Response(status=200)
     except OSError as e:
-        raise VllamaError(f"cannot remove the alias from {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+        raise StorageFailed(f"cannot remove the alias from {catalog.store.path}: {e.strerror or e} (see --state-dir)") from None
     serving = await _serving(request, name)
     if serving is not None:
-        raise VllamaError(f"model '{name}' is in use: it is being served", status=400)
+        raise ModelInUse(f"model '{name}' is in use: it is being served")
     model = hub.parse_model(name) or await _from_library(request, name)
     await asyncio.to_thread(hub.delete, model, name)
     return web.Response(status=200)

@@ -15,12 +15,13 @@ import re
 
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, UpstreamError, VllamaError
+from vllama_proxy.errors import BadRequest, ModelNotFound, NotSupported, StorageFailed, UpstreamError
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
-from .common import read_request, where_models_change
+from .body import read_request
+from .model_use import where_models_change
 from ..ollama_types import CopyRequest
-from ..state import CATALOG, SETTINGS
+from ..app_keys import CATALOG, SETTINGS
 
 #: Ollama's model name shape: ``[host/][namespace/]model[:tag]``, letters, digits, ``._-``.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){0,2}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")
@@ -58,7 +59,7 @@ async def copy(request: web.Request) -> web.Response:
         try:
             await asyncio.to_thread(catalog.created_store.put, copied)
         except OSError as e:
-            raise VllamaError(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+            raise StorageFailed(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
         return web.Response(status=200)
     model = await catalog.resolve(source)  # a lookup: loads nothing (issue 27)
     try:
@@ -78,7 +79,7 @@ async def copy(request: web.Request) -> web.Response:
     try:
         await asyncio.to_thread(catalog.store.set, strip_latest(destination), model.name)
     except OSError as e:
-        raise VllamaError(f"cannot save the alias in {catalog.store.path}: {e.strerror or e} (see --state-dir)", status=500) from None
+        raise StorageFailed(f"cannot save the alias in {catalog.store.path}: {e.strerror or e} (see --state-dir)") from None
     return web.Response(status=200)
 
 

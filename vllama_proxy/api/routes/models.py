@@ -22,11 +22,12 @@ from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.created import CreatedModel, parameter_lines, render_modelfile
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from vllama_proxy.supervisor import gpu
-from .common import lookup_model, may_list, may_list_created, read_request
+from .body import read_request
+from .model_use import lookup_model, may_list, may_list_created
 from ..keys import key_of
 from ..ollama_types import ModelRef
-from ..state import CATALOG
-from ..stream import rfc3339
+from ..app_keys import CATALOG
+from ..timestamps import rfc3339
 
 #: ``expires_at`` of a model that never unloads: Ollama's "forever" is ~292 years ahead.
 _FOREVER_S = 292 * 365 * 24 * 3600

@@ -19,10 +19,12 @@ from aiohttp import web
 from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
-from .common import PRIORITY, check_model, may_list, model_in_use, read_body, with_priority
+from .body import read_body
+from .model_use import check_model, may_list, model_in_use
+from ..admission import PRIORITY, with_priority
 from ..keys import key_of
 from ..metrics import MODEL, USAGE
-from ..state import CATALOG
+from ..app_keys import CATALOG
 
 _FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")

@@ -1,4 +1,5 @@
-"""Typed keys for the app-scoped objects every handler reaches through ``request.app``."""
+"""The aiohttp app's typed keys (``web.AppKey``) for the app-scoped objects every handler reaches
+through ``request.app``, and the request keys (``request[...]``) the middlewares and handlers share."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
+
 from .keys import KeyRing
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -1,85 +1,37 @@
-"""Small helpers the handlers share: body parsing, model resolution, load/unload replies."""
+"""What a request does with its model before it goes upstream: the load/evict protocol.
+
+The name is resolved (an on-demand model claims a slot, ``models/catalog.py``), the request's
+key is checked against it (``keys.py``), and :func:`model_in_use` holds the model for the
+request: a sleeping or unloaded one is woken or started (idle ones make room), the request
+counts in flight so the supervisor neither puts it to sleep nor evicts it, and its keep_alive
+is renewed at the start and the end. :func:`load_reply` answers Ollama's load and unload
+requests (an empty prompt, ``keep_alive: 0``) with the same protocol.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
-from pydantic import BaseModel
 
-from vllama_proxy.api.ollama_types import parse_body, require_model
-from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, RequestTooLarge, UpstreamUnavailable, VllamaError
-from vllama_proxy.logs import get_logger
+from vllama_proxy.errors import (
+    BadRequest,
+    Forbidden,
+    ModelNotFound,
+    UpstreamUnavailable,
+)
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
+
+from ..app_keys import CATALOG, SETTINGS, WORKER
 from ..keys import Key, key_of
-#: Request key: this request's vLLM ``priority`` (lower first), set by ``admission.py`` with fair sharing.
-PRIORITY = "vllama.priority"
-from ..state import CATALOG, CLOSE_AFTER, SETTINGS, WORKER
 from ..metrics import MODEL
-from ..stream import CLOCK
-
-log = get_logger("vllama.routes")
-
-M = TypeVar("M", bound=BaseModel)
-
-
-async def read_body(request: web.Request) -> bytes:
-    """The raw request body (read once; aiohttp keeps it for a second call).
-
-    Inference routes take ``--max-body-size``, every other route ``--max-small-body-size``
-    (issue 27: non-inference routes read bodies unbounded); the whole body must arrive within
-    ``--body-timeout``.
-
-    Raises:
-        BadRequest: it cannot be read as sent (e.g. ``Content-Encoding: gzip`` on a body that is not gzip).
-        RequestTooLarge: over the route's limit (413).
-        VllamaError: 408, not received in time (the connection is closed after the answer).
-    """
-    settings = request.app[SETTINGS]
-    small = request.path not in LARGE_BODY_ROUTES and not request.path.startswith(LARGE_BODY_PREFIXES)
-    limit = settings.max_small_body_size if small else settings.max_body_size
-    if small and (request.content_length or 0) > limit:
-        request[CLOSE_AFTER] = True
-        raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
-    try:
-        async with asyncio.timeout(settings.body_timeout):
-            body = await request.read()
-    except TimeoutError:
-        request.content.feed_eof()
-        request[CLOSE_AFTER] = True
-        raise VllamaError(f"the request body was not received within {settings.body_timeout:g} s (--body-timeout)",
-                          status=408) from None
-    except RequestPayloadError:
-        # Nothing more of this body will be read: say so, or aiohttp's lingering read after the
-        # 400 hits the same error and logs it as an error-level "Unhandled exception"; and the
-        # connection closes after the 400 (the parser cannot find the next request after it).
-        request.content.feed_eof()
-        request[CLOSE_AFTER] = True
-        encoding = request.headers.get("Content-Encoding", "").strip()
-        if encoding:
-            raise BadRequest(f"the request body is not valid {encoding} (it was sent with Content-Encoding: {encoding})") from None
-        raise BadRequest("the request body could not be read as sent") from None
-    if small and len(body) > limit:
-        raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
-    return body
-
-
-#: Routes that take ``--max-body-size`` (inference, blobs); every other route ``--max-small-body-size``.
-LARGE_BODY_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
-LARGE_BODY_PREFIXES = ("/v1/", "/api/blobs/")
-
-
-async def read_request(request: web.Request, cls: type[M]) -> M:
-    """The request body parsed into ``cls`` (see ``ollama_types.parse_body`` for the errors raised)."""
-    return parse_body(await read_body(request), cls)
+from ..ollama_types import require_model
+from ..timestamps import CLOCK
 
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
@@ -231,26 +183,6 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     finally:
         board.touch(seconds)  # Ollama sets the expiry after each request; before end(), so the
         board.end(slot)  # supervisor never sees it idle with the old expiry
-
-
-def with_priority(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` with the request's vLLM ``priority`` when fair sharing set one (``admission.py``),
-    replacing any the client sent: a client must not jump the queue. Returns ``body``."""
-    priority = request.get(PRIORITY)
-    if priority is not None:
-        body["priority"] = priority
-    return body
-
-
-def log_ignored(ignored: list[str]) -> None:
-    """Ollama-only options have no vLLM meaning: note them once per request at debug level."""
-    if ignored:
-        log.debug("options_ignored", options=ignored)
-
-
-def now_ns() -> int:
-    """Monotonic nanoseconds, the base of every Ollama duration."""
-    return time.perf_counter_ns()
 
 
 def _dumps(obj: Any) -> str:

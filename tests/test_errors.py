@@ -1,0 +1,63 @@
+"""The error tree drawn in ``errors.py``'s docstring is the tree of its classes (issue 29.2).
+
+A reader finds every error a client can see, its parent and its HTTP status in that drawing
+(httpx ``_exceptions.py`` style), so a class added, moved or given another status without
+the drawing following fails here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from vllama_proxy import errors
+
+#: ``├── Name   NNN ...`` (the status is absent where it is not the class's own: UpstreamRejected).
+_LINE = re.compile(r"^[ │├└─]*(?P<name>[A-Z][A-Za-z]+)(?:\s+(?P<status>\d{3}))?(?:\s|$)")
+
+
+def _drawn() -> dict[str, tuple[str | None, int | None]]:
+    """name -> (parent name, status) as the docstring draws them."""
+    doc = errors.__doc__ or ""
+    block = [ln[4:] for ln in doc.splitlines() if ln.startswith("    ") and re.search(r"[A-Z]", ln)]
+    out: dict[str, tuple[str | None, int | None]] = {}
+    stack: list[tuple[int, str]] = []
+    for line in block:
+        m = _LINE.match(line)
+        assert m, f"unreadable line of the tree: {line!r}"
+        depth = line.index(m.group("name"))  # the column of the name: its depth in the tree
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        out[m.group("name")] = (stack[-1][1] if stack else None, int(m.group("status")) if m.group("status") else None)
+        stack.append((depth, m.group("name")))
+    return out
+
+
+def _classes() -> dict[str, type[errors.VllamaError]]:
+    return {n: c for n, c in vars(errors).items()
+            if inspect.isclass(c) and issubclass(c, errors.VllamaError) and c.__module__ == errors.__name__}
+
+
+def test_the_docstring_draws_every_class_with_its_parent_and_status() -> None:
+    drawn, classes = _drawn(), _classes()
+    assert sorted(drawn) == sorted(classes), "classes of errors.py missing from (or only in) its docstring's tree"
+    for name, cls in classes.items():
+        parent, status = drawn[name]
+        assert parent == (None if cls is errors.VllamaError else cls.__bases__[0].__name__), name
+        if status is not None:
+            assert status == cls.status, f"{name}: drawn {status}, class says {cls.status}"
+        else:
+            assert cls is errors.UpstreamRejected, f"{name}: no status drawn"
+
+
+def test_statuses_come_from_the_class_alone() -> None:
+    """A raise site cannot pick a status: the base takes none (only vLLM's is passed on)."""
+    try:
+        errors.VllamaError("x", status=400)  # type: ignore[call-arg]
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("VllamaError still takes status=")
+    assert errors.UpstreamRejected("too long", 400).status == 400
+    assert errors.TooManyPulls("busy").headers == {"Retry-After": "30"}
+    assert errors.error_response(errors.ModelLoading("loading")).headers["Retry-After"] == "1"
