@@ -484,7 +484,7 @@ def test_a_keys_file_that_does_not_parse_stops_the_start_with_its_reason(tmp_pat
 
 def test_a_slot_refuses_a_model_whose_arguments_do_not_fit_with_a_503():
     from vllama_proxy.errors import UpstreamUnavailable
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.slots import SlotTable
     table = SlotTable(1, [1], workers=1, keep_alive=0)
     with pytest.raises(UpstreamUnavailable, match="too long"):  # was a NameError: slots.py did not import it

@@ -203,7 +203,7 @@ def test_attach_follows_supervisor_transitions(sock_path):
 
 
 def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.pool import ModelPool
 
     server = _bind(str(sock_path))

@@ -76,7 +76,7 @@ async def test_deadline_without_progress_allowance_fails(tmp_path, knobs):
 # --- the pool's accounting of GPU memory shares (no process started) ---------------------------
 
 def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_path):
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.pool import ModelPool
 
     specs = [
@@ -122,7 +122,7 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
 
 
 def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_ready_one_helps(tmp_path):
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.pool import ModelPool
 
     specs = [ModelConfig(model=f"/{n}", name=n, gpu_memory_utilization=u) for n, u in (("a", 0.5), ("b", 0.5), ("z", 0.45), ("c", 0.45))]

@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSetti
 
 from vllama_proxy.errors import ModelNotFound
 from vllama_proxy.models import library
-from vllama_proxy.models.config import RESERVED_VLLM_ARGS, ModelConfig
+from vllama_proxy.models.launch_spec import RESERVED_VLLM_ARGS, ModelConfig
 
 #: Ollama's default port (``envconfig.Host`` in ollama/ollama).
 OLLAMA_DEFAULT_PORT = 11434

@@ -20,7 +20,7 @@ from vllama_proxy.api.state import KEYS
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
+from vllama_proxy.models.launch_spec import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu, lifeline, warm
 from vllama_proxy.supervisor.child import find_executable

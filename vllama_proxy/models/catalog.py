@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.logs import get_logger
 from .backends import ServedModel
-from .config import has_flag, vllm_arg
+from .launch_spec import has_flag, vllm_arg
 from .fim import FimFormat, fim_format
 from .library import Library, load as load_library, looks_like_library_name
 from .model_files import ModelFiles, read_model_files

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vllama_proxy.errors import ModelNotFound
 from vllama_proxy.logs import get_logger
-from .config import ModelConfig, has_flag
+from .launch_spec import ModelConfig, has_flag
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllama_proxy.models.config import ModelConfig, has_flag, vllm_arg
+from vllama_proxy.models.launch_spec import ModelConfig, has_flag, vllm_arg
 from vllama_proxy.settings import Settings
 from .gpu import host_numbers
 from .placement import Placement, plan_placement

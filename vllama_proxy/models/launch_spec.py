@@ -1,9 +1,12 @@
-"""The models vllama serves: one ``[[models]]`` table each in the config file, or ``--model``.
+"""A served model's launch spec: one ``[[models]]`` table of the config file, or ``--model``.
 
-Each entry becomes one ``vllm serve`` child (its own state machine, private loopback
-port and process group). Typed fields cover what operators set most (GPU memory
-share, GPUs, context length, tool and reasoning parsers); anything else goes in
-``vllm_args``. Policy fields say how vllama treats the model: its default
+(Not vllama's own settings, which are ``settings.py``.) :meth:`ModelConfig.args` is the one
+builder of a model's ``vllm serve`` flags; a library name's flags reach it as fields and
+``vllm_args`` of the spec (``models/library.py``).
+
+Each entry becomes one ``vllm serve`` child (its own state machine, private loopback port and
+process group). Typed fields cover what operators set most (GPU memory share, GPUs, context
+length, tool and reasoning parsers); anything else goes in ``vllm_args``. Policy fields say how vllama treats the model: its default
 ``keep_alive``, whether it loads at start (``preload``), whether keep-alive expiry
 and eviction put it to sleep (``sleep_mode``, vLLM's ``--enable-sleep-mode``) or stop
 it, and whether it may be evicted to make room for another (``pin``).
