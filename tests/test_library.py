@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from conftest import ROOT
 from vllama_proxy.errors import ModelNotFound
-from vllama_proxy.models import library
+from vllama_proxy.models import library, library_check, library_schema
 from vllama_proxy.settings import Settings
 
 MY_ROW = '''
@@ -74,8 +74,8 @@ def lib() -> library.Library:
 
 
 def test_packaged_table_keeps_its_schema_and_every_row_is_sourced():
-    doc = library.read_file(library.PACKAGED)
-    errors, warnings = library.strict_problems(doc)
+    doc = library_schema.read_file(library_schema.PACKAGED)
+    errors, warnings = library_check.strict_problems(doc)
     assert errors == [] and warnings == []
     assert len(doc.model) >= 40 and sum(len(m.tag) for m in doc.model) >= 200
     for m in doc.model:  # Ollama's page and the card of every repo served for a plain tag
@@ -84,7 +84,7 @@ def test_packaged_table_keeps_its_schema_and_every_row_is_sourced():
     names = {m.name for m in doc.model}
     assert {"llama3.2", "qwen2.5", "qwen3", "gemma3", "mistral", "phi4", "deepseek-r1", "gpt-oss", "nomic-embed-text",
             "mxbai-embed-large", "bge-m3", "all-minilm", "snowflake-arctic-embed"} <= names
-    assert library.main([]) == 0  # the check a contributor runs (docs/library.md)
+    assert library_check.main([]) == 0  # the check a contributor runs (docs/library.md)
 
 
 def test_the_table_ships_with_the_package():
@@ -126,15 +126,15 @@ def test_schema_refuses_a_broken_row(tmp_path, change, message):
     doc = {"schema_version": 1, "model": [_row(**change)]}
     path = tmp_path / "library.toml"
     path.write_text(_toml(doc))
-    with pytest.raises(library.LibraryError) as e:
-        library.read_file(path)
+    with pytest.raises(library_schema.LibraryError) as e:
+        library_schema.read_file(path)
     assert message in str(e.value) and "library.toml: m" in str(e.value), (json.dumps(change), str(e.value))
 
 
 def test_strict_check_wants_ollamas_page_and_known_parsers(tmp_path):
     path = tmp_path / "library.toml"
     path.write_text(_toml({"schema_version": 1, "model": [_row(sources=["https://huggingface.co/org/m-7b"], tool_call_parser="nonesuch")]}))
-    errors, _ = library.strict_problems(library.read_file(path))
+    errors, _ = library_check.strict_problems(library_schema.read_file(path))
     assert "m: sources lack https://ollama.com/library/m" in errors and "m: unknown tool_call_parser 'nonesuch'" in errors
 
 

@@ -189,11 +189,16 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     """
     specs = [with_priority_policy(with_api_servers(m, front), settings) for m in settings.model_specs()]
     library.log_user_file(settings.library_table())
-    for served, entry in settings.library_entries().items():
-        # chat_template: the library names vLLM's own tool templates (examples/*.jinja), which
-        # vLLM's wheel does not ship; the repo's own template serves instead.
-        log.info("library_model", model=served, library=entry.name, repo=entry.repo, quantization=entry.quant_kind,
-                 fallback=entry.fallback, vllm_args=entry.vllm_args(), chat_template_skipped=entry.chat_template or None)
+    entries = settings.library_entries()
+    for spec in specs:
+        entry = entries.get(spec.served_name)
+        if entry is None:
+            continue
+        # vllm_args: the flags its vLLM is launched with (the supervisor adds only --host, --port,
+        # --served-model-name, media limits and LoRA's). chat_template: the library names vLLM's own
+        # tool templates (examples/*.jinja), which vLLM's wheel does not ship; the repo's own serves instead.
+        log.info("library_model", model=spec.served_name, library=entry.name, repo=entry.repo, quantization=entry.quant_kind,
+                 fallback=entry.fallback, vllm_args=spec.args(), chat_template_skipped=entry.chat_template or None)
     # vLLM trees an earlier vllama left running (killed, or crashed) hold GPU memory: stop them first,
     # and stop ours on any exit path that skips the orderly stop below (lifeline.py).
     stale = await asyncio.to_thread(lifeline.stop_stale, settings.state_dir, settings.stop_grace)

@@ -45,6 +45,19 @@ def has_flag(args: list[str] | tuple[str, ...], name: str) -> bool:
     return any(a == name or a.startswith(name + "=") for a in args)
 
 
+def pooling(args: list[str] | tuple[str, ...]) -> bool:
+    """Whether ``args`` run vLLM's pooling runner (``--runner pooling``, or the older ``--task embed``)."""
+    for i, a in enumerate(args):
+        nxt = args[i + 1] if i + 1 < len(args) else ""
+        if (a == "--runner" and nxt == "pooling") or a == "--runner=pooling":
+            return True
+        if (a == "--task" and nxt in ("embed", "embedding")) or a in ("--task=embed", "--task=embedding"):
+            return True
+        if (a == "--convert" and nxt == "embed") or a == "--convert=embed":
+            return True
+    return False
+
+
 def served_name_for(model: str) -> str:
     """Default served name: a hub id as it is (``Qwen/Qwen2.5-1.5B-Instruct``), a local
     directory by its last component (``/models/qwen`` -> ``qwen``), so Ollama names stay clean."""
