@@ -310,3 +310,11 @@ def vllama(tmp_path):
         for pidfile in (v.pidfile, Path(str(v.pidfile) + ".server")):
             if pidfile.exists() and alive(int(pidfile.read_text())):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def resolved_specs(settings) -> list:
+    """The models ``settings`` launch, library names resolved as ``vllama serve`` resolves them at
+    start (``models/resolved.py``); raises what that raises (``LibraryError``, ``ModelNotFound``)."""
+    from vllama_proxy.models.resolved import resolve_models
+
+    return list(resolve_models(settings.configured_models(), library_path=settings.library, state_dir=settings.state_dir).specs)

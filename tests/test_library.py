@@ -13,11 +13,11 @@ import httpx
 import psutil
 import pytest
 from ollama import Client, ResponseError
-from pydantic import ValidationError
 
-from conftest import ROOT
+from conftest import ROOT, resolved_specs
 from vllama_proxy.errors import ModelNotFound
 from vllama_proxy.models import library, library_check, library_schema
+from vllama_proxy.models.library_schema import LibraryError
 from vllama_proxy.settings import Settings
 
 MY_ROW = '''
@@ -234,29 +234,29 @@ def test_settings_read_the_users_file(tmp_path):
     user = tmp_path / "mine.toml"
     user.write_text(MY_ROW)
     s = Settings(model="house-embed", library=user, state_dir=tmp_path / "state")
-    (spec,) = s.model_specs()
+    (spec,) = resolved_specs(s)
     assert (spec.model, spec.served_name, spec.args()) == ("my-org/house-embed-small", "house-embed", ["--runner", "pooling"])
     # without --library: <state_dir>/library.toml when it exists
     state = tmp_path / "state2"
     state.mkdir()
     (state / "library.toml").write_text(MY_ROW)
-    (spec,) = Settings(model="qwen2.5:7b", state_dir=state).model_specs()
+    (spec,) = resolved_specs(Settings(model="qwen2.5:7b", state_dir=state))
     assert spec.model == "my-org/qwen2.5-7b-ft" and spec.args()[-2:] == ["--revision", "v2"]
-    (spec,) = Settings(model="qwen2.5:7b", state_dir=tmp_path / "empty").model_specs()
+    (spec,) = resolved_specs(Settings(model="qwen2.5:7b", state_dir=tmp_path / "empty"))
     assert spec.model == "Qwen/Qwen2.5-7B-Instruct"
     broken = tmp_path / "broken.toml"
     broken.write_text(MY_ROW.replace('default_tag = "small"', 'default_tag = "big"'))
-    with pytest.raises(ValidationError, match="house-embed: default_tag 'big' is not one of its tags"):
-        Settings(model="house-embed", library=broken, state_dir=tmp_path / "state")
-    with pytest.raises(ValidationError, match="No such file"):
-        Settings(library=tmp_path / "absent.toml", state_dir=tmp_path / "state")
+    with pytest.raises(LibraryError, match="house-embed: default_tag 'big' is not one of its tags"):
+        resolved_specs(Settings(model="house-embed", library=broken, state_dir=tmp_path / "state"))
+    with pytest.raises(LibraryError, match="No such file"):
+        resolved_specs(Settings(library=tmp_path / "absent.toml", state_dir=tmp_path / "state"))
 
 
 # ---------------------------------------------------------------------------- serve --model and [[models]]
 
 
 def _spec(**kw):
-    (spec,) = Settings(state_dir=Path("/nonexistent/vllama-state"), **kw).model_specs()
+    (spec,) = resolved_specs(Settings(state_dir=Path("/nonexistent/vllama-state"), **kw))
     return spec
 
 
