@@ -12,8 +12,7 @@ import httpx
 import ollama
 import pytest
 
-from test_on_demand import hub, place, serve  # noqa: F401 - fixtures
-from test_pull import fake_hf, hf_env  # noqa: F401 - the fake Hub fixture
+from conftest import hf_env, place
 
 
 def _log(s) -> list[dict]:
@@ -23,7 +22,7 @@ def _log(s) -> list[dict]:
 
 # -- 1. looking a model up never loads it -----------------------------------------------------
 
-def test_metadata_calls_never_load_or_evict_a_model(serve, hub, fake_hf):  # noqa: F811
+def test_metadata_calls_never_load_or_evict_a_model(serve, hub, fake_hf):
     for repo in ("acme/tiny-a", "acme/tiny-b"):
         place(hub, repo)
     s = serve("--max-on-demand", "1", "--keep-alive", "-1",
