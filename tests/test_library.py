@@ -5,6 +5,7 @@ through the real ``ollama`` client against the stand-in ``vllm``). Pulls of libr
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +200,18 @@ def test_an_entry_carries_what_vllm_needs(lib):
     assert llama.chat_template.startswith("examples/") and "--chat-template" not in llama.vllm_args()
 
 
+def test_a_tags_own_field_overrides_the_rows(lib):
+    """The rule written once (``Model.served_by``): deepseek-r1's 671b tag sets its own family,
+    capabilities, tool parser and vllm_args; a field it leaves unset, and every field of the
+    other tags, is the row's."""
+    big, small = lib.resolve("deepseek-r1:671b"), lib.resolve("deepseek-r1:8b")
+    assert (big.family, big.capabilities, big.tool_call_parser) == ("deepseek2", ("completion", "tools", "thinking"), "deepseek_v3")
+    assert big.extra_args == ("--trust-remote-code", "--enable-expert-parallel") and big.reasoning_parser == "deepseek_r1"
+    assert (small.capabilities, small.tool_call_parser, small.extra_args) == (("completion", "thinking"), "", ())
+    row = lib.model("deepseek-r1")
+    assert row.served_by(None).capabilities == tuple(row.capabilities) == ("completion", "thinking")
+
+
 def test_unknown_names_say_what_is_close(lib):
     with pytest.raises(ModelNotFound) as e:
         lib.resolve("lama3.2")
@@ -332,6 +345,18 @@ def test_serve_a_library_name(vllama):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "tools" in r.stdout, r.stderr
     assert v.stop() == 0
+
+
+def test_the_logged_library_flags_are_the_launched_ones(vllama):
+    """The start-up ``library_model`` line shows the flags vLLM gets, the user's parser and flags
+    included (it showed the library's own, hermes here, while pythonic was launched)."""
+    v = vllama(model="qwen2.5:0.5b", vllm_args=["--tool-call-parser", "pythonic", "--max-model-len", "2048"])
+    v.wait_state("ready")
+    cmd = _vllm_cmdline(v)
+    (line,) = [json.loads(x) for x in v.log.read_text().splitlines() if '"library_model"' in x]
+    assert line["vllm_args"] == ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--max-model-len", "2048"]
+    launched = cmd[cmd.index("--served-model-name") + 2:]
+    assert launched[-len(line["vllm_args"]):] == line["vllm_args"]
 
 
 def test_a_library_name_finds_the_model_served_by_its_hub_id(vllama):
