@@ -35,7 +35,6 @@ REASONING_PARSERS = frozenset({
 })
 
 
-
 def strict_problems(doc: LibraryFile) -> tuple[list[str], list[str]]:
     """What the packaged table must also get right, beyond the schema: ``(errors, warnings)``.
 

@@ -103,7 +103,7 @@ class Fim(_Strict):
 
 
 class Tag(_Strict):
-    """One size or variant tag of a name (``[[model.tag]]``); optional fields override the name's."""
+    """One size or variant tag of a name (``[[model.tag]]``); optional fields override the name's (:meth:`Model.served_by`)."""
 
     tag: str
     aliases: list[str]
