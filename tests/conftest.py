@@ -1,4 +1,6 @@
-"""Shared fixtures: a real fake-vLLM process, a real ``vllama serve`` process, a model directory.
+"""Shared fixtures and helpers: a real fake-vLLM process, a real ``vllama serve`` process, a model directory,
+the fake Hugging Face Hub; and every helper more than one test module uses (test modules import
+from here, never from each other).
 
 Everything runs as separate processes talking HTTP over loopback, as in production:
 the proxy is driven by the real ``ollama`` and ``openai`` clients.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -16,13 +19,20 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+import ollama
+import orjson
 import psutil
 import pytest
+
+if TYPE_CHECKING:
+    from vllama_proxy.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -310,3 +320,236 @@ def vllama(tmp_path):
         for pidfile in (v.pidfile, Path(str(v.pidfile) + ".server")):
             if pidfile.exists() and alive(int(pidfile.read_text())):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def resolved_specs(settings) -> list:
+    """The models ``settings`` launch, library names resolved as ``vllama serve`` resolves them at
+    start (``models/resolved.py``); raises what that raises (``LibraryError``, ``ModelNotFound``)."""
+    from vllama_proxy.models.resolved import resolve_models
+
+    return list(resolve_models(settings.configured_models(), library_path=settings.library, state_dir=settings.state_dir).specs)
+
+
+# ---------------------------------------------------------------------------- helpers shared by test modules
+# (a test module imports them from here, never from another test module)
+
+
+# Prometheus text (test_overload_metrics.py, test_models_pool.py, test_supervisor.py)
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? (\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
+
+
+# NDJSON responses (test_generate.py, test_chat.py)
+
+EIGHT = "".join(f"tok{i} " for i in range(8))
+
+
+def ndjson_lines(resp: httpx.Response) -> list[dict]:
+    """Assert the raw NDJSON framing and return the decoded lines."""
+    assert resp.headers["content-type"].startswith("application/x-ndjson")
+    raw = resp.content
+    assert raw.endswith(b"\n")
+    lines = raw.split(b"\n")[:-1]
+    assert all(line.strip() for line in lines), "blank line in NDJSON stream"
+    return [orjson.loads(line) for line in lines]
+
+
+# images (test_translate.py, test_chat.py)
+
+
+def _png() -> bytes:
+    """A real 1x1 PNG, built with the stdlib."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + chunk(b"IEND", b""))
+
+
+# deploy/ files (test_deploy.py, test_deploy_fleet.py)
+
+
+def unit_entries(path: Path) -> list[tuple[str, str, str]]:
+    """(section, key, value) for every assignment of a unit file (keys may repeat)."""
+    out, section = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        out.append((section, key.strip(), value.strip()))
+    return out
+
+
+def systemd_seconds(value: str) -> float:
+    """``150``, ``1h``, ``10min``, ``2min 30s`` -> seconds (``infinity`` -> inf)."""
+    if value == "infinity":
+        return float("inf")
+    units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "ms": 1e-3, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value)
+    assert parts, value
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    """Active assignments of an EnvironmentFile, as systemd reads them (one pair of quotes removed)."""
+    env = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S.*", line), f"not a systemd assignment: {line!r}"
+        key, value = line.split("=", 1)
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key] = value
+    return env
+
+
+def settings_from(env: dict[str, str], monkeypatch, tmp_path) -> Settings:
+    """Settings as ``vllama serve`` builds them from exactly ``env`` (nothing from this process or a .env)."""
+    from vllama_proxy.settings import Settings
+
+    for name in list(os.environ):
+        if name.startswith("VLLAMA_") or name == "OLLAMA_HOST":
+            monkeypatch.delenv(name)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    return Settings()
+
+
+# the fake Hugging Face Hub (test_pull.py, test_on_demand.py, test_many_users.py, test_adapters.py)
+
+
+@pytest.fixture(scope="module")
+def fake_hf() -> Iterator[Server]:
+    port, cdn = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, str(TESTS / "fake_hub.py"), "--port", str(port), "--cdn-port", str(cdn)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(f"http://127.0.0.1:{port}", proc, port)
+    wait_http(server.url + "/_fake/health", proc)
+    yield server
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("hf_home")
+
+
+def hf_env(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
+    """Everything huggingface_hub reads, pinned: no token, no offline mode, this cache."""
+    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN": "",
+            "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", **extra}
+
+
+def start_server(model_dir: Path, env: dict[str, str]) -> Server:
+    """``vllama serve --model fake-model`` over the stand-in vLLM: a server that launches vLLM (with
+    ``--upstream`` a pull of a model that vLLM does not serve is refused, issue 26.6); pulled models
+    are not served on demand here (``--no-on-demand``), so they download and delete as any."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(model_dir), "--alias", f"{ALIAS}={SERVED}",
+           "--no-gpu-check", "--no-on-demand", "--port", str(port), "--startup-poll-interval", "0.1", "--stop-grace", "2"]
+    env = {**os.environ, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_CPUS": "2", "FAKE_VLLM_PYTHON": sys.executable,
+           "VLLAMA_STATE_DIR": tempfile.mkdtemp(prefix="vllama-state-"), **env}
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(f"http://127.0.0.1:{port}", proc, port)
+    wait_http(server.url + "/livez", proc)
+    deadline = time.monotonic() + 30
+    while httpx.get(server.url + "/readyz").status_code != 200:
+        assert time.monotonic() < deadline and proc.poll() is None, "vllama serve did not become ready"
+        time.sleep(0.1)
+    return server
+
+
+@pytest.fixture(scope="module")
+def hub_proxy(model_dir, fake_hf, hf_home) -> Iterator[Server]:
+    s = start_server(model_dir, hf_env(fake_hf.url, hf_home))
+    yield s
+    stop(s.proc)
+
+
+# vllama serve with nothing configured, a Hugging Face cache laid out by hand (test_on_demand.py,
+# test_blobs.py, test_warm.py, test_many_users.py)
+
+
+def place(hub: Path, repo: str) -> Path:
+    """``repo`` in the cache layout ``huggingface_hub`` leaves: blobs linked from a snapshot, refs/main."""
+    d = hub / ("models--" + repo.replace("/", "--"))
+    commit = f"{abs(hash(repo)) % 16**40:040x}"
+    snap = d / "snapshots" / commit
+    write_model_dir(d / "tmp")
+    (d / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True)
+    for f in sorted((d / "tmp").iterdir()):
+        blob = d / "blobs" / f"{abs(hash((repo, f.name))):x}"
+        f.rename(blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (d / "tmp").rmdir()
+    (d / "refs").mkdir()
+    (d / "refs" / "main").write_text(commit)
+    return snap
+
+
+class OnDemandServer:
+    """``vllama serve`` with nothing configured (an empty config file) and ``flags``."""
+
+    def __init__(self, tmp: Path, *flags: str, env: dict[str, str] | None = None, config: str = "") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "vllama.log"
+        (tmp / "vllama.toml").write_text(config)
+        e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PYTHON": sys.executable,
+             "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp / "state"), "VLLAMA_CPUS": "2",
+             "FAKE_VLLM_TOKEN_DELAY": "0", **(env or {})}
+        cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--config", str(tmp / "vllama.toml"), "--port", str(self.port),
+               *FAST, *flags]
+        self.proc = subprocess.Popen(cmd, env=e, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+        wait_http(self.url + "/livez", self.proc)
+        self.client = ollama.Client(host=self.url, timeout=60)
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while httpx.get(self.url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, httpx.get(self.url + "/readyz").text
+            time.sleep(0.05)
+
+    def launched(self) -> list[list[str]]:
+        """The argv of every vLLM launched, in order."""
+        return [json.loads(x)["argv"] for x in self.log.read_text().splitlines() if '"launched"' in x]
+
+
+@pytest.fixture
+def hub(tmp_path) -> Path:
+    h = tmp_path / "hf" / "hub"
+    h.mkdir(parents=True)
+    return h
+
+
+@pytest.fixture
+def serve(tmp_path, hub):
+    started: list[OnDemandServer] = []
+
+    def start(*flags: str, **kw) -> OnDemandServer:
+        env = {"HF_HOME": str(hub.parent), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", **kw.pop("env", {})}
+        s = OnDemandServer(tmp_path, *flags, env=env, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        stop(s.proc, timeout=20)

@@ -14,7 +14,6 @@ import struct
 import pytest
 
 from conftest import ROOT
-from test_pull import fake_hf, hf_home, hub_proxy  # noqa: F401 - the fake Hub fixtures
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models.adapters import LoraPlan, check_adapter, lora_plan
 from vllama_proxy.models.created import CreatedModel

@@ -13,7 +13,7 @@ import ollama
 import pytest
 
 from conftest import SERVED, start_proxy, stop, write_model_dir
-from test_on_demand import Server
+from conftest import OnDemandServer as Server
 
 
 def test_create_blob_head_and_digest_check(client, proxy, tmp_path):

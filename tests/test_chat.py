@@ -9,8 +9,7 @@ import orjson
 import pytest
 from ollama import ResponseError
 
-from conftest import SERVED
-from test_generate import EIGHT, ndjson_lines
+from conftest import EIGHT, SERVED, ndjson_lines
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
@@ -153,7 +152,7 @@ def test_images_that_are_not_base64_images_never_reach_vllm(proxy, upstream_requ
 
 
 def test_a_real_png_from_the_ollama_client_arrives_as_a_data_url(client, upstream_requests):
-    from test_translate import _png
+    from conftest import _png
 
     png = _png()
     client.chat(model=SERVED, messages=[{"role": "user", "content": "what is it", "images": [png]}], stream=False)

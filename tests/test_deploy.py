@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, parse_env_file, settings_from, systemd_seconds, unit_entries
 from vllama_proxy.settings import Settings
 
 DEPLOY = ROOT / "deploy"
@@ -44,61 +44,10 @@ PORT = DEFAULTS["port"].default
 # --- helpers ------------------------------------------------------------------------------
 
 
-def unit_entries(path: Path) -> list[tuple[str, str, str]]:
-    """(section, key, value) for every assignment of a unit file (keys may repeat)."""
-    out, section = [], ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            section = line.strip("[]")
-            continue
-        key, _, value = line.partition("=")
-        out.append((section, key.strip(), value.strip()))
-    return out
-
-
 def unit_value(key: str, section: str = "Service") -> str:
     values = [v for s, k, v in unit_entries(UNIT) if s == section and k == key]
     assert values, f"{key}= missing from [{section}]"
     return values[-1]
-
-
-def systemd_seconds(value: str) -> float:
-    """``150``, ``1h``, ``10min``, ``2min 30s`` -> seconds (``infinity`` -> inf)."""
-    if value == "infinity":
-        return float("inf")
-    units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "ms": 1e-3, "us": 1e-6}
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value)
-    assert parts, value
-    return sum(float(n) * units[u] for n, u in parts)
-
-
-def parse_env_file(path: Path) -> dict[str, str]:
-    """Active assignments of an EnvironmentFile, as systemd reads them (one pair of quotes removed)."""
-    env = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S.*", line), f"not a systemd assignment: {line!r}"
-        key, value = line.split("=", 1)
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        env[key] = value
-    return env
-
-
-def settings_from(env: dict[str, str], monkeypatch, tmp_path) -> Settings:
-    """Settings as ``vllama serve`` builds them from exactly ``env`` (nothing from this process or a .env)."""
-    for name in list(os.environ):
-        if name.startswith("VLLAMA_") or name == "OLLAMA_HOST":
-            monkeypatch.delenv(name)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
-    return Settings()
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:

@@ -19,8 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import ROOT
-from test_deploy import parse_env_file, settings_from, systemd_seconds, unit_entries
+from conftest import ROOT, parse_env_file, settings_from, systemd_seconds, unit_entries
 
 pytest.importorskip("vllm_router")
 from vllm_router.launch_router import parse_router_args  # noqa: E402

@@ -25,7 +25,7 @@ from ollama import Client, ResponseError
 from conftest import TESTS, free_port
 from vllama_proxy.errors import ModelTooLarge
 from vllama_proxy.models import fit
-from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu
 from vllama_proxy.supervisor.pool import ModelPool

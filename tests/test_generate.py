@@ -5,24 +5,10 @@ from __future__ import annotations
 import base64
 
 import httpx
-import orjson
 import pytest
 from ollama import ResponseError
 
-from conftest import ALIAS, SERVED
-
-EIGHT = "".join(f"tok{i} " for i in range(8))
-
-
-def ndjson_lines(resp: httpx.Response) -> list[dict]:
-    """Assert the raw NDJSON framing and return the decoded lines."""
-    assert resp.headers["content-type"].startswith("application/x-ndjson")
-    raw = resp.content
-    assert raw.endswith(b"\n")
-    lines = raw.split(b"\n")[:-1]
-    assert all(line.strip() for line in lines), "blank line in NDJSON stream"
-    return [orjson.loads(line) for line in lines]
-
+from conftest import ALIAS, EIGHT, SERVED, ndjson_lines
 
 def test_stream_raw_goes_to_completions_untouched(client, upstream_requests):
     chunks = list(client.generate(model=SERVED, prompt="hello there", raw=True, stream=True))

@@ -5,6 +5,7 @@ through the real ``ollama`` client against the stand-in ``vllm``). Pulls of libr
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,11 @@ import httpx
 import psutil
 import pytest
 from ollama import Client, ResponseError
-from pydantic import ValidationError
 
-from conftest import ROOT
+from conftest import ROOT, resolved_specs
 from vllama_proxy.errors import ModelNotFound
-from vllama_proxy.models import library
+from vllama_proxy.models import library, library_check, library_schema
+from vllama_proxy.models.library_schema import LibraryError
 from vllama_proxy.settings import Settings
 
 MY_ROW = '''
@@ -74,8 +75,8 @@ def lib() -> library.Library:
 
 
 def test_packaged_table_keeps_its_schema_and_every_row_is_sourced():
-    doc = library.read_file(library.PACKAGED)
-    errors, warnings = library.strict_problems(doc)
+    doc = library_schema.read_file(library_schema.PACKAGED)
+    errors, warnings = library_check.strict_problems(doc)
     assert errors == [] and warnings == []
     assert len(doc.model) >= 40 and sum(len(m.tag) for m in doc.model) >= 200
     for m in doc.model:  # Ollama's page and the card of every repo served for a plain tag
@@ -84,7 +85,7 @@ def test_packaged_table_keeps_its_schema_and_every_row_is_sourced():
     names = {m.name for m in doc.model}
     assert {"llama3.2", "qwen2.5", "qwen3", "gemma3", "mistral", "phi4", "deepseek-r1", "gpt-oss", "nomic-embed-text",
             "mxbai-embed-large", "bge-m3", "all-minilm", "snowflake-arctic-embed"} <= names
-    assert library.main([]) == 0  # the check a contributor runs (docs/library.md)
+    assert library_check.main([]) == 0  # the check a contributor runs (docs/library.md)
 
 
 def test_the_table_ships_with_the_package():
@@ -126,15 +127,15 @@ def test_schema_refuses_a_broken_row(tmp_path, change, message):
     doc = {"schema_version": 1, "model": [_row(**change)]}
     path = tmp_path / "library.toml"
     path.write_text(_toml(doc))
-    with pytest.raises(library.LibraryError) as e:
-        library.read_file(path)
+    with pytest.raises(library_schema.LibraryError) as e:
+        library_schema.read_file(path)
     assert message in str(e.value) and "library.toml: m" in str(e.value), (json.dumps(change), str(e.value))
 
 
 def test_strict_check_wants_ollamas_page_and_known_parsers(tmp_path):
     path = tmp_path / "library.toml"
     path.write_text(_toml({"schema_version": 1, "model": [_row(sources=["https://huggingface.co/org/m-7b"], tool_call_parser="nonesuch")]}))
-    errors, _ = library.strict_problems(library.read_file(path))
+    errors, _ = library_check.strict_problems(library_schema.read_file(path))
     assert "m: sources lack https://ollama.com/library/m" in errors and "m: unknown tool_call_parser 'nonesuch'" in errors
 
 
@@ -199,6 +200,18 @@ def test_an_entry_carries_what_vllm_needs(lib):
     assert llama.chat_template.startswith("examples/") and "--chat-template" not in llama.vllm_args()
 
 
+def test_a_tags_own_field_overrides_the_rows(lib):
+    """The rule written once (``Model.served_by``): deepseek-r1's 671b tag sets its own family,
+    capabilities, tool parser and vllm_args; a field it leaves unset, and every field of the
+    other tags, is the row's."""
+    big, small = lib.resolve("deepseek-r1:671b"), lib.resolve("deepseek-r1:8b")
+    assert (big.family, big.capabilities, big.tool_call_parser) == ("deepseek2", ("completion", "tools", "thinking"), "deepseek_v3")
+    assert big.extra_args == ("--trust-remote-code", "--enable-expert-parallel") and big.reasoning_parser == "deepseek_r1"
+    assert (small.capabilities, small.tool_call_parser, small.extra_args) == (("completion", "thinking"), "", ())
+    row = lib.model("deepseek-r1")
+    assert row.served_by(None).capabilities == tuple(row.capabilities) == ("completion", "thinking")
+
+
 def test_unknown_names_say_what_is_close(lib):
     with pytest.raises(ModelNotFound) as e:
         lib.resolve("lama3.2")
@@ -234,29 +247,29 @@ def test_settings_read_the_users_file(tmp_path):
     user = tmp_path / "mine.toml"
     user.write_text(MY_ROW)
     s = Settings(model="house-embed", library=user, state_dir=tmp_path / "state")
-    (spec,) = s.model_specs()
+    (spec,) = resolved_specs(s)
     assert (spec.model, spec.served_name, spec.args()) == ("my-org/house-embed-small", "house-embed", ["--runner", "pooling"])
     # without --library: <state_dir>/library.toml when it exists
     state = tmp_path / "state2"
     state.mkdir()
     (state / "library.toml").write_text(MY_ROW)
-    (spec,) = Settings(model="qwen2.5:7b", state_dir=state).model_specs()
+    (spec,) = resolved_specs(Settings(model="qwen2.5:7b", state_dir=state))
     assert spec.model == "my-org/qwen2.5-7b-ft" and spec.args()[-2:] == ["--revision", "v2"]
-    (spec,) = Settings(model="qwen2.5:7b", state_dir=tmp_path / "empty").model_specs()
+    (spec,) = resolved_specs(Settings(model="qwen2.5:7b", state_dir=tmp_path / "empty"))
     assert spec.model == "Qwen/Qwen2.5-7B-Instruct"
     broken = tmp_path / "broken.toml"
     broken.write_text(MY_ROW.replace('default_tag = "small"', 'default_tag = "big"'))
-    with pytest.raises(ValidationError, match="house-embed: default_tag 'big' is not one of its tags"):
-        Settings(model="house-embed", library=broken, state_dir=tmp_path / "state")
-    with pytest.raises(ValidationError, match="No such file"):
-        Settings(library=tmp_path / "absent.toml", state_dir=tmp_path / "state")
+    with pytest.raises(LibraryError, match="house-embed: default_tag 'big' is not one of its tags"):
+        resolved_specs(Settings(model="house-embed", library=broken, state_dir=tmp_path / "state"))
+    with pytest.raises(LibraryError, match="No such file"):
+        resolved_specs(Settings(library=tmp_path / "absent.toml", state_dir=tmp_path / "state"))
 
 
 # ---------------------------------------------------------------------------- serve --model and [[models]]
 
 
 def _spec(**kw):
-    (spec,) = Settings(state_dir=Path("/nonexistent/vllama-state"), **kw).model_specs()
+    (spec,) = resolved_specs(Settings(state_dir=Path("/nonexistent/vllama-state"), **kw))
     return spec
 
 
@@ -332,6 +345,18 @@ def test_serve_a_library_name(vllama):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "tools" in r.stdout, r.stderr
     assert v.stop() == 0
+
+
+def test_the_logged_library_flags_are_the_launched_ones(vllama):
+    """The start-up ``library_model`` line shows the flags vLLM gets, the user's parser and flags
+    included (it showed the library's own, hermes here, while pythonic was launched)."""
+    v = vllama(model="qwen2.5:0.5b", vllm_args=["--tool-call-parser", "pythonic", "--max-model-len", "2048"])
+    v.wait_state("ready")
+    cmd = _vllm_cmdline(v)
+    (line,) = [json.loads(x) for x in v.log.read_text().splitlines() if '"library_model"' in x]
+    assert line["vllm_args"] == ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--max-model-len", "2048"]
+    launched = cmd[cmd.index("--served-model-name") + 2:]
+    assert launched[-len(line["vllm_args"]):] == line["vllm_args"]
 
 
 def test_a_library_name_finds_the_model_served_by_its_hub_id(vllama):

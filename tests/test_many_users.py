@@ -12,8 +12,7 @@ import httpx
 import ollama
 import pytest
 
-from test_on_demand import hub, place, serve  # noqa: F401 - fixtures
-from test_pull import fake_hf, hf_env  # noqa: F401 - the fake Hub fixture
+from conftest import hf_env, place
 
 
 def _log(s) -> list[dict]:
@@ -23,7 +22,7 @@ def _log(s) -> list[dict]:
 
 # -- 1. looking a model up never loads it -----------------------------------------------------
 
-def test_metadata_calls_never_load_or_evict_a_model(serve, hub, fake_hf):  # noqa: F811
+def test_metadata_calls_never_load_or_evict_a_model(serve, hub, fake_hf):
     for repo in ("acme/tiny-a", "acme/tiny-b"):
         place(hub, repo)
     s = serve("--max-on-demand", "1", "--keep-alive", "-1",
@@ -484,7 +483,7 @@ def test_a_keys_file_that_does_not_parse_stops_the_start_with_its_reason(tmp_pat
 
 def test_a_slot_refuses_a_model_whose_arguments_do_not_fit_with_a_503():
     from vllama_proxy.errors import UpstreamUnavailable
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.slots import SlotTable
     table = SlotTable(1, [1], workers=1, keep_alive=0)
     with pytest.raises(UpstreamUnavailable, match="too long"):  # was a NameError: slots.py did not import it

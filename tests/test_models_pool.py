@@ -17,8 +17,7 @@ import openai
 import pytest
 from ollama import Client, ResponseError
 
-from conftest import get_json
-from test_overload_metrics import metric
+from conftest import get_json, metric
 
 
 def model_block(tmp_path: Path, name: str, **fields) -> str:

@@ -12,87 +12,18 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import ollama
 import pytest
 
-from conftest import FAST, ROOT, TESTS, free_port, get_json, stop, wait_http, write_model_dir
-from test_pull import fake_hf, hf_env  # noqa: F401 - the fake Hub fixture
+from conftest import ROOT, get_json, hf_env, place, stop, write_model_dir
+from conftest import OnDemandServer as Server
 from vllama_proxy.supervisor import gpu
 
 FAKE_MAX_MODEL_LEN = 4096  # the stand-in's default --max-model-len (tests/fake_vllm.py)
 
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
-
-
-def place(hub: Path, repo: str) -> Path:
-    """``repo`` in the cache layout ``huggingface_hub`` leaves: blobs linked from a snapshot, refs/main."""
-    d = hub / ("models--" + repo.replace("/", "--"))
-    commit = f"{abs(hash(repo)) % 16**40:040x}"
-    snap = d / "snapshots" / commit
-    write_model_dir(d / "tmp")
-    (d / "blobs").mkdir(parents=True, exist_ok=True)
-    snap.mkdir(parents=True)
-    for f in sorted((d / "tmp").iterdir()):
-        blob = d / "blobs" / f"{abs(hash((repo, f.name))):x}"
-        f.rename(blob)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
-    (d / "tmp").rmdir()
-    (d / "refs").mkdir()
-    (d / "refs" / "main").write_text(commit)
-    return snap
-
-
-class Server:
-    """``vllama serve`` with nothing configured (an empty config file) and ``flags``."""
-
-    def __init__(self, tmp: Path, *flags: str, env: dict[str, str] | None = None, config: str = "") -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "vllama.log"
-        (tmp / "vllama.toml").write_text(config)
-        e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PYTHON": sys.executable,
-             "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp / "state"), "VLLAMA_CPUS": "2",
-             "FAKE_VLLM_TOKEN_DELAY": "0", **(env or {})}
-        cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--config", str(tmp / "vllama.toml"), "--port", str(self.port),
-               *FAST, *flags]
-        self.proc = subprocess.Popen(cmd, env=e, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
-        wait_http(self.url + "/livez", self.proc)
-        self.client = ollama.Client(host=self.url, timeout=60)
-
-    def wait_ready(self, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while httpx.get(self.url + "/readyz").status_code != 200:
-            assert time.monotonic() < deadline, httpx.get(self.url + "/readyz").text
-            time.sleep(0.05)
-
-    def launched(self) -> list[list[str]]:
-        """The argv of every vLLM launched, in order."""
-        return [json.loads(x)["argv"] for x in self.log.read_text().splitlines() if '"launched"' in x]
-
-
-@pytest.fixture
-def hub(tmp_path) -> Path:
-    h = tmp_path / "hf" / "hub"
-    h.mkdir(parents=True)
-    return h
-
-
-@pytest.fixture
-def serve(tmp_path, hub):
-    started: list[Server] = []
-
-    def start(*flags: str, **kw) -> Server:
-        env = {"HF_HOME": str(hub.parent), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", **kw.pop("env", {})}
-        s = Server(tmp_path, *flags, env=env, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        stop(s.proc, timeout=20)
 
 
 def test_local_models_are_listed_and_start_when_named(serve, hub):

@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 
 import httpx
 import pytest
 from ollama import ResponseError
 
-from conftest import SERVED, get_json, start_proxy, stop, wait_aborted
-
-
-def metric(text: str, name: str, **labels) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? (\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(3))
-    return total
+from conftest import SERVED, get_json, metric, start_proxy, stop, wait_aborted
 
 
 def test_overload_is_503_server_busy(fake):

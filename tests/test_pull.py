@@ -6,11 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -22,60 +18,12 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from ollama import ResponseError
 
 import fake_hub
-from conftest import ALIAS, ROOT, SERVED, TESTS, Server, free_port, stop, wait_http
+from conftest import ALIAS, SERVED, free_port, hf_env, start_server, stop
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models import hub
 
 WEIGHTS_SHA = hashlib.sha256(fake_hub.weights()).hexdigest()
 PULLED = {"config.json", "tokenizer_config.json", "generation_config.json", "model.safetensors"}
-
-
-@pytest.fixture(scope="module")
-def fake_hf() -> Iterator[Server]:
-    port, cdn = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, str(TESTS / "fake_hub.py"), "--port", str(port), "--cdn-port", str(cdn)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = Server(f"http://127.0.0.1:{port}", proc, port)
-    wait_http(server.url + "/_fake/health", proc)
-    yield server
-    stop(proc)
-
-
-@pytest.fixture(scope="module")
-def hf_home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("hf_home")
-
-
-def hf_env(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
-    """Everything huggingface_hub reads, pinned: no token, no offline mode, this cache."""
-    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN": "",
-            "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", **extra}
-
-
-def start_server(model_dir: Path, env: dict[str, str]) -> Server:
-    """``vllama serve --model fake-model`` over the stand-in vLLM: a server that launches vLLM (with
-    ``--upstream`` a pull of a model that vLLM does not serve is refused, issue 26.6); pulled models
-    are not served on demand here (``--no-on-demand``), so they download and delete as any."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(model_dir), "--alias", f"{ALIAS}={SERVED}",
-           "--no-gpu-check", "--no-on-demand", "--port", str(port), "--startup-poll-interval", "0.1", "--stop-grace", "2"]
-    env = {**os.environ, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_CPUS": "2", "FAKE_VLLM_PYTHON": sys.executable,
-           "VLLAMA_STATE_DIR": tempfile.mkdtemp(prefix="vllama-state-"), **env}
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = Server(f"http://127.0.0.1:{port}", proc, port)
-    wait_http(server.url + "/livez", proc)
-    deadline = time.monotonic() + 30
-    while httpx.get(server.url + "/readyz").status_code != 200:
-        assert time.monotonic() < deadline and proc.poll() is None, "vllama serve did not become ready"
-        time.sleep(0.1)
-    return server
-
-
-@pytest.fixture(scope="module")
-def hub_proxy(model_dir, fake_hf, hf_home) -> Iterator[Server]:
-    s = start_server(model_dir, hf_env(fake_hf.url, hf_home))
-    yield s
-    stop(s.proc)
 
 
 @pytest.fixture

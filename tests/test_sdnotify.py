@@ -174,7 +174,7 @@ def test_unusable_addresses_never_raise(tmp_path):
 def test_attach_follows_supervisor_transitions(sock_path):
     server = _bind(str(sock_path))
     settings = Settings(model="/models/tiny", served_model_name="tiny", gpu_check=False)
-    sup = Supervisor(settings, settings.model_specs()[0], port=free_port(), board=StatusBoard("tiny"))
+    sup = Supervisor(settings, settings.configured_models()[0], port=free_port(), board=StatusBoard("tiny"))
     n = Notifier(environ={"NOTIFY_SOCKET": str(sock_path)})
     attach(sup, n)
     for state, reason in [
@@ -203,7 +203,7 @@ def test_attach_follows_supervisor_transitions(sock_path):
 
 
 def test_attach_to_a_pool_is_ready_once_every_preload_settled(sock_path):
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.pool import ModelPool
 
     server = _bind(str(sock_path))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, resolved_specs
 from vllama_proxy.cli import load_settings
 from vllama_proxy.settings import parse_ollama_host
 
@@ -62,7 +62,7 @@ EXAMPLE = ROOT / "deploy" / "vllama.example.toml"
 
 def test_the_example_config_is_valid():
     s = load_settings(["--config", str(EXAMPLE)])
-    specs = s.model_specs()
+    specs = resolved_specs(s)
     assert [m.served_name for m in specs] == ["qwen2.5-7b", "qwen3-8b", "bge-m3", "llama3.3-70b"]
     qwen = specs[0]
     assert qwen.args()[:7] == ["--gpu-memory-utilization", "0.45", "--max-model-len", "32768",
@@ -83,7 +83,7 @@ def test_config_file_precedence(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLAMA_KEEP_ALIVE", "3m")
     s = load_settings(["--log-level", "WARNING"])
     assert (s.port, s.keep_alive, s.log_level) == (1111, "3m", "WARNING")  # flags > environment > file
-    assert [m.model for m in s.model_specs()] == ["/m"]
+    assert [m.model for m in resolved_specs(s)] == ["/m"]
 
 
 @pytest.mark.parametrize("text,message", [

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.supervisor import sizing
 from vllama_proxy.supervisor.placement import engine_core_pids, plan_placement
 from vllama_proxy.supervisor.sizing import engine_gpus, engine_slots, plan, usable_cpus, with_api_servers

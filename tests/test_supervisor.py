@@ -55,7 +55,7 @@ def test_kill_9_mid_stream_restarts_and_sweeps_grandchild(vllama):
     assert not alive(old_engine), "the dead tree's engine core survived"
     assert v.server_pid() != old_server and alive(v.grandchild_pid())
     assert client.generate(model="tiny", prompt="x", stream=False).done
-    from test_overload_metrics import metric
+    from conftest import metric
 
     text = httpx.get(v.url + "/metrics").text
     assert metric(text, "vllama_supervisor_restarts_total") == 1
@@ -232,7 +232,7 @@ def test_workers_share_port_and_status(vllama):
     assert {(b["state"], b["pid"]) for b in bodies} == {("ready", v.server_pid())}
     client = Client(host=v.url)
     assert all(client.generate(model="tiny", prompt="x", stream=False).done for _ in range(10))
-    from test_overload_metrics import metric
+    from conftest import metric
 
     for _ in range(6):  # whichever worker answers the scrape, it reports all of them
         text = httpx.get(v.url + "/metrics").text

@@ -32,7 +32,7 @@ def settings(tmp_path, **kw) -> Settings:
 
 
 async def run(s: Settings) -> Supervisor:
-    sup = Supervisor(s, s.model_specs()[0], port=free_port(), board=StatusBoard("m"))
+    sup = Supervisor(s, s.configured_models()[0], port=free_port(), board=StatusBoard("m"))
     await sup.start()
     return sup
 
@@ -76,7 +76,7 @@ async def test_deadline_without_progress_allowance_fails(tmp_path, knobs):
 # --- the pool's accounting of GPU memory shares (no process started) ---------------------------
 
 def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_path):
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.pool import ModelPool
 
     specs = [
@@ -122,7 +122,7 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
 
 
 def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_ready_one_helps(tmp_path):
-    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.supervisor.pool import ModelPool
 
     specs = [ModelConfig(model=f"/{n}", name=n, gpu_memory_utilization=u) for n, u in (("a", 0.5), ("b", 0.5), ("z", 0.45), ("c", 0.45))]
@@ -153,7 +153,7 @@ def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_rea
 def test_vllm_fetches_no_media_urls_unless_allowed(tmp_path, allowed, vllm_args, expected):
     """Issue 19: /v1/* passthrough can name image URLs, which vLLM would fetch from any host."""
     s = settings(tmp_path, allowed_media_domains=allowed, vllm_args=vllm_args)
-    argv = Supervisor(s, s.model_specs()[0], port=1, board=StatusBoard("m")).argv()
+    argv = Supervisor(s, s.configured_models()[0], port=1, board=StatusBoard("m")).argv()
     flags = argv[argv.index("--served-model-name") + 2:]
     assert flags[:len(expected)] == expected
     assert flags.count("--allowed-media-domains") + sum(a.startswith("--allowed-media-domains=") for a in flags) == (1 if expected or vllm_args else 0)

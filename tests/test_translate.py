@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import base64
-import struct
-import zlib
 
 import pytest
+from conftest import _png
 
 from vllama_proxy.api.ollama_types import Options
 from vllama_proxy.api.stream import ChatTranslator, Timings
@@ -26,14 +25,6 @@ def test_response_format():
     assert response_format("json") == {"type": "json_object"}
     with pytest.raises(BadRequest):
         response_format("yaml")
-
-
-def _png() -> bytes:
-    """A real 1x1 PNG, built with the stdlib."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + chunk(b"IEND", b""))
 
 
 #: A real 1x1 JPEG (JFIF) and GIF.

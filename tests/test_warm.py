@@ -1,7 +1,7 @@
 """A model's next start is fast (issue 28): vLLM's compile cache where it survives a restart, and
 on-demand models that sleep instead of stopping when host RAM allows.
 
-The end-to-end tests run ``vllama serve`` with nothing configured (``test_on_demand.Server``), the
+The end-to-end tests run ``vllama serve`` with nothing configured (``conftest.OnDemandServer``), the
 stand-in vLLM, and one GPU that ``tests/fake_nvml`` makes NVML report.
 """
 
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from conftest import TESTS
-from test_on_demand import hub, place, serve  # noqa: F401 - fixtures
+from conftest import TESTS, place
 from vllama_proxy.supervisor.warm import compile_cache, sleep_choice
 
 GiB = 1024**3

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .settings import Settings
 
+if TYPE_CHECKING:
+    from .models.resolved import ResolvedModels
+
 USAGE = """usage: vllama COMMAND [args]   (vllama serve [options] [-- vllm serve arguments])
 
 Commands:
@@ -82,6 +85,27 @@ def load_settings(argv: list[str]) -> Settings:
     return settings
 
 
+def resolve_models(settings: Settings) -> ResolvedModels:
+    """The library loaded and the configured models resolved through it, once, at start
+    (``models/resolved.py``).
+
+    Raises:
+        SystemExit: a library file that cannot be read or breaks the schema, or a library name the
+            table does not know (one line on stderr saying what is close, exit 2, as for a bad flag).
+    """
+    from vllama_proxy.errors import ModelNotFound
+    from vllama_proxy.models.library_schema import LibraryError
+    from vllama_proxy.models.resolved import resolve_models as resolve
+
+    try:
+        return resolve(settings.configured_models(), library_path=settings.library, state_dir=settings.state_dir)
+    except LibraryError as e:
+        print(f"vllama serve: {e}", file=sys.stderr)
+    except ModelNotFound as e:
+        print(f"vllama serve: {e.message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``vllama`` script."""
     argv = sys.argv[1:] if argv is None else argv
@@ -108,10 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     from .logs import configure_logging
 
     settings = load_settings(rest)
+    resolved = resolve_models(settings)
     configure_logging(settings.log_level, settings.log_format)
     from vllama_proxy.supervisor.sizing import resolve
 
-    settings, front = resolve(settings)  # --workers auto -> a number, and each vLLM's API servers
+    settings, front = resolve(settings, list(resolved.specs))  # --workers auto -> a number, and each vLLM's API servers
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # Before prometheus-client is first imported: every worker writes its metric
         # values there and /metrics on any worker aggregates them.
@@ -123,12 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     if settings.upstream:
         from vllama_proxy.front.server import serve_upstream
 
-        run_loop(serve_upstream(settings, front))
+        run_loop(serve_upstream(settings, resolved, front))
         return
-    if settings.model_specs() or settings.on_demand:  # none configured: local models start on demand
+    if resolved.specs or settings.on_demand:  # none configured: local models start on demand
         from vllama_proxy.front.server import serve_supervised
 
-        run_loop(serve_supervised(settings, front))
+        run_loop(serve_supervised(settings, resolved, front))
         return
     print("vllama serve: give --upstream URL (proxy a running vLLM), --model M (launch vLLM), "
           "--config FILE with [[models]], or leave --on-demand on (local models start when named)", file=sys.stderr)

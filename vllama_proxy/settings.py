@@ -17,13 +17,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from vllama_proxy import OLLAMA_DEFAULT_PORT, CliParser, parse_ollama_host
-from vllama_proxy.errors import ModelNotFound
-from vllama_proxy.models import library
-from vllama_proxy.models.config import RESERVED_VLLM_ARGS, ModelConfig
+from vllama_proxy.models.launch_spec import RESERVED_VLLM_ARGS, ModelConfig
 
 
 def _duration(value: str) -> str:
@@ -359,11 +357,6 @@ class Settings(BaseSettings):
         """Whether keys share the admission bound and vLLM schedules by priority (``fair_share``)."""
         return self.fair_share == "on" or (self.fair_share == "auto" and self.api_key_file is not None)
 
-    #: The library (packaged + user file) and the launched models resolved through it, made once
-    #: by :meth:`_library_names` (pickled along to the workers).
-    _library: library.Library | None = PrivateAttr(None)
-    _specs: list[tuple[ModelConfig, library.Entry | None]] = PrivateAttr(default_factory=list)
-
     @field_validator("workers")
     @classmethod
     def _workers_range(cls, v: int | str) -> int | str:
@@ -425,23 +418,10 @@ class Settings(BaseSettings):
                 ports.add(m.port)
         return self
 
-    @model_validator(mode="after")
-    def _library_names(self) -> Settings:
-        # Library names (qwen2.5:7b) become their repo and vLLM arguments once, here, so that a
-        # tag the table lacks is a settings error at start, not a vLLM that cannot load "x:y".
-        path = self.library
-        if path is None and (self.state_dir / "library.toml").is_file():
-            path = self.state_dir / "library.toml"
-        try:
-            self._library = library.load(path)
-            self._specs = [library.resolve_spec(m, self._library) for m in self._raw_specs()]
-        except library.LibraryError as e:
-            raise ValueError(str(e)) from None
-        except ModelNotFound as e:
-            raise ValueError(e.message) from None
-        return self
-
-    def _raw_specs(self) -> list[ModelConfig]:
+    def configured_models(self) -> list[ModelConfig]:
+        """The models vllama launches as configured: the ``[[models]]`` tables, or the one ``--model``
+        describes. Library names (``qwen2.5:7b``) are resolved at start-up, not here
+        (``models/resolved.py``)."""
         if self.models:
             return list(self.models)
         if self.model:
@@ -454,21 +434,6 @@ class Settings(BaseSettings):
                 )
             ]
         return []
-
-    def model_specs(self) -> list[ModelConfig]:
-        """The models vllama launches: the ``[[models]]`` tables, or the one ``--model`` describes,
-        library names resolved (``qwen2.5:7b`` -> ``Qwen/Qwen2.5-7B-Instruct`` served as ``qwen2.5:7b``
-        with tool calling on; see ``models/library.py``)."""
-        return [spec for spec, _ in self._specs]
-
-    def library_entries(self) -> dict[str, library.Entry]:
-        """Served name -> the library entry it came from, for the launched models named by a library name."""
-        return {spec.served_name: entry for spec, entry in self._specs if entry is not None}
-
-    def library_table(self) -> library.Library:
-        """The library: the packaged table, extended or overridden by ``--library`` (or ``<state_dir>/library.toml``)."""
-        assert self._library is not None  # made by the validator
-        return self._library
 
     @classmethod
     def settings_customise_sources(

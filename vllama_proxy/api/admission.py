@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from vllama_proxy.errors import ServerBusy, TooManyRequests, error_response
-from vllama_proxy.models.config import ModelConfig, vllm_arg
+from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS

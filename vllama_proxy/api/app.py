@@ -29,6 +29,7 @@ from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.on_demand import OnDemand
+from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
@@ -160,12 +161,13 @@ def _allow(e: web.HTTPException) -> dict[str, str] | None:
     return {"Allow": allow} if allow else None
 
 
-def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
+def build_app(settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
               bound: admission.AdmissionBound, slots: Any = None) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
 
     Args:
         settings: the validated settings (``workers`` resolved to a number).
+        resolved: the library and the launched models, resolved at start (``models/resolved.py``).
         backends: one per model vllama launches (with its status board), or the one
             ``--upstream`` server.
         worker: this process's index among ``--workers`` (its slot for in-flight counts).
@@ -201,11 +203,11 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
     live = [Backend(spec, pool if i == 0 else pool.at(spec.url)) for i, spec in enumerate(backends)]
     on_demand = None
     if slots is not None:
-        on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=settings.library_table(),
+        on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=resolved.library,
                              allow=settings.on_demand_models, vllm_args=settings.vllm_args, keep_alive=settings.keep_alive,
                              load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models")
     aliases = dict(settings.alias)
-    for spec in settings.model_specs():
+    for spec in resolved.specs:
         aliases.update({a: spec.served_name for a in spec.aliases})
     app[SETTINGS] = settings
     app[BLOBS] = BlobStore(settings.state_dir / "blobs", settings.max_blob_size)
@@ -219,7 +221,7 @@ def build_app(settings: Settings, backends: list[BackendSpec], *, worker: int = 
         vllm_args={"*": settings.vllm_args},
         ttl=settings.models_ttl,
         store=AliasStore(settings.state_dir / "aliases.json"),
-        library=settings.library_table(),
+        library=resolved.library,
         on_demand=on_demand,
         created=CreatedStore(settings.state_dir / "created.json"),
     )

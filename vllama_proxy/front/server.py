@@ -20,7 +20,8 @@ from vllama_proxy.api.app_keys import KEYS
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
 from vllama_proxy.models.backends import BackendSpec, ServedModel
-from vllama_proxy.models.config import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
+from vllama_proxy.models.launch_spec import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
+from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu, lifeline, warm
 from vllama_proxy.supervisor.child import find_executable
@@ -108,19 +109,20 @@ def log_front_end(front: Plan) -> None:
     log.info("front_end", **front.as_dict())
 
 
-async def serve_upstream(settings: Settings, front: Plan) -> None:
-    """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal."""
+async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Plan) -> None:
+    """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal
+    (``resolved``: the library, for names; nothing is launched)."""
     assert settings.upstream is not None
-    library.log_user_file(settings.library_table())
+    library.log_user_file(resolved.library)
     notifier = Notifier()
     nofile = raise_nofile_limit()
     log_front_end(front)
     bound = admission_bound(settings, [], nofile, None)
     backends = [BackendSpec(url=settings.upstream)]
-    app = build_app(settings, backends, front=front, bound=bound)
+    app = build_app(settings, resolved, backends, front=front, bound=bound)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
                              idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
-    workers = WorkerPool(settings, backends, front, bound)
+    workers = WorkerPool(settings, resolved, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
     notifier.status(f"ready: proxying {settings.upstream}")
@@ -178,7 +180,7 @@ def free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-async def serve_supervised(settings: Settings, front: Plan) -> None:
+async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: Plan) -> None:
     """``vllama serve --model M`` or ``--config`` with ``[[models]]``: launch and keep one
     ``vllm serve`` per model healthy, serve the Ollama API for all of them.
 
@@ -187,13 +189,17 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     stop every vLLM's process group, return (exit 0). Exits 1 with one line when there
     is no GPU.
     """
-    specs = [with_priority_policy(with_api_servers(m, front), settings) for m in settings.model_specs()]
-    library.log_user_file(settings.library_table())
-    for served, entry in settings.library_entries().items():
-        # chat_template: the library names vLLM's own tool templates (examples/*.jinja), which
-        # vLLM's wheel does not ship; the repo's own template serves instead.
-        log.info("library_model", model=served, library=entry.name, repo=entry.repo, quantization=entry.quant_kind,
-                 fallback=entry.fallback, vllm_args=entry.vllm_args(), chat_template_skipped=entry.chat_template or None)
+    specs = [with_priority_policy(with_api_servers(m, front), settings) for m in resolved.specs]
+    library.log_user_file(resolved.library)
+    for spec in specs:
+        entry = resolved.entries.get(spec.served_name)
+        if entry is None:
+            continue
+        # vllm_args: the flags its vLLM is launched with (the supervisor adds only --host, --port,
+        # --served-model-name, media limits and LoRA's). chat_template: the library names vLLM's own
+        # tool templates (examples/*.jinja), which vLLM's wheel does not ship; the repo's own serves instead.
+        log.info("library_model", model=spec.served_name, library=entry.name, repo=entry.repo, quantization=entry.quant_kind,
+                 fallback=entry.fallback, vllm_args=spec.args(), chat_template_skipped=entry.chat_template or None)
     # vLLM trees an earlier vllama left running (killed, or crashed) hold GPU memory: stop them first,
     # and stop ours on any exit path that skips the orderly stop below (lifeline.py).
     stale = await asyncio.to_thread(lifeline.stop_stale, settings.state_dir, settings.stop_grace)
@@ -251,10 +257,10 @@ async def serve_supervised(settings: Settings, front: Plan) -> None:
     ]
     backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
-    app = build_app(settings, backends, front=front, bound=bound, slots=slots)
+    app = build_app(settings, resolved, backends, front=front, bound=bound, slots=slots)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
                              idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
-    workers = WorkerPool(settings, backends, front, bound, slots)
+    workers = WorkerPool(settings, resolved, backends, front, bound, slots)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
              models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})

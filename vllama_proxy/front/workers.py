@@ -24,6 +24,7 @@ from typing import Any
 from vllama_proxy.api.admission import AdmissionBound
 from vllama_proxy.logs import configure_logging, get_logger
 from vllama_proxy.models.backends import BackendSpec
+from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.lifeline import die_with_parent
 from vllama_proxy.supervisor.sizing import Plan
@@ -33,24 +34,24 @@ log = get_logger("vllama.workers")
 _CTX = multiprocessing.get_context("spawn")
 
 
-def _worker_main(index: int, parent: int, settings: Settings, backends: list[BackendSpec], front: Plan,
-                 bound: AdmissionBound, slots: Any = None) -> None:
+def _worker_main(index: int, parent: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec],
+                 front: Plan, bound: AdmissionBound, slots: Any = None) -> None:
     # A worker left behind would keep serving on the shared port (SO_REUSEPORT) with a dead
     # supervisor's view of vLLM: it stops (draining) when the main process dies, however it dies.
     die_with_parent(signal.SIGTERM, parent)
     configure_logging(settings.log_level, settings.log_format)
     from .site import run_loop
 
-    run_loop(_serve(index, settings, backends, front, bound, slots))
+    run_loop(_serve(index, settings, resolved, backends, front, bound, slots))
 
 
-async def _serve(index: int, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound,
-                 slots: Any = None) -> None:
+async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
+                 bound: AdmissionBound, slots: Any = None) -> None:
     from vllama_proxy.api.app import build_app
     from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 
     nofile = raise_nofile_limit()
-    app = build_app(settings, backends, worker=index, front=front, bound=bound, slots=slots)
+    app = build_app(settings, resolved, backends, worker=index, front=front, bound=bound, slots=slots)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True,
                              idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
     log.info("worker_listening", worker=index, port=settings.port)
@@ -75,15 +76,16 @@ class WorkerPool:
 
     Args:
         settings: the settings every worker serves with.
+        resolved: the library and the launched models, resolved once at start (pickled to each worker).
         backends: the vLLM servers (with their status boards in shared memory), as ``build_app`` takes them.
         front: the front end's plan (shown in ``/readyz``).
         bound: the server-wide admission count in shared memory.
         slots: the on-demand slots (shared memory), or ``None``.
     """
 
-    def __init__(self, settings: Settings, backends: list[BackendSpec], front: Plan, bound: AdmissionBound,
-                 slots: Any = None) -> None:
-        self._args = (settings, backends, front, bound, slots)
+    def __init__(self, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
+                 bound: AdmissionBound, slots: Any = None) -> None:
+        self._args = (settings, resolved, backends, front, bound, slots)
         self._bound = bound
         self._boards = [spec.board for spec in backends if spec.board is not None]
         self._procs: dict[int, BaseProcess] = {}

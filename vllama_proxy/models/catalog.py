@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.logs import get_logger
 from .backends import ServedModel
-from .config import has_flag, vllm_arg
+from .launch_spec import has_flag, vllm_arg
 from .fim import FimFormat, fim_format
 from .library import Library, load as load_library, looks_like_library_name
+from .library_advice import advice
 from .model_files import ModelFiles, read_model_files
 from .names import LATEST, Names, ollama_name, strip_latest  # noqa: F401 - re-exported: the catalog's callers use them
 
@@ -204,7 +205,7 @@ class Catalog:
         except ModelNotFound as e:
             if name.partition(":")[0] in self._library:  # a known name, an unknown tag
                 return e
-            return ModelNotFound(name, self._library.advice(name, [strip_latest(n) for n in models]))
+            return ModelNotFound(name, advice(name, self._library.names, [strip_latest(n) for n in models]))
         return ModelNotFound(name, f"vllama's library maps it to {entry.repo}, which this server does not serve")
 
     def backend_of(self, model: ServedModel) -> Backend:

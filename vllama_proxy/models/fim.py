@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .library import Fim, Library
+from .library import Library
+from .library_schema import Fim
 from .model_files import ModelFiles
 
 

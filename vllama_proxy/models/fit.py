@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import vllm_arg
+from .launch_spec import vllm_arg
 from .model_files import _load_json, read_safetensors_header
 
 GiB = 1 << 30

@@ -23,7 +23,7 @@ from vllama_proxy.errors import ModelNotAllowed, SlotsFull
 from vllama_proxy.logs import get_logger
 from . import local
 from .backends import ServedModel
-from .config import ModelConfig
+from .launch_spec import ModelConfig
 from .library import Library, resolve_spec
 
 if TYPE_CHECKING:  # pragma: no cover

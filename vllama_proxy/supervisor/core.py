@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from vllama_proxy.models.adapters import LoraPlan, lora_plan
-from vllama_proxy.models.config import ModelConfig, has_flag
+from vllama_proxy.models.launch_spec import ModelConfig, has_flag
 from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes

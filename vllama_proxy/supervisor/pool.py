@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 
 from vllama_proxy.models import fit
-from vllama_proxy.models.config import ModelConfig, vllm_arg
+from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.models.keep_alive import parse_keep_alive
 from vllama_proxy.models.model_files import find_model_dir
 from vllama_proxy.models.on_demand import safe_args

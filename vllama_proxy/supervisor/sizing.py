@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllama_proxy.models.config import ModelConfig, has_flag, vllm_arg
+from vllama_proxy.models.launch_spec import ModelConfig, has_flag, vllm_arg
 from vllama_proxy.settings import Settings
 from .gpu import host_numbers
 from .placement import Placement, plan_placement
@@ -249,8 +249,9 @@ def with_api_servers(spec: ModelConfig, plan_: Plan) -> ModelConfig:
     return spec.model_copy(update={"vllm_args": [*spec.vllm_args, "--api-server-count", str(n)]})
 
 
-def resolve(settings: Settings) -> tuple[Settings, Plan]:
-    """The settings with ``workers`` made a number, and the :class:`Plan` behind it.
+def resolve(settings: Settings, specs: list[ModelConfig]) -> tuple[Settings, Plan]:
+    """The settings with ``workers`` made a number, and the :class:`Plan` behind it, for the
+    launched models ``specs`` (library names resolved: ``models/resolved.py``).
 
     ``--cpus`` replaces the detected CPUs; ``--workers N`` and ``--api-server-count`` after ``--``
     (or in a model's ``vllm_args``) win over the automatic choice. The engine cores' CPUs come
@@ -260,7 +261,6 @@ def resolve(settings: Settings) -> tuple[Settings, Plan]:
         cpus, source = settings.cpus, "--cpus"
     else:
         cpus, source = usable_cpus()
-    specs = settings.model_specs()
     p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers))
     try:
         affinity = sorted(os.sched_getaffinity(0))

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from vllama_proxy.errors import SlotsFull, UpstreamUnavailable
-from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models.launch_spec import ModelConfig
 from .shm import SharedLock
 from .states import State
 from .status import StatusBoard

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from vllama_proxy.logs import get_logger
-from vllama_proxy.models.config import ModelConfig
+from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.models.model_files import read_model_files
 
 log = get_logger("vllama.supervisor")

@@ -1,9 +1,12 @@
-"""The models vllama serves: one ``[[models]]`` table each in the config file, or ``--model``.
+"""A served model's launch spec: one ``[[models]]`` table of the config file, or ``--model``.
 
-Each entry becomes one ``vllm serve`` child (its own state machine, private loopback
-port and process group). Typed fields cover what operators set most (GPU memory
-share, GPUs, context length, tool and reasoning parsers); anything else goes in
-``vllm_args``. Policy fields say how vllama treats the model: its default
+(Not vllama's own settings, which are ``settings.py``.) :meth:`ModelConfig.args` is the one
+builder of a model's ``vllm serve`` flags; a library name's flags reach it as fields and
+``vllm_args`` of the spec (``models/library.py``).
+
+Each entry becomes one ``vllm serve`` child (its own state machine, private loopback port and
+process group). Typed fields cover what operators set most (GPU memory share, GPUs, context
+length, tool and reasoning parsers); anything else goes in ``vllm_args``. Policy fields say how vllama treats the model: its default
 ``keep_alive``, whether it loads at start (``preload``), whether keep-alive expiry
 and eviction put it to sleep (``sleep_mode``, vLLM's ``--enable-sleep-mode``) or stop
 it, and whether it may be evicted to make room for another (``pin``).
@@ -40,6 +43,19 @@ def vllm_arg(args: list[str] | tuple[str, ...], *names: str) -> str | None:
 def has_flag(args: list[str] | tuple[str, ...], name: str) -> bool:
     """Whether ``--name`` (or ``--name=...``) appears in ``args``."""
     return any(a == name or a.startswith(name + "=") for a in args)
+
+
+def pooling(args: list[str] | tuple[str, ...]) -> bool:
+    """Whether ``args`` run vLLM's pooling runner (``--runner pooling``, or the older ``--task embed``)."""
+    for i, a in enumerate(args):
+        nxt = args[i + 1] if i + 1 < len(args) else ""
+        if (a == "--runner" and nxt == "pooling") or a == "--runner=pooling":
+            return True
+        if (a == "--task" and nxt in ("embed", "embedding")) or a in ("--task=embed", "--task=embedding"):
+            return True
+        if (a == "--convert" and nxt == "embed") or a == "--convert=embed":
+            return True
+    return False
 
 
 def served_name_for(model: str) -> str:
