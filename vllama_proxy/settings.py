@@ -323,6 +323,13 @@ class Settings(BaseSettings):
         description="Header carrying a conversation's stable key upstream (a hash of the model, system prompt and first "
         "user message; the client's own value is kept), read by vllm-router's consistent_hash policy. Empty: none.",
     )
+    session_key: Literal["conversation", "system"] = Field(
+        "conversation",
+        description="What the session key of --session-header hashes: the model, system prompt and first user message "
+        "(conversation: each conversation keeps its engine), or the model and system prompt (system: every conversation "
+        "sharing a system prompt keeps one engine, for a router's sticky_least_loaded policy; without a system prompt, "
+        "the conversation's key).",
+    )
     register_with: str | None = Field(
         None,
         description="URL of a vllm-router this node joins: its /add_worker is called with --advertise-url whenever the "
