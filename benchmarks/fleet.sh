@@ -32,7 +32,7 @@
 #             engine's prefix cache reset; then the workload through the front (+system: the one on :11435
 #             whose session key is model + system prompt): loadgen --conversations G,S,T at C sessions in
 #             flight, TTFT/ITL/tok/s per turn and the cluster prefix-cache hit rate (sum of the engines'
-#             hits / queries); $OUT/CONFIG-r0.json
+#             hits / queries); $OUT/CONFIG-r0.json (+ written . in file names)
 #   rounds    every configuration of CONFIGS in turn, ROUNDS (4) times (alternating, a seed per run);
 #             $OUT/CONFIG-rN.json, also kept in $LOGS/runs
 #   summarize benchmarks/fleet_summary.py over $LOGS/runs: per configuration the pooled hit rate and its
@@ -138,9 +138,10 @@ run_config() {  # CONFIG ROUND: the router restarted for CONFIG, caches reset, t
   log "$1 round $2: router --policy $policy, front $front; prefix caches reset ($(reset_caches)); G=$G S=$S T=$T, $C in flight"
   # a seed of its own per run: the same sizes, other words, so no run finds an earlier run's prefixes cached
   # even where the reset is refused (vLLM answers it only with VLLM_SERVER_DEV_MODE=1)
-  workload "$front" "$OUT/$1-r$2.json" --seed "$(cksum <<< "$1-$2" | cut -c1-6)" > "$LOGS/$1-r$2.txt" 2>&1
-  cp "$OUT/$1-r$2.json" $LOGS/runs/
-  report "$OUT/$1-r$2.json" "$1 r$2"
+  local f=${1//+/.}-r$2  # file names of plain characters (what comes back from the device): + as .
+  workload "$front" "$OUT/$f.json" --seed "$(cksum <<< "$1-$2" | cut -c1-6)" > "$LOGS/$f.txt" 2>&1
+  cp "$OUT/$f.json" $LOGS/runs/
+  report "$OUT/$f.json" "$1 r$2"
 }
 report() {  # json name
   python3 - "$1" "$2" <<'EOF' | tee -a "$OUT/summary.txt"

@@ -34,7 +34,8 @@ def load(folder: Path) -> dict[str, dict[int, dict]]:
     for f in sorted(folder.glob("*-r*.json"), key=lambda p: p.stat().st_mtime):
         m = re.fullmatch(r"(.+)-r(\d+)\.json", f.name)
         if m:
-            runs.setdefault(m[1], {})[int(m[2])] = json.loads(f.read_text())["runs"][0]
+            # fleet.sh writes CONFIG's "+" as "." in file names
+            runs.setdefault(m[1].replace(".", "+"), {})[int(m[2])] = json.loads(f.read_text())["runs"][0]
     return runs
 
 
