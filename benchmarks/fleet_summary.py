@@ -19,13 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``, nearest rank; NaN when empty."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+# loadgen's own percentile (linear, numpy's default): the same p50 as its per-run tables
+from loadgen import percentile
 
 
 def load(folder: Path) -> dict[str, dict[int, dict]]:
@@ -37,6 +32,12 @@ def load(folder: Path) -> dict[str, dict[int, dict]]:
             # fleet.sh writes CONFIG's "+" as "." in file names
             runs.setdefault(m[1].replace(".", "+"), {})[int(m[2])] = json.loads(f.read_text())["runs"][0]
     return runs
+
+
+def pooled(values: list[float], q: float) -> str:
+    """The ``q`` percentile of ``values`` (ms), formatted; ``n/a`` when empty."""
+    p = percentile(sorted(values), q)
+    return "n/a" if p is None else f"{p:.1f}"
 
 
 def summarize(runs: dict[str, dict[int, dict]]) -> list[str]:
@@ -52,9 +53,9 @@ def summarize(runs: dict[str, dict[int, dict]]) -> list[str]:
         return r["ttft_ms"]["p50"]
 
     base_rate = pooled_rate(base)
-    out = ["| configuration | rounds | turns ok | cluster hit rate (pooled; min-max) | vs round robin | "
-           "TTFT p50 / p90 pooled (ms) | TTFT p50 per round (ms) | rounds p50 < round robin's | output tok/s (median) | turns per engine |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    header = ("| configuration | rounds | turns ok | cluster hit rate (pooled; min-max) | vs round robin | "
+              "TTFT p50 / p90 pooled (ms) | TTFT p50 per round (ms) | rounds p50 < round robin's | output tok/s (median) | turns per engine |")
+    out = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         rate = pooled_rate(rs)
         per_round = [(r.get("cache") or {}).get("cluster_hit_rate") for r in rs.values()]
@@ -69,7 +70,7 @@ def summarize(runs: dict[str, dict[int, dict]]) -> list[str]:
             f"| {name} | {len(rs)} | {sum(r['ok'] for r in rs.values())}/{sum(r['requests'] for r in rs.values())} | "
             + (f"{rate:.4f} ({min(per_round):.3f}-{max(per_round):.3f})" if rate is not None and per_round else "n/a")
             + " | " + (f"{rate / base_rate:.2f}x" if rate and base_rate else "")
-            + f" | {percentile(ttfts, 0.5):.1f} / {percentile(ttfts, 0.9):.1f} | "
+            + f" | {pooled(ttfts, 50)} / {pooled(ttfts, 90)} | "
             + ", ".join(f"{p50(r):.1f}" for _, r in sorted(rs.items()))
             + " | " + (f"{sum(beats)}/{len(beats)}" if beats else "")
             + f" | {statistics.median(r['output_tok_s'] for r in rs.values()):,.0f} | "
