@@ -194,6 +194,73 @@ def test_one_engine_killed(tmp_path, fleet):
     assert not any(alive(v.server_pid()) for v in (a, b))
 
 
+def test_router_child_mode(tmp_path, fleet):
+    """``vllama serve --router POLICY``: the front starts vllm-router itself, nodes join it, it is
+    restarted when it dies (the nodes join again), and it stops with the front."""
+    import psutil
+
+    router_port = free_port()
+    log = tmp_path / "front.log"
+    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--host", "127.0.0.1", "--port", str(free_port()),
+           "--router", "sticky_least_loaded", "--router-port", str(router_port),
+           (f"--router-args=--prometheus-port {free_port()} --health-check-interval-secs 1 --health-failure-threshold 1 "
+            "--health-success-threshold 1 --worker-startup-check-interval 1")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_CPUS": "2",
+                                      "VLLAMA_STATE_DIR": str(tmp_path / "front-state")},
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    front_url = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+    front = type("Front", (), {"proc": proc, "url": front_url})()
+    fleet(lambda: front)
+    wait_http(front_url + "/", proc)
+
+    router = Router.__new__(Router)  # the front's child, seen from outside
+    router.url, router.log = f"http://127.0.0.1:{router_port}", log
+
+    def child() -> psutil.Process:
+        # vllm-router retitles itself (its process name and command line: vllm::router)
+        kids = [c for c in psutil.Process(proc.pid).children() if "vllm::router" in c.name() or "vllm-router" in " ".join(c.cmdline())]
+        assert len(kids) == 1, kids
+        return kids[0]
+
+    first = child()
+    a, b = fleet(node, tmp_path, "a", router), fleet(node, tmp_path, "b", router)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})
+    client = Client(host=front_url)
+    for s in range(4):
+        chat(client, 1, system=f"You are assistant {s}.", first="hi")
+    assert sessions_seen(a) and sessions_seen(b)
+
+    first.kill()  # the router dies: the front starts another, the nodes join it again
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            second = child()
+            if second.pid != first.pid and httpx.get(router.url + "/liveness").status_code == 200:
+                break
+        except (AssertionError, psutil.Error, httpx.HTTPError):
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    router.wait_workers({a.url: True, b.url: True})
+    chat(client, 1, system="After the router's restart.", first="hi")
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert not psutil.pid_exists(second.pid) or second.status() == psutil.STATUS_ZOMBIE
+
+
+def test_router_needs_no_upstream():
+    from vllama_proxy.settings import Settings
+
+    s = Settings(router="sticky_least_loaded", router_port=30001)
+    assert s.upstream == "http://127.0.0.1:30001"
+    with pytest.raises(ValueError, match="without --model"):
+        Settings(router="round_robin", model="m")
+    with pytest.raises(ValueError, match="without --upstream"):
+        Settings(router="round_robin", upstream="http://127.0.0.1:8000")
+
+
 def test_session_key_is_the_conversations():
     from vllama_proxy.api import session
     from vllama_proxy.api.ollama_types import Message
