@@ -22,15 +22,23 @@
 #                    other (two starting at once on one GPU misjudge their KV cache), each
 #                    `vllama serve --model $MODEL --register-with $ROUTER` on :11501/:11502 with its vLLM on
 #                    :8101/:8102; PLACEMENT=shared: both on GPU 0 (--gpu-memory-utilization $GPU_UTIL, 0.4),
-#                    split: CUDA_VISIBLE_DEVICES 0 and 1; then the front `vllama serve --upstream $ROUTER` on :11434
+#                    split: CUDA_VISIBLE_DEVICES 0 and 1; then two fronts `vllama serve --upstream $ROUTER`: on :11434
+#                    with the default session key (--session-key conversation), on :11435 with --session-key system
 #             one:   one node on :11434 (its vLLM on :8101), no router (the baseline)
 #             dp2:   one node on :11434 whose vLLM runs `--data-parallel-size 2` (two GPUs: vLLM's own balancer)
-#   run-POLICY  fleet only: the router restarted with --policy POLICY (cache_aware, consistent_hash,
-#             round_robin, power_of_two); the nodes join it again; every engine's prefix cache reset;
-#             then the workload: loadgen --conversations G,S,T at C sessions in flight, TTFT/ITL/tok/s per
-#             turn and the cluster prefix-cache hit rate (sum of the engines' hits / queries); $OUT/POLICY.json
+#   run-CONFIG  fleet only, CONFIG = POLICY[+system][+balanced]: the router restarted with --policy POLICY
+#             (round_robin, cache_aware, consistent_hash, sticky_least_loaded, power_of_two; +balanced adds
+#             $BALANCE_ARGS, cache_aware spreading load once 4 requests apart); the nodes join it again; every
+#             engine's prefix cache reset; then the workload through the front (+system: the one on :11435
+#             whose session key is model + system prompt): loadgen --conversations G,S,T at C sessions in
+#             flight, TTFT/ITL/tok/s per turn and the cluster prefix-cache hit rate (sum of the engines'
+#             hits / queries); $OUT/CONFIG-r0.json (+ written . in file names)
+#   rounds    every configuration of CONFIGS in turn, ROUNDS (4) times (alternating, a seed per run);
+#             $OUT/CONFIG-rN.json, also kept in $LOGS/runs
+#   summarize benchmarks/fleet_summary.py over $LOGS/runs: per configuration the pooled hit rate and its
+#             ratio to round robin's, TTFT p50/p90 over every turn, per-round p50s; $OUT/summary-rounds.md
 #   run       one and dp2: the same workload against the node ($OUT/$TOPOLOGY.json)
-#   failover  fleet, cache_aware: the workload with 3 x S sessions per group, FAIL_AT (4) s into it engine a's EngineCore gets
+#   failover  fleet, FAILOVER_CONFIG (sticky_least_loaded+system): the workload with 3 x S sessions per group, FAIL_AT (4) s into it engine a's EngineCore gets
 #             SIGKILL; which turns failed (and whether each was in flight at the kill), when the last
 #             failure ended, how long until a's supervisor had it ready and the router took it back;
 #             $OUT/failover.json, failover.txt
@@ -40,23 +48,30 @@
 #   1. carry .whl-router (~5 s):       benchmarks/fleet.sh router-wheel
 #   2. carry the last chunk, $DEV, .whl (timeout_s 600, ~4-5 min: two engines start one after the other):
 #        OUT=$OUT DEV=.devscripts benchmarks/fleet.sh install setup size start
-#   3. no carry (timeout_s 600, ~3-5 min):
-#        OUT=$OUT benchmarks/fleet.sh run-cache_aware run-consistent_hash run-round_robin failover stop
-# Outputs in $OUT: summary.txt (one line per run), cache_aware.json, consistent_hash.json, round_robin.json,
-# failover.json (loadgen JSON: pooled summary, per-turn timeline, each engine's prefix-cache counters),
-# failover.txt, {front,a,b,router}.log.gz.
+#   3. no carry (timeout_s 600, ~5 min: 6 configurations x 4 rounds, ~10 s each):
+#        OUT=$OUT benchmarks/fleet.sh rounds summarize
+#   4. no carry (timeout_s 600, ~2 min: the killed engine's restart takes ~65 s):
+#        OUT=$OUT benchmarks/fleet.sh failover stop
+# Outputs in $OUT: summary.txt (one line per run), CONFIG-rN.json per run, summary-rounds.md, failover.json
+# (loadgen JSON: pooled summary, per-turn timeline with TTFT, each engine's prefix-cache counters),
+# failover.txt, {front,front2,a,b,router}.log.gz.
 # Issue 32 on nvidia-h200-x2: PLACEMENT=split for the fleet; TOPOLOGY=one and TOPOLOGY=dp2 with `start run stop`.
-# Dry run against the stand-in (no GPU): PATH=$PWD/tests/bin:$PATH MODEL=<any dir> VLLAMA_EXTRA=--no-gpu-check
-#   NO_GPU=1 benchmarks/fleet.sh start run-cache_aware failover stop
+# Dry run against the stand-in (no GPU; vllm-router from the venv): PATH=$PWD/tests/bin:.venv/bin:$PATH
+#   MODEL=<dir with a config.json> VLLAMA_EXTRA="--no-gpu-check --vllm-executable $PWD/tests/bin/vllm" NO_GPU=1
+#   G=2 S=2 T=2 C=4 SYSTEM_WORDS=50 ROUNDS=2 benchmarks/fleet.sh start rounds summarize failover stop
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
 TOPOLOGY=${TOPOLOGY:-fleet} PLACEMENT=${PLACEMENT:-shared} GPU_UTIL=${GPU_UTIL:-0.4}
 G=${G:-8} S=${S:-8} T=${T:-4} C=${C:-32} SYSTEM_WORDS=${SYSTEM_WORDS:-3000} TURN_WORDS=${TURN_WORDS:-64} TOKENS=${TOKENS:-64}
 KV_FRACTION=${KV_FRACTION:-0.75} FAIL_AT=${FAIL_AT:-4} SERVED=qwen-random
+# the configurations `rounds` alternates (POLICY[+system][+balanced], see run-CONFIG), ROUNDS times each
+CONFIGS=${CONFIGS:-round_robin sticky_least_loaded+system cache_aware+balanced consistent_hash+system cache_aware sticky_least_loaded}
+ROUNDS=${ROUNDS:-4} FAILOVER_CONFIG=${FAILOVER_CONFIG:-sticky_least_loaded+system}
+BALANCE_ARGS=${BALANCE_ARGS:---balance-abs-threshold 4 --balance-rel-threshold 1.2}
 # ports: the front, the router and its Prometheus listener, nodes a and b and their vLLMs
-PF=${PF:-11434} PR=${PR:-30000} PP=${PP:-29000} PA=${PA:-11501} PB=${PB:-11502} VA=${VA:-8101} VB=${VB:-8102}
-ROUTER=http://127.0.0.1:$PR FRONT=http://127.0.0.1:$PF
-mkdir -p "$OUT" "$LOGS"
+PF=${PF:-11434} PF2=${PF2:-11435} PR=${PR:-30000} PP=${PP:-29000} PA=${PA:-11501} PB=${PB:-11502} VA=${VA:-8101} VB=${VB:-8102}
+ROUTER=http://127.0.0.1:$PR FRONT=http://127.0.0.1:$PF FRONT_SYSTEM=http://127.0.0.1:$PF2
+mkdir -p "$OUT" "$LOGS/runs"
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH=/tmp/vsite/bin:/tmp/site/bin:$PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 VLLM_SERVER_DEV_MODE=1
@@ -85,9 +100,10 @@ node() {  # name port vllm_port gpu [extra vllama flags...]: a node supervising 
   echo $! > $LOGS/$name.pid
   wait_url "http://127.0.0.1:$port/readyz" "$(cat $LOGS/$name.pid)" 900 || { tail -30 $LOGS/$name.log; return 1; }
 }
-router() {  # policy: (re)start vllm-router with no workers; the nodes join it (--register-with)
+router() {  # policy [router flags...]: (re)start vllm-router with no workers; the nodes join it (--register-with)
   [ -f $LOGS/router.pid ] && kill -TERM "$(cat $LOGS/router.pid)" 2>/dev/null && sleep 1
-  setsid vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$1" \
+  echo "[$(date -u +%H:%M:%S)] router: --policy $*" >> $LOGS/router.log
+  setsid vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$@" \
     --health-check-interval-secs 2 --health-failure-threshold 1 --health-success-threshold 1 \
     --worker-startup-check-interval 1 >> $LOGS/router.log 2>&1 < /dev/null &
   echo $! > $LOGS/router.pid
@@ -109,12 +125,30 @@ workload() {  # target json [extra loadgen args]
     --system-words $SYSTEM_WORDS --turn-words $TURN_WORDS --output-tokens $TOKENS --levels $C --no-check-tokens \
     --engine-metrics "$(metrics_urls)" --json "$2" "${@:3}"
 }
+config() {  # CONFIG: POLICY[+system][+balanced] -> $policy (with its router flags) and $front
+  policy=${1%%+*} front=$FRONT
+  case $1 in *+system*) front=$FRONT_SYSTEM ;; esac  # the front whose session key is the system prompt's
+  case $1 in *+balanced*) policy="$policy $BALANCE_ARGS" ;; esac  # cache_aware spreading once 4 requests apart
+}
+run_config() {  # CONFIG ROUND: the router restarted for CONFIG, caches reset, the workload; $OUT/CONFIG-rROUND.json
+  config "$1"
+  # shellcheck disable=SC2086
+  router $policy || return 1
+  wait_workers 2 || return 1
+  log "$1 round $2: router --policy $policy, front $front; prefix caches reset ($(reset_caches)); G=$G S=$S T=$T, $C in flight"
+  # a seed of its own per run: the same sizes, other words, so no run finds an earlier run's prefixes cached
+  # even where the reset is refused (vLLM answers it only with VLLM_SERVER_DEV_MODE=1)
+  local f=${1//+/.}-r$2  # file names of plain characters (what comes back from the device): + as .
+  workload "$front" "$OUT/$f.json" --seed "$(cksum <<< "$1-$2" | cut -c1-6)" > "$LOGS/$f.txt" 2>&1
+  cp "$OUT/$f.json" $LOGS/runs/
+  report "$OUT/$f.json" "$1 r$2"
+}
 report() {  # json name
   python3 - "$1" "$2" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))["runs"][0]
 c = r.get("cache") or {}
-per = " ".join(f"{e['hits']:.0f}/{e['queries']:.0f}" for e in c.get("engines", []))
+per = " ".join(f"{e['hits']:.0f}/{e['queries']:.0f} ({e['requests']:.0f} turns)" for e in c.get("engines", []))
 print(f"  {sys.argv[2]}: {r['ok']}/{r['requests']} turns ok, cluster prefix-cache hit rate {c.get('cluster_hit_rate')} "
       f"(hits/queries per engine: {per}), TTFT p50 {r['ttft_ms']['p50']} ms p90 {r['ttft_ms']['p90']} ms, "
       f"ITL p50 {r['itl_ms']['p50']} ms, {r['output_tok_s']} output tok/s, wall {r['wall_s']} s")
@@ -172,6 +206,11 @@ start)
       > $LOGS/front.log 2>&1 < /dev/null &
     echo $! > $LOGS/front.pid
     wait_url $FRONT/readyz "$(cat $LOGS/front.pid)" 60 || exit 1
+    # a second front whose session key is the model and system prompt (--session-key system)
+    VLLAMA_STATE_DIR=$LOGS/state-front2 setsid python3 -m vllama_proxy serve --upstream $ROUTER --port $PF2 --log-format json \
+      --session-key system > $LOGS/front2.log 2>&1 < /dev/null &
+    echo $! > $LOGS/front2.pid
+    wait_url $FRONT_SYSTEM/readyz "$(cat $LOGS/front2.pid)" 60 || exit 1
     log "fleet up ($PLACEMENT): router $(curl -s $ROUTER/list_workers); front $(curl -s $FRONT/readyz | head -c 300)"
     ;;
   one) node a $PF $VA 0 || exit 1 ;;
@@ -179,15 +218,12 @@ start)
   esac
   log "GPU: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | tr '\n' ' ')"
   ;;
-run-*)
-  policy=${phase#run-}
-  router "$policy" || exit 1
-  wait_workers 2 || exit 1
-  log "policy $policy: prefix caches reset ($(reset_caches)); workload G=$G S=$S T=$T, $C sessions in flight"
-  # a seed of its own per run: the same sizes, other words, so no run finds an earlier run's prefixes cached
-  # even where the reset is refused (vLLM answers it only with VLLM_SERVER_DEV_MODE=1)
-  workload $FRONT "$OUT/$policy.json" --seed "$(cksum <<< "$policy" | cut -c1-6)" > $LOGS/$policy.txt 2>&1
-  report "$OUT/$policy.json" "$policy"
+run-*) run_config "${phase#run-}" 0 || exit 1 ;;
+rounds)  # every CONFIG once per round, ROUNDS rounds, in the same order each round (alternating)
+  for r in $(seq "$ROUNDS"); do for c in $CONFIGS; do run_config "$c" "$r" || exit 1; done; done
+  ;;
+summarize)  # every run so far ($LOGS/runs): per configuration, the median over rounds and the pooled turns
+  python3 benchmarks/fleet_summary.py $LOGS/runs | tee "$OUT/summary-rounds.md"
   ;;
 run)
   log "$TOPOLOGY: prefix caches reset ($(reset_caches)); workload G=$G S=$S T=$T, $C sessions in flight"
@@ -195,11 +231,14 @@ run)
   report "$OUT/$TOPOLOGY.json" "$TOPOLOGY"
   ;;
 failover)
-  router cache_aware || exit 1
+  config "$FAILOVER_CONFIG"
+  # shellcheck disable=SC2086
+  router $policy || exit 1
   wait_workers 2 || exit 1
+  log "failover under $FAILOVER_CONFIG (router --policy $policy, front $front)"
   reset_caches > /dev/null
   restarts0=$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["restarts"])')
-  workload $FRONT "$OUT/failover.json" --conversations $G,$((S * 3)),$T --seed 99 > $LOGS/failover.txt 2>&1 &
+  workload "$front" "$OUT/failover.json" --conversations $G,$((S * 3)),$T --seed 99 > $LOGS/failover.txt 2>&1 &
   lg=$!
   sleep "$FAIL_AT"
   root=$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
@@ -228,14 +267,14 @@ EOF
   report "$OUT/failover.json" failover
   ;;
 stop)
-  for f in front router a b; do
+  for f in front front2 router a b; do
     [ -f $LOGS/$f.pid ] || continue; pid=$(cat $LOGS/$f.pid); kill -0 "$pid" 2>/dev/null || continue
     kill -TERM "$pid"; for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     rm -f $LOGS/$f.pid
   done
   sleep 2
   log "stopped; vLLM processes left: $(pgrep -fc '^VLLM::|vllm serve' || true), routers left: $(pgrep -fc 'vllm-router|vllm::router' || true); GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | tr '\n' ' ')"
-  for f in front a b router; do [ -f $LOGS/$f.log ] && gzip -c $LOGS/$f.log > "$OUT/$f.log.gz"; done
+  for f in front front2 a b router; do [ -f $LOGS/$f.log ] && gzip -c $LOGS/$f.log > "$OUT/$f.log.gz"; done
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
 esac; done

@@ -515,8 +515,9 @@ async def run_conversations(session: aiohttp.ClientSession, target: Target, wl: 
                             concurrency: int, seed: int = 0) -> Run:
     """Every session of ``conv`` against ``target`` (``ollama-chat``), ``concurrency`` sessions at a time.
 
-    The run's ``extra`` has ``timeline``: per turn ``[start_s, e2e_s, ok, turn, group]`` relative to
-    ``t0_unix`` (the wall clock at the run's start), for failover analysis.
+    The run's ``extra`` has ``timeline``: per turn ``[start_s, e2e_s, ok, turn, group, ttft_s]`` (start
+    relative to ``t0_unix``, the wall clock at the run's start; ``ttft_s`` None without a first token),
+    for failover analysis and for pooling TTFT over several runs.
     """
     rng = random.Random(seed)
     systems = [" ".join(rng.choices(VOCAB, k=conv.system_words)) for _ in range(conv.groups)]
@@ -533,7 +534,8 @@ async def run_conversations(session: aiohttp.ClientSession, target: Target, wl: 
             messages.append({"role": "user", "content": text})
             res, reply = await chat_turn(session, target, wl, messages)
             results.append(res)
-            timeline.append([round(res.start - t0, 4), round(res.e2e, 4), res.ok, turn, g])
+            timeline.append([round(res.start - t0, 4), round(res.e2e, 4), res.ok, turn, g,
+                             None if res.ttft is None else round(res.ttft, 4)])
             if not res.ok:
                 return  # a client whose turn failed starts over elsewhere; this session ends
             messages.append({"role": "assistant", "content": reply})

@@ -128,6 +128,23 @@ def test_sessions_keep_their_engine_and_nodes_rejoin(tmp_path, fleet):
     chat(client, 2, system="You are assistant 1.", first="with one node left")
 
 
+def test_system_prompt_key_spreads_prompts_and_keeps_each_on_one_engine(tmp_path, fleet):
+    """``--session-key system`` behind ``sticky_least_loaded``: the conversations sharing a system prompt
+    reach one engine (its prefix is cached once), the distinct prompts are spread over both engines."""
+    router = fleet(Router, tmp_path / "router.log", policy="sticky_least_loaded")
+    a, b = fleet(node, tmp_path, "a", router), fleet(node, tmp_path, "b", router)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})
+    front = fleet(start_proxy, router.url, "--session-key", "system", vllm_args=[])
+    client = Client(host=front.url)
+    for s in range(12):  # 4 system prompts, 3 conversations each, interleaved
+        chat(client, 2, system=f"You are assistant {s % 4}.", first=f"Hello from session {s}")
+    on_a, on_b = sessions_seen(a), sessions_seen(b)
+    # 4 keys (one per system prompt), each on one engine with its 3 conversations x 2 turns, 2 per engine
+    assert sorted(on_a.values()) + sorted(on_b.values()) == [6] * 4 and None not in on_a | on_b
+    assert not set(on_a) & set(on_b) and len(on_a) == len(on_b) == 2
+
+
 def test_one_engine_killed(tmp_path, fleet):
     router = fleet(Router, tmp_path / "router.log")
     env = {"FAKE_VLLM_TOKEN_DELAY": "0.02"}
@@ -177,6 +194,73 @@ def test_one_engine_killed(tmp_path, fleet):
     assert not any(alive(v.server_pid()) for v in (a, b))
 
 
+def test_router_child_mode(tmp_path, fleet):
+    """``vllama serve --router POLICY``: the front starts vllm-router itself, nodes join it, it is
+    restarted when it dies (the nodes join again), and it stops with the front."""
+    import psutil
+
+    router_port = free_port()
+    log = tmp_path / "front.log"
+    cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--host", "127.0.0.1", "--port", str(free_port()),
+           "--router", "sticky_least_loaded", "--router-port", str(router_port),
+           (f"--router-args=--prometheus-port {free_port()} --health-check-interval-secs 1 --health-failure-threshold 1 "
+            "--health-success-threshold 1 --worker-startup-check-interval 1")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_CPUS": "2",
+                                      "VLLAMA_STATE_DIR": str(tmp_path / "front-state")},
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    front_url = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+    front = type("Front", (), {"proc": proc, "url": front_url})()
+    fleet(lambda: front)
+    wait_http(front_url + "/", proc)
+
+    router = Router.__new__(Router)  # the front's child, seen from outside
+    router.url, router.log = f"http://127.0.0.1:{router_port}", log
+
+    def child() -> psutil.Process:
+        # vllm-router retitles itself (its process name and command line: vllm::router)
+        kids = [c for c in psutil.Process(proc.pid).children() if "vllm::router" in c.name() or "vllm-router" in " ".join(c.cmdline())]
+        assert len(kids) == 1, kids
+        return kids[0]
+
+    first = child()
+    a, b = fleet(node, tmp_path, "a", router), fleet(node, tmp_path, "b", router)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})
+    client = Client(host=front_url)
+    for s in range(4):
+        chat(client, 1, system=f"You are assistant {s}.", first="hi")
+    assert sessions_seen(a) and sessions_seen(b)
+
+    first.kill()  # the router dies: the front starts another, the nodes join it again
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            second = child()
+            if second.pid != first.pid and httpx.get(router.url + "/liveness").status_code == 200:
+                break
+        except (AssertionError, psutil.Error, httpx.HTTPError):
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    router.wait_workers({a.url: True, b.url: True})
+    chat(client, 1, system="After the router's restart.", first="hi")
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert not psutil.pid_exists(second.pid) or second.status() == psutil.STATUS_ZOMBIE
+
+
+def test_router_needs_no_upstream():
+    from vllama_proxy.settings import Settings
+
+    s = Settings(router="sticky_least_loaded", router_port=30001)
+    assert s.upstream == "http://127.0.0.1:30001"
+    with pytest.raises(ValueError, match="without --model"):
+        Settings(router="round_robin", model="m")
+    with pytest.raises(ValueError, match="without --upstream"):
+        Settings(router="round_robin", upstream="http://127.0.0.1:8000")
+
+
 def test_session_key_is_the_conversations():
     from vllama_proxy.api import session
     from vllama_proxy.api.ollama_types import Message
@@ -191,6 +275,23 @@ def test_session_key_is_the_conversations():
     assert session.headers("X-Session-ID", {"X-Session-ID": "mine"}, key)["X-Session-ID"] == "mine"
     assert "X-Session-ID" not in session.headers("", {}, key)
     assert session.generate_key("m", None) is None and session.generate_key("m", "s") == session.generate_key("m", "s")
+
+
+def test_session_key_system_scope():
+    """``--session-key system``: one key per model and system prompt, whatever the conversation."""
+    from vllama_proxy.api import session
+    from vllama_proxy.api.ollama_types import Message
+
+    sys_a, sys_b = Message(role="system", content="a"), Message(role="system", content="b")
+    one, two = Message(role="user", content="hi"), Message(role="user", content="hello")
+    key = session.chat_key("m", [sys_a, one], "system")
+    assert key and key == session.chat_key("m", [sys_a, two, Message(role="assistant", content="x"), one], "system")
+    assert key != session.chat_key("m", [sys_b, one], "system") and key != session.chat_key("n", [sys_a, one], "system")
+    assert key != session.chat_key("m", [sys_a, one])  # the conversation's key is another
+    # no system prompt: the conversation's key (a key of the model alone would send every such chat to one engine)
+    assert session.chat_key("m", [one], "system") == session.chat_key("m", [one])
+    assert session.chat_key("m", [one], "system") != session.chat_key("m", [two], "system")
+    assert session.chat_key("m", [sys_a], "system") is None  # no user message yet
 
 
 def test_stand_in_prefix_cache_counts_as_vllm():

@@ -300,6 +300,13 @@ class Settings(BaseSettings):
         description="Header carrying a conversation's stable key upstream (a hash of the model, system prompt and first "
         "user message; the client's own value is kept), read by vllm-router's consistent_hash policy. Empty: none.",
     )
+    session_key: Literal["conversation", "system"] = Field(
+        "conversation",
+        description="What the session key of --session-header hashes: the model, system prompt and first user message "
+        "(conversation: each conversation keeps its engine), or the model and system prompt (system: every conversation "
+        "sharing a system prompt keeps one engine, for a router's sticky_least_loaded policy; without a system prompt, "
+        "the conversation's key).",
+    )
     register_with: str | None = Field(
         None,
         description="URL of a vllm-router this node joins: its /add_worker is called with --advertise-url whenever the "
@@ -310,6 +317,17 @@ class Settings(BaseSettings):
         description="The URL the router reaches this node at (default: http://<this host's name>:<--port>).",
     )
     register_interval: float = Field(10.0, gt=0, description="Seconds between checks that the router lists this node.")
+    router: str | None = Field(
+        None,
+        description="Start vLLM's router (vllm-router, `pip install vllm-router`) with this --policy (e.g. sticky_least_loaded) "
+        "as this front's upstream, on --host and --router-port, with no workers: nodes join it with --register-with "
+        "http://THIS-HOST:ROUTER-PORT. Restarted when it exits; stopped with vllama. Instead of --upstream.",
+    )
+    router_port: int = Field(30000, ge=1, le=65535, description="Port of the router --router starts.")
+    router_args: str = Field(
+        "--health-check-interval-secs 2",
+        description="More vllm-router flags for --router, one string (shell words), e.g. '--prometheus-port 29000'.",
+    )
 
     # --- many users (issue 27; docs/configuration.md "Many users") -----------------------
     max_aliases: int = Field(
@@ -391,6 +409,18 @@ class Settings(BaseSettings):
             for arg in self.vllm_args:
                 if arg.split("=", 1)[0] in RESERVED_VLLM_ARGS:
                     raise ValueError(f"{arg.split('=', 1)[0]} is set by vllama; use --vllm-port / --served-model-name")
+        return self
+
+    @model_validator(mode="after")
+    def _router_is_the_upstream(self) -> Settings:
+        # --router: vllm-router as a child, on loopback for this front (front/fleet.py RouterChild)
+        if self.router and not self.upstream:
+            if self.model or self.models:
+                raise ValueError("--router is a fleet's front: its engines are nodes of their own (vllama serve --model M "
+                                 "--register-with URL); give --router without --model or [[models]]")
+            self.upstream = f"http://127.0.0.1:{self.router_port}"
+        elif self.router and self.upstream != f"http://127.0.0.1:{self.router_port}":  # (validated again: as set)
+            raise ValueError("--router starts the upstream: give it without --upstream")
         return self
 
     @model_validator(mode="after")
@@ -517,7 +547,8 @@ METAVARS = {
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
-    "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL",
+    "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL", "router": "POLICY",
+    "router_port": "PORT", "router_args": "FLAGS",
     "max_small_body_size": "BYTES", "cache_quota": "BYTES", "max_blob_size": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")

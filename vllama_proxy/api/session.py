@@ -2,7 +2,8 @@
 
 Ollama clients resend the whole history every turn and name no session, so the key is made
 from what stays the same across a conversation's turns: the model, the system messages and
-the first user message (``/api/chat``), or the model and ``system`` (``/api/generate``).
+the first user message (``/api/chat``; the system messages alone with ``--session-key system``),
+or the model and ``system`` (``/api/generate``).
 ``vllm-router``'s ``consistent_hash`` policy reads it from the ``X-Session-ID`` header
 (vllm-project/router, ``src/policies/consistent_hash.rs``: ``X-Session-ID``, then
 ``X-User-ID``, then the body's ``user``); other policies and a plain vLLM ignore the header.
@@ -19,9 +20,23 @@ from .ollama_types import Message
 _JSON = {"Content-Type": "application/json"}
 
 
-def chat_key(model: str, messages: Sequence[Message]) -> str | None:
+def chat_key(model: str, messages: Sequence[Message], scope: str = "conversation") -> str | None:
     """32 hex characters from ``model``, the system messages before the first user message and
-    that message (text and images); ``None`` when there is no user message yet."""
+    that message (text and images); ``None`` when there is no user message yet.
+
+    ``scope="system"`` (``--session-key system``) leaves the user message out when there is a
+    system message: every conversation that shares a system prompt gets one key, so a router's
+    ``sticky_least_loaded`` policy keeps that shared prefix on one engine and spreads the
+    distinct prompts over the engines (docs/fleet.md); without a system message it is the
+    conversation's key (a key of the model alone would send every such chat to one engine).
+    """
+    if scope == "system":
+        systems = [m for m in messages[:next((i for i, m in enumerate(messages) if m.role == "user"), 0)] if m.role == "system"]
+        if systems and any(m.role == "user" for m in messages):
+            h = hashlib.blake2b(model.encode() + b"\0system", digest_size=16)
+            for m in systems:
+                h.update(b"\0" + (m.content or "").encode())
+            return h.hexdigest()
     h = hashlib.blake2b(model.encode(), digest_size=16)
     for m in messages:
         h.update(b"\0" + m.role.encode() + b"\0" + (m.content or "").encode())

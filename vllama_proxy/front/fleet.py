@@ -16,13 +16,16 @@ that the router sends nothing more while the node drains.
 from __future__ import annotations
 
 import asyncio
+import shlex
 import socket
 from collections.abc import Callable, Sequence
 
 from vllama_proxy.errors import UpstreamError
 from vllama_proxy.logs import get_logger
 from vllama_proxy.settings import Settings
+from vllama_proxy.supervisor.child import find_executable
 from vllama_proxy.supervisor.core import Supervisor
+from vllama_proxy.supervisor.lifeline import launch_hook
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import Upstream, read_response
 
@@ -114,3 +117,97 @@ class Registration:
     async def _call(self, path: str) -> tuple[int, str]:
         async with self._router.request("POST", path, params={"url": self.url}, check=False) as resp:
             return resp.status, (await read_response(resp)).decode("utf-8", "replace")
+
+
+class RouterChild:
+    """``vllama serve --router POLICY``: vLLM's router started by the front, as the front's upstream.
+
+    Runs ``vllm-router --host HOST --port ROUTER_PORT --policy POLICY ROUTER_ARGS`` (the ``vllm-router``
+    beside this Python, else on ``PATH``) with no workers: the nodes join it (``--register-with``, this
+    module's :class:`Registration`), and again after it restarts. It listens on the front's ``--host``
+    so that nodes on other hosts reach it; the front reaches it on loopback. Restarted one second after
+    it exits on its own; stopped (SIGTERM, SIGKILL after 5 s) after the front drained; it gets SIGTERM
+    from the kernel if vllama dies first (the parent-death signal of ``supervisor/lifeline.py``).
+
+    Raises (from :meth:`start`):
+        RuntimeError: no ``vllm-router`` executable, or the router did not answer ``GET /liveness``
+            within 30 s (its output is logged).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        assert settings.router
+        exe = find_executable("vllm-router")
+        if exe is None:
+            raise RuntimeError("--router: no vllm-router beside this Python or on PATH (pip install vllm-router)")
+        host = settings.host or "0.0.0.0"
+        self.argv = [exe, "--host", host, "--port", str(settings.router_port), "--policy", settings.router,
+                     *shlex.split(settings.router_args)]
+        self.url = f"http://127.0.0.1:{settings.router_port}"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        await self._launch()
+        self._task = asyncio.create_task(self._watch(), name="router-child")
+
+    async def _launch(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=launch_hook())
+        log.info("router_started", pid=self.proc.pid, argv=self.argv)
+        asyncio.create_task(self._relay(self.proc), name="router-output")
+        probe = Upstream(self.url, connect_timeout=1.0, read_timeout=5.0)
+        await probe.start()
+        try:
+            for _ in range(300):
+                if self.proc.returncode is not None:
+                    break
+                try:
+                    async with probe.request("GET", "/liveness", check=False) as resp:
+                        if resp.status == 200:
+                            return
+                except UpstreamError:
+                    pass
+                await asyncio.sleep(0.1)
+        finally:
+            await probe.close()
+        raise RuntimeError(f"--router: vllm-router did not answer {self.url}/liveness (exit code {self.proc.returncode})")
+
+    @staticmethod
+    async def _relay(proc: asyncio.subprocess.Process) -> None:
+        """The router's output lines, into vllama's log."""
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            log.info("router_output", pid=proc.pid, line=line.decode("utf-8", "replace").rstrip())
+
+    async def _watch(self) -> None:
+        while True:
+            assert self.proc is not None
+            code = await self.proc.wait()
+            if self._stopping:
+                return
+            log.warning("router_exited", pid=self.proc.pid, code=code, restart_in_s=1.0)
+            await asyncio.sleep(1.0)
+            try:
+                await self._launch()
+                self.restarts += 1
+            except RuntimeError as e:
+                log.error("router_restart_failed", error=str(e))
+
+    async def stop(self) -> None:
+        """SIGTERM the router, SIGKILL after 5 s; waits for it to exit."""
+        self._stopping = True
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 5.0)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        log.info("router_stopped")

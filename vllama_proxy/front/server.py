@@ -30,7 +30,7 @@ from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
 from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
-from .fleet import Registration
+from .fleet import Registration, RouterChild
 from .sdnotify import Notifier, attach, run_watchdog
 from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
 from .workers import WorkerPool
@@ -118,6 +118,14 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
     nofile = raise_nofile_limit()
     log_front_end(front)
     bound = admission_bound(settings, [], nofile, None)
+    router = RouterChild(settings) if settings.router else None  # --router: vllm-router is the upstream
+    if router is not None:
+        try:
+            await router.start()
+        except RuntimeError as e:
+            log.error("router_failed", error=str(e))
+            await router.stop()
+            raise SystemExit(1) from None
     backends = [BackendSpec(url=settings.upstream)]
     app = build_app(settings, resolved, backends, front=front, bound=bound)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
@@ -135,6 +143,8 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
         log.info("stopping", signal=sig)
     finally:
         await drain(runner, workers, settings.drain_timeout, hurry)
+        if router is not None:
+            await router.stop()
         watchdog.cancel()
         notifier.close()
     log.info("stopped")

@@ -39,7 +39,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     stream = req.stream is not False
     translator = ChatTranslator(name, timings, aggregate=not stream)
     # the conversation's key, so that a router in front of several engines keeps it on one (api/session.py)
-    headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(served, req.messages))
+    headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(served, req.messages, request.app[SETTINGS].session_key))
     async with model_in_use(request, backend, req.keep_alive):
         return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream,
                            headers=headers)
