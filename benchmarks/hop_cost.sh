@@ -121,7 +121,7 @@ relay_up() {
   for _ in $(seq 60); do curl -sf http://127.0.0.1:$PR/ > /dev/null && return 0; sleep 0.25; done
   log "the relay did not start: $(tail -5 $LOGS/relay.log)"; return 1
 }
-run_n=0  # numbers the logs of phases that may run twice in one call (vanilla, cold)
+run_n=0  # counts the starts of this call (vanilla, cold); their logs are named by the time they began
 compile_lines() {  # what vLLM said about its compile cache and start (the lines worth comparing)
   grep -aE 'torch.compile takes|Compiling a graph|Directly load the compiled graph|init engine .* took|Graph capturing finished|Loading weights took|Model loading took' "$1" \
     | sed -E 's/^.*"line":"?//' | cut -c1-200 | head -20
@@ -270,7 +270,7 @@ offline)
   log "offline: $(cat $LOGS/offline.json 2>/dev/null)"
   ;;
 vanilla|vanilla8)
-  run_n=$(( run_n + 1 )); vlog=$LOGS/$phase-$run_n.log
+  run_n=$(( run_n + 1 )); vlog=$LOGS/$phase-$(date +%H%M%S).log
   rm -rf $LOGS/cache-vanilla; page_cache
   asc=""
   if [ $phase = vanilla8 ]; then  # the API servers' count vllama chose (its front_end log line), else 8
@@ -287,7 +287,7 @@ vanilla|vanilla8)
   stop_pid $LOGS/v.pid
   ;;
 cold|warm)
-  run_n=$(( run_n + 1 )); vlog=$LOGS/vllama-$phase-$run_n.log
+  run_n=$(( run_n + 1 )); vlog=$LOGS/vllama-$phase-$(date +%H%M%S).log
   if [ $phase = cold ]; then cache=$LOGS/cache-cold; rm -rf $cache; else cache=$LOGS/cache-b; fi
   s=$(vllama_start $vlog $cache "${COLD_FLAGS:-}") || { tail -40 $vlog; }
   log "$([ $phase = cold ] && echo 'cold start (vllama, fresh compile cache)' || echo 'second start (vllama, compile cache of start kept)')${COLD_FLAGS:+ $COLD_FLAGS} run $run_n of this call: launch to first token $s s"
