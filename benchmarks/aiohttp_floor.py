@@ -7,6 +7,12 @@ Ollama NDJSON line per token, one write per read. No validation, middleware, adm
 metrics, thinking or tool calls: not a product, only the floor under vllama's cost per token
 on the machine it runs on (issue 11: the aiohttp read + write per token is most of it).
 
+``POST /v1/completions`` is the least any relay costs: the request's bytes go to vLLM's
+``/v1/completions`` untouched and every read of the answer is written back untouched (no
+parsing either way), on one pooled connection like a direct client's. Set beside vLLM direct
+and vllama's own ``/v1`` pass-through at c=1 (``hop_cost.sh c1split``), it separates the hop
+itself (another process and loopback connection on the path) from what vllama does on it.
+
     python benchmarks/aiohttp_floor.py --upstream http://127.0.0.1:8000 --port 11435
 """
 
@@ -46,6 +52,18 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return out
 
 
+async def completions(request: web.Request) -> web.StreamResponse:
+    session: aiohttp.ClientSession = request.app["session"]
+    async with session.post(request.app["upstream"] + "/v1/completions", data=await request.read(),
+                            headers={"Content-Type": "application/json"}) as r:
+        out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get("Content-Type", "application/json")})
+        await out.prepare(request)
+        async for data in r.content.iter_any():
+            await out.write(data)
+        await out.write_eof()
+        return out
+
+
 async def make_app(upstream: str) -> web.Application:
     app = web.Application()
     app["upstream"] = upstream
@@ -58,6 +76,7 @@ async def make_app(upstream: str) -> web.Application:
 
     app.cleanup_ctx.append(session)
     app.router.add_post("/api/chat", chat)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_get("/", lambda _r: web.Response(text="ok"))
     return app
 

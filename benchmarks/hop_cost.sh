@@ -19,19 +19,39 @@
 #            with a fresh compile cache (VLLM_CACHE_ROOT=$LOGS/cache-b): a cold start, timed from launch
 #            to the first generated token
 #   c1       c = 1, one client process, $ROUNDS (3) alternating rounds x $C1_REQUESTS (32); stage timings
-#   sweep    c = 16, 64, 256, 1024 (SWEEP_LEVELS), $ROUNDS alternating rounds x 4c requests each, 4 client
-#            processes, CPU by process kind; vllama's stage timings per level; per-round ratios
+#   c1split  (after start) c = 1 with $SPLIT_TOKENS (32) output tokens, $SPLIT_ROUNDS (6) alternating rounds x
+#            $SPLIT_REQUESTS (48), one client process, five targets: d = vLLM direct /v1/completions, r = a bare
+#            aiohttp byte relay in front of the same vLLM (benchmarks/aiohttp_floor.py, its /v1/completions),
+#            p = vllama's /v1/completions pass-through, g = vllama's /api/generate (raw), v = vLLM direct with
+#            exactly the body vllama sends it for g (loadgen's openai-vllama). TTFT / ITL p50 per round and pooled
+#            and the steps r-d (the hop), p-r, g-p (the translation), v-d (the body): c1split.json
+#   c1w1     (after start) vllama restarted with --workers 1 (compile cache of start kept), c1split's run again
+#            without v (c1split-w1.json), then vllama restarted with its defaults (the same cache) for the phases after
+#   sweep    c = 16, 64, 256, 1024 (SWEEP_LEVELS), $SWEEP_ROUNDS (= $ROUNDS, 3) alternating rounds x 4c requests
+#            each, 4 client processes, CPU by process kind; vllama's stage timings per level; per-round ratios,
+#            their median and the pooled ratio
 #   spread   c = 64 and 256 (SPREAD_LEVELS), each target alone: how the connections to vLLM spread over
 #            its API-server processes, and their CPU (benchmarks/api_spread.py)
 #   batch    $BATCH_N (5000) prompts of 128 words, 128 tokens (/v1/completions lines): `vllama batch` with
 #            no concurrency flag (it reads max_running from /api/version)
+#   batchvar $BATCH_N prompts per variant, each variant its own prompts (no prefix-cache hits between them),
+#            BATCH_VARIANTS (default c2x all generate direct): `vllama batch` with no -c (its default), with
+#            -c 2 x max_running, with -c $BATCH_N (all in flight), the same prompts as /api/generate lines
+#            (non-streamed Ollama requests: vllama streams upstream and aggregates), and `vllama batch --host
+#            <vLLM>` with vllama's default concurrency (no hop); then loadgen's burst of $BATCH_N at once,
+#            streamed vs non-streamed /v1/completions through vllama (what streaming costs vLLM): batchvar.json
 #   stop     SIGTERM vllama; GPU memory and leftover vLLM processes; logs
 #   offline  (GPU free: after stop) vLLM's LLM.generate on the same 5,000 prompts, same GPU share (0.85)
 #   vanilla  (GPU free) `vllm serve /tmp/model` with vLLM's defaults and a fresh compile cache: launch to
-#            first token, then stopped
+#            first token, then stopped; with vLLM's start milestones in seconds after launch (hop_report startlog)
+#   vanilla8 (GPU free) the same with --api-server-count as vllama chose it (8 on a 16-CPU host): does the API
+#            servers' count explain vllama's longer start?
 #   warm     (GPU free, after start) vllama's model again with the compile cache of `start` kept: the
 #            second cold start, then stopped
-#   cold     (GPU free; optional) vllama's model with a fresh compile cache again, beside vanilla
+#   cold     (GPU free) vllama's model with a fresh compile cache again, beside vanilla (never the machine's
+#            first vLLM launch: run start first); milestones as vanilla's. Fair pairs: `vanilla cold` in one call,
+#            `cold vanilla` in the next (ABBA: drift and order cancel); COLD_FLAGS: more vllama flags (before
+#            its `--`) for cold and warm, e.g. "--pin-engine-core off"
 #   ondemand (GPU free) two random models placed in $HUB as Qwen/Qwen2.5-1.5B-Instruct and
 #            meta-llama/Llama-3.2-1B-Instruct; `vllama serve` with no model and its defaults; the real
 #            ollama client asks qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b (16 tokens
@@ -45,11 +65,12 @@
 #   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh ondemand
 # (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
+# The second run (c1split, c1w1, more sweep rounds, batchvar, fair cold starts): benchmarks/results/PLAN-i28b.md.
 # Outputs in $OUT (one call's; at most 8 files): summary.txt (every result, tables), c1.json and
 # sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), spread.json, stages.jsonl, logs.tar.gz.
 # Dry run against the stand-in (tests/bin/vllm on PATH, no GPU): MODEL (a model dir), VLLAMA_EXTRA
 # (--no-gpu-check), NO_GPU=1 (skips nvidia-smi), C1_REQUESTS, SWEEP_LEVELS, SPREAD_LEVELS, BATCH_N,
-# TOKENS, PB / PC ports, HUB.
+# TOKENS, PB / PC / PR ports, HUB, SPLIT_ROUNDS, SPLIT_REQUESTS, SPLIT_TOKENS, SWEEP_ROUNDS, BATCH_VARIANTS.
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
 HUB=${HUB:-/tmp/hf/hub}
@@ -57,7 +78,7 @@ mkdir -p "$OUT" "$LOGS" "$HUB"
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH=/tmp/site/bin:$PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 VLLAMA_STATE_DIR=$LOGS/state HF_HOME=$(dirname "$HUB") HF_HUB_CACHE=$HUB
-PB=${PB:-11434} PC=${PC:-8100} ROUNDS=${ROUNDS:-3} TOKENS=${TOKENS:-128}
+PB=${PB:-11434} PC=${PC:-8100} PR=${PR:-8200} ROUNDS=${ROUNDS:-3} TOKENS=${TOKENS:-128} SWEEP_ROUNDS=${SWEEP_ROUNDS:-${ROUNDS:-3}}
 B=http://127.0.0.1:$PB C=http://127.0.0.1:$PC SERVED=qwen-random
 VLLM_SHAPE="--max-model-len 4096 --gpu-memory-utilization 0.85"
 ulimit -n "$(ulimit -Hn)"
@@ -75,14 +96,32 @@ stop_pid() {  # pidfile: SIGTERM, wait up to 60 s
   rm -f "$1"
 }
 page_cache() { cat "$MODEL"/*.safetensors > /dev/null 2>&1 || true; }  # every start reads the weights from RAM
-# vllama serve --model $MODEL with its defaults; $1: its log file, $2: VLLM_CACHE_ROOT. Prints "seconds to first token".
+# vllama serve --model $MODEL with its defaults; $1: its log file, $2: VLLM_CACHE_ROOT, $3: more vllama flags.
+# Prints "seconds to first token"; T0 (epoch seconds of the launch) is left in $LOGS/t0.
 vllama_start() {
   page_cache
+  date +%s.%N > $LOGS/t0
   VLLM_CACHE_ROOT=$2 setsid python3 -m vllama_proxy serve --model "$MODEL" --served-model-name $SERVED --vllm-port $PC \
-    --port $PB --keep-alive -1 --log-format json ${VLLAMA_EXTRA:-} -- $VLLM_SHAPE > "$1" 2>&1 < /dev/null &
+    --port $PB --keep-alive -1 --log-format json ${VLLAMA_EXTRA:-} ${3:-} -- $VLLM_SHAPE > "$1" 2>&1 < /dev/null &
   echo $! > $LOGS/b.pid
   report first $B ollama --model $SERVED --timeout 590
 }
+milestones() { report startlog "$1" "$(cat $LOGS/t0)"; }  # vLLM's start stages, seconds after the launch
+# c=1, the five targets of c1split (or SPLIT_TARGETS); $1: the JSON file. The relay must be up on $PR.
+c1split_run() {
+  loadgen --targets "${SPLIT_TARGETS:-d=openai:$C,r=openai:http://127.0.0.1:$PR,p=openai:$B,g=ollama:$B,v=openai-vllama:$C}" \
+    --levels 1 --rounds "${SPLIT_ROUNDS:-6}" --requests-per-level "${SPLIT_REQUESTS:-48}" --procs 1 --warmup 16 \
+    --output-tokens "${SPLIT_TOKENS:-32}" --baseline d --json "$1" > "${1%.json}.txt" 2>&1 || log "c1split: loadgen reported errors"
+  report split "$1" | say
+}
+relay_up() {
+  alive $LOGS/r.pid && return 0
+  setsid python3 benchmarks/aiohttp_floor.py --upstream $C --port $PR > $LOGS/relay.log 2>&1 < /dev/null &
+  echo $! > $LOGS/r.pid
+  for _ in $(seq 60); do curl -sf http://127.0.0.1:$PR/ > /dev/null && return 0; sleep 0.25; done
+  log "the relay did not start: $(tail -5 $LOGS/relay.log)"; return 1
+}
+run_n=0  # counts the starts of this call (vanilla, cold); their logs are named by the time they began
 compile_lines() {  # what vLLM said about its compile cache and start (the lines worth comparing)
   grep -aE 'torch.compile takes|Compiling a graph|Directly load the compiled graph|init engine .* took|Graph capturing finished|Loading weights took|Model loading took' "$1" \
     | sed -E 's/^.*"line":"?//' | cut -c1-200 | head -20
@@ -100,6 +139,7 @@ start)
   rm -rf "$LOGS/cache-b"
   s=$(vllama_start $LOGS/vllama.log $LOGS/cache-b) || { tail -40 $LOGS/vllama.log; exit 1; }
   log "cold start (vllama, fresh compile cache): launch to first token $s s"
+  milestones $LOGS/vllama.log | say
   { grep -m1 '"front_end"' $LOGS/vllama.log; grep -m1 '"admission"' $LOGS/vllama.log; grep -m1 '"compile_cache"' $LOGS/vllama.log
     echo "/api/version: $(curl -s $B/api/version)"; compile_lines $LOGS/vllama.log; } | cut -c1-400 | say
   ;;
@@ -112,12 +152,33 @@ c1)
   report rounds "$OUT/c1.json" | say
   report stages $LOGS/m0.txt $LOGS/m1.txt c=1 | tee -a "$OUT/summary.txt" | tail -1 >> "$OUT/stages.jsonl"
   ;;
+c1split)
+  relay_up || exit 1
+  log "c1split: c=1, ${SPLIT_TOKENS:-32} output tokens, ${SPLIT_ROUNDS:-6} alternating rounds x ${SPLIT_REQUESTS:-48} requests; d=vLLM direct, r=bare relay, p=vllama /v1, g=vllama /api/generate, v=vLLM direct with vllama's body"
+  report metrics $B $LOGS/m0.txt
+  c1split_run "$OUT/c1split.json"
+  report metrics $B $LOGS/m1.txt
+  report stages $LOGS/m0.txt $LOGS/m1.txt c1split | tee -a "$OUT/summary.txt" | tail -1 >> "$OUT/stages.jsonl"
+  stop_pid $LOGS/r.pid
+  ;;
+c1w1)
+  stop_pid $LOGS/b.pid; sleep 2
+  s=$(vllama_start $LOGS/vllama-w1.log $LOGS/cache-b "--workers 1") || { tail -40 $LOGS/vllama-w1.log; exit 1; }
+  log "vllama --workers 1 (compile cache of start kept): launch to first token $s s; $(grep -m1 '"front_end"' $LOGS/vllama-w1.log | cut -c1-300)"
+  relay_up || exit 1
+  log "c1split with vllama --workers 1 (targets d r p g: v does not pass vllama)"
+  SPLIT_TARGETS=${SPLIT_TARGETS_W1:-d=openai:$C,r=openai:http://127.0.0.1:$PR,p=openai:$B,g=ollama:$B} c1split_run "$OUT/c1split-w1.json"
+  stop_pid $LOGS/r.pid
+  stop_pid $LOGS/b.pid; sleep 2
+  s=$(vllama_start $LOGS/vllama-again.log $LOGS/cache-b) || { tail -40 $LOGS/vllama-again.log; exit 1; }
+  log "vllama with its defaults again (compile cache of start kept): launch to first token $s s"
+  ;;
 sweep)
   warm=16; rm -f $LOGS/sweep-*.json
   for c in ${SWEEP_LEVELS:-16 64 256 1024}; do
-    log "c=$c: $ROUNDS alternating rounds x $(( 4 * c )) requests per target, 4 client processes"
+    log "c=$c: $SWEEP_ROUNDS alternating rounds x $(( 4 * c )) requests per target, 4 client processes"
     report metrics $B $LOGS/m0.txt
-    loadgen --targets "b=ollama:$B,c=openai:$C" --levels "$c" --rounds "$ROUNDS" --requests-per-level "$(( 4 * c ))" \
+    loadgen --targets "b=ollama:$B,c=openai:$C" --levels "$c" --rounds "$SWEEP_ROUNDS" --requests-per-level "$(( 4 * c ))" \
       --procs 4 --warmup $warm --cpu-by-kind --json "$LOGS/sweep-$c.json" > $LOGS/sweep-$c.txt 2>&1 || log "c=$c: loadgen reported errors"
     report metrics $B $LOGS/m1.txt
     warm=0
@@ -156,6 +217,44 @@ batch)
   ok=$(grep -c '"status_code": *200' $LOGS/batch-out.jsonl || true)
   log "vllama batch: exit $rc, $ok/$n answered 200, wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t}") s"
   ;;
+batchvar)
+  n=${BATCH_N:-5000}
+  mr=$(curl -s $B/api/version | python3 -c 'import json, sys; print(json.load(sys.stdin).get("max_running") or 0)')
+  [ "$mr" -gt 0 ] 2>/dev/null || { log "batchvar: /api/version has no max_running"; mr=1024; }
+  dflt=$(( mr + mr / 4 ))  # what vllama batch picks with no -c (client/batch.py choose_concurrency)
+  log "batchvar: $n prompts per variant; max_running $mr, vllama batch's default concurrency $dflt"
+  seed=100
+  for v in ${BATCH_VARIANTS:-default c2x all generate direct}; do
+    seed=$(( seed + 1 )); url=/v1/completions; host=$B; flags=""
+    case $v in
+      default) ;;
+      c2x) flags="-c $(( 2 * mr ))" ;;
+      all) flags="-c $n" ;;
+      generate) url=/api/generate ;;
+      direct) host=$C; flags="-c $dflt" ;;  # vLLM itself: no /api/version there, so -c as vllama's default
+      *) log "batchvar: unknown variant $v"; continue ;;
+    esac
+    report prompts "$n" $LOGS/batchvar.jsonl --words 128 --tokens "$TOKENS" --model $SERVED --url $url --seed $seed
+    t=$(date +%s.%N)
+    python3 -m vllama_proxy batch $LOGS/batchvar.jsonl -o $LOGS/batchvar-out.jsonl --restart --host $host $flags > $LOGS/batchvar-$v.txt 2>&1
+    rc=$?; wall=$(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $t}")
+    ok=$(grep -c '"status_code": *200' $LOGS/batchvar-out.jsonl || true)
+    tok=$(python3 -c 'import json, sys
+n = 0
+for line in open(sys.argv[1]):
+    b = ((json.loads(line).get("response") or {}).get("body")) or {}
+    u = b.get("usage") if isinstance(b, dict) else None
+    n += (u or {}).get("completion_tokens") or (b.get("eval_count") if isinstance(b, dict) else 0) or 0
+print(n)' $LOGS/batchvar-out.jsonl)
+    log "batchvar $v ($url, host ${host##*:}, ${flags:-no -c}): exit $rc, $ok/$n answered 200, $tok tokens, wall $wall s: $(awk "BEGIN{printf \"%.0f\", $tok / $wall}") tok/s by wall; $(grep -E '^vllama batch: [0-9]+/[0-9]+ .*skipped' $LOGS/batchvar-$v.txt | cut -c1-160)"
+    grep -m1 'concurrency' $LOGS/batchvar-$v.txt | say
+  done
+  # what streaming costs: $n requests at once through vllama's /v1 pass-through, streamed vs not
+  log "batchvar burst: $n /v1/completions at once through vllama, s = streamed, n = stream false"
+  loadgen --targets "s=openai:$B,n=openai-nostream:$B" --burst "$n" --rounds 2 --procs 4 --warmup 0 --seed 7 --baseline n \
+    --json "$OUT/batchvar.json" > $LOGS/batchvar-burst.txt 2>&1 || log "batchvar burst: loadgen reported errors"
+  grep '^|' $LOGS/batchvar-burst.txt | say
+  ;;
 stop)
   stop_pid $LOGS/b.pid
   sleep 2
@@ -170,22 +269,29 @@ offline)
     > $LOGS/offline.log 2>&1 || tail -20 $LOGS/offline.log | say
   log "offline: $(cat $LOGS/offline.json 2>/dev/null)"
   ;;
-vanilla)
+vanilla|vanilla8)
+  run_n=$(( run_n + 1 )); vlog=$LOGS/$phase-$(date +%H%M%S).log
   rm -rf $LOGS/cache-vanilla; page_cache
-  t=$(date +%s.%N)
-  VLLM_CACHE_ROOT=$LOGS/cache-vanilla setsid vllm serve "$MODEL" --served-model-name $SERVED --port $PC $VLLM_SHAPE \
-    > $LOGS/vanilla.log 2>&1 < /dev/null &
+  asc=""
+  if [ $phase = vanilla8 ]; then  # the API servers' count vllama chose (its front_end log line), else 8
+    asc=$(grep -ahm1 '"front_end"' $LOGS/vllama.log 2>/dev/null | grep -oE '"count": ?[0-9]+' | head -1 | grep -oE '[0-9]+$')
+    asc="--api-server-count ${asc:-8}"
+  fi
+  date +%s.%N > $LOGS/t0
+  VLLM_CACHE_ROOT=$LOGS/cache-vanilla setsid vllm serve "$MODEL" --served-model-name $SERVED --port $PC $VLLM_SHAPE $asc \
+    > $vlog 2>&1 < /dev/null &
   echo $! > $LOGS/v.pid
   s=$(report first $C openai --model $SERVED --timeout 590)
-  log "cold start (vanilla vllm serve, fresh compile cache): launch to first token $s s"
-  compile_lines $LOGS/vanilla.log | say
+  log "cold start (vanilla vllm serve${asc:+ $asc}, fresh compile cache, run $run_n of this call): launch to first token $s s"
+  { milestones $vlog; compile_lines $vlog; } | say
   stop_pid $LOGS/v.pid
   ;;
 cold|warm)
+  run_n=$(( run_n + 1 )); vlog=$LOGS/vllama-$phase-$(date +%H%M%S).log
   if [ $phase = cold ]; then cache=$LOGS/cache-cold; rm -rf $cache; else cache=$LOGS/cache-b; fi
-  s=$(vllama_start $LOGS/vllama-$phase.log $cache) || { tail -40 $LOGS/vllama-$phase.log; }
-  log "$([ $phase = cold ] && echo 'cold start (vllama, fresh compile cache)' || echo 'second start (vllama, compile cache of start kept)'): launch to first token $s s"
-  compile_lines $LOGS/vllama-$phase.log | say
+  s=$(vllama_start $vlog $cache "${COLD_FLAGS:-}") || { tail -40 $vlog; }
+  log "$([ $phase = cold ] && echo 'cold start (vllama, fresh compile cache)' || echo 'second start (vllama, compile cache of start kept)')${COLD_FLAGS:+ $COLD_FLAGS} run $run_n of this call: launch to first token $s s"
+  { milestones $vlog; grep -m1 '"front_end"' $vlog | cut -c1-300; compile_lines $vlog; } | say
   stop_pid $LOGS/b.pid
   ;;
 ondemand)

@@ -4,24 +4,35 @@ the batch file, the first answer of a starting server.
 
 Usage:
   hop_report.py rounds RUN.json                 per level and round: tok/s of each target, the ratio to
-                                                the baseline, TTFT / ITL p50 deltas (ms); then the pooled ones
+                                                the baseline, TTFT / ITL p50 deltas (ms); then the pooled ones,
+                                                and the median of the per-round ratios and deltas
+  hop_report.py split RUN.json                  c=1 with targets d (vLLM direct), r (bare relay), p (vllama /v1
+                                                pass-through), g (vllama /api/generate), v (vLLM direct with
+                                                vllama's upstream body): TTFT / ITL p50 per target and round,
+                                                deltas vs d, and the steps r-d (the hop), p-r (vllama's
+                                                pass-through beyond a bare relay), g-p (the translation), v-d
+                                                (vllama's body at vLLM); per round, median and pooled
   hop_report.py merge OUT.json RUN.json...       one loadgen JSON holding the levels of several runs
   hop_report.py metrics URL FILE                save vllama's /metrics text to FILE
   hop_report.py stages BEFORE AFTER [LABEL]     vllama_request_stage_seconds between two /metrics files:
                                                 per stage requests, mean, p50 and p90 (ms, p from the buckets);
                                                 one JSON line (label, stages) after the table
-  hop_report.py prompts N FILE [--words 128] [--tokens 128] [--model M] [--url /v1/completions]
+  hop_report.py prompts N FILE [--words 128] [--tokens 128] [--model M] [--url /v1/completions] [--seed 28]
                                                 an OpenAI-batch JSONL of N prompts as loadgen makes them
                                                 (random common words, ignore_eos, temperature 0)
   hop_report.py first URL KIND [--timeout S]    wait until a server answers one generated token (KIND:
                                                 ollama -> /api/generate, openai -> /v1/completions), asking
                                                 every 0.25 s; prints the seconds it took
+  hop_report.py startlog LOG T0                 a starting server's milestones (vLLM's log lines: args,
+                                                engine init, weights, compile, graphs, API up) in seconds
+                                                after T0 (epoch seconds of the launch; vLLM logs local time)
 """
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 import time
 import urllib.error
@@ -57,6 +68,62 @@ def rounds(path: str) -> None:
             print(f"| {lv['concurrency']} | pooled | {name} | {lv['summary'][name]['output_tok_s']:.0f} | "
                   f"{lv['summary'][base]['output_tok_s']:.0f} | {x['tok_s_ratio']} | {lv['summary'][name]['ttft_ms']['p50']} | "
                   f"{x['ttft_p50_delta_ms']} | {lv['summary'][name]['itl_ms']['p50']} | {x['itl_p50_delta_ms']} |")
+            per = [(runs[name], runs[base]) for _, runs in sorted(by_round.items()) if name in runs and base in runs]
+            ratios = [s["output_tok_s"] / b["output_tok_s"] for s, b in per if b["output_tok_s"]]
+            dts = [s["ttft_ms"]["p50"] - b["ttft_ms"]["p50"] for s, b in per if s["ttft_ms"]["p50"] is not None and b["ttft_ms"]["p50"] is not None]
+            dis = [s["itl_ms"]["p50"] - b["itl_ms"]["p50"] for s, b in per if s["itl_ms"]["p50"] is not None and b["itl_ms"]["p50"] is not None]
+            print(f"| {lv['concurrency']} | median of {len(per)} rounds | {name} | | | {_med(ratios, '.3f')} "
+                  f"(min {_fmt(min(ratios, default=None), '.3f')}, max {_fmt(max(ratios, default=None), '.3f')}) | | "
+                  f"{_med(dts, '+.3f')} | | {_med(dis, '+.3f')} |")
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _med(xs: list[float], spec: str) -> str:
+    return _fmt(statistics.median(xs) if xs else None, spec)
+
+
+#: c1split's steps: (label, minuend target, subtrahend target).
+SPLIT_STEPS = (("hop (r-d): relay process + loopback", "r", "d"),
+               ("vllama /v1 beyond a bare relay (p-r)", "p", "r"),
+               ("translation (g-p): /api/generate vs /v1 pass-through", "g", "p"),
+               ("vllama's body at vLLM (v-d)", "v", "d"),
+               ("total (g-d)", "g", "d"))
+
+
+def split(path: str) -> None:
+    """c1split's table: per round and pooled TTFT / ITL p50 per target, deltas vs d, and the steps."""
+    data = json.loads(Path(path).read_text())
+    for lv in data.get("levels", []):
+        by_round: dict[int, dict[str, dict]] = {}
+        for run in lv["runs"]:
+            by_round.setdefault(run["round"], {})[run["target"]] = run
+        names = [t for t in ("d", "r", "p", "g", "v") if t in lv["summary"]] + [t for t in lv["summary"] if t not in "drpgv"]
+        for metric in ("ttft_ms", "itl_ms"):
+            print(f"c={lv['concurrency']}: {metric[:-3].upper()} p50 (ms) per round; Δ vs d in brackets")
+            print("| round | " + " | ".join(names) + " |")
+            print("|---|" + "---|" * len(names))
+            rows = [(str(r), runs) for r, runs in sorted(by_round.items())] + [("pooled", lv["summary"])]
+            for label, runs in rows:
+                d = runs.get("d", {}).get(metric, {}).get("p50")
+                cells = []
+                for n in names:
+                    v = runs.get(n, {}).get(metric, {}).get("p50")
+                    cells.append("-" if v is None else (f"{v:.3f}" if n == "d" or d is None else f"{v:.3f} ({v - d:+.3f})"))
+                print(f"| {label} | " + " | ".join(cells) + " |")
+            print(f"steps of {metric[:-3].upper()} p50 (ms): per round, median of rounds, pooled")
+            print("| step | per round | median | pooled |")
+            print("|---|---|---|---|")
+            for label, a, b in SPLIT_STEPS:
+                per = [runs[a][metric]["p50"] - runs[b][metric]["p50"] for _, runs in sorted(by_round.items())
+                       if a in runs and b in runs and runs[a][metric]["p50"] is not None and runs[b][metric]["p50"] is not None]
+                if not per:
+                    continue
+                sa, sb = lv["summary"][a][metric]["p50"], lv["summary"][b][metric]["p50"]
+                pooled = "-" if sa is None or sb is None else f"{sa - sb:+.3f}"
+                print(f"| {label} | {', '.join(f'{x:+.3f}' for x in per)} | {statistics.median(per):+.3f} | {pooled} |")
 
 
 def _d(a, b) -> str:
@@ -121,10 +188,12 @@ def stages(before: str, after: str, label: str = "") -> None:
     print(json.dumps({"label": label, "stages": rows}))
 
 
-def prompts(n: int, path: str, words: int, tokens: int, model: str, url: str) -> None:
+def prompts(n: int, path: str, words: int, tokens: int, model: str, url: str, seed: int = 28) -> None:
+    """An OpenAI-batch JSONL of ``n`` prompts; another ``seed`` gives other prompts (no prefix-cache hits
+    between files)."""
     from loadgen import PromptFactory
 
-    make = PromptFactory(words, seed=28)
+    make = PromptFactory(words, seed=seed)
     with open(path, "w") as f:
         for i in range(n):
             p = make()
@@ -160,12 +229,45 @@ def first(url: str, kind: str, model: str, timeout: float) -> None:
     raise SystemExit(1)
 
 
+#: vLLM's start, in the order it happens: (label, what its first log line matching says).
+MILESTONES = (("vLLM args logged", r"non-default args"),
+              ("model config resolved", r"Resolved architecture"),
+              ("engine core init begins", r"Initializing a V1 LLM engine"),
+              ("weights loaded", r"Loading weights took|Model loading took"),
+              ("torch.compile done", r"torch\.compile takes|Directly load the compiled graph"),
+              ("CUDA graphs captured", r"Graph capturing finished"),
+              ("engine ready", r"init engine .* took"),
+              ("API server up", r"Starting vLLM API server|Application startup complete|Available routes are"))
+_STAMP = re.compile(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
+
+
+def startlog(log: str, t0: float) -> None:
+    """Seconds after ``t0`` of each milestone's first log line (vLLM's stamps: local time, whole seconds)."""
+    year = time.localtime(t0).tm_year
+    text = Path(log).read_text(errors="replace").splitlines()
+    out = []
+    for label, pat in MILESTONES:
+        rx = re.compile(pat)
+        for line in text:
+            m = _STAMP.search(line) if rx.search(line) else None
+            if m:
+                mo, d, h, mi, sec = map(int, m.groups())
+                t = time.mktime((year, mo, d, h, mi, sec, 0, 0, -1))
+                out.append(f"{label} +{t - int(t0):.0f} s")
+                break
+    print("; ".join(out) if out else "no vLLM milestones in " + log)
+
+
 def main(argv: list[str]) -> None:
     cmd, *rest = argv
     opts = {k.lstrip("-"): v for k, v in zip(rest[::2], rest[1::2]) if k.startswith("--")}
     pos = [x for i, x in enumerate(rest) if not x.startswith("--") and (i == 0 or not rest[i - 1].startswith("--"))]
     if cmd == "rounds":
         rounds(pos[0])
+    elif cmd == "split":
+        split(pos[0])
+    elif cmd == "startlog":
+        startlog(pos[0], float(pos[1]))
     elif cmd == "merge":
         runs = [json.loads(Path(p).read_text()) for p in pos[1:]]
         merged = {**runs[0], "levels": sorted((lv for r in runs for lv in r.get("levels", [])), key=lambda lv: lv["concurrency"]),
@@ -177,7 +279,7 @@ def main(argv: list[str]) -> None:
         stages(pos[0], pos[1], pos[2] if len(pos) > 2 else "")
     elif cmd == "prompts":
         prompts(int(pos[0]), pos[1], int(opts.get("words", 128)), int(opts.get("tokens", 128)),
-                opts.get("model", "qwen-random"), opts.get("url", "/v1/completions"))
+                opts.get("model", "qwen-random"), opts.get("url", "/v1/completions"), int(opts.get("seed", 28)))
     elif cmd == "first":
         first(pos[0], pos[1], opts.get("model", "qwen-random"), float(opts.get("timeout", 600)))
     else:

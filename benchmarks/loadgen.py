@@ -11,6 +11,9 @@ output tokens thanks to ``ignore_eos``):
   ``stream_options.include_usage``; SSE ``data:`` events ending with ``data: [DONE]``.
 * ``openai-nostream``: the same with ``stream: false``: one JSON body, no TTFT or ITL; what the
   engine delivers when no API server has to stream token by token.
+* ``openai-vllama``: ``POST {base}/v1/completions`` with exactly the body vllama sends vLLM for
+  the ``ollama`` target's request (built by ``vllama_proxy.api.translate.generate_body``, encoded
+  by vllama's ``encode_json``): vLLM direct, minus the hop, with vllama's body.
 * ``ollama-chat`` / ``openai-chat``: the same workload as one user message to ``/api/chat`` /
   ``/v1/chat/completions`` (the chat template applies; tokens are ``message.content`` /
   ``delta.content``).
@@ -63,7 +66,7 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
-PROTOCOLS = ("ollama", "openai", "openai-nostream", "ollama-chat", "openai-chat")
+PROTOCOLS = ("ollama", "openai", "openai-nostream", "openai-vllama", "ollama-chat", "openai-chat")
 
 # Common English words: each is one token (with its leading space) in the usual BPE
 # vocabularies, so N words is about N prompt tokens for any real model.
@@ -131,6 +134,8 @@ def request_for(target: Target, wl: Workload, prompt: str) -> tuple[str, bytes, 
     """``(url, body, headers)`` of one streamed request for ``target``'s protocol."""
     model = target.model or wl.model
     headers = {"Content-Type": "application/json"}
+    if target.protocol == "openai-vllama":
+        return target.base + "/v1/completions", vllama_upstream_body(model, prompt, wl), headers
     if target.protocol == "ollama":
         body = {
             "model": model,
@@ -178,6 +183,23 @@ def request_for(target: Target, wl: Workload, prompt: str) -> tuple[str, bytes, 
         if target.api_key:
             headers["Authorization"] = f"Bearer {target.api_key}"
     return url, orjson.dumps(body), headers
+
+
+def vllama_upstream_body(model: str, prompt: str, wl: Workload) -> bytes:
+    """The bytes vllama's ``/api/generate`` sends to vLLM's ``/v1/completions`` for the ``ollama``
+    target's request (raw, streamed, ``num_predict``/``ignore_eos``/``temperature``): its own
+    translation (``vllama_proxy`` must be importable), so the body cannot drift from vllama's."""
+    from vllama_proxy.api.ollama_types import GenerateRequest
+    from vllama_proxy.api.translate import generate_body
+    from vllama_proxy.upstream import encode_json
+
+    req = GenerateRequest.model_validate({
+        "model": model, "prompt": prompt, "raw": True, "stream": True,
+        "options": {"num_predict": wl.output_tokens, "ignore_eos": True, "temperature": wl.temperature},
+    })
+    path, body, _ = generate_body(req, model)
+    assert path == "/v1/completions", path
+    return encode_json(body)
 
 
 # --------------------------------------------------------------------------- one request
