@@ -18,7 +18,7 @@ answers again in about a second (0.6 s on an H100, issue 22) where a stopped one
 runs on a GPU (vLLM has no sleep mode on CPU: ``Platform.is_sleep_mode_available``) and free
 host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
 supervisor checks RAM again when the model is put to sleep and stops it instead when it has
-become short (``core.Supervisor._can_sleep``). ``--no-on-demand-sleep`` turns it off.
+become short (``lifecycle.Supervisor._can_sleep``). ``--no-on-demand-sleep`` turns it off.
 """
 
 from __future__ import annotations
