@@ -93,6 +93,9 @@ class Evicted:
     why: Eviction
 
 
+#: The states in which no vLLM runs and an on-demand slot may hold another model by the next step.
+_NOT_RUNNING = frozenset({State.UNLOADED, State.RESTARTING, State.FAILED})
+
 StartOutcome = Healthy | Crashed | Misconfigured | StopAsked
 WatchOutcome = Crashed | Idle | LoraOutgrown | StopAsked
 WakeOutcome = Wanted | Crashed | Evicted | StopAsked
@@ -348,7 +351,8 @@ class Supervisor:
         }
         try:
             while not self._stop.is_set():
-                if self._respec() and self.state is not State.UNLOADED:
+                # an on-demand slot takes another model only while nothing of it runs (slots.py)
+                if self.state in _NOT_RUNNING and self._respec() and self.state is not State.UNLOADED:
                     self._set(State.UNLOADED, f"the slot now holds {self.served_name}")  # from failed or restarting
                 await steps[self.state]()
         finally:
