@@ -213,6 +213,7 @@ class Supervisor:
         self._failures = 0  # failures in a row (the backoff's exponent; a crash loop at crash_loop_limit)
         self._ready_at = 0.0  # when the last start became ready (monotonic)
         self._evict_reason: Eviction | None = None
+        self._sleep_fails = False  # its first sleep and wake failed (issue 28): stopped, never put to sleep
         #: vLLM's own message when it rejected its arguments (a usage error): a configuration error.
         self.config_error: str | None = None
         self._weights_bytes: int | None = None
@@ -421,6 +422,12 @@ class Supervisor:
             case Crashed(reason):
                 await self._fail(reason)
             case Healthy():
+                if self.slot is not None and await self._can_sleep():
+                    crashed = await self._warm_sleep()
+                    if self._stop.is_set():
+                        return
+                    if crashed is not None:
+                        return await self._fail(crashed.reason)
                 self._keep_alive_from_now()
                 self._loading = False  # the start requests asked for is over (as after a wake)
                 self._ready_at = time.monotonic()
@@ -520,6 +527,44 @@ class Supervisor:
         self._loading = False
         self._set(State.READY, "woken by a request")
 
+    async def _warm_sleep(self) -> Crashed | None:
+        """One sleep and wake of a freshly started on-demand model that will sleep, before it is
+        ready (issue 28): vLLM's first sleep of a model is slow (2.0 s on the H200, pinning host
+        memory for the weights' backup; later ones 0.15 s: ``benchmarks/RESULTS.md``, "Issue 28 on
+        the H200"), so it is paid now, while requests wait for the start anyway, rather than by the
+        first request for another model that evicts it. Both durations are logged (``sleep_warmed``).
+
+        Its status says so meanwhile (its note). A failed sleep is logged and the model serves on,
+        stopped instead of put to sleep from then on; a failed wake leaves vLLM asleep: the start failed.
+        """
+        self._note = "warming its sleep (one sleep and wake now, so that its first eviction is fast)"
+        self._publish()
+        try:
+            started = time.monotonic()
+            try:
+                async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
+                    await read_response(resp)
+            except UpstreamError as e:
+                self._sleep_fails = True
+                log.warning("sleep_warm_failed", model=self.served_name, step="sleep", error=e.message,
+                            then="it serves, and is stopped instead of put to sleep")
+                return None
+            slept = time.monotonic() - started
+            started = time.monotonic()
+            try:
+                async with self._probe.request("POST", "/wake_up") as resp:
+                    await read_response(resp)
+            except UpstreamError as e:
+                self._sleep_fails = True
+                log.warning("sleep_warm_failed", model=self.served_name, step="wake_up", error=e.message,
+                            then="restarted, and stopped instead of put to sleep")
+                return Crashed(f"vLLM failed to wake up: {e.message}")
+            log.info("sleep_warmed", model=self.served_name, sleep_s=round(slept, 3),
+                     wake_s=round(time.monotonic() - started, 3))
+            return None
+        finally:
+            self._note = None
+
     async def _crashed(self, reason: str) -> None:
         """A ready or sleeping vLLM failed: ``unhealthy``, then restarted (:meth:`_fail`)."""
         self._loading = False
@@ -565,6 +610,7 @@ class Supervisor:
         self.last_output = ""
         self.restarts = 0
         self._weights_bytes = None
+        self._sleep_fails = False
         log.info("on_demand_model", slot=index, model=self.served_name, repo=spec.model, vllm_args=spec.args())
         return True
 
@@ -634,7 +680,7 @@ class Supervisor:
     async def _can_sleep(self) -> bool:
         """Sleep mode is on and host RAM can take the weights (vLLM level 1 copies them to CPU
         memory) with ``sleep_host_memory_reserve`` to spare; else vLLM is stopped instead."""
-        if not self.sleep_mode:
+        if not self.sleep_mode or self._sleep_fails:
             return False
         if self._weights_bytes is None:
             self._weights_bytes = (await asyncio.to_thread(read_model_files, self.spec.model, self.served_name)).size
