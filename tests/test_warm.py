@@ -121,7 +121,9 @@ def test_an_on_demand_model_that_will_sleep_sleeps_and_wakes_once_before_it_is_r
     ledger = tmp_path / "gpu-ledger.json"
     s = serve("--keep-alive", "-1", "--", "--gpu-memory-utilization", "0.6",
               env={**ONE_GPU, "FAKE_VLLM_GPU_LEDGER": str(ledger), "FAKE_VLLM_SLEEP_SECONDS": "1.0"})
-    ask = lambda m: ollama.Client(host=s.url, timeout=60).generate(model=m, prompt="x", options={"num_predict": 1}).done  # noqa: E731
+
+    def ask(model: str) -> bool:  # a client of its own: two ask at once
+        return ollama.Client(host=s.url, timeout=60).generate(model=model, prompt="x", options={"num_predict": 1}).done
 
     def note(model: str) -> str:
         models = httpx.get(s.url + "/readyz").json().get("models", [])
