@@ -13,6 +13,7 @@ from conftest import TESTS, free_port
 from vllama_proxy.errors import UpstreamUnavailable
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.lifecycle import NO_MEDIA_DOMAIN, Supervisor
+from vllama_proxy.supervisor.room import MakeRoom
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 
@@ -119,6 +120,33 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
     pool.holds[big], big.state = Hold.SHARE, State.READY
     big.board.touch(60)  # the most recently used of all
     assert pool.victim(c) is big  # short on GPU 1 only: a and b, on GPU 0, would free nothing there
+
+
+async def test_the_pool_answers_with_verdicts_and_keeps_its_own_record(tmp_path):
+    """Issue 29: the pool decides (a room.py verdict), records who holds what, and writes nothing
+    of a supervisor's; the supervisor acts on the verdict."""
+    from vllama_proxy.models.config import ModelConfig
+    from vllama_proxy.supervisor.pool import Hold, ModelPool
+    from vllama_proxy.supervisor.room import Admitted, Waiting
+
+    specs = [ModelConfig(model="/a", name="a", gpu_memory_utilization=0.5), ModelConfig(model="/b", name="b", gpu_memory_utilization=0.6)]
+    pool = ModelPool(Settings(workers=1, gpu_check=False, gpu_context_share=0), specs, [free_port() for _ in specs])
+    a, b = pool.supervisors
+    assert await pool.admit(a, check_fit=True) == Admitted() and pool.holds == {a: Hold.SHARE}
+    verdict = await pool.admit(b, check_fit=True)  # a is starting (admitted, not yet ready): starts take turns
+    assert verdict == Waiting("waiting for a to finish loading on the same GPU", neighbour_loading=True)
+    a.state = State.READY
+    a.board.touch(60)
+    verdict = await pool.admit(b, check_fit=False)
+    assert verdict == Waiting("no room: needs 0.6 of GPU 0, held by a (0.5, ready)", neighbour_loading=False, victim=a)
+    assert b not in pool.holds and b.last_error is None and b.board.last_error is None  # nothing of b's written
+    a.evict(MakeRoom("b"))
+    assert (await pool.admit(b, check_fit=False)).victim is None  # a is on its way out: nobody else is asked
+    pool.slept(a)
+    a.state = State.SLEEPING
+    assert await pool.admit(b, check_fit=False) == Admitted() and pool.holds == {a: Hold.CONTEXT, b: Hold.SHARE}
+    pool.released(a)
+    assert pool.holds == {b: Hold.SHARE}
 
 
 def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_ready_one_helps(tmp_path):
