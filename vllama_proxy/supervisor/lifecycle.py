@@ -2,8 +2,8 @@
 
 One task (:meth:`Supervisor._run`) owns the state (``states.py``) and every transition: it
 dispatches on the state to one step per state, and each step ends in a transition (or leaves the
-state as it was, to be stepped again). Why a step ended travels in typed values
-(:class:`Crashed`, :class:`Misconfigured`, :class:`Idle`, ...), never in strings to parse. Room on
+state as it was, to be stepped again). Why a step ended travels in typed values (``states.py``:
+``Crashed``, ``Misconfigured``, ``Idle``, ...), never in strings to parse. Room on
 the GPUs is the pool's to give (``pool.py``, answering with a ``room.py`` verdict); what the
 supervisor does with the answer, and its status, are written here alone. Callers wait with
 :meth:`Supervisor.ensure_ready` or read :meth:`Supervisor.status`. Patterns from Ollama's
@@ -19,7 +19,6 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psutil
@@ -36,7 +35,8 @@ from .placement import pin_engine_cores
 from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SlotWanted, Verdict, Waiting
 from ..settings import Settings
 from .slots import SlotTable
-from .states import TRANSITIONS, InvalidTransition, State
+from .states import (TRANSITIONS, Crashed, Evicted, Healthy, Idle, InvalidTransition, LoraOutgrown, Misconfigured, StartOutcome, State,
+                     StopAsked, Wanted, WakeOutcome, WatchOutcome)
 from .status import StatusBoard
 from .warm import compile_cache
 from ..upstream import Upstream, read_response
@@ -44,62 +44,8 @@ from ..upstream import Upstream, read_response
 log = get_logger("vllama.supervisor")
 
 
-# -- why a step of the owner loop ended ---------------------------------------------------
-@dataclass(frozen=True)
-class Healthy:
-    """vLLM answers ``/health`` and lists the model: ready to serve."""
-
-
-@dataclass(frozen=True)
-class Crashed:
-    """vLLM must be restarted (exited, ``/health`` failing, engine hung, sleep or wake refused);
-    ``reason`` becomes ``last_error``."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Misconfigured:
-    """vLLM cannot run with this configuration (not executable, or its argparse refused the command
-    line): no restart can fix it. ``reason`` becomes ``last_error``; ``config_error`` holds vLLM's own words."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class StopAsked:
-    """:meth:`Supervisor.stop` was called."""
-
-
-@dataclass(frozen=True)
-class Idle:
-    """Its keep_alive ended, or an eviction was asked, and nothing runs on it: put it away."""
-
-
-@dataclass(frozen=True)
-class LoraOutgrown:
-    """An adapter created since the start needs larger LoRA limits (``models/adapters.py``): start anew."""
-
-
-@dataclass(frozen=True)
-class Wanted:
-    """A request wants the model (the board's wake request)."""
-
-
-@dataclass(frozen=True)
-class Evicted:
-    """Asked to give up its room while asleep (it still holds its CUDA context): stop it."""
-
-    why: Eviction
-
-
 #: The states in which no vLLM runs and an on-demand slot may hold another model by the next step.
 _NOT_RUNNING = frozenset({State.UNLOADED, State.RESTARTING, State.FAILED})
-
-StartOutcome = Healthy | Crashed | Misconfigured | StopAsked
-WatchOutcome = Crashed | Idle | LoraOutgrown | StopAsked
-WakeOutcome = Wanted | Crashed | Evicted | StopAsked
-
 
 class Pool(Protocol):
     """What a supervisor asks of the pool that shares its GPUs (``pool.ModelPool``)."""
