@@ -28,7 +28,7 @@ from vllama_proxy.models import fit
 from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import gpu
-from vllama_proxy.supervisor.pool import ModelPool
+from vllama_proxy.supervisor.pool import Hold, ModelPool
 from vllama_proxy.supervisor.states import State
 
 GiB = 1 << 30
@@ -283,16 +283,16 @@ def fake_gpus(monkeypatch, **gpus: tuple[float, float]) -> list[tuple]:
 
 
 def launches(monkeypatch) -> list[str]:
-    from vllama_proxy.supervisor import core
+    from vllama_proxy.supervisor import lifecycle
 
     launched: list[str] = []
-    original = core.VllmProcess.launch
+    original = lifecycle.VllmProcess.launch
 
     async def launch(argv, **kw):
         launched.append(kw.get("model"))
         return await original(argv, **kw)
 
-    monkeypatch.setattr(core.VllmProcess, "launch", staticmethod(launch))
+    monkeypatch.setattr(lifecycle.VllmProcess, "launch", staticmethod(launch))
     return launched
 
 
@@ -315,7 +315,7 @@ async def test_a_model_that_cannot_fit_is_not_launched_and_requests_get_the_numb
         deadline = time.monotonic() + 10
         while big.state is not State.UNLOADED and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert big.state is State.UNLOADED and big.child is None and not big.holds_gpu
+        assert big.state is State.UNLOADED and big.child is None and big not in pool.holds
         assert "requires more GPU memory (16.8 GiB) than is available (12.0 GiB)" in big.last_error
         # 0.71 x 24 GiB holds it; 0.96 or 0.99 the room (23.5 GiB free less its context; all 24 with tiny evictable, if admitted first)
         assert re.search(r"it would fit with gpu_memory_utilization between 0\.71 and 0\.9[69], or as a 4-bit", big.last_error)
@@ -360,10 +360,11 @@ async def test_the_check_counts_what_evicting_idle_models_frees_and_skips_withou
     pool = ModelPool(pool_settings(tmp_path), specs, [free_port() for _ in specs])
     idle, pinned, big = pool.supervisors
     fake_gpus(knobs, g0=(30, 80))  # idle holds 40.8 GiB (0.51 of 80), another process 9.2: evicting idle makes room
-    idle.holds_gpu, idle.state = True, State.READY
+    pool.holds[idle], idle.state = Hold.SHARE, State.READY
     report = await pool.fit_report(big)
     assert report.fits and report.gpus[0].reclaimable == int(0.51 * 80 * GiB)
-    idle.holds_gpu, pinned.holds_gpu, pinned.state = False, True, State.READY  # a pinned one is never evicted
+    del pool.holds[idle]
+    pool.holds[pinned], pinned.state = Hold.SHARE, State.READY  # a pinned one is never evicted
     report = await pool.fit_report(big)
     assert not report.fits and report.unload == (("pinned", int(0.51 * 80 * GiB)),)
     assert "after unloading 'pinned' (40.8 GiB)" in report.message()

@@ -26,7 +26,7 @@ import pytest
 from conftest import free_port
 from vllama_proxy.front.sdnotify import Notifier, attach, describe, run_watchdog
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor.core import Supervisor
+from vllama_proxy.supervisor.lifecycle import Supervisor
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 

@@ -12,7 +12,8 @@ import pytest
 from conftest import TESTS, free_port
 from vllama_proxy.errors import UpstreamUnavailable
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor.core import NO_MEDIA_DOMAIN, Supervisor
+from vllama_proxy.supervisor.lifecycle import NO_MEDIA_DOMAIN, Supervisor
+from vllama_proxy.supervisor.room import MakeRoom
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 
@@ -77,7 +78,7 @@ async def test_deadline_without_progress_allowance_fails(tmp_path, knobs):
 
 def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_path):
     from vllama_proxy.models.launch_spec import ModelConfig
-    from vllama_proxy.supervisor.pool import ModelPool
+    from vllama_proxy.supervisor.pool import Hold, ModelPool
 
     specs = [
         ModelConfig(model="/a", name="a", gpu_memory_utilization=0.5, gpus=[0]),
@@ -89,11 +90,11 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
     pool = ModelPool(Settings(workers=1, gpu_check=False, gpu_context_share=0), specs, [free_port() for _ in specs])
     a, b, big, c, p = pool.supervisors
     assert pool.fits(a) and pool.fits(big)
-    a.holds_gpu = b.holds_gpu = True  # 0.8 of GPU 0 taken
+    pool.holds[a] = pool.holds[b] = Hold.SHARE  # 0.8 of GPU 0 taken
     assert pool.fits(c)  # GPU 1 is free
     assert not pool.fits(big)  # 0.6 more on GPU 0 does not fit, whatever GPU 1 has
     assert pool.fits(p)  # 0.2 still fits beside 0.8: exactly 1.0
-    c.holds_gpu = True
+    pool.holds[c] = Hold.SHARE
     for sup in (a, b, c):
         sup.state = State.READY
     a.board.touch(60)
@@ -111,35 +112,62 @@ def test_pool_fits_per_gpu_and_picks_the_least_recently_used_idle_victim(tmp_pat
     a.board.wait_end(0)
     b.board.request_wake()  # wanted by waiting requests: not evictable either
     assert pool.victim(big) is a
-    p.holds_gpu, p.state = True, State.READY
+    pool.holds[p], p.state = Hold.SHARE, State.READY
     p.board._last_used.value = 0.0  # the oldest of all, but pinned
     assert pool.victim(big) is a
     assert pool.victim(c) is None  # c fits: nothing to evict for it
-    c.holds_gpu = False
-    big.holds_gpu, big.state = True, State.READY
+    del pool.holds[c]
+    pool.holds[big], big.state = Hold.SHARE, State.READY
     big.board.touch(60)  # the most recently used of all
     assert pool.victim(c) is big  # short on GPU 1 only: a and b, on GPU 0, would free nothing there
 
 
+async def test_the_pool_answers_with_verdicts_and_keeps_its_own_record(tmp_path):
+    """Issue 29: the pool decides (a room.py verdict), records who holds what, and writes nothing
+    of a supervisor's; the supervisor acts on the verdict."""
+    from vllama_proxy.models.launch_spec import ModelConfig
+    from vllama_proxy.supervisor.pool import Hold, ModelPool
+    from vllama_proxy.supervisor.room import Admitted, Waiting
+
+    specs = [ModelConfig(model="/a", name="a", gpu_memory_utilization=0.5), ModelConfig(model="/b", name="b", gpu_memory_utilization=0.6)]
+    pool = ModelPool(Settings(workers=1, gpu_check=False, gpu_context_share=0), specs, [free_port() for _ in specs])
+    a, b = pool.supervisors
+    assert await pool.admit(a, check_fit=True) == Admitted() and pool.holds == {a: Hold.SHARE}
+    verdict = await pool.admit(b, check_fit=True)  # a is starting (admitted, not yet ready): starts take turns
+    assert verdict == Waiting("waiting for a to finish loading on the same GPU", neighbour_loading=True)
+    a.state = State.READY
+    a.board.touch(60)
+    verdict = await pool.admit(b, check_fit=False)
+    assert verdict == Waiting("no room: needs 0.6 of GPU 0, held by a (0.5, ready)", neighbour_loading=False, victim=a)
+    assert b not in pool.holds and b.last_error is None and b.board.last_error is None  # nothing of b's written
+    a.evict(MakeRoom("b"))
+    assert (await pool.admit(b, check_fit=False)).victim is None  # a is on its way out: nobody else is asked
+    pool.slept(a)
+    a.state = State.SLEEPING
+    assert await pool.admit(b, check_fit=False) == Admitted() and pool.holds == {a: Hold.CONTEXT, b: Hold.SHARE}
+    pool.released(a)
+    assert pool.holds == {b: Hold.SHARE}
+
+
 def test_pool_counts_each_vllm_context_and_stops_a_sleeping_one_only_when_no_ready_one_helps(tmp_path):
     from vllama_proxy.models.launch_spec import ModelConfig
-    from vllama_proxy.supervisor.pool import ModelPool
+    from vllama_proxy.supervisor.pool import Hold, ModelPool
 
     specs = [ModelConfig(model=f"/{n}", name=n, gpu_memory_utilization=u) for n, u in (("a", 0.5), ("b", 0.5), ("z", 0.45), ("c", 0.45))]
     pool = ModelPool(Settings(workers=1, gpu_check=False), specs, [free_port() for _ in specs])  # context share 0.01
     a, b, z, c = pool.supervisors
-    a.holds_gpu = True
+    pool.holds[a] = Hold.SHARE
     assert not pool.fits(b)  # 0.5 + 0.01 twice is over the GPU: vLLM's own check would refuse b
     assert pool.fits(z)  # 0.51 + 0.46
-    z.holds_gpu, z.state, a.state = True, State.READY, State.READY
+    pool.holds[z], z.state, a.state = Hold.SHARE, State.READY, State.READY
     z.board.touch(60)
     assert not pool.fits(c) and pool.victim(c) is a  # the least recently used ready one
-    a.holds_gpu, a.state, a.child = False, State.SLEEPING, object()  # asleep: only its context, 0.01
+    pool.holds[a], a.state = Hold.CONTEXT, State.SLEEPING  # asleep: only its context, 0.01
     assert pool.fits(c)  # 0.01 + 0.46 + 0.46
     big = ModelConfig(model="/big", name="big", gpu_memory_utilization=0.99)
     pool2 = ModelPool(Settings(workers=1, gpu_check=False), [specs[0], big], [free_port(), free_port()])
     sleeper, wanted = pool2.supervisors
-    sleeper.state, sleeper.child = State.SLEEPING, object()
+    pool2.holds[sleeper], sleeper.state = Hold.CONTEXT, State.SLEEPING
     assert not pool2.fits(wanted) and pool2.victim(wanted) is sleeper  # no ready model to evict: stop the sleeping one
 
 

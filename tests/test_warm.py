@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -105,3 +107,48 @@ def test_no_sleep_when_turned_off_or_without_ram_or_gpu(serve, hub):
         assert len(decided) == 1 and not decided[0]["sleep"] and why in decided[0]["reason"]
         s.proc.terminate()
         s.proc.wait(20)
+
+
+def test_an_on_demand_model_that_will_sleep_sleeps_and_wakes_once_before_it_is_ready(serve, hub, tmp_path):
+    """Issue 28: vLLM's first sleep of a model is slow (2.0 s on the H200, later ones 0.15 s), so a
+    freshly started on-demand model that will sleep does one sleep and wake before it is ready,
+    once per start; a request arriving meanwhile waits and is answered; its status says so."""
+    import ollama
+
+    for repo in ("acme/tiny-a", "acme/tiny-b"):
+        place(hub, repo)
+    ledger = tmp_path / "gpu-ledger.json"
+    s = serve("--keep-alive", "-1", "--", "--gpu-memory-utilization", "0.6",
+              env={**ONE_GPU, "FAKE_VLLM_GPU_LEDGER": str(ledger), "FAKE_VLLM_SLEEP_SECONDS": "1.0"})
+
+    def ask(model: str) -> bool:  # a client of its own: two ask at once
+        return ollama.Client(host=s.url, timeout=60).generate(model=model, prompt="x", options={"num_predict": 1}).done
+
+    def note(model: str) -> str:
+        models = httpx.get(s.url + "/readyz").json().get("models", [])
+        return next((m.get("last_error") or "" for m in models if m["model"] == model), "")
+
+    with ThreadPoolExecutor(2) as threads:
+        first = threads.submit(ask, "acme/tiny-a")
+        deadline = time.monotonic() + 30
+        while "warming its sleep" not in note("acme/tiny-a"):
+            assert time.monotonic() < deadline and not first.done()
+            time.sleep(0.02)
+        second = threads.submit(ask, "acme/tiny-a")  # arrives during the cycle: waits for it
+        assert first.result() and second.result()
+    assert note("acme/tiny-a") == ""
+    assert ask("acme/tiny-b") and ask("acme/tiny-a")  # A -> B -> A: B warmed once too; A woken, not warmed again
+    events = json.loads(ledger.read_text())["events"]
+    assert [e[0] for e in events] == ["start", "sleep", "wake",  # A: its start's cycle
+                                      "sleep", "start", "sleep", "wake",  # A evicted (asleep), B started and warmed
+                                      "sleep", "wake"]  # B evicted, A woken
+    warmed = [x for x in _log(s) if x.get("event") == "sleep_warmed"]
+    assert [x["model"] for x in warmed] == ["acme/tiny-a", "acme/tiny-b"]
+    assert all(x["sleep_s"] >= 1.0 and x["wake_s"] > 0 for x in warmed)
+    s.proc.terminate()
+    s.proc.wait(20)
+    # a model that will not sleep (stopped instead) is not warmed
+    s = serve("--keep-alive", "-1", "--no-on-demand-sleep", env={**ONE_GPU, "FAKE_VLLM_GPU_LEDGER": str(tmp_path / "l2.json")})
+    assert ask("acme/tiny-a")
+    assert [e[0] for e in json.loads((tmp_path / "l2.json").read_text())["events"]] == ["start"]
+    assert not [x for x in _log(s) if x.get("event") == "sleep_warmed"]

@@ -24,7 +24,7 @@ from vllama_proxy.errors import UpstreamError
 from vllama_proxy.logs import get_logger
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.child import find_executable
-from vllama_proxy.supervisor.core import Supervisor
+from vllama_proxy.supervisor.lifecycle import Supervisor
 from vllama_proxy.supervisor.lifeline import launch_hook
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import Upstream, read_response

@@ -46,7 +46,7 @@ from vllama_proxy.logs import get_logger
 from vllama_proxy.supervisor.states import State
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vllama_proxy.supervisor.core import Supervisor
+    from vllama_proxy.supervisor.lifecycle import Supervisor
     from vllama_proxy.supervisor.pool import ModelPool
 
 log = get_logger("vllama.sdnotify")

@@ -1,5 +1,11 @@
 """The models vllama runs: one :class:`Supervisor` per model, and who gets GPU memory.
 
+The pool decides and the supervisors act (issue 29): a model asks :meth:`ModelPool.admit` for room
+before each start or wake and gets a verdict (``room.py``: admitted, refused with the fit report,
+or waiting with a note and the neighbour to evict); the pool's own record (:attr:`ModelPool.holds`)
+says which model holds its share of which GPUs, or only its CUDA context (asleep). The pool never
+writes a supervisor's state or status.
+
 Each model takes ``gpu_memory_utilization`` of each of its GPUs while it is loaded
 (starting, ready or waking) plus its CUDA context (``--gpu-context-share``; on the
 H200 a vLLM at 0.6 used 0.6 of the GPU + 0.6 GiB, and 1.4 GiB asleep); asleep (vLLM
@@ -33,7 +39,7 @@ models cannot both claim the same room.
 from __future__ import annotations
 
 import asyncio
-import time
+import enum
 from collections.abc import Callable
 
 from vllama_proxy.models import fit
@@ -42,8 +48,9 @@ from vllama_proxy.models.keep_alive import parse_keep_alive
 from vllama_proxy.models.model_files import find_model_dir
 from vllama_proxy.models.on_demand import safe_args
 from . import gpu
-from .core import Supervisor
+from .lifecycle import Supervisor
 from ..logs import get_logger
+from .room import Admitted, Refused, Verdict, Waiting
 from ..settings import Settings
 from .slots import SlotTable
 from .states import State
@@ -59,9 +66,11 @@ START_CONTEXT_BYTES = int(0.6 * fit.GiB)
 _CAPACITY = 1.0 + 1e-9
 
 
-def _is_note(text: str | None) -> bool:
-    """Whether ``text`` is the pool's note on why a model waits (not a crash's reason)."""
-    return bool(text) and text.startswith(("no room:", "waiting for "))
+class Hold(enum.Enum):
+    """What a model holds of each of its GPUs, in the pool's record."""
+
+    SHARE = "share"  # admitted (starting, ready, or waking): its gpu_memory_utilization and CUDA context
+    CONTEXT = "context"  # asleep (vLLM sleep mode level 1): its CUDA context only
 
 
 def model_keep_alive(settings: Settings, spec: ModelConfig) -> float:
@@ -109,6 +118,8 @@ class ModelPool:
             sup = Supervisor(settings, placeholder, port=port, board=board, pool=self, slot=(slots, i), prepare=prepare)
             sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
+        #: The pool's record: the models holding GPU memory, and what (stopped ones are absent).
+        self.holds: dict[Supervisor, Hold] = {}
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -118,7 +129,7 @@ class ModelPool:
         """Start every supervisor (preloads begin loading; the rest wait for a request)."""
         for sup in self.supervisors:
             await sup.start()
-        tasks = [sup._task for sup in self.supervisors if sup._task is not None]
+        tasks = [sup.task for sup in self.supervisors if sup.task is not None]
         # One task for the systemd watchdog to watch: it fails as soon as any supervisor does.
         self._task = asyncio.create_task(self._watch_all(tasks), name="model-pool")
 
@@ -151,9 +162,10 @@ class ModelPool:
         """What ``o`` holds of each of its GPUs: its share and CUDA context when loaded, the
         context alone when asleep, nothing when stopped."""
         ctx = self.s.gpu_context_share
-        if o.holds_gpu:
+        hold = self.holds.get(o)
+        if hold is Hold.SHARE:
             return o.spec.gpu_share + ctx
-        return ctx if o.state is State.SLEEPING and o.child is not None else 0.0
+        return ctx if hold is Hold.CONTEXT else 0.0
 
     def _short(self, sup: Supervisor) -> set[int]:
         """The GPUs of ``sup`` where its share (and context) does not fit now."""
@@ -173,8 +185,8 @@ class ModelPool:
             if not self._protected(o, sup) and short & set(o.spec.gpu_ids)
             and o.board.in_flight == 0 and o.board.waiters == 0 and not o.board.waking
         ]
-        ready = [o for o in candidates if o.holds_gpu and o.state is State.READY]
-        asleep = [o for o in candidates if not o.holds_gpu and o.state is State.SLEEPING and o.child is not None]
+        ready = [o for o in candidates if self.holds.get(o) is Hold.SHARE and o.state is State.READY]
+        asleep = [o for o in candidates if self.holds.get(o) is Hold.CONTEXT and o.state is State.SLEEPING]
         return min(ready or asleep, key=lambda o: o.board.last_used, default=None)
 
     def _protected(self, o: Supervisor, sup: Supervisor) -> bool:
@@ -188,56 +200,57 @@ class ModelPool:
         gpus = ",".join(map(str, sup.spec.gpu_ids))
         return f"needs {sup.spec.gpu_share:g} of GPU {gpus}, held by {', '.join(held)}"
 
-    async def make_room(self, sup: Supervisor, *, on_demand: bool) -> bool:
-        """Admit ``sup`` (mark its share taken) once it fits; True then.
+    def _loading(self, sup: Supervisor) -> list[str]:
+        """The neighbours starting, or admitted to wake (still "sleeping" until /wake_up returns)."""
+        return [o.served_name for o in self._neighbours(sup)
+                if self.holds.get(o) is Hold.SHARE and o.state in (State.STARTING, State.SLEEPING)]
 
-        First, while another model on a shared GPU is starting, it waits (vLLM profiles free
-        memory at start). Then a preload or restart (``on_demand`` false) is admitted only if
-        it fits. A model requests wait for evicts the least recently used idle neighbour, one
-        at a time, until it fits; it gives up (False, ``sup.last_error`` saying why) after
-        ``load_timeout`` or once no request waits any more.
+    async def admit(self, sup: Supervisor, *, check_fit: bool) -> Verdict[Supervisor]:
+        """The verdict on ``sup`` taking its share of its GPUs now (``room.py``); admitted, it is
+        recorded as holding it (:attr:`holds`).
+
+        While another model on a shared GPU is loading: :class:`Waiting` (vLLM profiles free memory
+        at start). Then, with ``check_fit``, its size against what NVML finds free
+        (:meth:`fit_report`): :class:`Refused` if it cannot fit even with its evictable neighbours
+        unloaded. Then :class:`Admitted` if its share fits beside the models holding theirs, else
+        :class:`Waiting` with the least recently used idle neighbour to evict (:meth:`victim`), unless
+        one is on its way out already. The supervisor decides whether to wait.
         """
-        deadline = time.monotonic() + self.s.load_timeout
-        before = None if _is_note(sup.last_error) else sup.last_error  # a crash's reason outlives the wait
-        checked = False
-        while True:
-            if sup.stopping:
-                return False
-            # starting, or admitted to wake (still "sleeping" until /wake_up returns)
-            loading = [o.served_name for o in self._neighbours(sup) if o.holds_gpu and o.state in (State.STARTING, State.SLEEPING)]
-            if loading:
-                # vLLM sizes its KV cache from the GPU memory it sees free while it starts: two
-                # starting at once on one GPU each count the other's allocations as their own
-                # (measured on the H200: the second got 5.9 of its 56 GB). One start at a time.
-                self._note(sup, f"waiting for {', '.join(loading)} to finish loading on the same GPU")
-                if on_demand and (not sup.board.waking or time.monotonic() > deadline):
-                    return False
-                await self._wait_change()
-                continue
-            if not checked:  # once no neighbour is loading: NVML's free memory is what vLLM would see
-                checked = True
-                report = await self.fit_report(sup)
-                if report is not None and not report.fits:
-                    self._refuse(sup, report)
-                    return False
-                continue  # the check awaited: look at the neighbours again before claiming room
-            if self.fits(sup):
-                sup.holds_gpu = True  # no await since fits(): nobody else can claim this room first
-                sup.last_error = before
-                sup.board.admitted()
-                return True
-            self._note(sup, f"no room: {self._blockers(sup)}")
-            if not on_demand:
-                log.warning("model_does_not_fit", model=sup.served_name, detail=sup.last_error)
-                return False
-            if not sup.board.waking or time.monotonic() > deadline:
-                return False
-            neighbours = self._neighbours(sup)
-            if not any(o.evicting for o in neighbours):
-                victim = self.victim(sup)
-                if victim is not None:
-                    victim.evict(f"evicted to make room for {sup.served_name}")
-            await self._wait_change()
+        loading = self._loading(sup)
+        if not loading and check_fit:
+            report = await self.fit_report(sup)
+            if report is not None and not report.fits:
+                log.warning("model_does_not_fit", model=sup.served_name, detail=report.message())
+                return Refused(report)
+            loading = self._loading(sup)  # the check awaited: look at the neighbours again before claiming room
+        if loading:
+            # vLLM sizes its KV cache from the GPU memory it sees free while it starts: two
+            # starting at once on one GPU each count the other's allocations as their own
+            # (measured on the H200: the second got 5.9 of its 56 GB). One start at a time.
+            return Waiting(f"waiting for {', '.join(loading)} to finish loading on the same GPU", neighbour_loading=True)
+        if self.fits(sup):
+            self.holds[sup] = Hold.SHARE  # no await since fits(): nobody else can claim this room first
+            return Admitted()
+        evicting = any(o.evicting for o in self._neighbours(sup))
+        return Waiting(f"no room: {self._blockers(sup)}", neighbour_loading=False,
+                       victim=None if evicting else self.victim(sup))
+
+    def slept(self, sup: Supervisor) -> None:
+        """``sup``'s vLLM went to sleep: it holds its CUDA context only."""
+        self.holds[sup] = Hold.CONTEXT
+
+    def released(self, sup: Supervisor) -> None:
+        """``sup``'s vLLM is stopped and its memory released (or it never ran)."""
+        self.holds.pop(sup, None)
+
+    async def changed(self) -> None:
+        """Until any model's transition (an evicted model asleep or stopped, a start finished), or
+        50 ms: requests finishing on a busy neighbour, which no transition announces, are polled."""
+        changed = self._changed
+        try:
+            await asyncio.wait_for(changed.wait(), 0.05)
+        except asyncio.TimeoutError:
+            pass
 
     # -- fit before start (models/fit.py) ----------------------------------------------
     async def fit_report(self, sup: Supervisor) -> fit.FitReport | None:
@@ -273,7 +286,7 @@ class ModelPool:
     def _rooms(self, sup: Supervisor, memory: dict[int, tuple[int, int]]) -> tuple[list[fit.GpuRoom], list[tuple[str, dict[int, int]]]]:
         """``sup``'s GPUs as NVML finds them, with what its evictable neighbours would free; and
         the pinned neighbours holding memory (never evicted: named in the advice)."""
-        asleep_self = sup.state is State.SLEEPING and sup.child is not None  # it holds its context already
+        asleep_self = self.holds.get(sup) is Hold.CONTEXT  # it holds its context already
         rooms = []
         pinned: dict[str, dict[int, int]] = {}
         for i in sup.spec.gpu_ids:
@@ -293,28 +306,3 @@ class ModelPool:
             context = 0 if asleep_self else min(int(self.s.gpu_context_share * total), START_CONTEXT_BYTES)
             rooms.append(fit.GpuRoom(i, total, free, reclaimable, context))
         return rooms, list(pinned.items())
-
-    def _refuse(self, sup: Supervisor, report: fit.FitReport) -> None:
-        """Leave ``sup`` unloaded: why (the numbers and the advice) in its status, then the refusal
-        mark that answers the requests waiting for it."""
-        message = report.message()
-        log.warning("model_does_not_fit", model=sup.served_name, detail=message)
-        sup.last_error = message
-        sup._publish()
-        sup.board.refuse()
-
-    @staticmethod
-    def _note(sup: Supervisor, why: str) -> None:
-        """Say why ``sup`` waits, in its status now (the 503 of a request that gives up quotes it)."""
-        if sup.last_error != why:
-            sup.last_error = why
-            sup._publish()
-
-    async def _wait_change(self) -> None:
-        # Woken by any transition (an evicted model asleep or stopped, a start finished);
-        # polled for requests finishing on a busy neighbour, which no transition announces.
-        changed = self._changed
-        try:
-            await asyncio.wait_for(changed.wait(), 0.05)
-        except asyncio.TimeoutError:
-            pass

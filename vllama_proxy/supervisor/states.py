@@ -12,13 +12,17 @@
     evicted while asleep: sleeping ──► unloaded                         (frees its CUDA context)
     a model loaded on demand starts in unloaded.
 
-One task (``Supervisor._run``) owns every transition; everyone else waits on
-them (``Supervisor.ensure_ready``) and never acts on a state they read earlier.
+One task (``lifecycle.Supervisor._run``) owns every transition, one step per state; everyone
+else waits on them (``Supervisor.ensure_ready``) and never acts on a state they read earlier.
+Why a step ended is one of the typed outcomes below, never a string to parse.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+
+from .room import Eviction
 
 
 class State(str, enum.Enum):
@@ -50,3 +54,58 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 
 class InvalidTransition(RuntimeError):
     """A transition the table does not allow: a supervisor bug, never a user error."""
+
+
+# -- why a step of the owner loop ended ---------------------------------------------------
+@dataclass(frozen=True)
+class Healthy:
+    """vLLM answers ``/health`` and lists the model: ready to serve."""
+
+
+@dataclass(frozen=True)
+class Crashed:
+    """vLLM must be restarted (exited, ``/health`` failing, engine hung, sleep or wake refused);
+    ``reason`` becomes ``last_error``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Misconfigured:
+    """vLLM cannot run with this configuration (not executable, or its argparse refused the command
+    line): no restart can fix it. ``reason`` becomes ``last_error``; ``config_error`` holds vLLM's own words."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """:meth:`Supervisor.stop` was called."""
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Its keep_alive ended, or an eviction was asked, and nothing runs on it: put it away."""
+
+
+@dataclass(frozen=True)
+class LoraOutgrown:
+    """An adapter created since the start needs larger LoRA limits (``models/adapters.py``): start anew."""
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A request wants the model (the board's wake request)."""
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """Asked to give up its room while asleep (it still holds its CUDA context): stop it."""
+
+    why: Eviction
+
+
+#: How a start ended (``starting``), a watch of a ready vLLM (``ready``), and a wait while unloaded or asleep.
+StartOutcome = Healthy | Crashed | Misconfigured | StopAsked
+WatchOutcome = Crashed | Idle | LoraOutgrown | StopAsked
+WakeOutcome = Wanted | Crashed | Evicted | StopAsked

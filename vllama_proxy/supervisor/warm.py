@@ -18,7 +18,11 @@ answers again in about a second (0.6 s on an H100, issue 22) where a stopped one
 runs on a GPU (vLLM has no sleep mode on CPU: ``Platform.is_sleep_mode_available``) and free
 host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
 supervisor checks RAM again when the model is put to sleep and stops it instead when it has
-become short (``core.Supervisor._can_sleep``). ``--no-on-demand-sleep`` turns it off.
+become short (``lifecycle.Supervisor._can_sleep``). ``--no-on-demand-sleep`` turns it off.
+vLLM's first sleep of a model takes much longer than the next ones (2.0 s against 0.15 s on the
+H200, pinning host memory for the weights' backup: ``benchmarks/RESULTS.md``, "Issue 28 on the
+H200"), so such a model sleeps and wakes once as it starts, before it serves
+(``lifecycle.Supervisor._warm_sleep``).
 """
 
 from __future__ import annotations

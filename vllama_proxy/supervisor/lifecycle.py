@@ -1,0 +1,780 @@
+"""The life of one ``vllm serve`` child: start, health, restart, sleep, wake, stop.
+
+One task (:meth:`Supervisor._run`) owns the state (``states.py``) and every transition: it
+dispatches on the state to one step per state, and each step ends in a transition (or leaves the
+state as it was, to be stepped again). Why a step ended travels in typed values (``states.py``:
+``Crashed``, ``Misconfigured``, ``Idle``, ...), never in strings to parse. Room on
+the GPUs is the pool's to give (``pool.py``, answering with a ``room.py`` verdict); what the
+supervisor does with the answer, and its status, are written here alone. Callers wait with
+:meth:`Supervisor.ensure_ready` or read :meth:`Supervisor.status`. Patterns from Ollama's
+``llm/server.go`` ``WaitUntilRunning`` (startup deadline pushed back while loading progresses; the
+child's last output shown on failure) and llama-swap's process owner loop
+(``internal/process/process.go``: one state enum, one loop that alone changes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import psutil
+
+from vllama_proxy.models.adapters import LoraPlan, lora_plan
+from vllama_proxy.models.launch_spec import ModelConfig, has_flag
+from vllama_proxy.models.created import CreatedStore
+from vllama_proxy.models.model_files import read_model_files
+from . import gpu, probes
+from .child import VllmProcess, find_executable
+from ..errors import UpstreamError, UpstreamUnavailable
+from ..logs import get_logger
+from .placement import pin_engine_cores
+from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SlotWanted, Verdict, Waiting
+from ..settings import Settings
+from .slots import SlotTable
+from .states import (TRANSITIONS, Crashed, Evicted, Healthy, Idle, InvalidTransition, LoraOutgrown, Misconfigured, StartOutcome, State,
+                     StopAsked, Wanted, WakeOutcome, WatchOutcome)
+from .status import StatusBoard
+from .warm import compile_cache
+from ..upstream import Upstream, read_response
+
+log = get_logger("vllama.supervisor")
+
+
+#: The states in which no vLLM runs and an on-demand slot may hold another model by the next step.
+_NOT_RUNNING = frozenset({State.UNLOADED, State.RESTARTING, State.FAILED})
+
+class Pool(Protocol):
+    """What a supervisor asks of the pool that shares its GPUs (``pool.ModelPool``)."""
+
+    async def admit(self, sup: Supervisor, *, check_fit: bool) -> Verdict[Supervisor]:
+        """The verdict on ``sup`` taking its share of its GPUs now (recorded as held when admitted);
+        ``check_fit``: estimate its size against the GPUs' memory first (``models/fit.py``)."""
+        ...
+
+    def slept(self, sup: Supervisor) -> None:
+        """``sup``'s vLLM went to sleep: it holds only its CUDA context now."""
+        ...
+
+    def released(self, sup: Supervisor) -> None:
+        """``sup``'s vLLM is stopped and its GPU memory freed."""
+        ...
+
+    async def changed(self) -> None:
+        """Until something may have changed the room (a transition of any model), or briefly."""
+        ...
+
+
+class Unpooled:
+    """The pool of a supervisor alone on its GPUs: always room."""
+
+    async def admit(self, sup: Supervisor, *, check_fit: bool) -> Verdict[Supervisor]:
+        return Admitted()
+
+    def slept(self, sup: Supervisor) -> None:
+        pass
+
+    def released(self, sup: Supervisor) -> None:
+        pass
+
+    async def changed(self) -> None:
+        await asyncio.sleep(0.05)
+#: A host that can never resolve (RFC 6761 ``.invalid``): vLLM's domain allow-list with only
+#: this in it lets no media URL through.
+NO_MEDIA_DOMAIN = "media-fetching-is-off.invalid"
+
+
+def media_args(allowed: list[str], vllm_args: list[str]) -> list[str]:
+    """vLLM flags limiting which hosts it fetches media URLs from (``/v1/*`` requests can name
+    ``image_url``s; vLLM's ``MediaConnector`` fetches them server-side, a request-forgery hole
+    on a shared server). ``allowed`` empty: none (the allow-list holds one unresolvable host);
+    ``["*"]``: any (no flag, vLLM's default). Left to the user's own ``--allowed-media-domains``
+    after ``--`` when given. Local files stay off as in vLLM (no ``--allowed-local-media-path``).
+    Redirects are turned off in :meth:`Supervisor._start_once`'s environment."""
+    if "*" in allowed or has_flag(vllm_args, "--allowed-media-domains"):
+        return []
+    return ["--allowed-media-domains", *(allowed or [NO_MEDIA_DOMAIN])]
+
+
+def usage_error(returncode: int, lines: list[str]) -> str | None:
+    """vLLM's message when it exited because it rejected its command line, else ``None``.
+
+    vLLM parses ``vllm serve``'s arguments with argparse, which prints ``usage: vllm serve
+    ...`` and ``vllm serve: error: <why>`` and exits with status 2.
+    """
+    if returncode != 2:
+        return None
+    errors = [line.strip() for line in lines if ": error: " in line]
+    if not errors or not any(line.lstrip().startswith("usage:") for line in lines):
+        return None
+    return errors[-1]
+
+
+
+
+class Supervisor:
+    """Keeps one ``vllm serve`` healthy on a private loopback port.
+
+    Args:
+        settings: vllama settings (executable, timeouts, backoff).
+        spec: the model: what vLLM loads, its served name, arguments, GPUs and policy.
+        port: the loopback port vLLM listens on; only the proxy is exposed.
+        board: where the status is published for every proxy process; its state at
+            construction is the initial one (``unloaded``: loaded on the first request).
+        pool: the model pool that decides whether the model fits on its GPUs before each
+            start or wake (``None``: :class:`Unpooled`, it always fits).
+        engine_cpus: one CPU set per engine core, applied each time vLLM becomes ready
+            (``placement.py``; ``None``: the kernel places them).
+        slot: ``(table, index)`` for an on-demand slot (``slots.py``): ``spec`` is a placeholder and
+            the model is whatever the slot holds when a request wakes it.
+        prepare: applied to each model a slot takes (the front end's ``--api-server-count``, as for
+            configured models: ``sizing.with_api_servers``).
+    """
+
+    def __init__(self, settings: Settings, spec: ModelConfig, *, port: int, board: StatusBoard, pool: Pool | None = None,
+                 engine_cpus: list[list[int]] | None = None, slot: tuple[SlotTable, int] | None = None,
+                 prepare: Callable[[ModelConfig], ModelConfig] | None = None) -> None:
+        self.s = settings
+        self.slot = slot
+        self.prepare = prepare
+        self._generation = 0
+        self.engine_cpus = engine_cpus
+        self.spec = spec
+        self.port = port
+        self.board = board
+        self.pool: Pool = pool if pool is not None else Unpooled()
+        self.served_name = spec.served_name
+        self.state = board.state
+        self.since = time.time()
+        #: Why it last failed or was refused (a crash's reason outlives a wait for room).
+        self.last_error: str | None = None
+        self.last_output: str = ""
+        self.restarts = 0
+        self.child: VllmProcess | None = None
+        self._note: str | None = None  # why it waits for room (the pool's Waiting note), shown as last_error meanwhile
+        self._loading = False  # the current start or wake was asked for by requests
+        self._failures = 0  # failures in a row (the backoff's exponent; a crash loop at crash_loop_limit)
+        self._ready_at = 0.0  # when the last start became ready (monotonic)
+        self._evict_reason: Eviction | None = None
+        self._sleep_fails = False  # its first sleep and wake failed (issue 28): stopped, never put to sleep
+        #: vLLM's own message when it rejected its arguments (a usage error): a configuration error.
+        self.config_error: str | None = None
+        self._weights_bytes: int | None = None
+        self._probe = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0, read_timeout=settings.health_timeout)
+        self._changed = asyncio.Event()
+        self._poke = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.listeners: list[Callable[[State, str | None], Any]] = []
+        #: models made with /api/create (their LoRA adapters set this vLLM's LoRA limits), and the plan it runs with
+        self._created = CreatedStore(settings.state_dir / "created.json")
+        self._lora = LoraPlan()
+
+    # -- public API ----------------------------------------------------------------
+    def argv(self) -> list[str]:
+        """The child's command line (no shell): vLLM bound to loopback on the private port, media
+        fetching limited (:func:`media_args`); with LoRA adapters of created models, their
+        arguments and one API server (vLLM refuses runtime adapter loading with several)."""
+        args = self.spec.args()
+        lora = self._lora.args()
+        if lora:
+            args = [a for i, a in enumerate(args) if a != "--api-server-count" and (i == 0 or args[i - 1] != "--api-server-count")
+                    and not a.startswith("--api-server-count=")] + ["--api-server-count", "1"]
+        return [
+            find_executable(self.s.vllm_executable) or self.s.vllm_executable, "serve", self.spec.model,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", self.served_name,
+            *media_args(self.s.allowed_media_domains, args),
+            *args,
+            *lora,
+        ]
+
+    def lora_plan(self) -> LoraPlan:
+        """The LoRA plan the adapters known now ask for (``models/adapters.py``)."""
+        return lora_plan(self._created.current().values(), self.served_name)
+
+    async def start(self) -> None:
+        """Begin supervising (returns at once; vLLM loads in the background)."""
+        await self._probe.start()
+        if self.slot is None:  # an empty on-demand slot has nothing to say yet
+            log.info("state", model=self.served_name, to=self.state.value,
+                     reason="launching" if self.state is State.STARTING else "loads on demand")
+        self._task = asyncio.create_task(self._run(), name=f"supervisor:{self.served_name}")
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The owner loop's task (``None`` before :meth:`start`): done when supervision ends, with its
+        exception if the loop crashed."""
+        return self._task
+
+    async def stop(self) -> None:
+        """Stop vLLM's whole process tree and end supervision (idempotent)."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        await self._probe.close()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def evict(self, why: Eviction) -> None:
+        """Ask the owner loop to sleep or stop vLLM now if it is idle (no request in flight);
+        a sleeping vLLM is stopped (it still holds its CUDA context).
+
+        Asked by a model that waits for room (the pool's ``Waiting.victim``); a busy model ignores it.
+        """
+        if self.state in (State.READY, State.SLEEPING) and self._evict_reason is None:
+            log.info("evicting", model=self.served_name, reason=str(why))
+            self._evict_reason = why
+            self._poke.set()
+
+    @property
+    def evicting(self) -> bool:
+        """An eviction was asked for and is not finished."""
+        return self._evict_reason is not None
+
+    async def ensure_ready(self, timeout: float) -> None:
+        """Wait until vLLM is ready.
+
+        Raises:
+            UpstreamUnavailable: not ready within ``timeout`` seconds, vLLM is in a crash loop
+                (``failed``), or supervision stopped.
+        """
+        deadline = time.monotonic() + timeout
+        while self.state is not State.READY:
+            if self.state in (State.STOPPING, State.STOPPED):
+                raise UpstreamUnavailable(f"vLLM is {self.state.value}")
+            if self.state is State.FAILED:  # a crash loop: say so now, not at the timeout
+                raise self.board.unavailable()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self.board.unavailable()
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- state and status: written here only --------------------------------------------------
+    def _set(self, new: State, reason: str | None = None) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise InvalidTransition(f"{self.state.value} -> {new.value}")
+        log.info("state", model=self.served_name, **{"from": self.state.value, "to": new.value, "reason": reason})
+        self.state = new
+        if new is not State.READY:
+            self._evict_reason = None  # an eviction asked of a ready vLLM is over (done, or it died)
+        self.since = time.time()
+        self._publish()
+        self._changed.set()
+        self._changed = asyncio.Event()
+        for listener in self.listeners:
+            listener(new, reason)
+
+    def _publish(self) -> None:
+        self.board.publish(
+            self.state,
+            since=self.since,
+            restarts=self.restarts,
+            pid=self.child.pid if self.child else None,
+            last_error=self._note or self.last_error,
+            last_output=self.last_output,
+            loading=self._loading,
+        )
+
+    # -- the owner loop: one step per state ------------------------------------------------------
+    async def _run(self) -> None:
+        steps: dict[State, Callable[[], Awaitable[None]]] = {
+            State.STARTING: self._preload,  # a preload's first start; later starts go through _load
+            State.UNLOADED: self._unloaded,
+            State.READY: self._ready,
+            State.SLEEPING: self._asleep,
+            State.RESTARTING: self._retry,
+            State.FAILED: self._failed,
+        }
+        try:
+            while not self._stop.is_set():
+                # an on-demand slot takes another model only while nothing of it runs (slots.py)
+                if self.state in _NOT_RUNNING and self._respec() and self.state is not State.UNLOADED:
+                    self._set(State.UNLOADED, f"the slot now holds {self.served_name}")  # from failed or restarting
+                await steps[self.state]()
+        finally:
+            self._loading = False
+            if self.state is not State.STOPPED:
+                if self.state is not State.STOPPING:
+                    self._set(State.STOPPING)
+                await self._stop_child()
+                self._set(State.STOPPED)
+
+    async def _preload(self) -> None:
+        """``starting`` (a preloaded model's first start): admitted, then launched."""
+        await self._load(on_demand=False)
+
+    async def _unloaded(self) -> None:
+        """``unloaded``: until a request wants it (or the slot takes another model), then load it."""
+        if isinstance(await self._until_wanted(None), StopAsked):
+            return
+        self._respec()
+        await self._load(on_demand=True)
+
+    async def _retry(self) -> None:
+        """``restarting``: the backoff is over (:meth:`_fail` waited it out); start again."""
+        await self._load(on_demand=False)
+
+    async def _failed(self) -> None:
+        """``failed``: a crash loop retries slowly (:meth:`_fail` waited); a configuration error waits
+        for a new configuration: an on-demand slot taking another model, else never."""
+        if self.config_error is None:
+            await self._load(on_demand=False)
+        elif self.slot is None or not await self._wait_respec():
+            await self._stop.wait()
+
+    async def _load(self, *, on_demand: bool) -> None:
+        """Admitted by the pool, start vLLM and wait until it is ready: ``ready``, a failure
+        (``restarting``/``failed``), or ``unloaded`` when there is no room (loaded on demand later)."""
+        if not await self._admit(on_demand):
+            if self._stop.is_set():
+                return
+            # No room on its GPUs: loaded on demand later (then idle models make room).
+            self._loading = False
+            if self.state is State.UNLOADED:
+                self._publish()
+                await self._sleep_or_stop(0.2)  # the demand lapsed or the wait timed out
+            else:
+                self._set(State.UNLOADED, self._note or self.last_error)
+            return
+        self._loading = on_demand
+        if self.state is not State.STARTING:
+            self._set(State.STARTING, "requested" if on_demand else None)
+        else:
+            self._publish()
+        outcome = await self._start_once()
+        if self._stop.is_set():
+            return
+        match outcome:
+            case Misconfigured(reason):
+                # vLLM's argparse refused its command line: no restart can fix that, only a new
+                # configuration does. Failed at once, with vLLM's own message (issue 19.9).
+                self._loading = False
+                self.last_error = reason
+                self.last_output = self.child.tail() if self.child else ""
+                log.error("vllm_cannot_start", model=self.served_name, error=self.config_error, argv=self.argv())
+                await self._stop_child()
+                self._set(State.FAILED, reason)
+            case Crashed(reason):
+                await self._fail(reason)
+            case Healthy():
+                if self.slot is not None and await self._can_sleep():
+                    crashed = await self._warm_sleep()
+                    if self._stop.is_set():
+                        return
+                    if crashed is not None:
+                        return await self._fail(crashed.reason)
+                self._keep_alive_from_now()
+                self._loading = False  # the start requests asked for is over (as after a wake)
+                self._ready_at = time.monotonic()
+                self._set(State.READY)
+
+    async def _ready(self) -> None:
+        """``ready``: watch it until it must restart, is outgrown by a new adapter, or is idle past
+        its keep_alive or asked to make room (then put away: asleep or stopped)."""
+        outcome = await self._watch()
+        match outcome:
+            case Idle():
+                await self._put_away()
+            case LoraOutgrown():
+                if not self.board.try_close():
+                    return  # a request came in: the next watch tries again
+                # closed to requests: stop, then start anew with the larger limits when next wanted
+                await self._stop_child()
+                self.board.reopen()
+                self._set(State.UNLOADED, "restarting with larger LoRA limits for a new adapter")
+                self._failures = 0
+            case Crashed(reason):
+                await self._crashed(reason)
+
+    async def _put_away(self) -> None:
+        """Sleep or stop an idle vLLM, unless a request renewed its keep_alive meanwhile.
+
+        Closes the model to new requests only if none is in flight or waiting (one atomic step
+        with the requests' own check, ``status.py``); a request that renewed keep_alive keeps it serving.
+        """
+        why: Eviction | KeepAliveExpired = self._evict_reason or KEEP_ALIVE
+        renewed = self._evict_reason is None and time.time() < self.board.expires_at
+        if renewed or not self.board.try_close():
+            self._evict_reason = None
+            return
+        if self._evict_reason is None and time.time() < self.board.expires_at:
+            self.board.reopen()  # a request ended (and renewed keep_alive) just before the close
+            return
+        try:
+            if not await self._can_sleep():
+                await self._stop_child()
+                self._set(State.UNLOADED, str(why))
+                self._failures = 0  # started afresh when requested
+                return
+            try:
+                async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
+                    await read_response(resp)
+            except UpstreamError as e:
+                crashed: str | None = f"vLLM failed to go to sleep: {e.message}"
+            else:
+                crashed = None
+                self.pool.slept(self)
+                self._set(State.SLEEPING, str(why))
+        finally:
+            self.board.reopen()
+            self._evict_reason = None
+        if crashed is not None:
+            await self._crashed(crashed)
+        elif time.time() < self.board.expires_at and not isinstance(why, MakeRoom):
+            self.board.request_wake()  # a request arrived while we were putting vLLM to sleep
+
+    async def _asleep(self) -> None:
+        """``sleeping``: until a request wants it (admitted, then woken: ``ready``), it is asked to
+        make room (stopped: ``unloaded``), or its vLLM exits."""
+        child = self.child
+        assert child is not None
+        exited = asyncio.ensure_future(child.wait())
+        try:
+            match await self._until_wanted(exited):
+                case StopAsked():
+                    return
+                case Crashed(reason):
+                    return await self._crashed(reason)
+                case Evicted(why):  # asleep, yet in the way: stop it outright
+                    await self._stop_child()
+                    self.board.clear_release()  # done (asked until now: the slot's claimant waits on it)
+                    self._set(State.UNLOADED, str(why))
+                    self._failures = 0
+                    return
+            self._evict_reason = None  # wanted again: whatever was asked before no longer applies
+            if not await self._admit(on_demand=True):
+                if not self._stop.is_set():
+                    self._publish()  # its note says why it could not wake
+                    await self._sleep_or_stop(0.2)
+                return  # still asleep: the next step waits for a request again
+        finally:
+            exited.cancel()
+        self._loading = True
+        self._publish()
+        started = time.monotonic()
+        try:
+            async with self._probe.request("POST", "/wake_up") as resp:
+                await read_response(resp)
+        except UpstreamError as e:
+            return await self._crashed(f"vLLM failed to wake up: {e.message}")
+        log.info("woke_up", model=self.served_name, seconds=round(time.monotonic() - started, 3))
+        self._keep_alive_from_now()
+        self._loading = False
+        self._set(State.READY, "woken by a request")
+
+    async def _warm_sleep(self) -> Crashed | None:
+        """One sleep and wake of a freshly started on-demand model that will sleep, before it is
+        ready (issue 28): vLLM's first sleep of a model is slow (2.0 s on the H200, pinning host
+        memory for the weights' backup; later ones 0.15 s: ``benchmarks/RESULTS.md``, "Issue 28 on
+        the H200"), so it is paid now, while requests wait for the start anyway, rather than by the
+        first request for another model that evicts it. Both durations are logged (``sleep_warmed``).
+
+        Its status says so meanwhile (its note). A failed sleep is logged and the model serves on,
+        stopped instead of put to sleep from then on; a failed wake leaves vLLM asleep: the start failed.
+        """
+        self._note = "warming its sleep (one sleep and wake now, so that its first eviction is fast)"
+        self._publish()
+        try:
+            started = time.monotonic()
+            try:
+                async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
+                    await read_response(resp)
+            except UpstreamError as e:
+                self._sleep_fails = True
+                log.warning("sleep_warm_failed", model=self.served_name, step="sleep", error=e.message,
+                            then="it serves, and is stopped instead of put to sleep")
+                return None
+            slept = time.monotonic() - started
+            started = time.monotonic()
+            try:
+                async with self._probe.request("POST", "/wake_up") as resp:
+                    await read_response(resp)
+            except UpstreamError as e:
+                self._sleep_fails = True
+                log.warning("sleep_warm_failed", model=self.served_name, step="wake_up", error=e.message,
+                            then="restarted, and stopped instead of put to sleep")
+                return Crashed(f"vLLM failed to wake up: {e.message}")
+            log.info("sleep_warmed", model=self.served_name, sleep_s=round(slept, 3),
+                     wake_s=round(time.monotonic() - started, 3))
+            return None
+        finally:
+            self._note = None
+
+    async def _crashed(self, reason: str) -> None:
+        """A ready or sleeping vLLM failed: ``unhealthy``, then restarted (:meth:`_fail`)."""
+        self._loading = False
+        self._set(State.UNHEALTHY, reason)
+        if time.monotonic() - self._ready_at >= self.s.restart_reset_after:
+            self._failures = 0  # it ran long enough: not part of a crash loop
+        await self._fail(reason)
+
+    async def _fail(self, reason: str) -> None:
+        """Stop the failed vLLM and wait out the backoff: ``restarting``, or ``failed`` (retried
+        slowly) after ``crash_loop_limit`` failures in a row."""
+        self._loading = False
+        self._failures += 1
+        self.last_error = reason
+        self.last_output = self.child.tail() if self.child else ""
+        log.warning("vllm_failed", model=self.served_name, reason=reason, failures=self._failures, last_output=self.last_output)
+        await self._stop_child()
+        if self._failures >= self.s.crash_loop_limit:
+            self._set(State.FAILED, reason)
+            delay = self.s.failed_retry_interval
+        else:
+            self._set(State.RESTARTING, reason)
+            delay = min(self.s.restart_backoff_initial * 2 ** (self._failures - 1), self.s.restart_backoff_max)
+        if not await self._sleep_or_stop(delay):
+            self.restarts += 1
+
+    def _respec(self) -> bool:
+        """An on-demand slot took another model since it was last read: run that one from now on."""
+        if self.slot is None:
+            return False
+        table, index = self.slot
+        generation = table.generation(index)
+        if generation == self._generation:
+            return False
+        spec = table.spec(index)  # parsed only when the slot took another model
+        if spec is None:
+            return False
+        self._generation = generation
+        if self.prepare is not None:
+            spec = self.prepare(spec)
+        self.spec, self.served_name = spec, spec.served_name
+        self.config_error = self.last_error = self._note = None
+        self.last_output = ""
+        self.restarts = 0
+        self._weights_bytes = None
+        self._sleep_fails = False
+        log.info("on_demand_model", slot=index, model=self.served_name, repo=spec.model, vllm_args=spec.args())
+        return True
+
+    async def _wait_respec(self) -> bool:
+        """Until the slot takes another model (True) or supervision stops (False)."""
+        table, index = self.slot
+        while table.generation(index) == self._generation:
+            if await self._sleep_or_stop(0.1):
+                return False
+        return True
+
+    async def _admit(self, on_demand: bool) -> bool:
+        """Ask the pool for room on its GPUs until it answers (``room.py``): True once admitted.
+
+        A start or wake waits while a neighbour on a shared GPU loads (one start at a time). With
+        no room, a preload or restart (``on_demand`` false) gives up at once and loads on demand
+        later; one that requests wait for asks the pool's choice of idle neighbour to make room,
+        one at a time, and gives up after ``load_timeout`` or once no request waits any more. A
+        model that cannot fit at all is refused: its requests get the numbers (507).
+        """
+        deadline = time.monotonic() + self.s.load_timeout
+        check_fit = True  # once, when no neighbour is loading: NVML's free memory is then what vLLM would see
+        while not self._stop.is_set():
+            match await self.pool.admit(self, check_fit=check_fit):
+                case Admitted():
+                    self._note = None  # a crash's reason (last_error) outlives the wait
+                    self.board.admitted()
+                    return True
+                case Refused(report):
+                    # left unloaded: why (the numbers and the advice) in its status, then the
+                    # refusal mark that answers the requests waiting for it
+                    self.last_error, self._note = report.message(), None
+                    self._publish()
+                    self.board.refuse()
+                    return False
+                case Waiting(note, neighbour_loading, victim):
+                    if note != self._note:  # why it waits, in its status now (the 503 of a request that gives up quotes it)
+                        self._note = note
+                        self._publish()
+                    if not neighbour_loading:
+                        check_fit = False
+                        if not on_demand:
+                            log.warning("model_does_not_fit", model=self.served_name, detail=note)
+                            return False
+                    if on_demand and (not self.board.waking or time.monotonic() > deadline):
+                        return False
+                    if victim is not None:
+                        victim.evict(MakeRoom(self.served_name))
+            await self.pool.changed()
+        return False
+
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether vLLM runs with ``--enable-sleep-mode`` (then keep_alive expiry sleeps, not stops)."""
+        return self.spec.sleeps
+
+    def _keep_alive_from_now(self) -> None:
+        # Ready again: wake requests are fulfilled (waiters re-ask while they poll), and a
+        # fresh load starts the default keep_alive, unless a request asked for longer.
+        self.board.clear_wake()
+        self.board.clear_release()  # a release asked of it while asleep no longer applies
+        default = self.board.keep_alive
+        until = math.inf if default < 0 else time.time() + default
+        if self.board.expires_at < until:
+            self.board.touch(default)
+
+    async def _can_sleep(self) -> bool:
+        """Sleep mode is on and host RAM can take the weights (vLLM level 1 copies them to CPU
+        memory) with ``sleep_host_memory_reserve`` to spare; else vLLM is stopped instead."""
+        if not self.sleep_mode or self._sleep_fails:
+            return False
+        if self._weights_bytes is None:
+            self._weights_bytes = (await asyncio.to_thread(read_model_files, self.spec.model, self.served_name)).size
+        available = psutil.virtual_memory().available
+        if available < self._weights_bytes + self.s.sleep_host_memory_reserve:
+            log.warning("host_memory_short", model=self.served_name, available=available, weights=self._weights_bytes)
+            return False
+        return True
+
+    async def _until_wanted(self, exited: asyncio.Future[int] | None) -> WakeOutcome:
+        """Until a request wants the model, or (asleep: ``exited`` given) its vLLM exits or it is
+        asked to make room (an eviction, or its on-demand slot claimed for another model)."""
+        while not self.board.waking:
+            if self._stop.is_set():
+                return StopAsked()
+            if exited is not None:
+                if exited.done():
+                    return Crashed(f"vLLM exited with code {exited.result()} while asleep")
+                if self._evict_reason is None and self.board.release_asked:
+                    self._evict_reason = SlotWanted()
+                if self._evict_reason is not None:
+                    return Evicted(self._evict_reason)
+            await asyncio.sleep(0.02)
+        return Wanted()
+
+    async def _start_once(self) -> StartOutcome:
+        """Launch and wait until ready.
+
+        Races three things: the child exiting (fail fast), the deadline (pushed back
+        while the child's output shows loading progress), and readiness.
+        """
+        try:
+            # nvidia-smi's GPU numbering for every child (the pool counts GPUs by it), unless set
+            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **self.spec.env()}
+            # an allowed media host must not redirect vLLM to one that is not (vLLM follows redirects by default)
+            env.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
+            # vllama's own metrics directory (--workers) is not vLLM's: with several API servers vLLM
+            # makes its own, and given ours it would mix its series into vllama's /metrics and back.
+            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            # vLLM's compile cache where it survives a restart (the state directory when home is read-only)
+            env.update(compile_cache(self.s.state_dir, env)[2])
+            if self.sleep_mode:
+                env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
+            self._lora = await asyncio.to_thread(self.lora_plan)
+            if self._lora.modules:
+                env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # adapters created later load without a restart
+            self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
+        except OSError as e:
+            # not there or not executable: no restart can fix it, only a new configuration (issue 26.1)
+            self.config_error = f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
+            return Misconfigured(self.config_error)
+        child = self.child
+        self._publish()
+        started = time.monotonic()
+        exited = asyncio.ensure_future(child.wait())
+        try:
+            while True:
+                if exited.done():
+                    await asyncio.sleep(0.2)  # let the output pumps catch the last lines
+                    usage = usage_error(exited.result(), list(child.last_lines))
+                    if usage is not None:
+                        self.config_error = usage
+                        return Misconfigured(f"vLLM rejected its arguments: {usage}")
+                    return Crashed(f"vLLM exited with code {exited.result()} during startup")
+                deadline = max(started + self.s.startup_timeout, child.last_progress + self.s.startup_progress_extension)
+                if time.monotonic() > deadline:
+                    return Crashed(f"vLLM was not ready after {time.monotonic() - started:.0f} s")
+                if await probes.health(self._probe) == 200 and await probes.serves(self._probe, self.served_name):
+                    log.info("ready", model=self.served_name, startup_s=round(time.monotonic() - started, 1))
+                    if self.engine_cpus:
+                        cpus = self.engine_cpus
+                        await asyncio.to_thread(lambda: pin_engine_cores(child.session_pids(), cpus, self.served_name))
+                    return Healthy()
+                if await self._first(exited, self.s.startup_poll_interval):
+                    return StopAsked()
+        finally:
+            exited.cancel()
+
+    async def _watch(self) -> WatchOutcome:
+        """Watch a ready vLLM until it must restart, its keep_alive ended (or an eviction was asked)
+        with nothing running, a new adapter needs larger LoRA limits, or stop is asked."""
+        child = self.child
+        assert child is not None
+        exited = asyncio.ensure_future(child.wait())
+        failed_polls = 0
+        tokens: float | None = None
+        stalled_since: float | None = None
+        try:
+            while True:
+                if await self._first(exited, self.s.health_interval):
+                    return StopAsked()
+                if exited.done():
+                    return Crashed(f"vLLM exited with code {exited.result()}")
+                code = await probes.health(self._probe)
+                failed_polls = 0 if code == 200 else failed_polls + 1
+                if failed_polls >= self.s.unhealthy_threshold:
+                    return Crashed(f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})")
+                idle_now = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
+                if idle_now and self._created.path.exists() and not self._lora.covers(await asyncio.to_thread(self.lora_plan)):
+                    return LoraOutgrown()
+                expired = self._evict_reason is not None or time.time() >= self.board.expires_at
+                if self.s.hang_timeout > 0 or expired:
+                    load = await probes.load(self._probe)
+                    idle = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
+                    if expired and load is not None and load.pending == 0 and idle:
+                        return Idle()
+                    self._evict_reason = None  # busy: the pool looks for another model to evict
+                    if load is not None and self.s.hang_timeout > 0:
+                        now = time.monotonic()
+                        if load.pending > 0 and load.generation_tokens == tokens:
+                            stalled_since = stalled_since or now
+                            if now - stalled_since >= self.s.hang_timeout:
+                                return Crashed(f"engine hung: {load.pending:g} requests pending, no token generated for {now - stalled_since:.0f} s")
+                        else:
+                            stalled_since = None
+                        tokens = load.generation_tokens
+        finally:
+            exited.cancel()
+
+    async def _first(self, exited: asyncio.Future[int], timeout: float) -> bool:
+        """Wait for the child's exit, a stop request, an eviction, or ``timeout``; True if stop was requested."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        poke = asyncio.ensure_future(self._poke.wait())
+        try:
+            await asyncio.wait({exited, stop, poke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            poke.cancel()
+            self._poke.clear()
+        return self._stop.is_set()
+
+    async def _sleep_or_stop(self, delay: float) -> bool:
+        try:
+            await asyncio.wait_for(self._stop.wait(), delay)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def _stop_child(self) -> None:
+        child, self.child = self.child, None
+        if child is None:
+            self.pool.released(self)
+            return
+        pids = set(await asyncio.to_thread(child.session_pids))
+        await child.stop(self.s.stop_grace)
+        log.info("vllm_stopped", pid=child.pid, returncode=child.returncode)
+        if self.s.gpu_check and pids:
+            released = await asyncio.to_thread(gpu.wait_released, pids, self.s.gpu_release_timeout)
+            if not released:
+                log.warning("gpu_memory_not_released", pids=sorted(pids), timeout_s=self.s.gpu_release_timeout)
+        self.pool.released(self)  # only now: the next model's vLLM checks free memory when it starts
