@@ -40,6 +40,9 @@
 #            (non-streamed Ollama requests: vllama streams upstream and aggregates), and `vllama batch --host
 #            <vLLM>` with vllama's default concurrency (no hop); then loadgen's burst of $BATCH_N at once,
 #            streamed vs non-streamed /v1/completions through vllama (what streaming costs vLLM): batchvar.json
+#   batchfo  vllama restarted (compile cache of start kept) with its vLLM run with --enable-per-request-metrics,
+#            so that non-streamed /api/generate reaches vLLM unstreamed (vllama >= i28b); then the `generate`
+#            and `default` variants of batchvar again (BATCHFO_VARIANTS), new prompts; vllama stays up
 #   stop     SIGTERM vllama; GPU memory and leftover vLLM processes; logs
 #   offline  (GPU free: after stop) vLLM's LLM.generate on the same 5,000 prompts, same GPU share (0.85)
 #   vanilla  (GPU free) `vllm serve /tmp/model` with vLLM's defaults and a fresh compile cache: launch to
@@ -96,13 +99,14 @@ stop_pid() {  # pidfile: SIGTERM, wait up to 60 s
   rm -f "$1"
 }
 page_cache() { cat "$MODEL"/*.safetensors > /dev/null 2>&1 || true; }  # every start reads the weights from RAM
-# vllama serve --model $MODEL with its defaults; $1: its log file, $2: VLLM_CACHE_ROOT, $3: more vllama flags.
+# vllama serve --model $MODEL with its defaults; $1: its log file, $2: VLLM_CACHE_ROOT, $3: more vllama flags,
+# $4: more vLLM arguments.
 # Prints "seconds to first token"; T0 (epoch seconds of the launch) is left in $LOGS/t0.
 vllama_start() {
   page_cache
   date +%s.%N > $LOGS/t0
   VLLM_CACHE_ROOT=$2 setsid python3 -m vllama_proxy serve --model "$MODEL" --served-model-name $SERVED --vllm-port $PC \
-    --port $PB --keep-alive -1 --log-format json ${VLLAMA_EXTRA:-} ${3:-} -- $VLLM_SHAPE > "$1" 2>&1 < /dev/null &
+    --port $PB --keep-alive -1 --log-format json ${VLLAMA_EXTRA:-} ${3:-} -- $VLLM_SHAPE ${4:-} > "$1" 2>&1 < /dev/null &
   echo $! > $LOGS/b.pid
   report first $B ollama --model $SERVED --timeout 590
 }
@@ -217,14 +221,19 @@ batch)
   ok=$(grep -c '"status_code": *200' $LOGS/batch-out.jsonl || true)
   log "vllama batch: exit $rc, $ok/$n answered 200, wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t}") s"
   ;;
-batchvar)
-  n=${BATCH_N:-5000}
+batchvar|batchfo)
+  n=${BATCH_N:-5000}; variants=${BATCH_VARIANTS:-default c2x all generate direct}; seed=100
+  if [ $phase = batchfo ]; then  # vLLM with per-request metrics: non-streamed /api/generate goes upstream unstreamed
+    stop_pid $LOGS/b.pid; sleep 2
+    s=$(vllama_start $LOGS/vllama-fo.log $LOGS/cache-b "" --enable-per-request-metrics) || { tail -40 $LOGS/vllama-fo.log; exit 1; }
+    log "batchfo: vllama restarted, its vLLM with --enable-per-request-metrics (compile cache of start kept): first token $s s"
+    variants=${BATCHFO_VARIANTS:-generate default}; seed=200
+  fi
   mr=$(curl -s $B/api/version | python3 -c 'import json, sys; print(json.load(sys.stdin).get("max_running") or 0)')
   [ "$mr" -gt 0 ] 2>/dev/null || { log "batchvar: /api/version has no max_running"; mr=1024; }
   dflt=$(( mr + mr / 4 ))  # what vllama batch picks with no -c (client/batch.py choose_concurrency)
-  log "batchvar: $n prompts per variant; max_running $mr, vllama batch's default concurrency $dflt"
-  seed=100
-  for v in ${BATCH_VARIANTS:-default c2x all generate direct}; do
+  log "$phase: $n prompts per variant; max_running $mr, vllama batch's default concurrency $dflt"
+  for v in $variants; do
     seed=$(( seed + 1 )); url=/v1/completions; host=$B; flags=""
     case $v in
       default) ;;
@@ -246,9 +255,10 @@ for line in open(sys.argv[1]):
     u = b.get("usage") if isinstance(b, dict) else None
     n += (u or {}).get("completion_tokens") or (b.get("eval_count") if isinstance(b, dict) else 0) or 0
 print(n)' $LOGS/batchvar-out.jsonl)
-    log "batchvar $v ($url, host ${host##*:}, ${flags:-no -c}): exit $rc, $ok/$n answered 200, $tok tokens, wall $wall s: $(awk "BEGIN{printf \"%.0f\", $tok / $wall}") tok/s by wall; $(grep -E '^vllama batch: [0-9]+/[0-9]+ .*skipped' $LOGS/batchvar-$v.txt | cut -c1-160)"
+    log "$phase $v ($url, host ${host##*:}, ${flags:-no -c}): exit $rc, $ok/$n answered 200, $tok tokens, wall $wall s: $(awk "BEGIN{printf \"%.0f\", $tok / $wall}") tok/s by wall; $(grep -E '^vllama batch: [0-9]+/[0-9]+ .*skipped' $LOGS/batchvar-$v.txt | cut -c1-160)"
     grep -m1 'concurrency' $LOGS/batchvar-$v.txt | say
   done
+  [ $phase = batchfo ] && continue
   # what streaming costs: $n requests at once through vllama's /v1 pass-through, streamed vs not
   log "batchvar burst: $n /v1/completions at once through vllama, s = streamed, n = stream false"
   loadgen --targets "s=openai:$B,n=openai-nostream:$B" --burst "$n" --rounds 2 --procs 4 --warmup 0 --seed 7 --baseline n \

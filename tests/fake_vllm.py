@@ -24,6 +24,9 @@ FAKE_VLLM_CRASH_AFTER      int N: the N-th generation request dies with ``os._ex
                            has produced 2 tokens (mid-stream).
 (argument) --fake-invalid*  rejected as vLLM's argparse rejects an unknown argument: usage and
                            ``vllm serve: error: unrecognized arguments: ...`` on stderr, exit 2.
+(argument) --enable-per-request-metrics  non-streamed answers carry vLLM 0.26's ``metrics``
+                           (``time_to_first_token_ms``, ``generation_time_ms``, ``queue_time_ms``,
+                           ``mean_itl_ms``, ``tokens_per_second``) from the fake's own clock.
 FAKE_VLLM_IGNORE_SIGTERM   1: SIGTERM is ignored (SIG_IGN). SIGINT still stops the server.
 FAKE_VLLM_GRANDCHILD       1: spawn a child process (argv[0] "VLLM::EngineCore") in the same
                            process group, standing for the engine core. It inherits stdout/stderr
@@ -308,6 +311,7 @@ class State:
         self.failed = 0
         self.in_flight = 0
         self.sleep_mode = False
+        self.per_request_metrics = False  # --enable-per-request-metrics: non-streamed bodies carry "metrics"
         self.sleeping = 0  # 0 awake, else the sleep level
         self.sleeps = 0
         self.wakes = 0
@@ -919,8 +923,13 @@ async def _non_stream(request: web.Request, state: State, plan: Plan, tracker: T
     reasoning: list[str] = []
     content: list[str] = []
     calls: list[dict[str, Any]] = []
+    queued = time.monotonic()
+    first = last = 0.0
     async for ev in produce(state, plan, tracker.seq):
         kind = ev[0]
+        if kind in ("r", "c", "ts", "ta"):
+            last = time.monotonic()
+            first = first or last
         if kind == "crash":
             die_now()
         elif kind == "fault":
@@ -973,6 +982,14 @@ async def _non_stream(request: web.Request, state: State, plan: Plan, tracker: T
                             "routed_experts": None}],
                "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
                "usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+    if state.per_request_metrics:  # vLLM 0.26 --enable-per-request-metrics (build_per_request_timing_metrics)
+        out["metrics"] = {
+            "time_to_first_token_ms": (first - queued) * 1000 if first else None,
+            "generation_time_ms": (last - first) * 1000 if first else None,
+            "queue_time_ms": 0.0,
+            "mean_itl_ms": (last - first) / (n - 1) * 1000 if first and n > 1 else None,
+            "tokens_per_second": n / (last - queued) if first and last > queued else None,
+        }
     tracker.finish("completed")
     return json_response(out)
 
@@ -1369,6 +1386,7 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
                 return 1
         state.pooling = args.runner == "pooling" or args.convert == "embed"
         state.sleep_mode = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+        state.per_request_metrics = "--enable-per-request-metrics" in unknown
         app = make_app(state)
         if knobs.access_log:
             import logging

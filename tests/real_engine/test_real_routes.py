@@ -30,7 +30,8 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 def config(model_dir) -> str:
     chat_args = [*BASE_ARGS, "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
-                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                 "--enable-per-request-metrics"]  # non-streamed Ollama requests reach vLLM unstreamed
     return f"""
 [[models]]
 model = "{model_dir}"
@@ -80,6 +81,28 @@ def test_generate_streamed_is_the_same_text_as_not_streamed(client):
     assert len(chunks) > 5 and chunks[-1].done and not any(c.done for c in chunks[:-1])
     assert "".join(c.response for c in chunks) == whole.response
     assert chunks[-1].eval_count == 24 and chunks[-1].done_reason == "length"
+
+
+def _ttft_count(server, route: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    key = f'vllama_time_to_first_token_seconds_count{{route="{route}"}} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(key))
+
+
+def test_not_streamed_reaches_vllm_unstreamed_with_its_timings(server, client):
+    # tiny-chat's vLLM runs with --enable-per-request-metrics: a non-streamed request is answered
+    # from vLLM's one unstreamed answer, so vllama sees no first token (no TTFT sample), and the
+    # durations come from vLLM's metrics (without them prompt_eval_duration would be 1 ns)
+    before = _ttft_count(server, "/api/generate")
+    r = client.generate(model=CHAT, prompt="import sys", options={**GREEDY, "num_predict": 16})
+    assert r.eval_count == 16 and r.eval_duration > 0 and r.prompt_eval_duration > 1_000
+    assert r.load_duration + r.prompt_eval_duration + r.eval_duration <= r.total_duration
+    assert _ttft_count(server, "/api/generate") == before
+    chunks = list(client.generate(model=CHAT, prompt="import sys", stream=True, options={**GREEDY, "num_predict": 16}))
+    assert "".join(c.response for c in chunks) == r.response
+    assert _ttft_count(server, "/api/generate") == before + 1  # streamed: vllama saw the first token
+    c = client.chat(model=CHAT, messages=[{"role": "user", "content": "hi"}], options={**GREEDY, "num_predict": 8})
+    assert c.eval_count == 8 and c.message.content and c.prompt_eval_duration > 1_000 and c.eval_duration > 0
 
 
 def test_chat_streamed_and_not(client):

@@ -4,8 +4,12 @@ A :class:`Translator` is fed every decoded SSE chunk of one upstream response an
 returns the Ollama chunks to emit; :meth:`Translator.final` builds the single
 ``done: true`` record with counts (from vLLM's ``usage``) and nanosecond durations
 measured here. :func:`relay` drives it: NDJSON out when the client streams, one
-aggregated JSON object when it does not. Upstream is always streamed, so TTFT
-(``prompt_eval_duration``) is measured the same way in both modes.
+aggregated JSON object when it does not. Upstream is streamed, so TTFT
+(``prompt_eval_duration``) is measured the same way in both modes, except for a
+non-streamed request to a vLLM that reports per-request timings
+(``--enable-per-request-metrics``): then upstream is not streamed either (vLLM sends the
+answer once instead of an event per token) and the durations come from vLLM's
+``metrics`` (:func:`unstreamed_timings`).
 
 Per-chunk work is kept to a dict lookup or two and one ``orjson.dumps``: this is
 the hot path at thousands of tokens per second (issue 4 measures its CPU cost).
@@ -26,7 +30,7 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
-from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_some
+from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_json, read_some
 from .metrics import STAGE, STAGES, TPOT, TTFT, USAGE
 from .app_keys import ACCEPTED
 from .timestamps import CLOCK
@@ -325,6 +329,56 @@ def _ollama_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
     return {"id": call["id"] or f"call_{index}", "function": fn}
 
 
+def response_chunk(data: dict[str, Any]) -> dict[str, Any]:
+    """A non-streamed ``/v1/completions`` or ``/v1/chat/completions`` answer as the one stream
+    chunk that says the same, so the translators read both: a chat choice's ``message``
+    becomes its ``delta`` (tool calls get their ``index``, as streamed fragments have);
+    a completion choice (``text``) is already shaped like a chunk's. ``usage`` is kept."""
+    choices = data.get("choices") or []
+    if not choices or "message" not in choices[0]:
+        return data
+    choice = dict(choices[0])
+    delta = dict(choice.pop("message") or {})
+    if delta.get("tool_calls"):
+        delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(delta["tool_calls"])]
+    choice["delta"] = delta
+    return {**data, "choices": [choice, *choices[1:]]}
+
+
+def unstreamed_timings(t: Timings, data: dict[str, Any], end: int) -> None:
+    """Set ``t.first`` / ``t.last`` (ns) for an answer vLLM sent whole at ``end``.
+
+    ``eval_duration`` (last - first) is vLLM's own ``metrics.generation_time_ms`` (its first to
+    its last output token: vLLM 0.26 ``build_per_request_timing_metrics``, present with
+    ``--enable-per-request-metrics``), so the output's rate is vLLM's measure;
+    ``prompt_eval_duration`` (first - sent) is the rest of the wait vllama measured (vLLM's
+    queue, tokenizing, prefill, and the answer's way back). Without the metrics the whole wait
+    counts as ``eval_duration`` (an output rate that is never too high)."""
+    gen = (data.get("metrics") or {}).get("generation_time_ms")
+    t.last = end
+    if isinstance(gen, (int, float)) and not isinstance(gen, bool) and gen >= 0:
+        t.first = max(end - int(gen * 1_000_000), t.sent)
+    else:
+        t.first = t.sent
+
+
+async def _unstreamed(request: web.Request, resp: Any, translator: Translator) -> web.Response:
+    """The aggregated Ollama answer from vLLM's non-streamed one (``relay(final_only=True)``)."""
+    t = translator.t
+    data = await read_json(resp)
+    end = t.first_read = time.perf_counter_ns()
+    if not isinstance(data, dict):
+        raise UpstreamProtocolError(f"vLLM's answer is not a JSON object: {str(data)[:200]}")
+    translator.feed(response_chunk(data))
+    if not translator.finished:
+        raise UpstreamProtocolError("vLLM's answer has no finish reason: it may be incomplete")
+    unstreamed_timings(t, data, end)
+    _observe_stages(request, t, 0)
+    final = translator.final()
+    _observe_tpot(request.path, translator, request)
+    return web.Response(body=orjson.dumps(final), content_type="application/json")
+
+
 async def relay(
     request: web.Request,
     upstream: Upstream,
@@ -334,6 +388,7 @@ async def relay(
     *,
     stream: bool,
     headers: Mapping[str, str] | None = None,
+    final_only: bool = False,
 ) -> web.StreamResponse:
     """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
 
@@ -347,7 +402,9 @@ async def relay(
     The streamed loop is the proxy's hot path (one pass per upstream read, usually one
     token): decode, translate, one write; metrics are observed once per request.
     ``headers`` replace the JSON content type sent upstream (``api/session.py`` adds the
-    conversation's key for a router).
+    conversation's key for a router). ``final_only`` (with ``stream`` false): ``body`` asks
+    vLLM for one unstreamed answer (``translate.unstreamed``) and the durations come from its
+    ``metrics`` (:func:`unstreamed_timings`).
     """
     t = translator.t
     t.sent = time.perf_counter_ns()
@@ -355,6 +412,8 @@ async def relay(
     async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
         t.headers = time.perf_counter_ns()
         feed = translator.feed
+        if final_only and not stream:
+            return await _unstreamed(request, resp, translator)
         if not stream:
             async for batch in iter_sse(resp):
                 if not t.first_read:

@@ -341,6 +341,28 @@ def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]
     return "/v1/chat/completions", body, ignored
 
 
+#: vLLM's flag that puts per-request timings (``metrics``) into its answers (vLLM 0.26's
+#: ``--enable-per-request-metrics``; it needs vLLM's stats, which ``--disable-log-stats`` turns off).
+PER_REQUEST_METRICS = "--enable-per-request-metrics"
+
+
+def final_only(vllm_args: tuple[str, ...] | list[str]) -> bool:
+    """Whether a non-streamed Ollama request may reach this vLLM unstreamed: only when vLLM runs
+    with ``--enable-per-request-metrics``, so its answer carries the timings Ollama's
+    ``prompt_eval_duration`` / ``eval_duration`` are made of (``stream.unstreamed_timings``).
+    Unstreamed, vLLM's API server sends one answer instead of an event per token (vLLM's
+    ``RequestOutputKind.FINAL_ONLY``) and vllama parses one body instead of every event."""
+    return PER_REQUEST_METRICS in vllm_args and "--disable-log-stats" not in vllm_args
+
+
+def unstreamed(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (from :func:`generate_body`, :func:`chat_body`, :func:`fim_body`) asking vLLM for
+    one answer instead of a stream: ``stream`` false, no ``stream_options``. Returns ``body``."""
+    body["stream"] = False
+    body.pop("stream_options", None)
+    return body
+
+
 def fim_body(req: GenerateRequest, served: str, fmt: FimFormat) -> tuple[dict[str, Any], list[str]]:
     """``/api/generate`` with ``suffix`` -> a ``/v1/completions`` body holding the model's FIM prompt.
 

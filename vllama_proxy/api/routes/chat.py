@@ -8,7 +8,7 @@ from .. import session
 from ..ollama_types import ChatRequest
 from ..app_keys import CATALOG, SETTINGS
 from ..stream import ChatTranslator, Timings, relay
-from ..translate import chat_body, check_capabilities, upstream_model, with_model_defaults
+from ..translate import chat_body, check_capabilities, final_only, unstreamed, upstream_model, with_model_defaults
 from .body import log_ignored, read_request
 from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload
 from ..admission import with_priority
@@ -37,9 +37,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body, ignored = chat_body(req, served)
     log_ignored(ignored)
     stream = req.stream is not False
+    whole = not stream and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
+    if whole:
+        unstreamed(body)
     translator = ChatTranslator(name, timings, aggregate=not stream)
     # the conversation's key, so that a router in front of several engines keeps it on one (api/session.py)
     headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(served, req.messages, request.app[SETTINGS].session_key))
     async with model_in_use(request, backend, req.keep_alive):
         return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream,
-                           headers=headers)
+                           headers=headers, final_only=whole)

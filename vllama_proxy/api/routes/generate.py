@@ -15,7 +15,7 @@ from .. import session
 from ..ollama_types import GenerateRequest
 from ..app_keys import CATALOG, SETTINGS
 from ..stream import GenerateTranslator, Timings, relay
-from ..translate import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
+from ..translate import check_capabilities, fim_body, final_only, generate_body, unstreamed, upstream_model, with_model_defaults
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
@@ -69,9 +69,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
         path, body, ignored = generate_body(req, served, before)
     log_ignored(ignored)
     stream = req.stream is not False
+    whole = not stream and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
+    if whole:
+        unstreamed(body)
     translator = GenerateTranslator(name, timings, aggregate=not stream)
     async with model_in_use(request, backend, req.keep_alive):
         if path == "/v1/completions" and "max_tokens" not in body:
             body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
         headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.generate_key(served, req.system))
-        return await relay(request, backend.upstream, path, with_priority(request, body), translator, stream=stream, headers=headers)
+        return await relay(request, backend.upstream, path, with_priority(request, body), translator, stream=stream, headers=headers,
+                           final_only=whole)
