@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -286,3 +287,16 @@ def test_a_rejected_argument_later_is_failed_with_vllms_message_not_a_crash_loop
     assert usage_error(2, lines) == lines[-1]
     assert usage_error(1, lines) is None  # a crash, not a usage error
     assert usage_error(2, ["Traceback (most recent call last):", "SystemExit: 2"]) is None
+
+
+def test_vllm_is_launched_before_the_workers_are_spawned(vllama):
+    """Issue 28: vLLM's start is the long pole, so it is launched first, and the extra workers are
+    spawned side by side off the event loop (each takes about a second to import before it reads its
+    arguments): the vLLM child's ``launched`` line comes before any ``worker_started`` line."""
+    v = vllama(env={"FAKE_VLLM_START_DELAY": "1"}, flags=["--workers", "4"])
+    v.wait_state("ready")
+    events = [json.loads(line) for line in v.log.read_text().splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    assert names.count("worker_started") == 3
+    launched = next(i for i, e in enumerate(events) if e["event"] == "state" and e.get("to") == "starting")
+    assert launched < names.index("worker_started"), names

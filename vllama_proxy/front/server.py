@@ -270,12 +270,15 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     app = build_app(settings, resolved, backends, front=front, bound=bound, slots=slots)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
                              idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
+    # vLLM first: its start (a minute or more) is the long pole, and each spawned worker takes
+    # about a second to import before it reads its arguments; 4 workers spawned one after the
+    # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md, issue 28)
+    rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
+    await pool.start()
     workers = WorkerPool(settings, resolved, backends, front, bound, slots)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
              models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})
-    rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
-    await pool.start()
     if registration is not None:
         await registration.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")

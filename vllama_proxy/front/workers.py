@@ -99,9 +99,13 @@ class WorkerPool:
         log.info("worker_started", worker=index, pid=p.pid)
 
     async def start(self, count: int) -> None:
-        """Start ``count`` extra workers and watch them."""
-        for i in range(1, count + 1):
-            self._spawn(i)
+        """Start ``count`` extra workers at once and watch them.
+
+        ``Process.start`` of the spawn context blocks until the child has imported enough to read
+        its pickled arguments (about a second each): the spawns run in threads, side by side, so
+        that the event loop (and the vLLM child it is launching) is not held up.
+        """
+        await asyncio.gather(*(asyncio.to_thread(self._spawn, i) for i in range(1, count + 1)))
         self._monitor = asyncio.create_task(self._watch())
 
     # Exits are read from each process's sentinel pipe, not waitpid(): the event loop's
