@@ -16,9 +16,10 @@ import sys
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -43,6 +44,16 @@ KINDS = ("awq", "gptq-int4", "gptq-int8", "fp8", "w4a16", "unquantized")
 _NATIVE = re.compile(r"native-[a-z0-9]+")
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+def _owner_name(v: str) -> str:
+    if not _REPO.fullmatch(v):
+        raise ValueError(f"repo {v!r} is not owner/name")
+    return v
+
+
+#: A Hugging Face repo id, ``owner/name``.
+Repo = Annotated[str, AfterValidator(_owner_name)]
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _FIM_FIELD = re.compile(r"\{(prefix|suffix)\}")
 
@@ -58,7 +69,7 @@ class _Strict(BaseModel):
 class Quant(_Strict):
     """What a quantization tag of one class serves."""
 
-    repo: str
+    repo: Repo
     kind: str = Field(description="awq | gptq-int4 | gptq-int8 | fp8 | w4a16 | unquantized | native-<fmt>")
     fallback: bool = Field(description="The publisher ships no such quantization: the plain repo is served.")
 
@@ -67,13 +78,6 @@ class Quant(_Strict):
     def _kind(cls, v: str) -> str:
         if v not in KINDS and not _NATIVE.fullmatch(v):
             raise ValueError(f"kind {v!r} is none of {', '.join(KINDS)}, native-<format>")
-        return v
-
-    @field_validator("repo")
-    @classmethod
-    def _repo(cls, v: str) -> str:
-        if not _REPO.fullmatch(v):
-            raise ValueError(f"repo {v!r} is not owner/name")
         return v
 
 
@@ -107,7 +111,7 @@ class Tag(_Strict):
 
     tag: str
     aliases: list[str]
-    repo: str
+    repo: Repo
     revision: str
     parameters: str
     context_length: int = Field(gt=0)
@@ -128,13 +132,6 @@ class Tag(_Strict):
     def _tag(cls, v: str) -> str:
         if v == "latest" or not _TAG.fullmatch(v):
             raise ValueError(f"bad tag name {v!r} (never 'latest'; letters, digits, '.', '_', '-')")
-        return v
-
-    @field_validator("repo")
-    @classmethod
-    def _repo(cls, v: str) -> str:
-        if not _REPO.fullmatch(v):
-            raise ValueError(f"repo {v!r} is not owner/name")
         return v
 
     @model_validator(mode="after")
