@@ -30,28 +30,20 @@ class AliasStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self._aliases: dict[str, str] = {}
-        self._folded: dict[str, str] = {}
+        # alias -> served name, and the same keyed by the case-folded alias
+        self._view = state_file.FileView(path, self._parse, lambda: ({}, {}))
+
+    def _parse(self) -> tuple[dict[str, str], dict[str, str]]:
+        aliases = self._read()
+        return aliases, {k.casefold(): v for k, v in aliases.items()}
 
     def current(self) -> dict[str, str]:
         """Alias -> served name, as the file says now (``{}`` when there is none or it is unreadable)."""
-        try:
-            st = self.path.stat()
-        except OSError:
-            self._stamp, self._aliases, self._folded = None, {}, {}
-            return self._aliases
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            self._aliases = self._read()
-            self._folded = {k.casefold(): v for k, v in self._aliases.items()}
-            self._stamp = stamp
-        return self._aliases
+        return self._view.get()[0]
 
     def lookup(self, alias: str) -> str | None:
         """The served name ``alias`` stands for, compared without case as Ollama names are."""
-        self.current()
-        return self._folded.get(alias.casefold())
+        return self._view.get()[1].get(alias.casefold())
 
     def set(self, alias: str, target: str) -> None:
         """Make ``alias`` name ``target`` (replacing what it named before).
@@ -96,4 +88,4 @@ class AliasStore:
 
     def _update(self, change: Callable[[dict[str, str]], None]) -> None:
         state_file.rewrite(self.path, self._read, change)
-        self._stamp = None  # re-read on the next lookup
+        self._view.forget()  # re-read on the next lookup

@@ -82,21 +82,11 @@ class CreatedStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self._models: dict[str, CreatedModel] = {}
+        self._view = state_file.FileView(path, lambda: {k.casefold(): m for k, m in self._read().items()}, dict)
 
     def current(self) -> dict[str, CreatedModel]:
         """Folded name -> created model, as the file says now (``{}`` when absent or unreadable)."""
-        try:
-            st = self.path.stat()
-        except OSError:
-            self._stamp, self._models = None, {}
-            return self._models
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            self._models = {k.casefold(): m for k, m in self._read().items()}
-            self._stamp = stamp
-        return self._models
+        return self._view.get()
 
     def lookup(self, name: str) -> CreatedModel | None:
         """The created model ``name`` (``X`` or ``X:latest``, any case) names, else ``None``."""
@@ -143,7 +133,7 @@ class CreatedStore:
 
     def _update(self, change: Callable[[dict[str, dict[str, Any]]], None]) -> None:
         state_file.rewrite(self.path, lambda: {k: m.model_dump() for k, m in self._read().items()}, change)
-        self._stamp = None
+        self._view.forget()
 
 
 def _key(name: str) -> str:

@@ -2,8 +2,9 @@
 
 Writers take an ``flock`` on a lock file beside it, read the file under the lock, change it and
 replace it atomically (write, fsync, rename): concurrent writers in different workers do not lose
-each other's changes and a crash never leaves half a file. Used by the alias and created-model
-stores (``aliases.py``, ``created.py``).
+each other's changes and a crash never leaves half a file. Readers keep the parsed content and
+read the file again only when its mtime or size changed (:class:`FileView`). Used by the alias
+and created-model stores (``aliases.py``, ``created.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def rewrite(path: Path, read: Callable[[], dict[str, Any]], change: Callable[[dict[str, Any]], None]) -> None:
@@ -43,3 +46,36 @@ def rewrite(path: Path, read: Callable[[], dict[str, Any]], change: Callable[[di
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+class FileView(Generic[T]):
+    """What ``load()`` makes of ``path``, made again only when the file's mtime or size changed.
+
+    Args:
+        path: the file.
+        load: reads and parses it (called only when the file exists and changed).
+        empty: what the view holds while the file is absent or cannot be stat'ed.
+    """
+
+    def __init__(self, path: Path, load: Callable[[], T], empty: Callable[[], T]) -> None:
+        self.path = path
+        self._load, self._empty = load, empty
+        self._stamp: tuple[int, int] | None = None
+        self._value: T = empty()
+
+    def get(self) -> T:
+        """The content as the file is now."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            self._stamp, self._value = None, self._empty()
+            return self._value
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            self._value = self._load()
+            self._stamp = stamp
+        return self._value
+
+    def forget(self) -> None:
+        """Read the file again on the next :meth:`get` (after this process wrote it)."""
+        self._stamp = None
