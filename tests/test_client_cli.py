@@ -206,23 +206,37 @@ def test_run_waits_for_loading_model(tmp_path):
         stop(proc)
 
 
+def serve_failing(tmp_path, **env: str) -> tuple[subprocess.Popen, str]:
+    """``vllama serve --model tiny`` over the stand-in vLLM, which fails at start (``env``: its
+    ``FAKE_VLLM_*`` knobs), one crash allowed; returns the process and its URL once it listens."""
+    (tmp_path / "tiny").mkdir()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
+                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--crash-loop-limit", "1", "--stop-grace", "2"],
+                            env={**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", **env},
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/livez", proc)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
+
+
+def wait_failed(url: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/readyz").json()["state"] != "failed":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def test_run_fails_at_once_when_the_model_failed_to_load(tmp_path):
     """Issue 26.2: ``vllama run`` spun for 9 min 58 s on a model the server already knew had failed
     (every 503 was retried). A 503 without ``Retry-After`` is final; a loading one carries it."""
-    (tmp_path / "tiny").mkdir()
-    port = free_port()
-    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_FAIL_AT_START": "CUDA out of memory",
-           "VLLAMA_LOG_FORMAT": "json"}
-    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
-                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--crash-loop-limit", "1", "--stop-grace", "2"],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = serve_failing(tmp_path, FAKE_VLLM_FAIL_AT_START="CUDA out of memory")
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/livez", proc)
-        deadline = time.monotonic() + 20
-        while httpx.get(url + "/readyz").json()["state"] != "failed":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_failed(url)
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-c", CODE, "run", "tiny", "hi"], input="",
                            capture_output=True, text=True, env=env_for(url), cwd=ROOT, timeout=60)
@@ -235,23 +249,12 @@ def test_run_fails_at_once_when_the_model_failed_to_load(tmp_path):
 
 def test_loading_503_carries_retry_after_and_a_failed_one_does_not(tmp_path):
     """The signal ``vllama run`` (and any HTTP client) reads: Retry-After on 503 "loading" only."""
-    (tmp_path / "tiny").mkdir()
-    port = free_port()
-    env = {**os.environ, "FAKE_VLLM_PYTHON": sys.executable, "FAKE_VLLM_START_DELAY": "3", "FAKE_VLLM_FAIL_AT_START": "boom",
-           "VLLAMA_LOG_FORMAT": "json"}
-    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port),
-                             "--no-gpu-check", "--startup-poll-interval", "0.1", "--crash-loop-limit", "1", "--stop-grace", "2"],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = serve_failing(tmp_path, FAKE_VLLM_START_DELAY="3", FAKE_VLLM_FAIL_AT_START="boom")
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/livez", proc)
         loading = httpx.post(url + "/api/generate", json={"model": "tiny", "prompt": ""})
         assert loading.status_code == 503 and "is loading" in loading.json()["error"]
         assert loading.headers["Retry-After"] == "1"
-        deadline = time.monotonic() + 20
-        while httpx.get(url + "/readyz").json()["state"] != "failed":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_failed(url)
         failed = httpx.post(url + "/api/generate", json={"model": "tiny", "prompt": ""})
         assert failed.status_code == 503 and "failed to load" in failed.json()["error"]
         assert "Retry-After" not in failed.headers
