@@ -418,8 +418,7 @@ class Supervisor:
                 self._failures = 0  # started afresh when requested
                 return
             try:
-                async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
-                    await read_response(resp)
+                await self._vllm("/sleep", level="1")
             except UpstreamError as e:
                 crashed: str | None = f"vLLM failed to go to sleep: {e.message}"
             else:
@@ -462,16 +461,26 @@ class Supervisor:
             exited.cancel()
         self._loading = True
         self._publish()
-        started = time.monotonic()
         try:
-            async with self._probe.request("POST", "/wake_up") as resp:
-                await read_response(resp)
+            took = await self._vllm("/wake_up")
         except UpstreamError as e:
             return await self._crashed(f"vLLM failed to wake up: {e.message}")
-        log.info("woke_up", model=self.served_name, seconds=round(time.monotonic() - started, 3))
+        log.info("woke_up", model=self.served_name, seconds=round(took, 3))
         self._keep_alive_from_now()
         self._loading = False
         self._set(State.READY, "woken by a request")
+
+    async def _vllm(self, path: str, **params: str) -> float:
+        """POST to one of vLLM's sleep endpoints (``/sleep``, ``/wake_up``; served with
+        ``VLLM_SERVER_DEV_MODE``) and read its answer; the seconds it took.
+
+        Raises:
+            UpstreamError: vLLM refused or did not answer.
+        """
+        started = time.monotonic()
+        async with self._probe.request("POST", path, params=params or None) as resp:
+            await read_response(resp)
+        return time.monotonic() - started
 
     async def _warm_sleep(self) -> Crashed | None:
         """One sleep and wake of a freshly started on-demand model that will sleep, before it is
@@ -486,27 +495,21 @@ class Supervisor:
         self._note = "warming its sleep (one sleep and wake now, so that its first eviction is fast)"
         self._publish()
         try:
-            started = time.monotonic()
             try:
-                async with self._probe.request("POST", "/sleep", params={"level": "1"}) as resp:
-                    await read_response(resp)
+                slept = await self._vllm("/sleep", level="1")
             except UpstreamError as e:
                 self._sleep_fails = True
                 log.warning("sleep_warm_failed", model=self.served_name, step="sleep", error=e.message,
                             then="it serves, and is stopped instead of put to sleep")
                 return None
-            slept = time.monotonic() - started
-            started = time.monotonic()
             try:
-                async with self._probe.request("POST", "/wake_up") as resp:
-                    await read_response(resp)
+                woke = await self._vllm("/wake_up")
             except UpstreamError as e:
                 self._sleep_fails = True
                 log.warning("sleep_warm_failed", model=self.served_name, step="wake_up", error=e.message,
                             then="restarted, and stopped instead of put to sleep")
                 return Crashed(f"vLLM failed to wake up: {e.message}")
-            log.info("sleep_warmed", model=self.served_name, sleep_s=round(slept, 3),
-                     wake_s=round(time.monotonic() - started, 3))
+            log.info("sleep_warmed", model=self.served_name, sleep_s=round(slept, 3), wake_s=round(woke, 3))
             return None
         finally:
             self._note = None
