@@ -23,9 +23,8 @@ from collections.abc import Callable, Sequence
 from vllama_proxy.errors import UpstreamError
 from vllama_proxy.logs import get_logger
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor.child import find_executable
+from vllama_proxy.supervisor.child import VllmProcess, find_executable
 from vllama_proxy.supervisor.lifecycle import Supervisor
-from vllama_proxy.supervisor.lifeline import launch_hook
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import Upstream, read_response
 
@@ -126,8 +125,9 @@ class RouterChild:
     beside this Python, else on ``PATH``) with no workers: the nodes join it (``--register-with``, this
     module's :class:`Registration`), and again after it restarts. It listens on the front's ``--host``
     so that nodes on other hosts reach it; the front reaches it on loopback. Restarted one second after
-    it exits on its own; stopped (SIGTERM, SIGKILL after 5 s) after the front drained; it gets SIGTERM
-    from the kernel if vllama dies first (the parent-death signal of ``supervisor/lifeline.py``).
+    it exits on its own; stopped with its process group (SIGTERM, SIGKILL after 5 s: ``supervisor/child.py``,
+    as vLLM is) after the front drained; it gets SIGTERM from the kernel if vllama dies first (the
+    parent-death signal of ``supervisor/lifeline.py``).
 
     Raises (from :meth:`start`):
         RuntimeError: no ``vllm-router`` executable, or the router did not answer ``GET /liveness``
@@ -143,7 +143,7 @@ class RouterChild:
         self.argv = [exe, "--host", host, "--port", str(settings.router_port), "--policy", settings.router,
                      *shlex.split(settings.router_args)]
         self.url = f"http://127.0.0.1:{settings.router_port}"
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: VllmProcess | None = None
         self.restarts = 0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -153,11 +153,9 @@ class RouterChild:
         self._task = asyncio.create_task(self._watch(), name="router-child")
 
     async def _launch(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=launch_hook())
-        log.info("router_started", pid=self.proc.pid, argv=self.argv)
-        asyncio.create_task(self._relay(self.proc), name="router-output")
+        # the same owner of a child's process group as vLLM's (supervisor/child.py): its output in
+        # vllama's log, the parent-death signal, the whole group stopped
+        self.proc = await VllmProcess.launch(self.argv, model="vllm-router")
         probe = Upstream(self.url, connect_timeout=1.0, read_timeout=5.0)
         await probe.start()
         try:
@@ -174,13 +172,6 @@ class RouterChild:
         finally:
             await probe.close()
         raise RuntimeError(f"--router: vllm-router did not answer {self.url}/liveness (exit code {self.proc.returncode})")
-
-    @staticmethod
-    async def _relay(proc: asyncio.subprocess.Process) -> None:
-        """The router's output lines, into vllama's log."""
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            log.info("router_output", pid=proc.pid, line=line.decode("utf-8", "replace").rstrip())
 
     async def _watch(self) -> None:
         while True:
@@ -199,14 +190,8 @@ class RouterChild:
     async def stop(self) -> None:
         """SIGTERM the router, SIGKILL after 5 s; waits for it to exit."""
         self._stopping = True
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5.0)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
+        if self.proc is not None:
+            await self.proc.stop(grace=5.0)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
