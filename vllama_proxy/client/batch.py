@@ -101,7 +101,6 @@ URLS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "
 _GENERATION = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"})
 #: Statuses worth another attempt (server busy / loading, rate limited).
 _RETRY_STATUS = frozenset({429, 503})
-DEFAULT_HOST = "http://127.0.0.1:11434"
 SYNC_INTERVAL = 0.5  # s between fsyncs of the output while results arrive
 BACKOFF_MAX = 60.0  # s, cap of one retry delay
 #: Requests in flight when the server does not say how many it runs at once.
