@@ -51,3 +51,34 @@ def test_a_finish_before_any_token_leaves_no_eval_window():
     tr.feed(_chunk("", "length"))
     assert tr.finished and t.first == 0 and t.last == 0
     assert tr.final()["eval_duration"] == 1
+
+
+async def test_the_status_line_and_headers_leave_with_the_first_ndjson_line(monkeypatch):
+    """On every streamed answer's TTFT path: one socket write carries the status line, the headers
+    and the first line (a separate write of the headers is one more send and one more wake-up of
+    the client before its first token)."""
+    import asyncio.selector_events as se
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    sent: list[bytes] = []
+    orig_write, orig_writelines = se._SelectorSocketTransport.write, se._SelectorSocketTransport.writelines
+    monkeypatch.setattr(se._SelectorSocketTransport, "write", lambda self, data: (sent.append(bytes(data)), orig_write(self, data))[1])
+    monkeypatch.setattr(se._SelectorSocketTransport, "writelines",
+                        lambda self, chunks: (sent.append(b"".join(bytes(c) for c in chunks)), orig_writelines(self, chunks))[1])
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        out = await stream._begin(request)
+        await out.write(b'{"response":"first"}\n')
+        await out.write_eof(b'{"done":true}\n')
+        return out
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    async with TestClient(TestServer(app)) as client:
+        sent.clear()
+        resp = await client.get("/")
+        assert (await resp.text()).splitlines() == ['{"response":"first"}', '{"done":true}']
+    answer = [w for w in sent if b'"response"' in w or b"200 OK" in w]
+    assert answer and b"200 OK" in answer[0] and b'{"response":"first"}' in answer[0], answer

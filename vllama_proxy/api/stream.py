@@ -490,8 +490,21 @@ def _observe_tpot(route: str, translator: Translator, request: web.Request | Non
         TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
 
 
+class _FirstLineResponse(web.StreamResponse):
+    """A stream whose status line and headers leave in the same write as its first line.
+
+    aiohttp's ``StreamResponse`` sends them on ``prepare()``; :func:`_begin` prepares it only when
+    the first line is ready, so sending them apart is a second socket write and a second wake-up
+    of the client on every request's TTFT path. aiohttp >= 3.12 holds them for the first write
+    when ``_send_headers_immediately`` is false (as its own ``Response`` does); older aiohttp
+    ignores the attribute and sends them first.
+    """
+
+    _send_headers_immediately = False
+
+
 async def _begin(request: web.Request) -> web.StreamResponse:
-    """Start the NDJSON response (status 200 and headers go out with the first line)."""
-    out = web.StreamResponse(headers={"Content-Type": NDJSON})
+    """Start the NDJSON response: status 200 and headers go out in one write with the first line."""
+    out = _FirstLineResponse(headers={"Content-Type": NDJSON})
     await out.prepare(request)
     return out
