@@ -14,11 +14,16 @@ and vllama's own ``/v1`` pass-through at c=1 (``hop_cost.sh c1split``), it separ
 itself (another process and loopback connection on the path) from what vllama does on it.
 
     python benchmarks/aiohttp_floor.py --upstream http://127.0.0.1:8000 --port 11435
+
+``--upstream unix:/path`` reaches the upstream over a Unix socket instead of loopback TCP;
+``--spin`` keeps the event loop polling (``asyncio.sleep(0)``) while a request is in flight, so
+the process is awake when the answer comes (both for ``hop_floor.py``: what each saves).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import aiohttp
 import orjson
@@ -52,8 +57,26 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return out
 
 
+async def _spin(app: web.Application) -> None:
+    while app["inflight"]:
+        await asyncio.sleep(0)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     session: aiohttp.ClientSession = request.app["session"]
+    app = request.app
+    if app["spin"]:
+        app["inflight"] += 1
+        if app["inflight"] == 1:
+            app["spinner"] = asyncio.ensure_future(_spin(app))
+    try:
+        return await _relay(request, session)
+    finally:
+        if app["spin"]:
+            app["inflight"] -= 1
+
+
+async def _relay(request: web.Request, session: aiohttp.ClientSession) -> web.StreamResponse:
     async with session.post(request.app["upstream"] + "/v1/completions", data=await request.read(),
                             headers={"Content-Type": "application/json"}) as r:
         out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get("Content-Type", "application/json")})
@@ -64,12 +87,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return out
 
 
-async def make_app(upstream: str) -> web.Application:
+async def make_app(upstream: str, spin: bool = False) -> web.Application:
     app = web.Application()
-    app["upstream"] = upstream
+    app["upstream"], app["spin"], app["inflight"] = upstream, spin, 0
+    connector = aiohttp.TCPConnector
+    if upstream.startswith("unix:"):
+        connector = lambda limit: aiohttp.UnixConnector(path=upstream[5:], limit=limit)  # noqa: E731
+        app["upstream"] = "http://localhost"
 
     async def session(app: web.Application):
-        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+        app["session"] = aiohttp.ClientSession(connector=connector(limit=0),
                                                timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
         yield
         await app["session"].close()
@@ -85,9 +112,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--upstream", required=True)
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--spin", action="store_true")
     args = p.parse_args()
     uvloop.install()
-    web.run_app(make_app(args.upstream.rstrip("/")), host="127.0.0.1", port=args.port, access_log=None, print=None)
+    web.run_app(make_app(args.upstream.rstrip("/"), args.spin), host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

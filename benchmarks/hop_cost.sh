@@ -19,8 +19,14 @@
 #            with a fresh compile cache (VLLM_CACHE_ROOT=$LOGS/cache-b): a cold start, timed from launch
 #            to the first generated token
 #   c1       c = 1, one client process, $ROUNDS (3) alternating rounds x $C1_REQUESTS (32); stage timings
-#   c1split  (after start) c = 1 with $SPLIT_TOKENS (32) output tokens, $SPLIT_ROUNDS (6) alternating rounds x
-#            $SPLIT_REQUESTS (48), one client process, five targets: d = vLLM direct /v1/completions, r = a bare
+#   floor    (no vLLM needed) benchmarks/hop_floor.py: a bare aiohttp relay in front of a stub upstream, its request
+#            and answer paths timed apart, over loopback TCP and a Unix socket, and with its loop kept awake: floor.json
+#   c1fake   (before start) c1split's d r p g with vllama (its defaults) and the relay in front of the stand-in
+#            (tests/bin/vllm, FAKE_TOKEN_DELAY 0.02 s per token, FAKE_TOKENS 4, FAKE_ROUNDS 24 x 8): the hop on this
+#            host's CPUs without vLLM's own variance: c1fake.json
+#   c1split  (after start) c = 1 with $SPLIT_TOKENS (32) output tokens, $SPLIT_ROUNDS (36) alternating rounds x
+#            $SPLIT_REQUESTS (8: the targets interleave 8 requests at a time; reported in 6 blocks of rounds), one
+#            client process, five targets: d = vLLM direct /v1/completions, r = a bare
 #            aiohttp byte relay in front of the same vLLM (benchmarks/aiohttp_floor.py, its /v1/completions),
 #            p = vllama's /v1/completions pass-through, g = vllama's /api/generate (raw), v = vLLM direct with
 #            exactly the body vllama sends it for g (loadgen's openai-vllama). TTFT / ITL p50 per round and pooled
@@ -114,7 +120,7 @@ milestones() { report startlog "$1" "$(cat $LOGS/t0)"; }  # vLLM's start stages,
 # c=1, the five targets of c1split (or SPLIT_TARGETS); $1: the JSON file. The relay must be up on $PR.
 c1split_run() {
   loadgen --targets "${SPLIT_TARGETS:-d=openai:$C,r=openai:http://127.0.0.1:$PR,p=openai:$B,g=ollama:$B,v=openai-vllama:$C}" \
-    --levels 1 --rounds "${SPLIT_ROUNDS:-6}" --requests-per-level "${SPLIT_REQUESTS:-48}" --procs 1 --warmup 16 \
+    --levels 1 --rounds "${SPLIT_ROUNDS:-36}" --requests-per-level "${SPLIT_REQUESTS:-8}" --procs 1 --warmup 16 \
     --output-tokens "${SPLIT_TOKENS:-32}" --baseline d --json "$1" > "${1%.json}.txt" 2>&1 || log "c1split: loadgen reported errors"
   report split "$1" | say
 }
@@ -139,6 +145,27 @@ setup)
   log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null); $(nproc) CPUs; $(free -g | awk '/Mem/{print $2" GiB RAM, "$7" available"}'); GPU: $([ -n "${NO_GPU:-}" ] || nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader)"
   ;;
 wake) python3 benchmarks/wake_latency.py --n 400 --pause-ms 5 | say ;;
+floor)
+  log "floor: a bare aiohttp relay's request and answer paths, over TCP and a Unix socket, with and without a loop kept awake (no vLLM)"
+  python3 benchmarks/hop_floor.py --n "${FLOOR_N:-400}" --spin --json "$OUT/floor.json" | say
+  ;;
+c1fake)
+  # The same c=1 split with the stand-in for vLLM (tests/fake_vllm.py: each token FAKE_TOKEN_DELAY after the last,
+  # no engine, no GPU): the hop's cost on this host's CPUs without vLLM's own TTFT variance. Run before `start`.
+  log "c1fake: c1split's d r p g against the stand-in (${FAKE_TOKEN_DELAY:-0.02} s per token), vllama's defaults"
+  FB=http://127.0.0.1:${PFB:-11500} FC=http://127.0.0.1:${PFC:-8300}
+  VLLAMA_STATE_DIR=$LOGS/state-fake VLLAMA_VLLM_EXECUTABLE=$PWD/tests/bin/vllm FAKE_VLLM_PYTHON=$(command -v python3) \
+    FAKE_VLLM_TOKEN_DELAY=${FAKE_TOKEN_DELAY:-0.02} setsid python3 -m vllama_proxy serve --model "$MODEL" --served-model-name $SERVED \
+    --vllm-port ${PFC:-8300} --port ${PFB:-11500} --keep-alive -1 --log-format json --no-gpu-check > $LOGS/vllama-fake.log 2>&1 < /dev/null &
+  echo $! > $LOGS/f.pid
+  report first $FB ollama --model $SERVED --timeout 120 > /dev/null || { tail -20 $LOGS/vllama-fake.log; exit 1; }
+  setsid python3 benchmarks/aiohttp_floor.py --upstream $FC --port ${PFR:-8400} > $LOGS/relay-fake.log 2>&1 < /dev/null &
+  echo $! > $LOGS/fr.pid
+  for _ in $(seq 60); do curl -sf http://127.0.0.1:${PFR:-8400}/ > /dev/null && break; sleep 0.25; done
+  SPLIT_TARGETS=d=openai:$FC,r=openai:http://127.0.0.1:${PFR:-8400},p=openai:$FB,g=ollama:$FB SPLIT_TOKENS=${FAKE_TOKENS:-4} \
+    SPLIT_ROUNDS=${FAKE_ROUNDS:-24} c1split_run "$OUT/c1fake.json"
+  stop_pid $LOGS/fr.pid; stop_pid $LOGS/f.pid
+  ;;
 start)
   rm -rf "$LOGS/cache-b"
   s=$(vllama_start $LOGS/vllama.log $LOGS/cache-b) || { tail -40 $LOGS/vllama.log; exit 1; }
@@ -158,7 +185,7 @@ c1)
   ;;
 c1split)
   relay_up || exit 1
-  log "c1split: c=1, ${SPLIT_TOKENS:-32} output tokens, ${SPLIT_ROUNDS:-6} alternating rounds x ${SPLIT_REQUESTS:-48} requests; d=vLLM direct, r=bare relay, p=vllama /v1, g=vllama /api/generate, v=vLLM direct with vllama's body"
+  log "c1split: c=1, ${SPLIT_TOKENS:-32} output tokens, ${SPLIT_ROUNDS:-36} alternating rounds x ${SPLIT_REQUESTS:-8} requests; d=vLLM direct, r=bare relay, p=vllama /v1, g=vllama /api/generate, v=vLLM direct with vllama's body"
   report metrics $B $LOGS/m0.txt
   c1split_run "$OUT/c1split.json"
   report metrics $B $LOGS/m1.txt

@@ -54,6 +54,8 @@ def rounds(path: str) -> None:
         by_round: dict[int, dict[str, dict]] = {}
         for run in lv["runs"]:
             by_round.setdefault(run["round"], {})[run["target"]] = run
+        if len(by_round) > 8:  # many short rounds (targets interleaved a few requests at a time): 6 blocks of rounds
+            by_round = _blocks(by_round, 6)
         for r, runs in sorted(by_round.items()):
             b = runs.get(base)
             for name, s in runs.items():
@@ -100,6 +102,8 @@ def split(path: str) -> None:
         by_round: dict[int, dict[str, dict]] = {}
         for run in lv["runs"]:
             by_round.setdefault(run["round"], {})[run["target"]] = run
+        if len(by_round) > 8:  # many short rounds (targets interleaved a few requests at a time): 6 blocks of rounds
+            by_round = _blocks(by_round, 6)
         names = [t for t in ("d", "r", "p", "g", "v") if t in lv["summary"]] + [t for t in lv["summary"] if t not in "drpgv"]
         for metric in ("ttft_ms", "itl_ms"):
             print(f"c={lv['concurrency']}: {metric[:-3].upper()} p50 (ms) per round; Δ vs d in brackets")
@@ -124,6 +128,21 @@ def split(path: str) -> None:
                 sa, sb = lv["summary"][a][metric]["p50"], lv["summary"][b][metric]["p50"]
                 pooled = "-" if sa is None or sb is None else f"{sa - sb:+.3f}"
                 print(f"| {label} | {', '.join(f'{x:+.3f}' for x in per)} | {statistics.median(per):+.3f} | {pooled} |")
+
+
+def _blocks(by_round: dict[int, dict[str, dict]], k: int) -> dict[int, dict[str, dict]]:
+    """Consecutive rounds merged into ``k`` blocks; a block's p50 is the median of its rounds' p50s."""
+    rounds = sorted(by_round)
+    out: dict[int, dict[str, dict]] = {}
+    for b in range(k):
+        part = rounds[b * len(rounds) // k:(b + 1) * len(rounds) // k]
+        merged: dict[str, dict] = {}
+        for name in {n for r in part for n in by_round[r]}:
+            merged[name] = {m: {"p50": statistics.median(v)} if (v := [by_round[r][name][m]["p50"] for r in part
+                            if name in by_round[r] and by_round[r][name][m]["p50"] is not None]) else {"p50": None}
+                            for m in ("ttft_ms", "itl_ms")}
+        out[b] = merged
+    return out
 
 
 def _d(a, b) -> str:
