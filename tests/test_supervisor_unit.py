@@ -211,3 +211,52 @@ async def test_rejected_arguments_are_failed_at_once_with_vllms_message(tmp_path
         assert sup.state is State.FAILED and sup.restarts == 0  # not retried: only a new configuration helps
     finally:
         await sup.stop()
+
+
+async def test_the_load_check_reads_what_prometheus_clients_parser_reads():
+    """``probes.load`` scans vLLM's ``/metrics`` for three samples instead of parsing the whole text
+    (worker 0 serves requests too): it must agree with prometheus_client's parser, on two engines'
+    samples, a histogram, a label value with a brace, and a sample with a timestamp."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllama_proxy.supervisor import probes
+    from vllama_proxy.upstream import Upstream
+
+    text = "\n".join([
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="m"} 3.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 2.0',
+        "# TYPE vllm:num_requests_waiting gauge",
+        'vllm:num_requests_waiting{engine="0",model_name="a}b"} 4.0',
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 0.0 1700000000000',
+        "# TYPE vllm:generation_tokens counter",
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 1234.0',
+        'vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e+09',
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 1e3',
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        *(f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{b}",model_name="m"}} 7.0' for b in ("0.001", "0.1", "+Inf")),
+        'vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 7.0',
+        'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.5',
+        "",
+    ])
+    pending = tokens = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                pending += s.value
+            elif s.name == "vllm:generation_tokens_total":
+                tokens += s.value
+    assert (pending, tokens) == (9.0, 2234.0)
+
+    app = web.Application()
+    app.router.add_get("/metrics", lambda _r: web.Response(text=text, content_type="text/plain"))
+    async with TestServer(app) as server:
+        up = Upstream(str(server.make_url("")))
+        await up.start()
+        try:
+            assert await probes.load(up) == probes.Load(pending, tokens)
+        finally:
+            await up.close()

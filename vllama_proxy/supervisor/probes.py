@@ -7,9 +7,8 @@ waiting while ``vllm:generation_tokens_total`` stands still means the engine is 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import UpstreamError
 from ..upstream import Upstream, read_json, read_response
@@ -55,21 +54,30 @@ class Load:
     generation_tokens: float
 
 
+#: The three samples :func:`load` needs, one per line of the text exposition format (one per engine).
+_LOAD_LINE = re.compile(rb"^vllm:(num_requests_running|num_requests_waiting|generation_tokens_total)(?:\{.*\})? +(\S+)", re.M)
+
+
 async def load(upstream: Upstream) -> Load | None:
-    """Read :class:`Load` from vLLM's ``/metrics`` (``None`` if unreachable or unparsable)."""
+    """Read :class:`Load` from vLLM's ``/metrics`` (``None`` if unreachable or unparsable).
+
+    Only the three samples' lines are read (one regular expression over the text, in C): the
+    supervisor runs in worker 0, which also serves requests, and prometheus_client's full parser
+    took ~8 ms of its event loop per check on the H100 host (vLLM's text is hundreds of histogram
+    lines), stalling any request that arrived meanwhile (``benchmarks/RESULTS.md``, issue 28).
+    """
     try:
         async with upstream.request("GET", "/metrics") as resp:
-            text = (await read_response(resp)).decode("utf-8", "replace")
+            data = await read_response(resp)
     except UpstreamError:
         return None
     pending = tokens = 0.0
     try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                    pending += s.value
-                elif s.name == "vllm:generation_tokens_total":
-                    tokens += s.value
+        for m in _LOAD_LINE.finditer(data):
+            if m.group(1) == b"generation_tokens_total":
+                tokens += float(m.group(2))
+            else:
+                pending += float(m.group(2))
     except ValueError:
         return None
     return Load(pending, tokens)
