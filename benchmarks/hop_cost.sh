@@ -20,10 +20,11 @@
 #            to the first generated token
 #   c1       c = 1, one client process, $ROUNDS (3) alternating rounds x $C1_REQUESTS (32); stage timings
 #   floor    (no vLLM needed) benchmarks/hop_floor.py: a bare aiohttp relay in front of a stub upstream, its request
-#            and answer paths timed apart, over loopback TCP and a Unix socket, and with its loop kept awake: floor.json
+#            and answer paths timed apart, over loopback TCP and a Unix socket, with its loop kept awake, and with a hand-written upstream client instead of aiohttp's: floor.json
 #   c1fake   (before start) c1split's d r p g with vllama (its defaults) and the relay in front of the stand-in
 #            (tests/bin/vllm, FAKE_TOKEN_DELAY 0.02 s per token, FAKE_TOKENS 4, FAKE_ROUNDS 24 x 8): the hop on this
-#            host's CPUs without vLLM's own variance: c1fake.json
+#            host's CPUs without vLLM's own variance: c1fake.json. FAKE_VLLAMA_PATH: another vllama_proxy's parent
+#            folder first on PYTHONPATH (e.g. an older commit's `git archive`), FAKE_LABEL: c1fake-LABEL.json
 #   c1split  (after start) c = 1 with $SPLIT_TOKENS (32) output tokens, $SPLIT_ROUNDS (36) alternating rounds x
 #            $SPLIT_REQUESTS (8: the targets interleave 8 requests at a time; reported in 6 blocks of rounds), one
 #            client process, five targets: d = vLLM direct /v1/completions, r = a bare
@@ -147,23 +148,26 @@ setup)
 wake) python3 benchmarks/wake_latency.py --n 400 --pause-ms 5 | say ;;
 floor)
   log "floor: a bare aiohttp relay's request and answer paths, over TCP and a Unix socket, with and without a loop kept awake (no vLLM)"
-  python3 benchmarks/hop_floor.py --n "${FLOOR_N:-400}" --spin --json "$OUT/floor.json" | say
+  python3 benchmarks/hop_floor.py --n "${FLOOR_N:-400}" --spin --raw --json "$OUT/floor.json" | say
   ;;
 c1fake)
   # The same c=1 split with the stand-in for vLLM (tests/fake_vllm.py: each token FAKE_TOKEN_DELAY after the last,
   # no engine, no GPU): the hop's cost on this host's CPUs without vLLM's own TTFT variance. Run before `start`.
-  log "c1fake: c1split's d r p g against the stand-in (${FAKE_TOKEN_DELAY:-0.02} s per token), vllama's defaults"
+  log "c1fake${FAKE_LABEL:+ $FAKE_LABEL}: c1split's d r p g against the stand-in (${FAKE_TOKEN_DELAY:-0.02} s per token), vllama's defaults${FAKE_VLLAMA_PATH:+, vllama from $FAKE_VLLAMA_PATH}"
   FB=http://127.0.0.1:${PFB:-11500} FC=http://127.0.0.1:${PFC:-8300}
-  VLLAMA_STATE_DIR=$LOGS/state-fake VLLAMA_VLLM_EXECUTABLE=$PWD/tests/bin/vllm FAKE_VLLM_PYTHON=$(command -v python3) \
-    FAKE_VLLM_TOKEN_DELAY=${FAKE_TOKEN_DELAY:-0.02} setsid python3 -m vllama_proxy serve --model "$MODEL" --served-model-name $SERVED \
-    --vllm-port ${PFC:-8300} --port ${PFB:-11500} --keep-alive -1 --log-format json --no-gpu-check > $LOGS/vllama-fake.log 2>&1 < /dev/null &
+  # python -m puts its working directory first on sys.path: FAKE_VLLAMA_PATH's vllama_proxy is the one that runs
+  here=$PWD; ( cd "${FAKE_VLLAMA_PATH:-.}" && VLLAMA_STATE_DIR=$LOGS/state-fake VLLAMA_VLLM_EXECUTABLE=$here/tests/bin/vllm \
+    FAKE_VLLM_PYTHON=$(command -v python3) FAKE_VLLM_TOKEN_DELAY=${FAKE_TOKEN_DELAY:-0.02} exec setsid python3 -m vllama_proxy serve \
+    --model "$MODEL" --served-model-name $SERVED --vllm-port ${PFC:-8300} --port ${PFB:-11500} --keep-alive -1 --log-format json \
+    --no-gpu-check > $LOGS/vllama-fake${FAKE_LABEL:+-$FAKE_LABEL}.log 2>&1 < /dev/null ) &
   echo $! > $LOGS/f.pid
-  report first $FB ollama --model $SERVED --timeout 120 > /dev/null || { tail -20 $LOGS/vllama-fake.log; exit 1; }
+  report first $FB ollama --model $SERVED --timeout 120 > /dev/null || { tail -20 $LOGS/vllama-fake${FAKE_LABEL:+-$FAKE_LABEL}.log; exit 1; }
+  log "c1fake: vllama_proxy from $(readlink -f /proc/$(cat $LOGS/f.pid)/cwd)"
   setsid python3 benchmarks/aiohttp_floor.py --upstream $FC --port ${PFR:-8400} > $LOGS/relay-fake.log 2>&1 < /dev/null &
   echo $! > $LOGS/fr.pid
   for _ in $(seq 60); do curl -sf http://127.0.0.1:${PFR:-8400}/ > /dev/null && break; sleep 0.25; done
   SPLIT_TARGETS=d=openai:$FC,r=openai:http://127.0.0.1:${PFR:-8400},p=openai:$FB,g=ollama:$FB SPLIT_TOKENS=${FAKE_TOKENS:-4} \
-    SPLIT_ROUNDS=${FAKE_ROUNDS:-24} c1split_run "$OUT/c1fake.json"
+    SPLIT_ROUNDS=${FAKE_ROUNDS:-24} c1split_run "$OUT/c1fake${FAKE_LABEL:+-$FAKE_LABEL}.json"
   stop_pid $LOGS/fr.pid; stop_pid $LOGS/f.pid
   ;;
 start)

@@ -5,8 +5,8 @@ One stub upstream (asyncio on uvloop, no HTTP library: it answers each request a
 ``--ttft-ms``, as vLLM's API server answers a lone request after prefill) listens on loopback
 TCP and on a Unix socket. In front of it run bare aiohttp relays (``aiohttp_floor.py``'s
 ``/v1/completions``: bytes in, bytes out, one pooled upstream connection), one per upstream
-transport and, with ``--spin``, the same relays keeping their event loop awake while a request
-is in flight. A blocking client sends one request at a time, rotating over the targets request
+transport; with ``--spin``, the same relays keeping their event loop awake while a request is in
+flight; with ``--raw``, relays whose upstream client is hand-written (no aiohttp client). A blocking client sends one request at a time, rotating over the targets request
 by request (no drift between targets), and reads the stub's clock from its first chunk, so each
 request splits into:
 
@@ -18,7 +18,7 @@ request splits into:
 All clocks are ``time.monotonic_ns`` of one machine. Prints p50/p90 per target and the
 difference to the direct target of the same transport; ``--json`` writes every sample.
 
-    python benchmarks/hop_floor.py --n 400 --ttft-ms 20 [--spin] [--json OUT]
+    python benchmarks/hop_floor.py --n 400 --ttft-ms 20 [--spin] [--raw] [--json OUT]
 """
 
 from __future__ import annotations
@@ -145,6 +145,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=400, help="requests per target")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--spin", action="store_true", help="also relays that keep their loop awake while a request is in flight")
+    p.add_argument("--raw", action="store_true", help="also relays whose upstream client is a hand-written HTTP/1.1 "
+                   "exchange on one kept-open asyncio stream instead of aiohttp's client")
     p.add_argument("--json", help="write every sample here")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="hop-floor-")
@@ -156,6 +158,8 @@ def main() -> None:
     relays = [("relay-tcp", f"http://127.0.0.1:{port}", []), ("relay-uds", f"unix:{uds}", [])]
     if a.spin:
         relays += [("spin-tcp", f"http://127.0.0.1:{port}", ["--spin"]), ("spin-uds", f"unix:{uds}", ["--spin"])]
+    if a.raw:
+        relays += [("raw-tcp", f"http://127.0.0.1:{port}", ["--raw-client"]), ("raw-uds", f"unix:{uds}", ["--raw-client"])]
     try:
         _wait(("127.0.0.1", port))
         _wait(uds)
