@@ -120,7 +120,7 @@ async def make_app(upstream: str, spin: bool = False, raw: bool = False) -> web.
     app["upstream"], app["spin"], app["inflight"], app["raw"], app["raw_upstream"] = upstream, spin, 0, raw, upstream
     connector = aiohttp.TCPConnector
     if upstream.startswith("unix:"):
-        connector = lambda limit: aiohttp.UnixConnector(path=upstream[5:], limit=limit)  # noqa: E731
+        connector = lambda limit: aiohttp.UnixConnector(path=upstream[5:], limit=limit)
         app["upstream"] = "http://localhost"
 
     async def session(app: web.Application):

@@ -152,8 +152,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="hop-floor-")
     uds = os.path.join(tmp, "stub.sock")
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); import hop_floor; "
-                               f"hop_floor._stub_main({port}, {uds!r}, {a.ttft_ms / 1000})"])]
+    stub = f"import sys; sys.path.insert(0, {str(HERE)!r}); import hop_floor; hop_floor._stub_main({port}, {uds!r}, {a.ttft_ms / 1000})"
+    procs = [subprocess.Popen([sys.executable, "-c", stub])]
     targets: dict[str, tuple[str, int] | str] = {"direct-tcp": ("127.0.0.1", port), "direct-uds": uds}
     relays = [("relay-tcp", f"http://127.0.0.1:{port}", []), ("relay-uds", f"unix:{uds}", [])]
     if a.spin:
@@ -195,7 +195,7 @@ def main() -> None:
     print("| target | forward | return | TTFT | Δ TTFT p50 |\n|---|---|---|---|---|")
     for k, r in rows.items():
         base = rows["direct-uds" if k.endswith("uds") else "direct-tcp"]["ttft_us"][0]
-        f = lambda v: f"{v[0]:.1f} / {v[1]:.1f}"  # noqa: E731
+        f = lambda v: f"{v[0]:.1f} / {v[1]:.1f}"
         print(f"| {k} | {f(r['forward_us'])} | {f(r['return_us'])} | {f(r['ttft_us'])} | {r['ttft_us'][0] - base:+.1f} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "summary": rows, "samples": samples}))

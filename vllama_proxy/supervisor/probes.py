@@ -55,7 +55,7 @@ class Load:
 
 
 #: The three samples :func:`load` needs, one per line of the text exposition format (one per engine).
-_LOAD_LINE = re.compile(rb"^vllm:(num_requests_running|num_requests_waiting|generation_tokens_total)(?:\{.*\})? +(\S+)", re.M)
+_LOAD_LINE = re.compile(rb"^vllm:(num_requests_running|num_requests_waiting|generation_tokens_total)(?:\{.*\})? +(\S+)", re.MULTILINE)
 
 
 async def load(upstream: Upstream) -> Load | None:
