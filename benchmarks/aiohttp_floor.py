@@ -17,7 +17,8 @@ itself (another process and loopback connection on the path) from what vllama do
 
 ``--upstream unix:/path`` reaches the upstream over a Unix socket instead of loopback TCP;
 ``--raw-client`` sends upstream through one kept-open asyncio stream with the request's bytes
-written by hand and the chunked answer read by hand, instead of aiohttp's client: what aiohttp's
+written by hand and the chunked answer read by hand, instead of aiohttp's client (one request at
+a time: ``hop_floor.py``'s c=1): what aiohttp's
 client costs the hop (a floor experiment only, not how vllama should talk to vLLM);
 ``--spin`` keeps the event loop polling (``asyncio.sleep(0)``) while a request is in flight, so
 the process is awake when the answer comes (both for ``hop_floor.py``: what each saves).

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from loadgen import percentile  # this folder: the script's own
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -135,11 +137,6 @@ class _Conn:
         return t0, d["got"], d["sent"], first
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=400, help="requests per target")
@@ -188,8 +185,8 @@ def main() -> None:
         fwd = [(g - t0) / 1e3 for t0, g, s, t3 in xs]
         ret = [(t3 - s) / 1e3 for t0, g, s, t3 in xs]
         ttft = [(t3 - t0) / 1e3 for t0, g, s, t3 in xs]
-        rows[k] = {"forward_us": (statistics.median(fwd), _pct(fwd, 0.9)), "return_us": (statistics.median(ret), _pct(ret, 0.9)),
-                   "ttft_us": (statistics.median(ttft), _pct(ttft, 0.9))}
+        rows[k] = {name: (statistics.median(v), percentile(sorted(v), 90))
+                   for name, v in (("forward_us", fwd), ("return_us", ret), ("ttft_us", ttft))}
     print(f"{a.n} requests per target, stub TTFT {a.ttft_ms} ms, host {os.cpu_count()} CPUs; µs, p50 / p90; "
           "Δ = p50 minus direct of the same upstream transport")
     print("| target | forward | return | TTFT | Δ TTFT p50 |\n|---|---|---|---|---|")
