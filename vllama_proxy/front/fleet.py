@@ -188,7 +188,7 @@ class RouterChild:
                 log.error("router_restart_failed", error=str(e))
 
     async def stop(self) -> None:
-        """SIGTERM the router, SIGKILL after 5 s; waits for it to exit."""
+        """SIGTERM the router's process group, SIGKILL after 5 s (``VllmProcess.stop``); waits for the group to exit."""
         self._stopping = True
         if self.proc is not None:
             await self.proc.stop(grace=5.0)
