@@ -85,14 +85,23 @@ class Client:
         return conn, resp
 
     def json(self, method: str, path: str, body: Any = None) -> Any:
-        """``method path`` with JSON ``body``; the decoded answer.
+        """``method path`` with JSON ``body``; the decoded answer. A streamed answer (NDJSON: what
+        Ollama's create, pull and generate send unless ``stream: false``) is read line by line to
+        its end and its last object returned, as Ollama's Go client reads one (``api/client.go``
+        ``stream``); issue 37.1: ``/save`` read /api/create's progress lines as one document.
 
         Raises:
             ConnectError: the server could not be reached.
-            ApiError: a non-2xx answer (its error text, status and ``Retry-After``).
+            ApiError: a non-2xx answer (its error text, status and ``Retry-After``), or an
+                ``{"error"}`` line inside a streamed one (status 0).
         """
         conn, resp = self._open(method, path, body)
         try:
+            if _is_ndjson(resp):
+                last: Any = {}
+                for event in _events(resp):
+                    last = event
+                return last
             return orjson.loads(resp.read() or b"{}")
         finally:
             conn.close()
@@ -120,17 +129,26 @@ class Client:
             ApiError: also for an ``{"error"}`` line inside the stream (status 0).
         """
         conn, resp = self._open("POST", path, body)
-
-        def events() -> Iterator[dict[str, Any]]:
-            for line in resp:
-                if line.strip():
-                    event = orjson.loads(line)
-                    if event.get("error"):
-                        raise ApiError(str(event["error"]))
-                    yield event
-
         try:
-            yield events()
+            yield _events(resp)
         finally:
             resp.close()
             conn.close()
+
+
+def _is_ndjson(resp: http.client.HTTPResponse) -> bool:
+    return (resp.getheader("Content-Type") or "").split(";")[0].strip().lower() == "application/x-ndjson"
+
+
+def _events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
+    """The NDJSON objects of ``resp``, one per non-empty line, as they arrive.
+
+    Raises:
+        ApiError: an ``{"error"}`` line (status 0: the stream had begun with a 200).
+    """
+    for line in resp:
+        if line.strip():
+            event = orjson.loads(line)
+            if isinstance(event, dict) and event.get("error"):
+                raise ApiError(str(event["error"]))
+            yield event
