@@ -89,6 +89,8 @@ def test_progress_as_ollamas_and_the_default_modelfile_in_the_current_directory(
         ("SYSTEM hi\n", [], "no FROM line"),
         ("FROM nope:1b\n", [], "model 'nope:1b' not found"),
         ("FROM fake-model\nADAPTER ./no-such-lora\n", [], "ADAPTER ./no-such-lora: no such directory"),
+        ("FROM fake-model\nADAPTER /no/such/lora\n", [], "adapter /no/such/lora: no such directory on the server"),
+        ("FROM fake-model\nADAPTER a/b\nADAPTER c/d\n", [], "one adapter per model"),
         ("FROM fake-model\n", ["-q", "q4_K_M"], "quantize is not supported: vLLM serves published quantizations"),
     ],
 )
@@ -162,3 +164,17 @@ def test_help_as_ollamas(proxy):
         assert r.stdout == vllama(proxy, command, "--help").stdout
     r = vllama(proxy, "help", "nope")
     assert r.returncode == 0 and r.stdout.startswith("Unknown help topic [`nope`]\nusage: vllama COMMAND")
+
+
+def test_a_real_chat_template_survives_the_modelfile():
+    """The shipped tool model's Jinja template (quotes, braces, new lines), written as show writes it
+    and read back as create reads it, is the model's own: accepted."""
+    import json
+
+    from vllama_proxy import read_modelfile
+    from vllama_proxy.api.routes.create import same_template
+
+    own = json.loads((ROOT / "tests" / "assets" / "tool-model" / "tokenizer_config.json").read_text())["chat_template"]
+    back = read_modelfile(f'FROM tool\nTEMPLATE """{own}"""\nPARAMETER temperature 0.7\n')["template"]
+    assert back == own and same_template(back, own) and same_template(back.replace("\n", "\r\n") + "\n", own)
+    assert not same_template(back.replace("im_start", "im_begin"), own) and not same_template(back, None)

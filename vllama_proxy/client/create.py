@@ -72,7 +72,7 @@ def modelfile(file: str | None, cwd: Path | None = None) -> tuple[Path, str]:
         if not path.is_file():
             raise CreateError("specified Modelfile wasn't found")
     try:
-        return path.resolve().parent, path.read_text(encoding="utf-8-sig")  # a BOM is skipped, as Ollama's parser does
+        return path.absolute().parent, path.read_text(encoding="utf-8-sig")  # a BOM is skipped, as Ollama's parser does
     except (OSError, UnicodeDecodeError) as e:
         raise CreateError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
@@ -187,7 +187,10 @@ def create_request(name: str, base: Path, fields: dict[str, Any], client: Client
     else:
         req["from"] = source
     remote: list[str] = []
-    for adapter in fields.pop("adapters", []):
+    adapters = fields.pop("adapters", [])
+    if len(adapters) > 1:  # the server's rule, said before anything is uploaded
+        raise CreateError("one adapter per model: vLLM applies one LoRA adapter to a request")
+    for adapter in adapters:
         path = expand(adapter, base)
         if path.is_dir():
             req["adapters"] = upload(client, model_files(path), progress)
