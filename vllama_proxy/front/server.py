@@ -244,7 +244,12 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     bound = admission_bound(settings, specs, nofile, gpu_info)
     slots = on_demand_slots(settings)
     warm.log_compile_cache(settings.state_dir)
-    gpus = await asyncio.to_thread(gpu.count) if slots is not None and settings.on_demand_sleep and not found.on_cpu else 0
+    wants_sleep = (slots is not None and settings.on_demand_sleep) or (specs and settings.sleep_on_stop)
+    gpus = await asyncio.to_thread(gpu.count) if wants_sleep and not found.on_cpu else 0
+    # `vllama stop` and keep_alive's end leave a configured model asleep where vLLM can: the on-demand rule (warm.py)
+    specs = [await asyncio.to_thread(lambda m=m: warm.with_sleep(m, enabled=settings.sleep_on_stop, reserve=settings.sleep_host_memory_reserve,
+                                                                 gpus=gpus, off="--no-sleep-on-stop", event="sleep_on_stop"))
+             for m in specs]
     def prepare(m: ModelConfig) -> ModelConfig:
         # each on-demand model gets the API servers a lone configured model would, and on the CPU its RAM's flags
         m = with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers)))
