@@ -101,3 +101,21 @@ def test_turned_off_a_stop_stops_as_before(vllama):
         time.sleep(0.05)
     assert not alive(server)
     assert v.stop() == 0
+
+
+def test_eviction_puts_an_idle_model_to_sleep_and_the_swap_back_is_a_wake(vllama, tmp_path):
+    """Two configured models that do not fit together on the one GPU, with no sleep_mode given: the
+    pool's eviction still makes room, and with the sleep chosen for them the way back is a wake."""
+    from test_models_pool import config, events, model_block, wait_states
+
+    ledger = tmp_path / "gpu-ledger.json"  # the stand-ins' shared GPU: a start without room fails
+    cfg = config(tmp_path, model_block(tmp_path, "a", gpu_memory_utilization=0.6),
+                 model_block(tmp_path, "b", gpu_memory_utilization=0.6, preload=False), top='keep_alive = "-1"\n')
+    v = vllama(config=cfg, env={**ONE_GPU, "FAKE_VLLM_GPU_LEDGER": str(ledger)})
+    wait_states(v, a="ready", b="unloaded")
+    client = Client(host=v.url, timeout=30)
+    for model in ("b", "a"):
+        assert client.generate(model=model, prompt="x", stream=False).response.startswith("tok0")
+    assert events(ledger) == [["start", "a"], ["sleep", "a"], ["start", "b"], ["sleep", "b"], ["wake", "a"]]
+    wait_states(v, a="ready", b="sleeping")
+    assert v.stop() == 0
