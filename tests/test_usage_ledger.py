@@ -1,0 +1,243 @@
+"""The usage ledger, budgets, ``GET /api/usage`` and ``vllama usage`` (issue 39), against the stand-in vLLM.
+
+``vllama serve --upstream`` runs as a real process with a keys file (an admin, two users, one with a
+budget); the real ``ollama`` and ``openai`` clients send a mixed workload. The ledger's rows must
+match the per-key Prometheus counters, survive a restart, lose nothing on a clean stop and, on a
+``kill -9``, only the rows not yet written. Budgets reset at their period with an injected clock
+(``Ledger(clock=...)``), never a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+
+from conftest import ROOT, SERVED, metric, start_proxy, stop
+
+ADMIN, ALICE, BOB = "sk-admin-ledger", "sk-alice-ledger", "sk-bob-ledger"
+KEYS = f"""
+[[keys]]
+name = "ops"
+key = "{ADMIN}"
+role = "admin"
+
+[[keys]]
+name = "alice"
+key = "{ALICE}"
+
+[[keys]]
+name = "bob"
+key = "{BOB}"
+budget_tokens = 20
+budget_period = "day"
+"""
+
+
+def _start(fake, tmp_path: Path, *flags: str, state: Path | None = None):
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS)
+    state = state or tmp_path / "state"
+    return start_proxy(fake.url, "--api-key-file", str(keys), *flags, env={"VLLAMA_STATE_DIR": str(state)},
+                       log=tmp_path / f"vllama-{time.monotonic_ns()}.log")
+
+
+def _usage(url: str, key: str = ADMIN, **params) -> dict:
+    r = httpx.get(url + "/api/usage", params=params, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _totals(body: dict) -> dict[str, tuple[int, int, int]]:
+    out: dict[str, tuple[int, int, int]] = {}
+    for r in body["usage"]:
+        n, p, o = out.get(r["key"], (0, 0, 0))
+        out[r["key"]] = (n + r["requests"], p + r["prompt_tokens"], o + r["output_tokens"])
+    return out
+
+
+def _ollama(url: str, key: str) -> ollama.Client:
+    return ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"})
+
+
+def _generate(url: str, key: str, n: int) -> None:
+    for _ in range(n):
+        _ollama(url, key).generate(model=SERVED, prompt="hi", stream=False)
+
+
+def test_rows_match_the_metrics_survive_a_restart_and_a_kill_9_loses_only_what_was_not_written(fake, tmp_path):
+    """Two workers (each its own writer to the one SQLite file) and a mixed workload: the rows are the
+    per-key counters. Then one worker with a flush interval too long to pass: rows are written only
+    when /api/usage asks (it writes its process's rows first) or on a clean stop, so a kill -9 loses
+    exactly the rows written neither way, and no others."""
+    p = _start(fake, tmp_path, "--workers", "2", "--usage-flush-interval", "0.1")
+    try:
+        import openai
+
+        alice, bob = _ollama(p.url, ALICE), _ollama(p.url, BOB)
+        for _ in range(3):
+            list(alice.generate(model=SERVED, prompt="stream me", stream=True))
+        alice.chat(model=SERVED, messages=[{"role": "user", "content": "hello"}])
+        oa = openai.OpenAI(base_url=p.url + "/v1", api_key=BOB)
+        oa.chat.completions.create(model=SERVED, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        with pytest.raises(ollama.ResponseError):  # vLLM's 400: an error row, counted 4xx by the metrics too
+            bob.generate(model=SERVED, prompt="[[fault:http400]]", stream=False)
+        metrics = httpx.get(p.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+        want = {k: (int(metric(metrics, "vllama_key_requests_total", key=k)),
+                    int(metric(metrics, "vllama_key_prompt_tokens_total", key=k)),
+                    int(metric(metrics, "vllama_key_output_tokens_total", key=k))) for k in ("alice", "bob")}
+        assert want["alice"][0] == 4 and want["alice"][2] > 0 and want["bob"][0] == 2
+        # the other worker writes its rows within --usage-flush-interval: wait for them, bounded
+        deadline = time.monotonic() + 15
+        while (got := _totals(_usage(p.url))) != want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == want
+        errors = [(r["key"], r["errors"]) for r in _usage(p.url)["usage"] if r["errors"]]
+        assert errors == [("bob", 1)] == [("bob", int(metric(metrics, "vllama_key_requests_total", key="bob", status="4xx")))]
+    finally:
+        stop(p.proc)
+    assert p.proc.returncode == 0
+
+    def alice_requests(url: str) -> int:
+        return _totals(_usage(url))["alice"][0]
+
+    flags = ("--workers", "1", "--usage-flush-interval", "3600")
+    p = _start(fake, tmp_path, *flags)
+    assert _totals(_usage(p.url)) == want  # the same rows after a restart
+    _generate(p.url, ALICE, 2)
+    assert alice_requests(p.url) == 6  # written now
+    _generate(p.url, ALICE, 2)  # queued, not written
+    p.proc.send_signal(signal.SIGKILL)
+    p.proc.wait(10)
+    p = _start(fake, tmp_path, *flags)
+    try:
+        assert alice_requests(p.url) == 6  # the unwritten batch lost, nothing more
+        _generate(p.url, ALICE, 2)
+    finally:
+        stop(p.proc)  # a clean stop writes what waits
+    p = _start(fake, tmp_path, *flags)
+    try:
+        assert alice_requests(p.url) == 8
+        assert (tmp_path / "state" / "usage.sqlite3").exists()
+    finally:
+        stop(p.proc)
+
+
+class _Store:
+    """The ledger's store, in memory: rows written, totals since a time."""
+
+    where = "memory"
+
+    def __init__(self) -> None:
+        self.rows: list = []
+
+    def write(self, rows) -> None:
+        self.rows += rows
+
+    def tokens_since(self, since: float) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            if r.ts >= since:
+                out[r.key] = out.get(r.key, 0) + r.prompt_tokens + r.output_tokens
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("period,before,after", [
+    ("day", "2026-11-26T23:59:59", "2026-11-27T00:00:00"),
+    ("month", "2026-11-30T23:59:59", "2026-12-01T00:00:00"),
+])
+def test_a_budget_resets_at_its_period(period, before, after):
+    """The clock is injected: the used tokens count in the period that holds them, and a new period starts at 0."""
+    from vllama_proxy.api.budgets import refuse_over_budget
+    from vllama_proxy.api.keys import Key
+    from vllama_proxy.api.ledger import Ledger
+    from vllama_proxy.api.ledger_store import Row
+    from vllama_proxy.errors import BudgetExhausted
+
+    def at(text: str) -> float:
+        import calendar
+
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+
+    now = [at(before) - 3600]
+    key = Key(name="bob", role="user", budget_tokens=100, budget_period=period)
+
+    async def run() -> None:
+        ledger = Ledger(_Store, clock=lambda: now[0], refresh_interval=3600)
+        await ledger.start()
+        ledger.record(Row(now[0], "h", "bob", "m", "/api/generate", 200, 40, 59, 1.0))
+        refuse_over_budget(ledger, key)  # 99 of 100: admitted
+        await ledger.flush()  # written, and the totals read back from the store
+        ledger.record(Row(now[0], "h", "bob", "m", "/api/generate", 200, 1, 0, 1.0))
+        now[0] = at(before)
+        with pytest.raises(BudgetExhausted) as e:
+            refuse_over_budget(ledger, key)
+        assert e.value.headers == {"Retry-After": "1"} and f"resets at {after}Z" in e.value.message
+        now[0] = at(after)
+        refuse_over_budget(ledger, key)  # a new period
+        assert ledger.used("bob", period) == 0
+        await ledger.close()
+
+    asyncio.run(run())
+
+
+def test_usage_per_role_and_a_budget_refusing_at_its_limit(fake, tmp_path):
+    """``/api/usage`` and ``vllama usage``: everyone's for an admin key, its own for a user key; then
+    bob's budget (20 tokens a day) refuses him once his usage reached it, naming when it resets."""
+    p = _start(fake, tmp_path, "--workers", "1")
+    try:
+        _generate(p.url, ALICE, 2)
+        _generate(p.url, BOB, 1)
+        assert set(_totals(_usage(p.url))) == {"alice", "bob"}  # an admin: everyone's
+        assert set(_totals(_usage(p.url, ALICE))) == {"alice"}  # a user: its own
+        r = httpx.get(p.url + "/api/usage", params={"key": "bob"}, headers={"Authorization": f"Bearer {ALICE}"})
+        assert r.status_code == 403 and "its own usage" in r.json()["error"]
+        assert httpx.get(p.url + "/api/usage").status_code == 401
+        bad = httpx.get(p.url + "/api/usage", params={"since": "yesterday"}, headers={"Authorization": f"Bearer {ADMIN}"})
+        assert bad.status_code == 400 and "YYYY-MM-DD" in bad.json()["error"]
+        assert _usage(p.url, by="month")["usage"][0]["period"] == time.strftime("%Y-%m", time.gmtime())
+
+        def cli(key: str, *args: str) -> str:
+            env = {**os.environ, "OLLAMA_HOST": p.url, "OLLAMA_API_KEY": key, "PYTHONPATH": str(ROOT)}
+            return subprocess.run([sys.executable, "-m", "vllama_proxy", "usage", *args], env=env, capture_output=True,
+                                  text=True, timeout=30, check=True).stdout
+
+        table = cli(ADMIN)
+        assert table.splitlines()[0].split()[:3] == ["DAY", "KEY", "MODEL"]
+        assert any(line.split()[1:4] == ["alice", SERVED, "2"] for line in table.splitlines())
+        assert "20 per day" in table  # bob's budget
+        mine = json.loads(cli(ALICE, "--json", "--since", time.strftime("%Y-%m")))
+        assert {r["key"] for r in mine["usage"]} == {"alice"} and mine["budgets"] == []
+        csv_lines = cli(ADMIN, "--csv", "--by", "month").splitlines()
+        assert csv_lines[0] == "period,key,model,requests,errors,prompt_tokens,output_tokens"
+        assert f"{time.strftime('%Y-%m', time.gmtime())},bob,{SERVED},1,0,1,8" in csv_lines
+
+        bob = _ollama(p.url, BOB)
+        used = 9
+        while used < 20:  # each answer: 1 prompt + 8 output tokens; the request reaching the budget is served
+            r = bob.generate(model=SERVED, prompt="hi", stream=False)
+            used += r.prompt_eval_count + r.eval_count
+        r = httpx.post(p.url + "/api/generate", json={"model": SERVED, "prompt": "hi", "stream": False},
+                       headers={"Authorization": f"Bearer {BOB}"})
+        assert r.status_code == 429
+        tomorrow = time.strftime("%Y-%m-%d", time.gmtime(time.time() + 86400))
+        assert r.json()["error"] == (f"key 'bob' used {used} tokens of its budget of 20 tokens per day; "
+                                     f"the budget resets at {tomorrow}T00:00:00Z")
+        assert 0 < int(r.headers["Retry-After"]) <= 86400
+        _ollama(p.url, ALICE).generate(model=SERVED, prompt="hi", stream=False)  # alice is not held by bob's budget
+        budgets = _usage(p.url, BOB)["budgets"]
+        assert budgets == [{"key": "bob", "budget_tokens": 20, "period": "day", "used": used, "resets_at": f"{tomorrow}T00:00:00Z"}]
+    finally:
+        stop(p.proc)
