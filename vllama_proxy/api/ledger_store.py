@@ -173,6 +173,7 @@ def _postgres(url: str) -> Store:
     except ModuleNotFoundError:
         raise ValueError("a postgresql:// --usage-db needs psycopg: pip install 'vllama[postgres]'") from None
     conn = psycopg.connect(url, connect_timeout=10)
+    conn.execute("SET client_encoding TO 'UTF8'")  # text, not bytes, even from an SQL_ASCII database
     with conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(398639)")  # several fronts may create the table at once
         cur.execute(_SCHEMA)
