@@ -12,9 +12,12 @@ written: at most the last ``--usage-flush-interval`` seconds of its answers (or 
 rows, whichever came first). Rows already written are committed and stay.
 
 Budgets read their usage from here without a database round trip per request (:meth:`Ledger.used`):
-running totals per key for the current day and month, read from the database every
+running totals per key for the current day and month, kept up to date from the database every
 ``--usage-refresh-interval`` seconds (so other processes' and other fronts' usage arrives within that
-time), plus this process's rows written since and not yet written.
+time), plus this process's rows written since and not yet written. Each refresh reads only the rows
+written since the last (by row id); the whole period is counted at start and when a day or month
+begins, and with PostgreSQL every :data:`RECOUNT_INTERVAL` seconds too, because a row whose
+transaction began first may become visible after rows with higher ids.
 """
 
 from __future__ import annotations
@@ -32,12 +35,18 @@ from aiohttp import web
 
 from vllama_proxy.logs import get_logger
 from .ledger_store import Row, Store
+from .metrics import USAGE
 
 log = get_logger("vllama.ledger")
 
 Period = Literal["day", "month"]
 #: Request key: the error text of a request that failed (set by ``app.py``'s error middleware).
 ERROR = "vllama.error"
+
+
+#: Seconds between full recounts of the totals where row ids may become visible out of order
+#: (PostgreSQL: a row missed by the reads after it is counted by the next recount).
+RECOUNT_INTERVAL = 300.0
 
 
 def period_bounds(period: Period, now: float) -> tuple[float, float]:
@@ -89,6 +98,9 @@ class Ledger:
         self._written: dict[tuple[str, str, float], int] = {}
         self._queued: dict[tuple[str, str, float], int] = {}
         self._refreshed_at = float("-inf")
+        self._last_id = 0  # the highest row id the totals hold: each refresh reads only the rows after it
+        self._counted_periods: tuple[float, float] = (0.0, 0.0)
+        self._counted_at = float("-inf")
         self._pruned_at = float("-inf")
         self._bounds: dict[str, tuple[float, float]] = {}
 
@@ -172,12 +184,19 @@ class Ledger:
 
     async def _refresh(self, now: float) -> None:
         day, month = self._start("day", now), self._start("month", now)
-        by_month = await asyncio.to_thread(self.store.tokens_since, month)
-        by_day = await asyncio.to_thread(self.store.tokens_since, day)
-        totals = {(k, "month", month): n for k, n in by_month.items()}
-        totals.update({(k, "day", day): n for k, n in by_day.items()})
-        # every row written before these reads is in them: only what is still queued stays on top
-        self._db, self._written, self._refreshed_at = totals, {}, now
+        assert self.store is not None
+        full = ((day, month) != self._counted_periods or
+                (not self.store.ordered_ids and now - self._counted_at >= RECOUNT_INTERVAL))
+        by_month, by_day, last = await asyncio.to_thread(self.store.tokens, day, month, 0 if full else self._last_id)
+        totals = {} if full else {k: n for k, n in self._db.items() if k[1:] in (("day", day), ("month", month))}
+        for k, n in by_month.items():
+            totals[(k, "month", month)] = totals.get((k, "month", month), 0) + n
+        for k, n in by_day.items():
+            totals[(k, "day", day)] = totals.get((k, "day", day), 0) + n
+        if full:
+            self._counted_periods, self._counted_at = (day, month), now
+        # every row written before this read is in it: only what is still queued stays on top
+        self._db, self._written, self._refreshed_at, self._last_id = totals, {}, now, last
 
     async def close(self) -> None:
         """Stop the task and write every row left (a clean stop loses none)."""
@@ -205,7 +224,7 @@ def record_request(ledger: Ledger | None, request: web.Request, key: str, model:
     ``metrics.USAGE`` (0 when vLLM reported none)."""
     if ledger is None or model is None:
         return
-    usage = request.get("vllama.usage") or (0, 0)
+    usage = request.get(USAGE) or (0, 0)
     error = request.get(ERROR)
     stream_error = request.get("vllama.stream_error")
     if stream_error is not None:

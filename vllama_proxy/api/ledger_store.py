@@ -26,6 +26,7 @@ COLUMNS = ("ts", "host", "key", "model", "route", "status", "prompt_tokens", "ou
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS vllama_usage (
+    id {id},
     ts DOUBLE PRECISION NOT NULL,
     host TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -67,10 +68,14 @@ class Store:
         placeholder: the driver's parameter mark (``?`` or ``%s``).
         day_expr: SQL turning the column ``ts`` into ``YYYY-MM-DD`` (UTC).
         month_expr: the same into ``YYYY-MM``.
+        where: the database, in words (logged).
+        ordered_ids: whether rows become visible in the order of their ``id`` (SQLite: one writer at
+            a time; not PostgreSQL, where a transaction holding a lower id may commit later).
     """
 
-    def __init__(self, conn: Any, placeholder: str, day_expr: str, month_expr: str, where: str) -> None:
+    def __init__(self, conn: Any, placeholder: str, day_expr: str, month_expr: str, where: str, *, ordered_ids: bool) -> None:
         self._conn = conn
+        self.ordered_ids = ordered_ids
         self._p = placeholder
         self._period = {"day": day_expr, "month": month_expr}
         self._lock = threading.Lock()
@@ -86,15 +91,22 @@ class Store:
                               r.duration_ms, r.error) for r in rows])
             self._conn.commit()
 
-    def tokens_since(self, since: float) -> dict[str, int]:
-        """``{key name: prompt + output tokens}`` of the rows at or after ``since``."""
+    def tokens(self, day: float, month: float, after_id: int) -> tuple[dict[str, int], dict[str, int], int]:
+        """Prompt + output tokens per key of the rows with an ``id`` above ``after_id``: ``(since
+        month, since day, the highest id read)``, both sums from one scan (``day`` >= ``month``).
+        ``after_id`` 0 counts them all; the budgets' refresh passes the last id it read, so it reads
+        only the rows written since (``ledger.py``)."""
+        p = self._p
         with self._lock:
             cur = self._conn.cursor()
-            cur.execute(f"SELECT key, SUM(prompt_tokens + output_tokens) FROM vllama_usage WHERE ts >= {self._p} GROUP BY key",
-                        (since,))
-            out = {k: int(n or 0) for k, n in cur.fetchall()}
+            cur.execute("SELECT COALESCE(MAX(id), 0) FROM vllama_usage")
+            hi = int(cur.fetchone()[0])
+            cur.execute(f"SELECT key, SUM(prompt_tokens + output_tokens), "
+                        f"SUM(CASE WHEN ts >= {p} THEN prompt_tokens + output_tokens ELSE 0 END) FROM vllama_usage "
+                        f"WHERE id > {p} AND id <= {p} AND ts >= {p} GROUP BY key", (day, after_id, hi, month))
+            rows = cur.fetchall()
             self._conn.commit()
-            return out
+        return ({k: int(m or 0) for k, m, _ in rows if m}, {k: int(d or 0) for k, _, d in rows if d}, hi)
 
     def summary(self, since: float, by: Literal["day", "month"], key: str | None = None) -> list[dict[str, Any]]:
         """Per key, model and ``by`` period from ``since`` on: ``requests``, ``errors`` (status >= 400
@@ -160,11 +172,12 @@ def _sqlite(path: Path) -> Store:
     conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute(_SCHEMA)
+    conn.execute(_SCHEMA.format(id="INTEGER PRIMARY KEY"))
     for sql in _INDEXES:
         conn.execute(sql)
     conn.commit()
-    return Store(conn, "?", "strftime('%Y-%m-%d', ts, 'unixepoch')", "strftime('%Y-%m', ts, 'unixepoch')", str(path))
+    return Store(conn, "?", "strftime('%Y-%m-%d', ts, 'unixepoch')", "strftime('%Y-%m', ts, 'unixepoch')", str(path),
+                 ordered_ids=True)
 
 
 def _postgres(url: str) -> Store:
@@ -176,13 +189,14 @@ def _postgres(url: str) -> Store:
     conn.execute("SET client_encoding TO 'UTF8'")  # text, not bytes, even from an SQL_ASCII database
     with conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(398639)")  # several fronts may create the table at once
-        cur.execute(_SCHEMA)
+        cur.execute(_SCHEMA.format(id="BIGSERIAL PRIMARY KEY"))
         for sql in _INDEXES:
             cur.execute(sql)
     conn.commit()
     utc = "(to_timestamp(ts) AT TIME ZONE 'UTC')"
     host = conn.info.host or "local socket"
-    return Store(conn, "%s", f"to_char({utc}, 'YYYY-MM-DD')", f"to_char({utc}, 'YYYY-MM')", f"postgresql on {host}, database {conn.info.dbname}")
+    return Store(conn, "%s", f"to_char({utc}, 'YYYY-MM-DD')", f"to_char({utc}, 'YYYY-MM')", f"postgresql on {host}, database {conn.info.dbname}",
+                 ordered_ids=False)
 
 
 def open_store(db: str | None, state_dir: Path) -> Store:
