@@ -232,3 +232,27 @@ def test_usage_per_role_and_a_budget_refusing_at_its_limit(fake, tmp_path):
         assert budgets == [{"key": "bob", "budget_tokens": 20, "period": "day", "used": used, "resets_at": f"{tomorrow}T00:00:00Z"}]
     finally:
         stop(p.proc)
+
+
+def test_rows_older_than_the_retention_are_deleted_at_start(tmp_path):
+    """``--usage-retention-days``: the process that prunes (worker 0) deletes older rows when it starts
+    (and daily); the others, and a retention of 0, keep them."""
+    from vllama_proxy.api.ledger import Ledger
+    from vllama_proxy.api.ledger_store import Row, open_store
+
+    now = time.time()
+    store = open_store(None, tmp_path)
+    store.write([Row(now - days * 86400, "h", "alice", "m", "/api/chat", 200, 1, 1, 1.0) for days in (0, 2, 40)])
+    store.close()
+
+    async def count_after_start(**kw) -> int:
+        ledger = Ledger(lambda: open_store(None, tmp_path), **kw)
+        await ledger.start()
+        n = await asyncio.to_thread(ledger.store.count)
+        await ledger.close()
+        return n
+
+    assert asyncio.run(count_after_start(retention_days=30, prunes=False)) == 3
+    assert asyncio.run(count_after_start(retention_days=0, prunes=True)) == 3
+    assert asyncio.run(count_after_start(retention_days=30, prunes=True)) == 2
+    assert asyncio.run(count_after_start(retention_days=1, prunes=True)) == 1
