@@ -256,3 +256,51 @@ def test_rows_older_than_the_retention_are_deleted_at_start(tmp_path):
     assert asyncio.run(count_after_start(retention_days=0, prunes=True)) == 3
     assert asyncio.run(count_after_start(retention_days=30, prunes=True)) == 2
     assert asyncio.run(count_after_start(retention_days=1, prunes=True)) == 1
+
+
+def test_a_database_that_goes_away_costs_no_rows_until_the_cap_and_is_opened_again():
+    """Writes that fail keep their rows for the next try on a new connection; beyond the cap
+    (``MAX_PENDING_BATCHES`` batches) the oldest are dropped, so an outage never grows memory."""
+    from vllama_proxy.api import ledger as ledger_mod
+    from vllama_proxy.api.ledger import Ledger
+    from vllama_proxy.api.ledger_store import Row
+
+    opened: list[_Store] = []
+    down = [True]
+
+    class Flaky(_Store):
+        def write(self, rows) -> None:
+            if down[0]:
+                raise OSError("connection lost")
+            super().write(rows)
+
+    def opener() -> _Store:
+        opened.append(Flaky())
+        return opened[-1]
+
+    async def run() -> None:
+        ledger = Ledger(opener, flush_interval=0.01, flush_rows=2)
+        await ledger.start()
+        for i in range(3):
+            ledger.record(Row(time.time(), "h", "alice", "m", "/api/chat", 200, 1, i, 1.0))
+        deadline = time.monotonic() + 10
+        while len(opened) < 3 and time.monotonic() < deadline:  # failed, reopened, failed again
+            await asyncio.sleep(0.01)
+        assert len(opened) >= 3 and ledger.used("alice", "day") == 6  # the rows wait, still counted for budgets
+        down[0] = False
+        while not opened[-1].rows and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [r.output_tokens for r in opened[-1].rows] == [0, 1, 2]
+        # the cap: with the database away, only the newest MAX_PENDING_BATCHES x flush_rows rows are kept
+        down[0] = True
+        for i in range(ledger_mod.MAX_PENDING_BATCHES * 2 + 5):
+            ledger.record(Row(time.time(), "h", "bob", "m", "/api/chat", 200, 0, i, 1.0))
+        n = len(opened)
+        while len(opened) == n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert len(ledger._pending) == ledger_mod.MAX_PENDING_BATCHES * 2 and ledger._pending[0].output_tokens == 5
+        down[0] = False
+        await ledger.close()
+        assert len(opened[-1].rows) == ledger_mod.MAX_PENDING_BATCHES * 2
+
+    asyncio.run(run())

@@ -44,6 +44,8 @@ Period = Literal["day", "month"]
 ERROR = "vllama.error"
 
 
+#: Batches of rows kept while the database cannot be written (beyond, the oldest are dropped, logged).
+MAX_PENDING_BATCHES = 100
 #: Seconds between full recounts of the totals where row ids may become visible out of order
 #: (PostgreSQL: a row missed by the reads after it is counted by the next recount).
 RECOUNT_INTERVAL = 300.0
@@ -151,8 +153,29 @@ class Ledger:
             self._wake.clear()
             try:
                 await self._cycle()
-            except Exception as e:  # the database is away: keep the rows, try again next time
+            except Exception as e:  # the database is away: keep the rows, open it again, retry next time
                 log.warning("usage_ledger_write_failed", error=repr(e), waiting=len(self._pending))
+                self._bound_pending()
+                await self._reopen()
+
+    def _bound_pending(self) -> None:
+        """While the database is away rows pile up: keep the newest :data:`MAX_PENDING_BATCHES` batches'
+        worth, drop (and log) the oldest, so an outage costs rows, never the process's memory."""
+        cap = MAX_PENDING_BATCHES * self._rows
+        if len(self._pending) > cap:
+            dropped, self._pending = self._pending[:-cap], self._pending[-cap:]
+            log.error("usage_ledger_rows_dropped", rows=len(dropped), reason="the database is unreachable")
+
+    async def _reopen(self) -> None:
+        """A new connection for the next cycle (PostgreSQL restarted, a network blip)."""
+        old, self.store = self.store, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(old.close)
+        try:
+            self.store = await asyncio.to_thread(self._opener)
+        except Exception as e:
+            log.warning("usage_ledger_reopen_failed", error=repr(e))
 
     async def flush(self) -> None:
         """Write every row that waits now, and read the totals again (``/api/usage`` calls it first,
@@ -161,6 +184,8 @@ class Ledger:
 
     async def _cycle(self, force_refresh: bool = False) -> None:
         async with self._flush_lock:
+            if self.store is None:
+                self.store = await asyncio.to_thread(self._opener)  # raises while it is still away
             batch, self._pending = self._pending, []
             if batch:
                 queued, self._queued = self._queued, {}
