@@ -204,7 +204,7 @@ def test_serve_help_is_grouped_with_examples_and_a_typo_gets_one_line():
     groups = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert groups == ["options", "where it listens", "what it serves", "the connection to vLLM", "access",
                       "requests and the front end", "models vllama runs (--model, --config, on demand)",
-                      "the vLLM process it supervises", "logging", "examples"]
+                      "the vLLM process it supervises", "logging", "the usage ledger and budgets", "examples"]
     assert "  vllama serve --upstream http://127.0.0.1:8000" in text
     r = serve("--prot", "5")
     assert r.returncode == 2

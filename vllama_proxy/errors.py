@@ -24,7 +24,8 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
     ├── BodyTimeout                   408  the request body did not arrive within --body-timeout
     ├── RequestTooLarge               413
     ├── TooManyRequests               429  + Retry-After  a key over its own limit
-    │   └── TooManyPulls              429  + Retry-After: 30  --max-pulls pulls are running
+    │   ├── TooManyPulls              429  + Retry-After: 30  --max-pulls pulls are running
+    │   └── BudgetExhausted           429  + Retry-After  a key used its budget_tokens for the day or month
     ├── StorageFailed                 500  vllama could not write or remove its own files
     ├── NotSupported                  501  model management vllama leaves to vLLM
     ├── ServerBusy                    503  + Retry-After  the server-wide bound on requests is full
@@ -167,6 +168,11 @@ class TooManyPulls(TooManyRequests):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retry_after=30)
+
+
+class BudgetExhausted(TooManyRequests):
+    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/budgets.py``): 429, the message
+    naming the budget and when it resets, ``Retry-After`` the seconds until then."""
 
 
 class StorageFailed(VllamaError):

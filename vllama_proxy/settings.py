@@ -378,6 +378,21 @@ class Settings(BaseSettings):
         description="Share the admission bound between keys and set each request's vLLM priority (fewer in flight, or a "
         "higher key priority, first; vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
     )
+    usage_db: str | None = Field(
+        None,
+        description="Where the usage ledger keeps one row per answered request: an SQLite file (default: usage.sqlite3 in "
+        "the state directory), postgresql://USER@HOST/DB (pip install 'vllama[postgres]'; several fronts may share one), "
+        "or off (no ledger, no budgets).",
+    )
+    usage_retention_days: int = Field(400, ge=0, description="Days the usage ledger keeps its rows (0: forever).")
+    usage_flush_interval: float = Field(
+        1.0, gt=0, description="Seconds between writes of the usage ledger's rows (a kill -9 loses at most this much).",
+    )
+    usage_flush_rows: int = Field(1000, ge=1, description="Write the usage ledger's rows at once when this many wait.")
+    usage_refresh_interval: float = Field(
+        5.0, gt=0, description="Seconds between reads of each key's usage totals for budgets (other workers' and fronts' "
+        "usage counts within this time).",
+    )
 
     def protects_models(self) -> bool:
         """Whether on-demand models may not evict the operator's (``protect_models``)."""
@@ -568,6 +583,7 @@ METAVARS = {
     "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL", "router": "POLICY",
     "router_port": "PORT", "router_args": "FLAGS",
     "max_small_body_size": "BYTES", "cache_quota": "BYTES", "max_blob_size": "BYTES",
+    "usage_db": "FILE|URL|off", "usage_retention_days": "DAYS", "usage_flush_rows": "N",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 
@@ -578,7 +594,7 @@ HELP_GROUPS = {
     "host": "where it listens", "config": "what it serves", "connect_timeout": "the connection to vLLM",
     "api_key": "access", "max_queue": "requests and the front end",
     "keep_alive": "models vllama runs (--model, --config, on demand)", "vllm_executable": "the vLLM process it supervises",
-    "log_level": "logging",
+    "log_level": "logging", "usage_db": "the usage ledger and budgets",
 }
 
 SERVE_DESCRIPTION = """Serve the Ollama API in front of vLLM: launch and supervise `vllm serve` for --model (or

@@ -35,9 +35,11 @@ from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
-from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
-from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
-from .app_keys import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
+from .ledger import ERROR, Ledger, record_request
+from .ledger_store import open_store
+from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
+from .routes import admin, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
+from .app_keys import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -71,6 +73,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         return resp
     except VllamaError as e:
         status = e.status
+        request[ERROR] = e.message
         if isinstance(e, UpstreamError):
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
@@ -100,6 +103,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         if stream_error is not None:
             UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
         observe_key_usage(request, keys.key_of(request).name, status)
+        record_request(request.app.get(LEDGER), request, keys.key_of(request).name, request.get(MODEL), route_of(request), status,
+                       time.perf_counter() - start)  # queued: the ledger writes it off the request path
         if request.app[SETTINGS].access_log:
             extra = {"stream_error": stream_error.message} if stream_error is not None else {}
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2),
@@ -107,7 +112,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health"})
+_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health", "/api/usage", "/admin", "/admin/login",
+                      "/admin/logout"})
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -159,6 +165,19 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 def _allow(e: web.HTTPException) -> dict[str, str] | None:
     allow = e.headers.get("Allow")
     return {"Allow": allow} if allow else None
+
+
+async def usage_ledger(app: web.Application) -> AsyncIterator[None]:
+    """The usage ledger's database and flush task for the app's life; the rows left are written at
+    the end (after the requests in flight drained). A database that cannot be opened stops the start."""
+    ledger = app[LEDGER]
+    try:
+        await ledger.start()
+    except Exception as e:
+        log.error("usage_ledger_failed", error=repr(e), hint="--usage-db names where it is kept; --usage-db off runs without it")
+        raise
+    yield
+    await ledger.close()
 
 
 def build_app(settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
@@ -232,6 +251,15 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         await pool.close()
 
     app.cleanup_ctx.append(upstream_session)
+    app[ADMISSION] = bound
+    if settings.usage_db != "off":
+        app[LEDGER] = Ledger(lambda: open_store(settings.usage_db, settings.state_dir), flush_interval=settings.usage_flush_interval,
+                             flush_rows=settings.usage_flush_rows, refresh_interval=settings.usage_refresh_interval,
+                             retention_days=settings.usage_retention_days, prunes=worker == 0)
+        app.cleanup_ctx.append(usage_ledger)
+    elif any(k.budget_tokens is not None for k in ring.keys):
+        print("vllama serve: --usage-db off: the keys file gives budget_tokens, which need the usage ledger", file=sys.stderr)
+        raise SystemExit(2)
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
         ("GET", "/api/version", meta.version),
@@ -240,6 +268,10 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         ("GET", "/health", health.health),  # vLLM's, for vllm-router (docs/fleet.md)
         ("GET", "/metrics", make_handler(boards)),
         ("GET", "/vllm/metrics", openai.vllm_metrics),
+        ("GET", "/api/usage", usage.usage),
+        ("GET", "/admin", admin.page),
+        ("POST", "/admin/login", admin.login),
+        ("POST", "/admin/logout", admin.logout),
         ("POST", "/api/generate", generate.generate),
         ("POST", "/api/chat", chat.chat),
         ("POST", "/api/embed", embed.embed),

@@ -11,6 +11,8 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
     models = ["qwen2.5:*"]    # names or shell patterns it may use (default: every model)
     max_in_flight = 8         # its own bound on requests in flight (429 beyond it)
     priority = 0              # higher is served first by vLLM (with fair sharing on)
+    budget_tokens = 2000000   # prompt + output tokens it may use per budget_period (429 beyond it)
+    budget_period = "month"   # "day" or "month" (UTC; default month)
 
 Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
 an admin's): a **user** runs inference on the models it may use, lists and shows those, and
@@ -31,6 +33,7 @@ wrapped with :func:`admin_only`, or a check inside a handler with :func:`require
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import hashlib
@@ -82,6 +85,8 @@ class KeyEntry(BaseModel):
     models: list[str] = Field(default_factory=list)
     max_in_flight: int | None = Field(None, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
+    budget_tokens: int | None = Field(None, ge=0)
+    budget_period: Literal["day", "month"] = "month"
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
@@ -101,6 +106,9 @@ class Key:
         max_in_flight: its own bound on requests in flight (``None``: only its fair share).
         priority: higher is served first by vLLM.
         slot: its per-key counter's index (:data:`KEY_SLOTS`).
+        budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
+            ``api/budgets.py`` checks it against the usage ledger).
+        budget_period: ``day`` or ``month`` (UTC).
     """
 
     name: str
@@ -109,6 +117,8 @@ class Key:
     max_in_flight: int | None = None
     priority: int = 0
     slot: int = 0
+    budget_tokens: int | None = None
+    budget_period: str = "month"
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -177,7 +187,8 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
             raise ValueError(f"{path}: [[keys]] #{n}: the name '{e.name}' is given twice")
         names.add(e.name)
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
-        out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority)))
+        out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
+                                budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
     return out
 
 
@@ -204,6 +215,14 @@ class KeyRing:
     def keys(self) -> list[Key]:
         return list(self._by_digest.values())
 
+    def named(self, name: str) -> tuple[str, Key] | None:
+        """``(sha256 hex of its secret, Key)`` of the key called ``name``, or ``None`` (the admin
+        page's cookie is signed with the digest: ``routes/admin.py``)."""
+        for digest, key in self._by_digest.items():
+            if key.name == name:
+                return digest, key
+        return None
+
     def find(self, token: bytes) -> Key | None:
         """The key whose secret is ``token``, or ``None``."""
         return self._by_digest.get(hashlib.sha256(token).hexdigest())
@@ -222,8 +241,7 @@ class KeyRing:
         for digest, key in sorted(found, key=lambda x: x[1].name):
             s = slot_of(key.name, taken)
             taken.add(s)
-            by_digest[digest] = Key(name=key.name, role=key.role, models=key.models, max_in_flight=key.max_in_flight,
-                                    priority=key.priority, slot=s)
+            by_digest[digest] = dataclasses.replace(key, slot=s)
         self._by_digest = by_digest
 
     def reload(self) -> bool:

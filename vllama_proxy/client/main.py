@@ -17,7 +17,7 @@ import sys
 
 from vllama_proxy import CliParser
 
-from . import commands
+from . import commands, usage
 from .api_client import ApiError, Client, ConnectError
 from .create import cmd_create
 
@@ -104,6 +104,16 @@ def build_parser() -> CliParser:
     p = command("rm", commands.cmd_rm, "remove a name made with cp, or a pulled model from the cache",
                 "Remove a name made with cp, or a pulled model from the cache.")
     p.add_argument("models", nargs="+", metavar="model")
+
+    p = command("usage", usage.cmd_usage, "tokens and requests by key, model and day or month (the server's usage ledger)",
+                "Tokens and requests by key, model and day or month, from the server's usage ledger (GET /api/usage): "
+                "every key's with an admin key (OLLAMA_API_KEY), a user key's own.")
+    p.add_argument("--since", help="from this UTC date, YYYY-MM-DD or YYYY-MM (default: this month; with --by month, this year)")
+    p.add_argument("--by", choices=("day", "month"), default="day", help="one row per key, model and day (default) or month")
+    p.add_argument("--key", help="only this key's usage (an admin's choice)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the server's JSON answer")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
     return parser
 
 
