@@ -39,7 +39,7 @@ def vllama(proxy, *args: str, stdin: str = "", host: str | None = None) -> subpr
 
 
 def test_commands_constant():
-    assert COMMANDS == ("list", "ps", "show", "pull", "run", "stop", "cp", "rm")
+    assert COMMANDS == ("list", "ps", "show", "pull", "run", "stop", "cp", "rm", "launch")
     assert main("nope", []) == 2
 
 

@@ -16,7 +16,7 @@ import sys
 
 from vllama_proxy import CliParser
 
-from . import commands
+from . import commands, launch
 from .api_client import ApiError, Client, ConnectError
 
 HOST_HELP = "server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)"
@@ -93,6 +93,10 @@ def build_parser() -> CliParser:
     p = command("rm", commands.cmd_rm, "remove a name made with cp, or a pulled model from the cache",
                 "Remove a name made with cp, or a pulled model from the cache.")
     p.add_argument("models", nargs="+", metavar="model")
+
+    p = command("launch", launch.cmd_launch, "start a coding agent (claude, codex, opencode) pointed at vllama",
+                "Start a coding agent pointed at vllama: `vllama launch TOOL [--model M] [--config] [-- TOOL ARGS]`.")
+    launch.add_arguments(p)
     return parser
 
 
@@ -120,10 +124,13 @@ def main(command: str, argv: list[str]) -> int:
         return 2
     if command == "run":  # a bare --think must not swallow the model name
         argv = ["--think=true" if a == "--think" else a for a in argv]
+    argv, extra = launch.split_extra(argv) if command == "launch" else (argv, [])
     try:
         args = sub.parse_intermixed_args(argv)  # flags may follow the prompt words
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    if extra:
+        args.args = extra
     if command == "run" and args.model is None:  # Ollama: "requires at least 1 arg(s)"; the prompt is optional
         print("vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)",
               file=sys.stderr)
