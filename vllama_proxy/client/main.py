@@ -35,9 +35,9 @@ def parse_think(value: str | None) -> bool | str | None:
         return True
     if value in ("false", "0", "no", "off"):
         return False
-    if value in ("low", "medium", "high"):
+    if value in ("low", "medium", "high", "max"):
         return value
-    raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high)")
+    raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high, max)")
 
 
 def build_parser() -> CliParser:

@@ -64,9 +64,27 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
     if generates and _function_tools(data.get("tools")):
         check_capabilities(name, await catalog.capabilities(model), tools=True)
     data["model"] = upstream_model(catalog.created(name), model.name)
+    if path == "/v1/messages":
+        fit_max_tokens(data, model.max_model_len)
     if priority:
         with_priority(request, data)
     return await relay(request, backend, path, encode_json(data))
+
+
+def fit_max_tokens(data: dict[str, Any], context: int | None) -> None:
+    """Claude Code asks for more output than a local model's context holds (``max_tokens`` 32000,
+    ``thinking.budget_tokens`` 31999: its CLAUDE_CODE_MAX_OUTPUT_TOKENS default), which vLLM
+    refuses (400 ``max_completion_tokens=32000 cannot be greater than max_model_len``) where Ollama
+    generates until its context is full. Both are lowered to fit ``context`` (the model's
+    ``max_model_len``; vLLM then stops at what is left after the prompt), the budget kept below
+    ``max_tokens`` as Anthropic's rule (and vLLM's check) requires."""
+    wanted = data.get("max_tokens")
+    if not context or not isinstance(wanted, int) or isinstance(wanted, bool) or wanted <= context:
+        return
+    data["max_tokens"] = context
+    thinking = data.get("thinking")
+    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and thinking["budget_tokens"] >= context:
+        data["thinking"] = {**thinking, "budget_tokens": context - 1}
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
