@@ -67,9 +67,11 @@ def kinds(agent: str, body: dict | None, events: list[dict] | None) -> list[str]
     return out
 
 
-def replay(url: str, model: str, key: str | None = None, agents: tuple[str, ...] = AGENTS, timeout: float = 600) -> list[dict]:
+def replay(url: str, model: str, key: str | None = None, agents: tuple[str, ...] = AGENTS, timeout: float = 600,
+           overrides: dict | None = None) -> list[dict]:
     """Every request of ``agents``' fixtures, unstreamed then streamed: one result per send
-    (``agent``, ``name``, ``stream``, ``status``, ``kinds``, ``expect``, ``ok``, ``seconds``, ``error``)."""
+    (``agent``, ``name``, ``stream``, ``status``, ``kinds``, ``expect``, ``ok``, ``seconds``, ``error``).
+    ``overrides`` are set in every body (a test's ``temperature: 0``)."""
     results = []
     with httpx.Client(base_url=url.rstrip("/"), timeout=timeout) as client:
         for agent in agents:
@@ -79,7 +81,7 @@ def replay(url: str, model: str, key: str | None = None, agents: tuple[str, ...]
                 headers["Authorization"] = f"Bearer {key}"
             for req in fx["requests"]:
                 for stream in ((False,) if req.get("stream") is False else (False, True)):
-                    body = dict(req["body"])
+                    body = {**req["body"], **(overrides or {})}
                     if req.get("stream") is not False:
                         body["stream"] = stream
                     t0 = time.monotonic()
@@ -108,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--key", help="an API key (Authorization: Bearer)")
     ap.add_argument("--agent", choices=AGENTS, action="append", help="only this agent's shapes (repeatable)")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--temperature", type=float, help="set in every body (default: as the agents send it)")
     args = ap.parse_args(argv)
-    results = replay(args.url, args.model, args.key, tuple(args.agent or AGENTS))
+    overrides = {"temperature": args.temperature} if args.temperature is not None else None
+    results = replay(args.url, args.model, args.key, tuple(args.agent or AGENTS), overrides=overrides)
     for r in results:
         mark = "ok  " if r["ok"] else "FAIL"
         print(f"{mark} {r['agent']:<11} {r['name']:<17} {'stream' if r['stream'] else 'whole ':<6} {r['status']} {r['seconds']:>6}s "

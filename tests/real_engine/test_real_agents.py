@@ -77,7 +77,9 @@ def test_openai_sdk_responses_tool_call_reasoning_and_stream(tool_server):
 
 
 def test_claude_codes_and_codexs_request_shapes(tool_server):
-    # both agents' shapes, unstreamed and streamed, with Claude Code's 32000-token asks on a 2048-token context
-    results = agents_replay.replay(tool_server.url, TOOL_NAME)
+    # both agents' shapes, unstreamed and streamed, with Claude Code's 32000-token asks on a 2048-token context;
+    # greedy: the 6-layer tool model sampled at the agents' temperature 1 now and then misformats its call
+    # (seen once in five streamed Codex tool turns: the call's JSON without its opening <tool_call> tag)
+    results = agents_replay.replay(tool_server.url, TOOL_NAME, overrides={"temperature": 0})
     wrong = [(r["agent"], r["name"], r["stream"], r["status"], r["kinds"], r["error"]) for r in results if not r["ok"]]
     assert len(results) == 13 and wrong == []
