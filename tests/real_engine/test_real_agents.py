@@ -51,7 +51,7 @@ def test_anthropic_sdk_tool_use_thinking_stream_and_count_tokens(tool_server):
     assert "content_block_start" in events and [b.type for b in final.content][0] == "thinking"
     assert any(b.type == "tool_use" and b.input == {"city": "Paris"} for b in final.content)
 
-    plain = client.messages.create(model=TOOL_NAME, max_tokens=200, thinking={"type": "enabled", "budget_tokens": 1024},
+    plain = client.messages.create(model=TOOL_NAME, max_tokens=1500, thinking={"type": "enabled", "budget_tokens": 1024},
                                    messages=[{"role": "user", "content": "Is 17 a prime number?"}])
     assert [b.type for b in plain.content][:1] == ["thinking"] and plain.content[0].thinking.strip()
     assert any(b.type == "text" for b in plain.content)
