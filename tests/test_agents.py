@@ -110,3 +110,9 @@ def test_the_shipped_tool_model_gets_hermes_and_qwen3_unless_it_names_its_own():
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"]
     assert with_detected_parsers(ModelConfig(model="org/not-here")).args() == []  # no files: nothing told
     assert json.dumps(with_detected_parsers(ModelConfig(model=model, vllm_args=["--runner", "pooling"])).args()) == '["--runner", "pooling"]'
+
+
+def test_api_status_says_ollamas_cloud_is_off(proxy):
+    # Ollama 0.16.2's GET /api/status: whether its cloud models are available (server/routes.go StatusHandler)
+    r = httpx.get(proxy.url + "/api/status")
+    assert r.status_code == 200 and r.json() == {"cloud": {"disabled": True, "source": "vllama"}}

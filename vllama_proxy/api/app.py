@@ -110,7 +110,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health"})
+_UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "/metrics", "/health"})
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -239,6 +239,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
         ("GET", "/api/version", meta.version),
+        ("GET", "/api/status", meta.status),  # Ollama 0.16.2: its cloud's status
         ("GET", "/livez", health.livez),
         ("GET", "/readyz", health.readyz),
         ("GET", "/health", health.health),  # vLLM's, for vllm-router (docs/fleet.md)
