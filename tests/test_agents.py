@@ -19,7 +19,7 @@ from vllama_proxy.models.family import detect_parsers, with_detected_parsers
 from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.models.model_files import ModelFiles
 
-from conftest import ROOT, SERVED, start_proxy, stop
+from conftest import ROOT, SERVED, metric, start_proxy, stop
 
 TOOLS = [{"name": "get_weather", "description": "Weather of a city",
           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -61,6 +61,26 @@ def test_anthropics_x_api_key_is_a_key_on_its_routes(fake):
         assert r.status_code == 401  # Ollama's routes take the bearer token only
     finally:
         stop(s.proc)
+
+
+def test_agents_requests_reach_vllm_as_chats_do(proxy, upstream_requests):
+    # an alias resolves to the served name; the conversation's key goes upstream for a router; the usage counts
+    before = httpx.get(proxy.url + "/metrics").text
+    claude = {"model": "fake:7b", "max_tokens": 50, "metadata": {"user_id": "user_1_account__session_42"},
+              "messages": [{"role": "user", "content": "hi"}]}
+    for turn in ("first", "second"):
+        claude["messages"].append({"role": "user", "content": turn})
+        r = httpx.post(proxy.url + "/v1/messages?beta=true", json=claude, headers={"anthropic-version": "2023-06-01"})
+        assert r.status_code == 200 and r.json()["usage"] == {"input_tokens": 12, "output_tokens": 8}
+    codex = {"model": "fake:7b", "input": "hi", "store": False, "prompt_cache_key": "thread-1"}
+    assert httpx.post(proxy.url + "/v1/responses", json=codex).status_code == 200
+    sent = upstream_requests("/v1/messages") + upstream_requests("/v1/responses")
+    assert [r["body"]["model"] for r in sent] == [SERVED] * 3
+    keys = [r["headers"].get("X-Session-ID") for r in sent]
+    assert keys[0] and keys[0] == keys[1] and keys[2] and keys[2] != keys[0]  # one per conversation
+    after = httpx.get(proxy.url + "/metrics").text
+    grew = metric(after, "vllama_key_output_tokens_total", model=SERVED) - metric(before, "vllama_key_output_tokens_total", model=SERVED)
+    assert grew == 24
 
 
 @pytest.mark.parametrize("tail, want", [

@@ -8,7 +8,8 @@ block from ``--reasoning-parser``. vllama relays to them byte for byte and adds 
 has before a request goes upstream (``model_use.py``): the model named as Ollama names it (served
 name, alias, library name, created model, on-demand local model), the key's role and model
 allow-list, the on-demand slot, the keep-alive, the per-key usage (read from the answer's last
-bytes, ``openai._usage``) and the access log line. A request with tools for a model served
+bytes, ``openai._usage``), the access log line, and the conversation's key for a router in front of
+several engines (``session.agent_key``: Codex's ``prompt_cache_key``, Claude Code's session id). A request with tools for a model served
 without a tool parser gets a clear 400 here (``"X" does not support tools``, in Anthropic's error
 shape on ``/v1/messages``: ``api/app.py``) instead of vLLM's advice about its own flags.
 
@@ -30,7 +31,8 @@ from .body import read_body
 from .model_use import resolve_model
 from .openai import relay
 from ..admission import with_priority
-from ..app_keys import CATALOG
+from .. import session
+from ..app_keys import CATALOG, SETTINGS
 from ..translate import check_capabilities, upstream_model
 
 
@@ -68,7 +70,9 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
         fit_max_tokens(data, model.max_model_len)
     if priority:
         with_priority(request, data)
-    return await relay(request, backend, path, encode_json(data))
+    settings = request.app[SETTINGS]  # the conversation's key, so that a router keeps it on one engine
+    headers = session.headers(settings.session_header, request.headers, session.agent_key(data["model"], data))
+    return await relay(request, backend, path, encode_json(data), session_headers=headers)
 
 
 def fit_max_tokens(data: dict[str, Any], context: int | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import email.policy
 from collections import deque
+from collections.abc import Mapping
 from email.parser import BytesParser
 
 import orjson
@@ -147,18 +148,21 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     return await relay(request, backend, "/v1/" + request.match_info["tail"], body)
 
 
-async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None) -> web.StreamResponse:
+async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
+                session_headers: Mapping[str, str] | None = None) -> web.StreamResponse:
     """Send ``body`` to ``backend``'s vLLM at ``path`` and relay its answer back chunk by chunk, as it comes.
 
     The model is held for the request (``model_in_use``: woken or started first, counted in
     flight); the usage of a 200 answer is read from its last bytes for the per-key counters
-    (``_usage``). An upstream failure after the answer began ends an SSE stream with vLLM's
+    (``_usage``). ``session_headers`` (a conversation's key for a router) are added to the
+    client's own. An upstream failure after the answer began ends an SSE stream with vLLM's
     error event, ``data: {"error": {...}}``; a JSON body is cut off instead.
 
     Raises:
         UpstreamError: vLLM failed before its answer began (mapped in ``api/app.py``).
     """
     headers = {h: request.headers[h] for h in _FORWARD_REQUEST if h in request.headers}
+    headers.update(session_headers or {})  # a router's conversation key (api/session.py)
     async with model_in_use(request, backend, keep_alive):  # a sleeping or unloaded model comes back first
         async with backend.upstream.request(
             request.method, path, body=body or None, headers=headers, params=request.query, check=False
