@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,27 @@ def test_without_a_model_and_no_terminal_it_says_which_to_name(proxy, tools, tmp
     done, got = launch(proxy.url, "claude", path=f"{tools}:{os.environ['PATH']}", out=tmp_path / "got.json")
     assert done.returncode == 1 and got == {}
     assert done.stderr.strip() == f"Error: name the model with --model (the server has: {SERVED}:latest, fake:7b)"
+
+
+def test_on_a_terminal_it_asks_which_model_tool_capable_ones_marked(proxy, tools, tmp_path):
+    out = tmp_path / "got.json"
+    env = {k: v for k, v in os.environ.items() if k != "OLLAMA_API_KEY"}
+    env.update(OLLAMA_HOST=proxy.url, PATH=f"{tools}:{os.environ['PATH']}", STAND_IN_OUT=str(out), TERM="dumb")
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", CODE, "launch", "claude"], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, cwd=ROOT, start_new_session=True)
+    os.close(slave)
+    seen = b""
+    try:
+        while b"Select a model [1]: " not in seen:
+            assert select.select([master], [], [], 20)[0], seen
+            seen += os.read(master, 4096)
+        os.write(master, b"2\n")
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = seen.decode()
+    assert f"1. {SERVED}:latest  (tools)" in text and "2. fake:7b  (tools)" in text
+    assert json.loads(out.read_text())["env"]["ANTHROPIC_MODEL"] == "fake:7b"
