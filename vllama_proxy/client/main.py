@@ -4,7 +4,8 @@ naming its handler (``set_defaults(func=...)``, the handlers in ``commands.py``)
 wrong into a line on stderr and an exit status.
 
 ``vllama COMMAND ...`` reaches :func:`main` from ``vllama_proxy/cli.py``; ``vllama serve``
-and ``vllama batch`` have their own parsers (``settings.py``, ``batch.py``).
+and ``vllama batch`` have their own parsers (``settings.py``, ``batch.py``); ``vllama help
+[COMMAND]`` is ``cli.py``'s (it prints any of the three).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vllama_proxy import CliParser
 
 from . import commands, launch
 from .api_client import ApiError, Client, ConnectError
+from .create import cmd_create
 
 HOST_HELP = "server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)"
 
@@ -56,6 +58,15 @@ def build_parser() -> CliParser:
     p.add_argument("prefix", nargs="?", help="only names starting with this")
 
     command("ps", commands.cmd_ps, "list the running models", "List the running models.")
+
+    p = command("create", cmd_create, "create a model from a Modelfile: `vllama create NAME [-f Modelfile]`",
+                "Create a model from a Modelfile (served by its base model's vLLM; a local model directory is uploaded).")
+    p.add_argument("model", metavar="NAME")
+    p.add_argument("-f", "--file", help='name of the Modelfile (default "Modelfile"; none there: the current directory is the model)')
+    p.add_argument("-q", "--quantize", help="quantize the model to this level (Ollama's; vLLM serves published "
+                   "quantizations: vllama's server refuses it and says so)")
+    p.add_argument("--experimental", action="store_true",
+                   help="Ollama's direct safetensors import; not needed with vLLM (a note, then created as without it)")
 
     p = command("show", commands.cmd_show, "show a model's details (--modelfile, --template, --parameters)",
                 "Show a model's details.")
