@@ -39,7 +39,7 @@ def vllama(proxy, *args: str, stdin: str = "", host: str | None = None) -> subpr
 
 
 def test_commands_constant():
-    assert COMMANDS == ("list", "ps", "create", "show", "pull", "run", "stop", "cp", "rm", "usage")
+    assert COMMANDS == ("list", "ps", "create", "show", "pull", "run", "stop", "cp", "rm", "usage", "launch")
     assert main("nope", []) == 2
 
 

@@ -126,7 +126,8 @@ def resolve_models(settings: Settings) -> ResolvedModels:
     from vllama_proxy.models.resolved import resolve_models as resolve
 
     try:
-        return resolve(settings.configured_models(), library_path=settings.library, state_dir=settings.state_dir)
+        return resolve(settings.configured_models(), library_path=settings.library, state_dir=settings.state_dir,
+                       detect_parsers=settings.detect_parsers)
     except LibraryError as e:
         print(f"vllama serve: {e}", file=sys.stderr)
     except ModelNotFound as e:
@@ -162,8 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     from .logs import configure_logging
 
     settings = load_settings(rest)
+    configure_logging(settings.log_level, settings.log_format)  # before resolving: it logs what it detects
     resolved = resolve_models(settings)
-    configure_logging(settings.log_level, settings.log_format)
     from vllama_proxy.supervisor.sizing import resolve
 
     settings, front = resolve(settings, list(resolved.specs))  # --workers auto -> a number, and each vLLM's API servers

@@ -345,6 +345,10 @@ class Settings(BaseSettings):
     max_aliases: int = Field(
         256, ge=0, description="Most aliases /api/copy may make (each is listed in every /api/tags).",
     )
+    detect_parsers: bool = Field(
+        True, description="A model no library name describes (a directory, a cached hub id) gets the vLLM tool and reasoning "
+        "parsers its chat template tells (logged as parsers_detected); flags it is given win (docs/agents.md).",
+    )
     on_demand_admin_only: bool = Field(
         False, description="Only admin keys start a model that is not loaded; user keys use the models already loaded.",
     )

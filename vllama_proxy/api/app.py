@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, error_body, error_response
+from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, anthropic_error_body, error_body, error_response
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
@@ -38,12 +38,14 @@ from . import access, admission, keys
 from .ledger import ERROR, Ledger, record_request
 from .ledger_store import open_store
 from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
-from .routes import admin, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
+from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
 from .app_keys import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Anthropic's routes: their errors in Anthropic's shape (errors.py), which Claude Code and the SDK read.
+_ANTHROPIC = "/v1/messages"
 #: A client's X-Request-ID is kept only if it is plain (it lands in every log line).
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -78,7 +80,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
-        resp = error_response(e)
+        resp = error_response(e, "anthropic" if request.path.startswith(_ANTHROPIC) else "ollama")
         if request.get(CLOSE_AFTER):
             resp.force_close()
         return resp
@@ -90,7 +92,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         if e.empty_body or status < 400:
             raise
         text = "404 page not found" if status == 404 else (e.reason or "").lower()
-        return web.Response(status=status, body=error_body(text), content_type="application/json", headers=_allow(e))
+        body = anthropic_error_body(status, text) if request.path.startswith(_ANTHROPIC) else error_body(text)
+        return web.Response(status=status, body=body, content_type="application/json", headers=_allow(e))
     except asyncio.CancelledError:
         status = 499  # Ollama: client gone -> "request canceled"
         raise
@@ -112,8 +115,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health", "/api/usage", "/admin", "/admin/login",
-                      "/admin/logout"})
+_UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "/metrics", "/health", "/api/usage", "/admin",
+                      "/admin/login", "/admin/logout"})
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -224,7 +227,8 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if slots is not None:
         on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=resolved.library,
                              allow=settings.on_demand_models, vllm_args=settings.vllm_args, keep_alive=settings.keep_alive,
-                             load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models")
+                             load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models",
+                             detect_parsers=settings.detect_parsers)
     aliases = dict(settings.alias)
     for spec in resolved.specs:
         aliases.update({a: spec.served_name for a in spec.aliases})
@@ -263,6 +267,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
         ("GET", "/api/version", meta.version),
+        ("GET", "/api/status", meta.status),  # Ollama 0.16.2: its cloud's status
         ("GET", "/livez", health.livez),
         ("GET", "/readyz", health.readyz),
         ("GET", "/health", health.health),  # vLLM's, for vllm-router (docs/fleet.md)
@@ -285,6 +290,9 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         ("POST", "/api/copy", manage.copy),
         ("DELETE", "/api/delete", hub.delete),
         ("*", "/api/blobs/{digest}", blobs.blob),
+        ("POST", "/v1/messages", agents.messages),  # Claude Code (Ollama 0.14)
+        ("POST", "/v1/messages/count_tokens", agents.count_tokens),
+        ("POST", "/v1/responses", agents.responses),  # Codex (Ollama 0.13.3)
         ("*", "/v1/{tail:.*}", openai.passthrough),
     ]
     for method, path, handler in routes:

@@ -302,7 +302,8 @@ METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
 
 def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Find the request's key: ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and the
-    metrics routes (unless ``metrics_open``); 401 without a known one, 403 for a user's call of an
+    metrics routes (unless ``metrics_open``), or Anthropic's ``x-api-key: <key>`` on ``/v1/messages*``;
+    401 without a known one, 403 for a user's call of an
     admin route. ``/readyz`` takes a key when one is sent (its details are for key holders)."""
     guarded = frozenset() if metrics_open else METRICS_PATHS
 
@@ -315,6 +316,8 @@ def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Await
         if request.method == "OPTIONS" or not (needed or "Authorization" in request.headers):
             return await handler(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if not scheme and path.startswith("/v1/messages"):  # Anthropic's own header (its SDK, Claude Code's ANTHROPIC_API_KEY)
+            scheme, token = "bearer", request.headers.get("x-api-key", "")
         # headers arrive decoded with surrogateescape: encode back to the bytes sent
         key = ring.find(token.strip().encode("utf-8", "surrogateescape")) if scheme.lower() == "bearer" else None
         if key is None:

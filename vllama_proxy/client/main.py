@@ -17,7 +17,7 @@ import sys
 
 from vllama_proxy import CliParser
 
-from . import commands, usage
+from . import commands, launch, usage
 from .api_client import ApiError, Client, ConnectError
 from .create import cmd_create
 
@@ -37,9 +37,9 @@ def parse_think(value: str | None) -> bool | str | None:
         return True
     if value in ("false", "0", "no", "off"):
         return False
-    if value in ("low", "medium", "high"):
+    if value in ("low", "medium", "high", "max"):
         return value
-    raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high)")
+    raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high, max)")
 
 
 def build_parser() -> CliParser:
@@ -114,6 +114,9 @@ def build_parser() -> CliParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the server's JSON answer")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
+    p = command("launch", launch.cmd_launch, "start a coding agent (claude, codex, opencode) pointed at vllama",
+                "Start a coding agent pointed at vllama: `vllama launch TOOL [--model M] [--config] [-- TOOL ARGS]`.")
+    launch.add_arguments(p)
     return parser
 
 
@@ -141,10 +144,13 @@ def main(command: str, argv: list[str]) -> int:
         return 2
     if command == "run":  # a bare --think must not swallow the model name
         argv = ["--think=true" if a == "--think" else a for a in argv]
+    argv, extra = launch.split_extra(argv) if command == "launch" else (argv, [])
     try:
         args = sub.parse_intermixed_args(argv)  # flags may follow the prompt words
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    if extra:
+        args.args = extra
     if command == "run" and args.model is None:  # Ollama: "requires at least 1 arg(s)"; the prompt is optional
         print("vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)",
               file=sys.stderr)
