@@ -66,7 +66,7 @@ def test_a_body_that_is_not_gzip_is_a_plain_400_and_no_traceback(fake, tmp_path)
     ("/api/chat", {"model": "fake-model", "messages": [{"role": "wizard", "content": "x"}]},
      'invalid messages[0].role: must be "system", "user", "assistant" or "tool", not "wizard"'),
     ("/api/chat", {"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "think": "maybe"},
-     'invalid think: must be true, false, "low", "medium" or "high", not "maybe"'),
+     'invalid think: must be true, false, "low", "medium", "high" or "max", not "maybe"'),
     ("/api/generate", {"model": "fake-model", "prompt": "x", "options": {"temperature": "hot"}},
      'invalid options.temperature: must be a number, not "hot"'),
     ("/api/generate", {"model": "fake-model", "prompt": "x", "keep_alive": "forever"},
