@@ -18,7 +18,7 @@ set -u
 OUT=${OUT:-/tmp/gpu-out} MODEL=${MODEL:-tests/assets/tool-model} PORT=${PORT:-11434}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH \
-  HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
+  HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 URL=http://127.0.0.1:$PORT
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
