@@ -109,6 +109,10 @@ def test_vllm_routes_that_change_the_server_are_an_admins_and_unlisted_ones_are_
         for key in ("sk-root", "sk-bob"):
             r = httpx.post(s.url + path, json={"model": "prod"}, headers=_auth(key))
             assert r.status_code == 404 and r.json() == {"error": "404 page not found"}, (path, key)  # vllama's, not vLLM's
+    # a listed /v1 path's other methods: 405 from vllama, not relayed either
+    for method in ("GET", "OPTIONS", "PUT"):
+        r = httpx.request(method, s.url + "/v1/chat/completions", headers=_auth("sk-root"))
+        assert r.status_code == 405 and r.json() == {"error": "method not allowed"} and r.headers["Allow"] == "POST", method
     # a stored response is looked up by id alone: an admin's
     assert httpx.get(s.url + "/v1/responses/resp_1", headers=_auth("sk-bob")).status_code == 403
     # inference still reaches vLLM for a user

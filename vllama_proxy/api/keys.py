@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from vllama_proxy.errors import Forbidden, Unauthorized
 from vllama_proxy.logs import get_logger
-from .route_roles import ADMIN, WHAT, Route, route_of
+from .route_roles import ADMIN, WHAT, Route, methods_of, route_of
 
 try:
     import tomllib
@@ -273,11 +273,13 @@ def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Await
 
     @web.middleware
     async def keys(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "OPTIONS":
-            return await handler(request)  # CORS preflights are answered before (access.py)
+        # (CORS preflights were answered before, access.py: any other OPTIONS is decided like the rest)
         route = route_of(request.method, request.path, metrics_open=metrics_open)
-        if route.roles is None and not route.known_path:
-            raise web.HTTPNotFound()  # not in the table: answered here, never relayed
+        if route.roles is None:
+            if not route.known_path:
+                raise web.HTTPNotFound()  # not in the table: answered here, never relayed
+            if request.path.startswith("/v1/"):  # a relayed path's other method: answered here too
+                raise web.HTTPMethodNotAllowed(request.method, methods_of(request.path))
         if not ring.configured:
             return await handler(request)  # open server: everyone is OPEN (an admin)
         needed = route.roles is None or bool(route.roles)  # a listed path's other method: a key, then 405

@@ -143,3 +143,11 @@ def listed(method: str, path: str) -> bool:
     if method == "*":
         return any(p == path for _, p in ROUTES)
     return (method, path) in ROUTES
+
+
+def methods_of(path: str) -> list[str]:
+    """The methods :data:`ROUTES` lists for ``path`` (``HEAD`` with ``GET``), for a 405's ``Allow``."""
+    found = {m for (m, p) in _EXACT if p == path} | {m for m, _, pattern, _ in _PATTERNS if pattern.fullmatch(path)}
+    if "GET" in found:
+        found.add("HEAD")
+    return sorted(found)
