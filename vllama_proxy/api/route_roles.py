@@ -100,6 +100,7 @@ def _compile(path: str) -> re.Pattern[str]:
 
 
 _EXACT: dict[tuple[str, str], frozenset[str]] = {k: v for k, v in ROUTES.items() if "{" not in k[1]}
+_EXACT_PATHS = frozenset(p for _, p in _EXACT)
 _PATTERNS: list[tuple[str, str, re.Pattern[str], frozenset[str]]] = [
     (m, p, _compile(p), roles) for (m, p), roles in ROUTES.items() if "{" in p]
 
@@ -119,16 +120,14 @@ def route_of(method: str, path: str, *, metrics_open: bool = False) -> Route:
 
     Two dict lookups for a listed fixed path; a path with a parameter is matched against the few
     templates (``/api/blobs/{digest}``, ``/v1/models/{model}``, ``/v1/responses/{id}``)."""
-    if method == "HEAD" and (method, path) not in _EXACT:
-        method_get = "GET"
-    else:
-        method_get = method
-    roles = _EXACT.get((method_get, path))
+    roles = _EXACT.get((method, path))
+    if roles is None and method == "HEAD":
+        roles = _EXACT.get(("GET", path))
     if roles is not None:
         if metrics_open and roles is METRICS:
             roles = OPEN
         return Route(path, roles, True)
-    known = any(p == path for _, p in _EXACT)
+    known = path in _EXACT_PATHS
     for m, template, pattern, r in _PATTERNS:
         if pattern.fullmatch(path):
             if m == method or (m == "GET" and method == "HEAD"):
