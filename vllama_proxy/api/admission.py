@@ -24,6 +24,7 @@ from aiohttp import web
 from vllama_proxy.errors import ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
+from .budgets import check as check_budget
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
 from .routes.body import read_body
@@ -190,6 +191,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return await handler(request)
         await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
+        check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
         if got < 0:
             QUEUE_REJECTIONS.inc()

@@ -12,6 +12,8 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
     max_in_flight = 8         # its own bound on requests in flight (429 beyond it)
     max_tokens = 4096         # most tokens one answer may generate (num_predict, max_tokens clamped)
     priority = 0              # higher is served first by vLLM (with fair sharing on)
+    budget_tokens = 2000000   # prompt + output tokens it may use per budget_period (429 beyond it)
+    budget_period = "month"   # "day" or "month" (UTC; default month)
 
 Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
 an admin's): a **user** runs inference on the models it may use, lists and shows those, and
@@ -78,6 +80,8 @@ class KeyEntry(BaseModel):
     max_in_flight: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
+    budget_tokens: int | None = Field(None, ge=0)
+    budget_period: Literal["day", "month"] = "month"
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
@@ -98,6 +102,9 @@ class Key:
         max_tokens: most tokens one answer may generate, in tokens (``None``: the model's context).
         priority: higher is served first by vLLM.
         slot: its per-key counter's index (:data:`KEY_SLOTS`).
+        budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
+            ``api/budgets.py`` checks it against the usage ledger).
+        budget_period: ``day`` or ``month`` (UTC).
     """
 
     name: str
@@ -107,6 +114,8 @@ class Key:
     priority: int = 0
     slot: int = 0
     max_tokens: int | None = None
+    budget_tokens: int | None = None
+    budget_period: str = "month"
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -176,7 +185,7 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
         names.add(e.name)
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
         out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
-                                max_tokens=e.max_tokens)))
+                                max_tokens=e.max_tokens, budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
     return out
 
 
@@ -202,6 +211,14 @@ class KeyRing:
     @property
     def keys(self) -> list[Key]:
         return list(self._by_digest.values())
+
+    def named(self, name: str) -> tuple[str, Key] | None:
+        """``(sha256 hex of its secret, Key)`` of the key called ``name``, or ``None`` (the admin
+        page's cookie is signed with the digest: ``routes/admin.py``)."""
+        for digest, key in self._by_digest.items():
+            if key.name == name:
+                return digest, key
+        return None
 
     def find(self, token: bytes) -> Key | None:
         """The key whose secret is ``token``, or ``None``."""
@@ -267,9 +284,10 @@ def _refusal(key: Key, route: Route, method: str) -> Forbidden:
 def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Decide every request by ``route_roles.ROUTES`` before anything else runs: a route not listed
     is 404 (never relayed, whatever the key); a listed one needs ``Authorization: Bearer <key>``
-    unless it is open (the probes; the metrics routes with ``metrics_open``): 401 without a known
-    key, 403 when the key's role may not reach it. ``/readyz`` takes a key when one is sent (its
-    details are for key holders). With no key configured every caller is an admin."""
+    (or Anthropic's ``x-api-key: <key>`` on ``/v1/messages*``) unless it is open (the probes; the
+    metrics routes with ``metrics_open``): 401 without a known key, 403 when the key's role may not
+    reach it. ``/readyz`` takes a key when one is sent (its details are for key holders). With no
+    key configured every caller is an admin."""
 
     @web.middleware
     async def keys(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -286,6 +304,8 @@ def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Await
         if not (needed or "Authorization" in request.headers):
             return await handler(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if not scheme and request.path.startswith("/v1/messages"):  # Anthropic's own header (its SDK, Claude Code's ANTHROPIC_API_KEY)
+            scheme, token = "bearer", request.headers.get("x-api-key", "")
         # headers arrive decoded with surrogateescape: encode back to the bytes sent
         key = ring.find(token.strip().encode("utf-8", "surrogateescape")) if scheme.lower() == "bearer" else None
         if key is None:

@@ -38,6 +38,13 @@ ROUTES: Mapping[tuple[str, str], frozenset[str]] = {
     ("GET", "/readyz"): OPEN,  # its details only for a key (routes/health.py)
     ("GET", "/health"): OPEN,  # vLLM's, for vllm-router (docs/fleet.md)
     ("GET", "/api/version"): ANY_KEY,
+    ("GET", "/api/status"): ANY_KEY,  # Ollama's cloud status: always off here
+    # the operator's page: it signs in by itself (an admin key once, then a cookie: routes/admin.py)
+    ("GET", "/admin"): OPEN,
+    ("POST", "/admin/login"): OPEN,
+    ("POST", "/admin/logout"): OPEN,
+    # the usage ledger: a user's own, an admin's every key's (routes/usage.py)
+    ("GET", "/api/usage"): USER,
     # Prometheus: every key's and every model's numbers, so an admin's or a scraper's
     ("GET", "/metrics"): METRICS,
     ("GET", "/vllm/metrics"): METRICS,
@@ -67,9 +74,9 @@ ROUTES: Mapping[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/audio/translations"): USER,
     ("POST", "/v1/rerank"): USER,
     ("POST", "/v1/score"): USER,
-    ("POST", "/v1/messages"): USER,  # vLLM's Anthropic Messages API
+    ("POST", "/v1/messages"): USER,  # Anthropic's Messages API (routes/agents.py)
     ("POST", "/v1/messages/count_tokens"): USER,
-    ("POST", "/v1/responses"): USER,
+    ("POST", "/v1/responses"): USER,  # OpenAI's Responses API (routes/agents.py)
     # a stored response by id: vllama cannot tell whose it is, so an admin's
     ("GET", "/v1/responses/{response_id}"): ADMIN,
     ("POST", "/v1/responses/{response_id}/cancel"): ADMIN,
