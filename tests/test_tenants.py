@@ -256,6 +256,14 @@ def test_output_tokens_are_clamped_to_the_context_and_to_a_keys_cap(prod_new_key
     r = httpx.post(s.url + "/v1/completions", headers=_auth("sk-carol"), json={"model": "prod", "prompt": "x", "max_tokens": 3})
     assert r.json()["usage"]["completion_tokens"] == 3  # below the cap: as asked
     assert [c["body"]["max_tokens"] for c in _sent(s, "/v1/chat/completions")] == [5, 5, 5]  # generate, chat, /v1
+    # the agents' routes too: Anthropic's max_tokens, the Responses API's max_output_tokens
+    r = httpx.post(s.url + "/v1/messages", headers={"x-api-key": "sk-carol"},
+                   json={"model": "prod", "max_tokens": 32000, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200, r.text
+    r = httpx.post(s.url + "/v1/responses", headers=_auth("sk-carol"), json={"model": "prod", "input": "x"})
+    assert r.status_code == 200, r.text
+    assert [m["body"]["max_tokens"] for m in _sent(s, "/v1/messages")] == [5]
+    assert [m["body"]["max_output_tokens"] for m in _sent(s, "/v1/responses")] == [5]
 
 
 def test_a_global_connection_cap_holds_across_client_addresses(serve, hub):
