@@ -468,6 +468,7 @@ def test_the_example_keys_file_parses():
     keys = {k.name: k for _, k in parse_keys_file(ROOT / "deploy" / "keys.example.toml")}
     assert keys["ops"].admin and not keys["batch"].admin and keys["batch"].max_in_flight == 256
     assert keys["batch"].may_use("qwen2.5:7b") and not keys["batch"].may_use("llama3.2")
+    assert keys["batch"].max_tokens == 4096 and keys["prometheus"].role == "metrics"
 
 
 def test_a_keys_file_that_does_not_parse_stops_the_start_with_its_reason(tmp_path):

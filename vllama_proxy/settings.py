@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     metrics_open: bool = Field(
         False,
         description="Serve /metrics and /vllm/metrics without an API key (for a scraper that sends none); by default "
-        "both need one whenever --api-key is set, like /api/* and /v1/* (/, /livez and /readyz are always open).",
+        "both need an admin key or a metrics-role key whenever keys are set (/, /livez and /readyz are always open).",
     )
     origins: list[str] = Field(
         default_factory=list,
@@ -365,8 +365,13 @@ class Settings(BaseSettings):
     )
     max_connections_per_address: int | None = Field(
         None, ge=1,
-        description="Open connections one client address may hold in each vllama process (default: a quarter of the "
-        "process's open-file limit); more are closed at once.",
+        description="Open connections one client may hold in each vllama process, an IPv4 address or an IPv6 /64 "
+        "(default: a quarter of the process's open-file limit); more are closed at once.",
+    )
+    max_connections: int | None = Field(
+        None, ge=1,
+        description="Open client connections in all in each vllama process (default: half the process's open-file "
+        "limit less 256, logged at start as connection_caps); more are closed at once.",
     )
     max_small_body_size: int = Field(
         1024 * 1024, gt=0,

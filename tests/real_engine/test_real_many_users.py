@@ -58,3 +58,34 @@ def test_keys_file_runs_vllm_with_priority_scheduling_and_requests_carry_priorit
         time.sleep(0.1)
     assert got == want
     assert httpx.get(v.url + "/readyz").json() == {"state": "ready"}
+
+
+#: Stop strings a random tiny model's answer meets within a few tokens (a whole context would be slow on CPU).
+STOPS = ["e", "t", "a", " "]  # vLLM takes at most 4
+
+
+def test_the_real_vllm_gets_only_what_vllama_parsed_and_output_tokens_it_can_hold(start_real, tiny_model):
+    """Issue 38 on the real vLLM 0.32: a body vllama cannot parse is answered by vllama (vLLM never
+    sees it); ``max_tokens`` above ``max_model_len`` is vLLM 0.32's 400, so ``num_predict: 1000000``
+    (fine in Ollama) and ``max_tokens: 1000000`` are clamped to the context less the prompt; a
+    key's ``max_tokens`` caps every answer."""
+    keys = tiny_model.parent / "keys-38.toml"
+    keys.write_text('[[keys]]\nname = "root"\nkey = "sk-root"\nrole = "admin"\n\n'
+                    '[[keys]]\nname = "carol"\nkey = "sk-carol"\nmax_tokens = 2\n')
+    v = start_real("tenants", model=tiny_model, flags=["--served-model-name", "tiny", "--api-key-file", str(keys)],
+                   vllm_args=BASE_ARGS)
+    v.wait_ready()
+    root = {"Authorization": "Bearer sk-root"}
+    r = httpx.post(v.url + "/v1/completions", content=b'{"model": "tiny", "prompt": "hi", "max_tokens": 1, "temperature": NaN}',
+                   headers={**root, "Content-Type": "application/json"}, timeout=300)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError" and "invalid JSON" in r.json()["error"]["message"]
+    client = ollama.Client(host=v.url, headers=root, timeout=300)
+    r = client.generate(model="tiny", prompt="hi", options={"temperature": 0, "num_predict": 1_000_000, "stop": STOPS})
+    assert r.done
+    oa = openai.OpenAI(base_url=v.url + "/v1", api_key="sk-root")
+    c = oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1_000_000, stop=STOPS)
+    assert c.choices[0].finish_reason in ("length", "stop")
+    carol = openai.OpenAI(base_url=v.url + "/v1", api_key="sk-carol")
+    c = carol.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=50,
+                                      extra_body={"ignore_eos": True})
+    assert c.usage.completion_tokens == 2

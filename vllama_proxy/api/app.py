@@ -34,7 +34,7 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
-from . import access, admission, keys
+from . import access, admission, keys, route_roles
 from .ledger import ERROR, Ledger, record_request
 from .ledger_store import open_store
 from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
@@ -296,6 +296,9 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         ("*", "/v1/{tail:.*}", openai.passthrough),
     ]
     for method, path, handler in routes:
+        # every route is decided by route_roles.ROUTES (a relayed /v1 route by its own line there)
+        if path != "/v1/{tail:.*}" and not route_roles.listed(method, path):
+            raise RuntimeError(f"{method} {path} has no line in api/route_roles.py ROUTES: say which roles may reach it")
         if method == "GET":
             app.router.add_get(path, handler, expect_handler=expect_continue)
         else:

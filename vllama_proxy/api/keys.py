@@ -7,9 +7,10 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
     [[keys]]
     name = "alice"            # in logs and metrics; never the secret
     key = "sk-alice-..."      # or: sha256 = "<hex SHA-256 of the key>"
-    role = "user"             # "admin" or "user" (default)
+    role = "user"             # "admin", "user" (default) or "metrics" (a Prometheus scraper)
     models = ["qwen2.5:*"]    # names or shell patterns it may use (default: every model)
     max_in_flight = 8         # its own bound on requests in flight (429 beyond it)
+    max_tokens = 4096         # most tokens one answer may generate (num_predict, max_tokens clamped)
     priority = 0              # higher is served first by vLLM (with fair sharing on)
     budget_tokens = 2000000   # prompt + output tokens it may use per budget_period (429 beyond it)
     budget_period = "month"   # "day" or "month" (UTC; default month)
@@ -17,8 +18,9 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
 Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
 an admin's): a **user** runs inference on the models it may use, lists and shows those, and
 loads one (an empty prompt). Only an **admin** pulls, deletes, copies, creates, pushes, unloads a
-model that others are using (``keep_alive: 0``), and, with ``--on-demand-admin-only``, starts a
-model that is not loaded. Refusals are Ollama-style ``{"error"}``: 401 for no or an unknown key,
+model that others are using (``keep_alive: 0``), reaches vLLM's routes that change the server
+(runtime LoRA adapters), reads the metrics, and, with ``--on-demand-admin-only``, starts a model
+that is not loaded. A **metrics** key reads ``/metrics`` and ``/vllm/metrics`` and nothing else. Refusals are Ollama-style ``{"error"}``: 401 for no or an unknown key,
 403 naming what the role may not do, 429 with ``Retry-After`` over a key's own limit.
 
 A key is found by the SHA-256 of what the client sends (one hash and one dict lookup, no
@@ -27,15 +29,15 @@ comparison that stops at the first differing byte). The file is read again on ``
 longer parses leaves the keys as they were (logged). With no key configured the server is
 open and every caller is an admin, as Ollama is.
 
-Routes that need an admin: :data:`ADMIN_ROUTES` (checked by :func:`middleware`), or a handler
-wrapped with :func:`admin_only`, or a check inside a handler with :func:`require_admin`.
+Which role reaches which route is ``route_roles.py``'s one table (checked by :func:`middleware`
+before anything else runs: a route not in it is 404 and never relayed); a check inside a handler
+uses :func:`require_admin`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import hashlib
 import zlib
 from collections.abc import Awaitable, Callable, Iterable
@@ -48,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from vllama_proxy.errors import Forbidden, Unauthorized
 from vllama_proxy.logs import get_logger
+from .route_roles import ADMIN, WHAT, Route, methods_of, route_of
 
 try:
     import tomllib
@@ -62,15 +65,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KEY = "vllama.key"
 #: Per-key counters in shared memory (``admission.py``): a key's slot is a hash of its name.
 KEY_SLOTS = 1024
-#: ``(method, path prefix)`` of the routes only an admin may call. Another module adds its own
-#: admin routes with :func:`admin_only` (or ``ADMIN_ROUTES |= {...}`` before ``build_app``).
-ADMIN_ROUTES: set[tuple[str, str]] = {
-    ("POST", "/api/pull"), ("DELETE", "/api/delete"), ("POST", "/api/copy"), ("POST", "/api/create"),
-    ("POST", "/api/push"), ("POST", "/api/blobs/"), ("HEAD", "/api/blobs/"),
-}
-#: What each admin route does, for the 403's words.
-_WHAT = {"/api/pull": "pull models", "/api/delete": "delete models", "/api/copy": "copy models",
-         "/api/create": "create models", "/api/push": "push models", "/api/blobs/": "upload blobs"}
 
 
 class KeyEntry(BaseModel):
@@ -81,9 +75,10 @@ class KeyEntry(BaseModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@:-]+$")
     key: SecretStr | None = None
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
-    role: Literal["admin", "user"] = "user"
+    role: Literal["admin", "user", "metrics"] = "user"
     models: list[str] = Field(default_factory=list)
     max_in_flight: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
     budget_tokens: int | None = Field(None, ge=0)
     budget_period: Literal["day", "month"] = "month"
@@ -101,9 +96,10 @@ class Key:
 
     Attributes:
         name: its name (logs, metrics, the per-key counter).
-        role: ``admin`` or ``user``.
+        role: ``admin``, ``user`` or ``metrics`` (``route_roles.py``: what each may reach).
         models: names or shell patterns it may use (empty: every model).
         max_in_flight: its own bound on requests in flight (``None``: only its fair share).
+        max_tokens: most tokens one answer may generate, in tokens (``None``: the model's context).
         priority: higher is served first by vLLM.
         slot: its per-key counter's index (:data:`KEY_SLOTS`).
         budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
@@ -117,6 +113,7 @@ class Key:
     max_in_flight: int | None = None
     priority: int = 0
     slot: int = 0
+    max_tokens: int | None = None
     budget_tokens: int | None = None
     budget_period: str = "month"
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -188,7 +185,7 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
         names.add(e.name)
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
         out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
-                                budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
+                                max_tokens=e.max_tokens, budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
     return out
 
 
@@ -241,7 +238,7 @@ class KeyRing:
         for digest, key in sorted(found, key=lambda x: x[1].name):
             s = slot_of(key.name, taken)
             taken.add(s)
-            by_digest[digest] = dataclasses.replace(key, slot=s)
+            by_digest[digest] = dataclasses.replace(key, slot=s, _cache={})
         self._by_digest = by_digest
 
     def reload(self) -> bool:
@@ -277,46 +274,37 @@ def require_admin(request: web.Request, what: str) -> None:
         raise Forbidden(f"key '{key.name}' (role {key.role}) may not {what}: that needs an admin key")
 
 
-def admin_only(handler: Handler) -> Handler:
-    """Decorator: the route needs an admin key (403 otherwise), whatever its path."""
-
-    @functools.wraps(handler)
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        require_admin(request, _WHAT.get(request.path, f"call {request.method} {request.path}"))
-        return await handler(request)
-
-    return guarded
-
-
-def _admin_route(method: str, path: str) -> str | None:
-    for m, prefix in ADMIN_ROUTES:
-        if m == method and (path == prefix or (prefix.endswith("/") and path.startswith(prefix))):
-            return _WHAT.get(prefix, f"call {method} {prefix}")
-    return None
-
-
-#: The proxy's and vLLM's Prometheus metrics: guarded like /api/* unless ``--metrics-open``. The probes
-#: (``/``, ``/livez``, ``/readyz``, ``/health``) and every other path outside /api/ and /v1/ are open.
-METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
+def _refusal(key: Key, route: Route, method: str) -> Forbidden:
+    """The 403 for ``key`` on a route its role may not reach, naming what it may not do."""
+    what = WHAT.get(route.path or "", f"call {method} {route.path}")
+    needs = "an admin key" if route.roles == ADMIN else f"a key of role {' or '.join(sorted(route.roles or ()))}"
+    return Forbidden(f"key '{key.name}' (role {key.role}) may not {what}: that needs {needs}")
 
 
 def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Find the request's key: ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and the
-    metrics routes (unless ``metrics_open``), or Anthropic's ``x-api-key: <key>`` on ``/v1/messages*``;
-    401 without a known one, 403 for a user's call of an
-    admin route. ``/readyz`` takes a key when one is sent (its details are for key holders)."""
-    guarded = frozenset() if metrics_open else METRICS_PATHS
+    """Decide every request by ``route_roles.ROUTES`` before anything else runs: a route not listed
+    is 404 (never relayed, whatever the key); a listed one needs ``Authorization: Bearer <key>``
+    (or Anthropic's ``x-api-key: <key>`` on ``/v1/messages*``) unless it is open (the probes; the
+    metrics routes with ``metrics_open``): 401 without a known key, 403 when the key's role may not
+    reach it. ``/readyz`` takes a key when one is sent (its details are for key holders). With no
+    key configured every caller is an admin."""
 
     @web.middleware
     async def keys(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # (CORS preflights were answered before, access.py: any other OPTIONS is decided like the rest)
+        route = route_of(request.method, request.path, metrics_open=metrics_open)
+        if route.roles is None:
+            if not route.known_path:
+                raise web.HTTPNotFound()  # not in the table: answered here, never relayed
+            if request.path.startswith("/v1/"):  # a relayed path's other method: answered here too
+                raise web.HTTPMethodNotAllowed(request.method, methods_of(request.path))
         if not ring.configured:
             return await handler(request)  # open server: everyone is OPEN (an admin)
-        path = request.path
-        needed = path.startswith(("/api/", "/v1/")) or path in guarded
-        if request.method == "OPTIONS" or not (needed or "Authorization" in request.headers):
+        needed = route.roles is None or bool(route.roles)  # a listed path's other method: a key, then 405
+        if not (needed or "Authorization" in request.headers):
             return await handler(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if not scheme and path.startswith("/v1/messages"):  # Anthropic's own header (its SDK, Claude Code's ANTHROPIC_API_KEY)
+        if not scheme and request.path.startswith("/v1/messages"):  # Anthropic's own header (its SDK, Claude Code's ANTHROPIC_API_KEY)
             scheme, token = "bearer", request.headers.get("x-api-key", "")
         # headers arrive decoded with surrogateescape: encode back to the bytes sent
         key = ring.find(token.strip().encode("utf-8", "surrogateescape")) if scheme.lower() == "bearer" else None
@@ -325,10 +313,8 @@ def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Await
                 return await handler(request)  # a probe with a wrong key: still a probe
             raise Unauthorized("unauthorized: send Authorization: Bearer <api key>")
         request[KEY] = key
-        if not key.admin:
-            what = _admin_route(request.method, path)
-            if what is not None:
-                raise Forbidden(f"key '{key.name}' (role {key.role}) may not {what}: that needs an admin key")
+        if route.roles and key.role not in route.roles:
+            raise _refusal(key, route, request.method)
         return await handler(request)
 
     return keys

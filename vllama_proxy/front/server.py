@@ -31,7 +31,7 @@ from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
 from .fleet import Registration, RouterChild
 from .sdnotify import Notifier, attach, run_watchdog
-from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
+from .site import connection_caps, raise_nofile_limit, start_site, wait_for_signal
 from .workers import WorkerPool
 
 log = get_logger("vllama.server")
@@ -128,7 +128,7 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
     backends = [BackendSpec(url=settings.upstream)]
     app = build_app(settings, resolved, backends, front=front, bound=bound)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
-                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
+                             idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     workers = WorkerPool(settings, resolved, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
@@ -281,7 +281,7 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
     app = build_app(settings, resolved, backends, front=front, bound=bound, slots=slots)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
-                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
+                             idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     # vLLM first: its start (a minute or more) is the long pole, and each spawned worker takes
     # about a second to import before it reads its arguments; 4 workers spawned one after the
     # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md, issue 28)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import ipaddress
 import resource
 import signal
 from collections.abc import Callable
@@ -46,10 +47,27 @@ def raise_nofile_limit() -> int:
     return soft
 
 
+def client_of(addr: str) -> str:
+    """The unit one client's connections count in: an IPv4 address as is (an IPv4-mapped IPv6
+    one too), an IPv6 address by its /64 (issue 38: one host holds a whole /64, and walking its
+    addresses must not multiply its share)."""
+    if ":" not in addr:
+        return addr
+    try:
+        ip = ipaddress.IPv6Address(addr.partition("%")[0])
+    except ValueError:
+        return addr
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+
+
 class _CappedHandler(RequestHandler):
-    """aiohttp's connection handler, counting open connections per client address: one over
-    :data:`_CAP` is closed as soon as it is made (issue 27: ~20,000 idle connections from one
-    client exhausted the process's open files and everyone else got read errors)."""
+    """aiohttp's connection handler, counting open connections per client (:func:`client_of`) and
+    in all: one over :data:`_CAP` for its client, or over :data:`_TOTAL_CAP` in this process, is
+    closed as soon as it is made (issue 27: ~20,000 idle connections from one client exhausted the
+    process's open files and everyone else got read errors; issue 38: an IPv6 /64, or a few IPv4
+    addresses, could still do it together)."""
 
     __slots__ = ("_vllama_addr",)
 
@@ -58,26 +76,38 @@ class _CappedHandler(RequestHandler):
         self._vllama_addr = None
         peer = transport.get_extra_info("peername")
         addr = peer[0] if isinstance(peer, tuple) and peer else None
-        if addr is None or _CAP[0] <= 0:
+        if addr is None or (_CAP[0] <= 0 and _TOTAL_CAP[0] <= 0):
             return
-        if _OPEN[addr] >= _CAP[0]:
-            if addr not in _WARNED:
-                _WARNED.add(addr)
-                log.warning("connections_refused", client=addr, open=_OPEN[addr], limit=_CAP[0],
+        client = client_of(addr)
+        if 0 < _TOTAL_CAP[0] <= _TOTAL[0]:
+            if not _WARNED_TOTAL[0]:
+                _WARNED_TOTAL[0] = True
+                log.warning("connections_refused", client=client, open=_TOTAL[0], limit=_TOTAL_CAP[0],
+                            detail="--max-connections reached: new connections are closed")
+            self.force_close()
+            return
+        if 0 < _CAP[0] <= _OPEN[client]:
+            if client not in _WARNED:
+                _WARNED.add(client)
+                log.warning("connections_refused", client=client, open=_OPEN[client], limit=_CAP[0],
                             detail="--max-connections-per-address reached: new connections are closed")
             self.force_close()
             return
-        _OPEN[addr] += 1
-        self._vllama_addr = addr
+        _OPEN[client] += 1
+        _TOTAL[0] += 1
+        self._vllama_addr = client
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        addr = getattr(self, "_vllama_addr", None)
-        if addr is not None:
+        client = getattr(self, "_vllama_addr", None)
+        if client is not None:
             self._vllama_addr = None
-            _OPEN[addr] -= 1
-            if _OPEN[addr] <= 0:
-                del _OPEN[addr]
-                _WARNED.discard(addr)
+            _TOTAL[0] -= 1
+            if _TOTAL[0] < _TOTAL_CAP[0]:
+                _WARNED_TOTAL[0] = False
+            _OPEN[client] -= 1
+            if _OPEN[client] <= 0:
+                del _OPEN[client]
+                _WARNED.discard(client)
         super().connection_lost(exc)
 
 
@@ -93,19 +123,23 @@ class _Runner(web.AppRunner):
         return server
 
 
-#: Open connections per client address in this process, and the cap (0: none).
+#: Open connections per client (:func:`client_of`) in this process, and the cap (0: none).
 _OPEN: collections.Counter[str] = collections.Counter()
 _WARNED: set[str] = set()
 _CAP = [0]
+#: Open connections in all in this process, and the cap (0: none).
+_TOTAL = [0]
+_TOTAL_CAP = [0]
+_WARNED_TOTAL = [False]
 
 
 async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0, reuse_port: bool = False,
-                     *, idle_timeout: float | None = None, per_address: int = 0) -> web.AppRunner:
+                     *, idle_timeout: float | None = None, per_address: int = 0, total: int = 0) -> web.AppRunner:
     """Start serving ``app`` on ``host:port``; returns the runner to clean up.
 
     ``idle_timeout``: seconds a connection may wait for its first or next request (aiohttp's
-    ``keepalive_timeout``); ``per_address``: open connections one client address may hold here
-    (0: no cap).
+    ``keepalive_timeout``); ``per_address``: open connections one client (an IPv4 address, an IPv6
+    /64: :func:`client_of`) may hold here; ``total``: open connections in all here (0: no cap).
 
     Raises:
         SystemExit: the address cannot be bound (in use, not this host's): one line naming
@@ -117,6 +151,7 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
     ``drain_timeout`` seconds before cancelling them.
     """
     _CAP[0] = per_address
+    _TOTAL_CAP[0] = total
     extra = {"keepalive_timeout": idle_timeout} if idle_timeout is not None else {}
     runner = _Runner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout, **extra)
     await runner.setup()
@@ -170,3 +205,20 @@ def per_address_cap(given: int | None, nofile: int) -> int:
     """``--max-connections-per-address``, else a quarter of the open-file limit: one client may
     never take every file of a process (each stream holds two sockets)."""
     return given if given is not None else max(nofile // 4, 64)
+
+
+def total_cap(given: int | None, nofile: int) -> int:
+    """``--max-connections``, else half the open-file limit less 256 (each stream holds two
+    sockets, its client's and vLLM's; the rest is for vLLM's pool, logs, model files): the
+    clients together never take every file of a process (issue 38)."""
+    return given if given is not None else max(nofile // 2 - 256, 64)
+
+
+def connection_caps(settings_per_address: int | None, settings_total: int | None, nofile: int) -> dict[str, int]:
+    """``per_address`` and ``total`` for :func:`start_site`, chosen from the open-file limit unless
+    given, and logged once with where each came from."""
+    caps = {"per_address": per_address_cap(settings_per_address, nofile), "total": total_cap(settings_total, nofile)}
+    log.info("connection_caps", open_files=nofile, **caps,
+             per_address_from="--max-connections-per-address" if settings_per_address is not None else "open-file limit / 4",
+             total_from="--max-connections" if settings_total is not None else "open-file limit / 2 - 256")
+    return caps

@@ -48,12 +48,12 @@ def _worker_main(index: int, parent: int, settings: Settings, resolved: Resolved
 async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
                  bound: AdmissionBound, slots: Any = None) -> None:
     from vllama_proxy.api.app import build_app
-    from .site import per_address_cap, raise_nofile_limit, start_site, wait_for_signal
+    from .site import connection_caps, raise_nofile_limit, start_site, wait_for_signal
 
     nofile = raise_nofile_limit()
     app = build_app(settings, resolved, backends, worker=index, front=front, bound=bound, slots=slots)
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True,
-                             idle_timeout=settings.idle_timeout, per_address=per_address_cap(settings.max_connections_per_address, nofile))
+                             idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     log.info("worker_listening", worker=index, port=settings.port)
     try:
         await wait_for_signal(reload=_key_reloader(app, settings))

@@ -10,6 +10,9 @@ compared without ``:latest`` and without case, as Ollama's are):
 3. an alias from the configuration (``--alias``, ``[[models]] aliases``);
 4. an alias made with ``/api/copy`` (``aliases.py``: ``aliases.json``);
 5. a library name (``library.py``: ``qwen2.5:7b``) whose repo a served model was loaded from;
+   then a Hugging Face repo id (``acme/tiny-prod``, any case, any ``:revision``, an ``hf.co/``
+   prefix) of a served model's repo: the operator's instance answers it, and no on-demand slot
+   starts a second copy of the same weights (issue 38);
 6. a local model that starts on demand (``on_demand.py`` over ``local.py``: the Hugging Face
    cache and the models built from uploaded files) — asked by ``catalog.py`` after 1-5, because
    it may start a model; an alias of step 3 or 4 is asked there by its target (:meth:`Names.alias_target`).
@@ -82,6 +85,8 @@ class Names:
             m = next((v for k, v in models.items() if k.casefold() == folded), None)
         if m is None and self.library is not None:
             m = self._by_library_name(models, name)
+        if m is None:
+            m = by_repo_id(models, name)
         return m
 
     def alias_target(self, name: str) -> str | None:
@@ -114,3 +119,21 @@ class Names:
         except ModelNotFound:
             return None
         return next((m for m in models.values() if m.root.casefold() == repo), None)
+
+
+_HUB_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/")
+
+
+def by_repo_id(models: Mapping[str, ServedModel], name: str) -> ServedModel | None:
+    """Step 5's last part: the served model loaded from the Hugging Face repo ``name`` names
+    (``org/name``, ``org/name:<revision>``, any case, ``hf.co/`` prefixed), else ``None``. The
+    revision does not pick another copy: the operator serves one, and it answers."""
+    base = name.strip()
+    for prefix in _HUB_PREFIXES:
+        if base.casefold().startswith(prefix):
+            base = base[len(prefix):]
+            break
+    repo = base.partition(":")[0].casefold()
+    if repo.count("/") != 1:
+        return None
+    return next((m for m in models.values() if m.root.casefold() == repo), None)

@@ -403,21 +403,28 @@ class Supervisor:
         Closes the model to new requests only if none is in flight or waiting (one atomic step
         with the requests' own check, ``status.py``); a request that renewed keep_alive keeps it serving.
         """
-        why: Eviction | KeepAliveExpired = self._evict_reason or KEEP_ALIVE
+        # a slot claimed for another model ended this keep_alive early (slots.evict_idle): say so (issue 38)
+        why: Eviction | KeepAliveExpired = self._evict_reason or (SlotWanted() if self.board.release_asked else KEEP_ALIVE)
         renewed = self._evict_reason is None and time.time() < self.board.expires_at
         if renewed or not self.board.try_close():
             self._evict_reason = None
+            if renewed:
+                self.board.clear_release()  # used again: the claim looks for another model to unload
             return
         if self._evict_reason is None and time.time() < self.board.expires_at:
             self.board.reopen()  # a request ended (and renewed keep_alive) just before the close
             return
         try:
-            if not await self._can_sleep():
+            if isinstance(why, SlotWanted) or not await self._can_sleep():  # its slot is wanted: stop, do not sleep
                 await self._stop_child()
-                # why not asleep: the next request starts vLLM anew (on the CPU vLLM has no sleep mode)
-                how = ("vLLM runs without sleep mode" if not self.sleep_mode else "its first sleep failed" if self._sleep_fails
-                       else "host RAM is short for its weights")
-                self._set(State.UNLOADED, f"{why}; stopped: {how}")
+                self.board.clear_release()
+                if isinstance(why, SlotWanted):
+                    self._set(State.UNLOADED, str(why))
+                else:
+                    # why not asleep: the next request starts vLLM anew (on the CPU vLLM has no sleep mode)
+                    how = ("vLLM runs without sleep mode" if not self.sleep_mode else "its first sleep failed" if self._sleep_fails
+                           else "host RAM is short for its weights")
+                    self._set(State.UNLOADED, f"{why}; stopped: {how}")
                 self._failures = 0  # started afresh when requested
                 return
             try:

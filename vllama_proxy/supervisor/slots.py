@@ -103,17 +103,17 @@ class SlotTable:
         """Free the least recently used slot whose model is loaded (ready, or asleep with vLLM's sleep
         mode) and idle: no request in flight, waiting for or asking for it; its name, or ``None`` when
         none is idle. As Ollama unloads the least recently used runner for a new model: a ready one's
-        keep_alive ends now (:meth:`StatusBoard.expire`; with sleep mode it goes to sleep first), an
-        asleep one is asked to stop (:meth:`StatusBoard.request_release`)."""
+        keep_alive ends now (:meth:`StatusBoard.expire`; with sleep mode it goes to sleep first), and
+        either is asked to stop (:meth:`StatusBoard.request_release`, which also names the reason in
+        its supervisor's log)."""
         idle = [b for b in self.boards if b.served_name and b.state in (State.READY, State.SLEEPING) and b.in_flight == 0
                 and b.waiters == 0 and not b.waking]
         victim = min(idle, key=lambda b: b.last_used, default=None)
         if victim is None:
             return None
-        if victim.state is State.SLEEPING:
-            victim.request_release()
-        else:
+        if victim.state is not State.SLEEPING:
             victim.expire()
+        victim.request_release()  # its supervisor logs why: the slot is wanted, not a keep_alive that ended
         return victim.served_name
 
     def reusable(self, index: int) -> bool:

@@ -33,7 +33,8 @@ from .openai import relay
 from ..admission import with_priority
 from .. import session
 from ..app_keys import CATALOG, SETTINGS
-from ..translate import check_capabilities, upstream_model
+from ..keys import key_of
+from ..translate import OUTPUT_TOKEN_FIELDS, cap_output_tokens, check_capabilities, upstream_model
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -68,6 +69,12 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
     data["model"] = upstream_model(catalog.created(name), model.name)
     if path == "/v1/messages":
         fit_max_tokens(data, model.max_model_len)
+    if path in OUTPUT_TOKEN_FIELDS:  # the key's max_tokens, and the context (issue 38)
+        cap_output_tokens(data, OUTPUT_TOKEN_FIELDS[path], model.max_model_len, key_of(request).max_tokens)
+        thinking, most = data.get("thinking"), data.get("max_tokens")
+        if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and isinstance(most, int) \
+                and thinking["budget_tokens"] >= most:  # the budget stays below max_tokens, as Anthropic requires
+            data["thinking"] = {**thinking, "budget_tokens": max(most - 1, 1)}
     if priority:
         with_priority(request, data)
     settings = request.app[SETTINGS]  # the conversation's key, so that a router keeps it on one engine

@@ -10,6 +10,7 @@ from ..app_keys import CATALOG, SETTINGS
 from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities, final_only, unstreamed, upstream_model, with_model_defaults
 from .body import log_ignored, read_request
+from .output_tokens import cap_output
 from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload
 from ..admission import with_priority
 from ..timestamps import now_ns
@@ -44,5 +45,6 @@ async def chat(request: web.Request) -> web.StreamResponse:
     # the conversation's key, so that a router in front of several engines keeps it on one (api/session.py)
     headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.chat_key(served, req.messages, request.app[SETTINGS].session_key))
     async with model_in_use(request, backend, req.keep_alive):
+        await cap_output(request, backend.upstream, model, body, ("max_tokens",))  # num_predict within the context and the key's cap
         return await relay(request, backend.upstream, "/v1/chat/completions", with_priority(request, body), translator, stream=stream,
                            headers=headers, final_only=whole)

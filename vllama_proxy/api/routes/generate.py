@@ -8,6 +8,7 @@ from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
 from .body import log_ignored, read_request
+from .output_tokens import cap_output
 from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload
 from ..admission import with_priority
 from ..timestamps import now_ns
@@ -77,5 +78,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if path == "/v1/completions" and "max_tokens" not in body:
             body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
         headers = session.headers(request.app[SETTINGS].session_header, request.headers, session.generate_key(served, req.system))
+        await cap_output(request, backend.upstream, model, body, ("max_tokens",))  # num_predict within the context and the key's cap
         return await relay(request, backend.upstream, path, with_priority(request, body), translator, stream=stream, headers=headers,
                            final_only=whole)

@@ -36,19 +36,26 @@ from ..timestamps import CLOCK
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
     """``(name as sent, served model, its backend)`` for inference or an explicit load: a local model
-    no on-demand slot holds claims one. Raises ``BadRequest`` if missing, ``ModelNotFound`` if unknown."""
+    no on-demand slot holds claims one, only once the key may use it (issue 38: the name is looked
+    up and the key checked first, so a refused request claims, loads and evicts nothing).
+
+    Raises:
+        BadRequest: no model named.
+        ModelNotFound: the name is unknown.
+        Forbidden: the key may not use it, or may not start it (``--on-demand-admin-only``).
+    """
     name = require_model(name)
     catalog = request.app[CATALOG]
     key = key_of(request)
-    if not key.admin and request.app[SETTINGS].on_demand_admin_only:
-        _, model, backend = await lookup_model(request, name)
-        if backend is None:
+    _, model, backend = await lookup_model(request, name)  # raises Forbidden before anything is claimed
+    if backend is None:
+        if not key.admin and request.app[SETTINGS].on_demand_admin_only:
             raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
                             "this server starts models on demand for admin keys only (--on-demand-admin-only)")
-    model = await catalog.resolve(name, claim=True)
-    check_model(key, name, model, catalog.created(name))
+        model = await catalog.resolve(name, claim=True)
+        backend = catalog.backend_of(model)
     request[MODEL] = model.name  # for the per-key counters (metrics.py)
-    return name, model, catalog.backend_of(model)
+    return name, model, backend
 
 
 def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import email.policy
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from email.parser import BytesParser
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import ModelNotFound, UpstreamError
+from vllama_proxy.errors import Forbidden, ModelNotFound, UpstreamError
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
 from .body import read_body
 from .model_use import check_model, may_list, model_in_use
-from ..admission import PRIORITY, with_priority
+from ..admission import with_priority
 from ..keys import key_of
 from ..metrics import MODEL, USAGE
 from ..app_keys import CATALOG
+from ..translate import OUTPUT_TOKEN_FIELDS
+from .output_tokens import cap_output
 
 _FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
@@ -67,67 +70,96 @@ class _NoBackend(Exception):
                                           status=status, dumps=_dumps)
 
 
-async def _route(request: web.Request, body: bytes) -> tuple[bytes, Backend]:
-    """The body to send (``model`` mapped to the served name) and the backend it goes to.
+async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | None, Backend]:
+    """``(parsed body, its model, the backend it goes to)``, decided from vllama's own parse of the body
+    (the parsed body is ``None`` for a form or no body; :func:`_forwarded` writes what is sent).
 
-    With one backend, a request without a known model goes there and vLLM answers in its
-    own words. With several, that is answered here (:class:`_NoBackend`): 400 without a
-    model, 404 for an unknown one, in vLLM's error shape.
+    Every body is parsed here, once, strictly (orjson: no ``NaN``/``Infinity``, no lone surrogate,
+    nothing after the value), whatever its ``Content-Type`` (vLLM reads a body without one as JSON);
+    one that does not parse is a 400 in vLLM's error shape and never forwarded, and what is
+    forwarded is the parsed body written again (``model`` mapped to the served name, the vLLM
+    ``priority``, the output tokens capped: :func:`translate.cap_output_tokens`), so vLLM reads
+    exactly what was checked (issue 38). A ``multipart/form-data`` body (audio) is checked by its
+    one ``model`` field and forwarded as sent.
+
+    The key is checked against the model before anything is claimed or loaded: the name is looked
+    up first, and only an allowed request for an on-demand model claims its slot. With one backend,
+    a request without a model (or naming one vllama does not know, which the key's patterns allow)
+    goes there and vLLM answers in its own words; with several that is answered here
+    (:class:`_NoBackend`): 400 without a model, 404 for an unknown one, in vLLM's error shape.
     """
     catalog = request.app[CATALOG]
-    default = catalog.backends[0]
+    key = key_of(request)
     one = len(catalog.backends) == 1
-    name = None
-    data = None
-    if request.content_type == "application/json" and body:
+    form = request.content_type == "multipart/form-data"
+    data: Any = None
+    name: Any = None
+    if body and form:
+        name = _form_model(request.headers.get("Content-Type", ""), body)
+    elif body:
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            if one:
-                return body, default  # vLLM answers the 400 in its own words
             raise _NoBackend(400, f"invalid JSON: {e}", "BadRequestError") from None
         name = data.get("model") if isinstance(data, dict) else None
-    elif request.content_type == "multipart/form-data" and body and not one:
-        name = _form_model(request.headers.get("Content-Type", ""), body)  # audio transcriptions
-        if name is not None:
-            try:
-                model = await catalog.resolve(name, claim=True)
-                check_model(key_of(request), name, model, catalog.created(name))
-                return body, catalog.backend_of(model)
-            except ModelNotFound:
-                raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     if not isinstance(name, str):
-        if one:
-            if default.model is not None:  # a key limited to some models may not reach this one unnamed
-                check_model(key_of(request), default.model.name, default.model)
-            return body, default
-        raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
+        if not one:
+            raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
+        default = catalog.backends[0]
+        if default.model is not None:  # a key limited to some models may not reach this one unnamed
+            check_model(key, default.model.name, default.model)
+        return data, default.model, default
     try:
-        model = await catalog.resolve(name, claim=request.method == "POST")  # inference claims an on-demand slot
+        model = await catalog.resolve(name)  # a lookup: claims, loads and evicts nothing (issue 38)
     except ModelNotFound:
+        if not key.may_use(name):
+            raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})") from None
         if one:
-            return body, default  # vLLM answers the 404 in its own words
+            return data, None, catalog.backends[0]  # vLLM answers the 404 in its own words
         raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
-    check_model(key_of(request), name, model, catalog.created(name))
+    check_model(key, name, model, catalog.created(name))
+    if request.method == "POST" and not catalog.is_configured(model):
+        try:  # inference claims an on-demand slot, only now that the key may use it
+            model = await catalog.resolve(name, claim=True)
+        except ModelNotFound:
+            raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
     request[MODEL] = model.name
     backend = catalog.backend_of(model)
-    prioritised = request.get(PRIORITY) is not None and request.method == "POST"
-    if model.name == name and not prioritised:
-        return body, backend
-    data["model"] = model.name
-    return encode_json(with_priority(request, data) if prioritised else data), backend
+    if isinstance(data, dict):
+        data["model"] = model.name
+    return data, model, backend
+
+
+async def _forwarded(request: web.Request, body: bytes, data: Any, model: ServedModel | None, backend: Backend) -> bytes:
+    """What is forwarded: the parsed JSON ``data`` written again (for a POST with the priority, and
+    the output tokens capped: ``output_tokens.cap_output``), or ``body`` as sent when it was no
+    JSON (a form, or none). Runs with the model held (its ``/tokenize`` may be asked)."""
+    if data is None:
+        return body
+    if isinstance(data, dict) and request.method == "POST":
+        with_priority(request, data)
+        fields = OUTPUT_TOKEN_FIELDS.get(request.path)
+        if fields is not None:
+            await cap_output(request, backend.upstream, model, data, fields)
+    return encode_json(data)
 
 
 def _form_model(content_type: str, body: bytes) -> str | None:
-    """The ``model`` field of a ``multipart/form-data`` body (stdlib ``email`` parser), if any."""
+    """The ``model`` field of a ``multipart/form-data`` body (stdlib ``email`` parser), if any.
+
+    Raises:
+        _NoBackend: 400 when the body gives ``model`` more than once (which one vLLM reads is its
+            parser's choice, not the one checked here)."""
     message = BytesParser(policy=email.policy.HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
     if not message.is_multipart():
         return None
-    for part in message.iter_parts():
-        if part.get_param("name", header="content-disposition") == "model":
-            value = part.get_payload(decode=True)
-            return value.decode("utf-8", "replace").strip() if isinstance(value, bytes) else None
-    return None
+    found = [part for part in message.iter_parts() if part.get_param("name", header="content-disposition") == "model"]
+    if len(found) > 1:
+        raise _NoBackend(400, "the form gives `model` more than once", "BadRequestError")
+    if not found:
+        return None
+    value = found[0].get_payload(decode=True)
+    return value.decode("utf-8", "replace").strip() if isinstance(value, bytes) else None
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -141,21 +173,25 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     listed = await _models(request)
     if listed is not None:
         return listed
+    body = await read_body(request)
     try:
-        body, backend = await _route(request, await read_body(request))
+        data, model, backend = await _route(request, body)
     except _NoBackend as e:
         return e.response
-    return await relay(request, backend, "/v1/" + request.match_info["tail"], body)
+    return await relay(request, backend, "/v1/" + request.match_info["tail"], body,
+                       ready_body=lambda: _forwarded(request, body, data, model, backend))
 
 
 async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
-                session_headers: Mapping[str, str] | None = None) -> web.StreamResponse:
+                session_headers: Mapping[str, str] | None = None,
+                ready_body: Callable[[], Awaitable[bytes]] | None = None) -> web.StreamResponse:
     """Send ``body`` to ``backend``'s vLLM at ``path`` and relay its answer back chunk by chunk, as it comes.
 
     The model is held for the request (``model_in_use``: woken or started first, counted in
     flight); the usage of a 200 answer is read from its last bytes for the per-key counters
     (``_usage``). ``session_headers`` (a conversation's key for a router) are added to the
-    client's own. An upstream failure after the answer began ends an SSE stream with vLLM's
+    client's own. ``ready_body``: what to send instead of ``body``, built once the model is held.
+    A body that is not a form goes as ``application/json``: vllama parsed it and wrote it again. An upstream failure after the answer began ends an SSE stream with vLLM's
     error event, ``data: {"error": {...}}``; a JSON body is cut off instead.
 
     Raises:
@@ -164,6 +200,10 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
     headers = {h: request.headers[h] for h in _FORWARD_REQUEST if h in request.headers}
     headers.update(session_headers or {})  # a router's conversation key (api/session.py)
     async with model_in_use(request, backend, keep_alive):  # a sleeping or unloaded model comes back first
+        if ready_body is not None:
+            body = await ready_body()  # built with the model held: its /tokenize may be asked (output_tokens.py)
+        if body and request.content_type != "multipart/form-data":
+            headers["Content-Type"] = "application/json"  # the body vllama parsed and wrote again, whatever was sent
         async with backend.upstream.request(
             request.method, path, body=body or None, headers=headers, params=request.query, check=False
         ) as resp:

@@ -1,0 +1,301 @@
+"""No tenant can harm another (issue 38): what a user key reaches, what a body it sends may do, what
+a refused request may touch, which instance a name reaches, and the limits on what one asks for.
+
+``vllama serve`` with the stand-in vLLM as its ``vllm``, models laid out in a Hugging Face cache
+(``conftest.place``), a keys file with an admin, users and a Prometheus scraper's key.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import ollama
+import pytest
+
+from conftest import place
+
+KEYS = """
+[[keys]]
+name = "root"
+key = "sk-root"
+role = "admin"
+
+[[keys]]
+name = "alice"
+key = "sk-alice"
+role = "user"
+models = ["acme/tiny-a"]
+
+[[keys]]
+name = "bob"
+key = "sk-bob"
+role = "user"
+"""
+#: What this issue adds to the keys file: a scraper's key, a key with a cap on each answer.
+NEW_KEYS = """
+[[keys]]
+name = "prom"
+key = "sk-prom"
+role = "metrics"
+
+[[keys]]
+name = "carol"
+key = "sk-carol"
+max_tokens = 5
+"""
+
+
+def _keys(tmp_path, extra: str = ""):
+    p = tmp_path / "keys.toml"
+    p.write_text(KEYS + extra)
+    return p
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _log(s) -> list[dict]:
+    return [json.loads(x) for x in s.log.read_text().splitlines() if x.startswith("{")]
+
+
+def _fake_url(argv: list[str]) -> str:
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+
+
+def _sent(s, path: str, i: int = 0) -> list:
+    """What the stand-in vLLM number ``i`` received on ``path``."""
+    return [r for r in httpx.get(_fake_url(s.launched()[i]) + "/_fake/requests").json() if r["path"] == path]
+
+
+def _prod(serve, hub, tmp_path, extra: str = ""):
+    for repo in ("acme/tiny-prod", "acme/tiny-a", "acme/tiny-b"):
+        place(hub, repo)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(_keys(tmp_path, extra)),
+              "--", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3")
+    s.wait_ready()
+    return s
+
+
+@pytest.fixture
+def prod(serve, hub, tmp_path):
+    """The operator serves acme/tiny-prod as ``prod`` (context 2048); acme/tiny-a and -b are pulled."""
+    return _prod(serve, hub, tmp_path)
+
+
+@pytest.fixture
+def prod_new_keys(serve, hub, tmp_path):
+    """:func:`prod` with :data:`NEW_KEYS` in the keys file too."""
+    return _prod(serve, hub, tmp_path, NEW_KEYS)
+
+
+# -- 1. every route by allow-list, per role -------------------------------------------------------
+
+def test_vllm_routes_that_change_the_server_are_an_admins_and_unlisted_ones_are_never_relayed(prod):
+    s = prod
+    lora = {"lora_name": "x", "lora_path": "/etc"}
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        for key in ("sk-alice", "sk-bob"):
+            r = httpx.post(s.url + path, json=lora, headers=_auth(key))
+            assert r.status_code == 403, (path, key, r.text)
+            assert f"may not call POST {path}: that needs an admin key" in r.json()["error"]
+    r = httpx.post(s.url + "/v1/load_lora_adapter", json=lora, headers=_auth("sk-root"))
+    assert r.json() == {"detail": "Not Found"}  # an admin's is relayed: the stand-in's own 404 (it has no LoRA routes)
+    # routes nobody listed: 404 in vllama's words for every key, never relayed (nor a dot-segment way round)
+    for path in ("/v1/sleep", "/v1/wake_up", "/v1/reset_prefix_cache", "/v1/collective_rpc", "/v1/pause",
+                 "/v1/chat/completions/batch", "/v1/../sleep", "/v1/responses/abc/delete"):
+        for key in ("sk-root", "sk-bob"):
+            r = httpx.post(s.url + path, json={"model": "prod"}, headers=_auth(key))
+            assert r.status_code == 404 and r.json() == {"error": "404 page not found"}, (path, key)  # vllama's, not vLLM's
+    # a listed /v1 path's other methods: 405 from vllama, not relayed either
+    for method in ("GET", "OPTIONS", "PUT"):
+        r = httpx.request(method, s.url + "/v1/chat/completions", headers=_auth("sk-root"))
+        assert r.status_code == 405 and r.json() == {"error": "method not allowed"} and r.headers["Allow"] == "POST", method
+    # a stored response is looked up by id alone: an admin's
+    assert httpx.get(s.url + "/v1/responses/resp_1", headers=_auth("sk-bob")).status_code == 403
+    # inference still reaches vLLM for a user
+    r = httpx.post(s.url + "/v1/completions", json={"model": "prod", "prompt": "x", "max_tokens": 1}, headers=_auth("sk-bob"))
+    assert r.status_code == 200
+
+
+def test_metrics_are_an_admins_or_a_scrapers_and_a_metrics_key_reaches_nothing_else(prod_new_keys):
+    s = prod_new_keys
+    assert ollama.Client(host=s.url, headers=_auth("sk-bob")).generate(model="prod", prompt="x", options={"num_predict": 1}).done
+    for path in ("/metrics", "/vllm/metrics", "/vllm/metrics?model=prod"):
+        for key in ("sk-alice", "sk-bob"):
+            r = httpx.get(s.url + path, headers=_auth(key))
+            assert r.status_code == 403 and "may not read the metrics" in r.json()["error"], (path, key)
+        for key in ("sk-root", "sk-prom"):
+            assert httpx.get(s.url + path, headers=_auth(key)).status_code == 200, (path, key)
+    assert 'key="bob"' in httpx.get(s.url + "/metrics", headers=_auth("sk-prom")).text
+    for method, path in (("GET", "/api/tags"), ("POST", "/api/generate"), ("POST", "/v1/completions"), ("GET", "/v1/models")):
+        r = httpx.request(method, s.url + path, json={"model": "prod", "prompt": "x"}, headers=_auth("sk-prom"))
+        assert r.status_code == 403 and "role metrics" in r.json()["error"], (method, path)
+
+
+# -- 2. one parser, strict, before any decision -----------------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "prod", "prompt": "x", "x": NaN}',
+    b'{"model": "prod", "prompt": "x", "x": Infinity}',
+    b'{"model": "prod", "prompt": "x", "x": -Infinity}',
+    b'{"model": "prod", "prompt": "\\ud800"}',
+    b'{"model": "prod", "prompt": "x"} trailing',
+])
+def test_a_body_vllama_cannot_parse_is_a_400_and_never_forwarded_with_one_model(prod, raw):
+    s = prod
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    for key in ("sk-alice", "sk-root"):  # alice may not use prod; root may: neither body goes on
+        r = httpx.post(s.url + "/v1/completions", content=raw, headers={**_auth(key), "Content-Type": "application/json"})
+        assert r.status_code == 400, (key, r.text)
+        err = r.json()["error"]  # vLLM's error shape on /v1
+        assert err["type"] == "BadRequestError" and err["code"] == 400 and "invalid JSON" in err["message"]
+        r = httpx.post(s.url + "/api/generate", content=raw.replace(b'"x"}', b'"x", "stream": false}'), headers=_auth(key))
+        assert r.status_code == 400 and isinstance(r.json()["error"], str)  # Ollama's shape on /api
+    assert _sent(s, "/v1/completions") == []
+
+
+def test_the_model_check_runs_whatever_the_content_type_and_what_is_forwarded_is_what_was_checked(prod):
+    s = prod
+    body = b'{"model": "prod", "prompt": "x", "max_tokens": 1}'
+    for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):
+        r = httpx.post(s.url + "/v1/completions", content=body, headers={**_auth("sk-alice"), **headers})
+        assert r.status_code == 403 and "alice" in r.json()["error"], headers
+    # a key limited to some models may not name one vllama does not know either (vLLM may know it: an adapter)
+    r = httpx.post(s.url + "/v1/completions", json={"model": "some-adapter", "prompt": "x"}, headers=_auth("sk-alice"))
+    assert r.status_code == 403
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    # duplicate keys: vllama reads the last, and vLLM gets the one it read, as JSON
+    r = httpx.post(s.url + "/v1/completions", content=b'{"model": "x", "prompt": "p", "model": "prod", "max_tokens": 1}',
+                   headers=_auth("sk-root"))
+    assert r.status_code == 200
+    sent = _sent(s, "/v1/completions")[0]
+    sent["body"].pop("priority", None)  # fair share's, vllama's own
+    assert sent["body"] == {"model": "prod", "prompt": "p", "max_tokens": 1} and sent["headers"]["Content-Type"] == "application/json"
+
+
+# -- 3. decide before the GPU is touched --------------------------------------------------------------
+
+def test_a_refused_request_claims_loads_and_evicts_nothing(serve, hub, tmp_path):
+    for repo in ("acme/tiny-a", "acme/tiny-b"):
+        place(hub, repo)
+    s = serve("--max-on-demand", "1", "--keep-alive", "-1", "--api-key-file", str(_keys(tmp_path)), "--load-timeout", "5")
+    root = ollama.Client(host=s.url, headers=_auth("sk-root"), timeout=60)
+    assert root.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    alice = ollama.Client(host=s.url, headers=_auth("sk-alice"), timeout=60)
+    for call in (lambda: alice.generate(model="acme/tiny-b", prompt="x"),
+                 lambda: alice.generate(model="acme/tiny-b", prompt=""),  # an explicit load
+                 lambda: alice.chat(model="acme/tiny-b", messages=[{"role": "user", "content": "x"}])):
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 403
+    r = httpx.post(s.url + "/v1/chat/completions", headers=_auth("sk-alice"),
+                   json={"model": "acme/tiny-b", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 403
+    assert [a[2] for a in s.launched()] == ["acme/tiny-a"]
+    assert [m.model for m in root.ps().models] == ["acme/tiny-a:latest"]
+    assert not [x for x in _log(s) if x.get("event") in ("on_demand_unload", "on_demand_claim") and x.get("model") != "acme/tiny-a"]
+
+
+def test_an_eviction_for_another_models_claim_is_logged_as_such(serve, hub):
+    for repo in ("acme/tiny-a", "acme/tiny-b"):
+        place(hub, repo)
+    s = serve("--max-on-demand", "1", "--keep-alive", "-1")
+    assert s.client.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    assert s.client.generate(model="acme/tiny-b", prompt="x", options={"num_predict": 1}).done
+    gone = [x for x in _log(s) if x.get("event") == "state" and x.get("model") == "acme/tiny-a" and x.get("to") in ("unloaded", "sleeping")]
+    assert gone and gone[0]["reason"] == "its on-demand slot is wanted for another model", gone
+
+
+# -- 4. one model, one name space -------------------------------------------------------------------
+
+def test_the_operators_model_by_its_repo_id_is_answered_by_the_operators_instance(prod):
+    s = prod
+    bob = ollama.Client(host=s.url, headers=_auth("sk-bob"), timeout=60)
+    for name in ("acme/tiny-prod", "ACME/tiny-prod:latest", "acme/tiny-prod:main", "hf.co/acme/tiny-prod"):
+        assert bob.generate(model=name, prompt="x", options={"num_predict": 1}).done, name
+        r = httpx.post(s.url + "/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 1}, headers=_auth("sk-bob"))
+        assert r.status_code == 200, (name, r.text)
+    assert [a[2] for a in s.launched()] == ["acme/tiny-prod"]  # no second copy in an on-demand slot
+    assert {r["body"]["model"] for r in _sent(s, "/v1/completions")} == {"prod"}
+    assert bob.show("acme/tiny-prod").details.family == "qwen2"
+
+
+# -- 5. limits --------------------------------------------------------------------------------------
+
+def test_output_tokens_are_clamped_to_the_context_and_to_a_keys_cap(prod_new_keys):
+    s = prod_new_keys
+    root = ollama.Client(host=s.url, headers=_auth("sk-root"), timeout=60)
+    carol = ollama.Client(host=s.url, headers=_auth("sk-carol"), timeout=60)
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    assert root.chat(model="prod", messages=[{"role": "user", "content": "x [[tokens:2]]"}], options={"num_predict": 1_000_000}).done
+    assert root.generate(model="prod", prompt="x [[tokens:2]]", raw=True, options={"num_predict": 1_000_000}).done
+    for path, field in (("/v1/chat/completions", "max_tokens"), ("/v1/chat/completions", "max_completion_tokens"),
+                        ("/v1/completions", "max_tokens")):
+        body = {"model": "prod", field: 1_000_000, "prompt": "x [[tokens:2]]", "messages": [{"role": "user", "content": "x [[tokens:2]]"}]}
+        if path == "/v1/completions":
+            del body["messages"]
+        r = httpx.post(s.url + path, json=body, headers=_auth("sk-root"))
+        assert r.status_code == 200, r.text
+    chats, completions = _sent(s, "/v1/chat/completions"), _sent(s, "/v1/completions")
+    fake = _fake_url(s.launched()[0])
+    room = 2048 - httpx.post(fake + "/tokenize", json={"model": "prod", "prompt": "x [[tokens:2]]"}).json()["count"]
+    chat_room = 2048 - httpx.post(fake + "/tokenize", json={"model": "prod", "messages": chats[0]["body"]["messages"]}).json()["count"]
+    assert [c["body"].get("max_tokens") for c in chats] == [chat_room, chat_room, None]  # the context less the prompt
+    assert chats[2]["body"]["max_completion_tokens"] == chat_room
+    assert [c["body"]["max_tokens"] for c in completions] == [room, room]
+    # carol's cap: 5 tokens an answer, asked for or not
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    assert carol.generate(model="prod", prompt="x [[tokens:50]]", options={"num_predict": 100}).eval_count == 5
+    assert carol.chat(model="prod", messages=[{"role": "user", "content": "x [[tokens:50]]"}]).eval_count == 5
+    r = httpx.post(s.url + "/v1/chat/completions", headers=_auth("sk-carol"),
+                   json={"model": "prod", "messages": [{"role": "user", "content": "x [[tokens:50]]"}]})
+    assert r.json()["usage"]["completion_tokens"] == 5
+    r = httpx.post(s.url + "/v1/completions", headers=_auth("sk-carol"), json={"model": "prod", "prompt": "x", "max_tokens": 3})
+    assert r.json()["usage"]["completion_tokens"] == 3  # below the cap: as asked
+    assert [c["body"]["max_tokens"] for c in _sent(s, "/v1/chat/completions")] == [5, 5, 5]  # generate, chat, /v1
+    # the agents' routes too: Anthropic's max_tokens, the Responses API's max_output_tokens
+    r = httpx.post(s.url + "/v1/messages", headers={"x-api-key": "sk-carol"},
+                   json={"model": "prod", "max_tokens": 32000, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200, r.text
+    r = httpx.post(s.url + "/v1/responses", headers=_auth("sk-carol"), json={"model": "prod", "input": "x"})
+    assert r.status_code == 200, r.text
+    assert [m["body"]["max_tokens"] for m in _sent(s, "/v1/messages")] == [5]
+    assert [m["body"]["max_output_tokens"] for m in _sent(s, "/v1/responses")] == [5]
+
+
+def test_a_global_connection_cap_holds_across_client_addresses(serve, hub):
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--max-connections", "5", "--max-connections-per-address", "100")
+    s.wait_ready()
+    caps = [x for x in _log(s) if x.get("event") == "connection_caps"]
+    assert caps and caps[0]["total"] == 5 and caps[0]["total_from"] == "--max-connections"
+
+    def closed_at_once(c: socket.socket) -> bool:
+        c.settimeout(1.0)
+        try:
+            return c.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+
+    held = []
+    for source in ("127.0.0.1", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"):  # Linux's whole 127/8 is loopback
+        held.append(socket.create_connection(("127.0.0.1", s.port), source_address=(source, 0)))
+    extra = socket.create_connection(("127.0.0.1", s.port), source_address=("127.0.0.4", 0))
+    assert closed_at_once(extra)  # a sixth, from a fourth address
+    assert not any(closed_at_once(c) for c in held[:1])
+    for c in held:
+        c.close()
+
+
+def test_the_per_client_unit_is_an_ipv4_address_or_an_ipv6_64():
+    from vllama_proxy.front.site import client_of
+    assert client_of("192.0.2.7") == "192.0.2.7" and client_of("192.0.2.8") == "192.0.2.8"
+    assert client_of("::ffff:192.0.2.7") == "192.0.2.7"
+    assert client_of("2001:db8:1:2::1") == client_of("2001:db8:1:2:ffff:ffff:ffff:ffff") == "2001:db8:1:2::/64"
+    assert client_of("2001:db8:1:3::1") != client_of("2001:db8:1:2::1")
+    assert client_of("fe80::1%eth0") == "fe80::/64"
