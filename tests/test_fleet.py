@@ -307,3 +307,31 @@ def test_stand_in_prefix_cache_counts_as_vllm():
     cache.query([f"x{i}" for i in range(64)])  # 4 new blocks: the least recently used leave
     cache.query(words)
     assert cache.hits == 16, "evicted blocks are no hits"
+
+
+def test_fleet_secret_keeps_users_on_the_front(tmp_path, fleet):
+    """``--fleet-secret`` (here ``VLLAMA_FLEET_SECRET``, as the recipes give it): the front serves its
+    users' keys; a node, and the router (which passes the caller's ``Authorization`` on to the node),
+    refuse a user's key and no key, so the front's keys, allow-lists and fair share cannot be walked around."""
+    router = fleet(Router, tmp_path / "router.log")
+    secret = {"VLLAMA_FLEET_SECRET": "fleet-s3cret"}
+    a, b = fleet(node, tmp_path, "a", router, env=secret), fleet(node, tmp_path, "b", router, env=secret)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})  # the router's health checks carry no key: /health stays open
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "alice"\nkey = "alice-key"\n')
+    front = fleet(start_proxy, router.url, "--api-key-file", str(keys), vllm_args=[], env=secret)
+    user = {"Authorization": "Bearer alice-key"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    for s in range(8):  # 8 conversations: both nodes answer the front
+        assert Client(host=front.url, headers=user).chat(
+            model="tiny", messages=[{"role": "user", "content": f"hi from {s}"}]).message.content
+    assert sessions_seen(a) and sessions_seen(b)
+    assert httpx.post(front.url + "/api/chat", json=body).status_code == 401
+    openai_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    for around in (a.url, b.url, router.url):
+        for headers in ({}, user):
+            for path, payload in (("/v1/chat/completions", openai_body), ("/api/chat", body)):
+                r = httpx.post(around + path, json=payload, headers=headers, timeout=10)
+                assert r.status_code == 401, (around, path, headers, r.status_code, r.text)
+        assert httpx.get(around + "/v1/models", headers=user).status_code == 401

@@ -317,6 +317,13 @@ class Settings(BaseSettings):
         description="The URL the router reaches this node at (default: http://<this host's name>:<--port>).",
     )
     register_interval: float = Field(10.0, gt=0, description="Seconds between checks that the router lists this node.")
+    fleet_secret: SecretStr | None = Field(
+        None,
+        description="A fleet's shared secret (give every front and node the same, e.g. VLLAMA_FLEET_SECRET from one "
+        "secret): a front (--upstream, --router) sends it upstream as its bearer token (unless --api-key-upstream); a "
+        "node (--register-with) requires it on /api/* and /v1/* and takes no other key, so no user reaches a node, "
+        "or the router, around the front (vllm-router passes the caller's Authorization on to the node).",
+    )
     router: str | None = Field(
         None,
         description="Start vLLM's router (vllm-router, `pip install vllm-router`) with this --policy (e.g. sticky_least_loaded) "
@@ -409,6 +416,21 @@ class Settings(BaseSettings):
             for arg in self.vllm_args:
                 if arg.split("=", 1)[0] in RESERVED_VLLM_ARGS:
                     raise ValueError(f"{arg.split('=', 1)[0]} is set by vllama; use --vllm-port / --served-model-name")
+        return self
+
+    @model_validator(mode="after")
+    def _fleet_secret(self) -> Settings:
+        # front/fleet.py: the front (and a node, towards the router) sends the secret; a node takes it only
+        if self.fleet_secret is None:
+            return self
+        if self.api_key_upstream is None:
+            self.api_key_upstream = self.fleet_secret.get_secret_value()
+        if self.register_with:
+            secret = self.fleet_secret.get_secret_value()
+            if self.api_key_file is not None or any(k.get_secret_value() != secret for k in self.api_key):
+                raise ValueError("--fleet-secret on a node (--register-with) is its only key: give the keys file "
+                                 "(--api-key, --api-key-file) to the front")
+            self.api_key = [self.fleet_secret]
         return self
 
     @model_validator(mode="after")
@@ -548,7 +570,7 @@ METAVARS = {
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
     "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL", "router": "POLICY",
-    "router_port": "PORT", "router_args": "FLAGS",
+    "router_port": "PORT", "router_args": "FLAGS", "fleet_secret": "SECRET", "state_url": "URL",
     "max_small_body_size": "BYTES", "cache_quota": "BYTES", "max_blob_size": "BYTES",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
