@@ -4,7 +4,8 @@ vLLM queues whatever it cannot run yet, so vllama sends every request upstream a
 and only bounds how many it holds: vLLM's running capacity (the sum over models of
 ``max_num_seqs`` x data-parallel size) plus ``--max-queue`` waiting (Ollama's
 ``OLLAMA_MAX_QUEUE``). Beyond that a request gets Ollama's 503 ``server busy`` with
-``Retry-After`` at once, instead of an ever-growing pile of connections.
+``Retry-After`` at once, instead of an ever-growing pile of connections. A draining server
+(``front/server.py``, on SIGTERM) answers every new inference request 503 the same way.
 
 The count lives in shared memory under one lock (:mod:`.shm`), so the bound is the
 server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
@@ -38,6 +39,8 @@ FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 _INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
 #: Ollama's words for a full queue (``server/sched.go`` ErrMaxQueue).
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
+#: A draining server's answer to a new request (503, as Ollama's busy, so clients and routers retry elsewhere).
+DRAINING = "server is shutting down: it finishes the requests in flight and takes no new ones; retry on another server"
 #: vLLM's default ``--max-num-seqs`` for its OpenAI server on GPUs with >= 70 GiB (not A100),
 #: and on smaller ones (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``, 0.26).
 VLLM_MAX_NUM_SEQS_LARGE_GPU = 1024
@@ -89,6 +92,7 @@ class AdmissionBound:
         self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
+        self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
 
     def try_enter(self, slot: int) -> bool:
         """Count one more request of worker ``slot`` if the server is below its limit."""
@@ -170,6 +174,15 @@ class AdmissionBound:
     def in_flight(self) -> int:
         return self._total.value
 
+    @property
+    def draining(self) -> bool:
+        """Set by :meth:`start_draining`: every worker refuses new inference requests (503), ``/readyz`` is 503."""
+        return bool(self._draining.value)
+
+    def start_draining(self) -> None:
+        """Stop taking inference requests in every worker (those in flight go on)."""
+        self._draining.value = 1
+
 
 def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
                priority: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -188,6 +201,9 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
             return await handler(request)
+        if bound.draining:  # a load balancer or vllm-router retries this on another engine
+            QUEUE_REJECTIONS.inc()
+            return error_response(ServerBusy(DRAINING, retry_after))
         await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)

@@ -37,7 +37,7 @@ from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
-from .app_keys import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
+from .app_keys import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -215,6 +215,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     app[WORKER] = worker
     app[FRONT_END] = front
     app[MAX_RUNNING] = bound.running
+    app[DRAINING] = lambda: bound.draining
     app[CATALOG] = Catalog(
         [b for b in live if b.slot is None],
         aliases=aliases,
