@@ -168,6 +168,11 @@ class Settings(BaseSettings):
         description="File of API keys: one per line (# comments, each an admin key), or TOML [[keys]] with name, key or "
         "sha256, role (admin|user), models, max_in_flight, priority; added to --api-key; read again on SIGHUP.",
     )
+    state_url: str | None = Field(
+        None,
+        description="Redis every front of a fleet shares (redis://HOST:6379/0; pip install 'vllama[redis]'): a key's "
+        "max_in_flight then holds over all fronts, not per front. Without it each front counts its own.",
+    )
     metrics_open: bool = Field(
         False,
         description="Serve /metrics and /vllm/metrics without an API key (for a scraper that sends none); by default "
@@ -417,6 +422,13 @@ class Settings(BaseSettings):
                 if arg.split("=", 1)[0] in RESERVED_VLLM_ARGS:
                     raise ValueError(f"{arg.split('=', 1)[0]} is set by vllama; use --vllm-port / --served-model-name")
         return self
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_url(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("--state-url must be a redis://, rediss:// or unix:// URL")
+        return v or None
 
     @model_validator(mode="after")
     def _fleet_secret(self) -> Settings:

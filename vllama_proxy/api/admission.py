@@ -28,6 +28,7 @@ from vllama_proxy.supervisor.shm import SharedLock
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
 from .routes.body import read_body
+from .shared_state import KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -185,7 +186,7 @@ class AdmissionBound:
 
 
 def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
-               priority: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
+               priority: bool = False, shared: KeyState | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Admit inference requests once their body is read, while the server-wide count is below
     ``bound.limit``: beyond it, Ollama's 503 ``server busy`` with ``Retry-After: retry_after``; a key
     at its ``max_in_flight`` or, with ``fair``, over its share (:meth:`AdmissionBound.enter`), 429
@@ -196,6 +197,8 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     such connections filled the bound while vLLM sat idle). With ``priority`` the request's vLLM
     ``priority`` is set (:data:`PRIORITY`): the key's requests in flight before it, less 1,000,000
     per step of the key's own ``priority``: lower is served first (vLLM ``--scheduling-policy priority``).
+    With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight`` holds over every
+    front sharing the store: counted there at admission and at the end, never per token.
     """
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -213,6 +216,14 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
                 # answered, not raised: a full server is its bound working, not a failure to log per request
                 return error_response(ServerBusy(BUSY, retry_after))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
+        counted = shared is not None and key.max_in_flight is not None
+        if counted:
+            assert shared is not None
+            if await shared.enter(key.name, key.max_in_flight) is None:
+                bound.leave_key(slot, key.slot)
+                QUEUE_REJECTIONS.inc()
+                raise TooManyRequests(f"key '{key.name}' has {key.max_in_flight} requests in flight over every front, its "
+                                      "max_in_flight; retry when one ends", retry_after=max(retry_after, 1))
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
@@ -221,6 +232,9 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         finally:
             bound.leave_key(slot, key.slot)
             IN_FLIGHT.dec()
+            if counted:
+                assert shared is not None
+                await shared.leave(key.name)
 
     return admit
 

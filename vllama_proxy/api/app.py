@@ -35,6 +35,7 @@ from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
+from .shared_state import RedisKeyState
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
 from .app_keys import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
@@ -190,8 +191,9 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if configured:  # on-demand models are gated per request (routes/model_use.py), not here
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
+    shared = RedisKeyState(settings.state_url) if settings.state_url else None  # limits across fronts
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
-                                            priority=settings.fair() and supervised))
+                                            priority=settings.fair() and supervised, shared=shared))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
     pool = Upstream(
@@ -215,6 +217,9 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     app[WORKER] = worker
     app[FRONT_END] = front
     app[MAX_RUNNING] = bound.running
+    if shared is not None:
+        app.on_startup.append(lambda _app: shared.start())
+        app.on_cleanup.append(lambda _app: shared.close())
     app[DRAINING] = lambda: bound.draining
     app[CATALOG] = Catalog(
         [b for b in live if b.slot is None],
