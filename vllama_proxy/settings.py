@@ -433,7 +433,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _fleet_secret(self) -> Settings:
         # front/fleet.py: the front (and a node, towards the router) sends the secret; a node takes it only
-        if self.fleet_secret is None:
+        if self.fleet_secret is None or not self.fleet_secret.get_secret_value():
+            self.fleet_secret = None  # empty: none
             return self
         if self.api_key_upstream is None:
             self.api_key_upstream = self.fleet_secret.get_secret_value()
