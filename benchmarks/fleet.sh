@@ -65,8 +65,21 @@
 # (loadgen JSON: pooled summary, per-turn timeline with TTFT, each engine's prefix-cache counters),
 # failover.txt, {front,front2,a,b,router}.log.gz.
 # Issue 32 on nvidia-h200-x2: PLACEMENT=split for the fleet; TOPOLOGY=one and TOPOLOGY=dp2 with `start run stop`.
-# Issue 43 on nvidia-h100-x4 (or -h200-x4): NODES=4 PLACEMENT=split; the throughput runs with each engine's
-# whole KV cache (GPU_UTIL=0.85, no `size`: rm -f $LOGS/kv_bytes), the cache-bound rounds after `size`.
+# Issue 43 on nvidia-h100-x4 (or -h200-x4), every call that kind (the machine stays warm between them), after
+# the two stash calls and call 1 above (carry .whl-router); X="NODES=4 PLACEMENT=split GPU_UTIL=0.85":
+#   2. carry the last chunk, $DEV, .whl (timeout_s 600, ~5 min: install, 4 nodes started at once, 2 policies
+#      x 3,072 requests at 1,024 streams, each engine with its whole KV cache):
+#        OUT=$OUT DEV=.devscripts $X benchmarks/fleet.sh install setup start throughput
+#   3. no carry (timeout_s 600, ~4 min: a drain and a kill under the conversation workload, each node restarting):
+#        OUT=$OUT $X FAIL_AT=6 benchmarks/fleet.sh drain failover stop
+#   4. no carry (timeout_s 600, ~4 min: the cache-bound workload, KV per engine from `size`, 2 rounds):
+#        OUT=$OUT $X KV_FRACTION=0.5 CONFIGS="round_robin sticky_least_loaded+system" ROUNDS=2 \
+#          benchmarks/fleet.sh size start rounds summarize stop
+#   5. no carry (timeout_s 600, ~5 min: the baselines with the whole KV cache, one GPU and vLLM's DP 4):
+#        rm -f /tmp/gpu-logs/kv_bytes; OUT=$OUT GPU_UTIL=0.85 TOPOLOGY=one benchmarks/fleet.sh start throughput stop
+#        && OUT=$OUT GPU_UTIL=0.85 TOPOLOGY=dp4 benchmarks/fleet.sh start throughput stop
+#   6. no carry (timeout_s 600, ~3 min: DP 4 on the cache-bound workload, the KV of call 4):
+#        OUT=$OUT GPU_UTIL=0.85 KV_FRACTION=0.5 TOPOLOGY=dp4 benchmarks/fleet.sh size start run stop
 # Dry run against the stand-in (no GPU; vllm-router from the venv): PATH=$PWD/tests/bin:.venv/bin:$PATH
 #   MODEL=<dir with a config.json> VLLAMA_EXTRA="--no-gpu-check --vllm-executable $PWD/tests/bin/vllm" NO_GPU=1
 #   G=2 S=2 T=2 C=4 SYSTEM_WORDS=50 ROUNDS=2 benchmarks/fleet.sh start rounds summarize failover stop
@@ -307,7 +320,7 @@ throughput)  # distinct prompts, 128 in / 128 out, STREAMS in flight, through th
   tput() {  # name
     python3 benchmarks/loadgen.py --targets "x=ollama-chat:$FRONT" --model $SERVED --levels "$STREAMS" \
       --requests-per-level "$REQUESTS" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
-      --seed "$(cksum <<< "$1" | cut -c1-6)" --raise-nofile --json "$OUT/throughput-$1.json" > "$LOGS/throughput-$1.txt" 2>&1
+      --procs "${LOADGEN_PROCS:-4}" --seed "$(cksum <<< "$1" | cut -c1-6)" --raise-nofile --json "$OUT/throughput-$1.json" > "$LOGS/throughput-$1.txt" 2>&1
     python3 - "$OUT/throughput-$1.json" "$1" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))["levels"][0]["runs"][0]
