@@ -25,7 +25,7 @@ def redis_url(tmp_path):
     proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
+    while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, check=False).stdout.strip() != "PONG":
         assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
         time.sleep(0.05)
     yield f"redis://127.0.0.1:{port}/0"

@@ -191,7 +191,11 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if configured:  # on-demand models are gated per request (routes/model_use.py), not here
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
-    shared = RedisKeyState(settings.state_url) if settings.state_url else None  # limits across fronts
+    try:
+        shared = RedisKeyState(settings.state_url) if settings.state_url else None  # limits across fronts
+    except RuntimeError as e:  # no redis package: a configuration error, as for a bad flag
+        print(f"vllama serve: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
                                             priority=settings.fair() and supervised, shared=shared))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
