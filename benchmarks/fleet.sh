@@ -17,15 +17,16 @@
 #             one engine cannot hold every group's prefix and all sessions, two engines with the groups
 #             split between them can, two that each see every group (round robin) cannot; bytes per token
 #             from config.json (2 x layers x KV heads x head dim x 2)
-#   start     TOPOLOGY (fleet | one | dp2):
+#   start     TOPOLOGY (fleet | one | dpN), NODES (2) nodes a, b, c, d... on :11501+i (vLLM :8101+i):
 #             fleet: the router (no workers: the nodes join it), engines a and b started one after the
 #                    other (two starting at once on one GPU misjudge their KV cache), each
 #                    `vllama serve --model $MODEL --register-with $ROUTER` on :11501/:11502 with its vLLM on
 #                    :8101/:8102; PLACEMENT=shared: both on GPU 0 (--gpu-memory-utilization $GPU_UTIL, 0.4),
 #                    split: CUDA_VISIBLE_DEVICES 0 and 1; then two fronts `vllama serve --upstream $ROUTER`: on :11434
 #                    with the default session key (--session-key conversation), on :11435 with --session-key system
+#                    (PLACEMENT=split: node i on GPU i, all NODES started at once: each has its own GPU)
 #             one:   one node on :11434 (its vLLM on :8101), no router (the baseline)
-#             dp2:   one node on :11434 whose vLLM runs `--data-parallel-size 2` (two GPUs: vLLM's own balancer)
+#             dpN:   one node on :11434 whose vLLM runs `--data-parallel-size N` (GPUs 0..N-1: vLLM's own balancer)
 #   run-CONFIG  fleet only, CONFIG = POLICY[+system][+balanced]: the router restarted with --policy POLICY
 #             (round_robin, cache_aware, consistent_hash, sticky_least_loaded, power_of_two; +balanced adds
 #             $BALANCE_ARGS, cache_aware spreading load once 4 requests apart); the nodes join it again; every
@@ -37,7 +38,15 @@
 #             $OUT/CONFIG-rN.json, also kept in $LOGS/runs
 #   summarize benchmarks/fleet_summary.py over $LOGS/runs: per configuration the pooled hit rate and its
 #             ratio to round robin's, TTFT p50/p90 over every turn, per-round p50s; $OUT/summary-rounds.md
-#   run       one and dp2: the same workload against the node ($OUT/$TOPOLOGY.json)
+#   run       one and dpN: the same workload against the node ($OUT/$TOPOLOGY.json)
+#   throughput  issue 43's throughput-bound workload: distinct prompts, PROMPT_WORDS (128) in / TOKENS_T (128)
+#             out, STREAMS (1,024) in flight, REQUESTS (3 x STREAMS) requests, through the front; fleet: once per
+#             THROUGHPUT_CONFIGS (sticky_least_loaded round_robin); one and dpN: against the node;
+#             $OUT/throughput-$TOPOLOGY[NODES-CONFIG].json
+#   drain     fleet, under the conversation workload (FAILOVER_CONFIG): FAIL_AT s in, the last node gets
+#             SIGTERM (it leaves the router, answers 503 to new requests, finishes its streams, stops) and
+#             is started again; turns lost (none expected), how long the drain took, when the new node
+#             was back in rotation; $OUT/drain.json, drain.txt
 #   failover  fleet, FAILOVER_CONFIG (sticky_least_loaded+system): the workload with 3 x S sessions per group, FAIL_AT (4) s into it engine a's EngineCore gets
 #             SIGKILL; which turns failed (and whether each was in flight at the kill), when the last
 #             failure ended, how long until a's supervisor had it ready and the router took it back;
@@ -56,6 +65,21 @@
 # (loadgen JSON: pooled summary, per-turn timeline with TTFT, each engine's prefix-cache counters),
 # failover.txt, {front,front2,a,b,router}.log.gz.
 # Issue 32 on nvidia-h200-x2: PLACEMENT=split for the fleet; TOPOLOGY=one and TOPOLOGY=dp2 with `start run stop`.
+# Issue 43 on nvidia-h100-x4 (or -h200-x4), every call that kind (the machine stays warm between them), after
+# the two stash calls and call 1 above (carry .whl-router); X="NODES=4 PLACEMENT=split GPU_UTIL=0.85":
+#   2. carry the last chunk, $DEV, .whl (timeout_s 600, ~5 min: install, 4 nodes started at once, 2 policies
+#      x 3,072 requests at 1,024 streams, each engine with its whole KV cache):
+#        OUT=$OUT DEV=.devscripts $X benchmarks/fleet.sh install setup start throughput
+#   3. no carry (timeout_s 600, ~4 min: a drain and a kill under the conversation workload, each node restarting):
+#        OUT=$OUT $X FAIL_AT=6 benchmarks/fleet.sh drain failover stop
+#   4. no carry (timeout_s 600, ~4 min: the cache-bound workload, KV per engine from `size`, 2 rounds):
+#        OUT=$OUT $X KV_FRACTION=0.5 CONFIGS="round_robin sticky_least_loaded+system" ROUNDS=2 \
+#          benchmarks/fleet.sh size start rounds summarize stop
+#   5. no carry (timeout_s 600, ~5 min: the baselines with the whole KV cache, one GPU and vLLM's DP 4):
+#        rm -f /tmp/gpu-logs/kv_bytes; OUT=$OUT GPU_UTIL=0.85 TOPOLOGY=one benchmarks/fleet.sh start throughput stop
+#        && OUT=$OUT GPU_UTIL=0.85 TOPOLOGY=dp4 benchmarks/fleet.sh start throughput stop
+#   6. no carry (timeout_s 600, ~3 min: DP 4 on the cache-bound workload, the KV of call 4):
+#        OUT=$OUT GPU_UTIL=0.85 KV_FRACTION=0.5 TOPOLOGY=dp4 benchmarks/fleet.sh size start run stop
 # Dry run against the stand-in (no GPU; vllm-router from the venv): PATH=$PWD/tests/bin:.venv/bin:$PATH
 #   MODEL=<dir with a config.json> VLLAMA_EXTRA="--no-gpu-check --vllm-executable $PWD/tests/bin/vllm" NO_GPU=1
 #   G=2 S=2 T=2 C=4 SYSTEM_WORDS=50 ROUNDS=2 benchmarks/fleet.sh start rounds summarize failover stop
@@ -63,7 +87,9 @@ set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
 TOPOLOGY=${TOPOLOGY:-fleet} PLACEMENT=${PLACEMENT:-shared} GPU_UTIL=${GPU_UTIL:-0.4}
 G=${G:-8} S=${S:-8} T=${T:-4} C=${C:-32} SYSTEM_WORDS=${SYSTEM_WORDS:-3000} TURN_WORDS=${TURN_WORDS:-64} TOKENS=${TOKENS:-64}
-KV_FRACTION=${KV_FRACTION:-0.75} FAIL_AT=${FAIL_AT:-4} SERVED=qwen-random
+KV_FRACTION=${KV_FRACTION:-0.75} FAIL_AT=${FAIL_AT:-4} SERVED=qwen-random NODES=${NODES:-2}
+STREAMS=${STREAMS:-1024} PROMPT_WORDS=${PROMPT_WORDS:-128} TOKENS_T=${TOKENS_T:-128} REQUESTS=${REQUESTS:-3*c}
+THROUGHPUT_CONFIGS=${THROUGHPUT_CONFIGS:-sticky_least_loaded round_robin}
 # the configurations `rounds` alternates (POLICY[+system][+balanced], see run-CONFIG), ROUNDS times each
 CONFIGS=${CONFIGS:-round_robin sticky_least_loaded+system cache_aware+balanced consistent_hash+system cache_aware sticky_least_loaded}
 ROUNDS=${ROUNDS:-4} FAILOVER_CONFIG=${FAILOVER_CONFIG:-sticky_least_loaded+system}
@@ -71,6 +97,7 @@ BALANCE_ARGS=${BALANCE_ARGS:---balance-abs-threshold 4 --balance-rel-threshold 1
 # ports: the front, the router and its Prometheus listener, nodes a and b and their vLLMs
 PF=${PF:-11434} PF2=${PF2:-11435} PR=${PR:-30000} PP=${PP:-29000} PA=${PA:-11501} PB=${PB:-11502} VA=${VA:-8101} VB=${VB:-8102}
 ROUTER=http://127.0.0.1:$PR FRONT=http://127.0.0.1:$PF FRONT_SYSTEM=http://127.0.0.1:$PF2
+NAMES=(a b c d e f g h)  # fleet node i: ${NAMES[i]} on :PA+i, its vLLM on :VA+i
 mkdir -p "$OUT" "$LOGS/runs"
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH=/tmp/vsite/bin:/tmp/site/bin:$PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
@@ -116,7 +143,27 @@ wait_workers() {  # n: until the router lists n healthy workers
   done
   log "router: not $1 healthy workers after 60 s: $(curl -s $ROUTER/workers)"; return 1
 }
-metrics_urls() { if [ "$TOPOLOGY" = fleet ]; then echo http://127.0.0.1:$VA/metrics,http://127.0.0.1:$VB/metrics; else echo http://127.0.0.1:$VA/metrics; fi; }
+metrics_urls() {
+  if [ "$TOPOLOGY" = fleet ]; then
+    local i urls=(); for i in $(seq 0 $((NODES - 1))); do urls+=("http://127.0.0.1:$((VA + i))/metrics"); done
+    (IFS=,; echo "${urls[*]}")
+  else echo http://127.0.0.1:$VA/metrics; fi
+}
+start_node() {  # i: fleet node i (waits until ready)
+  local gpu=0; [ "$PLACEMENT" = split ] && gpu=$1
+  node "${NAMES[$1]}" $((PA + $1)) $((VA + $1)) $gpu --register-with $ROUTER --register-interval 1
+}
+turns_lost() {  # json t_event label: failed turns of a conversation run, in flight at t_event or started after
+  python3 - "$@" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))["runs"][0]
+at = float(sys.argv[2]) - r["t0_unix"]
+failed = [t for t in r["timeline"] if not t[2]]
+in_flight = [t for t in failed if t[0] <= at <= t[0] + t[1]]
+print(f"  {sys.argv[3]} at {at:.1f} s: {len(failed)} turns failed ({len(in_flight)} in flight "
+      f"then, {len([t for t in failed if t[0] > at])} started after); {r['ok']}/{r['requests']} turns ok")
+EOF
+}
 reset_caches() {  # every engine's prefix cache emptied (vLLM's dev-mode route), so each run starts cold
   for u in $(metrics_urls | tr ',' ' '); do curl -s -X POST "${u%/metrics}/reset_prefix_cache" -o /dev/null -w "%{http_code} "; done
 }
@@ -134,7 +181,7 @@ run_config() {  # CONFIG ROUND: the router restarted for CONFIG, caches reset, t
   config "$1"
   # shellcheck disable=SC2086
   router $policy || return 1
-  wait_workers 2 || return 1
+  wait_workers $NODES || return 1
   log "$1 round $2: router --policy $policy, front $front; prefix caches reset ($(reset_caches)); G=$G S=$S T=$T, $C in flight"
   # a seed of its own per run: the same sizes, other words, so no run finds an earlier run's prefixes cached
   # even where the reset is refused (vLLM answers it only with VLLM_SERVER_DEV_MODE=1)
@@ -198,10 +245,13 @@ start)
   case $TOPOLOGY in
   fleet)
     router cache_aware || exit 1
-    gb=0; [ "$PLACEMENT" = split ] && gb=1
-    node a $PA $VA 0 --register-with $ROUTER --register-interval 1 || exit 1
-    node b $PB $VB $gb --register-with $ROUTER --register-interval 1 || exit 1
-    wait_workers 2 || exit 1
+    if [ "$PLACEMENT" = split ]; then  # a GPU each: all at once
+      pids=(); for i in $(seq 0 $((NODES - 1))); do start_node "$i" & pids+=($!); done
+      for p in "${pids[@]}"; do wait "$p" || exit 1; done
+    else  # sharing GPU 0: one after the other (two starting at once misjudge their KV cache)
+      for i in $(seq 0 $((NODES - 1))); do start_node "$i" || exit 1; done
+    fi
+    wait_workers $NODES || exit 1
     VLLAMA_STATE_DIR=$LOGS/state-front setsid python3 -m vllama_proxy serve --upstream $ROUTER --port $PF --log-format json \
       > $LOGS/front.log 2>&1 < /dev/null &
     echo $! > $LOGS/front.pid
@@ -214,7 +264,7 @@ start)
     log "fleet up ($PLACEMENT): router $(curl -s $ROUTER/list_workers); front $(curl -s $FRONT/readyz | head -c 300)"
     ;;
   one) node a $PF $VA 0 || exit 1 ;;
-  dp2) VLLM_ARGS="--data-parallel-size 2 ${VLLM_ARGS:-}" node a $PF $VA 0,1 || exit 1 ;;
+  dp*) n=${TOPOLOGY#dp}; VLLM_ARGS="--data-parallel-size $n ${VLLM_ARGS:-}" node a $PF $VA "$(seq -s, 0 $((n - 1)))" || exit 1 ;;
   esac
   log "GPU: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | tr '\n' ' ')"
   ;;
@@ -234,7 +284,7 @@ failover)
   config "$FAILOVER_CONFIG"
   # shellcheck disable=SC2086
   router $policy || exit 1
-  wait_workers 2 || exit 1
+  wait_workers $NODES || exit 1
   log "failover under $FAILOVER_CONFIG (router --policy $policy, front $front)"
   reset_caches > /dev/null
   restarts0=$(curl -s http://127.0.0.1:$PA/readyz | python3 -c 'import json,sys; print(json.load(sys.stdin)["restarts"])')
@@ -250,7 +300,7 @@ failover)
     sleep 0.5
   done
   t_ready=$(now)
-  wait_workers 2; t_back=$(now)
+  wait_workers $NODES; t_back=$(now)
   wait $lg
   python3 - "$OUT/failover.json" "$t_kill" "$t_ready" "$t_back" <<'EOF' | tee -a "$OUT/summary.txt" "$OUT/failover.txt"
 import json, sys
@@ -266,15 +316,58 @@ print(f"  kill at {kill:.1f} s: {len(failed)} turns failed ({len(in_flight)} in 
 EOF
   report "$OUT/failover.json" failover
   ;;
+throughput)  # distinct prompts, 128 in / 128 out, STREAMS in flight, through the front (or the node)
+  tput() {  # name
+    python3 benchmarks/loadgen.py --targets "x=ollama-chat:$FRONT" --model $SERVED --levels "$STREAMS" \
+      --requests-per-level "$REQUESTS" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
+      --procs "${LOADGEN_PROCS:-4}" --seed "$(cksum <<< "$1" | cut -c1-6)" --raise-nofile --json "$OUT/throughput-$1.json" > "$LOGS/throughput-$1.txt" 2>&1
+    python3 - "$OUT/throughput-$1.json" "$1" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))["levels"][0]["runs"][0]
+print(f"  throughput {sys.argv[2]}: {r['ok']}/{r['requests']} ok, {r['output_tok_s']} output tok/s, "
+      f"TTFT p50 {r['ttft_ms']['p50']} ms p90 {r['ttft_ms']['p90']} ms, ITL p50 {r['itl_ms']['p50']} ms, wall {r['wall_s']} s")
+EOF
+  }
+  if [ "$TOPOLOGY" = fleet ]; then
+    for c in $THROUGHPUT_CONFIGS; do
+      router "$c" || exit 1; wait_workers $NODES || exit 1
+      log "throughput: $NODES nodes, router --policy $c, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out"
+      tput "$TOPOLOGY$NODES-$c"
+    done
+  else
+    log "throughput: $TOPOLOGY, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out"; tput "$TOPOLOGY"
+  fi
+  ;;
+drain)  # the last node replaced under the conversation workload: SIGTERM (its drain), then started again
+  config "$FAILOVER_CONFIG"
+  # shellcheck disable=SC2086
+  router $policy || exit 1
+  wait_workers $NODES || exit 1
+  last=$((NODES - 1)) name=${NAMES[$((NODES - 1))]}
+  log "drain of node $name under $FAILOVER_CONFIG (router --policy $policy, front $front)"
+  workload "$front" "$OUT/drain.json" --conversations $G,$((S * 3)),$T --seed 98 > $LOGS/drain.txt 2>&1 &
+  lg=$!
+  sleep "$FAIL_AT"
+  pid=$(cat $LOGS/$name.pid); t_term=$(now); kill -TERM "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+  t_gone=$(now)
+  log "drain: node $name (pid $pid) got SIGTERM at $FAIL_AT s, exited $(awk "BEGIN{printf \"%.1f\", $t_gone - $t_term}") s later; starting it again"
+  start_node "$last" || exit 1
+  wait_workers $NODES; t_back=$(now)
+  log "drain: node $name back in the router's rotation $(awk "BEGIN{printf \"%.1f\", $t_back - $t_term}") s after its SIGTERM"
+  wait $lg
+  turns_lost "$OUT/drain.json" "$t_term" "drain (SIGTERM)" | tee -a "$OUT/summary.txt" "$OUT/drain.txt"
+  report "$OUT/drain.json" drain
+  ;;
 stop)
-  for f in front front2 router a b; do
+  for f in front front2 router a b c d e f g h; do
     [ -f $LOGS/$f.pid ] || continue; pid=$(cat $LOGS/$f.pid); kill -0 "$pid" 2>/dev/null || continue
     kill -TERM "$pid"; for _ in $(seq 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     rm -f $LOGS/$f.pid
   done
   sleep 2
   log "stopped; vLLM processes left: $(pgrep -fc '^VLLM::|vllm serve' || true), routers left: $(pgrep -fc 'vllm-router|vllm::router' || true); GPU $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | tr '\n' ' ')"
-  for f in front front2 a b router; do [ -f $LOGS/$f.log ] && gzip -c $LOGS/$f.log > "$OUT/$f.log.gz"; done
+  for f in front front2 a b c d e f g h router; do [ -f $LOGS/$f.log ] && gzip -c $LOGS/$f.log > "$OUT/$f.log.gz"; done
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
 esac; done

@@ -73,6 +73,7 @@ def test_units_pass_systemd_analyze(tmp_path):
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/vllama").mkdir(parents=True)
     shutil.copy(SYSTEMD / "vllama.env", root / "etc/vllama/vllama.env")
+    shutil.copy(SYSTEMD / "fleet.env", root / "etc/vllama/fleet.env")
     for unit in UNITS:
         shutil.copy(SYSTEMD / unit, root / "etc/systemd/system" / unit)
         exe = root / exec_start(unit)[0].lstrip("/")
@@ -110,8 +111,13 @@ def test_units_are_wired(monkeypatch, tmp_path):
 # --- Compose --------------------------------------------------------------------------------------
 
 
+SECRET = "the-fleet-secret"
+
+
 def resolved(env: dict) -> dict[str, str]:
-    return {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+    """Compose's ``${VAR:-default}`` as its default, ``${VAR:?error}`` (a required variable) as :data:`SECRET`."""
+    return {k: re.sub(r"\$\{[A-Z_]+:\?[^}]*\}", SECRET, re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)))
+            for k, v in env.items()}
 
 
 def test_compose_fleet(monkeypatch, tmp_path):
@@ -125,12 +131,15 @@ def test_compose_fleet(monkeypatch, tmp_path):
         s = settings_from(resolved(svc["environment"]), monkeypatch, tmp_path)
         monkeypatch.undo()
         assert s.model and s.register_with == router_url and s.advertise_url == f"http://{name}:{s.port}"
+        assert [k.get_secret_value() for k in s.api_key] == [SECRET], "a node takes the fleet secret only"
+        assert "ports" not in svc, "only the front is published"
         (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
         gpus += dev["device_ids"]
         assert systemd_seconds(svc["stop_grace_period"]) > DRAIN_AND_STOP + 5
     assert sorted(gpus) == ["0", "1"]
     front = settings_from(resolved(services["front"]["environment"]), monkeypatch, tmp_path)
-    assert front.upstream == router_url and not front.model
+    assert front.upstream == router_url and not front.model and front.api_key_upstream == SECRET
+    assert "ports" not in services["router"]
     (port,) = services["front"]["ports"]
     assert int(port.rsplit(":", 1)[1]) == front.port
     assert services["node-1"]["depends_on"]["node-0"]["condition"] == "service_healthy", "engines start one after the other"
@@ -187,5 +196,24 @@ def test_kubernetes_fleet(monkeypatch, tmp_path):
     assert hpa["spec"]["scaleTargetRef"]["name"] == "vllama-front"
     (metric,) = hpa["spec"]["metrics"]
     assert metric["resource"]["name"] == "cpu"
+    # the fleet secret: the front sends what every node requires, from one Secret
+    def secret_ref(c: dict) -> dict:
+        (e,) = [e for e in c["env"] if e["name"] == "VLLAMA_FLEET_SECRET"]
+        return e["valueFrom"]["secretKeyRef"]
+    assert secret_ref(node_c) == secret_ref(front_c) and not secret_ref(node_c).get("optional")
+    # only the router reaches a node, only the fronts reach the router's API and Redis
+    policies = {p["metadata"]["name"]: p for p in docs["NetworkPolicy"]}
+    for target, source in (("vllama-node", nodes), ("vllm-router", deployments["vllm-router"]),
+                           ("vllama-redis", deployments["vllama-redis"])):
+        policy = policies[target]["spec"]
+        assert policy["podSelector"]["matchLabels"].items() <= source["spec"]["template"]["metadata"]["labels"].items()
+    (from_router,) = policies["vllama-node"]["spec"]["ingress"]
+    assert from_router["from"][0]["podSelector"]["matchLabels"].items() <= deployments["vllm-router"]["spec"]["template"]["metadata"]["labels"].items()
+    # several front replicas share their per-key counts in the recipe's Redis
+    assert deployments["vllama-front"]["spec"]["replicas"] > 1 and front.state_url
+    redis_svc = services[httpx.URL(front.state_url).host]
+    assert redis_svc["spec"]["selector"].items() <= deployments["vllama-redis"]["spec"]["template"]["metadata"]["labels"].items()
+    # an upgrade replaces one node at a time, each draining on SIGTERM
+    assert nodes["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     ollama_svc = services["vllama"]
     assert ollama_svc["spec"]["selector"].items() <= deployments["vllama-front"]["spec"]["template"]["metadata"]["labels"].items()

@@ -168,6 +168,11 @@ class Settings(BaseSettings):
         description="File of API keys: one per line (# comments, each an admin key), or TOML [[keys]] with name, key or "
         "sha256, role (admin|user), models, max_in_flight, priority; added to --api-key; read again on SIGHUP.",
     )
+    state_url: str | None = Field(
+        None,
+        description="Redis every front of a fleet shares (redis://HOST:6379/0; pip install 'vllama-proxy[redis]'): a key's "
+        "max_in_flight then holds over all fronts, not per front. Without it each front counts its own.",
+    )
     metrics_open: bool = Field(
         False,
         description="Serve /metrics and /vllm/metrics without an API key (for a scraper that sends none); by default "
@@ -329,6 +334,13 @@ class Settings(BaseSettings):
         description="The URL the router reaches this node at (default: http://<this host's name>:<--port>).",
     )
     register_interval: float = Field(10.0, gt=0, description="Seconds between checks that the router lists this node.")
+    fleet_secret: SecretStr | None = Field(
+        None,
+        description="A fleet's shared secret (give every front and node the same, e.g. VLLAMA_FLEET_SECRET from one "
+        "secret): a front (--upstream, --router) sends it upstream as its bearer token (unless --api-key-upstream); a "
+        "node (--register-with) requires it on /api/* and /v1/* and takes no other key, so no user reaches a node, "
+        "or the router, around the front (vllm-router passes the caller's Authorization on to the node).",
+    )
     router: str | None = Field(
         None,
         description="Start vLLM's router (vllm-router, `pip install vllm-router`) with this --policy (e.g. sticky_least_loaded) "
@@ -445,6 +457,29 @@ class Settings(BaseSettings):
             for arg in self.vllm_args:
                 if arg.split("=", 1)[0] in RESERVED_VLLM_ARGS:
                     raise ValueError(f"{arg.split('=', 1)[0]} is set by vllama; use --vllm-port / --served-model-name")
+        return self
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_url(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("--state-url must be a redis://, rediss:// or unix:// URL")
+        return v or None
+
+    @model_validator(mode="after")
+    def _fleet_secret(self) -> Settings:
+        # front/fleet.py: the front (and a node, towards the router) sends the secret; a node takes it only
+        if self.fleet_secret is None or not self.fleet_secret.get_secret_value():
+            self.fleet_secret = None  # empty: none
+            return self
+        if self.api_key_upstream is None:
+            self.api_key_upstream = self.fleet_secret.get_secret_value()
+        if self.register_with:
+            secret = self.fleet_secret.get_secret_value()
+            if self.api_key_file is not None or any(k.get_secret_value() != secret for k in self.api_key):
+                raise ValueError("--fleet-secret on a node (--register-with) is its only key: give the keys file "
+                                 "(--api-key, --api-key-file) to the front")
+            self.api_key = [self.fleet_secret]
         return self
 
     @model_validator(mode="after")
@@ -590,7 +625,7 @@ METAVARS = {
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
     "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL", "router": "POLICY",
-    "router_port": "PORT", "router_args": "FLAGS",
+    "router_port": "PORT", "router_args": "FLAGS", "fleet_secret": "SECRET", "state_url": "URL",
     "max_small_body_size": "BYTES", "cache_quota": "BYTES", "max_blob_size": "BYTES",
     "usage_db": "FILE|URL|off", "usage_retention_days": "DAYS", "usage_flush_rows": "N",
 }

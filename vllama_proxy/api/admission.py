@@ -4,7 +4,8 @@ vLLM queues whatever it cannot run yet, so vllama sends every request upstream a
 and only bounds how many it holds: vLLM's running capacity (the sum over models of
 ``max_num_seqs`` x data-parallel size) plus ``--max-queue`` waiting (Ollama's
 ``OLLAMA_MAX_QUEUE``). Beyond that a request gets Ollama's 503 ``server busy`` with
-``Retry-After`` at once, instead of an ever-growing pile of connections.
+``Retry-After`` at once, instead of an ever-growing pile of connections. A draining server
+(``front/server.py``, on SIGTERM) answers every new inference request 503 the same way.
 
 The count lives in shared memory under one lock (:mod:`.shm`), so the bound is the
 server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
@@ -28,6 +29,7 @@ from .budgets import check as check_budget
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
 from .routes.body import read_body
+from .shared_state import KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -39,6 +41,8 @@ FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 _INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
 #: Ollama's words for a full queue (``server/sched.go`` ErrMaxQueue).
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
+#: A draining server's answer to a new request (503, as Ollama's busy, so clients and routers retry elsewhere).
+DRAINING = "server is shutting down: it finishes the requests in flight and takes no new ones; retry on another server"
 #: vLLM's default ``--max-num-seqs`` for its OpenAI server on GPUs with >= 70 GiB (not A100),
 #: and on smaller ones (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``, 0.26).
 VLLM_MAX_NUM_SEQS_LARGE_GPU = 1024
@@ -90,6 +94,7 @@ class AdmissionBound:
         self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
+        self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
 
     def try_enter(self, slot: int) -> bool:
         """Count one more request of worker ``slot`` if the server is below its limit."""
@@ -171,9 +176,18 @@ class AdmissionBound:
     def in_flight(self) -> int:
         return self._total.value
 
+    @property
+    def draining(self) -> bool:
+        """Set by :meth:`start_draining`: every worker refuses new inference requests (503), ``/readyz`` is 503."""
+        return bool(self._draining.value)
+
+    def start_draining(self) -> None:
+        """Stop taking inference requests in every worker (those in flight go on)."""
+        self._draining.value = 1
+
 
 def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
-               priority: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
+               priority: bool = False, shared: KeyState | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Admit inference requests once their body is read, while the server-wide count is below
     ``bound.limit``: beyond it, Ollama's 503 ``server busy`` with ``Retry-After: retry_after``; a key
     at its ``max_in_flight`` or, with ``fair``, over its share (:meth:`AdmissionBound.enter`), 429
@@ -184,11 +198,16 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     such connections filled the bound while vLLM sat idle). With ``priority`` the request's vLLM
     ``priority`` is set (:data:`PRIORITY`): the key's requests in flight before it, less 1,000,000
     per step of the key's own ``priority``: lower is served first (vLLM ``--scheduling-policy priority``).
+    With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight`` holds over every
+    front sharing the store: counted there at admission and at the end, never per token.
     """
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
             return await handler(request)
+        if bound.draining:  # a load balancer or vllm-router retries this on another engine
+            QUEUE_REJECTIONS.inc()
+            return error_response(ServerBusy(DRAINING, retry_after))
         await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
         check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
@@ -199,6 +218,14 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
                 # answered, not raised: a full server is its bound working, not a failure to log per request
                 return error_response(ServerBusy(BUSY, retry_after))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
+        counted = shared is not None and key.max_in_flight is not None
+        if counted:
+            assert shared is not None
+            if await shared.enter(key.name, key.max_in_flight) is None:
+                bound.leave_key(slot, key.slot)
+                QUEUE_REJECTIONS.inc()
+                raise TooManyRequests(f"key '{key.name}' has {key.max_in_flight} requests in flight over every front, its "
+                                      "max_in_flight; retry when one ends", retry_after=max(retry_after, 1))
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
@@ -207,6 +234,9 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         finally:
             bound.leave_key(slot, key.slot)
             IN_FLIGHT.dec()
+            if counted:
+                assert shared is not None
+                await shared.leave(key.name)
 
     return admit
 

@@ -37,9 +37,10 @@ from vllama_proxy.upstream import Upstream
 from . import access, admission, keys, route_roles
 from .ledger import ERROR, Ledger, record_request
 from .ledger_store import open_store
+from .shared_state import RedisKeyState
 from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_keys import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
+from .app_keys import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -212,8 +213,13 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if configured:  # on-demand models are gated per request (routes/model_use.py), not here
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
+    try:
+        shared = RedisKeyState(settings.state_url) if settings.state_url else None  # limits across fronts
+    except RuntimeError as e:  # no redis package: a configuration error, as for a bad flag
+        print(f"vllama serve: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
-                                            priority=settings.fair() and supervised))
+                                            priority=settings.fair() and supervised, shared=shared))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
     pool = Upstream(
@@ -238,6 +244,10 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     app[WORKER] = worker
     app[FRONT_END] = front
     app[MAX_RUNNING] = bound.running
+    if shared is not None:
+        app.on_startup.append(lambda _app: shared.start())
+        app.on_cleanup.append(lambda _app: shared.close())
+    app[DRAINING] = lambda: bound.draining
     app[CATALOG] = Catalog(
         [b for b in live if b.slot is None],
         aliases=aliases,

@@ -29,6 +29,8 @@ KEYS = web.AppKey("keys", KeyRing)
 #: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown
 #: (``--upstream`` without ``--max-running`` / ``--max-num-seqs``): ``/api/version``'s ``max_running``.
 MAX_RUNNING = web.AppKey("max_running", object)
+#: Whether the server is draining (``admission.AdmissionBound.draining``: shared by every worker): ``/readyz`` 503.
+DRAINING = web.AppKey("draining", object)
 #: Request key: ``time.perf_counter_ns()`` when the outermost middleware saw the request (stage timings).
 ACCEPTED = "vllama.accepted"
 #: This process's usage ledger (``ledger.py``), ``None`` with ``--usage-db off``.

@@ -84,6 +84,20 @@ async def drain(runner: web.AppRunner, workers: WorkerPool, timeout: float, hurr
         log.error("drain_failed", error=repr(task.exception()))
 
 
+async def wait_idle(bound: AdmissionBound, timeout: float, hurry: asyncio.Event) -> bool:
+    """Wait until no inference request is in flight in any worker, for up to ``timeout`` s or
+    until ``hurry`` is set. Returns whether none is. (Polls the shared count every 0.1 s: the
+    stopping process only, never a request's path.)"""
+    deadline = time.monotonic() + timeout
+    while bound.in_flight > 0 and time.monotonic() < deadline and not hurry.is_set():
+        await asyncio.sleep(0.1)
+    return bound.in_flight <= 0
+
+
+#: Seconds the streams cut at the drain's deadline get to write their error line before the sockets close.
+ERROR_LINE_GRACE = 5.0
+
+
 def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None) -> AdmissionBound:
     """The server-wide bound on inference requests: vLLM's running capacity (``--max-running``,
     else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``.
@@ -141,7 +155,9 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
         notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig)
     finally:
-        await drain(runner, workers, settings.drain_timeout, hurry)
+        bound.start_draining()  # 503 to new requests, /readyz 503, while those in flight finish
+        await wait_idle(bound, settings.drain_timeout, hurry)
+        await drain(runner, workers, ERROR_LINE_GRACE, hurry)
         if router is not None:
             await router.stop()
         watchdog.cancel()
@@ -194,8 +210,10 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     ``vllm serve`` per model healthy, serve the Ollama API for all of them.
 
     The proxy listens at once (503 "loading" until a preloaded model is ready). On
-    SIGTERM/SIGINT: stop accepting, let in-flight requests finish for ``drain_timeout``,
-    stop every vLLM's process group, return (exit 0). Exits 1 with one line when there
+    SIGTERM/SIGINT: leave the router (``--register-with``), answer new requests 503 and
+    ``/readyz``/``/health`` 503, let in-flight requests finish for ``drain_timeout`` (past it,
+    vLLM is stopped first, so each open stream ends with an error line), stop every vLLM's
+    process group, return (exit 0). Exits 1 with one line when there
     is no GPU.
     """
     specs = [with_priority_policy(with_api_servers(m, front), settings) for m in resolved.specs]
@@ -308,14 +326,24 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
             notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
             log.info("stopping", signal=sig, drain_timeout_s=settings.drain_timeout)
     finally:
-        # stop accepting and drain in-flight requests in every worker, then (whatever the drain
-        # did) stop every vLLM's group
+        # The drain (docs/fleet.md): leave the router, refuse new requests (503, readiness false:
+        # routers and load balancers send them elsewhere) while the listener stays open, let the
+        # requests in flight finish for --drain-timeout; past it, stop vLLM, so that each stream
+        # still open ends with an error line (the path of an engine that dies); then close.
+        stopped = False
         try:
             if registration is not None:  # the router sends nothing more while the node drains
                 await registration.stop()
-            await drain(runner, workers, settings.drain_timeout, hurry)
+            bound.start_draining()
+            if not await wait_idle(bound, settings.drain_timeout, hurry):
+                log.warning("drain_deadline", in_flight=bound.in_flight, drain_timeout_s=settings.drain_timeout)
+                stopped = True
+                await pool.stop()
+                await wait_idle(bound, ERROR_LINE_GRACE, hurry)
+            await drain(runner, workers, ERROR_LINE_GRACE, hurry)
         finally:
-            await pool.stop()
+            if not stopped:
+                await pool.stop()
             watchdog.cancel()
             notifier.close()
     log.info("stopped")

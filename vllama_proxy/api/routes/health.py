@@ -1,7 +1,8 @@
 """``/livez`` and ``/readyz`` for systemd, containers and Kubernetes probes.
 
 ``/livez`` is 200 while the process serves HTTP. ``/readyz`` is 200 only when every
-model can serve (ready, or asleep/unloaded and loaded on demand); otherwise 503 with
+model can serve (ready, or asleep/unloaded and loaded on demand) and the server is not
+draining (``{"state": "draining"}``, 503); otherwise 503 with
 JSON naming the state, since when, and the last error (supervised), or the
 upstream's health (``--upstream``). ``/health`` is vLLM's shape of the same answer (200 or 503,
 empty body), so that a node can stand where ``vllm-router`` expects a vLLM (``docs/fleet.md``).
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from vllama_proxy.supervisor import probes
 from ..keys import KEY
-from ..app_keys import CATALOG, FRONT_END, KEYS
+from ..app_keys import CATALOG, DRAINING, FRONT_END, KEYS
 
 
 async def livez(request: web.Request) -> web.Response:
@@ -51,6 +52,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def _readiness(request: web.Request) -> tuple[bool, dict]:
+    if request.app[DRAINING]():  # stopping: out of every load balancer's and router's rotation
+        return False, {"state": "draining"}
     catalog = request.app[CATALOG]
     boards = [b.board for b in catalog.backends if b.board is not None]
     on_demand = catalog.on_demand
