@@ -30,7 +30,7 @@ from conftest import SERVED, free_port, start_proxy, stop
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 pytestmark = [
     pytest.mark.skipif(not BIN, reason="no PostgreSQL server (apt-get install postgresql)"),
-    pytest.mark.skipif(importlib.util.find_spec("psycopg") is None, reason="no psycopg (pip install 'vllama[postgres]')"),
+    pytest.mark.skipif(importlib.util.find_spec("psycopg") is None, reason="no psycopg (pip install 'vllama-proxy[postgres]')"),
 ]
 
 

@@ -402,7 +402,7 @@ class Settings(BaseSettings):
     usage_db: str | None = Field(
         None,
         description="Where the usage ledger keeps one row per answered request: an SQLite file (default: usage.sqlite3 in "
-        "the state directory), postgresql://USER@HOST/DB (pip install 'vllama[postgres]'; several fronts may share one), "
+        "the state directory), postgresql://USER@HOST/DB (pip install 'vllama-proxy[postgres]'; several fronts may share one), "
         "or off (no ledger, no budgets).",
     )
     usage_retention_days: int = Field(400, ge=0, description="Days the usage ledger keeps its rows (0: forever).")

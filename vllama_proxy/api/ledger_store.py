@@ -8,7 +8,7 @@ SQLite (stdlib ``sqlite3``): WAL journal, so every ``--workers`` process writes 
 its own connection (writers take turns, ``busy_timeout`` 10 s; readers never wait), ``synchronous
 = NORMAL`` (a committed batch survives a killed process; only a power cut may lose the last
 commits, SQLite's documented WAL trade-off). PostgreSQL (psycopg 3, ``pip install
-'vllama[postgres]'``): several fronts share one database; each row names its host.
+'vllama-proxy[postgres]'``): several fronts share one database; each row names its host.
 
 Times are seconds since the epoch (UTC); days and months are UTC days and months.
 """
@@ -184,7 +184,7 @@ def _postgres(url: str) -> Store:
     try:
         import psycopg
     except ModuleNotFoundError:
-        raise ValueError("a postgresql:// --usage-db needs psycopg: pip install 'vllama[postgres]'") from None
+        raise ValueError("a postgresql:// --usage-db needs psycopg: pip install 'vllama-proxy[postgres]'") from None
     conn = psycopg.connect(url, connect_timeout=10)
     conn.execute("SET client_encoding TO 'UTF8'")  # text, not bytes, even from an SQL_ASCII database
     with conn.cursor() as cur:
