@@ -1102,6 +1102,21 @@ async def tokenize(request: web.Request) -> web.Response:
                           "tokens": tokens, "token_strs": None})
 
 
+def _anthropic_prompt_tokens(body: dict[str, Any]) -> int:
+    """An Anthropic request's prompt as the stand-in counts it: the words of ``system`` and of every
+    message's text (a string, or ``text`` blocks)."""
+    words = 0
+    system = body.get("system")
+    blocks = system if isinstance(system, list) else [{"text": system}] if isinstance(system, str) else []
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        blocks += content if isinstance(content, list) else [{"text": content}] if isinstance(content, str) else []
+    for b in blocks:
+        if isinstance(b, dict) and isinstance(b.get("text"), str):
+            words += len(b["text"].split())
+    return words
+
+
 async def agent_api(request: web.Request) -> web.Response:
     """``/v1/messages`` and ``/v1/responses``, unstreamed only: vLLM's own agents' endpoints run on the
     real engine in tests/real_engine/test_real_agents.py; here only what vllama sends them (recorded)
@@ -1112,7 +1127,14 @@ async def agent_api(request: web.Request) -> web.Response:
         model = check_model(state, body)
     except ApiError as e:
         return error_response(e.status, e.message, e.err_type, e.param)
+    if request.path == "/v1/messages/count_tokens":
+        return json_response({"input_tokens": _anthropic_prompt_tokens(body)})
     if request.path == "/v1/messages":
+        try:  # vLLM 0.26 refuses a max_tokens the prompt leaves no room for (recorded on the H200: 500,
+            # "This model's maximum context length is 4096 tokens. However, you requested 4096 output tokens ...")
+            _validate_len(state, _anthropic_prompt_tokens(body), _opt_int(body, "max_tokens"))
+        except ApiError as e:
+            return error_response(e.status, e.message, e.err_type, e.param)
         return json_response({"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
                               "content": [{"type": "text", "text": "tok0 tok1 "}], "stop_reason": "end_turn",
                               "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 8}})
@@ -1266,6 +1288,7 @@ def make_app(state: State) -> web.Application:
         r.add_post("/v1/completions", completions)
         r.add_post("/v1/chat/completions", chat_completions)
         r.add_post("/v1/messages", agent_api)
+        r.add_post("/v1/messages/count_tokens", agent_api)
         r.add_post("/v1/responses", agent_api)
     r.add_post("/tokenize", tokenize)
     r.add_get("/_fake/requests", fake_requests)

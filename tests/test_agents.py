@@ -83,6 +83,25 @@ def test_agents_requests_reach_vllm_as_chats_do(proxy, upstream_requests):
     assert grew == 24
 
 
+def test_claude_codes_32000_output_tokens_fit_what_the_prompt_leaves_of_the_context(proxy, upstream_requests):
+    # Claude Code asks max_tokens 32000 (thinking budget 31999) of any model; vLLM 0.26 refused the context (4096)
+    # too, since the prompt leaves less (H200, benchmarks/results/h200-session9/agents-run.txt): max_tokens is
+    # what the prompt leaves, counted by vLLM's /v1/messages/count_tokens
+    words = " ".join(["word"] * 300)
+    claude = {"model": "fake:7b", "max_tokens": 32000, "thinking": {"type": "enabled", "budget_tokens": 31999},
+              "system": "You are Claude Code.", "messages": [{"role": "user", "content": words}]}
+    r = httpx.post(proxy.url + "/v1/messages?beta=true", json=claude, headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code == 200, r.text
+    sent = upstream_requests("/v1/messages")[-1]["body"]
+    assert sent["max_tokens"] == 4096 - (300 + 4)  # the stand-in counts words: 300 + "You are Claude Code."
+    assert sent["thinking"]["budget_tokens"] == sent["max_tokens"] - 1
+    small = {**claude, "max_tokens": 100, "thinking": {"type": "enabled", "budget_tokens": 50}}
+    counted = len(upstream_requests("/v1/messages/count_tokens"))
+    assert httpx.post(proxy.url + "/v1/messages", json=small).status_code == 200
+    assert upstream_requests("/v1/messages")[-1]["body"]["max_tokens"] == 100  # fits: as sent, and not counted
+    assert len(upstream_requests("/v1/messages/count_tokens")) == counted
+
+
 @pytest.mark.parametrize("tail, want", [
     # Anthropic, unstreamed: cached input counted apart by Anthropic, added back
     (b'{"content":[],"usage":{"input_tokens":12,"cache_read_input_tokens":4,"output_tokens":7}}', (16, 7)),

@@ -25,16 +25,22 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, MissingBody
-from vllama_proxy.upstream import encode_json
+from vllama_proxy.errors import BadRequest, MissingBody, UpstreamError
+from vllama_proxy.upstream import Upstream, encode_json
+
+from .. import session
+from ..admission import with_priority
+from ..app_keys import CATALOG, SETTINGS
+from ..keys import key_of
+from ..translate import (
+    OUTPUT_TOKEN_FIELDS,
+    cap_output_tokens,
+    check_capabilities,
+    upstream_model,
+)
 from .body import read_body
 from .model_use import resolve_model
 from .openai import relay
-from ..admission import with_priority
-from .. import session
-from ..app_keys import CATALOG, SETTINGS
-from ..keys import key_of
-from ..translate import OUTPUT_TOKEN_FIELDS, cap_output_tokens, check_capabilities, upstream_model
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -67,35 +73,56 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
     if generates and _function_tools(data.get("tools")):
         check_capabilities(name, await catalog.capabilities(model), tools=True)
     data["model"] = upstream_model(catalog.created(name), model.name)
-    if path == "/v1/messages":
-        fit_max_tokens(data, model.max_model_len)
-    if path in OUTPUT_TOKEN_FIELDS:  # the key's max_tokens, and the context (issue 38)
-        cap_output_tokens(data, OUTPUT_TOKEN_FIELDS[path], model.max_model_len, key_of(request).max_tokens)
-        thinking, most = data.get("thinking"), data.get("max_tokens")
-        if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and isinstance(most, int) \
-                and thinking["budget_tokens"] >= most:  # the budget stays below max_tokens, as Anthropic requires
-            data["thinking"] = {**thinking, "budget_tokens": max(most - 1, 1)}
     if priority:
         with_priority(request, data)
     settings = request.app[SETTINGS]  # the conversation's key, so that a router keeps it on one engine
     headers = session.headers(settings.session_header, request.headers, session.agent_key(data["model"], data))
-    return await relay(request, backend, path, encode_json(data), session_headers=headers)
+
+    async def ready() -> bytes:
+        """The body as sent, built once the model is held: its context is known then (a model that was
+        not running has no ``max_model_len`` before), and vLLM can count the prompt."""
+        held = model if model.max_model_len else await catalog.resolve(name)
+        if path == "/v1/messages":
+            await fit_max_tokens(backend.upstream, data, held.max_model_len)
+        if path in OUTPUT_TOKEN_FIELDS:  # the key's max_tokens, and the context (issue 38)
+            cap_output_tokens(data, OUTPUT_TOKEN_FIELDS[path], held.max_model_len, key_of(request).max_tokens)
+            _budget_below(data)
+        return encode_json(data)
+
+    return await relay(request, backend, path, b"", session_headers=headers, ready_body=ready)
 
 
-def fit_max_tokens(data: dict[str, Any], context: int | None) -> None:
+def _budget_below(data: dict[str, Any]) -> None:
+    """Anthropic's rule (and vLLM's check): ``thinking.budget_tokens`` stays below ``max_tokens``."""
+    thinking, most = data.get("thinking"), data.get("max_tokens")
+    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and isinstance(most, int) \
+            and thinking["budget_tokens"] >= most:
+        data["thinking"] = {**thinking, "budget_tokens": max(most - 1, 1)}
+
+
+async def fit_max_tokens(upstream: Upstream, data: dict[str, Any], context: int | None) -> None:
     """Claude Code asks for more output than a local model's context holds (``max_tokens`` 32000,
     ``thinking.budget_tokens`` 31999: its CLAUDE_CODE_MAX_OUTPUT_TOKENS default), which vLLM
-    refuses (400 ``max_completion_tokens=32000 cannot be greater than max_model_len``) where Ollama
-    generates until its context is full. Both are lowered to fit ``context`` (the model's
-    ``max_model_len``; vLLM then stops at what is left after the prompt), the budget kept below
-    ``max_tokens`` as Anthropic's rule (and vLLM's check) requires."""
+    refuses (0.26 and 0.32: ``max_completion_tokens=32000 cannot be greater than max_model_len``;
+    0.26 also refuses a ``max_tokens`` that the prompt leaves no room for: "you requested 4096 output
+    tokens and your prompt contains ...", seen on the H200) where Ollama generates until its context
+    is full. So ``max_tokens`` is lowered to what ``context`` (the model's ``max_model_len``) leaves
+    after the prompt, counted by vLLM's own ``/v1/messages/count_tokens`` (the same template and
+    tools), or to ``context`` when vLLM cannot count; the thinking budget stays below it. A request
+    that fits is sent as it is, with no extra call."""
     wanted = data.get("max_tokens")
-    if not context or not isinstance(wanted, int) or isinstance(wanted, bool) or wanted <= context:
+    if not context or not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < context:
         return
-    data["max_tokens"] = context
-    thinking = data.get("thinking")
-    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and thinking["budget_tokens"] >= context:
-        data["thinking"] = {**thinking, "budget_tokens": context - 1}
+    room = context
+    ask = {k: v for k, v in data.items() if k in ("model", "messages", "system", "tools", "tool_choice", "thinking")}
+    try:
+        used = (await upstream.post_json("/v1/messages/count_tokens", ask)).get("input_tokens")
+    except (UpstreamError, AttributeError):
+        used = None
+    if isinstance(used, int) and not isinstance(used, bool):
+        room = max(context - used, 1)
+    data["max_tokens"] = min(wanted, room)
+    _budget_below(data)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
