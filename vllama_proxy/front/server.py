@@ -249,6 +249,8 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
             print(f"vllama serve: {no_gpu_line(e, found)}", file=sys.stderr)
             raise SystemExit(1) from None
         gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids} or {0}))
+    if found.executable is not None:
+        log.info("vllm_executable", **found.as_log())
     nofile = raise_nofile_limit()
     if front.placement.active:
         # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
@@ -383,7 +385,7 @@ async def serve_on_cpu(settings: Settings, specs: list[ModelConfig], front: Plan
 
 
 def check_vllm_executable(settings: Settings, found: engine.Engine, launches: bool) -> str | None:
-    """The ``vllm`` executable the supervisor will run (``found``: ``engine.detect``), logged.
+    """The ``vllm`` executable the supervisor will run (``found``: ``engine.detect``), or ``None``.
 
     Raises:
         SystemExit: (2, one line on stderr saying what to install: a configuration error, which the
@@ -392,8 +394,7 @@ def check_vllm_executable(settings: Settings, found: engine.Engine, launches: bo
             models (on-demand only) a missing one is a warning, and each start says it again.
     """
     if found.executable is not None:
-        log.info("vllm_executable", **found.as_log())
-        return found.executable
+        return found.executable  # logged once the GPU check passed: a refused start is one line
     where = (f"not beside {sys.executable} nor on PATH" if os.sep not in settings.vllm_executable
              else "no such executable file")
     line = f"cannot find the vLLM executable {settings.vllm_executable!r} ({where})"
