@@ -279,7 +279,7 @@ def test_vllm_rejecting_its_arguments_fails_at_once_and_exits_2(vllama):
 
 
 def test_a_rejected_argument_later_is_failed_with_vllms_message_not_a_crash_loop():
-    from vllama_proxy.supervisor.lifecycle import usage_error
+    from vllama_proxy.supervisor.launch import usage_error
 
     lines = ["INFO 11-23 api_server.py:1 vLLM API server version 0.26.0",
              "usage: vllm serve [model_tag] [options]",

@@ -12,7 +12,8 @@ import pytest
 from conftest import TESTS, free_port
 from vllama_proxy.errors import UpstreamUnavailable
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor.lifecycle import NO_MEDIA_DOMAIN, Supervisor
+from vllama_proxy.supervisor.launch import NO_MEDIA_DOMAIN
+from vllama_proxy.supervisor.lifecycle import Supervisor
 from vllama_proxy.supervisor.room import MakeRoom
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard

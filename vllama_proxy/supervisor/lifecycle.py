@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -24,11 +23,12 @@ from typing import Any, Protocol
 import psutil
 
 from vllama_proxy.models.adapters import LoraPlan, lora_plan
-from vllama_proxy.models.launch_spec import ModelConfig, has_flag
+from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
-from .child import VllmProcess, find_executable
+from .child import VllmProcess
+from .launch import usage_error, vllm_argv, vllm_env
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from .placement import pin_engine_cores
@@ -38,7 +38,6 @@ from .slots import SlotTable
 from .states import (TRANSITIONS, Crashed, Evicted, Healthy, Idle, InvalidTransition, LoraOutgrown, Misconfigured, StartOutcome, State,
                      StopAsked, Wanted, WakeOutcome, WatchOutcome)
 from .status import StatusBoard
-from .warm import compile_cache
 from ..upstream import Upstream, read_response
 
 log = get_logger("vllama.supervisor")
@@ -82,39 +81,6 @@ class Unpooled:
 
     async def changed(self) -> None:
         await asyncio.sleep(0.05)
-#: A host that can never resolve (RFC 6761 ``.invalid``): vLLM's domain allow-list with only
-#: this in it lets no media URL through.
-NO_MEDIA_DOMAIN = "media-fetching-is-off.invalid"
-
-
-def media_args(allowed: list[str], vllm_args: list[str]) -> list[str]:
-    """vLLM flags limiting which hosts it fetches media URLs from (``/v1/*`` requests can name
-    ``image_url``s; vLLM's ``MediaConnector`` fetches them server-side, a request-forgery hole
-    on a shared server). ``allowed`` empty: none (the allow-list holds one unresolvable host);
-    ``["*"]``: any (no flag, vLLM's default). Left to the user's own ``--allowed-media-domains``
-    after ``--`` when given. Local files stay off as in vLLM (no ``--allowed-local-media-path``).
-    Redirects are turned off in :meth:`Supervisor._start_once`'s environment."""
-    if "*" in allowed or has_flag(vllm_args, "--allowed-media-domains"):
-        return []
-    return ["--allowed-media-domains", *(allowed or [NO_MEDIA_DOMAIN])]
-
-
-def usage_error(returncode: int, lines: list[str]) -> str | None:
-    """vLLM's message when it exited because it rejected its command line, else ``None``.
-
-    vLLM parses ``vllm serve``'s arguments with argparse, which prints ``usage: vllm serve
-    ...`` and ``vllm serve: error: <why>`` and exits with status 2.
-    """
-    if returncode != 2:
-        return None
-    errors = [line.strip() for line in lines if ": error: " in line]
-    if not errors or not any(line.lstrip().startswith("usage:") for line in lines):
-        return None
-    return errors[-1]
-
-
-
-
 class Supervisor:
     """Keeps one ``vllm serve`` healthy on a private loopback port.
 
@@ -175,22 +141,8 @@ class Supervisor:
 
     # -- public API ----------------------------------------------------------------
     def argv(self) -> list[str]:
-        """The child's command line (no shell): vLLM bound to loopback on the private port, media
-        fetching limited (:func:`media_args`); with LoRA adapters of created models, their
-        arguments and one API server (vLLM refuses runtime adapter loading with several)."""
-        args = self.spec.args()
-        lora = self._lora.args()
-        if lora:
-            args = [a for i, a in enumerate(args) if a != "--api-server-count" and (i == 0 or args[i - 1] != "--api-server-count")
-                    and not a.startswith("--api-server-count=")] + ["--api-server-count", "1"]
-        return [
-            find_executable(self.s.vllm_executable) or self.s.vllm_executable, "serve", self.spec.model,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--served-model-name", self.served_name,
-            *media_args(self.s.allowed_media_domains, args),
-            *args,
-            *lora,
-        ]
+        """The child's command line (``launch.py``: :func:`vllm_argv`) with the LoRA plan it starts with."""
+        return vllm_argv(self.s, self.spec, self.port, self._lora)
 
     def lora_plan(self) -> LoraPlan:
         """The LoRA plan the adapters known now ask for (``models/adapters.py``)."""
@@ -676,20 +628,8 @@ class Supervisor:
         while the child's output shows loading progress), and readiness.
         """
         try:
-            # nvidia-smi's GPU numbering for every child (the pool counts GPUs by it), unless set
-            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **self.spec.env()}
-            # an allowed media host must not redirect vLLM to one that is not (vLLM follows redirects by default)
-            env.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
-            # vllama's own metrics directory (--workers) is not vLLM's: with several API servers vLLM
-            # makes its own, and given ours it would mix its series into vllama's /metrics and back.
-            env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-            # vLLM's compile cache where it survives a restart (the state directory when home is read-only)
-            env.update(compile_cache(self.s.state_dir, env)[2])
-            if self.sleep_mode:
-                env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
             self._lora = await asyncio.to_thread(self.lora_plan)
-            if self._lora.modules:
-                env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # adapters created later load without a restart
+            env = vllm_env(self.s, self.spec, sleep_mode=self.sleep_mode, lora=self._lora)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
             # not there or not executable: no restart can fix it, only a new configuration (issue 26.1)
