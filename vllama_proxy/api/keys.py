@@ -10,7 +10,10 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
     role = "user"             # "admin" or "user" (default)
     models = ["qwen2.5:*"]    # names or shell patterns it may use (default: every model)
     max_in_flight = 8         # its own bound on requests in flight (429 beyond it)
-    priority = 0              # higher is served first by vLLM (with fair sharing on)
+    priority = 0              # higher is served first (with fair sharing on)
+    weight = 1.0              # its share of vLLM's running slots against other waiting keys (fair sharing)
+    rpm = 600                 # requests per minute (429 beyond; default: no limit)
+    tpm = 100000              # prompt + output tokens per minute (429 once spent; default: no limit)
 
 Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
 an admin's): a **user** runs inference on the models it may use, lists and shows those, and
@@ -31,6 +34,7 @@ wrapped with :func:`admin_only`, or a check inside a handler with :func:`require
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import hashlib
@@ -82,6 +86,9 @@ class KeyEntry(BaseModel):
     models: list[str] = Field(default_factory=list)
     max_in_flight: int | None = Field(None, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
+    weight: float = Field(1.0, gt=0, le=1000)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
@@ -99,7 +106,9 @@ class Key:
         role: ``admin`` or ``user``.
         models: names or shell patterns it may use (empty: every model).
         max_in_flight: its own bound on requests in flight (``None``: only its fair share).
-        priority: higher is served first by vLLM.
+        priority: higher is served first.
+        weight: its weight in the fair queue (``fair_queue.py``: its token counter grows by cost / weight).
+        rpm, tpm: requests and tokens per minute (``rate_limits.py``; ``None``: no limit).
         slot: its per-key counter's index (:data:`KEY_SLOTS`).
     """
 
@@ -108,6 +117,9 @@ class Key:
     models: tuple[str, ...] = ()
     max_in_flight: int | None = None
     priority: int = 0
+    weight: float = 1.0
+    rpm: int | None = None
+    tpm: int | None = None
     slot: int = 0
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -177,7 +189,8 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
             raise ValueError(f"{path}: [[keys]] #{n}: the name '{e.name}' is given twice")
         names.add(e.name)
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
-        out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority)))
+        out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
+                                weight=e.weight, rpm=e.rpm, tpm=e.tpm)))
     return out
 
 
@@ -222,8 +235,7 @@ class KeyRing:
         for digest, key in sorted(found, key=lambda x: x[1].name):
             s = slot_of(key.name, taken)
             taken.add(s)
-            by_digest[digest] = Key(name=key.name, role=key.role, models=key.models, max_in_flight=key.max_in_flight,
-                                    priority=key.priority, slot=s)
+            by_digest[digest] = dataclasses.replace(key, slot=s, _cache={})
         self._by_digest = by_digest
 
     def reload(self) -> bool:
