@@ -24,7 +24,7 @@ from aiohttp import web
 from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
-from .fair_queue import BYTES_PER_TOKEN, W_IN, W_OUT, FairQueue
+from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
 from .rate_limits import RateLimits
@@ -82,12 +82,13 @@ class AdmissionBound:
         queue: with fair sharing, how many requests go upstream at once (vLLM's running capacity,
             known or guessed): the rest wait in :attr:`queue`, a :class:`~.fair_queue.FairQueue`
             (``None``: no queue, every admitted request goes upstream at once).
+        reserve: the queue's reserve (:class:`~.fair_queue.FairQueue`).
 
     Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``).
     """
 
     def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
-                 running: int | None = None, queue: int | None = None) -> None:
+                 running: int | None = None, queue: int | None = None, reserve: int = 0) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
         self.running = running
@@ -98,7 +99,7 @@ class AdmissionBound:
         self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
-        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx) if queue else None
+        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
 
     def try_enter(self, slot: int) -> bool:
@@ -236,8 +237,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             usage = request.get(USAGE)
             if dispatched:
                 assert queue is not None
-                correction = W_IN * usage[0] - estimate + W_OUT * usage[1] if usage else 0.0
-                queue.done(slot, key.slot, correction)
+                queue.done(slot, key.slot, W_IN * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
             if usage and key.tpm is not None:
                 bound.limits.spend(key.slot, usage[0] + usage[1])
             bound.leave_key(slot, key.slot)

@@ -101,9 +101,10 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
     queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/fair_queue.py)
+    reserve = settings.fair_reserve_for(running) if queue else 0
     log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
-             max_running_shown=known, fair_queue=queue)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known, queue=queue)
+             max_running_shown=known, fair_queue=queue, fair_reserve=reserve)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known, queue=queue, reserve=reserve)
 
 
 def log_front_end(front: Plan) -> None:
