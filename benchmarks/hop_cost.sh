@@ -62,6 +62,10 @@
 #            first vLLM launch: run start first); milestones as vanilla's. Fair pairs: `vanilla cold` in one call,
 #            `cold vanilla` in the next (ABBA: drift and order cancel); COLD_FLAGS: more vllama flags (before
 #            its `--`) for cold and warm, e.g. "--pin-engine-core off"
+#   stoprun  (GPU free, after start: its compile cache kept) issue 37.5: vllama with its defaults (it chooses sleep mode:
+#            its sleep_on_stop line), then STOPRUN_ROUNDS (3) times `vllama stop` (seconds until /readyz says sleeping
+#            or unloaded, GPU memory then, models `vllama ps` lists) and one request (seconds to its first token:
+#            the return); then stopped
 #   ondemand (GPU free) two random models placed in $HUB as Qwen/Qwen2.5-1.5B-Instruct and
 #            meta-llama/Llama-3.2-1B-Instruct; `vllama serve` with no model and its defaults; the real
 #            ollama client asks qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b (16 tokens
@@ -72,6 +76,8 @@
 #   0: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup wake start      (~3.5 min)
 #   1: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh c1 sweep spread batch stop offline   (~8 min)
 #   2: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh vanilla warm ondemand          (~8 min)
+#   stop then run (issue 37.5), after the stash calls (~4 min):
+#      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start stop stoprun
 #   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh ondemand
 # (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
@@ -333,6 +339,25 @@ cold|warm)
   s=$(vllama_start $vlog $cache "${COLD_FLAGS:-}") || { tail -40 $vlog; }
   log "$([ $phase = cold ] && echo 'cold start (vllama, fresh compile cache)' || echo 'second start (vllama, compile cache of start kept)')${COLD_FLAGS:+ $COLD_FLAGS} run $run_n of this call: launch to first token $s s"
   { milestones $vlog; grep -m1 '"front_end"' $vlog | cut -c1-300; compile_lines $vlog; } | say
+  stop_pid $LOGS/b.pid
+  ;;
+stoprun)
+  vlog=$LOGS/vllama-stoprun-$(date +%H%M%S).log
+  s=$(vllama_start $vlog $LOGS/cache-b "${COLD_FLAGS:-}") || { tail -40 $vlog; }
+  log "stoprun: vllama with its defaults up (compile cache of start kept): launch to first token $s s; GPU memory used: $(gpu)"
+  grep -a '"sleep_on_stop"' $vlog | cut -c1-300 | say
+  state() { curl -s $B/readyz | python3 -c 'import json, sys; print(json.load(sys.stdin).get("state"))'; }
+  for i in $(seq "${STOPRUN_ROUNDS:-3}"); do
+    t=$(date +%s.%N)
+    OLLAMA_HOST=$B python3 -m vllama_proxy stop $SERVED || log "stoprun $i: vllama stop failed"
+    for _ in $(seq 1200); do st=$(state); [ "$st" = sleeping ] || [ "$st" = unloaded ] && break; sleep 0.05; done
+    put=$(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $t}")
+    listed=$(OLLAMA_HOST=$B python3 -m vllama_proxy ps | tail -n +2 | grep -c . || true)
+    log "stoprun $i: vllama stop -> $st after $put s; GPU memory used: $(gpu); vllama ps lists $listed model(s)"
+    s=$(report first $B ollama --model $SERVED --timeout 590)
+    log "stoprun $i: then one request: its first token after $s s ($(state))"
+  done
+  grep -aE '"sleep_warmed"|"woke_up"|"to":"(sleeping|ready|unloaded)"' $vlog | cut -c1-300 | say
   stop_pid $LOGS/b.pid
   ;;
 ondemand)

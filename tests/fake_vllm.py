@@ -1165,6 +1165,26 @@ async def tokenize(request: web.Request) -> web.Response:
                           "tokens": tokens, "token_strs": None})
 
 
+async def agent_api(request: web.Request) -> web.Response:
+    """``/v1/messages`` and ``/v1/responses``, unstreamed only: vLLM's own agents' endpoints run on the
+    real engine in tests/real_engine/test_real_agents.py; here only what vllama sends them (recorded)
+    and a minimal answer with each API's usage (12 in, 8 out)."""
+    state = request.app[STATE_KEY]
+    try:
+        body = await read_body(request)
+        model = check_model(state, body)
+    except ApiError as e:
+        return error_response(e.status, e.message, e.err_type, e.param)
+    if request.path == "/v1/messages":
+        return json_response({"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+                              "content": [{"type": "text", "text": "tok0 tok1 "}], "stop_reason": "end_turn",
+                              "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 8}})
+    return json_response({"id": "resp_fake", "object": "response", "status": "completed", "model": model,
+                          "output": [{"type": "message", "id": "msg_fake", "role": "assistant", "status": "completed",
+                                      "content": [{"type": "output_text", "text": "tok0 tok1 ", "annotations": []}]}],
+                          "usage": {"input_tokens": 12, "output_tokens": 8, "total_tokens": 20}})
+
+
 async def health(request: web.Request) -> web.Response:
     f = request.app[STATE_KEY].knobs.unhealthy_file
     if f and os.path.exists(f):
@@ -1309,6 +1329,8 @@ def make_app(state: State) -> web.Application:
     else:
         r.add_post("/v1/completions", completions)
         r.add_post("/v1/chat/completions", chat_completions)
+        r.add_post("/v1/messages", agent_api)
+        r.add_post("/v1/responses", agent_api)
     r.add_post("/tokenize", tokenize)
     r.add_get("/_fake/requests", fake_requests)
     r.add_delete("/_fake/requests", fake_requests)

@@ -397,7 +397,7 @@ def test_progress_bar_on_a_terminal(slow_stack, tmp_path):
 
 def test_progress_lines_when_not_a_terminal(slow_stack, tmp_path, monkeypatch):
     fake, proxy = slow_stack
-    monkeypatch.setattr(batch, "PLAIN_INTERVAL", 0.1)
+    monkeypatch.setattr(batch.progress, "PLAIN_INTERVAL", 0.1)
     inp = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"c{i}", f"item-{i} [[tokens:30]]") for i in range(6)])
     err = io.StringIO()
     s = asyncio.run(run_batch(inp, tmp_path / "out.jsonl", host=proxy.url, progress=err, concurrency=2))

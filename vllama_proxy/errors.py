@@ -25,7 +25,8 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
     ├── RequestTooLarge               413
     ├── TooManyRequests               429  + Retry-After  a key over its own limit
     │   ├── TooManyPulls              429  + Retry-After: 30  --max-pulls pulls are running
-    │   └── RateLimited               429  + Retry-After, x-ratelimit-*  a key over its rpm or tpm
+    │   ├── RateLimited               429  + Retry-After, x-ratelimit-*  a key over its rpm or tpm
+    │   └── BudgetExhausted           429  + Retry-After  a key used its budget_tokens for the day or month
     ├── StorageFailed                 500  vllama could not write or remove its own files
     ├── NotSupported                  501  model management vllama leaves to vLLM
     ├── ServerBusy                    503  + Retry-After  the server-wide bound on requests is full
@@ -46,6 +47,11 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
         │   └── SlotsFull             503  every on-demand slot holds a model in use
         ├── UpstreamTimeout           504  no byte from vLLM within the idle-read timeout
         └── UpstreamProtocolError     502  vLLM answered something we cannot parse
+
+Anthropic's Messages routes (``/v1/messages``, issue 40) get the same errors in Anthropic's shape,
+``{"type": "error", "error": {"type": "invalid_request_error", "message": ...}}``
+(docs.anthropic.com "Errors": the type named by the status), which the ``anthropic`` SDK and
+Claude Code read; :func:`error_response`'s ``shape`` picks it, chosen once by path in ``api/app.py``.
 
 Source of the shapes: ``shared/ollama-api.md`` "Errors" (Ollama ``server/routes.go``):
 non-streaming errors are ``application/json`` ``{"error": msg}`` with the status;
@@ -177,6 +183,11 @@ class RateLimited(TooManyRequests):
     def __init__(self, message: str, headers: Mapping[str, str]) -> None:
         VllamaError.__init__(self, message)
         self.headers = dict(headers)
+
+
+class BudgetExhausted(TooManyRequests):
+    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/budgets.py``): 429, the message
+    naming the budget and when it resets, ``Retry-After`` the seconds until then."""
 
 
 class StorageFailed(VllamaError):
@@ -316,12 +327,23 @@ def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
-def error_response(exc: VllamaError) -> web.Response:
+#: Anthropic's error ``type`` for each status (docs.anthropic.com/en/api/errors); others: ``api_error``.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    """Anthropic's error object as bytes: ``{"type": "error", "error": {"type": ..., "message": message}}``."""
+    return orjson.dumps({"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}})
+
+
+def error_response(exc: VllamaError, shape: str = "ollama") -> web.Response:
     """The non-streaming answer for ``exc``: its class's status (vLLM's for
-    :class:`UpstreamRejected`), ``{"error": exc.message}`` and its headers."""
+    :class:`UpstreamRejected`), ``{"error": exc.message}`` and its headers; with
+    ``shape="anthropic"`` the body is :func:`anthropic_error_body`'s."""
     return web.Response(
         status=exc.status,
-        body=error_body(exc.message),
+        body=anthropic_error_body(exc.status, exc.message) if shape == "anthropic" else error_body(exc.message),
         content_type="application/json",
         headers=exc.headers or None,
     )

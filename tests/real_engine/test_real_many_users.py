@@ -6,6 +6,8 @@ both, through the Ollama routes and the OpenAI passthrough, for a user key and a
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import httpx
 import ollama
@@ -39,4 +41,20 @@ def test_keys_file_runs_vllm_with_priority_scheduling_and_requests_carry_priorit
             alice_tokens = r.eval_count + chat.eval_count + c.usage.completion_tokens
     metrics = httpx.get(v.url + "/metrics", headers={"Authorization": "Bearer sk-root"}).text
     assert f'vllama_key_output_tokens_total{{key="alice",model="tiny"}} {float(alice_tokens)}' in metrics
+    # the usage ledger (issue 39): one row per answered request, summing to the per-key counters
+    want = {}
+    for key in ("alice", "root"):
+        counted = [sum(float(n) for n in re.findall(rf'^{name}{{key="{key}",model="tiny"[^}}]*}} (\S+)$', metrics, re.M))
+                   for name in ("vllama_key_requests_total", "vllama_key_prompt_tokens_total", "vllama_key_output_tokens_total")]
+        want[key] = tuple(int(n) for n in counted)
+    assert want["alice"][0] == 3 and want["alice"][2] == alice_tokens
+    deadline = time.monotonic() + 10  # another worker writes its rows within --usage-flush-interval (1 s)
+    while True:
+        rows = httpx.get(v.url + "/api/usage", headers={"Authorization": "Bearer sk-root"}).json()["usage"]
+        got = {k: tuple(sum(r[f] for r in rows if r["key"] == k) for f in ("requests", "prompt_tokens", "output_tokens"))
+               for k in ("alice", "root")}
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert got == want
     assert httpx.get(v.url + "/readyz").json() == {"state": "ready"}

@@ -100,6 +100,31 @@ def test_create_from_a_served_model_and_chat_through_it(server):
     assert e.value.status_code == 404
 
 
+def test_show_modelfile_edited_and_created_again_with_the_cli(server, tmp_path):
+    """Issue 37.2 on the real vLLM: ``vllama show M --modelfile > Modelfile`` (the model's own Jinja
+    template in it), a SYSTEM added, ``vllama create`` takes it back and vLLM gets the system prompt."""
+    env = {**os.environ, "OLLAMA_HOST": server.url}
+
+    def vllama(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "vllama_proxy", *args], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=120)
+
+    shown = vllama("show", CODER, "--modelfile")
+    assert shown.returncode == 0 and f"\nFROM {CODER}\n" in shown.stdout and '\nTEMPLATE """' in shown.stdout, shown.stderr
+    (tmp_path / "Modelfile").write_text(shown.stdout + f'SYSTEM "{MARIO}"\n')
+    made = vllama("create", "mario-cli")
+    assert made.returncode == 0 and made.stderr.splitlines()[-1] == "success", made.stderr
+    client = ollama.Client(host=server.url, timeout=120)
+    hi = [{"role": "user", "content": "hi"}]
+    try:
+        answer = client.chat(model="mario-cli", messages=hi, options={"temperature": 0, "num_predict": 4}, stream=False)
+        by_hand = client.chat(model=CODER, messages=[{"role": "system", "content": MARIO}, *hi],
+                              options={"temperature": 0, "num_predict": 4}, stream=False)
+        assert answer.prompt_eval_count == by_hand.prompt_eval_count
+    finally:
+        client.delete("mario-cli")
+
+
 @pytest.mark.parametrize("example", ["create.py", "fill-in-middle.py"])
 def test_ollama_python_examples_run_unchanged(server, example):
     run = subprocess.run([sys.executable, str(EXAMPLES / example)], env={**os.environ, "OLLAMA_HOST": server.url},

@@ -5,7 +5,8 @@ writes hermes ``<tool_call>`` blocks, ``<think>`` blocks and JSON. vllama superv
 ``vllm serve`` with ``--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser
 qwen3`` and the transcript of ``benchmarks/tool_model/e2e_tools.py`` (the real ``ollama``
 client; langchain-ollama's steps too where it is installed) must come out right, step by step,
-as it did through vLLM 0.26 on the H200 (``benchmarks/RESULTS.md``).
+as it did through vLLM 0.26 on the H200 (``benchmarks/RESULTS.md``). The flags are not given: vllama
+tells them from the model's chat template (``models/family.py``; the session's ``tool_server``).
 """
 
 from __future__ import annotations
@@ -14,22 +15,17 @@ import importlib.util
 import sys
 
 import pytest
-from .conftest import BASE_ARGS, ROOT, RealVllama
+from .conftest import ROOT, TOOL_NAME, RealVllama
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "tool_model"))
 import e2e_tools  # noqa: E402
 
-MODEL = ROOT / "tests" / "assets" / "tool-model"
-NAME = "toolmodel"
+NAME = TOOL_NAME
 
 
 @pytest.fixture(scope="module")
-def server(start_real) -> RealVllama:
-    v = start_real("tools", model=MODEL, flags=["--served-model-name", NAME],
-                   vllm_args=[*BASE_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                              "--reasoning-parser", "qwen3"])
-    v.wait_ready()
-    return v
+def server(tool_server) -> RealVllama:
+    return tool_server
 
 
 def test_the_issue_13_transcript_through_vllms_parsers(server):

@@ -25,6 +25,7 @@ from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
 from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
+from .budgets import check as check_budget
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
 from .rate_limits import RateLimits
@@ -209,8 +210,9 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return await handler(request)
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
-        # The checks of a key's own limits, in order, before it takes a place: rpm/tpm here; a
-        # per-key budget (issue 39) joins beside this one, raising its own 4xx.
+        # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
+        # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter).
+        check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
         refused, headers = bound.limits.admit(key.slot, key.rpm, key.tpm)
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, error_body, error_response
+from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, anthropic_error_body, error_body, error_response
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.backends import Backend, BackendSpec
@@ -35,13 +35,17 @@ from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission, keys
-from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
-from .routes import blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai
-from .app_keys import ACCEPTED, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, MAX_RUNNING, SETTINGS, WORKER
+from .ledger import ERROR, Ledger, record_request
+from .ledger_store import open_store
+from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
+from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
+from .app_keys import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Anthropic's routes: their errors in Anthropic's shape (errors.py), which Claude Code and the SDK read.
+_ANTHROPIC = "/v1/messages"
 #: A client's X-Request-ID is kept only if it is plain (it lands in every log line).
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -71,11 +75,12 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         return resp
     except VllamaError as e:
         status = e.status
+        request[ERROR] = e.message
         if isinstance(e, UpstreamError):
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
-        resp = error_response(e)
+        resp = error_response(e, "anthropic" if request.path.startswith(_ANTHROPIC) else "ollama")
         if request.get(CLOSE_AFTER):
             resp.force_close()
         return resp
@@ -87,7 +92,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         if e.empty_body or status < 400:
             raise
         text = "404 page not found" if status == 404 else (e.reason or "").lower()
-        return web.Response(status=status, body=error_body(text), content_type="application/json", headers=_allow(e))
+        body = anthropic_error_body(status, text) if request.path.startswith(_ANTHROPIC) else error_body(text)
+        return web.Response(status=status, body=body, content_type="application/json", headers=_allow(e))
     except asyncio.CancelledError:
         status = 499  # Ollama: client gone -> "request canceled"
         raise
@@ -100,6 +106,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         if stream_error is not None:
             UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
         observe_key_usage(request, keys.key_of(request).name, status)
+        record_request(request.app.get(LEDGER), request, keys.key_of(request).name, request.get(MODEL), route_of(request), status,
+                       time.perf_counter() - start)  # queued: the ledger writes it off the request path
         if request.app[SETTINGS].access_log:
             extra = {"stream_error": stream_error.message} if stream_error is not None else {}
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2),
@@ -107,7 +115,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
-_UNGATED = frozenset({"/", "/api/version", "/livez", "/readyz", "/metrics", "/health"})
+_UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "/metrics", "/health", "/api/usage", "/admin",
+                      "/admin/login", "/admin/logout"})
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -161,6 +170,19 @@ def _allow(e: web.HTTPException) -> dict[str, str] | None:
     return {"Allow": allow} if allow else None
 
 
+async def usage_ledger(app: web.Application) -> AsyncIterator[None]:
+    """The usage ledger's database and flush task for the app's life; the rows left are written at
+    the end (after the requests in flight drained). A database that cannot be opened stops the start."""
+    ledger = app[LEDGER]
+    try:
+        await ledger.start()
+    except Exception as e:
+        log.error("usage_ledger_failed", error=repr(e), hint="--usage-db names where it is kept; --usage-db off runs without it")
+        raise
+    yield
+    await ledger.close()
+
+
 def build_app(settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
               bound: admission.AdmissionBound, slots: Any = None) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
@@ -206,7 +228,8 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if slots is not None:
         on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=resolved.library,
                              allow=settings.on_demand_models, vllm_args=settings.vllm_args, keep_alive=settings.keep_alive,
-                             load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models")
+                             load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models",
+                             detect_parsers=settings.detect_parsers)
     aliases = dict(settings.alias)
     for spec in resolved.specs:
         aliases.update({a: spec.served_name for a in spec.aliases})
@@ -233,14 +256,28 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         await pool.close()
 
     app.cleanup_ctx.append(upstream_session)
+    app[ADMISSION] = bound
+    if settings.usage_db != "off":
+        app[LEDGER] = Ledger(lambda: open_store(settings.usage_db, settings.state_dir), flush_interval=settings.usage_flush_interval,
+                             flush_rows=settings.usage_flush_rows, refresh_interval=settings.usage_refresh_interval,
+                             retention_days=settings.usage_retention_days, prunes=worker == 0)
+        app.cleanup_ctx.append(usage_ledger)
+    elif any(k.budget_tokens is not None for k in ring.keys):
+        print("vllama serve: --usage-db off: the keys file gives budget_tokens, which need the usage ledger", file=sys.stderr)
+        raise SystemExit(2)
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
         ("GET", "/api/version", meta.version),
+        ("GET", "/api/status", meta.status),  # Ollama 0.16.2: its cloud's status
         ("GET", "/livez", health.livez),
         ("GET", "/readyz", health.readyz),
         ("GET", "/health", health.health),  # vLLM's, for vllm-router (docs/fleet.md)
         ("GET", "/metrics", make_handler(boards)),
         ("GET", "/vllm/metrics", openai.vllm_metrics),
+        ("GET", "/api/usage", usage.usage),
+        ("GET", "/admin", admin.page),
+        ("POST", "/admin/login", admin.login),
+        ("POST", "/admin/logout", admin.logout),
         ("POST", "/api/generate", generate.generate),
         ("POST", "/api/chat", chat.chat),
         ("POST", "/api/embed", embed.embed),
@@ -254,6 +291,9 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         ("POST", "/api/copy", manage.copy),
         ("DELETE", "/api/delete", hub.delete),
         ("*", "/api/blobs/{digest}", blobs.blob),
+        ("POST", "/v1/messages", agents.messages),  # Claude Code (Ollama 0.14)
+        ("POST", "/v1/messages/count_tokens", agents.count_tokens),
+        ("POST", "/v1/responses", agents.responses),  # Codex (Ollama 0.13.3)
         ("*", "/v1/{tail:.*}", openai.passthrough),
     ]
     for method, path, handler in routes:

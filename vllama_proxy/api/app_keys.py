@@ -11,6 +11,7 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 
 from .keys import KeyRing
+from .ledger import Ledger
 
 SETTINGS = web.AppKey("settings", Settings)
 #: The served models, and the backend (vLLM server, status board) of each.
@@ -30,3 +31,7 @@ KEYS = web.AppKey("keys", KeyRing)
 MAX_RUNNING = web.AppKey("max_running", object)
 #: Request key: ``time.perf_counter_ns()`` when the outermost middleware saw the request (stage timings).
 ACCEPTED = "vllama.accepted"
+#: This process's usage ledger (``ledger.py``), ``None`` with ``--usage-db off``.
+LEDGER = web.AppKey("ledger", Ledger)
+#: The server-wide admission count (``admission.AdmissionBound``): requests in flight per key.
+ADMISSION = web.AppKey("admission", object)

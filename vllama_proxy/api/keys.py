@@ -14,6 +14,8 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
     weight = 1.0              # its share of vLLM's running slots against other waiting keys (fair sharing)
     rpm = 600                 # requests per minute (429 beyond; default: no limit)
     tpm = 100000              # prompt + output tokens per minute (429 once spent; default: no limit)
+    budget_tokens = 2000000   # prompt + output tokens it may use per budget_period (429 beyond it)
+    budget_period = "month"   # "day" or "month" (UTC; default month)
 
 Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
 an admin's): a **user** runs inference on the models it may use, lists and shows those, and
@@ -89,6 +91,8 @@ class KeyEntry(BaseModel):
     weight: float = Field(1.0, gt=0, le=1000)
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
+    budget_tokens: int | None = Field(None, ge=0)
+    budget_period: Literal["day", "month"] = "month"
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
@@ -110,6 +114,9 @@ class Key:
         weight: its weight in the fair queue (``fair_queue.py``: its token counter grows by cost / weight).
         rpm, tpm: requests and tokens per minute (``rate_limits.py``; ``None``: no limit).
         slot: its per-key counter's index (:data:`KEY_SLOTS`).
+        budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
+            ``api/budgets.py`` checks it against the usage ledger).
+        budget_period: ``day`` or ``month`` (UTC).
     """
 
     name: str
@@ -121,6 +128,8 @@ class Key:
     rpm: int | None = None
     tpm: int | None = None
     slot: int = 0
+    budget_tokens: int | None = None
+    budget_period: str = "month"
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -190,7 +199,8 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
         names.add(e.name)
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
         out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
-                                weight=e.weight, rpm=e.rpm, tpm=e.tpm)))
+                                weight=e.weight, rpm=e.rpm, tpm=e.tpm,
+                                budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
     return out
 
 
@@ -216,6 +226,14 @@ class KeyRing:
     @property
     def keys(self) -> list[Key]:
         return list(self._by_digest.values())
+
+    def named(self, name: str) -> tuple[str, Key] | None:
+        """``(sha256 hex of its secret, Key)`` of the key called ``name``, or ``None`` (the admin
+        page's cookie is signed with the digest: ``routes/admin.py``)."""
+        for digest, key in self._by_digest.items():
+            if key.name == name:
+                return digest, key
+        return None
 
     def find(self, token: bytes) -> Key | None:
         """The key whose secret is ``token``, or ``None``."""
@@ -296,7 +314,8 @@ METRICS_PATHS = frozenset({"/metrics", "/vllm/metrics"})
 
 def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Find the request's key: ``Authorization: Bearer <key>`` on ``/api/*``, ``/v1/*`` and the
-    metrics routes (unless ``metrics_open``); 401 without a known one, 403 for a user's call of an
+    metrics routes (unless ``metrics_open``), or Anthropic's ``x-api-key: <key>`` on ``/v1/messages*``;
+    401 without a known one, 403 for a user's call of an
     admin route. ``/readyz`` takes a key when one is sent (its details are for key holders)."""
     guarded = frozenset() if metrics_open else METRICS_PATHS
 
@@ -309,6 +328,8 @@ def middleware(ring: KeyRing, metrics_open: bool = False) -> Callable[..., Await
         if request.method == "OPTIONS" or not (needed or "Authorization" in request.headers):
             return await handler(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if not scheme and path.startswith("/v1/messages"):  # Anthropic's own header (its SDK, Claude Code's ANTHROPIC_API_KEY)
+            scheme, token = "bearer", request.headers.get("x-api-key", "")
         # headers arrive decoded with surrogateescape: encode back to the bytes sent
         key = ring.find(token.strip().encode("utf-8", "surrogateescape")) if scheme.lower() == "bearer" else None
         if key is None:

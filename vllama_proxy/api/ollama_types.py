@@ -73,7 +73,8 @@ class Options(_Loose):
 
 
 Format = Union[Literal["", "json"], dict[str, Any]]
-Think = Union[StrictBool, Literal["low", "medium", "high"]]
+#: Ollama ``think``: a bool, or a level: low/medium/high (0.9, gpt-oss) and "max" (0.22); api/types.go ThinkValue.
+Think = Union[StrictBool, Literal["low", "medium", "high", "max"]]
 
 
 def _valid_keep_alive(v: Any) -> Any:
@@ -240,7 +241,7 @@ def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
 #: What a field allows, where its type alone would read badly (a union, a duration).
 _ALLOWED = {
     "format": '"json" or a JSON schema object',
-    "think": 'true, false, "low", "medium" or "high"',
+    "think": 'true, false, "low", "medium", "high" or "max"',
     "keep_alive": 'a duration such as "5m" or a number of seconds (negative: forever)',
     "stop": "a string or a list of strings",
     "input": "a string or a list of strings",

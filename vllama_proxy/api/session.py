@@ -3,7 +3,8 @@
 Ollama clients resend the whole history every turn and name no session, so the key is made
 from what stays the same across a conversation's turns: the model, the system messages and
 the first user message (``/api/chat``; the system messages alone with ``--session-key system``),
-or the model and ``system`` (``/api/generate``).
+or the model and ``system`` (``/api/generate``), or the agent's own conversation id (``/v1/messages``,
+``/v1/responses``: :func:`agent_key`).
 ``vllm-router``'s ``consistent_hash`` policy reads it from the ``X-Session-ID`` header
 (vllm-project/router, ``src/policies/consistent_hash.rs``: ``X-Session-ID``, then
 ``X-User-ID``, then the body's ``user``); other policies and a plain vLLM ignore the header.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+
+import orjson
 
 from .ollama_types import Message
 
@@ -45,6 +48,26 @@ def chat_key(model: str, messages: Sequence[Message], scope: str = "conversation
         if m.role == "user":
             return h.hexdigest()
     return None
+
+
+def agent_key(model: str, body: Mapping[str, object]) -> str | None:
+    """32 hex characters for an agent's conversation (``/v1/messages``, ``/v1/responses``): the id the
+    agent gives it (Codex's ``prompt_cache_key``, its thread id; Claude Code's ``metadata.user_id``,
+    which ends with its session id), else the system prompt (``system``/``instructions``) and the
+    first user message, as :func:`chat_key` does; ``None`` when there is neither."""
+    h = hashlib.blake2b(model.encode(), digest_size=16)
+    metadata = body.get("metadata")
+    given = body.get("prompt_cache_key") or (metadata.get("user_id") if isinstance(metadata, Mapping) else None)
+    if isinstance(given, str) and given:
+        h.update(b"\0id\0" + given.encode())
+        return h.hexdigest()
+    turns = body.get("messages") if "messages" in body else body.get("input")
+    first = next((m for m in turns if isinstance(m, Mapping) and m.get("role") == "user"), None) if isinstance(turns, list) else None
+    if first is None:
+        return None
+    system = body.get("system") or body.get("instructions") or ""
+    h.update(b"\0" + orjson.dumps(system) + b"\0" + orjson.dumps(first.get("content"), option=orjson.OPT_SORT_KEYS))
+    return h.hexdigest()
 
 
 def generate_key(model: str, system: str | None) -> str | None:

@@ -216,7 +216,12 @@ def messages_to_openai(messages: list[Message]) -> list[dict[str, Any]]:
 
 
 def thinking_fields(think: Any) -> dict[str, Any]:
-    """Ollama ``think`` -> vLLM's ``chat_template_kwargs.enable_thinking`` (+ ``reasoning_effort`` for levels)."""
+    """Ollama ``think`` -> vLLM's ``chat_template_kwargs.enable_thinking`` (+ ``reasoning_effort`` for levels).
+
+    A level goes to vLLM's ``reasoning_effort`` as it is: vLLM hands it to the chat template (gpt-oss
+    reads low/medium/high, DeepSeek V4 "max") and turns thinking on for templates that read
+    ``enable_thinking`` (vLLM 0.32 ``ChatCompletionRequest``: none, minimal, low, medium, high, xhigh, max).
+    """
     if think is None:
         return {}
     if isinstance(think, str):

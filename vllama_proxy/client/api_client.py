@@ -13,7 +13,7 @@ import contextlib
 import http.client
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -60,15 +60,16 @@ class Client:
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         return cls(self.host, self.port, timeout=self.connect_timeout)
 
-    def _open(self, method: str, path: str, body: Any = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _open(self, method: str, path: str, body: Any = None, *, data: BinaryIO | None = None,
+              headers: dict[str, str] | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         conn = self._connection()
+        conn.blocksize = 1 << 20  # a file body (a blob) is sent in 1 MiB reads
         try:
             conn.connect()
         except OSError as e:
             raise ConnectError(self.url) from e
         conn.sock.settimeout(None)  # generation may be slow to start; Ctrl-C is the way out
-        headers = dict(self.headers)
-        data = None
+        headers = {**self.headers, **(headers or {})}
         if body is not None:
             data = orjson.dumps(body)
             headers["Content-Type"] = "application/json"
@@ -85,15 +86,53 @@ class Client:
         return conn, resp
 
     def json(self, method: str, path: str, body: Any = None) -> Any:
-        """``method path`` with JSON ``body``; the decoded answer.
+        """``method path`` with JSON ``body``; the decoded answer. A streamed answer (NDJSON: what
+        Ollama's create, pull and generate send unless ``stream: false``) is read line by line to
+        its end and its last object returned, as Ollama's Go client reads one (``api/client.go``
+        ``stream``); issue 37.1: ``/save`` read /api/create's progress lines as one document.
 
         Raises:
             ConnectError: the server could not be reached.
-            ApiError: a non-2xx answer (its error text, status and ``Retry-After``).
+            ApiError: a non-2xx answer (its error text, status and ``Retry-After``), or an
+                ``{"error"}`` line inside a streamed one (status 0).
         """
         conn, resp = self._open(method, path, body)
         try:
+            if _is_ndjson(resp):
+                last: Any = {}
+                for event in _events(resp):
+                    last = event
+                return last
             return orjson.loads(resp.read() or b"{}")
+        finally:
+            conn.close()
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether the server holds blob ``digest`` (``sha256:<hex>``): ``HEAD /api/blobs/<digest>``.
+
+        Raises:
+            ConnectError, ApiError: as :meth:`json` (a 404 is False, not an error).
+        """
+        try:
+            conn, _ = self._open("HEAD", f"/api/blobs/{digest}")
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        conn.close()
+        return True
+
+    def create_blob(self, digest: str, data: BinaryIO, size: int) -> None:
+        """Upload ``size`` bytes read from ``data`` as blob ``digest``: ``POST /api/blobs/<digest>``,
+        as Ollama's ``Client.CreateBlob`` (the server checks the digest: a 400 on a mismatch).
+
+        Raises:
+            ConnectError, ApiError: as :meth:`json` (413 too large, 507 no room on the server's disk).
+        """
+        conn, resp = self._open("POST", f"/api/blobs/{digest}", data=data,
+                                headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"})
+        try:
+            resp.read()
         finally:
             conn.close()
 
@@ -120,17 +159,26 @@ class Client:
             ApiError: also for an ``{"error"}`` line inside the stream (status 0).
         """
         conn, resp = self._open("POST", path, body)
-
-        def events() -> Iterator[dict[str, Any]]:
-            for line in resp:
-                if line.strip():
-                    event = orjson.loads(line)
-                    if event.get("error"):
-                        raise ApiError(str(event["error"]))
-                    yield event
-
         try:
-            yield events()
+            yield _events(resp)
         finally:
             resp.close()
             conn.close()
+
+
+def _is_ndjson(resp: http.client.HTTPResponse) -> bool:
+    return (resp.getheader("Content-Type") or "").split(";")[0].strip().lower() == "application/x-ndjson"
+
+
+def _events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
+    """The NDJSON objects of ``resp``, one per non-empty line, as they arrive.
+
+    Raises:
+        ApiError: an ``{"error"}`` line (status 0: the stream had begun with a 200).
+    """
+    for line in resp:
+        if line.strip():
+            event = orjson.loads(line)
+            if isinstance(event, dict) and event.get("error"):
+                raise ApiError(str(event["error"]))
+            yield event

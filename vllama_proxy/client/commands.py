@@ -3,6 +3,8 @@
 
   vllama list [PREFIX]         the models served (GET /api/tags)
   vllama ps                    the running models (GET /api/ps)
+  vllama create NAME [-f F]    a model from a Modelfile (POST /api/create; ``create.py``: its paths,
+                               the uploads of a local model or adapter directory, the flags)
   vllama show M [--modelfile|--template|--parameters|--license]
                                a model's details (POST /api/show)
   vllama pull M                a served model: success at once; a Hugging Face id: downloaded into

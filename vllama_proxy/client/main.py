@@ -4,7 +4,8 @@ naming its handler (``set_defaults(func=...)``, the handlers in ``commands.py``)
 wrong into a line on stderr and an exit status.
 
 ``vllama COMMAND ...`` reaches :func:`main` from ``vllama_proxy/cli.py``; ``vllama serve``
-and ``vllama batch`` have their own parsers (``settings.py``, ``batch.py``).
+and ``vllama batch`` have their own parsers (``settings.py``, ``batch.py``); ``vllama help
+[COMMAND]`` is ``cli.py``'s (it prints any of the three).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import sys
 
 from vllama_proxy import CliParser
 
-from . import commands
+from . import commands, launch, usage
 from .api_client import ApiError, Client, ConnectError
+from .create import cmd_create
 
 HOST_HELP = "server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)"
 
@@ -35,9 +37,9 @@ def parse_think(value: str | None) -> bool | str | None:
         return True
     if value in ("false", "0", "no", "off"):
         return False
-    if value in ("low", "medium", "high"):
+    if value in ("low", "medium", "high", "max"):
         return value
-    raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high)")
+    raise argparse.ArgumentTypeError(f"invalid --think value {value!r} (true, false, low, medium, high, max)")
 
 
 def build_parser() -> CliParser:
@@ -56,6 +58,15 @@ def build_parser() -> CliParser:
     p.add_argument("prefix", nargs="?", help="only names starting with this")
 
     command("ps", commands.cmd_ps, "list the running models", "List the running models.")
+
+    p = command("create", cmd_create, "create a model from a Modelfile: `vllama create NAME [-f Modelfile]`",
+                "Create a model from a Modelfile (served by its base model's vLLM; a local model directory is uploaded).")
+    p.add_argument("model", metavar="NAME")
+    p.add_argument("-f", "--file", help='name of the Modelfile (default "Modelfile"; none there: the current directory is the model)')
+    p.add_argument("-q", "--quantize", help="quantize the model to this level (Ollama's; vLLM serves published "
+                   "quantizations: vllama's server refuses it and says so)")
+    p.add_argument("--experimental", action="store_true",
+                   help="Ollama's direct safetensors import; not needed with vLLM (a note, then created as without it)")
 
     p = command("show", commands.cmd_show, "show a model's details (--modelfile, --template, --parameters)",
                 "Show a model's details.")
@@ -93,6 +104,19 @@ def build_parser() -> CliParser:
     p = command("rm", commands.cmd_rm, "remove a name made with cp, or a pulled model from the cache",
                 "Remove a name made with cp, or a pulled model from the cache.")
     p.add_argument("models", nargs="+", metavar="model")
+
+    p = command("usage", usage.cmd_usage, "tokens and requests by key, model and day or month (the server's usage ledger)",
+                "Tokens and requests by key, model and day or month, from the server's usage ledger (GET /api/usage): "
+                "every key's with an admin key (OLLAMA_API_KEY), a user key's own.")
+    p.add_argument("--since", help="from this UTC date, YYYY-MM-DD or YYYY-MM (default: this month; with --by month, this year)")
+    p.add_argument("--by", choices=("day", "month"), default="day", help="one row per key, model and day (default) or month")
+    p.add_argument("--key", help="only this key's usage (an admin's choice)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the server's JSON answer")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    p = command("launch", launch.cmd_launch, "start a coding agent (claude, codex, opencode) pointed at vllama",
+                "Start a coding agent pointed at vllama: `vllama launch TOOL [--model M] [--config] [-- TOOL ARGS]`.")
+    launch.add_arguments(p)
     return parser
 
 
@@ -120,10 +144,13 @@ def main(command: str, argv: list[str]) -> int:
         return 2
     if command == "run":  # a bare --think must not swallow the model name
         argv = ["--think=true" if a == "--think" else a for a in argv]
+    argv, extra = launch.split_extra(argv) if command == "launch" else (argv, [])
     try:
         args = sub.parse_intermixed_args(argv)  # flags may follow the prompt words
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    if extra:
+        args.args = extra
     if command == "run" and args.model is None:  # Ollama: "requires at least 1 arg(s)"; the prompt is optional
         print("vllama run: error: name a model: vllama run MODEL [PROMPT...]\n(`vllama run --help` lists the options)",
               file=sys.stderr)

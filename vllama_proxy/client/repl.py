@@ -314,11 +314,12 @@ class Session:
             print("Usage:\n  /save <modelname>")
             return
         body: dict[str, Any] = {"model": words[0], "from": self.args.model, "messages": self.messages}
-        if self.system:
+        if self.system:  # saved as the model's SYSTEM, not also as a MESSAGE (it would come twice in each chat)
             body["system"] = self.system
+            body["messages"] = [m for m in self.messages if m["role"] != "system"]
         if self.args.options:
             body["parameters"] = self.args.options
-        try:
+        try:  # its progress lines are read to the end and dropped, as Ollama's /save does
             self.client.json("POST", "/api/create", body)
         except ApiError as e:
             print(f"error: {e}")

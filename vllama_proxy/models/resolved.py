@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import library
+from .family import with_detected_parsers
 from .launch_spec import ModelConfig
 
 
@@ -43,8 +44,11 @@ def library_file(given: Path | None, state_dir: Path) -> Path | None:
     return given
 
 
-def resolve_models(configured: Sequence[ModelConfig], *, library_path: Path | None, state_dir: Path) -> ResolvedModels:
-    """The library loaded (see :func:`library_file`) and ``configured`` resolved through it.
+def resolve_models(configured: Sequence[ModelConfig], *, library_path: Path | None, state_dir: Path,
+                   detect_parsers: bool = True) -> ResolvedModels:
+    """The library loaded (see :func:`library_file`) and ``configured`` resolved through it; with
+    ``detect_parsers``, a model no library name describes gets the tool and reasoning parsers its
+    chat template tells (``family.py``) unless it names its own.
 
     Raises:
         LibraryError: a library file is unreadable or breaks the schema.
@@ -52,5 +56,7 @@ def resolve_models(configured: Sequence[ModelConfig], *, library_path: Path | No
     """
     table = library.load(library_file(library_path, state_dir))
     pairs = [library.resolve_spec(spec, table) for spec in configured]
+    if detect_parsers:
+        pairs = [(with_detected_parsers(spec) if entry is None else spec, entry) for spec, entry in pairs]
     return ResolvedModels(table, tuple(spec for spec, _ in pairs),
                           {spec.served_name: entry for spec, entry in pairs if entry is not None})

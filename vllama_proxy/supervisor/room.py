@@ -84,8 +84,18 @@ class KeepAliveExpired:
         return "keep_alive expired"
 
 
+@dataclass(frozen=True)
+class SleepOver:
+    """Asleep for ``--sleep-unload-after``: stopped for real, its host RAM and CUDA context given back."""
+
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"asleep for {self.seconds:g} s (--sleep-unload-after): stopped"
+
+
 #: The one keep_alive expiry (it carries nothing).
 KEEP_ALIVE = KeepAliveExpired()
 
 #: Why a model is asked to unload before its keep_alive ends.
-Eviction = MakeRoom | SlotWanted
+Eviction = MakeRoom | SlotWanted | SleepOver

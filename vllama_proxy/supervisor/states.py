@@ -9,7 +9,8 @@
     or evicted:          ready ──► unloaded ──(request)──► starting     (no sleep mode)
 
     no room on its GPUs: starting | restarting | failed ──► unloaded    (loads on demand)
-    evicted while asleep: sleeping ──► unloaded                         (frees its CUDA context)
+    evicted while asleep,
+    or asleep too long:   sleeping ──► unloaded                         (frees its CUDA context and host RAM)
     a model loaded on demand starts in unloaded.
 
 One task (``lifecycle.Supervisor._run``) owns every transition, one step per state; everyone

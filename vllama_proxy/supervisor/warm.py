@@ -14,11 +14,14 @@ compile cache's key).
 
 A model that sleeps (vLLM's sleep mode level 1: weights copied to CPU RAM, KV cache freed)
 answers again in about a second (0.6 s on an H100, issue 22) where a stopped one starts cold
-(100+ s). On-demand models therefore run with ``--enable-sleep-mode`` by default when vLLM
+(100+ s). On-demand models (``--on-demand-sleep``), and the models configured with ``--model``
+or ``[[models]]`` whose ``sleep_mode`` is unset (``--sleep-on-stop``: ``vllama stop`` then run is a
+wake, issue 37), therefore run with ``--enable-sleep-mode`` by default when vLLM
 runs on a GPU (vLLM has no sleep mode on CPU: ``Platform.is_sleep_mode_available``) and free
 host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
 supervisor checks RAM again when the model is put to sleep and stops it instead when it has
-become short (``lifecycle.Supervisor._can_sleep``). ``--no-on-demand-sleep`` turns it off.
+become short (``lifecycle.Supervisor._can_sleep``). ``--no-on-demand-sleep`` and ``--no-sleep-on-stop`` turn it
+off; a model asleep for ``--sleep-unload-after`` is stopped for real.
 vLLM's first sleep of a model takes much longer than the next ones (2.0 s against 0.15 s on the
 H200, pinning host memory for the weights' backup: ``benchmarks/RESULTS.md``, "Issue 28 on the
 H200"), so such a model sleeps and wakes once as it starts, before it serves
@@ -95,7 +98,7 @@ def sleep_choice(weights: int, available: int, reserve: int, gpus: int) -> tuple
         gpus: GPUs NVML counts (0: vLLM runs without CUDA, where it has no sleep mode).
     """
     if gpus <= 0:
-        return False, "no GPU counted (vLLM's sleep mode needs CUDA)"
+        return False, "no GPU counted (vLLM's sleep mode needs CUDA; vLLM on the CPU has none): it stops instead"
     gib = 1024**3
     if available < weights + reserve:
         return False, (f"host RAM available {available / gib:.1f} GiB < weights {weights / gib:.1f} GiB "
@@ -104,16 +107,20 @@ def sleep_choice(weights: int, available: int, reserve: int, gpus: int) -> tuple
                   f"+ reserve {reserve / gib:.1f} GiB")
 
 
-def with_sleep(spec: ModelConfig, *, enabled: bool, reserve: int, gpus: int) -> ModelConfig:
-    """``spec`` with ``sleep_mode`` on when :func:`sleep_choice` says so (on-demand models; logged
-    as ``on_demand_sleep``). A spec that already sleeps, or ``enabled`` false
-    (``--no-on-demand-sleep``), is returned as it is. Reads the weights' size from disk."""
+def with_sleep(spec: ModelConfig, *, enabled: bool, reserve: int, gpus: int, off: str = "--no-on-demand-sleep",
+               event: str = "on_demand_sleep") -> ModelConfig:
+    """``spec`` with ``sleep_mode`` on when :func:`sleep_choice` says so (logged as ``event``):
+    on-demand models (``--on-demand-sleep``) and, with ``event="sleep_on_stop"``, the models
+    configured with ``--model`` or ``[[models]]`` (``--sleep-on-stop``), so that ``vllama stop`` and
+    keep_alive's end leave vLLM asleep, back in about a second. A spec that already sleeps or says
+    ``sleep_mode = false``, or ``enabled`` false (the setting ``off`` names), is returned as it is.
+    Reads the weights' size from disk."""
     if spec.sleeps:
         return spec
-    if not enabled:
-        log.info("on_demand_sleep", model=spec.served_name, sleep=False, reason="--no-on-demand-sleep")
+    if not enabled or spec.sleep_mode is False:
+        log.info(event, model=spec.served_name, sleep=False, reason=off if not enabled else "sleep_mode = false")
         return spec
     weights = read_model_files(spec.model, spec.served_name).size
     on, why = sleep_choice(weights, psutil.virtual_memory().available, reserve, gpus)
-    log.info("on_demand_sleep", model=spec.served_name, sleep=on, reason=why)
+    log.info(event, model=spec.served_name, sleep=on, reason=why)
     return spec.model_copy(update={"sleep_mode": True}) if on else spec

@@ -62,9 +62,10 @@ async def create(request: web.Request) -> web.StreamResponse:
     """Ollama's create (``shared/ollama-api.md`` "Create a Model"; ``server/create.go``).
 
     Errors (before any progress line): 400 ``model is required``, an invalid name, a name that is a
-    served model or a configured alias, ``from`` missing, a ``template`` (Ollama's Go templates are
-    not vLLM's Jinja: vllama always applies the base model's own chat template), ``quantize``,
-    unknown ``parameters``; 404 ``from`` unknown.
+    served model or a configured alias, ``from`` missing, a ``template`` other than the base
+    model's own chat template (Ollama's Go templates are not vLLM's Jinja: vllama always applies
+    the base's own; its own, as ``show --modelfile`` prints it, is accepted so that a shown
+    Modelfile is created unchanged, issue 37.2), ``quantize``, unknown ``parameters``; 404 ``from`` unknown.
     """
     req = await read_request(request, CreateRequest)
     fields: dict[str, Any] = parse_modelfile(req.modelfile) if req.modelfile else {}
@@ -74,9 +75,6 @@ async def create(request: web.Request) -> web.StreamResponse:
     if len(name) > 256 or not _NAME.fullmatch(name):
         raise BadRequest(f'model name "{name}" is invalid')
     template = req.template if req.template is not None else fields.get("template")
-    if template:
-        raise BadRequest("TEMPLATE is not supported: vllama serves a model with its own chat template (Jinja, applied by vLLM), "
-                         "not Ollama's Go templates; leave TEMPLATE out (the base model's template is used)")
     if req.quantize:
         raise BadRequest("quantize is not supported: vLLM serves published quantizations; "
                          "name one instead (a library tag such as qwen2.5:7b-q4_K_M, or an AWQ/GPTQ/FP8 repo)")
@@ -91,6 +89,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     if req.files:  # weights uploaded with /api/blobs: a model directory, run on demand under this name
         if source:
             raise BadRequest("give either 'from' or 'files', not both")
+        if template:
+            raise _template_refused()
         layers = await build_model_dir(request, strip_latest(name), req.files)
         base_name, source = strip_latest(name), ""
         lines += [{"status": f"copying file sha256:{d}"} for d in layers]
@@ -100,7 +100,10 @@ async def create(request: web.Request) -> web.StreamResponse:
         except ModelNotFound as e:
             raise ModelNotFound(source, e.message.partition(": ")[2] or None) from None
         base_name = base.name
-        lines.append({"status": "using existing layer sha256:" + (await catalog.files(base)).digest})
+        base_files = await catalog.files(base)
+        if template and not same_template(template, base_files.chat_template):
+            raise _template_refused()
+        lines.append({"status": "using existing layer sha256:" + base_files.digest})
     adapters = dict(parent.adapters) if parent else {}
     sources: list[str] = list(fields.get("adapters", []))
     if req.adapters or sources:
@@ -141,6 +144,21 @@ async def create(request: web.Request) -> web.StreamResponse:
         return web.Response(body=orjson.dumps(lines[-1]), content_type="application/json")
     body = b"".join(orjson.dumps(line) + b"\n" for line in lines)
     return web.Response(body=body, content_type="application/x-ndjson")
+
+
+def same_template(template: str, own: str | None) -> bool:
+    """Whether a create's ``template`` is the model's own chat template (what ``show`` prints in its
+    Modelfile), line endings and the whitespace around it aside."""
+    def norm(text: str) -> str:
+        return "\n".join(text.strip().splitlines())
+
+    return own is not None and norm(template) == norm(own)
+
+
+def _template_refused() -> BadRequest:
+    return BadRequest("TEMPLATE is not supported unless it is the model's own chat template: vllama serves a model with "
+                      "its own template (Jinja, applied by vLLM), not Ollama's Go templates; leave TEMPLATE out, or as "
+                      "`vllama show MODEL --modelfile` prints it")
 
 
 #: A file name of an uploaded model: flat, no path parts.

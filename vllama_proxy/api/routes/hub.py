@@ -18,15 +18,26 @@ from contextlib import aclosing
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelInUse, ModelNotFound, NotSupported, StorageFailed, UpstreamError, VllamaError, error_line
+from vllama_proxy.errors import (
+    BadRequest,
+    ModelInUse,
+    ModelNotFound,
+    NotSupported,
+    StorageFailed,
+    UpstreamError,
+    VllamaError,
+    error_line,
+)
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.local import uploaded_dir
+from vllama_proxy.models.pull_room import PullLimits
+
+from ..app_keys import CATALOG, SETTINGS
+from ..ollama_types import ModelRef, require_model
+from ..stream import NDJSON
 from .body import read_request
 from .create import unload_adapter
-from ..ollama_types import ModelRef, require_model
-from ..app_keys import CATALOG, SETTINGS
-from ..stream import NDJSON
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
@@ -47,7 +58,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
         raise NotSupported(f"model '{name}' is not served by the vLLM at {upstream}, and vllama serve --upstream "
                            f"cannot start models: pulling it would not make it runnable (serve it with vllama serve "
                            f"--model {name}, or start that vLLM with it)")
-    limits = hub.PullLimits(settings.state_dir / "pulls", settings.max_pulls, settings.cache_quota)
+    limits = PullLimits(settings.state_dir / "pulls", settings.max_pulls, settings.cache_quota)
     async with aclosing(hub.pull(model, limits)) as events:
         if req.stream is False:
             async for _ in events:

@@ -1,4 +1,4 @@
-"""``/`` and ``/api/version``: what clients probe before anything else."""
+"""``/``, ``/api/version`` and ``/api/status``: what clients probe before anything else."""
 
 from __future__ import annotations
 
@@ -33,3 +33,14 @@ async def version(request: web.Request) -> web.Response:
     if running:
         body["max_running"] = running
     return web.json_response(body)
+
+
+async def status(request: web.Request) -> web.Response:
+    """``GET /api/status`` (Ollama 0.16.2): ``{"cloud": {"disabled": true, "source": "vllama"}}``.
+
+    Ollama answers whether its cloud models (``name:cloud``, run on ollama.com) are available and
+    what decided it (``server/routes.go`` StatusHandler: ``api.StatusResponse{Cloud: CloudStatus{Disabled,
+    Source}}``); a client such as ``ollama launch`` reads it before offering cloud models. vllama
+    serves no Ollama cloud: always disabled, by vllama.
+    """
+    return web.json_response({"cloud": {"disabled": True, "source": "vllama"}})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import email.policy
 from collections import deque
+from collections.abc import Mapping
 from email.parser import BytesParser
 
 import orjson
@@ -144,9 +145,25 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         body, backend = await _route(request, await read_body(request))
     except _NoBackend as e:
         return e.response
+    return await relay(request, backend, "/v1/" + request.match_info["tail"], body)
+
+
+async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
+                session_headers: Mapping[str, str] | None = None) -> web.StreamResponse:
+    """Send ``body`` to ``backend``'s vLLM at ``path`` and relay its answer back chunk by chunk, as it comes.
+
+    The model is held for the request (``model_in_use``: woken or started first, counted in
+    flight); the usage of a 200 answer is read from its last bytes for the per-key counters
+    (``_usage``). ``session_headers`` (a conversation's key for a router) are added to the
+    client's own. An upstream failure after the answer began ends an SSE stream with vLLM's
+    error event, ``data: {"error": {...}}``; a JSON body is cut off instead.
+
+    Raises:
+        UpstreamError: vLLM failed before its answer began (mapped in ``api/app.py``).
+    """
     headers = {h: request.headers[h] for h in _FORWARD_REQUEST if h in request.headers}
-    path = "/v1/" + request.match_info["tail"]
-    async with model_in_use(request, backend, None):  # a sleeping or unloaded model comes back first
+    headers.update(session_headers or {})  # a router's conversation key (api/session.py)
+    async with model_in_use(request, backend, keep_alive):  # a sleeping or unloaded model comes back first
         async with backend.upstream.request(
             request.method, path, body=body or None, headers=headers, params=request.query, check=False
         ) as resp:
@@ -173,20 +190,28 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 
 def _usage(tail: bytes) -> tuple[int, int] | None:
-    """``(prompt_tokens, completion_tokens)`` of vLLM's answer from its last bytes: the ``usage`` of a
+    """``(prompt tokens, output tokens)`` of vLLM's answer from its last bytes: the ``usage`` of a
     JSON body, or of the last SSE event that has one (streams with ``stream_options.include_usage``);
-    ``None`` when there is none. Read once per request, after the answer was relayed."""
+    ``None`` when there is none. Read once per request, after the answer was relayed.
+
+    Three shapes: OpenAI's ``prompt_tokens``/``completion_tokens``; Anthropic's and the Responses
+    API's ``input_tokens``/``output_tokens`` (a Responses stream's ``response.completed`` event
+    carries it as ``response.usage``; Anthropic's counts cached input apart, added back here).
+    """
     at = tail.rfind(b'"usage"')
-    if at < 0:
+    start = tail.find(b"{", at)
+    if at < 0 or start < 0 or tail[at + 7:start].strip() != b":":  # "usage": null
         return None
-    start = tail.rfind(b"data: ", 0, at)
+    depth = 0
+    for end in range(start, len(tail)):  # the usage object: numbers and objects of numbers, no strings with braces
+        depth += {123: 1, 125: -1}.get(tail[end], 0)
+        if depth == 0:
+            break
     try:
-        if start < 0:
-            data = orjson.loads(tail)
-        else:
-            end = tail.find(b"\n", at)
-            data = orjson.loads(tail[start + 6:end if end >= 0 else None])
-        usage = data.get("usage") or {}
+        usage = orjson.loads(tail[start:end + 1])
+        if "input_tokens" in usage or "output_tokens" in usage:
+            prompt = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+            return prompt, int(usage.get("output_tokens") or 0)
         return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
     except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
         return None

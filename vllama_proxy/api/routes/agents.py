@@ -1,0 +1,111 @@
+"""The coding agents' APIs: Anthropic's ``/v1/messages`` (Claude Code) and OpenAI's ``/v1/responses`` (Codex).
+
+Ollama serves both since 0.14 (``/v1/messages``, Claude Code) and 0.13.3 (``/v1/responses``,
+stateless, Codex); vLLM 0.26+ has its own endpoints for both (``vllm/entrypoints/anthropic``,
+``vllm/entrypoints/openai/responses``), which turn the request into a chat completion through the
+model's chat template and parsers: a ``tool_use`` block from ``--tool-call-parser``, a ``thinking``
+block from ``--reasoning-parser``. vllama relays to them byte for byte and adds what ``/api/chat``
+has before a request goes upstream (``model_use.py``): the model named as Ollama names it (served
+name, alias, library name, created model, on-demand local model), the key's role and model
+allow-list, the on-demand slot, the keep-alive, the per-key usage (read from the answer's last
+bytes, ``openai._usage``), the access log line, and the conversation's key for a router in front of
+several engines (``session.agent_key``: Codex's ``prompt_cache_key``, Claude Code's session id). A request with tools for a model served
+without a tool parser gets a clear 400 here (``"X" does not support tools``, in Anthropic's error
+shape on ``/v1/messages``: ``api/app.py``) instead of vLLM's advice about its own flags.
+
+Fair share: the admission bound and each key's share apply as on every route; the request's vLLM
+``priority`` reaches ``/v1/responses`` (a field of vLLM's ``ResponsesRequest``), not
+``/v1/messages`` (vLLM's ``AnthropicMessagesRequest`` has none, so it would be dropped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from vllama_proxy.errors import BadRequest, MissingBody
+from vllama_proxy.upstream import encode_json
+from .body import read_body
+from .model_use import resolve_model
+from .openai import relay
+from ..admission import with_priority
+from .. import session
+from ..app_keys import CATALOG, SETTINGS
+from ..translate import check_capabilities, upstream_model
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/messages`` (Anthropic Messages; Claude Code sends ``?beta=true``, relayed as sent)."""
+    return await _relay(request, "/v1/messages", priority=False)
+
+
+async def count_tokens(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/messages/count_tokens``: vLLM renders the prompt and counts it; nothing is generated."""
+    return await _relay(request, "/v1/messages/count_tokens", priority=False, generates=False)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses`` (OpenAI Responses, as Codex sends it: ``store: false``, stateless)."""
+    return await _relay(request, "/v1/responses", priority=True)
+
+
+async def _relay(request: web.Request, path: str, *, priority: bool, generates: bool = True) -> web.StreamResponse:
+    """Resolve, check and relay one agent request to ``path`` of the model's vLLM.
+
+    Raises:
+        BadRequest: the body is not a JSON object, or names no model.
+        ModelNotFound: the model is unknown (404).
+        Forbidden: the key may not use the model (403).
+        UnsupportedCapability: ``tools`` for a model served without a tool parser (400).
+    """
+    data = _json_object(await read_body(request))
+    name, model, backend = await resolve_model(request, data.get("model"))
+    catalog = request.app[CATALOG]
+    if generates and _function_tools(data.get("tools")):
+        check_capabilities(name, await catalog.capabilities(model), tools=True)
+    data["model"] = upstream_model(catalog.created(name), model.name)
+    if path == "/v1/messages":
+        fit_max_tokens(data, model.max_model_len)
+    if priority:
+        with_priority(request, data)
+    settings = request.app[SETTINGS]  # the conversation's key, so that a router keeps it on one engine
+    headers = session.headers(settings.session_header, request.headers, session.agent_key(data["model"], data))
+    return await relay(request, backend, path, encode_json(data), session_headers=headers)
+
+
+def fit_max_tokens(data: dict[str, Any], context: int | None) -> None:
+    """Claude Code asks for more output than a local model's context holds (``max_tokens`` 32000,
+    ``thinking.budget_tokens`` 31999: its CLAUDE_CODE_MAX_OUTPUT_TOKENS default), which vLLM
+    refuses (400 ``max_completion_tokens=32000 cannot be greater than max_model_len``) where Ollama
+    generates until its context is full. Both are lowered to fit ``context`` (the model's
+    ``max_model_len``; vLLM then stops at what is left after the prompt), the budget kept below
+    ``max_tokens`` as Anthropic's rule (and vLLM's check) requires."""
+    wanted = data.get("max_tokens")
+    if not context or not isinstance(wanted, int) or isinstance(wanted, bool) or wanted <= context:
+        return
+    data["max_tokens"] = context
+    thinking = data.get("thinking")
+    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and thinking["budget_tokens"] >= context:
+        data["thinking"] = {**thinking, "budget_tokens": context - 1}
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise MissingBody()
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"invalid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return data
+
+
+def _function_tools(tools: Any) -> bool:
+    """Whether ``tools`` has a tool the model itself must call (a function; Anthropic's custom
+    tools have no ``type`` or ``type: custom``), not only server-side tools vLLM runs or ignores."""
+    if not isinstance(tools, list):
+        return False
+    return any(isinstance(t, dict) and t.get("type", "custom") in ("function", "custom") for t in tools)
