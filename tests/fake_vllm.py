@@ -35,6 +35,14 @@ FAKE_VLLM_GRANDCHILD       1: spawn a child process (argv[0] "VLLM::EngineCore")
 FAKE_VLLM_PIDFILE          path: the grandchild's pid is written there, the server's own pid to
                            ``<path>.server`` (the latter is written even without a grandchild).
 FAKE_VLLM_TOKEN_DELAY      float s (0): delay before each generated token.
+FAKE_VLLM_MAX_NUM_SEQS     int N: at most N generation requests run at once (vLLM's --max-num-seqs);
+                           the rest wait in arrival order, or by the body's ``priority`` (lower first,
+                           then arrival) with ``--scheduling-policy priority``, as vLLM's scheduler
+                           without KV pressure: a running request is never preempted. /metrics shows
+                           ``vllm:num_requests_waiting``; /_fake/stats ``running``, ``waiting`` and
+                           ``waited`` (requests that ever had to wait).
+FAKE_VLLM_STEP_PER_SEQ     float s (0): added to each token's delay per running request (a batch step
+                           slows as the batch grows, as on a GPU once compute-bound).
 FAKE_VLLM_HANG_AFTER       int N: from the N-th generation request on, generation produces nothing
                            (waits forever); /health stays 200, /metrics shows the requests running
                            while ``vllm:generation_tokens_total`` stops moving.
@@ -119,6 +127,7 @@ import asyncio
 import base64
 import collections
 import hashlib
+import heapq
 import json
 import os
 import re
@@ -224,6 +233,53 @@ class Knobs:
         self.gpu_ledger = env.get("FAKE_VLLM_GPU_LEDGER") or None
         self.sleep_residue = _env_float("FAKE_VLLM_SLEEP_RESIDUE", 0.01)
         self.prefix_cache_blocks = _env_int("FAKE_VLLM_PREFIX_CACHE_BLOCKS") or 4096
+        self.max_num_seqs = _env_int("FAKE_VLLM_MAX_NUM_SEQS")
+        self.step_per_seq = _env_float("FAKE_VLLM_STEP_PER_SEQ", 0.0)
+
+
+class Scheduler:
+    """vLLM's running slots without KV pressure (FAKE_VLLM_MAX_NUM_SEQS): ``slots`` run, the rest wait
+    in a heap by (priority when ``by_priority``, arrival); a running request is never preempted."""
+
+    def __init__(self, slots: int | None, by_priority: bool) -> None:
+        self.slots = slots
+        self.by_priority = by_priority
+        self.running = 0
+        self.waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self.seq = 0
+        self.waited = 0  # requests that found every slot taken
+
+    async def acquire(self, priority: Any) -> None:
+        if self.slots is None:
+            self.running += 1
+            return
+        if self.running < self.slots and not self.waiting:
+            self.running += 1
+            return
+        self.waited += 1
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        prio = priority if self.by_priority and isinstance(priority, int) else 0
+        heapq.heappush(self.waiting, (prio, self.seq, fut))
+        self.seq += 1
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()
+            raise
+
+    def release(self) -> None:
+        self.running -= 1
+        while self.waiting and (self.slots is None or self.running < self.slots):
+            _, _, fut = heapq.heappop(self.waiting)
+            if fut.cancelled():
+                continue
+            self.running += 1
+            fut.set_result(None)
+
+    @property
+    def n_waiting(self) -> int:
+        return sum(1 for _, _, f in self.waiting if not f.done())
 
 
 class GpuLedger:
@@ -318,6 +374,7 @@ class State:
         self.while_asleep = 0
         self.ledger: GpuLedger | None = None
         self.generation_tokens_total = 0
+        self.sched = Scheduler(knobs.max_num_seqs, by_priority=False)
         self.prompt_tokens_total = 0
         self.prefix_cache = PrefixCache(knobs.prefix_cache_blocks)
 
@@ -712,6 +769,7 @@ async def produce(state: State, plan: Plan, seq: int):
     if knobs.hang_after is not None and seq >= knobs.hang_after:
         await asyncio.sleep(_FOREVER)
     delay = 0.2 if "slow" in plan.faults else knobs.token_delay
+    step = knobs.step_per_seq
     fault = next((f for f in ("reset", "garbage", "hang", "nullevent", "nofinish") if f in plan.faults), None)
     crash = knobs.crash_after is not None and seq == knobs.crash_after
     cut = min(2, len(plan.events))
@@ -722,8 +780,9 @@ async def produce(state: State, plan: Plan, seq: int):
             if fault:
                 yield ("fault", fault)
                 return
-        if delay > 0:
-            await asyncio.sleep(delay)
+        pause = delay + step * state.sched.running
+        if pause > 0:
+            await asyncio.sleep(pause)
         else:
             await asyncio.sleep(0)
         state.generation_tokens_total += 1
@@ -809,21 +868,25 @@ async def handle_generation(request: web.Request, chat: bool) -> web.StreamRespo
     except ApiError as e:
         return error_response(e.status, e.message, e.err_type, e.param)
 
-    tracker = Tracker(state, plan)
+    await state.sched.acquire(body.get("priority", 0))  # a running slot (FAKE_VLLM_MAX_NUM_SEQS)
     try:
-        if stream:
-            return await _stream(request, state, plan, tracker, model, chat, include_usage)
-        return await _non_stream(request, state, plan, tracker, model, chat)
-    except asyncio.CancelledError:
-        tracker.finish("aborted")
-        raise
-    except ConnectionResetError:
-        # The client went away while we were writing; aiohttp swallows the failed write of this.
-        tracker.finish("aborted")
-        return web.Response(status=499)
+        tracker = Tracker(state, plan)
+        try:
+            if stream:
+                return await _stream(request, state, plan, tracker, model, chat, include_usage)
+            return await _non_stream(request, state, plan, tracker, model, chat)
+        except asyncio.CancelledError:
+            tracker.finish("aborted")
+            raise
+        except ConnectionResetError:
+            # The client went away while we were writing; aiohttp swallows the failed write of this.
+            tracker.finish("aborted")
+            return web.Response(status=499)
+        finally:
+            # Any other exit (an unexpected exception) still leaves in_flight right.
+            tracker.finish("failed")
     finally:
-        # Any other exit (an unexpected exception) still leaves in_flight right.
-        tracker.finish("failed")
+        state.sched.release()
 
 
 async def _stream(request: web.Request, state: State, plan: Plan, tracker: Tracker, model: str,
@@ -1173,7 +1236,7 @@ async def metrics(request: web.Request) -> web.Response:
         f"vllm:num_requests_running{lbl} {float(s.in_flight)}",
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{lbl} 0.0",
+        f"vllm:num_requests_waiting{lbl} {float(s.sched.n_waiting)}",
         "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{lbl} {min(1.0, s.in_flight / 256.0)}",
@@ -1238,6 +1301,7 @@ async def fake_stats(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
     return json_response({"started": s.started, "completed": s.completed, "aborted": s.aborted,
                           "failed": s.failed, "in_flight": s.in_flight,
+                          "running": s.sched.running, "waiting": s.sched.n_waiting, "waited": s.sched.waited,
                           "sleeping": s.sleeping, "sleeps": s.sleeps, "wakes": s.wakes, "while_asleep": s.while_asleep,
                           "generation_tokens_total": s.generation_tokens_total,
                           "prompt_tokens_total": s.prompt_tokens_total})
@@ -1432,6 +1496,7 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
         state.pooling = args.runner == "pooling" or args.convert == "embed"
         state.sleep_mode = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         state.per_request_metrics = "--enable-per-request-metrics" in unknown
+        state.sched.by_priority = "priority" in unknown and unknown[unknown.index("priority") - 1] == "--scheduling-policy"
         app = make_app(state)
         if knobs.access_log:
             import logging

@@ -25,6 +25,7 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
     ├── RequestTooLarge               413
     ├── TooManyRequests               429  + Retry-After  a key over its own limit
     │   ├── TooManyPulls              429  + Retry-After: 30  --max-pulls pulls are running
+    │   ├── RateLimited               429  + Retry-After, x-ratelimit-*  a key over its rpm or tpm
     │   └── BudgetExhausted           429  + Retry-After  a key used its budget_tokens for the day or month
     ├── StorageFailed                 500  vllama could not write or remove its own files
     ├── NotSupported                  501  model management vllama leaves to vLLM
@@ -173,6 +174,15 @@ class TooManyPulls(TooManyRequests):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retry_after=30)
+
+
+class RateLimited(TooManyRequests):
+    """A key over its ``rpm`` or with its ``tpm`` spent this minute (429, ``api/rate_limits.py``):
+    ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, as LiteLLM sends them."""
+
+    def __init__(self, message: str, headers: Mapping[str, str]) -> None:
+        VllamaError.__init__(self, message)
+        self.headers = dict(headers)
 
 
 class BudgetExhausted(TooManyRequests):

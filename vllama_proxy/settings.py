@@ -396,8 +396,16 @@ class Settings(BaseSettings):
     )
     fair_share: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Share the admission bound between keys and set each request's vLLM priority (fewer in flight, or a "
-        "higher key priority, first; vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
+        description="Share vLLM between keys: at most vLLM's running capacity (--max-running) goes upstream, the rest "
+        "waits in vllama, one queue per key, served in weighted fair order (VTC: each key's prompt + output tokens over "
+        "its weight, priority first); each key's share of the admission bound; each request's vLLM priority "
+        "(vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
+    )
+    fair_reserve: int | None = Field(
+        None, ge=0,
+        description="With fair sharing, the last places of vLLM's running capacity, kept for keys with few requests "
+        "upstream so that a light key never waits for a heavy key's request to end (default: 1/32 of the capacity; "
+        "0: strictly work-conserving).",
     )
     usage_db: str | None = Field(
         None,
@@ -418,6 +426,10 @@ class Settings(BaseSettings):
     def protects_models(self) -> bool:
         """Whether on-demand models may not evict the operator's (``protect_models``)."""
         return self.protect_models == "on" or (self.protect_models == "auto" and self.api_key_file is not None)
+
+    def fair_reserve_for(self, running: int) -> int:
+        """The fair queue's reserve for a running capacity of ``running`` (``fair_reserve``, else 1/32 of it)."""
+        return self.fair_reserve if self.fair_reserve is not None else running // 32
 
     def fair(self) -> bool:
         """Whether keys share the admission bound and vLLM schedules by priority (``fair_share``)."""
@@ -619,7 +631,7 @@ class Settings(BaseSettings):
 METAVARS = {
     "host": "HOST", "port": "PORT", "config": "FILE", "models": "JSON", "upstream": "URL", "model": "MODEL",
     "served_model_name": "NAME", "library": "FILE", "alias": "NAME=SERVED", "vllm_args": "ARG", "api_key_upstream": "KEY",
-    "api_key": "KEY", "api_key_file": "FILE", "origins": "ORIGIN", "max_queue": "N", "max_running": "N",
+    "api_key": "KEY", "api_key_file": "FILE", "origins": "ORIGIN", "max_queue": "N", "max_running": "N", "fair_reserve": "N",
     "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION", "sleep_unload_after": "DURATION",
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",

@@ -22,12 +22,14 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import ServerBusy, TooManyRequests, error_response
+from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
+from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
 from .budgets import check as check_budget
 from .keys import KEY_SLOTS, Key, key_of
-from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
+from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
+from .rate_limits import RateLimits
 from .routes.body import read_body
 from .shared_state import KeyState
 
@@ -35,6 +37,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Request key: this request's vLLM ``priority`` (lower first), set here with fair sharing.
 PRIORITY = "vllama.priority"
+#: Request key: the ``x-ratelimit-*`` headers of a key with ``rpm``/``tpm`` (:func:`add_rate_headers`).
+RATE_HEADERS = "vllama.rate_headers"
 #: :meth:`AdmissionBound.enter`'s refusals: the server is full, the key is at its own limit, or over its share.
 FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 #: Routes whose requests occupy vLLM (plus every POST under /v1/).
@@ -80,10 +84,16 @@ class AdmissionBound:
         running: requests vLLM runs at once over all models, when vllama knows it (``None``:
             an ``--upstream`` server whose ``--max-num-seqs`` was not given); shown to clients
             as ``max_running`` in ``/api/version`` (``vllama batch`` sizes its concurrency by it).
+        queue: with fair sharing, how many requests go upstream at once (vLLM's running capacity,
+            known or guessed): the rest wait in :attr:`queue`, a :class:`~.fair_queue.FairQueue`
+            (``None``: no queue, every admitted request goes upstream at once).
+        reserve: the queue's reserve (:class:`~.fair_queue.FairQueue`).
+
+    Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``).
     """
 
     def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
-                 running: int | None = None) -> None:
+                 running: int | None = None, queue: int | None = None, reserve: int = 0) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
         self.running = running
@@ -95,6 +105,8 @@ class AdmissionBound:
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
+        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve) if queue else None
+        self.limits = RateLimits(KEY_SLOTS, ctx)
 
     def try_enter(self, slot: int) -> bool:
         """Count one more request of worker ``slot`` if the server is below its limit."""
@@ -171,6 +183,8 @@ class AdmissionBound:
                     self._keys[key] -= n
                     if self._keys[key] == 0:
                         self._active.value -= 1
+        if self.queue is not None:
+            self.queue.reset_slot(slot)
 
     @property
     def in_flight(self) -> int:
@@ -190,17 +204,22 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
                priority: bool = False, shared: KeyState | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Admit inference requests once their body is read, while the server-wide count is below
     ``bound.limit``: beyond it, Ollama's 503 ``server busy`` with ``Retry-After: retry_after``; a key
-    at its ``max_in_flight`` or, with ``fair``, over its share (:meth:`AdmissionBound.enter`), 429
-    with ``Retry-After``.
+    over its ``rpm``/``tpm`` (``rate_limits.py``), at its ``max_in_flight`` or, with ``fair``, over its
+    share (:meth:`AdmissionBound.enter`), 429 with ``Retry-After``.
 
     The body is read first (``routes/body.read_body``, bounded by the body limit and the read
     timeout), so a client trickling its body holds a connection, never a place (issue 27: 9,216
-    such connections filled the bound while vLLM sat idle). With ``priority`` the request's vLLM
-    ``priority`` is set (:data:`PRIORITY`): the key's requests in flight before it, less 1,000,000
-    per step of the key's own ``priority``: lower is served first (vLLM ``--scheduling-policy priority``).
+    such connections filled the bound while vLLM sat idle). With ``fair`` and ``bound.queue``, an
+    admitted request then waits for its turn in the fair queue (``fair_queue.py``: at most vLLM's
+    running capacity upstream, the rest leave in VTC order by key) and, at its end, charges its key
+    the tokens it used. With ``priority`` the request's vLLM ``priority`` is set (:data:`PRIORITY`):
+    the key's requests in flight before it, less 1,000,000 per step of the key's own ``priority``:
+    lower is served first (vLLM ``--scheduling-policy priority``).
     With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight`` holds over every
     front sharing the store: counted there at admission and at the end, never per token.
     """
+    queue = bound.queue if fair else None
+
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
@@ -208,9 +227,16 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if bound.draining:  # a load balancer or vllm-router retries this on another engine
             QUEUE_REJECTIONS.inc()
             return error_response(ServerBusy(DRAINING, retry_after))
-        await read_body(request)  # cached by aiohttp: the handler's read returns it
+        body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
+        # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
+        # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter).
         check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
+        refused, headers = bound.limits.admit(key.slot, key.rpm, key.tpm)
+        if refused is not None:
+            raise RateLimited(_rate_refusal(refused, key), headers)
+        if headers:
+            request[RATE_HEADERS] = headers
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
         if got < 0:
             QUEUE_REJECTIONS.inc()
@@ -229,9 +255,20 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
+        estimate = W_IN * len(body or b"") / BYTES_PER_TOKEN
+        dispatched = False
         try:
+            if queue is not None:
+                await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=estimate)
+                dispatched = True
             return await handler(request)
         finally:
+            usage = request.get(USAGE)
+            if dispatched:
+                assert queue is not None
+                queue.done(slot, key.slot, W_IN * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
+            if usage and key.tpm is not None:
+                bound.limits.spend(key.slot, usage[0] + usage[1])
             bound.leave_key(slot, key.slot)
             IN_FLIGHT.dec()
             if counted:
@@ -239,6 +276,20 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
                 await shared.leave(key.name)
 
     return admit
+
+
+async def add_rate_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: an admitted request of a key with ``rpm``/``tpm`` answers with its
+    ``x-ratelimit-*`` headers (as OpenAI and LiteLLM send them on every response)."""
+    headers = request.get(RATE_HEADERS)
+    if headers:
+        response.headers.update(headers)
+
+
+def _rate_refusal(what: str, key: Key) -> str:
+    if what == "rpm":
+        return f"key '{key.name}' reached its rpm of {key.rpm} requests per minute; retry after the minute ends"
+    return f"key '{key.name}' spent its tpm of {key.tpm} tokens per minute; retry after the minute ends"
 
 
 def _refusal(code: int, key: Key, bound: AdmissionBound) -> str:

@@ -222,6 +222,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
                                             priority=settings.fair() and supervised, shared=shared))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
+    app.on_response_prepare.append(admission.add_rate_headers)
     pool = Upstream(
         backends[0].url,
         connect_timeout=settings.connect_timeout,

@@ -11,7 +11,10 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
     models = ["qwen2.5:*"]    # names or shell patterns it may use (default: every model)
     max_in_flight = 8         # its own bound on requests in flight (429 beyond it)
     max_tokens = 4096         # most tokens one answer may generate (num_predict, max_tokens clamped)
-    priority = 0              # higher is served first by vLLM (with fair sharing on)
+    priority = 0              # higher is served first (with fair sharing on)
+    weight = 1.0              # its share of vLLM's running slots against other waiting keys (fair sharing)
+    rpm = 600                 # requests per minute (429 beyond; default: no limit)
+    tpm = 100000              # prompt + output tokens per minute (429 once spent; default: no limit)
     budget_tokens = 2000000   # prompt + output tokens it may use per budget_period (429 beyond it)
     budget_period = "month"   # "day" or "month" (UTC; default month)
 
@@ -80,6 +83,9 @@ class KeyEntry(BaseModel):
     max_in_flight: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
+    weight: float = Field(1.0, gt=0, le=1000)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
     budget_tokens: int | None = Field(None, ge=0)
     budget_period: Literal["day", "month"] = "month"
 
@@ -100,7 +106,9 @@ class Key:
         models: names or shell patterns it may use (empty: every model).
         max_in_flight: its own bound on requests in flight (``None``: only its fair share).
         max_tokens: most tokens one answer may generate, in tokens (``None``: the model's context).
-        priority: higher is served first by vLLM.
+        priority: higher is served first.
+        weight: its weight in the fair queue (``fair_queue.py``: its token counter grows by cost / weight).
+        rpm, tpm: requests and tokens per minute (``rate_limits.py``; ``None``: no limit).
         slot: its per-key counter's index (:data:`KEY_SLOTS`).
         budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
             ``api/budgets.py`` checks it against the usage ledger).
@@ -112,6 +120,9 @@ class Key:
     models: tuple[str, ...] = ()
     max_in_flight: int | None = None
     priority: int = 0
+    weight: float = 1.0
+    rpm: int | None = None
+    tpm: int | None = None
     slot: int = 0
     max_tokens: int | None = None
     budget_tokens: int | None = None
@@ -185,7 +196,8 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
         names.add(e.name)
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
         out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
-                                max_tokens=e.max_tokens, budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
+                                max_tokens=e.max_tokens, weight=e.weight, rpm=e.rpm, tpm=e.tpm,
+                                budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
     return out
 
 

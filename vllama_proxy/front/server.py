@@ -100,7 +100,8 @@ ERROR_LINE_GRACE = 5.0
 
 def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None) -> AdmissionBound:
     """The server-wide bound on inference requests: vLLM's running capacity (``--max-running``,
-    else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``.
+    else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``; with
+    fair sharing, the fair queue's capacity is that running capacity.
     Each worker also stops at what its open-file limit allows (two sockets per request, 256
     kept for pooled connections, probes and logs), however the kernel spreads connections."""
     running = settings.max_running or running_capacity(
@@ -112,9 +113,11 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
+    queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/fair_queue.py)
+    reserve = settings.fair_reserve_for(running) if queue else 0
     log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
-             max_running_shown=known)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known)
+             max_running_shown=known, fair_queue=queue, fair_reserve=reserve)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known, queue=queue, reserve=reserve)
 
 
 def log_front_end(front: Plan) -> None:

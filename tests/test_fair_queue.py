@@ -1,0 +1,245 @@
+"""The fair queue in front of vLLM's running slots (issue 38): VTC's order, counted by dispatch.
+
+Unit tests drive :class:`FairQueue` in-process (deterministic: the order in which requests are let
+upstream, never wall time); one spawned process shows that a place freed in one worker wakes a
+waiter in another through its FIFO, with no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+
+import pytest
+
+from vllama_proxy.api.fair_queue import W_IN, W_OUT, FairQueue
+
+CTX = multiprocessing.get_context("spawn")
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_key_alone_uses_every_place_and_nothing_waits_while_there_is_room():
+    async def run() -> None:
+        q = FairQueue(4, workers=1, keys=16)
+        for _ in range(4):  # returns at once: the key alone takes every place
+            await asyncio.wait_for(q.turn(0, 3), 1)
+        fifth = asyncio.ensure_future(q.turn(0, 3))
+        await _settle()
+        assert not fifth.done() and q.stats() == {"capacity": 4, "upstream": 4, "waiting": 1, "dispatched": 4}
+        q.done(0, 3)
+        await asyncio.wait_for(fifth, 1)  # the freed place goes to it at once
+        assert q.stats()["upstream"] == 4 and q.stats()["waiting"] == 0
+
+    asyncio.run(run())
+
+
+def test_a_light_key_goes_ahead_of_a_flood_already_waiting():
+    async def run() -> None:
+        q = FairQueue(2, workers=1, keys=16)
+        order: list[str] = []
+
+        async def req(name: str, key: int) -> None:
+            await q.turn(0, key, cost=W_IN * 100)
+            order.append(name)
+
+        heavy = [asyncio.ensure_future(req(f"heavy{i}", 1)) for i in range(10)]
+        await _settle()
+        light = asyncio.ensure_future(req("light", 2))
+        await _settle()
+        assert order == ["heavy0", "heavy1"]
+        q.done(0, 1, output=50)  # one heavy request ends: its place goes to the light key, not heavy2
+        await _settle()
+        assert order == ["heavy0", "heavy1", "light"]
+        for _ in range(9):
+            q.done(0, 1, output=50)
+            await _settle()
+        await asyncio.gather(light, *heavy)
+        assert order[3:] == [f"heavy{i}" for i in range(2, 10)]
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("places", [1, 8])
+def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_once(places):
+    """Four keys with weights 1, 1, 2, 4, different prompt and answer lengths, ``places`` places
+    (requests end in the order they went): every key's service (W_IN x prompt + W_OUT x output
+    tokens) is within 10 % of its weighted share; a fifth key arriving late is served from its
+    first request on at its share, not after the others' credit."""
+    keys = {10: (1.0, 40, 200), 11: (1.0, 400, 20), 12: (2.0, 100, 100), 13: (4.0, 10, 300)}  # weight, prompt, output
+
+    async def run() -> None:
+        q = FairQueue(places, workers=1, keys=32)
+        ended = 0
+        served: list[int] = []
+
+        async def client(key: int, n: int) -> None:
+            weight, prompt, _ = keys[key]
+            waiting = [asyncio.ensure_future(q.turn(0, key, weight=weight, cost=W_IN * prompt)) for _ in range(n)]
+            for w in waiting:
+                await w
+                served.append(key)
+
+        tasks = [asyncio.ensure_future(client(k, 400)) for k in keys]
+        await _settle()
+
+        def step() -> int:  # the oldest request upstream ends; the next goes
+            nonlocal ended
+            k = served[ended]
+            ended += 1
+            q.done(0, k, output=keys[k][2])
+            return k
+
+        async def run_for(n: int) -> list[int]:
+            start = len(served)
+            for _ in range(n):
+                step()
+                await _settle()
+            return served[start:]
+
+        await run_for(20)  # all four backlogged from here on
+        window = await run_for(300)
+        service = {k: sum(W_IN * keys[k][1] + W_OUT * keys[k][2] for x in window if x == k) for k in keys}
+        total, weights = sum(service.values()), sum(w for w, _, _ in keys.values())
+        for k, (w, _, _) in keys.items():
+            share = service[k] / total
+            assert abs(share - w / weights) <= 0.1 * w / weights, (k, share, w / weights, service)
+        # a fifth key (weight 2) arrives late: lifted to the backlog's smallest counter, it gets
+        # its share from the start (no starving of the others to catch up, no waiting behind them)
+        keys[14] = (2.0, 100, 100)
+        tasks.append(asyncio.ensure_future(client(14, 400)))
+        await _settle()
+        late = await run_for(100)
+        first = late.index(14)
+        assert first <= 8 + places, late[:12]
+        s14 = sum(W_IN * 100 + W_OUT * 100 for x in late if x == 14)
+        s_all = sum(W_IN * keys[x][1] + W_OUT * keys[x][2] for x in late)
+        assert abs(s14 / s_all - 2 / 10) <= 0.2 * 2 / 10, (s14 / s_all, late)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+def test_priority_goes_first_and_a_cancelled_waiter_gives_its_place_back():
+    async def run() -> None:
+        q = FairQueue(1, workers=1, keys=16)
+        await q.turn(0, 1)
+        low = asyncio.ensure_future(q.turn(0, 2))
+        gone = asyncio.ensure_future(q.turn(0, 3, priority=5))
+        high = asyncio.ensure_future(q.turn(0, 4, priority=5))
+        await _settle()
+        gone.cancel()  # leaves the queue while waiting
+        await _settle()
+        q.done(0, 1)
+        await asyncio.wait_for(high, 1)
+        assert not low.done() and q.stats()["waiting"] == 1
+        q.done(0, 4)
+        await asyncio.wait_for(low, 1)
+        q.done(0, 2)
+        assert q.stats() == {"capacity": 1, "upstream": 0, "waiting": 0, "dispatched": 3}
+
+    asyncio.run(run())
+
+
+def _other_worker(q: FairQueue, ready, go, got) -> None:
+    async def run() -> None:
+        waiter = asyncio.ensure_future(q.turn(1, 7))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        ready.set()
+        await asyncio.wait_for(waiter, 30)  # woken through its FIFO by worker 0's done()
+        got.value = 1
+        q.done(1, 7)
+
+    asyncio.run(run())
+
+
+def test_a_place_freed_in_one_worker_wakes_a_waiter_in_another():
+    async def run() -> None:
+        q = FairQueue(1, workers=2, keys=16)
+        await q.turn(0, 3)
+        ready, got = CTX.Event(), CTX.Value("i", 0)
+        p = CTX.Process(target=_other_worker, args=(q, ready, None, got))
+        p.start()
+        try:
+            assert await asyncio.to_thread(ready.wait, 30)
+            assert q.stats()["waiting"] == 1
+            q.done(0, 3)
+            await asyncio.to_thread(p.join, 30)
+            assert got.value == 1 and p.exitcode == 0
+            assert q.stats()["upstream"] == 0
+        finally:
+            p.kill()
+
+    asyncio.run(run())
+
+
+def test_a_dead_workers_places_and_waiters_are_given_back():
+    q = FairQueue(2, workers=2, keys=16)
+
+    async def fill() -> None:
+        await q.turn(1, 5)
+        await q.turn(1, 5)
+
+    asyncio.run(fill())
+    # worker 1 also has one waiting (counted directly: its process is gone)
+    with q._lock.held():
+        q._enqueue(1, 5, 0.0)
+    assert q.stats()["upstream"] == 2 and q.stats()["waiting"] == 1
+    q.reset_slot(1)
+    assert q.stats()["upstream"] == 0 and q.stats()["waiting"] == 0
+
+
+def test_the_reserve_keeps_a_place_for_a_light_key_while_a_heavy_one_waits():
+    async def run() -> None:
+        q = FairQueue(8, workers=1, keys=16, reserve=2)  # the last 2 places: for keys with no request upstream
+        for _ in range(6):
+            await asyncio.wait_for(q.turn(0, 1), 1)  # the heavy key alone: 8 - 2 places
+        seventh = asyncio.ensure_future(q.turn(0, 1))
+        await _settle()
+        assert not seventh.done() and q.stats()["upstream"] == 6
+        await asyncio.wait_for(q.turn(0, 2), 1)  # the light key goes at once, into the reserve
+        await asyncio.wait_for(q.turn(0, 3), 1)  # and another
+        fourth = asyncio.ensure_future(q.turn(0, 2))  # its second request while it has one upstream: waits
+        await _settle()
+        assert not fourth.done() and q.stats() == {"capacity": 8, "upstream": 8, "waiting": 2, "dispatched": 8}
+        q.done(0, 2)  # the light key's first ended: its second is next (its counter is the lowest)
+        await asyncio.wait_for(fourth, 1)
+        q.done(0, 1)  # a heavy one ended: 2 places free, both the reserve: its 7th still waits
+        q.done(0, 3)
+        await _settle()
+        assert not seventh.done() and q.stats()["upstream"] == 6
+        q.done(0, 2)  # 3 free: one more than the reserve
+        await asyncio.wait_for(seventh, 1)
+        assert q.stats() == {"capacity": 8, "upstream": 6, "waiting": 0, "dispatched": 10}
+
+    asyncio.run(run())
+
+
+def test_a_waiter_cancelled_as_its_place_is_granted_gives_it_on():
+    async def run() -> None:
+        q = FairQueue(1, workers=1, keys=16)
+        await q.turn(0, 1)
+        a = asyncio.ensure_future(q.turn(0, 2))
+        b = asyncio.ensure_future(q.turn(0, 2))
+        await _settle()
+        q.done(0, 1)  # the place is granted to this worker's waiters of key 2 (woken soon) ...
+        a.cancel()  # ... and the first of them is cancelled before that wake-up runs
+        await asyncio.wait_for(b, 1)  # the place goes on to the next waiter of the key
+        await asyncio.gather(a, return_exceptions=True)
+        assert q.stats() == {"capacity": 1, "upstream": 1, "waiting": 0, "dispatched": 2}
+        c = asyncio.ensure_future(q.turn(0, 3))
+        await _settle()
+        q.done(0, 2)  # granted to c's worker ...
+        c.cancel()  # ... c is gone before it learns: the place is given back, nothing leaks
+        await asyncio.gather(c, return_exceptions=True)
+        await _settle()
+        assert q.stats() == {"capacity": 1, "upstream": 0, "waiting": 0, "dispatched": 3}
+        await asyncio.wait_for(q.turn(0, 4), 1)
+
+    asyncio.run(run())

@@ -1,0 +1,160 @@
+"""A fair share that holds under a flood, and per-key rpm/tpm (issue 38), through ``vllama serve``.
+
+The stand-in vLLM runs ``FAKE_VLLM_MAX_NUM_SEQS`` requests at once and queues the rest as vLLM
+does without KV pressure (a running request is never preempted), so one key's flood holds every
+running slot. vllama's fair queue (``api/fair_queue.py``) keeps the queue itself: the order in
+which requests reach the stand-in (``/_fake/requests``) is the order vllama dispatched them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import httpx
+from conftest import place
+
+KEYS = """
+[[keys]]
+name = "heavy"
+key = "sk-heavy"
+
+[[keys]]
+name = "light"
+key = "sk-light"
+"""
+
+
+def _sent(s) -> list[dict]:
+    argv = s.launched()[0]
+    port = argv[argv.index("--port") + 1]
+    return [r for r in httpx.get(f"http://127.0.0.1:{port}/_fake/requests").json() if isinstance(r.get("body"), dict)]
+
+
+def _stats(s) -> dict:
+    argv = s.launched()[0]
+    return httpx.get(f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/_fake/stats").json()
+
+
+def _ask(s, key: str, prompt: str, n: int) -> httpx.Response:
+    return httpx.post(s.url + "/api/generate", headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                      json={"model": "prod", "prompt": prompt, "stream": False, "options": {"num_predict": n}})
+
+
+def _wait(cond, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_light_key_is_dispatched_ahead_of_a_flood_and_a_key_alone_uses_every_slot(serve, hub, tmp_path):
+    place(hub, "acme/tiny-prod")
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
+              "--max-running", "4", "--max-queue", "32", "--workers", "2",
+              env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_MAX_NUM_SEQS": "4"})
+    s.wait_ready()
+    _wait(lambda: "worker_listening" in s.log.read_text(), "worker 1 did not start")
+    with cf.ThreadPoolExecutor(16) as ex:
+        # lengths 3 to 7.5 s, 0.5 s apart: requests that start together must not end together, or
+        # the light request, granted the first place freed, could reach vLLM a moment after the
+        # heavy one granted the second (two workers, each sending as soon as it learns)
+        heavy = [ex.submit(_ask, s, "sk-heavy", f"flood {i} [[tokens:{60 + 10 * i}]]", 60 + 10 * i) for i in range(10)]
+        # the key alone takes every one of vLLM's 4 running slots ...
+        _wait(lambda: _stats(s)["running"] == 4, "the heavy key alone did not fill the 4 running slots")
+        ended = _stats(s)["completed"]  # 0 unless the machine stalled for a heavy request's 3 s
+        light = _ask(s, "sk-light", "light [[tokens:2]]", 2)
+        assert light.status_code == 200
+        assert all(f.result().status_code == 200 for f in heavy)
+    order = [r["body"]["messages"][0]["content"].split()[0] for r in _sent(s)]
+    # ... the light request went upstream as soon as the next heavy request ended, ahead of the
+    # heavy ones waiting (vLLM's own queue would have put it last, after all 10) ...
+    assert order.index("light") <= 4 + ended, (order, ended)
+    # ... and vLLM's queue was never used: vllama sent no more than it runs
+    assert _stats(s)["waited"] == 0 and _stats(s)["completed"] == 11
+
+
+WEIGHTED = """
+[[keys]]
+name = "hold"
+key = "sk-hold"
+""" + "".join(f"""
+[[keys]]
+name = "k{i}"
+key = "sk-k{i}"
+weight = {w}
+""" for i, w in enumerate((1, 1, 2, 4)))
+
+
+def test_backlogged_keys_are_dispatched_by_their_weights(serve, hub, tmp_path):
+    """Four keys with weights 1, 1, 2, 4, each with 24 requests waiting behind one running slot:
+    of the first 32 dispatched, each key has its weighted share (4, 4, 8, 16), +-1 (count of
+    dispatches, not wall time: the requests are alike)."""
+    place(hub, "acme/tiny-prod")
+    keys = tmp_path / "keys.toml"
+    keys.write_text(WEIGHTED)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
+              "--max-running", "1", "--max-queue", "200", env={"FAKE_VLLM_TOKEN_DELAY": "0.01", "FAKE_VLLM_MAX_NUM_SEQS": "1"})
+    s.wait_ready()
+    with cf.ThreadPoolExecutor(100) as ex:
+        hold = ex.submit(_ask, s, "sk-hold", "hold [[tokens:300]]", 300)  # holds the one slot ~3 s
+        _wait(lambda: len(_sent(s)) == 1, "the holding request did not start")
+        asks = [ex.submit(_ask, s, f"sk-k{i}", f"k{i} a b c d [[tokens:4]]", 4) for _ in range(24) for i in range(4)]
+        _wait(lambda: hold.done() or False, "the holding request did not end", timeout=60)
+        assert hold.result().status_code == 200
+        assert all(f.result().status_code == 200 for f in asks)
+    order = [r["body"]["messages"][0]["content"].split()[0] for r in _sent(s)][1:]
+    assert len(order) == 96
+    first = order[:32]
+    counts = [first.count(f"k{i}") for i in range(4)]
+    for got, want in zip(counts, (4, 4, 8, 16)):
+        assert abs(got - want) <= 1, (counts, order)
+
+
+LIMITED = """
+[[keys]]
+name = "capped"
+key = "sk-capped"
+rpm = 3
+
+[[keys]]
+name = "tokens"
+key = "sk-tokens"
+tpm = 30
+"""
+
+
+def test_rpm_and_tpm_answer_429_with_retry_after_and_ratelimit_headers(serve, hub, tmp_path):
+    place(hub, "acme/tiny-prod")
+    keys = tmp_path / "keys.toml"
+    keys.write_text(LIMITED)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys), "--workers", "2")
+    s.wait_ready()
+    # rpm 3: three requests a minute, over both workers (new connections: the kernel spreads them)
+    answers = [_ask(s, "sk-capped", "x", 1) for _ in range(3)]
+    if int(time.time()) % 60 > 57:  # the minute turned over meanwhile: count again in the next one
+        time.sleep(3)
+        answers = [_ask(s, "sk-capped", "x", 1) for _ in range(3)]
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert [r.headers["x-ratelimit-remaining-requests"] for r in answers] == ["2", "1", "0"]
+    assert answers[0].headers["x-ratelimit-limit-requests"] == "3"
+    over = _ask(s, "sk-capped", "x", 1)
+    assert over.status_code == 429, over.text
+    assert "rpm" in over.json()["error"] and "capped" in over.json()["error"]
+    assert 1 <= int(over.headers["Retry-After"]) <= 60
+    assert over.headers["x-ratelimit-remaining-requests"] == "0" and over.headers["x-ratelimit-reset-requests"].endswith("s")
+    # /v1 too, in OpenAI's own header names
+    v1 = httpx.post(s.url + "/v1/completions", headers={"Authorization": "Bearer sk-capped"},
+                    json={"model": "prod", "prompt": "x", "max_tokens": 1})
+    assert v1.status_code == 429 and v1.headers["x-ratelimit-limit-requests"] == "3"
+    # tpm 30: tokens (prompt + output) are counted when a request ends; once spent, 429
+    first = _ask(s, "sk-tokens", "one two three [[tokens:40]]", 40)
+    assert first.status_code == 200 and first.headers["x-ratelimit-limit-tokens"] == "30"
+    assert first.headers["x-ratelimit-remaining-tokens"] == "30"  # what was left when it was admitted
+    spent = _ask(s, "sk-tokens", "x", 1)
+    if spent.status_code == 200:  # the minute turned over between the two: spend it again
+        spent = _ask(s, "sk-tokens", "one two three [[tokens:40]]", 40) and _ask(s, "sk-tokens", "x", 1)
+    assert spent.status_code == 429 and "tpm" in spent.json()["error"], spent.text
+    assert spent.headers["x-ratelimit-remaining-tokens"] == "0" and int(spent.headers["Retry-After"]) >= 1

@@ -1,0 +1,395 @@
+"""A weighted fair queue in front of vLLM's running slots, shared by every worker (issue 38).
+
+vLLM's ``priority`` orders only its own waiting queue: a request it already runs is preempted only
+under KV-cache pressure, so one key's flood holds every running slot and a light key's request
+waits behind it (H100, ``--max-num-seqs 256``, 1,000 streams of one key: the other key's TTFT p99
+11x of alone). So vllama keeps the queue itself: at most ``capacity`` requests (vLLM's running
+capacity, ``--max-num-seqs`` x data-parallel size summed over models) are upstream at once; the
+rest wait here, one queue per key, and each freed place goes to the next key in VTC's order
+("Fairness in Serving Large Language Models", Sheng et al., OSDI'24):
+
+- every key has a virtual token counter; a dispatched request adds its cost, ``W_IN`` x prompt
+  tokens + ``W_OUT`` x output tokens, divided by the key's ``weight``: charged at dispatch as an
+  estimate (the prompt from the body's size, the output as the key's recent average, or every
+  key's for a key new to the server) and settled when the request ends with vLLM's counts (one
+  lock at each end of a request, none per token). Charging the output at dispatch matters: a key
+  alone takes every place, and if its running requests were charged only when they end, keys
+  arriving meanwhile (lifted to its counter) would find it deep in debt afterwards (on the
+  stand-in: a weight-1 key that arrived first got 0.2x of its share for 20 s); what is settled
+  at the end may still put a key at most two of its requests' cost ahead of the other waiting
+  keys (:meth:`_bounded`);
+- the backlogged key with the highest ``priority``, then the smallest counter, then the fewest
+  requests upstream, goes next;
+- a key that becomes backlogged has its counter lifted to the smallest counter of the backlogged
+  keys (or, with none, to the counter of the last key dispatched): idling earns no credit;
+- work-conserving but for a small reserve: nothing waits while more than ``reserve`` places are
+  free; the last ``reserve`` places (``--fair-reserve``, by default 1/32 of the capacity) go only to
+  keys with few requests upstream, so a key alone uses ``capacity - reserve``. Without it a light
+  key's request waits for a place to free, and long requests that began together end together: on
+  the stand-in (32 slots, 200 streams of 1.3 s) the light key's TTFT p90 was 1.2 s with no reserve.
+
+Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shm.SharedLock` (a few
+loads and stores and a scan of the backlogged keys only, per dispatch), so the order is the
+server's, not a worker's. A waiter is a future in its own worker; the process that frees a place
+picks the next key and a worker with a waiter of that key, counts the grant in shared memory and
+wakes that worker with one byte on its FIFO (``/dev/shm``): no polling, no sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import contextlib
+import multiprocessing
+import os
+import tempfile
+from typing import Any
+
+from vllama_proxy.supervisor.shm import SharedLock
+
+#: VTC's weights of a prompt token and an output token (the paper's w_p = 1, w_q = 2: an output
+#: token costs a decode step, prompt tokens are batched in prefill).
+W_IN, W_OUT = 1.0, 2.0
+#: Weight of the last request in a key's expected output tokens (an exponential moving average).
+EXPECT_ALPHA = 0.25
+#: Bytes of request body per prompt token, for the estimate charged at dispatch.
+BYTES_PER_TOKEN = 4
+_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class FairQueue:
+    """At most ``capacity`` requests upstream; the rest wait per key and leave in VTC order.
+
+    Args:
+        capacity: requests upstream at once over every worker (vLLM's running capacity).
+        workers: worker processes (each with its slot ``0 .. workers - 1`` and a FIFO to be woken by).
+        keys: per-key counters (``keys.KEY_SLOTS``).
+        reserve: the last places, kept for keys with fewer than ``max(1, reserve // 4)`` requests
+            upstream: a light key's request then finds a running slot at once, instead of waiting
+            for one of a heavy key's long requests to end (0: strictly work-conserving).
+
+    Pickled into every worker (``spawn``). :meth:`turn` is the one coroutine a request awaits;
+    :meth:`done` gives its place back. Not thread-safe within a process (one event loop each).
+    """
+
+    def __init__(self, capacity: int, workers: int, keys: int, ctx: Any = None, *, reserve: int = 0) -> None:
+        ctx = ctx or multiprocessing.get_context("spawn")
+        self.capacity = max(int(capacity), 1)
+        self.reserve = min(max(int(reserve), 0), self.capacity - 1)
+        self.reserve_per_key = max(1, self.reserve // 4)
+        self.workers = max(int(workers), 1)
+        self.keys = keys
+        n = self.workers * keys
+        self._lock = SharedLock()
+        self._upstream = ctx.RawValue("i", 0)      # requests upstream
+        self._key_up = ctx.RawArray("i", keys)     # ... per key
+        self._worker_up = ctx.RawArray("i", n)     # ... per worker and key (a dead worker's are given back)
+        self._key_wait = ctx.RawArray("i", keys)   # requests waiting per key
+        self._worker_wait = ctx.RawArray("i", n)   # ... per worker and key
+        self._grants = ctx.RawArray("i", n)        # places given to a worker's waiters, not yet taken
+        self._wait_cost = ctx.RawArray("d", keys)  # summed prompt estimates of a key's waiting requests
+        self._vtc = ctx.RawArray("d", keys)        # the virtual token counters
+        self._expect_out = ctx.RawArray("d", keys)  # each key's expected output tokens (moving average)
+        self._out_charged = ctx.RawArray("d", keys)  # expected outputs charged for the key's requests upstream
+        self._seen = ctx.RawArray("b", keys)        # whether a request of the key has ended (its average is known)
+        self._expect_all = ctx.RawValue("d", 0.0)   # every key's expected output tokens: a new key's until its own is known
+        self._weight = ctx.RawArray("d", [1.0] * keys)
+        self._priority = ctx.RawArray("i", keys)
+        self._backlog = ctx.RawArray("i", keys)    # the keys with requests waiting, unordered ...
+        self._backlog_n = ctx.RawValue("i", 0)     # ... and how many
+        self._floor = ctx.RawValue("d", 0.0)       # the counter of the last key dispatched
+        self._next_worker = ctx.RawArray("i", keys)  # round robin over workers within a key
+        self._dispatched = ctx.RawValue("q", 0)    # requests dispatched since start (tests, logs)
+        where = tempfile.mkdtemp(prefix="vllama-fair-", dir=_DIR)  # one FIFO per worker, made before they start
+        self._fifos = [os.path.join(where, str(w)) for w in range(self.workers)]
+        for path in self._fifos:
+            os.mkfifo(path, 0o600)
+        atexit.register(_remove, where, self._fifos)  # in the creating process only (not on unpickling)
+        self._local_init()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_pid", "_fds", "_waiters", "_reader", "_loop", "_slot"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local_init()
+
+    def _local_init(self) -> None:
+        self._pid = os.getpid()
+        self._fds: dict[int, int] = {}
+        self._waiters: dict[int, collections.deque[asyncio.Future[None]]] = {}
+        self._reader: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slot = -1
+
+    # -- the request's side -------------------------------------------------------------------
+
+    async def turn(self, slot: int, key: int, *, weight: float = 1.0, priority: int = 0, cost: float = 0.0) -> None:
+        """Wait until this request of worker ``slot`` and key counter ``key`` may go upstream.
+
+        Args:
+            weight: the key's share weight (> 0): its counter grows by cost / weight.
+            priority: higher goes first, whatever the counters.
+            cost: the prompt's estimated cost (``W_IN`` x tokens), charged when dispatched.
+
+        Returns at once while there is room and no key waits ahead of it (one lock). Cancelled
+        (the client left) while waiting, its place in the queue, or a place granted meanwhile,
+        is given back. Each return must be followed by one :meth:`done`.
+        """
+        self._listen(slot)
+        local = self._waiters.setdefault(key, collections.deque())
+        i = slot * self.keys + key
+        with self._lock.held():
+            self._weight[key] = weight
+            self._priority[key] = priority
+            self._enqueue(slot, key, cost)
+            wake = self._fill()
+            mine = not local and self._grants[i] > 0  # no older waiter of this key here: the place is this one's
+            if mine:
+                self._grants[i] -= 1
+        if mine:
+            if not any(self._waiters.values()):  # nothing here for _wake to hand on
+                wake.discard(slot)
+            self._signal(wake)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        local.append(fut)  # before any await: see _wake
+        self._signal(wake)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted, then cancelled before it ran
+                self.done(slot, key)
+                raise
+            local.remove(fut)
+            wake = set()
+            with self._lock.held():
+                if self._worker_wait[i] > 0:  # still waiting: leave the queue
+                    self._worker_wait[i] -= 1
+                    self._leave_queue(key, self._wait_cost[key] / max(self._key_wait[key], 1))
+                else:  # a place was granted to this worker's waiters of this key: give it back
+                    self._grants[i] -= 1
+                    wake = self._release(slot, key, 0.0)
+            self._signal(wake)
+            raise
+
+    def done(self, slot: int, key: int, correction: float = 0.0, output: int | None = None) -> None:
+        """The request finished upstream: its place goes to the next waiter in VTC order.
+
+        Args:
+            correction: the prompt's actual cost less its estimate, added to the key's counter
+                (divided by its weight).
+            output: its output tokens (``None``: unknown, e.g. an embedding or a stream without
+                usage). At dispatch the key was charged ``W_OUT`` x its expected output (a moving
+                average of its requests' outputs), so that a key's long answers count while they
+                run, not only when they end; the difference is settled here.
+        """
+        with self._lock.held():
+            wake = self._release(slot, key, correction, output)
+        self._signal(wake)
+
+    # -- under the lock -----------------------------------------------------------------------
+
+    def _dispatch(self, slot: int, key: int, cost: float) -> None:
+        self._upstream.value += 1
+        self._key_up[key] += 1
+        self._worker_up[slot * self.keys + key] += 1
+        expected = self._expect_out[key] if self._seen[key] else self._expect_all.value  # a new key: everyone's usual
+        self._out_charged[key] += expected
+        self._vtc[key] += (cost + W_OUT * expected) / self._weight[key]
+        self._floor.value = self._vtc[key]
+        self._dispatched.value += 1
+
+    def _enqueue(self, slot: int, key: int, cost: float) -> None:
+        if self._key_wait[key] == 0:  # newly backlogged: no credit for having been idle
+            n = self._backlog_n.value
+            lift = min((self._vtc[self._backlog[j]] for j in range(n)), default=self._floor.value)
+            self._vtc[key] = max(self._vtc[key], lift)
+            self._backlog[n] = key
+            self._backlog_n.value = n + 1
+        self._key_wait[key] += 1
+        self._worker_wait[slot * self.keys + key] += 1
+        self._wait_cost[key] += cost
+
+    def _leave_queue(self, key: int, cost: float) -> None:
+        self._key_wait[key] -= 1
+        self._wait_cost[key] = max(self._wait_cost[key] - cost, 0.0) if self._key_wait[key] else 0.0
+        if self._key_wait[key] == 0:
+            n = self._backlog_n.value
+            for j in range(n):
+                if self._backlog[j] == key:
+                    self._backlog[j] = self._backlog[n - 1]
+                    self._backlog_n.value = n - 1
+                    break
+
+    def _release(self, slot: int, key: int, correction: float, output: int | None = None) -> set[int]:
+        charged = self._out_charged[key] / self._key_up[key]  # this request's share of the outputs charged
+        self._out_charged[key] -= charged
+        self._upstream.value -= 1
+        self._key_up[key] -= 1
+        self._worker_up[slot * self.keys + key] -= 1
+        if output is not None:  # settle the output charged at dispatch, and learn the key's usual one
+            correction += W_OUT * (output - charged)
+            expected = self._expect_out[key] if self._seen[key] else output
+            self._expect_out[key] = expected + EXPECT_ALPHA * (output - expected)
+            self._seen[key] = 1
+            everyone = self._expect_all.value
+            self._expect_all.value = everyone + EXPECT_ALPHA * (output - everyone)
+        if correction:
+            self._vtc[key] += self._bounded(key, correction / self._weight[key], output)
+        if self._key_up[key] == 0:
+            self._out_charged[key] = 0.0
+        return self._fill()
+
+    def _bounded(self, key: int, add: float, output: int | None) -> float:
+        """``add`` to the key's counter, but never past the smallest counter of the other keys
+        waiting plus two of its requests' cost: what a request ending now settles (an output
+        longer than was charged at dispatch) may not turn into a debt that starves the key while
+        it waits (a key alone takes every place; keys arriving meanwhile are lifted to its counter
+        as charged at dispatch)."""
+        if add <= 0:
+            return add
+        others = [self._vtc[k] for k in (self._backlog[j] for j in range(self._backlog_n.value)) if k != key]
+        if not others:
+            return add
+        request = (W_OUT * (output if output is not None else self._expect_out[key]) + self._wait_cost[key]
+                   / max(self._key_wait[key], 1)) / self._weight[key]
+        cap = min(others) + 2 * request
+        now = self._vtc[key]
+        return max(min(now + add, cap) - now, 0.0) if now + add > cap else add
+
+    def _fill(self) -> set[int]:
+        """Dispatch waiters while there is room; the workers to wake."""
+        wake: set[int] = set()
+        while self._upstream.value < self.capacity and self._backlog_n.value:
+            key = self._pick()
+            if key < 0:  # only the reserve is left, and every waiting key has its few upstream
+                break
+            worker = self._worker_with_waiter(key)
+            cost = self._wait_cost[key] / self._key_wait[key]
+            self._worker_wait[worker * self.keys + key] -= 1
+            self._leave_queue(key, cost)
+            self._grants[worker * self.keys + key] += 1
+            self._dispatch(worker, key, cost)
+            wake.add(worker)
+        return wake
+
+    def _pick(self) -> int:
+        reserved = self.capacity - self._upstream.value <= self.reserve
+        best, best_rank = -1, None
+        for j in range(self._backlog_n.value):
+            k = self._backlog[j]
+            if reserved and self._key_up[k] >= self.reserve_per_key:
+                continue
+            rank = (-self._priority[k], self._vtc[k], self._key_up[k])
+            if best_rank is None or rank < best_rank:
+                best, best_rank = k, rank
+        return best
+
+    def _worker_with_waiter(self, key: int) -> int:
+        start = self._next_worker[key]
+        for step in range(self.workers):
+            w = (start + step) % self.workers
+            if self._worker_wait[w * self.keys + key] > 0:
+                self._next_worker[key] = (w + 1) % self.workers
+                return w
+        raise AssertionError(f"key {key} is backlogged with no waiter")  # the counts are kept together
+
+    # -- waking a worker ----------------------------------------------------------------------
+
+    def _listen(self, slot: int) -> None:
+        """Read this worker's FIFO from its event loop (once per process)."""
+        loop = asyncio.get_running_loop()
+        if self._reader is not None and self._loop is loop:
+            return
+        fd = self._fd(slot)
+        loop.add_reader(fd, self._wake)
+        self._reader, self._loop, self._slot = fd, loop, slot
+
+    def _fd(self, slot: int) -> int:
+        if self._pid != os.getpid():
+            self._local_init()
+        fd = self._fds.get(slot)
+        if fd is None:  # O_RDWR: a FIFO opened so never blocks, and never reads end-of-file
+            fd = self._fds[slot] = os.open(self._fifos[slot], os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        return fd
+
+    def _signal(self, workers: set[int]) -> None:
+        for w in workers:
+            if w == self._slot and self._loop is not None:
+                self._loop.call_soon(self._wake)
+                continue
+            with contextlib.suppress(BlockingIOError):  # full: it has a wake-up pending anyway
+                os.write(self._fd(w), b"x")
+
+    def _wake(self) -> None:
+        """This worker's waiters whose places were granted go on (FIFO order within a key)."""
+        if self._reader is not None:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._reader, 4096):
+                    pass
+        keys = [k for k, q in self._waiters.items() if q]
+        if not keys:
+            return
+        granted: list[tuple[int, int]] = []
+        with self._lock.held():
+            for k in keys:
+                i = self._slot * self.keys + k
+                n = self._grants[i]
+                if n:
+                    self._grants[i] = 0
+                    granted.append((k, n))
+        left: list[tuple[int, int]] = []
+        for k, n in granted:
+            q = self._waiters[k]
+            live = [f for f in q if not f.done()][:n]  # a cancelled waiter settles its own count (turn)
+            for f in live:
+                q.remove(f)
+                f.set_result(None)
+            if len(live) < n:
+                left.append((k, n - len(live)))
+        if left:  # more places than live waiters: kept for the cancelled ones to give back
+            with self._lock.held():
+                for k, n in left:
+                    self._grants[self._slot * self.keys + k] += n
+
+    # -- the supervisor's side ----------------------------------------------------------------
+
+    def reset_slot(self, slot: int) -> None:
+        """Worker ``slot`` died: its requests upstream, waiting or granted are given back."""
+        with self._lock.held():
+            base = slot * self.keys
+            for k in range(self.keys):
+                up, waiting = self._worker_up[base + k], self._worker_wait[base + k]
+                if up:
+                    self._out_charged[k] -= self._out_charged[k] * up / self._key_up[k]
+                    self._worker_up[base + k] = 0
+                    self._key_up[k] -= up
+                    self._upstream.value -= up
+                self._grants[base + k] = 0  # granted places are counted in _worker_up already
+                for _ in range(waiting):
+                    self._worker_wait[base + k] -= 1
+                    self._leave_queue(k, self._wait_cost[k] / max(self._key_wait[k], 1))
+            wake = self._fill()
+        self._signal(wake)
+
+    def stats(self) -> dict[str, Any]:
+        """``upstream``, ``waiting`` and ``dispatched`` over the server (a snapshot, for logs and tests)."""
+        return {"capacity": self.capacity, "upstream": self._upstream.value,
+                "waiting": sum(self._key_wait[self._backlog[j]] for j in range(self._backlog_n.value)),
+                "dispatched": self._dispatched.value}
+
+    def counter(self, key: int) -> float:
+        """The key's virtual token counter (tests)."""
+        return self._vtc[key]
+
+
+def _remove(where: str, paths: list[str]) -> None:
+    with contextlib.suppress(OSError):
+        for path in paths:
+            os.unlink(path)
+        os.rmdir(where)

@@ -1,0 +1,106 @@
+"""Per-key requests and tokens per minute (``rpm``, ``tpm`` in the keys file), shared by every worker.
+
+As LiteLLM's virtual keys (``rpm_limit``, ``tpm_limit``) and OpenAI's rate limits: a key over its
+``rpm`` requests, or with its ``tpm`` tokens (prompt + output, counted when a request ends) spent in
+the current minute, gets 429 with ``Retry-After`` (seconds to the next minute) and OpenAI's
+``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests``, ``x-ratelimit-reset-requests``
+(and the ``-tokens`` three) headers; an admitted request carries the same headers. The window is
+the wall-clock minute (a fixed window, as LiteLLM's): one counter pair per key in shared memory,
+reset by whoever first sees a new minute, under :class:`~vllama_proxy.supervisor.shm.SharedLock`.
+Tokens are counted once per request, at its end (never per token).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+from typing import Any
+
+from vllama_proxy.supervisor.shm import SharedLock
+
+#: Seconds in a window.
+WINDOW = 60
+
+
+class RateLimits:
+    """Requests and tokens of each key in the current minute.
+
+    Args:
+        keys: per-key counters (``keys.KEY_SLOTS``).
+        clock: seconds since the epoch (tests pass their own).
+    """
+
+    def __init__(self, keys: int, ctx: Any = None, clock: Any = time.time) -> None:
+        ctx = ctx or multiprocessing.get_context("spawn")
+        self._lock = SharedLock()
+        self._minute = ctx.RawArray("q", keys)  # the window each key's counts belong to
+        self._requests = ctx.RawArray("i", keys)
+        self._tokens = ctx.RawArray("q", keys)
+        self.clock = clock
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("clock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.clock = time.time
+
+    def _roll(self, key: int, now: float) -> None:
+        minute = int(now // WINDOW)
+        if self._minute[key] != minute:
+            self._minute[key], self._requests[key], self._tokens[key] = minute, 0, 0
+
+    def admit(self, key: int, rpm: int | None, tpm: int | None) -> tuple[str | None, dict[str, str]]:
+        """Count one request of key counter ``key`` if it is within ``rpm`` and ``tpm``.
+
+        Returns:
+            ``(None, headers)`` when admitted, ``(what, headers)`` when refused (``what``: the limit
+            reached, ``"rpm"`` or ``"tpm"``); ``headers``: OpenAI's ``x-ratelimit-*`` for the limits
+            the key has, plus ``Retry-After`` when refused. Nothing is counted for a key without limits.
+        """
+        if rpm is None and tpm is None:
+            return None, {}
+        now = self.clock()
+        with self._lock.held():
+            self._roll(key, now)
+            used, spent = self._requests[key], self._tokens[key]
+            refused = "rpm" if rpm is not None and used >= rpm else "tpm" if tpm is not None and spent >= tpm else None
+            if refused is None:
+                used = self._requests[key] = used + 1
+        reset = max(WINDOW - now % WINDOW, 0.001)
+        headers: dict[str, str] = {}
+        if rpm is not None:
+            headers |= {"x-ratelimit-limit-requests": str(rpm), "x-ratelimit-remaining-requests": str(max(rpm - used, 0)),
+                        "x-ratelimit-reset-requests": _duration(reset)}
+        if tpm is not None:
+            headers |= {"x-ratelimit-limit-tokens": str(tpm), "x-ratelimit-remaining-tokens": str(max(tpm - spent, 0)),
+                        "x-ratelimit-reset-tokens": _duration(reset)}
+        if refused is not None:
+            headers["Retry-After"] = str(max(math.ceil(reset), 1))
+        return refused, headers
+
+    def spend(self, key: int, tokens: int) -> None:
+        """Count ``tokens`` (prompt + output) of a request of ``key`` that ended."""
+        if tokens <= 0:
+            return
+        now = self.clock()
+        with self._lock.held():
+            self._roll(key, now)
+            self._tokens[key] += tokens
+
+    def used(self, key: int) -> tuple[int, int]:
+        """``(requests, tokens)`` of ``key`` in the current minute."""
+        with self._lock.held():
+            self._roll(key, self.clock())
+            return self._requests[key], self._tokens[key]
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's ``x-ratelimit-reset-*`` form: ``"1s"``, ``"6m0s"``, ``"250ms"``."""
+    if seconds < 1:
+        return f"{max(int(seconds * 1000), 1)}ms"
+    whole = math.ceil(seconds)
+    return f"{whole // 60}m{whole % 60}s" if whole >= 60 else f"{whole}s"
