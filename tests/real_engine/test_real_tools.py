@@ -14,22 +14,17 @@ import importlib.util
 import sys
 
 import pytest
-from .conftest import BASE_ARGS, ROOT, RealVllama
+from .conftest import ROOT, TOOL_NAME, RealVllama
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "tool_model"))
 import e2e_tools  # noqa: E402
 
-MODEL = ROOT / "tests" / "assets" / "tool-model"
-NAME = "toolmodel"
+NAME = TOOL_NAME
 
 
-@pytest.fixture(scope="module")
-def server(start_real) -> RealVllama:
-    v = start_real("tools", model=MODEL, flags=["--served-model-name", NAME],
-                   vllm_args=[*BASE_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                              "--reasoning-parser", "qwen3"])
-    v.wait_ready()
-    return v
+@pytest.fixture
+def server(tool_server) -> RealVllama:
+    return tool_server  # the session's, with --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
 
 
 def test_the_issue_13_transcript_through_vllms_parsers(server):
