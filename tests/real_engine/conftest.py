@@ -366,6 +366,7 @@ class Engines:
     def __init__(self, tmp_path_factory) -> None:
         self._tmp = tmp_path_factory
         self.alive: dict[str, RealVllama] = {}  # key (a shared fixture's name, or "module") -> server
+        self.all: list[RealVllama] = []  # every server started, stopped or not
         self.started = 0
         self.peak_servers = 0
         self.peak_processes = 0
@@ -378,8 +379,8 @@ class Engines:
         v = RealVllama(self._tmp.mktemp(name), **kw)
         v.engines = self
         self.alive[key] = v
+        self.all.append(v)
         self.started += 1
-        self.peak_servers = max(self.peak_servers, sum(s.proc.poll() is None for s in self.alive.values()))
         return v
 
     def shared(self, key: str, **kw) -> RealVllama:
@@ -390,7 +391,10 @@ class Engines:
         return v
 
     def sample(self) -> None:
-        procs = [p for v in self.alive.values() for p in v.processes()]
+        """The live processes of every server this session started (a stopped one's too: what it left)."""
+        trees = [v.processes() for v in self.all]
+        procs = [p for t in trees for p in t]
+        self.peak_servers = max(self.peak_servers, sum(bool(t) for t in trees))
         rss = 0
         for p in procs:
             try:
@@ -400,13 +404,14 @@ class Engines:
         self.peak_processes = max(self.peak_processes, len(procs))
         self.peak_rss = max(self.peak_rss, rss)
 
-    def stop(self, keep: str | None = None) -> None:
-        """Stop every server but ``keep``'s (the tests that care check what vllama's stop leaves)."""
-        for key in [k for k in self.alive if k != keep]:
+    def stop(self, *keys: str) -> None:
+        """Stop the servers of ``keys`` (every one if none is given); the tests that care check what
+        vllama's stop leaves, here it is killed and counted."""
+        for key in [k for k in self.alive if not keys or k in keys]:
             self.left += len(self.alive.pop(key).cleanup())
 
     def summary(self) -> str:
-        return (f"real engine: {self.started} vllama servers started one at a time (at most {self.peak_servers} alive), "
+        return (f"real engine: {self.started} vllama servers started, at most {self.peak_servers} alive at once, "
                 f"{self.t_starting:.0f} s waiting for vLLM to start; peak {self.peak_processes} processes, "
                 f"{self.peak_rss / 2**30:.1f} GiB RSS; {self.left} processes left by a stop, killed")
 
@@ -422,6 +427,9 @@ def real_engines(request, tmp_path_factory) -> Iterator[Engines]:
     engines = request.config.stash.setdefault(ENGINES, Engines(tmp_path_factory))
     yield engines
     engines.stop()
+    # the promise of this tier (and of the README's memory figure): whenever a server became ready,
+    # no other server of the session had a process alive
+    assert engines.peak_servers <= 1, engines.summary()
 
 
 @pytest.fixture(scope="session")
@@ -442,9 +450,9 @@ def pytest_runtest_teardown(item, nextitem):
         return
     keep = _shared_of(nextitem)
     same_module = nextitem.module is item.module
-    for key in list(engines.alive):
-        if key != keep and not (key == "module" and same_module):
-            engines.left += len(engines.alive.pop(key).cleanup())
+    unused = [key for key in engines.alive if key != keep and not (key == "module" and same_module)]
+    if unused:
+        engines.stop(*unused)
 
 
 #: The shipped tool model (hermes ``<tool_call>`` blocks, ``<think>`` blocks): ``tests/assets/tool-model``.
