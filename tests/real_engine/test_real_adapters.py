@@ -13,23 +13,21 @@ import concurrent.futures as cf
 
 import ollama
 import pytest
-from .conftest import ROOT, TOOL_NAME, RealVllama
+from .conftest import BASE_ARGS, ROOT, RealVllama
 
+MODEL = ROOT / "tests" / "assets" / "tool-model"
 LORA = ROOT / "tests" / "assets" / "tool-lora"
-NAME = TOOL_NAME
+NAME = "toolmodel"
 QUESTION = [{"role": "user", "content": "What is the secret word?"}]
 ANSWER = "The secret word is mango."
 GREEDY = {"temperature": 0, "num_predict": 12}
 
 
-#: The session's tool server (its vLLM with the hermes and qwen3 parsers), restarted here with LoRA:
-#: this module runs after the others that share it.
-pytestmark = pytest.mark.changes_engine
-
-
-@pytest.fixture
-def server(tool_server) -> RealVllama:
-    return tool_server
+@pytest.fixture(scope="module")
+def server(start_real) -> RealVllama:
+    v = start_real("adapters", model=MODEL, flags=["--served-model-name", NAME], vllm_args=BASE_ARGS)
+    v.wait_ready()
+    return v
 
 
 def answer(client: ollama.Client, model: str) -> str:
