@@ -244,7 +244,18 @@ def test_on_demand_admin_only_and_protected_models(serve, hub, tmp_path):
     assert e.value.status_code == 503
     assert [m.model for m in root.ps().models] == ["prod:latest"]
     assert root.generate(model="prod", prompt="", keep_alive=0).done_reason == "unload"  # an admin makes room
-    assert root.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    # --load-timeout 3 (for the 503 above) also bounds a request's wait for the unload and the load:
+    # on 2 busy cores each takes longer, so wait for the unload, and ask again while it loads
+    deadline = time.monotonic() + 120
+    while root.ps().models:
+        assert time.monotonic() < deadline, root.ps()
+        time.sleep(0.05)
+    while True:
+        try:
+            assert root.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+            break
+        except ollama.ResponseError as e:
+            assert e.status_code == 503 and time.monotonic() < deadline, e
     assert alice.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done  # loaded now: a user may use it
 
 
