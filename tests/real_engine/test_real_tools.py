@@ -23,9 +23,9 @@ import e2e_tools  # noqa: E402
 NAME = TOOL_NAME
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def server(tool_server) -> RealVllama:
-    return tool_server
+    return tool_server  # the session's; its parsers told by its chat template
 
 
 def test_the_issue_13_transcript_through_vllms_parsers(server):
