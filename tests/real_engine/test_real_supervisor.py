@@ -190,16 +190,23 @@ def test_sigterm_drains_in_flight_streams_then_stops_everything(ready, tiny_mode
     assert first.wait(300)
     t0 = time.monotonic()
     ready.proc.send_signal(signal.SIGTERM)
-    refused_while_streaming = False  # no longer accepting: the listener closes at once, the stream goes on
+    # no longer taking requests while the stream goes on (issue 43's drain: the listener stays open so that a
+    # router's or load balancer's request gets a 503 to retry elsewhere, not a refused connection; /readyz is 503)
+    refused_while_streaming = False
     while time.monotonic() - t0 < 60:
         streaming = not chunks[-1].done
         try:
-            httpx.get(ready.url + "/api/tags", timeout=5)
+            r = httpx.post(ready.url + "/api/generate", timeout=30, json={"model": tiny_model.name, "prompt": "new",
+                                                                          "stream": False, "options": {"num_predict": 1}})
+            refused = r.status_code == 503 and "shutting down" in r.json()["error"] \
+                and httpx.get(ready.url + "/readyz", timeout=5).status_code == 503
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+            refused = True  # past the drain: the listener is closed
+        if refused:
             refused_while_streaming = streaming
             break
         time.sleep(0.05)
-    assert refused_while_streaming, "new connections accepted after SIGTERM, or the stream ended first"
+    assert refused_while_streaming, "new requests taken after SIGTERM, or the stream ended first"
     t.join(DRAIN)
     drained = time.monotonic() - t0
     assert result == {"ok": True}, result
