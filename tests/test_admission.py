@@ -27,14 +27,14 @@ ROUNDS = 3000
 def _enter_leave(bound: AdmissionBound, slot: int, inside, over, go) -> None:
     go.wait()
     for _ in range(ROUNDS):
-        if bound.try_enter(slot):
+        if bound.enter(slot, 0) >= 0:
             with inside.get_lock():
                 inside.value += 1
                 if inside.value > bound.limit:
                     over.value += 1
             with inside.get_lock():
                 inside.value -= 1
-            bound.leave(slot)
+            bound.leave_key(slot, 0)
 
 
 def test_bound_holds_under_contention():
@@ -68,15 +68,15 @@ def test_a_holder_that_dies_releases_the_lock():
 
 def test_a_worker_is_capped_by_its_own_share_of_files():
     bound = AdmissionBound(limit=10, slots=2, ctx=CTX, per_slot=3)
-    assert [bound.try_enter(0) for _ in range(4)] == [True, True, True, False]
-    assert bound.try_enter(1)
+    assert [bound.enter(0, 0) >= 0 for _ in range(4)] == [True, True, True, False]
+    assert bound.enter(1, 0) >= 0
 
 
 def test_dead_worker_gives_its_places_back():
     bound = AdmissionBound(limit=2, slots=2, ctx=CTX)
-    assert bound.try_enter(1) and bound.try_enter(1) and not bound.try_enter(0)
+    assert bound.enter(1, 0) >= 0 and bound.enter(1, 1) >= 0 and bound.enter(0, 0) < 0
     bound.reset_slot(1)
-    assert bound.try_enter(0) and bound.in_flight == 1
+    assert bound.enter(0, 0) >= 0 and bound.in_flight == 1 and bound.key_in_flight(1) == 0
 
 
 def _requests(board: StatusBoard, slot: int, violations, go, stop_) -> None:

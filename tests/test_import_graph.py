@@ -181,6 +181,17 @@ def test_no_upward_imports() -> None:
     assert not upward, "imports from a lower part to a higher one (see LAYERS):\n" + "\n".join(upward)
 
 
+def test_only_the_app_reaches_into_the_routes() -> None:
+    """Inside ``api/``, the handlers (``routes/``) stand on the rest: the middlewares and helpers beside
+    them import nothing of ``routes/``; only ``app.py`` wires the routes (issue 41.5: ``admission.py``
+    imported ``routes/body.read_body``)."""
+    routes = f"{PKG}.api.routes"
+    reaching = [f"  {mod} -> {t}" for mod, targets in sorted(import_graph(type_checking=False).items())
+                if mod.startswith(f"{PKG}.api.") and not mod.startswith(routes) and mod != f"{PKG}.api.app"
+                for t in sorted(targets) if t == routes or t.startswith(routes + ".")]
+    assert not reaching, "api/ modules below the routes import them:\n" + "\n".join(reaching)
+
+
 def test_every_module_has_a_layer() -> None:
     lost = sorted(m for m in import_graph() if layer_of(m) is None)
     assert not lost, f"modules on no layer (add them to LAYERS): {lost}"

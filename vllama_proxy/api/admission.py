@@ -30,7 +30,7 @@ from .budgets import check as check_budget
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
 from .rate_limits import RateLimits
-from .routes.body import read_body
+from .request_body import read_body
 from .shared_state import KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -108,15 +108,6 @@ class AdmissionBound:
         self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
 
-    def try_enter(self, slot: int) -> bool:
-        """Count one more request of worker ``slot`` if the server is below its limit."""
-        with self._lock.held():
-            if self._total.value >= self.limit or self._slots[slot] >= self.per_slot:
-                return False
-            self._total.value += 1
-            self._slots[slot] += 1
-            return True
-
     def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
         """Count one more request of worker ``slot`` for the key whose counter is ``key``.
 
@@ -164,12 +155,6 @@ class AdmissionBound:
         """Requests in flight of the key whose counter is ``key``."""
         return self._keys[key]
 
-    def leave(self, slot: int) -> None:
-        """That request finished."""
-        with self._lock.held():
-            self._total.value -= 1
-            self._slots[slot] -= 1
-
     def reset_slot(self, slot: int) -> None:
         """Worker ``slot`` died with its requests: give their places back."""
         with self._lock.held():
@@ -207,7 +192,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     over its ``rpm``/``tpm`` (``rate_limits.py``), at its ``max_in_flight`` or, with ``fair``, over its
     share (:meth:`AdmissionBound.enter`), 429 with ``Retry-After``.
 
-    The body is read first (``routes/body.read_body``, bounded by the body limit and the read
+    The body is read first (``request_body.read_body``, bounded by the body limit and the read
     timeout), so a client trickling its body holds a connection, never a place (issue 27: 9,216
     such connections filled the bound while vLLM sat idle). With ``fair`` and ``bound.queue``, an
     admitted request then waits for its turn in the fair queue (``fair_queue.py``: at most vLLM's

@@ -38,7 +38,7 @@ from ..translate import (
     check_capabilities,
     upstream_model,
 )
-from .body import read_body
+from ..request_body import read_body
 from .model_use import resolve_model
 from .openai import relay
 

@@ -1,69 +1,22 @@
-"""The request body of the Ollama routes: read within its route's size and time limits, parsed
-into its ``ollama_types`` model; and the Ollama options it carries that vLLM will not see, noted."""
+"""The request body of the Ollama routes parsed into its ``ollama_types`` model, and the Ollama
+options it carries that vLLM will not see, noted. The body itself is read by ``api/request_body.py``
+(which admission reads too, before any route runs)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import TypeVar
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel
 
-from vllama_proxy.errors import BadRequest, BodyTimeout, RequestTooLarge
 from vllama_proxy.logs import get_logger
 
-from ..app_keys import CLOSE_AFTER, SETTINGS
 from ..ollama_types import parse_body
+from ..request_body import read_body
 
 log = get_logger("vllama.routes")
 
 M = TypeVar("M", bound=BaseModel)
-
-
-async def read_body(request: web.Request) -> bytes:
-    """The raw request body (read once; aiohttp keeps it for a second call).
-
-    Inference routes take ``--max-body-size``, every other route ``--max-small-body-size``
-    (issue 27: non-inference routes read bodies unbounded); the whole body must arrive within
-    ``--body-timeout``.
-
-    Raises:
-        BadRequest: it cannot be read as sent (e.g. ``Content-Encoding: gzip`` on a body that is not gzip).
-        RequestTooLarge: over the route's limit (413).
-        BodyTimeout: not received in time (408; the connection is closed after the answer).
-    """
-    settings = request.app[SETTINGS]
-    small = request.path not in LARGE_BODY_ROUTES and not request.path.startswith(LARGE_BODY_PREFIXES)
-    limit = settings.max_small_body_size if small else settings.max_body_size
-    if small and (request.content_length or 0) > limit:
-        request[CLOSE_AFTER] = True
-        raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
-    try:
-        async with asyncio.timeout(settings.body_timeout):
-            body = await request.read()
-    except TimeoutError:
-        request.content.feed_eof()
-        request[CLOSE_AFTER] = True
-        raise BodyTimeout(f"the request body was not received within {settings.body_timeout:g} s (--body-timeout)") from None
-    except RequestPayloadError:
-        # Nothing more of this body will be read: say so, or aiohttp's lingering read after the
-        # 400 hits the same error and logs it as an error-level "Unhandled exception"; and the
-        # connection closes after the 400 (the parser cannot find the next request after it).
-        request.content.feed_eof()
-        request[CLOSE_AFTER] = True
-        encoding = request.headers.get("Content-Encoding", "").strip()
-        if encoding:
-            raise BadRequest(f"the request body is not valid {encoding} (it was sent with Content-Encoding: {encoding})") from None
-        raise BadRequest("the request body could not be read as sent") from None
-    if small and len(body) > limit:
-        raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
-    return body
-
-
-#: Routes that take ``--max-body-size`` (inference, blobs); every other route ``--max-small-body-size``.
-LARGE_BODY_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
-LARGE_BODY_PREFIXES = ("/v1/", "/api/blobs/")
 
 
 async def read_request(request: web.Request, cls: type[M]) -> M:

@@ -21,7 +21,7 @@ from aiohttp import web
 from vllama_proxy.errors import Forbidden, ModelNotFound, UpstreamError
 from vllama_proxy.models.backends import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
-from .body import read_body
+from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use
 from ..admission import with_priority
 from ..keys import key_of
