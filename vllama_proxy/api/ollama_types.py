@@ -214,13 +214,12 @@ class CreateRequest(_Loose):
     modelfile: str | None = None
 
 
-def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
-    """Decode a request body into ``cls``.
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object (Ollama's routes, and the agents' as vllama reads them).
 
     Raises:
         MissingBody: the body is empty.
-        BadRequest: the body is not JSON, not an object, or a field has the wrong type
-            (message names the field, e.g. ``invalid options.temperature: ...``).
+        BadRequest: the body is not JSON, or not an object.
     """
     if not raw or not raw.strip():
         raise MissingBody()
@@ -230,6 +229,18 @@ def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
         raise BadRequest(f"invalid JSON: {e}") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
+    return data
+
+
+def parse_body(raw: bytes, cls: type[BaseModel]) -> Any:
+    """Decode a request body into ``cls``.
+
+    Raises:
+        MissingBody: the body is empty.
+        BadRequest: the body is not JSON, not an object, or a field has the wrong type
+            (message names the field, e.g. ``invalid options.temperature: ...``).
+    """
+    data = json_object(raw)
     try:
         return cls.model_validate(data)
     except ValidationError as e:

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, MissingBody, UpstreamError
+from vllama_proxy.errors import UpstreamError
 from vllama_proxy.upstream import Upstream, encode_json
 
 from .. import session
 from ..admission import with_priority
+from ..ollama_types import json_object
 from ..app_keys import CATALOG, SETTINGS
 from ..keys import key_of
 from ..translate import (
@@ -67,7 +67,7 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
         Forbidden: the key may not use the model (403).
         UnsupportedCapability: ``tools`` for a model served without a tool parser (400).
     """
-    data = _json_object(await read_body(request))
+    data = json_object(await read_body(request))
     name, model, backend = await resolve_model(request, data.get("model"))
     catalog = request.app[CATALOG]
     if generates and _function_tools(data.get("tools")):
@@ -123,18 +123,6 @@ async def fit_max_tokens(upstream: Upstream, data: dict[str, Any], context: int 
         room = max(context - used, 1)
     data["max_tokens"] = min(wanted, room)
     _budget_below(data)
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    if not body:
-        raise MissingBody()
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"invalid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return data
 
 
 def _function_tools(tools: Any) -> bool:
