@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -304,3 +305,30 @@ def test_vllm_is_launched_before_the_workers_are_spawned(vllama):
     assert names.count("worker_started") == 3
     launched = next(i for i, e in enumerate(events) if e["event"] == "state" and e.get("to") == "starting")
     assert launched < names.index("worker_started"), names
+
+
+def test_sigterm_while_the_workers_start_is_a_clean_stop(fake):
+    """The main process listens before it spawns its workers (seconds, more on busy cores): a SIGTERM
+    that arrives then is a stop like any other, exit 0 with every worker gone, not the default action
+    (exit -15; found by the suite under load, issue 37.6). The signal is sent the moment the port
+    accepts a connection, the first event a service manager or a test can see."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake.url, "--port", str(port),
+                             "--workers", "3"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.01)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stderr.read().decode(errors="replace")[-2000:]
+        _, alive_ = psutil.wait_procs(children, timeout=30)
+        assert not alive_
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

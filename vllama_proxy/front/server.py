@@ -6,7 +6,6 @@ import asyncio
 import atexit
 import dataclasses
 import os
-import signal
 import socket
 import sys
 import time
@@ -31,7 +30,7 @@ from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
 from vllama_proxy.supervisor.states import State
 from .fleet import Registration, RouterChild
 from .sdnotify import Notifier, attach, run_watchdog
-from .site import connection_caps, raise_nofile_limit, start_site, wait_for_signal
+from .site import catch_stop_signals, connection_caps, raise_nofile_limit, start_site
 from .workers import WorkerPool
 
 log = get_logger("vllama.server")
@@ -144,17 +143,18 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
             raise SystemExit(1) from None
     backends = [BackendSpec(url=settings.upstream)]
     app = build_app(settings, resolved, backends, front=front, bound=bound)
+    workers = WorkerPool(settings, resolved, backends, front, bound)
+    hurry = asyncio.Event()
+    stopped = catch_stop_signals(hurry, reload=reloader(app, settings, workers))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
                              idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
-    workers = WorkerPool(settings, resolved, backends, front, bound)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
     notifier.status(f"ready: proxying {settings.upstream}")
     notifier.ready()
     watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
-    hurry = asyncio.Event()
     try:
-        sig = await wait_for_signal(hurry, reload=reloader(app, settings, workers))
+        sig = await stopped
         notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
         log.info("stopping", signal=sig)
     finally:
@@ -303,6 +303,9 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
     app = build_app(settings, resolved, backends, front=front, bound=bound, slots=slots)
+    workers = WorkerPool(settings, resolved, backends, front, bound, slots)
+    hurry = asyncio.Event()
+    signalled = catch_stop_signals(hurry, reload=reloader(app, settings, workers))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
                              idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     # vLLM first: its start (a minute or more) is the long pole, and each spawned worker takes
@@ -310,15 +313,12 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md, issue 28)
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
-    workers = WorkerPool(settings, resolved, backends, front, bound, slots)
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
              models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})
     if registration is not None:
         await registration.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
-    hurry = asyncio.Event()
-    signalled = asyncio.ensure_future(wait_for_signal(hurry, reload=reloader(app, settings, workers)))
     try:
         await asyncio.wait({signalled, rejected}, return_when=asyncio.FIRST_COMPLETED)
         if rejected.done():

@@ -171,8 +171,12 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def wait_for_signal(hurry: asyncio.Event | None = None, reload: Callable[[], None] | None = None) -> str:
-    """Block until SIGTERM, SIGINT or SIGHUP; returns the signal's name.
+def catch_stop_signals(hurry: asyncio.Event | None = None, reload: Callable[[], None] | None = None) -> asyncio.Future[str]:
+    """Install the handlers of SIGTERM, SIGINT and SIGHUP now; the future resolves with the first
+    stop signal's name. Called before the process listens: a signal that arrives while it starts
+    (spawning workers takes seconds, more on busy cores) is then a stop like any other, not the
+    default action, which ended the process at once with vLLM's tree left running, or, for SIGHUP,
+    a keys reload that killed it (found by the suite under load, issue 37.6).
 
     With ``reload`` (an ``--api-key-file`` is configured), SIGHUP calls it instead of stopping:
     the keys file is read again, as daemons reload their configuration (issue 27).
@@ -198,7 +202,7 @@ async def wait_for_signal(hurry: asyncio.Event | None = None, reload: Callable[[
             loop.add_signal_handler(sig, reload)
         else:
             loop.add_signal_handler(sig, on_signal, sig)
-    return await got
+    return got
 
 
 def per_address_cap(given: int | None, nofile: int) -> int:

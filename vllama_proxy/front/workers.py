@@ -48,15 +48,16 @@ def _worker_main(index: int, parent: int, settings: Settings, resolved: Resolved
 async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
                  bound: AdmissionBound, slots: Any = None) -> None:
     from vllama_proxy.api.app import build_app
-    from .site import connection_caps, raise_nofile_limit, start_site, wait_for_signal
+    from .site import catch_stop_signals, connection_caps, raise_nofile_limit, start_site
 
     nofile = raise_nofile_limit()
     app = build_app(settings, resolved, backends, worker=index, front=front, bound=bound, slots=slots)
+    stopped = catch_stop_signals(reload=_key_reloader(app, settings))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True,
                              idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     log.info("worker_listening", worker=index, port=settings.port)
     try:
-        await wait_for_signal(reload=_key_reloader(app, settings))
+        await stopped
     finally:
         await runner.cleanup()  # stop accepting, drain in-flight requests
 
