@@ -24,22 +24,20 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import UpstreamError
-from vllama_proxy.upstream import Upstream, encode_json
+from vllama_proxy.upstream import encode_json
 
 from .. import session
 from ..admission import with_priority
 from ..ollama_types import json_object
 from ..app_keys import CATALOG, SETTINGS
-from ..keys import key_of
 from ..translate import (
     OUTPUT_TOKEN_FIELDS,
-    cap_output_tokens,
     check_capabilities,
     upstream_model,
 )
 from ..request_body import read_body
 from .model_use import resolve_model
+from .output_tokens import cap_output
 from .openai import relay
 
 
@@ -82,10 +80,8 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
         """The body as sent, built once the model is held: its context is known then (a model that was
         not running has no ``max_model_len`` before), and vLLM can count the prompt."""
         held = model if model.max_model_len else await catalog.resolve(name)
-        if path == "/v1/messages":
-            await fit_max_tokens(backend.upstream, data, held.max_model_len)
-        if path in OUTPUT_TOKEN_FIELDS:  # the key's max_tokens, and the context (issue 38)
-            cap_output_tokens(data, OUTPUT_TOKEN_FIELDS[path], held.max_model_len, key_of(request).max_tokens)
+        if path in OUTPUT_TOKEN_FIELDS:  # the key's max_tokens, and what the context leaves the answer (issue 38)
+            await cap_output(request, backend.upstream, held, data, OUTPUT_TOKEN_FIELDS[path])
             _budget_below(data)
         return encode_json(data)
 
@@ -98,31 +94,6 @@ def _budget_below(data: dict[str, Any]) -> None:
     if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and isinstance(most, int) \
             and thinking["budget_tokens"] >= most:
         data["thinking"] = {**thinking, "budget_tokens": max(most - 1, 1)}
-
-
-async def fit_max_tokens(upstream: Upstream, data: dict[str, Any], context: int | None) -> None:
-    """Claude Code asks for more output than a local model's context holds (``max_tokens`` 32000,
-    ``thinking.budget_tokens`` 31999: its CLAUDE_CODE_MAX_OUTPUT_TOKENS default), which vLLM
-    refuses (0.26 and 0.32: ``max_completion_tokens=32000 cannot be greater than max_model_len``;
-    0.26 also refuses a ``max_tokens`` that the prompt leaves no room for: "you requested 4096 output
-    tokens and your prompt contains ...", seen on the H200) where Ollama generates until its context
-    is full. So ``max_tokens`` is lowered to what ``context`` (the model's ``max_model_len``) leaves
-    after the prompt, counted by vLLM's own ``/v1/messages/count_tokens`` (the same template and
-    tools), or to ``context`` when vLLM cannot count; the thinking budget stays below it. A request
-    that fits is sent as it is, with no extra call."""
-    wanted = data.get("max_tokens")
-    if not context or not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < context:
-        return
-    room = context
-    ask = {k: v for k, v in data.items() if k in ("model", "messages", "system", "tools", "tool_choice", "thinking")}
-    try:
-        used = (await upstream.post_json("/v1/messages/count_tokens", ask)).get("input_tokens")
-    except (UpstreamError, AttributeError):
-        used = None
-    if isinstance(used, int) and not isinstance(used, bool):
-        room = max(context - used, 1)
-    data["max_tokens"] = min(wanted, room)
-    _budget_below(data)
 
 
 def _function_tools(tools: Any) -> bool:
