@@ -98,18 +98,16 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     except asyncio.CancelledError:
         status = 499  # Ollama: client gone -> "request canceled"
         raise
-    except ConnectionResetError:
-        # A write to a client that left before its cancellation arrived (aiohttp's
-        # ClientConnectionResetError "Cannot write to closing transport": 154 of them, each logged as an
-        # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200, issue 38's
-        # flood). The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
-        # handler closed the upstream request, so vLLM aborts it. Anything else is still an error.
-        if request.transport is not None and not request.transport.is_closing():
-            log.exception("unhandled_error")
-            return web.Response(status=500, body=error_body("internal error; see the vllama log"), content_type="application/json")
-        status = 499
-        raise
-    except Exception:
+    except Exception as e:
+        if isinstance(e, ConnectionResetError) and (request.transport is None or request.transport.is_closing()):
+            # A write to a client that left before its cancellation arrived (aiohttp's
+            # ClientConnectionResetError "Cannot write to closing transport": 154 of them, each logged as an
+            # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200, issue 38's
+            # flood). The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
+            # handler closed the upstream request, so vLLM aborts it. A reset with the client still there
+            # is an error like any other.
+            status = 499
+            raise
         log.exception("unhandled_error")
         return web.Response(status=500, body=error_body("internal error; see the vllama log"), content_type="application/json")
     finally:
