@@ -47,7 +47,8 @@ from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.models.keep_alive import parse_keep_alive
 from vllama_proxy.models.model_files import find_model_dir
 from vllama_proxy.models.on_demand import safe_args
-from . import gpu
+from . import eviction, gpu
+from .eviction import Candidate, Held, Need
 from .lifecycle import Supervisor
 from ..logs import get_logger
 from .room import Admitted, Refused, Verdict, Waiting
@@ -178,18 +179,26 @@ class ModelPool:
         }
 
     def victim(self, sup: Supervisor) -> Supervisor | None:
-        """The model to evict for ``sup``: on a GPU where ``sup`` lacks room, no request in flight
-        or waiting for it, not pinned; the least recently used ready one (it is put to sleep
-        or stopped), else the least recently used asleep one (stopped: it frees its context)."""
+        """The model to evict for ``sup`` (``eviction.victim``: on a GPU where ``sup`` lacks room,
+        idle, not protected; the least recently used ready one, which is put to sleep or stopped,
+        else the least recently used asleep one, stopped to free its context)."""
+        return eviction.victim(Need.GPU_MEMORY, self._candidates(sup))
+
+    def _candidates(self, sup: Supervisor) -> list[Candidate[Supervisor]]:
+        """``sup``'s neighbours as the pool's record and their boards show them now (no I/O)."""
         short = self._short(sup)
-        candidates = [
-            o for o in self._neighbours(sup)
-            if not self._protected(o, sup) and short & set(o.spec.gpu_ids)
-            and o.board.in_flight == 0 and o.board.waiters == 0 and not o.board.waking
-        ]
-        ready = [o for o in candidates if self.holds.get(o) is Hold.SHARE and o.state is State.READY]
-        asleep = [o for o in candidates if self.holds.get(o) is Hold.CONTEXT and o.state is State.SLEEPING]
-        return min(ready or asleep, key=lambda o: o.board.last_used, default=None)
+        found = []
+        for o in self._neighbours(sup):
+            hold = self.holds.get(o)
+            if hold is Hold.SHARE and o.state is State.READY:
+                held = Held.LOADED
+            elif hold is Hold.CONTEXT and o.state is State.SLEEPING:
+                held = Held.ASLEEP
+            else:
+                continue  # starting, waking, stopped: nothing to evict
+            found.append(Candidate(o, held, o.board.last_used, busy=o.board.in_use, protected=self._protected(o, sup),
+                                   in_the_way=bool(short & set(o.spec.gpu_ids))))
+        return found
 
     def _protected(self, o: Supervisor, sup: Supervisor) -> bool:
         """Whether ``o`` may not be evicted for ``sup``: pinned, or an operator's model when ``sup`` is
@@ -219,13 +228,16 @@ class ModelPool:
         :class:`Waiting` with the least recently used idle neighbour to evict (:meth:`victim`), unless
         one is on its way out already. The supervisor decides whether to wait.
         """
+        report = await self.fit_report(sup) if check_fit and not self._loading(sup) else None  # NVML and the files first
+        return self._verdict(sup, report)
+
+    def _verdict(self, sup: Supervisor, report: fit.FitReport | None) -> Verdict[Supervisor]:
+        """The decision of :meth:`admit`, from the fit check's ``report`` (read before) and the
+        pool's record: no I/O and no ``await``, so the room it grants is not claimed twice."""
+        if report is not None and not report.fits:
+            log.warning("model_does_not_fit", model=sup.served_name, detail=report.message())
+            return Refused(report)
         loading = self._loading(sup)
-        if not loading and check_fit:
-            report = await self.fit_report(sup)
-            if report is not None and not report.fits:
-                log.warning("model_does_not_fit", model=sup.served_name, detail=report.message())
-                return Refused(report)
-            loading = self._loading(sup)  # the check awaited: look at the neighbours again before claiming room
         if loading:
             # vLLM sizes its KV cache from the GPU memory it sees free while it starts: two
             # starting at once on one GPU each count the other's allocations as their own
@@ -233,7 +245,7 @@ class ModelPool:
             where = "the same GPU" if self.device == "GPU" else f"the {self.device}"
             return Waiting(f"waiting for {', '.join(loading)} to finish loading on {where}", neighbour_loading=True)
         if self.fits(sup):
-            self.holds[sup] = Hold.SHARE  # no await since fits(): nobody else can claim this room first
+            self.holds[sup] = Hold.SHARE  # decided without an await: nobody else can claim this room first
             return Admitted()
         evicting = any(o.evicting for o in self._neighbours(sup))
         return Waiting(f"no room: {self._blockers(sup)}", neighbour_loading=False,

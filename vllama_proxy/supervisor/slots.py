@@ -21,6 +21,8 @@ from typing import Any
 
 from vllama_proxy.errors import SlotsFull, UpstreamUnavailable
 from vllama_proxy.models.launch_spec import ModelConfig
+from . import eviction
+from .eviction import Candidate, Held, Need
 from .shm import SharedLock
 from .states import State
 from .status import StatusBoard
@@ -106,9 +108,10 @@ class SlotTable:
         keep_alive ends now (:meth:`StatusBoard.expire`; with sleep mode it goes to sleep first), and
         either is asked to stop (:meth:`StatusBoard.request_release`, which also names the reason in
         its supervisor's log)."""
-        idle = [b for b in self.boards if b.served_name and b.state in (State.READY, State.SLEEPING) and b.in_flight == 0
-                and b.waiters == 0 and not b.waking]
-        victim = min(idle, key=lambda b: b.last_used, default=None)
+        held = {State.READY: Held.LOADED, State.SLEEPING: Held.ASLEEP}
+        seen = [(b, b.state) for b in self.boards if b.served_name]  # each state read once: it may change meanwhile
+        victim = eviction.victim(Need.SLOT, [Candidate(b, held[state], b.last_used, busy=b.in_use)
+                                             for b, state in seen if state in held])
         if victim is None:
             return None
         if victim.state is not State.SLEEPING:

@@ -220,6 +220,12 @@ class StatusBoard:
         """Requests waiting for the model to load, over every proxy process."""
         return sum(self._waiting)
 
+    @property
+    def in_use(self) -> bool:
+        """A request is in flight, waits for the model, or asked it to wake (:attr:`waking`): it is
+        neither put to sleep nor evicted (``eviction.py``)."""
+        return self.in_flight > 0 or self.waiters > 0 or self.waking
+
     def reset_slot(self, slot: int) -> None:
         """Forget the counts of proxy process ``slot`` (it died; its requests with it)."""
         with self._lock.held():
