@@ -319,7 +319,7 @@ async def test_a_model_that_cannot_fit_is_not_launched_and_requests_get_the_numb
         assert "requires more GPU memory (16.8 GiB) than is available (12.0 GiB)" in big.last_error
         # 0.71 x 24 GiB holds it; 0.96 or 0.99 the room (23.5 GiB free less its context; all 24 with tiny evictable, if admitted first)
         assert re.search(r"it would fit with gpu_memory_utilization between 0\.71 and 0\.9[69], or as a 4-bit", big.last_error)
-        assert big.board.status()["last_error"] == big.last_error and big.board.refused_at > 0
+        assert big.board.status()["last_error"] == big.last_error
         # a request is answered at once, with the same message (Ollama's error; 507)
         t0 = time.monotonic()
         with pytest.raises(ModelTooLarge) as e:
@@ -348,7 +348,7 @@ async def test_a_model_refused_for_memory_another_process_holds_starts_once_it_i
         assert launched == [] and big.state is State.UNLOADED
         fake_gpus(knobs, g0=(23.5, 24))  # freed: the next request checks again and starts it
         await big.board.wait_ready(timeout=20)
-        assert launched == ["qwen7b"] and big.state is State.READY and big.board.refused_at == 0
+        assert launched == ["qwen7b"] and big.state is State.READY
     finally:
         await pool.stop()
 

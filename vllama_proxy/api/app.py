@@ -244,7 +244,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         on_demand = OnDemand(slots, [b for b in live if b.slot is not None], library=resolved.library,
                              allow=settings.on_demand_models, vllm_args=settings.vllm_args, keep_alive=settings.keep_alive,
                              load_timeout=settings.load_timeout, uploaded=settings.state_dir / "models",
-                             detect_parsers=settings.detect_parsers)
+                             detect_parsers=settings.detect_parsers, worker=worker)
     aliases = dict(settings.alias)
     for spec in resolved.specs:
         aliases.update({a: spec.served_name for a in spec.aliases})

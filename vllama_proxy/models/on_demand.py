@@ -93,6 +93,7 @@ class OnDemand:
             are given to every on-demand model.
         keep_alive: the server's default keep_alive (``--keep-alive``), as each model's own.
         load_timeout: seconds a request waits for a slot to free up (``--load-timeout``).
+        worker: this proxy process's index (``--workers``): the slots' news it waits on.
         ttl: seconds a scan of the cache counts as fresh (a miss rescans at most this often).
         uploaded: where ``/api/create`` builds models from uploaded files (``local.scan_uploaded``).
         detect_parsers: a model no library name lists gets the parsers its chat template tells (``family.py``).
@@ -100,7 +101,8 @@ class OnDemand:
 
     def __init__(self, slots: Any, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
                  vllm_args: list[str], keep_alive: str | None = None, load_timeout: float = 600.0, ttl: float = 2.0,
-                 uploaded: Path | None = None, detect_parsers: bool = True) -> None:
+                 uploaded: Path | None = None, detect_parsers: bool = True, worker: int = 0) -> None:
+        self.worker = worker
         self.uploaded = uploaded
         self.detect_parsers = detect_parsers
         self.slots = slots
@@ -215,7 +217,8 @@ class OnDemand:
 
     async def _claim(self, spec: ModelConfig) -> int:
         """A slot for ``spec``; when all hold loaded models, the least recently used idle one is
-        unloaded (``SlotTable.evict_idle``) and the claim retried, up to ``load_timeout``."""
+        unloaded (``SlotTable.evict_idle``, a message to its supervisor) and the claim retried when a
+        slot's supervisor answers, up to ``load_timeout``."""
         deadline = time.monotonic() + self.load_timeout
         while True:
             try:
@@ -228,7 +231,10 @@ class OnDemand:
                     if victim is None:
                         raise
                     log.info("on_demand_unload", model=victim, for_model=spec.served_name)
-            await asyncio.sleep(0.05)
+                else:
+                    self.slots.hurry_leaving()
+            # until a slot's supervisor answers (its new state, or a release declined: SlotTable.changed)
+            await self.slots.changed(self.worker, deadline - time.monotonic())
 
     def _served(self, i: int) -> ServedModel | None:
         """Slot ``i``'s model (parsed once per model the slot takes: the request path reads it)."""

@@ -126,6 +126,12 @@ class VllmProcess:
         """Wait for the API server to exit; returns its exit code."""
         return await self.proc.wait()
 
+    async def drained(self, timeout: float) -> None:
+        """Until its output pipes reach their end (the last lines logged and kept), at most ``timeout``
+        seconds (a grandchild may hold them open)."""
+        if self._pumps:
+            await asyncio.wait(self._pumps, timeout=timeout)
+
     def tail(self, n: int = 20) -> str:
         """The last ``n`` output lines, joined."""
         return "\n".join(list(self.last_lines)[-n:])

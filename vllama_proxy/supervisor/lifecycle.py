@@ -5,8 +5,10 @@ dispatches on the state to one step per state, and each step ends in a transitio
 state as it was, to be stepped again). Why a step ended travels in typed values (``states.py``:
 ``Crashed``, ``Misconfigured``, ``Idle``, ...), never in strings to parse. Room on
 the GPUs is the pool's to give (``pool.py``, answering with a ``room.py`` verdict); what the
-supervisor does with the answer, and its status, are written here alone. Callers wait with
-:meth:`Supervisor.ensure_ready` or read :meth:`Supervisor.status`. Patterns from Ollama's
+supervisor does with the answer, and its status, are written here alone. What is wanted of it
+(a request waiting, a neighbour needing its room, its on-demand slot claimed, stop) arrives as
+messages on its one inbox (``inbox.py``), which each step waits on: nothing polls a flag. Callers
+wait with :meth:`Supervisor.ensure_ready`, or, in any process, ``StatusBoard.wait_ready``. Patterns from Ollama's
 ``llm/server.go`` ``WaitUntilRunning`` (startup deadline pushed back while loading progresses; the
 child's last output shown on failure) and llama-swap's process owner loop
 (``internal/process/process.go``: one state enum, one loop that alone changes it).
@@ -28,6 +30,7 @@ from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
 from .child import VllmProcess
+from .inbox import Inbox, Kind
 from .launch import usage_error, vllm_argv, vllm_env
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
@@ -62,8 +65,9 @@ class Pool(Protocol):
         """``sup``'s vLLM is stopped and its GPU memory freed."""
         ...
 
-    async def changed(self) -> None:
-        """Until something may have changed the room (a transition of any model), or briefly."""
+    def moved(self, sup: Supervisor) -> None:
+        """Something of ``sup``'s may have freed room (a transition, its last request ended): the
+        models waiting for room on its GPUs look again (a ``ROOM`` message)."""
         ...
 
 
@@ -79,8 +83,10 @@ class Unpooled:
     def released(self, sup: Supervisor) -> None:
         pass
 
-    async def changed(self) -> None:
-        await asyncio.sleep(0.05)
+    def moved(self, sup: Supervisor) -> None:
+        pass
+
+
 class Supervisor:
     """Keeps one ``vllm serve`` healthy on a private loopback port.
 
@@ -131,7 +137,8 @@ class Supervisor:
         self._weights_bytes: int | None = None
         self._probe = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0, read_timeout=settings.health_timeout)
         self._changed = asyncio.Event()
-        self._poke = asyncio.Event()
+        #: what is wanted of the owner loop (``inbox.py``): requests from every process ring the board's bell
+        self.inbox = Inbox(board.inbox_bell, on_message=self._told)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.listeners: list[Callable[[State, str | None], Any]] = []
@@ -151,6 +158,7 @@ class Supervisor:
     async def start(self) -> None:
         """Begin supervising (returns at once; vLLM loads in the background)."""
         await self._probe.start()
+        self.inbox.open()
         if self.slot is None:  # an empty on-demand slot has nothing to say yet
             log.info("state", model=self.served_name, to=self.state.value,
                      reason="launching" if self.state is State.STARTING else "loads on demand")
@@ -165,6 +173,7 @@ class Supervisor:
     async def stop(self) -> None:
         """Stop vLLM's whole process tree and end supervision (idempotent)."""
         self._stop.set()
+        self.inbox.post(Kind.STOP)
         if self._task is not None:
             await self._task
         await self._probe.close()
@@ -183,7 +192,13 @@ class Supervisor:
         if self.state in (State.READY, State.SLEEPING) and self._evict_reason is None:
             log.info("evicting", model=self.served_name, reason=str(why))
             self._evict_reason = why
-            self._poke.set()
+            self.inbox.post(Kind.EVICT)
+
+    def _told(self, kind: Kind) -> None:
+        """Every message as it arrives, read or not: the models waiting for room on this one's GPUs
+        look again when its last request ended."""
+        if kind is Kind.IDLE:
+            self.pool.moved(self)
 
     @property
     def evicting(self) -> bool:
@@ -226,6 +241,7 @@ class Supervisor:
         self._changed = asyncio.Event()
         for listener in self.listeners:
             listener(new, reason)
+        self.pool.moved(self)
 
     def _publish(self) -> None:
         self.board.publish(
@@ -294,8 +310,7 @@ class Supervisor:
             # No room on its GPUs: loaded on demand later (then idle models make room).
             self._loading = False
             if self.state is State.UNLOADED:
-                self._publish()
-                await self._sleep_or_stop(0.2)  # the demand lapsed or the wait timed out
+                self._publish()  # the demand lapsed or the wait timed out: its note; a waiter still there asks again
             else:
                 self._set(State.UNLOADED, self._note or self.last_error)
             return
@@ -362,9 +377,11 @@ class Supervisor:
             self._evict_reason = None
             if renewed:
                 self.board.clear_release()  # used again: the claim looks for another model to unload
+            self.board.announce()  # in use: a claim waiting on it looks again
             return
         if self._evict_reason is None and time.time() < self.board.expires_at:
             self.board.reopen()  # a request ended (and renewed keep_alive) just before the close
+            self.board.announce()
             return
         try:
             if isinstance(why, SlotWanted) or not await self._can_sleep():  # its slot is wanted: stop, do not sleep
@@ -416,8 +433,7 @@ class Supervisor:
             self._evict_reason = None  # wanted again: whatever was asked before no longer applies
             if not await self._admit(on_demand=True):
                 if not self._stop.is_set():
-                    self._publish()  # its note says why it could not wake
-                    await self._sleep_or_stop(0.2)
+                    self._publish()  # its note says why it could not wake; a waiter still there asks again
                 return  # still asleep: the next step waits for a request again
         finally:
             exited.cancel()
@@ -529,7 +545,7 @@ class Supervisor:
         """Until the slot takes another model (True) or supervision stops (False)."""
         table, index = self.slot
         while table.generation(index) == self._generation:
-            if await self._sleep_or_stop(0.1):
+            if await self.inbox.next({Kind.RESPEC}) is Kind.STOP or self._stop.is_set():
                 return False
         return True
 
@@ -566,12 +582,23 @@ class Supervisor:
                         if not on_demand:
                             log.warning("model_does_not_fit", model=self.served_name, detail=note)
                             return False
-                    if on_demand and (not self.board.waking or time.monotonic() > deadline):
+                    if on_demand and (not self._wanted() or time.monotonic() > deadline):
                         return False
                     if victim is not None:
                         victim.evict(MakeRoom(self.served_name))
-            await self.pool.changed()
+            # until the room may have changed (ROOM: a neighbour's transition, or its last request
+            # ended), nobody waits any more (GAVE_UP, or the want lapses), or the deadline
+            timeout = None
+            if on_demand:
+                timeout = deadline - time.monotonic()
+                if not self.board.waiters:
+                    timeout = min(timeout, self.board.want_ends - time.time())
+            await self.inbox.next({Kind.ROOM, Kind.GAVE_UP}, timeout)
         return False
+
+    def _wanted(self) -> bool:
+        """A request asked for it lately, or requests wait for it."""
+        return self.board.waking or self.board.waiters > 0
 
     @property
     def sleep_mode(self) -> bool:
@@ -609,6 +636,7 @@ class Supervisor:
         while not self.board.waking:
             if self._stop.is_set():
                 return StopAsked()
+            timeout = None
             if exited is not None:
                 if exited.done():
                     return Crashed(f"vLLM exited with code {exited.result()} while asleep")
@@ -618,7 +646,11 @@ class Supervisor:
                     self._evict_reason = SleepOver(unload_after)
                 if self._evict_reason is not None:
                     return Evicted(self._evict_reason)
-            await asyncio.sleep(0.02)
+                if unload_after >= 0:
+                    timeout = self.since + unload_after - time.time()
+            # WANT: a request; RELEASE, EVICT: asked to make room; EXPIRED: a claim looks at it (asleep, it holds its slot)
+            if await self.inbox.next({Kind.WANT, Kind.RELEASE, Kind.EVICT, Kind.EXPIRED}, timeout, also=exited) is Kind.EXPIRED:
+                self.board.announce()  # asleep and not asked to stop: the claim looks again
         return Wanted()
 
     async def _start_once(self) -> StartOutcome:
@@ -642,7 +674,7 @@ class Supervisor:
         try:
             while True:
                 if exited.done():
-                    await asyncio.sleep(0.2)  # let the output pumps catch the last lines
+                    await child.drained(0.2)  # the output pumps catch the last lines
                     usage = usage_error(exited.result(), list(child.last_lines))
                     if usage is not None:
                         self.config_error = usage
@@ -657,7 +689,7 @@ class Supervisor:
                         cpus = self.engine_cpus
                         await asyncio.to_thread(lambda: pin_engine_cores(child.session_pids(), cpus, self.served_name))
                     return Healthy()
-                if await self._first(exited, self.s.startup_poll_interval):
+                if await self._first(exited, self.s.startup_poll_interval) is Kind.STOP:
                     return StopAsked()
         finally:
             exited.cancel()
@@ -673,7 +705,8 @@ class Supervisor:
         stalled_since: float | None = None
         try:
             while True:
-                if await self._first(exited, self.s.health_interval):
+                told = await self._first(exited, self.s.health_interval, {Kind.EVICT, Kind.RELEASE, Kind.EXPIRED})
+                if told is Kind.STOP:
                     return StopAsked()
                 if exited.done():
                     return Crashed(f"vLLM exited with code {exited.result()}")
@@ -700,20 +733,17 @@ class Supervisor:
                         else:
                             stalled_since = None
                         tokens = load.generation_tokens
+                if told in (Kind.RELEASE, Kind.EXPIRED):  # asked to make room for a claim, and in use: declined
+                    self.board.clear_release()
+                    self.board.announce()  # the claim looks again
         finally:
             exited.cancel()
 
-    async def _first(self, exited: asyncio.Future[int], timeout: float) -> bool:
-        """Wait for the child's exit, a stop request, an eviction, or ``timeout``; True if stop was requested."""
-        stop = asyncio.ensure_future(self._stop.wait())
-        poke = asyncio.ensure_future(self._poke.wait())
-        try:
-            await asyncio.wait({exited, stop, poke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            poke.cancel()
-            self._poke.clear()
-        return self._stop.is_set()
+    async def _first(self, exited: asyncio.Future[int], timeout: float, kinds: frozenset[Kind] | set[Kind] = frozenset()) -> Kind | None:
+        """Wait for the child's exit, a message of ``kinds`` or stop, or ``timeout`` (the next
+        probe of vLLM); the message (``STOP`` once stop was asked), else ``None``."""
+        told = await self.inbox.next(kinds, timeout, also=exited)
+        return Kind.STOP if self._stop.is_set() else told
 
     async def _sleep_or_stop(self, delay: float) -> bool:
         try:

@@ -49,6 +49,7 @@ from vllama_proxy.models.model_files import find_model_dir
 from vllama_proxy.models.on_demand import safe_args
 from . import eviction, gpu
 from .eviction import Candidate, Held, Need
+from .inbox import Kind
 from .lifecycle import Supervisor
 from ..logs import get_logger
 from .room import Admitted, Refused, Verdict, Waiting
@@ -109,7 +110,6 @@ class ModelPool:
             )
             sup = Supervisor(settings, spec, port=port, board=board, pool=self,
                              engine_cpus=(engine_cpus or {}).get(spec.served_name))
-            sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
         self.slots = slots
         on_demand_args, left_out = safe_args(settings.vllm_args)
@@ -119,11 +119,9 @@ class ModelPool:
         for i, (board, port) in enumerate(zip(slots.boards if slots else [], slots.ports if slots else [], strict=True)):
             placeholder = ModelConfig(model=f"on-demand-slot-{i}", vllm_args=on_demand_args, preload=False)
             sup = Supervisor(settings, placeholder, port=port, board=board, pool=self, slot=(slots, i), prepare=prepare)
-            sup.listeners.append(self._on_transition)
             self.supervisors.append(sup)
         #: The pool's record: the models holding GPU memory, and what (stopped ones are absent).
         self.holds: dict[Supervisor, Hold] = {}
-        self._changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._shapes: dict[str, fit.ModelShape] = {}  # served name -> its files' sizes (read once found)
@@ -146,10 +144,6 @@ class ModelPool:
     @staticmethod
     async def _watch_all(tasks: list[asyncio.Task[None]]) -> None:
         await asyncio.gather(*tasks)
-
-    def _on_transition(self, state: State, reason: str | None) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     # -- room on the GPUs -----------------------------------------------------------------
     def _neighbours(self, sup: Supervisor) -> list[Supervisor]:
@@ -259,14 +253,11 @@ class ModelPool:
         """``sup``'s vLLM is stopped and its memory released (or it never ran)."""
         self.holds.pop(sup, None)
 
-    async def changed(self) -> None:
-        """Until any model's transition (an evicted model asleep or stopped, a start finished), or
-        50 ms: requests finishing on a busy neighbour, which no transition announces, are polled."""
-        changed = self._changed
-        try:
-            await asyncio.wait_for(changed.wait(), 0.05)
-        except asyncio.TimeoutError:
-            pass
+    def moved(self, sup: Supervisor) -> None:
+        """``sup`` changed state or its last request ended: the models sharing a GPU with it look for
+        room again (a ``ROOM`` message to each; one waiting for room acts on it, the others drop it)."""
+        for o in self._neighbours(sup):
+            o.inbox.post(Kind.ROOM)
 
     # -- fit before start (models/fit.py) ----------------------------------------------
     async def fit_report(self, sup: Supervisor) -> fit.FitReport | None:

@@ -15,6 +15,7 @@ request for another model gets a 503 naming them.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from vllama_proxy.errors import SlotsFull, UpstreamUnavailable
 from vllama_proxy.models.launch_spec import ModelConfig
 from . import eviction
 from .eviction import Candidate, Held, Need
+from .inbox import Kind
 from .shm import SharedLock
 from .states import State
 from .status import StatusBoard
@@ -91,7 +93,8 @@ class SlotTable:
             self._specs[i].value = raw
             self.boards[i].served_name = spec.served_name
             self._generation[i] += 1
-            return i
+        self.boards[i].inbox_bell.ring(Kind.RESPEC)  # its supervisor runs the new model from its next step
+        return i
 
     def leaving(self) -> bool:
         """Whether some slot's model is on its way out, idle: a ready one whose keep_alive has ended,
@@ -118,6 +121,25 @@ class SlotTable:
             victim.expire()
         victim.request_release()  # its supervisor logs why: the slot is wanted, not a keep_alive that ended
         return victim.served_name
+
+    def hurry_leaving(self) -> None:
+        """Ask the supervisors of the ready models :meth:`leaving` counts to look at their keep_alive now
+        (``StatusBoard.hurry``): each answers by unloading or by declining (used again), so a claim
+        waiting on them (:meth:`changed`) learns either way."""
+        now = time.time()
+        for b in self.boards:
+            if b.served_name and b.state is State.READY and b.expires_at <= now and not b.release_asked:
+                b.hurry()
+
+    async def changed(self, worker: int, timeout: float) -> None:
+        """Until a slot's supervisor publishes its status or answers a release (``StatusBoard.announce``),
+        at most ``timeout`` seconds; ``worker``: the calling proxy process."""
+        news = [b.news(worker) for b in self.boards]
+        try:
+            await asyncio.wait(news, timeout=max(timeout, 0.0), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in news:
+                f.cancel()
 
     def reusable(self, index: int) -> bool:
         """Whether slot ``index`` is empty or its model unloaded (or failed) and unused: nothing of it

@@ -20,13 +20,15 @@ from typing import Any
 from . import gpu
 from .child import session_members
 from ..errors import ModelLoading, ModelTooLarge, UpstreamUnavailable
+from .inbox import Kind, News, bells
 from .shm import SharedLock
 from .states import State
 
 _STATES = list(State)
 
-#: A wake request counts this long (seconds): waiting requests renew it every poll, so a
-#: model nobody waits for any more is not loaded (nor room made for it).
+#: A wake request counts this long (seconds) unless a request counted as waiting
+#: (:meth:`StatusBoard.wait_begin`) keeps wanting it: a waiter asks again when the board's news finds the
+#: model still asleep or unloaded, so a model nobody waits for any more is not loaded (nor room made for it).
 WANT_TTL = 2.0
 
 
@@ -63,6 +65,9 @@ class StatusBoard:
         self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
         self._release = ctx.RawValue("i", 0)  # 1: an on-demand slot's next model asks this sleeping one to stop
         self._refused = ctx.RawValue("d", 0.0)  # epoch s of the latest fit check that refused it (0: none since it loaded)
+        #: the owner loop's inbox (``inbox.py``: requests ring it) and each proxy process's news (the owner rings them)
+        self.inbox_bell, *news = bells(1 + max(slots, 1), prefix="vllama-board-")
+        self._news = [News(b) for b in news]
         self._lock = SharedLock()  # guards state vs. _closing, _inflight and _waiting together
         self._inflight = ctx.RawArray("i", max(slots, 1))
         self._waiting = ctx.RawArray("i", max(slots, 1))  # requests waiting for it to load, per process
@@ -82,6 +87,18 @@ class StatusBoard:
             self._settled.value = 1
         with self._lock.held():  # a request begins only against a state it saw whole
             self._state.value = _STATES.index(state)  # last: readers see a complete record for it
+        self.announce()
+
+    def announce(self) -> None:
+        """The owner's side: every process's waiters look at the board again (:meth:`wait_ready`,
+        ``SlotTable.changed``); sent with each :meth:`publish`, and when a request's wish is settled
+        without one (a refusal, a release declined)."""
+        for news in self._news:
+            news.bell.ring()
+
+    def news(self, slot: int) -> asyncio.Future[None]:
+        """A future of proxy process ``slot`` answered at the owner's next :meth:`announce`."""
+        return self._news[slot].waiter()
 
     @property
     def served_name(self) -> str:
@@ -119,8 +136,10 @@ class StatusBoard:
 
     def request_release(self) -> None:
         """Ask the supervisor to stop this model if it is asleep and idle (its on-demand slot is
-        wanted for another model: a sleeping vLLM holds the slot)."""
+        wanted for another model: a sleeping vLLM holds the slot): a ``RELEASE`` message. The
+        supervisor answers with its new state, or by :meth:`clear_release` (declined: in use)."""
         self._release.value = 1
+        self.inbox_bell.ring(Kind.RELEASE)
 
     @property
     def release_asked(self) -> bool:
@@ -128,13 +147,22 @@ class StatusBoard:
         return bool(self._release.value)
 
     def clear_release(self) -> None:
-        """The supervisor's side: the release asked for is done, or no longer applies (woken again)."""
-        self._release.value = 0
+        """The supervisor's side: the release asked for is done, or no longer applies (woken again,
+        used again): the claim waiting on it looks again."""
+        if self._release.value:
+            self._release.value = 0
+            self.announce()
 
     def expire(self) -> None:
         """End the keep-alive now without counting as a use (the least recently used stays so):
-        the supervisor unloads the model at its next check if nothing uses it."""
+        an ``EXPIRED`` message, the supervisor unloads the model if nothing uses it."""
         self._expires.value = time.time()
+        self.hurry()
+
+    def hurry(self) -> None:
+        """Ask the supervisor to look at the keep-alive now rather than at its next health check (an
+        ``EXPIRED`` message: a claim for its slot waits on it); answered as :meth:`request_release` is."""
+        self.inbox_bell.ring(Kind.EXPIRED)
 
     @property
     def expires_at(self) -> float:
@@ -147,8 +175,15 @@ class StatusBoard:
         return self._last_used.value
 
     def request_wake(self) -> None:
-        """Ask the supervisor (in whichever process) to wake or reload the model; lasts ``WANT_TTL`` s."""
+        """Ask the supervisor (in whichever process) to wake or reload the model: a ``WANT`` message;
+        lasts ``WANT_TTL`` s, or while requests wait for it (:attr:`waiters`)."""
         self._wanted.value = time.time()
+        self.inbox_bell.ring(Kind.WANT)
+
+    @property
+    def want_ends(self) -> float:
+        """Epoch seconds when the latest wake request stops counting (without waiters)."""
+        return self._wanted.value + WANT_TTL
 
     def clear_wake(self) -> None:
         """The supervisor's side: the model is ready, wake requests are fulfilled."""
@@ -165,15 +200,11 @@ class StatusBoard:
         checked again only when a request asks again."""
         self._refused.value = time.time()
         self.clear_wake()
+        self.announce()
 
     def admitted(self) -> None:
         """The supervisor's side: it got its GPU memory; earlier refusals no longer apply."""
         self._refused.value = 0.0
-
-    @property
-    def refused_at(self) -> float:
-        """Epoch seconds of the latest refusal by the fit check (0: none since it was last admitted)."""
-        return self._refused.value
 
     @property
     def settled(self) -> bool:
@@ -196,9 +227,12 @@ class StatusBoard:
             return True
 
     def end(self, slot: int) -> None:
-        """That request finished."""
+        """That request finished; the last one in flight sends ``IDLE`` (models waiting for its GPU room look again)."""
         with self._lock.held():
             self._inflight[slot] -= 1
+            idle = not any(self._inflight)
+        if idle:
+            self.inbox_bell.ring(Kind.IDLE)
 
     @property
     def in_flight(self) -> int:
@@ -211,9 +245,13 @@ class StatusBoard:
             self._waiting[slot] += 1
 
     def wait_end(self, slot: int) -> None:
-        """That request stopped waiting (it began, after :meth:`try_begin`, or gave up)."""
+        """That request stopped waiting (it began, after :meth:`try_begin`, or gave up); the last one
+        sends ``GAVE_UP`` (a load or a wait for room nobody waits for any more ends)."""
         with self._lock.held():
             self._waiting[slot] -= 1
+            last = not any(self._waiting)
+        if last:
+            self.inbox_bell.ring(Kind.GAVE_UP)
 
     @property
     def waiters(self) -> int:
@@ -246,10 +284,12 @@ class StatusBoard:
         with self._lock.held():
             self._closing.value = 0
 
-    async def wait_ready(self, timeout: float) -> None:
+    async def wait_ready(self, timeout: float, slot: int = 0) -> None:
         """Wake a sleeping or unloaded model if needed and wait until it serves.
 
-        Polls shared memory (any worker process may call this): the cold path only.
+        Any worker process (``slot``) may call this: it asks the supervisor with a ``WANT`` message
+        (:meth:`request_wake`), then waits for the supervisor's news (:meth:`announce`, sent with
+        each status it publishes) and looks again, asking again if the want lapsed: no polling.
 
         Raises:
             ModelTooLarge: the fit check refused to load it after this call asked (507).
@@ -258,16 +298,22 @@ class StatusBoard:
         deadline = time.monotonic() + timeout
         asked = time.time()
         while not self.ready:
+            news = self.news(slot)  # before the look: a status published from here on answers it
             state = self.state
             if state in (State.SLEEPING, State.UNLOADED):
                 if self._refused.value >= asked:  # a verdict reached since this request asked: final for it
                     raise ModelTooLarge(self.last_error or f"model '{self.served_name}' does not fit in its GPUs' memory")
-                self.request_wake()
+                if not self.waking:
+                    self.request_wake()
             elif state in (State.FAILED, State.STOPPING, State.STOPPED, State.UNHEALTHY):
                 raise self.unavailable()
-            if time.monotonic() > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise self.unavailable(waited=timeout)
-            await asyncio.sleep(0.02)
+            try:
+                await asyncio.wait_for(news, remaining)
+            except asyncio.TimeoutError:
+                pass
 
     @property
     def last_error(self) -> str | None:

@@ -175,7 +175,7 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
     try:
         while True:
-            await board.wait_ready(timeout)
+            await board.wait_ready(timeout, slot)
             if board.try_begin(slot):  # before wait_end: never uncounted in between
                 break
             # the supervisor began putting it to sleep after wait_ready saw it ready: wait again

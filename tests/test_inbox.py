@@ -1,0 +1,96 @@
+"""The supervisor is told, not polled (issue 41.1): requests, evictions and room are messages to a
+model's owner loop (``supervisor/inbox.py``), and waiters wait on its news.
+
+In-process against the stand-in vLLM (``tests/bin/vllm``). Every ``asyncio.sleep`` that vllama's own
+code awaits is recorded: before the inbox, the owner loop, the waiters and the pool each polled
+(``lifecycle.py`` every 20 and 100 ms, ``status.py`` every 20 ms, ``pool.py`` every 50 ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from conftest import TESTS, free_port
+from vllama_proxy.models.launch_spec import ModelConfig
+from vllama_proxy.settings import Settings
+from vllama_proxy.supervisor.pool import ModelPool
+from vllama_proxy.supervisor.states import State
+
+#: Waits on something outside vllama (vLLM's process tree going away), not polling between its parts.
+EXTERNAL = {"vllama_proxy.supervisor.child"}
+
+
+@pytest.fixture
+def polls(monkeypatch):
+    """The sleeps vllama's own modules await from now on: ``[(module, seconds)]``."""
+    monkeypatch.setenv("PATH", f"{TESTS / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_VLLM_PYTHON", sys.executable)
+    monkeypatch.setenv("FAKE_VLLM_START_DELAY", "0.3")
+    seen: list[tuple[str, float]] = []
+    real = asyncio.sleep
+
+    async def sleep(delay, *args, **kwargs):
+        module = sys._getframe(1).f_globals.get("__name__", "")
+        if module.startswith("vllama_proxy.") and module not in EXTERNAL:
+            seen.append((module, delay))
+        return await real(delay, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    return seen
+
+
+def pool_of(tmp_path, *shares: float, **kw) -> ModelPool:
+    s = Settings(workers=1, gpu_check=False, gpu_context_share=0, startup_poll_interval=0.1, health_interval=30,
+                 stop_grace=2, load_timeout=30, state_dir=tmp_path / "state", **kw)
+    specs = [ModelConfig(model=f"/m{i}", name=f"m{i}", gpu_memory_utilization=share, preload=False) for i, share in enumerate(shares)]
+    return ModelPool(s, specs, [free_port() for _ in specs])
+
+
+async def test_a_request_loads_a_model_by_message_and_every_waiter_is_answered_once(tmp_path, polls):
+    pool = pool_of(tmp_path, 0.5)
+    (sup,) = pool.supervisors
+    await pool.start()
+    try:
+        assert sup.state is State.UNLOADED
+        await asyncio.sleep(0.3)  # the test's own: an owner loop that polled would have slept by now
+        waiters = [asyncio.ensure_future(sup.board.wait_ready(timeout=30)) for _ in range(5)]
+        answered = []
+        for w in waiters:
+            w.add_done_callback(lambda f: answered.append(f))
+        await asyncio.gather(*waiters)
+        assert sup.state is State.READY and len(answered) == 5 and len(set(map(id, answered))) == 5
+    finally:
+        await pool.stop()
+    assert polls == []
+
+
+async def test_a_model_waiting_for_room_is_told_when_its_neighbour_made_it(tmp_path, polls):
+    """The handshake: b's request asks b's owner (WANT); the pool answers b Waiting with a as the
+    victim; b asks a to make room (EVICT); a stops (its transition tells b: ROOM); b is admitted."""
+    pool = pool_of(tmp_path, 0.6, 0.6)
+    a, b = pool.supervisors
+    await pool.start()
+    try:
+        await a.board.wait_ready(timeout=30)
+        a.board.touch(60)
+        await b.board.wait_ready(timeout=30)
+        assert b.state is State.READY and a.state is State.UNLOADED
+    finally:
+        await pool.stop()
+    assert polls == []
+
+
+async def test_the_inbox_keeps_one_unread_message_of_a_kind_and_drops_what_the_step_does_not_ask():
+    from vllama_proxy.supervisor.inbox import Inbox, Kind
+
+    inbox = Inbox()
+    for kind in (Kind.WANT, Kind.IDLE, Kind.WANT, Kind.ROOM, Kind.WANT):
+        inbox.post(kind)
+    assert await inbox.next({Kind.ROOM}) is Kind.ROOM  # WANT and IDLE before it: dropped (the board holds them)
+    assert await inbox.next({Kind.WANT}, timeout=0) is None
+    inbox.post(Kind.STOP)
+    assert await inbox.next({Kind.WANT}) is Kind.STOP  # stop is always heard

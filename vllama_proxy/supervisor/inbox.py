@@ -1,0 +1,227 @@
+"""A model's inbox: what is wanted of its owner loop, as messages on one queue; and the bells that
+carry them between processes.
+
+The owner loop of a model (``lifecycle.py``) is told, not polled: a request that wants the model,
+a request that gave up waiting, an on-demand slot claimed for another model or given another model,
+a neighbour that needs its GPU room, a neighbour whose room changed, and stop are messages it waits
+on; waiting on the inbox is the synchronisation, as llama-swap's process loop waits on its channels
+(``internal/process/process_command.go``: ``startCh``, ``stopCh``, ``waitReadyCh``). The other way,
+requests waiting for a model wait on its *news*: the owner rings it whenever it publishes its status
+(``status.py``), and each waiter looks at the board again. Polling vLLM's ``/health`` (another
+program) stays.
+
+A message carries no data: what is wanted lies in the status board in shared memory (a wake request,
+the counts, the release flag, the slot's model), written before the message is sent, so a message
+is a doorbell and the owner reads the board when it rings (a message that finds its question
+answered already is dropped). Requests come from every worker process (``--workers``), so a message
+crosses processes through a FIFO in ``/dev/shm``, one byte per message, read by the owner's event
+loop (``loop.add_reader``), as ``api/fair_queue.py`` wakes its workers: no thread, no sleep.
+Messages of one kind that wait unread are one message (a hundred requests asking a model to load
+are one ``WANT``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import enum
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from typing import Any
+
+_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class Kind(enum.IntEnum):
+    """What a message asks of (or tells) a model's owner loop, and who sends it."""
+
+    WANT = 1  # a request waits for the model: wake or load it (StatusBoard.request_wake; any process)
+    GAVE_UP = 2  # the last request waiting for it left (StatusBoard.wait_end; any process)
+    RELEASE = 3  # its on-demand slot is wanted for another model: stop it if idle (StatusBoard.request_release)
+    RESPEC = 4  # its on-demand slot took another model (SlotTable.claim; any process)
+    IDLE = 5  # its last request in flight ended (StatusBoard.end; any process): the pool's waiters look again
+    EVICT = 6  # a model waiting for GPU room asks it to make room (Supervisor.evict; the main process)
+    ROOM = 7  # a neighbour's room changed: a transition, or a neighbour became idle (the pool)
+    STOP = 8  # supervision ends (Supervisor.stop)
+    EXPIRED = 9  # its keep_alive was ended early, or a claim for its slot waits on it: look now (any process)
+
+
+class Bell:
+    """One FIFO that wakes one process's event loop; made before the processes spawn, pickled into them.
+
+    :meth:`ring` (any process) writes one byte; :meth:`listen` (the one reading process, in its loop)
+    hands the bytes that arrived to a callback. A full FIFO (64 KiB unread) drops the byte: its reader
+    has a wake-up pending anyway.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._local_init()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self._local_init()
+
+    def _local_init(self) -> None:
+        self._pid = os.getpid()
+        self._fd: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _open(self) -> int:
+        if self._pid != os.getpid():  # forked: this process opens its own
+            self._local_init()
+        if self._fd is None:  # O_RDWR: a FIFO opened so never blocks, and never reads end-of-file
+            self._fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        return self._fd
+
+    def ring(self, code: int = 0) -> None:
+        """Send one byte (non-blocking; never raises for a full FIFO or one removed at exit)."""
+        with contextlib.suppress(BlockingIOError, FileNotFoundError):
+            os.write(self._open(), bytes((code,)))
+
+    def listen(self, on_bytes: Callable[[bytes], None]) -> None:
+        """Hand what arrives to ``on_bytes`` from the running loop (replaces an earlier listener of
+        this process's loop)."""
+        loop = asyncio.get_running_loop()
+        fd = self._open()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(fd)
+        self._loop = loop
+
+        def drain() -> None:
+            data = b""
+            with contextlib.suppress(BlockingIOError):
+                while chunk := os.read(fd, 4096):
+                    data += chunk
+            if data:
+                on_bytes(data)
+
+        loop.add_reader(fd, drain)
+
+    @property
+    def listening(self) -> bool:
+        """Whether this process listens in its running loop."""
+        return self._pid == os.getpid() and self._loop is not None and self._loop is _running_loop()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def bells(count: int, prefix: str = "vllama-bell-") -> list[Bell]:
+    """``count`` new FIFOs in one directory of ``/dev/shm``, removed when the making process exits."""
+    where = tempfile.mkdtemp(prefix=prefix, dir=_DIR)
+    paths = [os.path.join(where, str(i)) for i in range(count)]
+    for path in paths:
+        os.mkfifo(path, 0o600)
+    atexit.register(_remove, where, paths)  # in the making process only (not on unpickling)
+    return [Bell(p) for p in paths]
+
+
+def _remove(where: str, paths: list[str]) -> None:
+    for p in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+    with contextlib.suppress(OSError):
+        os.rmdir(where)
+
+
+class News:
+    """What a process's waiters wait on: one future per wait, all answered when the bell rings
+    (the owner published), or by :meth:`notify` in the owner's own process."""
+
+    def __init__(self, bell: Bell) -> None:
+        self.bell = bell
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"bell": self.bell}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.bell = state["bell"]
+        self._waiters = []
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future answered at the next news (listening from this process's loop from now on)."""
+        if not self.bell.listening:
+            self.bell.listen(lambda _data: self._answer())
+        f = asyncio.get_running_loop().create_future()
+        self._waiters = [w for w in self._waiters if not w.done()]  # those that timed out or were cancelled
+        self._waiters.append(f)
+        return f
+
+    def _answer(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+
+class Inbox:
+    """A model's owner loop's one queue of messages (:class:`Kind`); at most one of each kind unread.
+
+    The owner :meth:`open` s it in its loop; any process sends through the board's bell, the main
+    process may :meth:`post` directly. ``on_message`` sees every message as it arrives, read or not
+    (the supervisor tells its pool of an ``IDLE`` there).
+    """
+
+    def __init__(self, bell: Bell | None = None, on_message: Callable[[Kind], None] | None = None) -> None:
+        self.bell = bell
+        self.on_message = on_message
+        self._queue: asyncio.Queue[Kind] = asyncio.Queue()
+        self._unread: set[Kind] = set()
+
+    def open(self) -> None:
+        """Read the bell from the running loop (the owner's)."""
+        if self.bell is not None:
+            self.bell.listen(self._arrived)
+
+    def _arrived(self, data: bytes) -> None:
+        for code in dict.fromkeys(data):  # in order of arrival, each kind once
+            with contextlib.suppress(ValueError):
+                self.post(Kind(code))
+
+    def post(self, kind: Kind) -> None:
+        """Deliver ``kind`` (in the owner's process)."""
+        if self.on_message is not None:
+            self.on_message(kind)
+        if kind not in self._unread:
+            self._unread.add(kind)
+            self._queue.put_nowait(kind)
+
+    async def next(self, kinds: Iterable[Kind], timeout: float | None = None, *,
+                   also: asyncio.Future[Any] | None = None) -> Kind | None:
+        """The next message of ``kinds`` (others that arrive meanwhile are dropped: what they asked is
+        on the board, read by the step they matter to); ``None`` after ``timeout`` seconds or once
+        ``also`` (vLLM's exit) is done."""
+        wanted = set(kinds) | {Kind.STOP}
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + max(timeout, 0.0)
+        while also is None or not also.done():
+            if self._queue.empty():
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return None
+                get = asyncio.ensure_future(self._queue.get())
+                try:
+                    await asyncio.wait({get} if also is None else {get, also}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not get.done():
+                        get.cancel()
+                if not get.done() or get.cancelled():
+                    continue  # the deadline, or vLLM exited
+                kind = get.result()
+            else:
+                kind = self._queue.get_nowait()
+            self._unread.discard(kind)
+            if kind in wanted:
+                return kind
+        return None
