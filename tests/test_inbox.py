@@ -73,12 +73,15 @@ async def test_a_model_waiting_for_room_is_told_when_its_neighbour_made_it(tmp_p
     victim; b asks a to make room (EVICT); a stops (its transition tells b: ROOM); b is admitted."""
     pool = pool_of(tmp_path, 0.6, 0.6)
     a, b = pool.supervisors
+    told: list[tuple[State, str | None]] = []
+    a.listeners.append(lambda state, reason: told.append((state, reason)))
     await pool.start()
     try:
         await a.board.wait_ready(timeout=30)
         a.board.touch(60)
         await b.board.wait_ready(timeout=30)
         assert b.state is State.READY and a.state is State.UNLOADED
+        assert told[-1][0] is State.UNLOADED and told[-1][1].startswith("evicted to make room for m1")
     finally:
         await pool.stop()
     assert polls == []

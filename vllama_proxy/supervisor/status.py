@@ -250,7 +250,7 @@ class StatusBoard:
         with self._lock.held():
             self._waiting[slot] -= 1
             last = not any(self._waiting)
-        if last:
+        if last and _STATES[self._state.value] is not State.READY:  # ready: no load or wait for room to end
             self.inbox_bell.ring(Kind.GAVE_UP)
 
     @property
