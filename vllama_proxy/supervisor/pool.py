@@ -13,7 +13,7 @@ sleep mode level 1) it keeps only the context, stopped nothing. These are vLLM's
 terms: ``--gpu-memory-utilization`` is the fraction of the GPU's total memory the
 instance may use. Models that fit run side by side. When a request wants a model that
 does not fit, the least recently used idle model on a GPU short of room is evicted (put
-to sleep, or stopped), one at a time, until it fits, as Ollama's scheduler does
+to sleep, or stopped; ``eviction.py``, the rule the on-demand slots ask too), one at a time, until it fits, as Ollama's scheduler does
 (``server/sched.go``: unload the least recently used runner with no requests in
 flight); when only sleeping models are in the way, the least recently used is stopped.
 A model that is busy, pinned, loading, or waited for is never evicted; then the
@@ -32,8 +32,10 @@ the numbers and what would fit in ``last_error``, and requests for it get that m
 Without NVML (``--no-gpu-check``) or without local weight files there is no check.
 
 Everything here runs in the main process's event loop: the decision to admit a model
-and marking it as holding its share happen without an ``await`` in between, so two
-models cannot both claim the same room.
+and marking it as holding its share happen without an ``await`` in between (NVML is read
+before, :meth:`ModelPool._verdict` decides), so two models cannot both claim the same room. A model
+waiting for room is told when it may have changed (:meth:`ModelPool.moved`: a ``ROOM`` message,
+``inbox.py``), never polls.
 """
 
 from __future__ import annotations
