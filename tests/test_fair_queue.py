@@ -243,3 +243,21 @@ def test_a_waiter_cancelled_as_its_place_is_granted_gives_it_on():
         await asyncio.wait_for(q.turn(0, 4), 1)
 
     asyncio.run(run())
+
+
+def test_a_new_key_is_charged_the_first_answer_the_server_saw_not_a_quarter_of_it():
+    """Every key's expected answer (a new key's charge at dispatch) is seeded by the first answer
+    that ends, as a key's own is: an average started from 0 charged the first requests of keys
+    new to a fresh server a quarter of it, and a key of long answers paid that back later (on the
+    stand-in: 10 s of a 20 s window at 0.03 of its share)."""
+    async def run() -> None:
+        q = FairQueue(4, workers=1, keys=16)
+        await q.turn(0, 1)
+        q.done(0, 1, output=200)  # the first answer the server sees
+        before = q.counter(2)
+        await q.turn(0, 2)  # key 2 is new: charged everyone's usual answer at dispatch
+        assert q.counter(2) - before == W_OUT * 200
+        q.done(0, 2, output=200)
+        assert q.counter(2) - before == W_OUT * 200  # nothing left to settle
+
+    asyncio.run(run())

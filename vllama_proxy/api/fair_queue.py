@@ -108,6 +108,7 @@ class FairQueue:
         self._out_charged = ctx.RawArray("d", keys)  # expected outputs charged for the key's requests upstream
         self._seen = ctx.RawArray("b", keys)        # whether a request of the key has ended (its average is known)
         self._expect_all = ctx.RawValue("d", 0.0)   # every key's expected output tokens: a new key's until its own is known
+        self._seen_all = ctx.RawValue("b", 0)       # whether any request has ended (the first output seeds that average)
         self._weight = ctx.RawArray("d", [1.0] * keys)
         self._priority = ctx.RawArray("i", keys)
         self._backlog = ctx.RawArray("i", keys)    # the keys with requests waiting, unordered ...
@@ -251,8 +252,12 @@ class FairQueue:
             expected = self._expect_out[key] if self._seen[key] else output
             self._expect_out[key] = expected + EXPECT_ALPHA * (output - expected)
             self._seen[key] = 1
-            everyone = self._expect_all.value
+            # seeded with the first output, as a key's own: an average that started from 0 charged
+            # the first requests of new keys next to nothing (a key of long answers arriving with
+            # others on a fresh server then paid it back for 10 s of a 20 s window on the stand-in)
+            everyone = self._expect_all.value if self._seen_all.value else output
             self._expect_all.value = everyone + EXPECT_ALPHA * (output - everyone)
+            self._seen_all.value = 1
         if correction:
             self._vtc[key] += self._bounded(key, correction / self._weight[key], output)
         if self._key_up[key] == 0:
