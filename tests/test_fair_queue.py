@@ -64,15 +64,18 @@ def test_a_light_key_goes_ahead_of_a_flood_already_waiting():
 
 
 @pytest.mark.parametrize("places", [1, 8])
-def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_once(places):
+@pytest.mark.parametrize("prompt_weight", [W_IN, 0.5])
+def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_once(places, prompt_weight):
     """Four keys with weights 1, 1, 2, 4, different prompt and answer lengths, ``places`` places
-    (requests end in the order they went): every key's service (W_IN x prompt + W_OUT x output
-    tokens) is within 10 % of its weighted share; a fifth key arriving late is served from its
-    first request on at its share, not after the others' credit."""
+    (requests end in the order they went): every key's service (``prompt_weight`` x prompt +
+    W_OUT x output tokens: the default counts output tokens only, 0.5 is VTC's own ratio) is within
+    10 % of its weighted share; a fifth key arriving late is served from its first request on at
+    its share, not after the others' credit."""
+    W_IN = prompt_weight  # noqa: N806 - the cost's own name, as in fair_queue.py
     keys = {10: (1.0, 40, 200), 11: (1.0, 400, 20), 12: (2.0, 100, 100), 13: (4.0, 10, 300)}  # weight, prompt, output
 
     async def run() -> None:
-        q = FairQueue(places, workers=1, keys=32)
+        q = FairQueue(places, workers=1, keys=32, prompt_weight=prompt_weight)
         ended = 0
         served: list[int] = []
 
