@@ -150,7 +150,8 @@ setup)
   ;;
 vllm)
   curl -s -o /dev/null "http://127.0.0.1:$PV/health" && { log "port $PV is taken by another server"; exit 1; }
-  sizing=$(api_servers)
+  sizing=$(api_servers 2>> "$OUT/summary.txt")
+  [ -n "$sizing" ] || sizing="1 vllama's sizing failed (above): vLLM's default"
   ASC=${ASC:-${sizing%% *}}
   log "vLLM API servers: $ASC (vllama's sizing for this host: ${sizing#* })"
   setsid vllm serve "$MODEL" --served-model-name $SERVED --port "$PV" --max-model-len 4096 --gpu-memory-utilization 0.85 \
