@@ -47,11 +47,11 @@
 #   stop      SIGTERM vllama and vLLM; GPU memory, leftover processes; the logs to $OUT
 #   summary   per round and pooled: the flood table and the weights table
 #
-# Four calls (timeout_s 600 each; a round is about 4.5 minutes with the defaults and MAX_RUNNING, the
-# last call about 5.5, 19 minutes in all):
+# Four calls (timeout_s 600 each; a round is about 4 minutes with the defaults, 4.7 with MAX_RUNNING;
+# the last call about 6, 18 minutes in all):
 #   OUT=$OUT DEV=.devscripts benchmarks/fairness.sh install setup vllm
-#   OUT=$OUT ROUND=1 MAX_RUNNING=128 benchmarks/fairness.sh round
-#   OUT=$OUT ROUND=2 MAX_RUNNING=128 benchmarks/fairness.sh round
+#   OUT=$OUT ROUND=1 benchmarks/fairness.sh round
+#   OUT=$OUT ROUND=2 benchmarks/fairness.sh round
 #   OUT=$OUT ROUND=3 MAX_RUNNING=128 benchmarks/fairness.sh round on diag stop summary
 # (ASC=1 in the first call compares vLLM's default of one API server: vLLM starts once per session.)
 # Outputs in $OUT (raw, one file per run): r{N}-{off,on,small}-{alone,flood}.json (benchmarks/fairness.py,
