@@ -33,6 +33,7 @@ import random
 import re
 import statistics
 import time
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -170,8 +171,8 @@ async def main() -> None:
                                for g, v in samples.items()}}
     print(orjson.dumps(summary).decode(), flush=True)
     if a.json:
-        with open(a.json, "wb") as f:
-            f.write(orjson.dumps({**summary, "requests": runs, "gauge_samples": samples}, option=orjson.OPT_INDENT_2))
+        data = orjson.dumps({**summary, "requests": runs, "gauge_samples": samples}, option=orjson.OPT_INDENT_2)
+        await asyncio.to_thread(Path(a.json).write_bytes, data)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_o
     W_OUT x output tokens: the default counts output tokens only, 0.5 is VTC's own ratio) is within
     10 % of its weighted share; a fifth key arriving late is served from its first request on at
     its share, not after the others' credit."""
-    W_IN = prompt_weight  # noqa: N806 - the cost's own name, as in fair_queue.py
+    W_IN = prompt_weight  # the prompt weight under its name in fair_queue.py
     keys = {10: (1.0, 40, 200), 11: (1.0, 400, 20), 12: (2.0, 100, 100), 13: (4.0, 10, 300)}  # weight, prompt, output
 
     async def run() -> None:
