@@ -253,8 +253,8 @@ class FairQueue:
             self._expect_out[key] = expected + EXPECT_ALPHA * (output - expected)
             self._seen[key] = 1
             # seeded with the first output, as a key's own: an average that started from 0 charged
-            # the first requests of new keys next to nothing (a key of long answers arriving with
-            # others on a fresh server then paid it back for 10 s of a 20 s window on the stand-in)
+            # a fresh server's new keys a quarter of a usual answer, or less, for their first requests
+            # (each key then pays what its answers exceed that when they end)
             everyone = self._expect_all.value if self._seen_all.value else output
             self._expect_all.value = everyone + EXPECT_ALPHA * (output - everyone)
             self._seen_all.value = 1
