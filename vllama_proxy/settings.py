@@ -397,8 +397,9 @@ class Settings(BaseSettings):
     fair_share: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Share vLLM between keys: at most vLLM's running capacity (--max-running) goes upstream, the rest "
-        "waits in vllama, one queue per key, served in weighted fair order (VTC: each key's prompt + output tokens over "
-        "its weight, priority first); each key's share of the admission bound; each request's vLLM priority "
+        "waits in vllama, one queue per key, served in weighted fair order (VTC: each key's output tokens, + "
+        "--fair-prompt-weight x its prompt tokens, over its weight; priority first); each key's share of the admission bound; "
+        "each request's vLLM priority "
         "(vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
     )
     fair_reserve: int | None = Field(
@@ -406,6 +407,11 @@ class Settings(BaseSettings):
         description="With fair sharing, the last places of vLLM's running capacity, kept for keys with few requests "
         "upstream so that a light key never waits for a heavy key's request to end (default: 1/32 of the capacity; "
         "0: strictly work-conserving).",
+    )
+    fair_prompt_weight: float = Field(
+        0.0, ge=0,
+        description="With fair sharing, what a prompt token costs a key, in output tokens (0: keys share the output tokens by "
+        "weight, as they share vLLM's running slots; 0.5: VTC's prompt + 2 x output).",
     )
     usage_db: str | None = Field(
         None,

@@ -88,12 +88,14 @@ class AdmissionBound:
             known or guessed): the rest wait in :attr:`queue`, a :class:`~.fair_queue.FairQueue`
             (``None``: no queue, every admitted request goes upstream at once).
         reserve: the queue's reserve (:class:`~.fair_queue.FairQueue`).
+        prompt_weight: the queue's cost of a prompt token, in output tokens (``--fair-prompt-weight``).
 
     Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``).
     """
 
     def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
-                 running: int | None = None, queue: int | None = None, reserve: int = 0) -> None:
+                 running: int | None = None, queue: int | None = None, reserve: int = 0,
+                 prompt_weight: float = W_IN) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
         self.running = running
@@ -105,7 +107,8 @@ class AdmissionBound:
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
-        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve) if queue else None
+        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve,
+                                prompt_weight=prompt_weight) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
 
     def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
@@ -240,7 +243,8 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
-        estimate = W_IN * len(body or b"") / BYTES_PER_TOKEN
+        prompt_weight = queue.prompt_weight if queue is not None else 0.0
+        estimate = prompt_weight * len(body or b"") / BYTES_PER_TOKEN
         dispatched = False
         try:
             if queue is not None:
@@ -251,7 +255,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             usage = request.get(USAGE)
             if dispatched:
                 assert queue is not None
-                queue.done(slot, key.slot, W_IN * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
+                queue.done(slot, key.slot, prompt_weight * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
             if usage and key.tpm is not None:
                 bound.limits.spend(key.slot, usage[0] + usage[1])
             bound.leave_key(slot, key.slot)

@@ -8,16 +8,23 @@ capacity, ``--max-num-seqs`` x data-parallel size summed over models) are upstre
 rest wait here, one queue per key, and each freed place goes to the next key in VTC's order
 ("Fairness in Serving Large Language Models", Sheng et al., OSDI'24):
 
-- every key has a virtual token counter; a dispatched request adds its cost, ``W_IN`` x prompt
-  tokens + ``W_OUT`` x output tokens, divided by the key's ``weight``: charged at dispatch as an
-  estimate (the prompt from the body's size, the output as the key's recent average, or every
-  key's for a key new to the server) and settled when the request ends with vLLM's counts (one
-  lock at each end of a request, none per token). Charging the output at dispatch matters: a key
-  alone takes every place, and if its running requests were charged only when they end, keys
-  arriving meanwhile (lifted to its counter) would find it deep in debt afterwards (on the
-  stand-in: a weight-1 key that arrived first got 0.2x of its share for 20 s); what is settled
-  at the end may still put a key at most two of its requests' cost ahead of the other waiting
-  keys (:meth:`_bounded`);
+- every key has a virtual token counter; a dispatched request adds its cost, counted in output
+  tokens (``W_OUT`` = 1 each) + ``prompt_weight`` x prompt tokens (``--fair-prompt-weight``, by
+  default :data:`W_IN` = 0), divided by the key's ``weight``. The unit is the resource shared: a
+  running slot for one decode step. vLLM gives every running sequence one token per step and
+  prefills a prompt in a step or a few (chunked, thousands of tokens a step), so a request holds
+  its slot for about as many steps as it has output tokens, and a key's output tokens per second
+  are its share of the running slots. VTC's own cost (prompt + 2 x output) gave a key of long
+  prompts and short answers 0.30x its weighted share of the output tokens on the H200 (weights
+  1, 1, 2, 4; ``benchmarks/RESULTS.md``, issue 38), because its prompts were charged as if
+  prefill took a slot per prompt token. Charged at dispatch as an estimate (the prompt from the
+  body's size; the output as the key's recent average, or every key's for a key new to the
+  server) and settled when the request ends with vLLM's counts (one lock at each end of a
+  request, none per token). Charging the output at dispatch matters: a key alone takes every
+  place, and if its running requests were charged only when they end, keys arriving meanwhile
+  (lifted to its counter) would find it deep in debt afterwards (on the stand-in: a weight-1 key
+  that arrived first got 0.2x of its share for 20 s); what is settled at the end may still put a
+  key at most two of its requests' cost ahead of the other waiting keys (:meth:`_bounded`);
 - the backlogged key with the highest ``priority``, then the smallest counter, then the fewest
   requests upstream, goes next;
 - a key that becomes backlogged has its counter lifted to the smallest counter of the backlogged
@@ -48,9 +55,11 @@ from typing import Any
 
 from vllama_proxy.supervisor.shm import SharedLock
 
-#: VTC's weights of a prompt token and an output token (the paper's w_p = 1, w_q = 2: an output
-#: token costs a decode step, prompt tokens are batched in prefill).
-W_IN, W_OUT = 1.0, 2.0
+#: The cost of an output token (the unit: one running slot for one decode step), and the default cost
+#: of a prompt token (``--fair-prompt-weight``): prefill takes a slot for a step or a few, however
+#: long the prompt, so 0 gives every key its weighted share of the output tokens (issue 38). VTC's
+#: paper weighs them w_p = 1, w_q = 2 (0.5 here): it counts the prompt as work, not slot time.
+W_IN, W_OUT = 0.0, 1.0
 #: Weight of the last request in a key's expected output tokens (an exponential moving average).
 EXPECT_ALPHA = 0.25
 #: Bytes of request body per prompt token, for the estimate charged at dispatch.
@@ -68,14 +77,19 @@ class FairQueue:
         reserve: the last places, kept for keys with fewer than ``max(1, reserve // 4)`` requests
             upstream: a light key's request then finds a running slot at once, instead of waiting
             for one of a heavy key's long requests to end (0: strictly work-conserving).
+        prompt_weight: the cost of a prompt token in output tokens (:data:`W_IN` by default); the
+            caller charges ``prompt_weight`` x its prompt tokens through :meth:`turn`'s ``cost``
+            and :meth:`done`'s ``correction``.
 
     Pickled into every worker (``spawn``). :meth:`turn` is the one coroutine a request awaits;
     :meth:`done` gives its place back. Not thread-safe within a process (one event loop each).
     """
 
-    def __init__(self, capacity: int, workers: int, keys: int, ctx: Any = None, *, reserve: int = 0) -> None:
+    def __init__(self, capacity: int, workers: int, keys: int, ctx: Any = None, *, reserve: int = 0,
+                 prompt_weight: float = W_IN) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.capacity = max(int(capacity), 1)
+        self.prompt_weight = max(float(prompt_weight), 0.0)
         self.reserve = min(max(int(reserve), 0), self.capacity - 1)
         self.reserve_per_key = max(1, self.reserve // 4)
         self.workers = max(int(workers), 1)
@@ -94,6 +108,7 @@ class FairQueue:
         self._out_charged = ctx.RawArray("d", keys)  # expected outputs charged for the key's requests upstream
         self._seen = ctx.RawArray("b", keys)        # whether a request of the key has ended (its average is known)
         self._expect_all = ctx.RawValue("d", 0.0)   # every key's expected output tokens: a new key's until its own is known
+        self._seen_all = ctx.RawValue("b", 0)       # whether any request has ended (the first output seeds that average)
         self._weight = ctx.RawArray("d", [1.0] * keys)
         self._priority = ctx.RawArray("i", keys)
         self._backlog = ctx.RawArray("i", keys)    # the keys with requests waiting, unordered ...
@@ -134,7 +149,7 @@ class FairQueue:
         Args:
             weight: the key's share weight (> 0): its counter grows by cost / weight.
             priority: higher goes first, whatever the counters.
-            cost: the prompt's estimated cost (``W_IN`` x tokens), charged when dispatched.
+            cost: the prompt's estimated cost (``prompt_weight`` x tokens), charged when dispatched.
 
         Returns at once while there is room and no key waits ahead of it (one lock). Cancelled
         (the client left) while waiting, its place in the queue, or a place granted meanwhile,
@@ -237,8 +252,12 @@ class FairQueue:
             expected = self._expect_out[key] if self._seen[key] else output
             self._expect_out[key] = expected + EXPECT_ALPHA * (output - expected)
             self._seen[key] = 1
-            everyone = self._expect_all.value
+            # seeded with the first output, as a key's own: an average that started from 0 charged
+            # a fresh server's new keys a quarter of a usual answer, or less, for their first requests
+            # (each key then pays what its answers exceed that when they end)
+            everyone = self._expect_all.value if self._seen_all.value else output
             self._expect_all.value = everyone + EXPECT_ALPHA * (output - everyone)
+            self._seen_all.value = 1
         if correction:
             self._vtc[key] += self._bounded(key, correction / self._weight[key], output)
         if self._key_up[key] == 0:
