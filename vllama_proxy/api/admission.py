@@ -17,6 +17,7 @@ and a coroutine here, a few tens of kB (``benchmarks/RESULTS.md``).
 from __future__ import annotations
 
 import multiprocessing
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,9 +30,9 @@ from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
 from .budgets import check as check_budget
 from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
-from .rate_limits import RateLimits
+from .rate_limits import RateLimits, headers as rate_headers
 from .request_body import read_body
-from .shared_state import KeyState
+from .shared_state import UNCOUNTED, KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -89,7 +90,9 @@ class AdmissionBound:
             (``None``: no queue, every admitted request goes upstream at once).
         reserve: the queue's reserve (:class:`~.fair_queue.FairQueue`).
 
-    Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``).
+    Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``), and
+    :attr:`front`, this front's name in a store several fronts share (``shared_state.py``): one per
+    ``vllama serve``, the same in each of its workers.
     """
 
     def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
@@ -107,6 +110,7 @@ class AdmissionBound:
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
         self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
+        self.front = uuid.uuid4().hex
 
     def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
         """Count one more request of worker ``slot`` for the key whose counter is ``key``.
@@ -200,8 +204,10 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     the tokens it used. With ``priority`` the request's vLLM ``priority`` is set (:data:`PRIORITY`):
     the key's requests in flight before it, less 1,000,000 per step of the key's own ``priority``:
     lower is served first (vLLM ``--scheduling-policy priority``).
-    With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight`` holds over every
-    front sharing the store: counted there at admission and at the end, never per token.
+    With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight``, ``rpm`` and ``tpm``
+    hold over every front sharing the store, and its service on the other fronts counts in its fair
+    share here: counted there at admission (a round trip per limit the key has) and at the end (one),
+    never per token. A store that does not answer leaves this front's own limits (fail open, logged).
     """
     queue = bound.queue if fair else None
 
@@ -217,7 +223,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
         # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter).
         check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
-        refused, headers = bound.limits.admit(key.slot, key.rpm, key.tpm)
+        refused, headers = await _rate(bound, shared, key)
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)
         if headers:
@@ -229,10 +235,11 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
                 # answered, not raised: a full server is its bound working, not a failure to log per request
                 return error_response(ServerBusy(BUSY, retry_after))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
-        counted = shared is not None and key.max_in_flight is not None
-        if counted:
-            assert shared is not None
-            if await shared.enter(key.name, key.max_in_flight) is None:
+        counted = False  # in the store's count of the key's requests in flight
+        if shared is not None and key.max_in_flight is not None:
+            before = await shared.enter(key.name, key.max_in_flight)
+            counted = before is not None and before != UNCOUNTED
+            if before is None:
                 bound.leave_key(slot, key.slot)
                 QUEUE_REJECTIONS.inc()
                 raise TooManyRequests(f"key '{key.name}' has {key.max_in_flight} requests in flight over every front, its "
@@ -240,7 +247,8 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
-        estimate = W_IN * len(body or b"") / BYTES_PER_TOKEN
+        guess = len(body or b"") / BYTES_PER_TOKEN  # prompt tokens, from the body's size
+        estimate = W_IN * guess
         dispatched = False
         try:
             if queue is not None:
@@ -249,18 +257,37 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return await handler(request)
         finally:
             usage = request.get(USAGE)
+            served = None  # with a shared store: the request's service, for the key's counter on every front
             if dispatched:
                 assert queue is not None
                 queue.done(slot, key.slot, W_IN * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
-            if usage and key.tpm is not None:
-                bound.limits.spend(key.slot, usage[0] + usage[1])
+                served = queue.service(*(usage or (guess, 0)), key.weight)
+            tokens = usage[0] + usage[1] if usage and key.tpm is not None else 0
+            if tokens:
+                bound.limits.spend(key.slot, tokens)
             bound.leave_key(slot, key.slot)
             IN_FLIGHT.dec()
-            if counted:
-                assert shared is not None
-                await shared.leave(key.name)
+            if shared is not None and (counted or tokens or served is not None):
+                elsewhere = await shared.finish(key.name, leave=counted, tokens=tokens, served=served)
+                if elsewhere is not None and queue is not None:
+                    queue.absorb(key.slot, elsewhere)
 
     return admit
+
+
+async def _rate(bound: AdmissionBound, shared: KeyState | None, key: Key) -> tuple[str | None, dict[str, str]]:
+    """Count this request in the key's minute, over every front with ``shared``, else (no store, or
+    one that did not answer) in this front's: ``(refused, headers)`` as ``RateLimits.admit``. This
+    front counts what the store admits too, so a store that stops answering mid-minute leaves the
+    front's own minute where it was (a key gets at most its limits once per front meanwhile)."""
+    if shared is None or (key.rpm is None and key.tpm is None):
+        return bound.limits.admit(key.slot, key.rpm, key.tpm)
+    got = await shared.rate(key.name, key.rpm, key.tpm)
+    if got is None:
+        return bound.limits.admit(key.slot, key.rpm, key.tpm)
+    if got.refused is None:
+        bound.limits.count(key.slot)
+    return got.refused, rate_headers(key.rpm, key.tpm, got.used, got.spent, got.reset, got.refused)
 
 
 async def add_rate_headers(request: web.Request, response: web.StreamResponse) -> None:

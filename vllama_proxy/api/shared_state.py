@@ -1,17 +1,27 @@
-"""Per-key counters shared by every front of a fleet (``--state-url redis://...``).
+"""Per-key counters shared by every front of a fleet (``--state-url redis://...``, issue 43).
 
 One front counts its keys' requests in shared memory (``admission.py``: every worker of the
 process sees one count). Several fronts (a Kubernetes Deployment with ``replicas: 2``) would each
-count their own, so a key would get its ``max_in_flight`` (and ``rpm``/``tpm``) once per front.
-With ``--state-url`` each front also counts in Redis, the store LiteLLM's and the Gateway API
-inference extension's users already run, and the limit holds across fronts.
+count their own, so a key would get its ``max_in_flight``, ``rpm`` and ``tpm`` once per front, and
+a key flooding two fronts would get each front's fair share. With ``--state-url`` each front also
+counts in Redis, the store LiteLLM's and the Gateway API inference extension's users already run,
+and the limits hold across fronts:
+
+- ``max_in_flight``: the key's requests in flight over every live front (:meth:`KeyState.enter`);
+- ``rpm``/``tpm``: the key's requests and tokens in the wall-clock minute over every front
+  (:meth:`KeyState.rate`; the fixed window of ``rate_limits.py``, whose semantics and headers stay);
+- the fair share (``fair_queue.py``): the service a key got on the other fronts (its VTC charges,
+  in cost / weight) is added to its virtual counter here (:meth:`KeyState.finish`), so a key
+  flooding two fronts is counted once. Each front keeps its own queue and its own capacity.
 
 :class:`KeyState` is the interface; :class:`RedisKeyState` is its one store-backed implementation.
-Without ``--state-url`` nothing here runs: the single-host counts of ``admission.py`` (and the
-per-minute windows of ``rate_limits.py``, issue 38) are the other implementation, unchanged.
+Without ``--state-url`` nothing here runs: the single-host counts of ``admission.py``,
+``rate_limits.py`` and ``fair_queue.py`` are the other implementation, unchanged.
 
-Counts change at admission and at completion only, never per token: two round trips per request
-(``enter`` is one Lua script, atomic in Redis; ``leave`` one ``HINCRBY``).
+Round trips: one at admission per limit the key has (``rate``: a Lua script; ``enter``: a Lua
+script), one at the request's end (``finish``: one Lua script that gives the in-flight place back,
+adds the tokens to the minute and the service to the key's counter, and reads the others'); never
+per token.
 
 Data in Redis (``PREFIX`` ``vllama:``):
 
@@ -20,10 +30,18 @@ Data in Redis (``PREFIX`` ``vllama:``):
   expires ``HOLDER_TTL`` s after its process last refreshed it (every ``HOLDER_TTL / 3`` s): a
   front that dies gives its requests back within ``HOLDER_TTL`` s;
 - ``vllama:rpm:<key>:<minute>``, ``vllama:tpm:<key>:<minute>``: requests and tokens of a key in a
-  wall-clock minute (the fixed window of ``rate_limits.py`` and LiteLLM), expiring after 2 minutes.
+  wall-clock minute (the fixed window of ``rate_limits.py`` and LiteLLM), expiring after 2 minutes;
+- ``vllama:served:<key>``: a hash, front -> the service that front gave the key (VTC units),
+  expiring ``SERVED_TTL`` s after the key's last request anywhere.
 
-A store that cannot be reached leaves each front with its own limits (logged, once a minute):
-a Redis outage must not turn every request away.
+A store that cannot be reached fails open to each front's own limits: its own in-flight count,
+its own minute (counted all along, so it goes on from what this front admitted) and its own fair
+queue. A Redis outage must not turn every request away, and the limits a key then gets are at most
+once per front, what it got before ``--state-url``. Logged (``state_store_unreachable``, at most
+once a minute) and counted (``vllama_state_store_errors``); after a failure the store is not asked
+for ``RETRY_AFTER_FAILURE`` s, so an unreachable host costs a request at most one timeout
+(``TIMEOUT`` s) per worker per that time. A place given back while the store was down is given back
+there once it answers (the heartbeat), so no count is left behind.
 """
 
 from __future__ import annotations
@@ -31,9 +49,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from vllama_proxy.logs import get_logger
+from .metrics import STATE_STORE_ERRORS
 
 log = get_logger("vllama.shared_state")
 
@@ -42,6 +61,14 @@ PREFIX = "vllama:"
 HOLDER_TTL = 30
 #: Seconds in a rate window (``rate_limits.WINDOW``).
 WINDOW = 60
+#: Seconds a key's service counts are kept after its last request on any front.
+SERVED_TTL = 600
+#: Seconds to connect to and to wait for the store.
+TIMEOUT = 2.0
+#: Seconds the store is left alone after a call to it failed (each front on its own limits meanwhile).
+RETRY_AFTER_FAILURE = 5.0
+#: What :meth:`KeyState.enter` returns when the store did not answer: nothing counted there.
+UNCOUNTED = -1
 
 # KEYS: holders set, this holder's hash. ARGV: key name, max ('' for none), ttl, holder id, prefix.
 # Returns the key's requests in flight over every live holder before this one, or -1 (at its max).
@@ -74,13 +101,41 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 return {'', used, spent}
 """
 
+# KEYS: this holder's in-flight hash, the key's tpm counter of this minute, the key's served hash.
+# ARGV: key name, places to give back, tokens, tpm ttl, service, front ('' for none), served ttl.
+# Returns the served hash (front, service, ...) when a front is given, else {}.
+_FINISH = """
+local back = tonumber(ARGV[2])
+if back > 0 then
+  if redis.call('HINCRBY', KEYS[1], ARGV[1], -back) <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
+end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('INCRBY', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
+end
+if ARGV[6] == '' then return {} end
+redis.call('HINCRBYFLOAT', KEYS[3], ARGV[6], ARGV[5])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+return redis.call('HGETALL', KEYS[3])
+"""
+
+
+class Rate(NamedTuple):
+    """A key's minute over every front, as :meth:`KeyState.rate` counted it."""
+
+    refused: str | None  # None, "rpm" or "tpm"
+    used: int  # requests this minute (this one included when admitted)
+    spent: int  # tokens this minute
+    reset: float  # seconds to the next minute
+
 
 class KeyState(Protocol):
-    """Per-key counters every front sees.
+    """Per-key counters every front sees (``key``: the key's name, as in the keys file).
 
-    ``enter``/``leave`` bracket a request (``key``: the key's name, as in the keys file); ``rate``
-    counts a request against the key's minute and ``spend`` its tokens at its end. Units: requests,
-    tokens (prompt + output), seconds.
+    ``enter`` and ``finish`` bracket a request; ``rate`` counts it against the key's minute. Units:
+    requests, tokens (prompt + output), seconds, and the fair queue's service (VTC cost / weight).
+    Every method answers when the store does not (``UNCOUNTED`` or ``None``): the caller then
+    applies this front's own limits.
     """
 
     async def start(self) -> None: ...
@@ -89,18 +144,19 @@ class KeyState(Protocol):
 
     async def enter(self, key: str, max_in_flight: int | None) -> int | None:
         """Count one more request of ``key`` unless it has ``max_in_flight`` over every front.
-        Returns its requests in flight before this one, or ``None`` when refused."""
+        Returns its requests in flight before this one, ``None`` when refused, or
+        :data:`UNCOUNTED` when the store did not answer (then ``finish`` gives nothing back)."""
 
-    async def leave(self, key: str) -> None:
-        """That request (counted by ``enter``) ended."""
+    async def rate(self, key: str, rpm: int | None, tpm: int | None) -> Rate | None:
+        """Count one request of ``key`` in this minute unless it reached ``rpm`` or spent ``tpm``
+        over every front; ``None`` when the store did not answer."""
 
-    async def rate(self, key: str, rpm: int | None, tpm: int | None) -> tuple[str | None, int, int, float]:
-        """Count one request of ``key`` in this minute unless it reached ``rpm`` or spent ``tpm``.
-        Returns ``(refused, requests, tokens, reset)``: ``refused`` ``None``, ``"rpm"`` or ``"tpm"``;
-        the minute's requests and tokens so far; seconds to the next minute."""
+    async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None) -> float | None:
+        """A request of ``key`` ended: give back its place (``leave``: ``enter`` counted it), add its
+        ``tokens`` to the minute and, with ``served``, its service to this front's share of the key's.
 
-    async def spend(self, key: str, tokens: int) -> None:
-        """Count ``tokens`` of a request of ``key`` that ended."""
+        Returns the key's service on every other front (``served`` given and the store answered), else ``None``.
+        """
 
 
 class RedisKeyState:
@@ -108,28 +164,35 @@ class RedisKeyState:
 
     Args:
         url: ``redis://[:password@]host:port/db``, ``rediss://`` (TLS) or ``unix://``.
+        front: this front's name in the store, the same in each of its workers
+            (``AdmissionBound.front``): its service to a key is told apart from the other fronts'.
         holder_ttl: seconds a dead process's counts outlive it (tests shorten it).
+        clock: seconds since the epoch, for the minute (tests pass their own).
 
     Raises:
         RuntimeError: (on construction) the ``redis`` package is not installed.
     """
 
-    def __init__(self, url: str, holder_ttl: int = HOLDER_TTL, clock: Any = time.time) -> None:
+    def __init__(self, url: str, front: str = "", holder_ttl: int = HOLDER_TTL, clock: Any = time.time) -> None:
         try:
             import redis.asyncio as aioredis
         except ImportError:
             raise RuntimeError("--state-url needs the redis package: pip install 'vllama-proxy[redis]'") from None
-        self._redis = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0)
+        self._redis = aioredis.from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
         self.url = url
+        self.front = front or uuid.uuid4().hex
         self.holder = uuid.uuid4().hex
         self._ttl = holder_ttl
         self._holders = PREFIX + "holders"
         self._mine = f"{PREFIX}inflight:{self.holder}"
         self._enter = self._redis.register_script(_ENTER)
         self._rate = self._redis.register_script(_RATE)
+        self._finish = self._redis.register_script(_FINISH)
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
-        self._warned = 0.0
+        self._warned = float("-inf")
+        self._down_until = 0.0
+        self._owed: dict[str, int] = {}  # places counted in the store, given back while it was down
 
     async def start(self) -> None:
         """Keep this process's counts alive (every ``holder_ttl / 3`` s) until :meth:`close`."""
@@ -152,57 +215,80 @@ class RedisKeyState:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     await pipe.sadd(self._holders, self.holder).expire(self._mine, self._ttl).execute()
+                for key, n in list(self._owed.items()):  # places given back while the store was down
+                    await self._finish(keys=[self._mine, "-", "-"], args=[key, n, 0, 0, 0, "", 0])
+                    self._owed.pop(key, None)
             except Exception as e:  # noqa: BLE001 - the next beat tries again
                 self._unreachable(e)
             await asyncio.sleep(self._ttl / 3)
 
+    def _up(self) -> bool:
+        if time.monotonic() < self._down_until:
+            STATE_STORE_ERRORS.inc()
+            return False
+        return True
+
     async def enter(self, key: str, max_in_flight: int | None) -> int | None:
+        if not self._up():
+            return UNCOUNTED
         try:
             got = await self._enter(keys=[self._holders, self._mine],
                                     args=[key, "" if max_in_flight is None else max_in_flight, self._ttl, self.holder, PREFIX])
         except Exception as e:  # noqa: BLE001 - no store: this front's own limits only
             self._unreachable(e)
-            return 0
+            return UNCOUNTED
         return None if int(got) < 0 else int(got)
 
-    async def leave(self, key: str) -> None:
-        try:
-            await self._redis.hincrby(self._mine, key, -1)
-        except Exception as e:  # noqa: BLE001
-            self._unreachable(e)
-
-    async def rate(self, key: str, rpm: int | None, tpm: int | None) -> tuple[str | None, int, int, float]:
+    async def rate(self, key: str, rpm: int | None, tpm: int | None) -> Rate | None:
         now = self._clock()
-        minute = int(now // WINDOW)
         reset = max(WINDOW - now % WINDOW, 0.001)
         if rpm is None and tpm is None:
-            return None, 0, 0, reset
+            return Rate(None, 0, 0, reset)
+        if not self._up():
+            return None
+        minute = int(now // WINDOW)
         try:
             refused, used, spent = await self._rate(
                 keys=[f"{PREFIX}rpm:{key}:{minute}", f"{PREFIX}tpm:{key}:{minute}"],
                 args=["" if rpm is None else rpm, "" if tpm is None else tpm, 2 * WINDOW])
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - no store: this front's own minute
             self._unreachable(e)
-            return None, 0, 0, reset
+            return None
         what = refused.decode() if isinstance(refused, bytes) else str(refused)
-        return what or None, int(used), int(spent), reset
+        return Rate(what or None, int(used), int(spent), reset)
 
-    async def spend(self, key: str, tokens: int) -> None:
-        if tokens <= 0:
-            return
-        name = f"{PREFIX}tpm:{key}:{int(self._clock() // WINDOW)}"
+    async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None) -> float | None:
+        tokens = max(tokens, 0)
+        if not leave and not tokens and served is None:
+            return None
+        if not self._up():
+            if leave:
+                self._owed[key] = self._owed.get(key, 0) + 1
+            return None
+        tpm = f"{PREFIX}tpm:{key}:{int(self._clock() // WINDOW)}"
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                await pipe.incrby(name, tokens).expire(name, 2 * WINDOW).execute()
-        except Exception as e:  # noqa: BLE001
+            got = await self._finish(keys=[self._mine, tpm, f"{PREFIX}served:{key}"],
+                                     args=[key, int(leave), tokens, 2 * WINDOW, repr(float(served or 0.0)),
+                                           "" if served is None else self.front, SERVED_TTL])
+        except Exception as e:  # noqa: BLE001 - given back by the heartbeat once the store answers
             self._unreachable(e)
+            if leave:
+                self._owed[key] = self._owed.get(key, 0) + 1
+            return None
+        if served is None:
+            return None
+        pairs = iter(got)
+        return sum(float(v) for f, v in zip(pairs, pairs) if (f.decode() if isinstance(f, bytes) else f) != self.front)
 
     def _unreachable(self, e: Exception) -> None:
+        STATE_STORE_ERRORS.inc()
         now = time.monotonic()
+        self._down_until = now + RETRY_AFTER_FAILURE
         if now - self._warned >= 60:
             self._warned = now
             log.warning("state_store_unreachable", url=_redacted(self.url), error=repr(e),
-                        effect="each front applies its own per-key limits until it answers")
+                        effect="each front applies its own per-key limits (in flight, rpm/tpm, fair share) until it answers; "
+                        f"asked again in {RETRY_AFTER_FAILURE:g} s")
 
 
 def _redacted(url: str) -> str:
