@@ -92,23 +92,38 @@ async def test_store_counts_over_processes(redis_url):
     from vllama_proxy.api.shared_state import RedisKeyState
 
     a, b = RedisKeyState(redis_url, holder_ttl=1), RedisKeyState(redis_url, holder_ttl=1)
+
+    async def enter(s, key: str, most: int | None) -> int | None:  # in flight only: its count before, or None
+        got = await s.admit(key, None, None, most, count=True)
+        return None if got.refused else got.before
+
+    async def rate(s, key: str, rpm: int | None, tpm: int | None) -> tuple[str | None, int, int]:
+        got = await s.admit(key, rpm, tpm, None, count=False)
+        assert 0 < got.reset <= 60
+        return got.refused, got.used, got.spent
+
     try:
-        assert await a.enter("k", 2) == 0 and await b.enter("k", 2) == 1
-        assert await a.enter("k", 2) is None and await b.enter("k", 2) is None
-        assert await a.enter("other", 2) == 0 and await a.enter("k", None) == 2  # no limit: counted, never refused
+        assert await enter(a, "k", 2) == 0 and await enter(b, "k", 2) == 1
+        assert await enter(a, "k", 2) is None and await enter(b, "k", 2) is None
+        assert await enter(a, "other", 2) == 0 and await enter(a, "k", None) == 2  # no limit: counted, never refused
         await a.finish("k", leave=True), await a.finish("k", leave=True)
-        assert await b.enter("k", 2) == 1
+        assert await enter(b, "k", 2) == 1
         # b dies without leaving (no heartbeat): its 2 requests of k come back once its hash expires
         deadline = time.monotonic() + 10
-        while await a.enter("k", 2) is None:
+        while await enter(a, "k", 2) is None:
             assert time.monotonic() < deadline, "a dead process's requests were never given back"
             await asyncio.sleep(0.1)
-        assert await a.rate("r", 2, None) == (None, 1, 0, pytest.approx(30, abs=30))
-        assert (await b.rate("r", 2, None))[:3] == (None, 2, 0)
-        assert (await a.rate("r", 2, None))[:3] == ("rpm", 2, 0)  # rpm 2 over both
+        assert await rate(a, "r", 2, None) == (None, 1, 0)
+        assert await rate(b, "r", 2, None) == (None, 2, 0)
+        assert await rate(a, "r", 2, None) == ("rpm", 2, 0)  # rpm 2 over both
         await b.finish("t", tokens=100)
-        assert (await a.rate("t", None, 100))[:3] == ("tpm", 0, 100)  # tpm spent on b refuses on a
-        assert (await a.rate("free", None, None))[0] is None
+        assert await rate(a, "t", None, 100) == ("tpm", 0, 100)  # tpm spent on b refuses on a
+        # both in one round trip: the minute first (a refusal there counts nothing in flight), then in flight
+        both = await a.admit("both", 1, None, 1, count=True)
+        assert (both.refused, both.used, both.before) == (None, 1, 0)
+        assert (await b.admit("both", 2, None, 1, count=True))[:2] == ("max_in_flight", 2)
+        assert (await b.admit("both", 2, None, 5, count=True)).refused == "rpm"
+        assert (await a.admit("free", None, None, None, count=False)).refused is None
     finally:
         await a.close()
         await b.close()
@@ -188,15 +203,15 @@ async def test_a_place_given_back_while_the_store_is_down_reaches_it_later(redis
     a, b = shared_state.RedisKeyState(redis_server.url, holder_ttl=3), shared_state.RedisKeyState(redis_server.url, holder_ttl=3)
     await a.start()
     try:
-        assert await a.enter("k", 1) == 0
-        assert await b.enter("k", 1) is None
+        assert (await a.admit("k", None, None, 1, count=True)).refused is None
+        assert (await b.admit("k", None, None, 1, count=True)).refused == "max_in_flight"
         redis_server.cli("client", "pause", str(int(shared_state.TIMEOUT * 1000 + 1500)), "all")
         await a.finish("k", leave=True)  # times out: owed
         started = time.monotonic()
-        assert await a.enter("k", 1) == shared_state.UNCOUNTED  # not asked: this front's own count only
+        assert await a.admit("k", None, None, 1, count=True) is None  # not asked: this front's own count only
         assert time.monotonic() - started < 0.5
         deadline = time.monotonic() + 15
-        while await b.enter("k", 1) is None:
+        while (await b.admit("k", None, None, 1, count=True)).refused:
             assert time.monotonic() < deadline, "the place given back while the store was down never reached it"
             await asyncio.sleep(0.2)
     finally:
@@ -257,3 +272,31 @@ def test_a_key_flooding_two_fronts_is_counted_once_in_the_fair_share(tmp_path, m
         halt.set()
         for s in (*fronts, fake):
             stop(s.proc)
+
+
+async def test_the_other_fronts_service_counts_while_the_key_contends_here():
+    """``FairQueue.absorb``: what a key got on the other fronts since this front last read it is added
+    to its counter here; the first read after the key became active here, and a read lower than the
+    last (the store forgot the key), only set the baseline."""
+    from vllama_proxy.api.fair_queue import FairQueue
+
+    q = FairQueue(1, 1, 4)
+    q.absorb(0, 500.0)  # never active here: a baseline, no debt for what it got before
+    assert q.counter(0) == 0
+    q.absorb(0, 530.0)
+    assert q.counter(0) == 30
+    q.absorb(0, 10.0)  # the store forgot the key: a new baseline
+    q.absorb(0, 25.0)
+    assert q.counter(0) == 45
+    await q.turn(0, 1, cost=4.0)  # key 1 becomes active here
+    start = q.counter(1)
+    q.absorb(1, 1000.0)  # its first read since: the baseline
+    assert q.counter(1) == start
+    q.absorb(1, 1100.0)
+    assert q.counter(1) == start + 100
+    q.done(0, 1)
+    await q.turn(0, 1, cost=4.0)  # idle here meanwhile, active again: served elsewhere since is no debt
+    again = q.counter(1)
+    q.absorb(1, 5000.0)
+    assert q.counter(1) == again
+    q.done(0, 1)

@@ -32,7 +32,7 @@ from .keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
 from .rate_limits import RateLimits, headers as rate_headers
 from .request_body import read_body
-from .shared_state import UNCOUNTED, KeyState
+from .shared_state import Admission, KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -206,7 +206,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     lower is served first (vLLM ``--scheduling-policy priority``).
     With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight``, ``rpm`` and ``tpm``
     hold over every front sharing the store, and its service on the other fronts counts in its fair
-    share here: counted there at admission (a round trip per limit the key has) and at the end (one),
+    share here: counted there at admission (one round trip) and at the end (one),
     never per token. A store that does not answer leaves this front's own limits (fail open, logged).
     """
     queue = bound.queue if fair else None
@@ -221,29 +221,33 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
         # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
-        # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter).
+        # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter). With a
+        # shared store, its rpm/tpm and max_in_flight over every front first, in one round trip.
         check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
-        refused, headers = await _rate(bound, shared, key)
+        store = None
+        if shared is not None and (key.rpm is not None or key.tpm is not None or key.max_in_flight is not None):
+            store = await shared.admit(key.name, key.rpm, key.tpm, key.max_in_flight, count=key.max_in_flight is not None)
+        refused, headers = _rate(bound, key, store)
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)
         if headers:
             request[RATE_HEADERS] = headers
+        counted = store is not None and key.max_in_flight is not None and store.refused is None  # in the store's count
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
         if got < 0:
             QUEUE_REJECTIONS.inc()
+            if counted:
+                assert shared is not None
+                await shared.finish(key.name, leave=True)
             if got == FULL:
                 # answered, not raised: a full server is its bound working, not a failure to log per request
                 return error_response(ServerBusy(BUSY, retry_after))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
-        counted = False  # in the store's count of the key's requests in flight
-        if shared is not None and key.max_in_flight is not None:
-            before = await shared.enter(key.name, key.max_in_flight)
-            counted = before is not None and before != UNCOUNTED
-            if before is None:
-                bound.leave_key(slot, key.slot)
-                QUEUE_REJECTIONS.inc()
-                raise TooManyRequests(f"key '{key.name}' has {key.max_in_flight} requests in flight over every front, its "
-                                      "max_in_flight; retry when one ends", retry_after=max(retry_after, 1))
+        if store is not None and store.refused == "max_in_flight":
+            bound.leave_key(slot, key.slot)
+            QUEUE_REJECTIONS.inc()
+            raise TooManyRequests(f"key '{key.name}' has {store.before} requests in flight over every front, its "
+                                  "max_in_flight; retry when one ends", retry_after=max(retry_after, 1))
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
@@ -275,19 +279,19 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     return admit
 
 
-async def _rate(bound: AdmissionBound, shared: KeyState | None, key: Key) -> tuple[str | None, dict[str, str]]:
-    """Count this request in the key's minute, over every front with ``shared``, else (no store, or
-    one that did not answer) in this front's: ``(refused, headers)`` as ``RateLimits.admit``. This
-    front counts what the store admits too, so a store that stops answering mid-minute leaves the
-    front's own minute where it was (a key gets at most its limits once per front meanwhile)."""
-    if shared is None or (key.rpm is None and key.tpm is None):
+def _rate(bound: AdmissionBound, key: Key, store: Admission | None) -> tuple[str | None, dict[str, str]]:
+    """The key's minute: ``(refused, headers)`` as ``RateLimits.admit``, over every front when the
+    shared store counted it (``store``), else (no store, or one that did not answer) this front's.
+    This front counts what the store admits too, so a store that stops answering mid-minute leaves
+    the front's own minute where it was (a key gets at most its limits once per front meanwhile)."""
+    if key.rpm is None and key.tpm is None:
+        return None, {}
+    if store is None:
         return bound.limits.admit(key.slot, key.rpm, key.tpm)
-    got = await shared.rate(key.name, key.rpm, key.tpm)
-    if got is None:
-        return bound.limits.admit(key.slot, key.rpm, key.tpm)
-    if got.refused is None:
+    refused = store.refused if store.refused in ("rpm", "tpm") else None
+    if refused is None:
         bound.limits.count(key.slot)
-    return got.refused, rate_headers(key.rpm, key.tpm, got.used, got.spent, got.reset, got.refused)
+    return refused, rate_headers(key.rpm, key.tpm, store.used, store.spent, store.reset, refused)
 
 
 async def add_rate_headers(request: web.Request, response: web.StreamResponse) -> None:

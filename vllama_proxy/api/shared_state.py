@@ -7,9 +7,9 @@ a key flooding two fronts would get each front's fair share. With ``--state-url`
 counts in Redis, the store LiteLLM's and the Gateway API inference extension's users already run,
 and the limits hold across fronts:
 
-- ``max_in_flight``: the key's requests in flight over every live front (:meth:`KeyState.enter`);
-- ``rpm``/``tpm``: the key's requests and tokens in the wall-clock minute over every front
-  (:meth:`KeyState.rate`; the fixed window of ``rate_limits.py``, whose semantics and headers stay);
+- ``rpm``/``tpm``: the key's requests and tokens in the wall-clock minute over every front (the
+  fixed window of ``rate_limits.py``, whose semantics and headers stay), and ``max_in_flight``: its
+  requests in flight over every live front (both :meth:`KeyState.admit`);
 - the fair share (``fair_queue.py``): the service a key got on the other fronts (its VTC charges,
   in cost / weight) is added to its virtual counter here (:meth:`KeyState.finish`), so a key
   flooding two fronts is counted once. Each front keeps its own queue and its own capacity.
@@ -18,10 +18,11 @@ and the limits hold across fronts:
 Without ``--state-url`` nothing here runs: the single-host counts of ``admission.py``,
 ``rate_limits.py`` and ``fair_queue.py`` are the other implementation, unchanged.
 
-Round trips: one at admission per limit the key has (``rate``: a Lua script; ``enter``: a Lua
-script), one at the request's end (``finish``: one Lua script that gives the in-flight place back,
-adds the tokens to the minute and the service to the key's counter, and reads the others'); never
-per token.
+Round trips: one at admission for a key with any of these limits (``admit``: one Lua script, the
+minute then the requests in flight), one at the request's end (``finish``: one Lua script that
+gives the in-flight place back, adds the tokens to the minute and the service to the key's counter,
+and reads the other fronts'); never per token. A key with none of the limits, on a front without
+fair sharing, costs none.
 
 Data in Redis (``PREFIX`` ``vllama:``):
 
@@ -67,38 +68,37 @@ SERVED_TTL = 600
 TIMEOUT = 2.0
 #: Seconds the store is left alone after a call to it failed (each front on its own limits meanwhile).
 RETRY_AFTER_FAILURE = 5.0
-#: What :meth:`KeyState.enter` returns when the store did not answer: nothing counted there.
-UNCOUNTED = -1
 
-# KEYS: holders set, this holder's hash. ARGV: key name, max ('' for none), ttl, holder id, prefix.
-# Returns the key's requests in flight over every live holder before this one, or -1 (at its max).
-_ENTER = """
+# KEYS: the key's rpm and tpm counters of this minute, the holders set, this holder's hash.
+# ARGV: key name, rpm, tpm ('' for none), rate ttl, max ('' for none), holder ttl, holder id, prefix,
+# rate ('1': count the request in the minute), count ('1': count it in flight).
+# Returns {refused ('' | 'rpm' | 'tpm' | 'max_in_flight'), requests this minute (this one included
+# when counted), tokens this minute, the key's requests in flight over every live holder before it}.
+_ADMIT = """
+local used, spent = 0, 0
+if ARGV[9] ~= '' then
+  used = tonumber(redis.call('GET', KEYS[1]) or '0')
+  spent = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if ARGV[2] ~= '' and used >= tonumber(ARGV[2]) then return {'rpm', used, spent, 0} end
+  if ARGV[3] ~= '' and spent >= tonumber(ARGV[3]) then return {'tpm', used, spent, 0} end
+  used = redis.call('INCR', KEYS[1])
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+end
+if ARGV[10] == '' then return {'', used, spent, 0} end
 local total = 0
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local hk = ARGV[5] .. 'inflight:' .. h
+for _, h in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local hk = ARGV[8] .. 'inflight:' .. h
   if redis.call('EXISTS', hk) == 1 then
     total = total + tonumber(redis.call('HGET', hk, ARGV[1]) or '0')
   else
-    redis.call('SREM', KEYS[1], h)
+    redis.call('SREM', KEYS[3], h)
   end
 end
-if ARGV[2] ~= '' and total >= tonumber(ARGV[2]) then return -1 end
-redis.call('SADD', KEYS[1], ARGV[4])
-redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
-return total
-"""
-
-# KEYS: the key's rpm and tpm counters of this minute. ARGV: rpm, tpm ('' for none), ttl.
-# Returns {refused ('' | 'rpm' | 'tpm'), requests counted (this one included when admitted), tokens spent}.
-_RATE = """
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-local spent = tonumber(redis.call('GET', KEYS[2]) or '0')
-if ARGV[1] ~= '' and used >= tonumber(ARGV[1]) then return {'rpm', used, spent} end
-if ARGV[2] ~= '' and spent >= tonumber(ARGV[2]) then return {'tpm', used, spent} end
-used = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-return {'', used, spent}
+if ARGV[5] ~= '' and total >= tonumber(ARGV[5]) then return {'max_in_flight', used, spent, total} end
+redis.call('SADD', KEYS[3], ARGV[7])
+redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+redis.call('EXPIRE', KEYS[4], tonumber(ARGV[6]))
+return {'', used, spent, total}
 """
 
 # KEYS: this holder's in-flight hash, the key's tpm counter of this minute, the key's served hash.
@@ -120,39 +120,37 @@ return redis.call('HGETALL', KEYS[3])
 """
 
 
-class Rate(NamedTuple):
-    """A key's minute over every front, as :meth:`KeyState.rate` counted it."""
+class Admission(NamedTuple):
+    """A request of a key over every front, as :meth:`KeyState.admit` counted it."""
 
-    refused: str | None  # None, "rpm" or "tpm"
-    used: int  # requests this minute (this one included when admitted)
+    refused: str | None  # None, "rpm", "tpm" or "max_in_flight"
+    used: int  # requests this minute (this one included unless refused for rpm or tpm)
     spent: int  # tokens this minute
     reset: float  # seconds to the next minute
+    before: int  # the key's requests in flight over every front before this one (when counted)
 
 
 class KeyState(Protocol):
     """Per-key counters every front sees (``key``: the key's name, as in the keys file).
 
-    ``enter`` and ``finish`` bracket a request; ``rate`` counts it against the key's minute. Units:
-    requests, tokens (prompt + output), seconds, and the fair queue's service (VTC cost / weight).
-    Every method answers when the store does not (``UNCOUNTED`` or ``None``): the caller then
-    applies this front's own limits.
+    ``admit`` and ``finish`` bracket a request. Units: requests, tokens (prompt + output), seconds,
+    and the fair queue's service (VTC cost / weight). Every method answers ``None`` when the store
+    does not: the caller then applies this front's own limits.
     """
 
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
-    async def enter(self, key: str, max_in_flight: int | None) -> int | None:
-        """Count one more request of ``key`` unless it has ``max_in_flight`` over every front.
-        Returns its requests in flight before this one, ``None`` when refused, or
-        :data:`UNCOUNTED` when the store did not answer (then ``finish`` gives nothing back)."""
-
-    async def rate(self, key: str, rpm: int | None, tpm: int | None) -> Rate | None:
-        """Count one request of ``key`` in this minute unless it reached ``rpm`` or spent ``tpm``
-        over every front; ``None`` when the store did not answer."""
+    async def admit(self, key: str, rpm: int | None, tpm: int | None, max_in_flight: int | None,
+                    count: bool) -> Admission | None:
+        """Count one request of ``key`` in this minute, unless it reached ``rpm`` or spent ``tpm``
+        (both ``None``: not counted there), then, with ``count``, in flight, unless it has
+        ``max_in_flight`` over every front. One round trip, atomic in the store. ``None`` when the
+        store did not answer (nothing counted there)."""
 
     async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None) -> float | None:
-        """A request of ``key`` ended: give back its place (``leave``: ``enter`` counted it), add its
+        """A request of ``key`` ended: give back its place (``leave``: ``admit`` counted it), add its
         ``tokens`` to the minute and, with ``served``, its service to this front's share of the key's.
 
         Returns the key's service on every other front (``served`` given and the store answered), else ``None``.
@@ -185,8 +183,7 @@ class RedisKeyState:
         self._ttl = holder_ttl
         self._holders = PREFIX + "holders"
         self._mine = f"{PREFIX}inflight:{self.holder}"
-        self._enter = self._redis.register_script(_ENTER)
-        self._rate = self._redis.register_script(_RATE)
+        self._admit = self._redis.register_script(_ADMIT)
         self._finish = self._redis.register_script(_FINISH)
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
@@ -228,34 +225,26 @@ class RedisKeyState:
             return False
         return True
 
-    async def enter(self, key: str, max_in_flight: int | None) -> int | None:
-        if not self._up():
-            return UNCOUNTED
-        try:
-            got = await self._enter(keys=[self._holders, self._mine],
-                                    args=[key, "" if max_in_flight is None else max_in_flight, self._ttl, self.holder, PREFIX])
-        except Exception as e:  # noqa: BLE001 - no store: this front's own limits only
-            self._unreachable(e)
-            return UNCOUNTED
-        return None if int(got) < 0 else int(got)
-
-    async def rate(self, key: str, rpm: int | None, tpm: int | None) -> Rate | None:
+    async def admit(self, key: str, rpm: int | None, tpm: int | None, max_in_flight: int | None,
+                    count: bool) -> Admission | None:
         now = self._clock()
         reset = max(WINDOW - now % WINDOW, 0.001)
-        if rpm is None and tpm is None:
-            return Rate(None, 0, 0, reset)
+        rate = rpm is not None or tpm is not None
+        if not rate and not count:
+            return Admission(None, 0, 0, reset, 0)
         if not self._up():
             return None
         minute = int(now // WINDOW)
         try:
-            refused, used, spent = await self._rate(
-                keys=[f"{PREFIX}rpm:{key}:{minute}", f"{PREFIX}tpm:{key}:{minute}"],
-                args=["" if rpm is None else rpm, "" if tpm is None else tpm, 2 * WINDOW])
-        except Exception as e:  # noqa: BLE001 - no store: this front's own minute
+            refused, used, spent, before = await self._admit(
+                keys=[f"{PREFIX}rpm:{key}:{minute}", f"{PREFIX}tpm:{key}:{minute}", self._holders, self._mine],
+                args=[key, _arg(rpm), _arg(tpm), 2 * WINDOW, _arg(max_in_flight), self._ttl, self.holder, PREFIX,
+                      "1" if rate else "", "1" if count else ""])
+        except Exception as e:  # noqa: BLE001 - no store: this front's own limits
             self._unreachable(e)
             return None
         what = refused.decode() if isinstance(refused, bytes) else str(refused)
-        return Rate(what or None, int(used), int(spent), reset)
+        return Admission(what or None, int(used), int(spent), reset, int(before))
 
     async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None) -> float | None:
         tokens = max(tokens, 0)
@@ -289,6 +278,10 @@ class RedisKeyState:
             log.warning("state_store_unreachable", url=_redacted(self.url), error=repr(e),
                         effect="each front applies its own per-key limits (in flight, rpm/tpm, fair share) until it answers; "
                         f"asked again in {RETRY_AFTER_FAILURE:g} s")
+
+
+def _arg(limit: int | None) -> int | str:
+    return "" if limit is None else limit
 
 
 def _redacted(url: str) -> str:
