@@ -276,8 +276,8 @@ def test_a_key_flooding_two_fronts_is_counted_once_in_the_fair_share(tmp_path, m
 
 async def test_the_other_fronts_service_counts_while_the_key_contends_here():
     """``FairQueue.absorb``: what a key got on the other fronts since this front last read it is added
-    to its counter here; the first read after the key became active here, and a read lower than the
-    last (the store forgot the key), only set the baseline."""
+    to its counter here; the first read after the key became active here only sets the baseline; an
+    older (lower) read, from another worker of this front, changes nothing."""
     from vllama_proxy.api.fair_queue import FairQueue
 
     q = FairQueue(1, 1, 4)
@@ -285,8 +285,8 @@ async def test_the_other_fronts_service_counts_while_the_key_contends_here():
     assert q.counter(0) == 0
     q.absorb(0, 530.0)
     assert q.counter(0) == 30
-    q.absorb(0, 10.0)  # the store forgot the key: a new baseline
-    q.absorb(0, 25.0)
+    q.absorb(0, 510.0)  # an older read, answered late: nothing (not a new baseline, which would count 20 twice)
+    q.absorb(0, 545.0)
     assert q.counter(0) == 45
     await q.turn(0, 1, cost=4.0)  # key 1 becomes active here
     start = q.counter(1)

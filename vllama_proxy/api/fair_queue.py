@@ -206,14 +206,18 @@ class FairQueue:
         """Fold into the key's counter the service it got on the other fronts of a fleet since this
         front last read it: ``elsewhere`` is that service in all (counter units, summed over the
         other fronts, read from the shared store at a request's end), so a key flooding two fronts
-        is counted once by each. The first read after the key became active here, and a read lower
-        than the last (the store forgot the key), only set the baseline: like the lift in
-        :meth:`_enqueue`, service before the key contended here is no debt."""
+        is counted once by each. The first read after the key became active here only sets the
+        baseline: like the lift in :meth:`_enqueue`, service before the key contended here is no
+        debt. A read lower than the last is an older one (two workers' reads, answered in the
+        other order) and changes nothing; a store that forgot the key (restarted) counts again
+        from the key's next start here, or once its total passes the last read."""
         with self._lock.held():
-            if not self._fresh[key] and elsewhere > self._elsewhere[key]:
+            if self._fresh[key]:
+                self._fresh[key] = 0
+                self._elsewhere[key] = elsewhere
+            elif elsewhere > self._elsewhere[key]:
                 self._vtc[key] += elsewhere - self._elsewhere[key]
-            self._fresh[key] = 0
-            self._elsewhere[key] = elsewhere
+                self._elsewhere[key] = elsewhere
 
     # -- under the lock -----------------------------------------------------------------------
 
