@@ -34,8 +34,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-from conftest import ALIAS, free_port, start_fake, start_proxy, stop, write_model_dir  # noqa: E402  the tests' own helpers
-from loadgen import percentile  # noqa: E402
+from conftest import (  # the tests' own helpers
+    ALIAS,
+    free_port,
+    start_fake,
+    start_proxy,
+    stop,
+    write_model_dir,
+)
+from loadgen import percentile
 
 KEYS = """
 [[keys]]

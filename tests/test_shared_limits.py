@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import ALIAS, free_port, start_fake, start_proxy, stop
 
 pytest.importorskip("redis", reason="the redis package (pip install 'vllama-proxy[redis]')")

@@ -53,6 +53,7 @@ import uuid
 from typing import Any, NamedTuple, Protocol
 
 from vllama_proxy.logs import get_logger
+
 from .metrics import STATE_STORE_ERRORS
 
 log = get_logger("vllama.shared_state")
