@@ -171,7 +171,8 @@ class Settings(BaseSettings):
     state_url: str | None = Field(
         None,
         description="Redis every front of a fleet shares (redis://HOST:6379/0; pip install 'vllama-proxy[redis]'): a key's "
-        "max_in_flight then holds over all fronts, not per front. Without it each front counts its own.",
+        "max_in_flight, rpm and tpm then hold over all fronts, not per front, and its fair share counts what it got on "
+        "every front. Without it, or while it does not answer, each front applies its own (docs/fleet.md).",
     )
     metrics_open: bool = Field(
         False,

@@ -223,7 +223,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
     try:
-        shared = RedisKeyState(settings.state_url) if settings.state_url else None  # limits across fronts
+        shared = RedisKeyState(settings.state_url, front=bound.front) if settings.state_url else None  # limits across fronts
     except RuntimeError as e:  # no redis package: a configuration error, as for a bad flag
         print(f"vllama serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None

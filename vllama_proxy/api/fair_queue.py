@@ -116,6 +116,8 @@ class FairQueue:
         self._floor = ctx.RawValue("d", 0.0)       # the counter of the last key dispatched
         self._next_worker = ctx.RawArray("i", keys)  # round robin over workers within a key
         self._dispatched = ctx.RawValue("q", 0)    # requests dispatched since start (tests, logs)
+        self._elsewhere = ctx.RawArray("d", keys)  # each key's service on the other fronts, as last read (absorb)
+        self._fresh = ctx.RawArray("b", [1] * keys)  # the key became active here since: its next read is a baseline
         where = tempfile.mkdtemp(prefix="vllama-fair-", dir=_DIR)  # one FIFO per worker, made before they start
         self._fifos = [os.path.join(where, str(w)) for w in range(self.workers)]
         for path in self._fifos:
@@ -207,6 +209,30 @@ class FairQueue:
             wake = self._release(slot, key, correction, output)
         self._signal(wake)
 
+    # -- the other fronts (``--state-url``: api/shared_state.py) --------------------------------
+
+    def service(self, prompt: float, output: float, weight: float = 1.0) -> float:
+        """A request's service in counter units: its cost (:attr:`prompt_weight` x ``prompt`` +
+        ``W_OUT`` x ``output`` tokens) over the key's ``weight``: what another front adds to the key's counter."""
+        return (self.prompt_weight * prompt + W_OUT * output) / weight
+
+    def absorb(self, key: int, elsewhere: float) -> None:
+        """Fold into the key's counter the service it got on the other fronts of a fleet since this
+        front last read it: ``elsewhere`` is that service in all (counter units, summed over the
+        other fronts, read from the shared store at a request's end), so a key flooding two fronts
+        is counted once by each. The first read after the key became active here only sets the
+        baseline: like the lift in :meth:`_enqueue`, service before the key contended here is no
+        debt. A read lower than the last is an older one (two workers' reads, answered in the
+        other order) and changes nothing; a store that forgot the key (restarted) counts again
+        from the key's next start here, or once its total passes the last read."""
+        with self._lock.held():
+            if self._fresh[key]:
+                self._fresh[key] = 0
+                self._elsewhere[key] = elsewhere
+            elif elsewhere > self._elsewhere[key]:
+                self._vtc[key] += elsewhere - self._elsewhere[key]
+                self._elsewhere[key] = elsewhere
+
     # -- under the lock -----------------------------------------------------------------------
 
     def _dispatch(self, slot: int, key: int, cost: float) -> None:
@@ -220,6 +246,8 @@ class FairQueue:
         self._dispatched.value += 1
 
     def _enqueue(self, slot: int, key: int, cost: float) -> None:
+        if self._key_wait[key] == 0 and self._key_up[key] == 0:  # newly active here: see absorb
+            self._fresh[key] = 1
         if self._key_wait[key] == 0:  # newly backlogged: no credit for having been idle
             n = self._backlog_n.value
             lift = min((self._vtc[self._backlog[j]] for j in range(n)), default=self._floor.value)

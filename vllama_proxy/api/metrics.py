@@ -32,6 +32,8 @@ REQUESTS = Counter("vllama_requests", "HTTP requests answered, by route and stat
 IN_FLIGHT = Gauge("vllama_requests_in_flight", "Inference requests being answered now.", multiprocess_mode="livesum")
 QUEUE_REJECTIONS = Counter("vllama_queue_rejections", "Requests answered 503 server busy because --max-queue was reached.")
 UPSTREAM_ERRORS = Counter("vllama_upstream_errors", "Failures talking to vLLM, by kind.", ["kind"])
+STATE_STORE_ERRORS = Counter("vllama_state_store_errors", "Calls to the --state-url store (Redis) that failed, or were "
+                             "skipped while it was down: each front applied its own per-key limits meanwhile.")
 TTFT = Histogram("vllama_time_to_first_token_seconds", "Time from request received to first token written, Ollama side.", ["route"], buckets=_LATENCY_BUCKETS)
 TPOT = Histogram("vllama_time_per_output_token_seconds",
                  "Per request: time from the first to the last output token over output tokens - 1, Ollama side.",
