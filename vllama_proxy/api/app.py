@@ -3,9 +3,9 @@
 Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
 Ollama shape + access log + metrics; CORS, Host guard and API keys from
 ``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
-parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate.py`` (Ollama ->
-OpenAI body) -> ``upstream.py`` (the shared vLLM client) -> ``stream.py`` (vLLM
-chunks -> Ollama NDJSON).
+parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate/to_openai.py`` (Ollama ->
+OpenAI body) -> ``relay.py`` (sends it through ``upstream.py``, the shared vLLM client, and streams
+the answer back through ``translate/to_ollama.py``: vLLM chunks -> Ollama NDJSON).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         structlog.contextvars.bind_contextvars(request_id=own)
     request["vllama.request_id"] = own
     start = time.perf_counter()
-    request[ACCEPTED] = time.perf_counter_ns()  # stage timings (stream.py) count from here
+    request[ACCEPTED] = time.perf_counter_ns()  # stage timings (relay.py) count from here
     status = 500
     try:
         resp = await handler(request)

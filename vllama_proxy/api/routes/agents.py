@@ -30,7 +30,7 @@ from .. import session
 from ..admission import with_priority
 from ..ollama_types import json_object
 from ..app_keys import CATALOG, SETTINGS
-from ..translate import (
+from ..translate.to_openai import (
     OUTPUT_TOKEN_FIELDS,
     check_capabilities,
     upstream_model,

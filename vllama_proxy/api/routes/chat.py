@@ -7,8 +7,10 @@ from aiohttp import web
 from .. import session
 from ..ollama_types import ChatRequest
 from ..app_keys import CATALOG, SETTINGS
-from ..stream import ChatTranslator, Timings, relay
-from ..translate import chat_body, check_capabilities, final_only, unstreamed, upstream_model, with_model_defaults
+from ..relay import relay
+from ..timestamps import Timings
+from ..translate.to_ollama import ChatTranslator
+from ..translate.to_openai import chat_body, check_capabilities, final_only, unstreamed, upstream_model, with_model_defaults
 from .body import log_ignored, read_request
 from .output_tokens import cap_output
 from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload

@@ -15,8 +15,10 @@ from ..timestamps import now_ns
 from .. import session
 from ..ollama_types import GenerateRequest
 from ..app_keys import CATALOG, SETTINGS
-from ..stream import GenerateTranslator, Timings, relay
-from ..translate import check_capabilities, fim_body, final_only, generate_body, unstreamed, upstream_model, with_model_defaults
+from ..relay import relay
+from ..timestamps import Timings
+from ..translate.to_ollama import GenerateTranslator
+from ..translate.to_openai import check_capabilities, fim_body, final_only, generate_body, unstreamed, upstream_model, with_model_defaults
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:

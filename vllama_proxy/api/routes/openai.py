@@ -27,7 +27,7 @@ from ..admission import with_priority
 from ..keys import key_of
 from ..metrics import MODEL, USAGE
 from ..app_keys import CATALOG
-from ..translate import OUTPUT_TOKEN_FIELDS
+from ..translate.to_openai import OUTPUT_TOKEN_FIELDS
 from .output_tokens import cap_output
 
 _FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys

@@ -17,7 +17,7 @@ from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
 
 from ..keys import key_of
-from ..translate import cap_output_tokens, output_tokens_asked
+from ..translate.to_openai import cap_output_tokens, output_tokens_asked
 
 
 async def prompt_tokens(upstream: Upstream, body: dict[str, Any]) -> int | None:
