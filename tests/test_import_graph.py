@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = "vllama_proxy"
 
 #: The parts, lowest first: a module may import its own part and the parts below it. Run-time
-#: imports only; a ``TYPE_CHECKING`` import may name a type from above (models/backends.py
+#: imports only; a ``TYPE_CHECKING`` import may name a type from above (models/vllm_servers.py
 #: names the supervisor's StatusBoard, which front/ hands in).
 LAYERS = [
     [PKG, f"{PKG}.errors", f"{PKG}.logs"],

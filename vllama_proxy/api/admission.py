@@ -27,7 +27,7 @@ from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shm import SharedLock
 from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
 from .budgets import check as check_budget
-from .keys import KEY_SLOTS, Key, key_of
+from .api_keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
 from .rate_limits import RateLimits
 from .request_body import read_body
@@ -101,7 +101,7 @@ class AdmissionBound:
         self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)
         self._slots = ctx.RawArray("i", max(slots, 1))
-        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
+        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (api_keys.py: a slot per key name)
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)

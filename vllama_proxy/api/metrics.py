@@ -80,7 +80,7 @@ def observe_key_usage(request: web.Request, key: str, status: int) -> None:
 
 def observe_stages(accepted: int, t: Timings, first_write: int) -> None:
     """One request's stage timings (:data:`STAGE`), seconds since ``accepted``, the moment the outermost
-    middleware saw it (``app_keys.ACCEPTED``; ns, ``time.perf_counter_ns``); ``first_write`` 0: not
+    middleware saw it (``app_state.ACCEPTED``; ns, ``time.perf_counter_ns``); ``first_write`` 0: not
     streamed (no first_client_write)."""
     marks = (t.received, t.sent, t.headers, t.first_read, first_write)
     for child, mark in zip(_STAGE_CHILDREN, marks):

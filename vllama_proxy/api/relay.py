@@ -26,7 +26,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_json, read_some
-from .app_keys import ACCEPTED
+from .app_state import ACCEPTED
 from .metrics import TTFT, observe_stages, observe_tpot
 from .ndjson import begin
 from .translate.to_ollama import Translator, response_chunk, unstreamed_timings

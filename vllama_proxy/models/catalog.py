@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.logs import get_logger
-from .backends import ServedModel
+from .vllm_servers import ServedModel
 from .launch_spec import has_flag, vllm_arg
 from .fim import FimFormat, fim_format
 from .library import Library, load as load_library, looks_like_library_name
@@ -37,7 +37,7 @@ from .names import LATEST, Names, ollama_name, strip_latest  # noqa: F401 - re-e
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import AliasStore
-    from .backends import Backend
+    from .vllm_servers import Backend
     from .created import CreatedModel, CreatedStore
     from .on_demand import OnDemand
 

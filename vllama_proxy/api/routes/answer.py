@@ -14,11 +14,11 @@ from typing import Any
 from aiohttp import web
 
 from vllama_proxy.errors import UpstreamRejected
-from vllama_proxy.models.backends import Backend, ServedModel
+from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
 from .. import session
 from ..admission import with_priority
-from ..app_keys import SETTINGS
+from ..app_state import SETTINGS
 from ..relay import relay
 from ..timestamps import Timings
 from ..translate.to_ollama import Translator

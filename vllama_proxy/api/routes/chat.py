@@ -6,7 +6,7 @@ from aiohttp import web
 
 from .. import session
 from ..ollama_types import ChatRequest
-from ..app_keys import CATALOG, SETTINGS
+from ..app_state import CATALOG, SETTINGS
 from ..timestamps import Timings, now_ns
 from ..translate.to_ollama import ChatTranslator
 from ..translate.to_openai import chat_body, check_capabilities, upstream_model, with_model_defaults

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import UnsupportedCapability
 from .. import session
-from ..app_keys import CATALOG
+from ..app_state import CATALOG
 from ..ollama_types import GenerateRequest
 from ..timestamps import Timings, now_ns
 from ..translate.to_ollama import GenerateTranslator

@@ -33,7 +33,7 @@ from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.local import uploaded_dir
 from vllama_proxy.models.pull_room import PullLimits
 
-from ..app_keys import CATALOG, SETTINGS
+from ..app_state import CATALOG, SETTINGS
 from ..ollama_types import ModelRef, require_model
 from ..ndjson import NDJSON
 from .body import read_request

@@ -1,8 +1,10 @@
-"""Where each model's requests go: one vLLM server (and, when vllama runs it, its status board) per model.
+"""The vLLM servers each model's requests go to: one server per model (and, when vllama runs it,
+its status board), each reached through its HTTP client, and the models it serves.
 
-A :class:`BackendSpec` is the picklable description every proxy process receives;
-:class:`Backend` is its live form in one process, whose upstream client shares that
-process's one connection pool with every other backend.
+A :class:`BackendSpec` is the picklable description of one server every proxy process receives;
+:class:`Backend` is its live form in one process, whose HTTP client (``upstream.Upstream``)
+shares that process's one connection pool with every other backend. :class:`ServedModel` is
+one model a server lists.
 """
 
 from __future__ import annotations
