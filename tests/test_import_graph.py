@@ -192,6 +192,34 @@ def test_only_the_app_reaches_into_the_routes() -> None:
     assert not reaching, "api/ modules below the routes import them:\n" + "\n".join(reaching)
 
 
+#: What the translators (``api/translate/``) may import of the package: the error tree, what a model
+#: is, the Ollama wire types and the clock of durations; of ``upstream.py`` only its body encoder.
+TRANSLATE_MAY_IMPORT = (f"{PKG}.errors", f"{PKG}.models", f"{PKG}.api.ollama_types", f"{PKG}.api.timestamps", f"{PKG}.api.translate")
+#: What they may import from outside beside the standard library.
+TRANSLATE_LIBRARIES = {"orjson"}
+
+
+def test_the_translators_do_no_io() -> None:
+    """``api/translate/`` holds the translators by direction (issue 41.3; Ollama's ``openai/openai.go``
+    keeps its ``From*``/``To*`` functions so): pure, no aiohttp, no HTTP client, nothing of the app,
+    the routes, the relay or the metrics; ``api/relay.py`` sends and streams."""
+    folder = ROOT / PKG / "api" / "translate"
+    files = sorted(folder.glob("*.py"))
+    assert {p.name for p in files} >= {"to_openai.py", "to_ollama.py"}, f"no translators by direction in {folder}"
+    graph = import_graph()
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for path in files:
+        mod, _ = _module_of(path, ROOT)
+        wrong += [f"  {mod} -> {t}" for t in sorted(graph[mod])
+                  if t != f"{PKG}.upstream" and not any(t == ok or t.startswith(ok + ".") for ok in TRANSLATE_MAY_IMPORT)]
+        wrong += [f"  {mod}: {n}" for n in sorted(_libraries(path) - stdlib - TRANSLATE_LIBRARIES - {PKG})]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == f"{PKG}.upstream":
+                wrong += [f"  {mod}: upstream.{a.name}" for a in node.names if a.name != "encode_json"]
+    assert not wrong, "the translators import what does I/O or stands above them:\n" + "\n".join(wrong)
+
+
 def test_every_module_has_a_layer() -> None:
     lost = sorted(m for m in import_graph() if layer_of(m) is None)
     assert not lost, f"modules on no layer (add them to LAYERS): {lost}"
