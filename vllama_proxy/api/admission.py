@@ -7,7 +7,7 @@ and only bounds how many it holds: vLLM's running capacity (the sum over models 
 ``Retry-After`` at once, instead of an ever-growing pile of connections. A draining server
 (``front/server.py``, on SIGTERM) answers every new inference request 503 the same way.
 
-The count lives in shared memory under one lock (:mod:`.shm`), so the bound is the
+The count lives in shared memory under one lock (:mod:`vllama_proxy.supervisor.shared_lock`), so the bound is the
 server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
 per-worker split turned away requests while other workers had room (issue 12: 1,791 of
 4,096 rejected at 1,024 streams with data parallel 2). A waiting request costs a socket
@@ -24,7 +24,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
 from .budgets import check as check_budget
 from .api_keys import KEY_SLOTS, Key, key_of
