@@ -10,12 +10,9 @@ one model a server lists.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from vllama_proxy.upstream import Upstream
-
-if TYPE_CHECKING:  # pragma: no cover  (annotations only: the board is handed in from above)
-    from vllama_proxy.supervisor.status import StatusBoard
 
 
 @dataclass(frozen=True)
@@ -43,13 +40,16 @@ class BackendSpec:
 
     Attributes:
         url: its base URL (no ``/v1``).
-        board: its supervisor's status when vllama runs it (``None``: ``--upstream``).
+        board: its supervisor's status board when vllama runs it (``supervisor/status.py``'s
+            ``StatusBoard``, handed in from ``front/``; typed ``Any`` here, as the slot table is in
+            ``on_demand.py``: ``models/`` stands below the supervisor and names nothing of it);
+            ``None``: ``--upstream``.
         model: the model vllama launched there (``None``: whatever its ``/v1/models`` lists).
         slot: the on-demand slot it is (``supervisor/slots.py``; its model changes), else ``None``.
     """
 
     url: str
-    board: StatusBoard | None = None
+    board: Any = None
     model: ServedModel | None = None
     slot: int | None = None
 
