@@ -16,7 +16,6 @@ multiprocess mode.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -26,9 +25,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 from .timestamps import Timings
-
-if TYPE_CHECKING:
-    from .translate.to_ollama import Translator
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -88,13 +84,10 @@ def observe_stages(accepted: int, t: Timings, first_write: int) -> None:
             child.observe((mark - accepted) / 1e9)
 
 
-def observe_tpot(route: str, translator: Translator, request: web.Request | None = None) -> None:
-    """TPOT of one finished request: first to last token over output tokens - 1; its tokens for
-    the per-key counters (:func:`observe_key_usage`)."""
-    t = translator.t
-    tokens = translator.eval_count or translator.n_chunks
-    if request is not None:
-        request[USAGE] = (translator.prompt_eval_count, tokens)
+def observe_tpot(request: web.Request, route: str, t: Timings, prompt_tokens: int, tokens: int) -> None:
+    """TPOT of one finished request: first to last token (``t``, ns) over its ``tokens`` output
+    tokens - 1; its ``(prompt_tokens, tokens)`` for the per-key counters (:func:`observe_key_usage`)."""
+    request[USAGE] = (prompt_tokens, tokens)
     if tokens > 1 and t.last > t.first:
         TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
 

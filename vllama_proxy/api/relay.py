@@ -45,7 +45,7 @@ async def _unstreamed(request: web.Request, resp: Any, translator: Translator) -
     unstreamed_timings(t, data, end)
     observe_stages(request.get(ACCEPTED) or t.received, t, 0)
     final = translator.final()
-    observe_tpot(request.path, translator, request)
+    observe_tpot(request, request.path, t, translator.prompt_eval_count, translator.output_tokens)
     return web.Response(body=orjson.dumps(final), content_type="application/json")
 
 
@@ -96,7 +96,7 @@ async def relay(
             final = translator.final()
             if t.first:
                 TTFT.labels(route).observe((t.first - t.received) / 1e9)
-            observe_tpot(route, translator, request)
+            observe_tpot(request, route, t, translator.prompt_eval_count, translator.output_tokens)
             return web.Response(body=orjson.dumps(final), content_type="application/json")
         out: web.StreamResponse | None = None
         dumps = orjson.dumps
@@ -123,7 +123,7 @@ async def relay(
             if not translator.finished:
                 raise _unfinished()
             last = dumps(translator.final()) + b"\n"
-            observe_tpot(route, translator, request)
+            observe_tpot(request, route, t, translator.prompt_eval_count, translator.output_tokens)
         except VllamaError as e:
             if out is None:
                 raise  # nothing sent yet: the client gets the status and the error

@@ -104,10 +104,15 @@ class Translator:
         self.t.last = now
         self.n_chunks += 1
 
+    @property
+    def output_tokens(self) -> int:
+        """The answer's output tokens: vLLM's ``usage.completion_tokens``, else the chunks that carried one."""
+        return self.eval_count or self.n_chunks
+
     def _final_fields(self) -> dict[str, Any]:
         t = self.t
         end = time.perf_counter_ns()
-        eval_count = self.eval_count or self.n_chunks
+        eval_count = self.output_tokens
         first = t.first or end
         last = t.last or end
         return {
