@@ -12,7 +12,7 @@ from ..translate.to_ollama import ChatTranslator
 from ..translate.to_openai import chat_body, check_capabilities, upstream_model, with_model_defaults
 from .answer import answer
 from .body import log_ignored, read_request
-from .model_use import load_reply, lookup_model, resolve_model, wants_unload
+from .model_use import load_reply, resolve_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -22,12 +22,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, ChatRequest)
-    if (not req.messages) and wants_unload(request, req.keep_alive):
-        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
-        return await load_reply(request, name, maybe, req.keep_alive, chat=True)
-    name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
-        return await load_reply(request, name, backend, req.keep_alive, chat=True)
+        return await load_reply(request, req.model, req.keep_alive, chat=True)
+    name, model, backend = await resolve_model(request, req.model)
     made = request.app[CATALOG].created(name)
     req, _ = with_model_defaults(req, made)
     caps = await request.app[CATALOG].capabilities(model)

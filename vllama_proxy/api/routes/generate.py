@@ -13,7 +13,7 @@ from ..translate.to_ollama import GenerateTranslator
 from ..translate.to_openai import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
 from .answer import answer
 from .body import log_ignored, read_request
-from .model_use import load_reply, lookup_model, resolve_model, wants_unload
+from .model_use import load_reply, resolve_model
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -26,12 +26,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """
     timings = Timings(now_ns())
     req = await read_request(request, GenerateRequest)
-    if (not req.prompt and not req.images and not req.suffix) and wants_unload(request, req.keep_alive):
-        name, _, maybe = await lookup_model(request, req.model)  # an unload never loads the model first
-        return await load_reply(request, name, maybe, req.keep_alive, chat=False)
-    name, model, backend = await resolve_model(request, req.model)
     if not req.prompt and not req.images and not req.suffix:
-        return await load_reply(request, name, backend, req.keep_alive, chat=False)
+        return await load_reply(request, req.model, req.keep_alive, chat=False)
+    name, model, backend = await resolve_model(request, req.model)
     catalog = request.app[CATALOG]
     made = catalog.created(name)
     req, before = with_model_defaults(req, made)

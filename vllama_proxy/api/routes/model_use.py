@@ -107,18 +107,26 @@ def where_models_change(request: web.Request) -> str:
     return "change the served models with `vllama serve --model M` or the config file's [[models]] (see README)"
 
 
-async def load_reply(request: web.Request, name: str, backend: Backend | None, keep_alive: Any, *, chat: bool) -> web.Response:
-    """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
+async def load_reply(request: web.Request, asked: str | None, keep_alive: Any, *, chat: bool) -> web.Response:
+    """Ollama's answer to an empty prompt / no messages for the model ``asked`` (the request's
+    ``model``): the model is (un)loaded, nothing generated.
 
     ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
     ``unload`` when ``keep_alive`` is 0: the keep-alive ends now and the supervisor puts
     vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
-    GenerateHandler/ChatHandler).
+    GenerateHandler/ChatHandler). An unload only looks the model up (:func:`lookup_model`: it
+    never loads the model first); a load resolves it (:func:`resolve_model`).
 
     Raises:
         BadRequest: an unload of a model vllama does not run (``--upstream``): a 400 saying so,
             not a ``done_reason: unload`` for a model that stays loaded.
+        What :func:`lookup_model` and :func:`resolve_model` raise (404, 403, 503...).
     """
+    backend: Backend | None
+    if wants_unload(request, keep_alive):
+        name, _, backend = await lookup_model(request, asked)
+    else:
+        name, _, backend = await resolve_model(request, asked)
     board = backend.board if backend is not None else None
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
     unload = parse_keep_alive(keep_alive, default=default) == 0
