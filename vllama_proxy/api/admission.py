@@ -7,7 +7,7 @@ and only bounds how many it holds: vLLM's running capacity (the sum over models 
 ``Retry-After`` at once, instead of an ever-growing pile of connections. A draining server
 (``front/server.py``, on SIGTERM) answers every new inference request 503 the same way.
 
-The count lives in shared memory under one lock (:mod:`.shm`), so the bound is the
+The count lives in shared memory under one lock (:mod:`vllama_proxy.supervisor.shared_lock`), so the bound is the
 server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
 per-worker split turned away requests while other workers had room (issue 12: 1,791 of
 4,096 rejected at 1,024 streams with data parallel 2). A waiting request costs a socket
@@ -25,10 +25,10 @@ from aiohttp import web
 
 from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
 from .budgets import check as check_budget
-from .keys import KEY_SLOTS, Key, key_of
+from .api_keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
 from .rate_limits import RateLimits, headers as rate_headers
 from .request_body import read_body
@@ -106,7 +106,7 @@ class AdmissionBound:
         self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)
         self._slots = ctx.RawArray("i", max(slots, 1))
-        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
+        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (api_keys.py: a slot per key name)
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)

@@ -35,7 +35,7 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
   key's request waits for a place to free, and long requests that began together end together: on
   the stand-in (32 slots, 200 streams of 1.3 s) the light key's TTFT p90 was 1.2 s with no reserve.
 
-Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shm.SharedLock` (a few
+Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shared_lock.SharedLock` (a few
 loads and stores and a scan of the backlogged keys only, per dispatch), so the order is the
 server's, not a worker's. A waiter is a future in its own worker; the process that frees a place
 picks the next key and a worker with a waiter of that key, counts the grant in shared memory and
@@ -53,7 +53,7 @@ import os
 import tempfile
 from typing import Any
 
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 
 #: The cost of an output token (the unit: one running slot for one decode step), and the default cost
 #: of a prompt token (``--fair-prompt-weight``): prefill takes a slot for a step or a few, however

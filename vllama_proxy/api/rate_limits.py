@@ -6,7 +6,7 @@ the current minute, gets 429 with ``Retry-After`` (seconds to the next minute) a
 ``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests``, ``x-ratelimit-reset-requests``
 (and the ``-tokens`` three) headers; an admitted request carries the same headers. The window is
 the wall-clock minute (a fixed window, as LiteLLM's): one counter pair per key in shared memory,
-reset by whoever first sees a new minute, under :class:`~vllama_proxy.supervisor.shm.SharedLock`.
+reset by whoever first sees a new minute, under :class:`~vllama_proxy.supervisor.shared_lock.SharedLock`.
 Tokens are counted once per request, at its end (never per token).
 """
 
@@ -17,7 +17,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 
 #: Seconds in a window.
 WINDOW = 60
