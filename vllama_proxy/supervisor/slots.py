@@ -25,7 +25,7 @@ from vllama_proxy.models.launch_spec import ModelConfig
 from . import eviction
 from .eviction import Candidate, Held, Need
 from .inbox import Kind
-from .shm import SharedLock
+from .shared_lock import SharedLock
 from .states import State
 from .status import StatusBoard
 
