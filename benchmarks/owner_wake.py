@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """How long a model's owner loop takes to act on a request that wants it (issue 41.1).
 
 The time from ``StatusBoard.request_wake`` (what a waiting request does) to the owner loop leaving

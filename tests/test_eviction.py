@@ -52,6 +52,7 @@ def test_the_pool_and_the_slots_ask_the_same_rule(monkeypatch):
     import time
 
     from conftest import free_port
+
     from vllama_proxy.models.launch_spec import ModelConfig
     from vllama_proxy.settings import Settings
     from vllama_proxy.supervisor import eviction

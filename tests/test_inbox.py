@@ -13,8 +13,8 @@ import os
 import sys
 
 import pytest
-
 from conftest import TESTS, free_port
+
 from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.pool import ModelPool
