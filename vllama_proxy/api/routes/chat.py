@@ -11,7 +11,7 @@ from ..stream import ChatTranslator, Timings, relay
 from ..translate import chat_body, check_capabilities, final_only, unstreamed, upstream_model, with_model_defaults
 from .body import log_ignored, read_request
 from .output_tokens import cap_output
-from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload
+from .model_use import created_of, load_reply, lookup_model, model_in_use, resolve_model, wants_unload
 from ..admission import with_priority
 from ..timestamps import now_ns
 
@@ -29,7 +29,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     name, model, backend = await resolve_model(request, req.model)
     if not req.messages:
         return await load_reply(request, name, backend, req.keep_alive, chat=True)
-    made = request.app[CATALOG].created(name)
+    made = created_of(request, name)
     req, _ = with_model_defaults(req, made)
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)

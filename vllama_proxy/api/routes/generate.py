@@ -9,7 +9,7 @@ from vllama_proxy.models.backends import ServedModel
 from vllama_proxy.upstream import Upstream
 from .body import log_ignored, read_request
 from .output_tokens import cap_output
-from .model_use import load_reply, lookup_model, model_in_use, resolve_model, wants_unload
+from .model_use import created_of, load_reply, lookup_model, model_in_use, resolve_model, wants_unload
 from ..admission import with_priority
 from ..timestamps import now_ns
 from .. import session
@@ -54,7 +54,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not req.prompt and not req.images and not req.suffix:
         return await load_reply(request, name, backend, req.keep_alive, chat=False)
     catalog = request.app[CATALOG]
-    made = catalog.created(name)
+    made = created_of(request, name)
     req, before = with_model_defaults(req, made)
     served = upstream_model(made, model.name)
     caps = await catalog.capabilities(model)
