@@ -71,6 +71,7 @@ def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
 #: ``Catalog.resolve``'s ``made`` when the caller did not read the created models' file.
 _UNREAD: object = object()
 
+
 class Catalog:
     """The served models, their Ollama names, and the backend serving each.
 
