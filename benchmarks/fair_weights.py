@@ -8,12 +8,14 @@ Each ``--key SECRET:WEIGHT:PROMPT_WORDS:OUTPUT_TOKENS`` keeps ``--streams`` ``/a
 streams open (each re-issued the moment it ends; ``ignore_eos``, so exactly OUTPUT_TOKENS), enough
 that every key stays backlogged in vllama's fair queue (more streams in all than vLLM runs). WEIGHT
 must be the key's ``weight`` in the keys file; it is only used here to compute the expected share.
-After ``--warmup`` seconds, for ``--duration`` seconds: each key's output tokens (token lines
-received) and its service, ``W_IN`` x prompt tokens + ``W_OUT`` x output tokens (VTC's cost, with the
-words of the prompt as its tokens, counted when the request ends), and their shares against
-weight / sum of weights. ``--late`` starts one more key ``--late-at`` seconds into the measured
-window: its share in each second from then on, and how many seconds until it is within 10 % of
-its weighted share (as a 1-second-window average over 3 s).
+After ``--warmup`` seconds, for ``--duration`` seconds: each key's output tokens (token lines as
+they arrive, and at the end what the ``done`` line's ``eval_count`` adds: a token whose text is
+empty, e.g. half a UTF-8 character, has no line) and its service, ``--prompt-weight`` x prompt
+tokens + output tokens (what vllama's fair queue charges, ``api/fair_queue.py``; the prompt counted
+when the request ends), and their shares against weight / sum of weights (issue 38's goal: the
+output-token shares within 10 %). ``--late`` starts one more key ``--late-at`` seconds into the
+measured window: its output-token share in each second from then on, and how many seconds until it
+is within 10 % of its weighted share (as a 1-second-window average over 3 s).
 
 Prints one JSON summary line; ``--json`` writes it with the per-second series.
 """
@@ -30,7 +32,7 @@ import aiohttp
 import orjson
 from fairness import WORDS
 
-W_IN, W_OUT = 1.0, 2.0  # vllama_proxy/api/fair_queue.py
+W_OUT = 1.0  # vllama_proxy/api/fair_queue.py: the unit; a prompt token costs --prompt-weight
 
 
 class KeyLoad:
@@ -43,12 +45,12 @@ class KeyLoad:
 
 
 async def stream(session: aiohttp.ClientSession, url: str, model: str, k: KeyLoad, rng: random.Random,
-                 t0: float, stop: asyncio.Event) -> None:
+                 t0: float, stop: asyncio.Event, w_in: float) -> None:
     while not stop.is_set():
         text = " ".join(rng.choice(WORDS) for _ in range(k.words))
         body = {"model": model, "prompt": text, "stream": True,
                 "options": {"num_predict": k.tokens, "ignore_eos": True, "temperature": 0}}
-        prompt_tokens = k.words
+        prompt_tokens, lines = k.words, 0
         try:
             async with session.post(url + "/api/generate", data=orjson.dumps(body),
                                     headers={"Authorization": f"Bearer {k.secret}", "Content-Type": "application/json"}) as resp:
@@ -62,12 +64,15 @@ async def stream(session: aiohttp.ClientSession, url: str, model: str, k: KeyLoa
                         continue
                     item = orjson.loads(line)
                     sec = int(time.perf_counter() - t0)
-                    if item.get("response"):
-                        k.out_per_s[sec] = k.out_per_s.get(sec, 0) + 1
-                        k.service_per_s[sec] = k.service_per_s.get(sec, 0.0) + W_OUT
+                    got = 1 if item.get("response") else 0
+                    lines += got
                     if item.get("done"):
                         prompt_tokens = item.get("prompt_eval_count") or prompt_tokens
-                        k.service_per_s[sec] = k.service_per_s.get(sec, 0.0) + W_IN * prompt_tokens
+                        got += max((item.get("eval_count") or 0) - lines, 0)
+                        k.service_per_s[sec] = k.service_per_s.get(sec, 0.0) + w_in * prompt_tokens
+                    if got:
+                        k.out_per_s[sec] = k.out_per_s.get(sec, 0) + got
+                        k.service_per_s[sec] = k.service_per_s.get(sec, 0.0) + W_OUT * got
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             k.errors[type(e).__name__] = k.errors.get(type(e).__name__, 0) + 1
             await asyncio.sleep(0.5)
@@ -89,6 +94,7 @@ async def main() -> None:
     p.add_argument("--streams", type=int, default=400, help="streams per key")
     p.add_argument("--warmup", type=float, default=15.0)
     p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--prompt-weight", type=float, default=0.0, help="vllama's --fair-prompt-weight (for the service)")
     p.add_argument("--label", default="")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -101,11 +107,15 @@ async def main() -> None:
                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600))
     stop = asyncio.Event()
     t0 = time.perf_counter()
-    tasks = [asyncio.create_task(stream(session, a.url, a.model, k, rng, t0, stop)) for k in loads for _ in range(a.streams)]
+    # the keys' streams interleaved: four keys backlogged together, none alone first (which one
+    # took every running slot while the others' first requests were on their way is a matter of
+    # milliseconds, and paying that back took the first seconds of the window on the stand-in)
+    tasks = [asyncio.create_task(stream(session, a.url, a.model, k, rng, t0, stop, a.prompt_weight))
+             for _ in range(a.streams) for k in loads]
     start, end = int(a.warmup), int(a.warmup + a.duration)
     if late is not None:
         await asyncio.sleep(a.warmup + a.late_at)
-        tasks += [asyncio.create_task(stream(session, a.url, a.model, late, rng, t0, stop)) for _ in range(a.streams)]
+        tasks += [asyncio.create_task(stream(session, a.url, a.model, late, rng, t0, stop, a.prompt_weight)) for _ in range(a.streams)]
     await asyncio.sleep(max(t0 + a.warmup + a.duration - time.perf_counter(), 0))
     stop.set()
     for t in tasks:
@@ -129,12 +139,12 @@ async def main() -> None:
         everyone = [*loads, late]
         want = late.weight / (wsum + late.weight)
         first = int(a.warmup + a.late_at)
-        per_s = [shares(everyone, range(s, s + 1), "service_per_s")[late.secret] for s in range(first, end)]
+        per_s = [shares(everyone, range(s, s + 1), "out_per_s")[late.secret] for s in range(first, end)]
         within = next((i for i in range(len(per_s) - 2)
                        if abs(sum(per_s[i:i + 3]) / 3 - want) <= 0.1 * want), None)
         after = range(first, end)
         summary["late"] = {"key": late.secret, "weight": late.weight, "want": round(want, 4),
-                           "service_share_per_s": per_s, "seconds_to_share": within,
+                           "output_share_per_s": per_s, "seconds_to_share": within,
                            "service_share_after": shares(everyone, after, "service_per_s")[late.secret],
                            "output_share_after": shares(everyone, after, "out_per_s")[late.secret], "errors": late.errors}
     print(orjson.dumps(summary).decode(), flush=True)

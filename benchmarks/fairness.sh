@@ -5,12 +5,22 @@
 #    heavy key's tok/s with each (goals, issue 38: light p50 within 1.5x and p99 within 2x of alone
 #    with fair share on; heavy on >= 0.95x of off).
 #  - weights: four backlogged keys with weights 1, 1, 2, 4 and different prompt and answer lengths
-#    (fair share on), each key's share of the service (VTC: prompt + 2 x output tokens) and of the
-#    output tokens over $WEIGHTS_S (60) s; then a fifth key (weight 2) joins: seconds until it has
-#    its share (goals: within 10 %; the late key within 5 s). benchmarks/fair_weights.py.
+#    (fair share on), each key's share of the output tokens (and of the service: $PROMPT_WEIGHT x
+#    prompt + output tokens, what the queue charges) over $WEIGHTS_S (60) s; then a fifth key (weight
+#    2) joins: seconds until it has its share (goals: each key's output tokens within 10 % of its
+#    weighted share; the late key within 5 s). benchmarks/fair_weights.py.
+#  - small: the flood again with fair share on and vllama's --max-running $MAX_RUNNING (< --max-num-seqs),
+#    when MAX_RUNNING is set: what a smaller running batch gives the light key and costs the heavy one.
+#  - diag: where the light key's time goes under the flood: during a flood through vllama, light
+#    requests straight to vLLM (priority -1e9 and 0, streamed; and unstreamed with vLLM's own
+#    per-request metrics when this vLLM has --enable-per-request-metrics) and vLLM's /metrics before
+#    and after (TTFT, queue and prefill time, ITL; requests running and waiting each second).
+#    benchmarks/fair_diag.py.
 # One vLLM (`vllm serve`, --max-num-seqs $MAX_NUM_SEQS, --scheduling-policy priority: without
-# vllama's priorities every request has priority 0, which is first come first served) runs for the
-# whole session; vllama runs in front of it as `vllama serve --upstream ... --max-running
+# vllama's priorities every request has priority 0, which is first come first served;
+# --api-server-count $ASC, by default what vllama's own sizing (supervisor/sizing.py) would choose
+# for this host, printed: one API server, vLLM's default, may be what a 256-stream flood saturates)
+# runs for the whole session; vllama runs in front of it as `vllama serve --upstream ... --max-running
 # $MAX_NUM_SEQS`, restarted for each mode (a few seconds), so that rounds can alternate off and on.
 # From the repo root, in phases (servers start with setsid and outlive one device call while the
 # machine stays warm).
@@ -24,28 +34,37 @@
 #             heavy, light; w1, w1b, w2, w4 with weights 1, 1, 2, 4; late with weight 2)
 #   vllm      start vLLM on :$PV and wait for /health
 #   off, on   (re)start vllama --fair-share off|on in front of it
-#   alone     the light key alone ($DURATION s after $WARMUP s)
+#   small     (re)start vllama --fair-share on --max-running $MAX_RUNNING
+#   alone     the light key alone ($ALONE_S s after $ALONE_WARMUP s)
 #   flood     $HEAVY streams of the heavy key ($HEAVY_TOKENS output tokens each, re-issued) and the
 #             light key one request at a time ($LIGHT_TOKENS tokens)
-#   weights   the four keys with $WEIGHT_STREAMS streams each, the late key after $WEIGHTS_S s
-#   round     one alternating round: off alone flood, on alone flood weights (ROUND numbers files)
+#   weights   the four keys with $WEIGHT_STREAMS streams each, measured $WEIGHTS_S s after $WEIGHTS_WARMUP s (a
+#             fresh vllama does not know the keys' answer lengths yet: on the stand-in their
+#             shares settled after about three of the longest answers), then the late key for $LATE_S s
+#   diag      the flood through the vllama running now, and fair_diag.py straight to vLLM beside it
+#   round     one alternating round: off alone flood, on alone flood weights, and with MAX_RUNNING
+#             small flood (ROUND numbers files)
 #   stop      SIGTERM vllama and vLLM; GPU memory, leftover processes; the logs to $OUT
 #   summary   per round and pooled: the flood table and the weights table
 #
-# Four calls (timeout_s 600 each; a round is about 4.5 minutes with the defaults, 16 minutes in all):
+# Four calls (timeout_s 600 each; a round is about 4 minutes with the defaults, 4.7 with MAX_RUNNING;
+# the last call about 6, 18 minutes in all):
 #   OUT=$OUT DEV=.devscripts benchmarks/fairness.sh install setup vllm
 #   OUT=$OUT ROUND=1 benchmarks/fairness.sh round
 #   OUT=$OUT ROUND=2 benchmarks/fairness.sh round
-#   OUT=$OUT ROUND=3 benchmarks/fairness.sh round stop summary
-# Outputs in $OUT (raw, one file per run): r{N}-{off,on}-{alone,flood}.json (benchmarks/fairness.py,
+#   OUT=$OUT ROUND=3 MAX_RUNNING=128 benchmarks/fairness.sh round on diag stop summary
+# (ASC=1 in the first call compares vLLM's default of one API server: vLLM starts once per session.)
+# Outputs in $OUT (raw, one file per run): r{N}-{off,on,small}-{alone,flood}.json (benchmarks/fairness.py,
 # with every light TTFT), r{N}-on-weights.json (fair_weights.py, with the per-second series),
-# summary.txt, vllm.log.gz, r{N}-{off,on}.log.gz.
+# r{N}-on-diag.json (fair_diag.py) beside r{N}-on-diagflood.json, summary.txt, vllm.log.gz,
+# r{N}-{off,on,small}.log.gz.
 # On the stand-in (CPU, no GPU): tests/bin/vllm on PATH is `vllm`; FAKE_VLLM_MAX_NUM_SEQS makes it
 # run that many at once and queue the rest as vLLM does, FAKE_VLLM_TOKEN_DELAY/STEP_PER_SEQ its pace:
 #   export PATH=$PWD/tests/bin:$PATH FAKE_VLLM_PYTHON=$PWD/.venv/bin/python PY=$PWD/.venv/bin/python \
 #     FAKE_VLLM_MAX_NUM_SEQS=32 FAKE_VLLM_TOKEN_DELAY=0.02 MAX_NUM_SEQS=32 HEAVY=200 HEAVY_TOKENS=64 \
-#     LIGHT_TOKENS=8 DURATION=15 WARMUP=10 WEIGHTS_S=20 LATE_S=10 WEIGHT_STREAMS=40 MODEL=/tmp/m OUT=... LOGS=...
-#   ROUND=1 benchmarks/fairness.sh setup vllm round; ROUND=2 benchmarks/fairness.sh round stop summary
+#     LIGHT_TOKENS=8 DURATION=15 WARMUP=10 WEIGHTS_S=20 LATE_S=10 WEIGHT_STREAMS=40 MAX_RUNNING=16 \
+#     MODEL=/tmp/m OUT=... LOGS=...
+#   ROUND=1 benchmarks/fairness.sh setup vllm round; ROUND=2 benchmarks/fairness.sh round on diag stop summary
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
 mkdir -p "$OUT" "$LOGS"
@@ -57,6 +76,7 @@ PY=${PY:-python3}
 PORT=${PORT:-11434} PV=${PV:-8100} URL=http://127.0.0.1:${PORT:-11434} SERVED=qwen-random ROUND=${ROUND:-1}
 HEAVY=${HEAVY:-1000} DURATION=${DURATION:-30} WARMUP=${WARMUP:-10} MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
 WEIGHTS_S=${WEIGHTS_S:-60} LATE_S=${LATE_S:-15} WEIGHT_STREAMS=${WEIGHT_STREAMS:-200}
+ALONE_WARMUP=${ALONE_WARMUP:-2} ALONE_S=${ALONE_S:-15} WEIGHTS_WARMUP=${WEIGHTS_WARMUP:-20} MAX_RUNNING=${MAX_RUNNING:-} PROMPT_WEIGHT=${PROMPT_WEIGHT:-0}
 ulimit -n "$(ulimit -Hn)"
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 mode() { cat "$LOGS/mode" 2>/dev/null || echo none; }
@@ -69,31 +89,53 @@ stop_pid() {  # pidfile
   fi
   rm -f "$1"
 }
-proxy() {  # off|on
+proxy() {  # off|on|small
+  local fair=$1 running=$MAX_NUM_SEQS
+  if [ "$1" = small ]; then
+    [ -n "$MAX_RUNNING" ] || { log "small needs MAX_RUNNING"; exit 2; }
+    fair=on running=$MAX_RUNNING
+  fi
   stop_pid "$LOGS/vllama.pid"
   [ -f "$LOGS/vllama.log" ] && gzip -c "$LOGS/vllama.log" > "$OUT/$(cat "$LOGS/logtag").log.gz"
   echo "r$ROUND-$1" > "$LOGS/logtag"
   curl -s -o /dev/null "$URL/" && { log "port $PORT is taken by another server"; exit 1; }
-  setsid $PY -m vllama_proxy serve --upstream "http://127.0.0.1:$PV" --port "$PORT" --max-running "$MAX_NUM_SEQS" \
-    --api-key-file "$LOGS/keys.toml" --fair-share "$1" --log-format json ${VLLAMA_EXTRA:-} > "$LOGS/vllama.log" 2>&1 < /dev/null &
+  setsid $PY -m vllama_proxy serve --upstream "http://127.0.0.1:$PV" --port "$PORT" --max-running "$running" \
+    --api-key-file "$LOGS/keys.toml" --fair-share "$fair" --fair-prompt-weight "$PROMPT_WEIGHT" --log-format json \
+    ${VLLAMA_EXTRA:-} > "$LOGS/vllama.log" 2>&1 < /dev/null &
   echo $! > "$LOGS/vllama.pid"; echo "$1" > "$LOGS/mode"
   for _ in $(seq 240); do
     curl -sf "$URL/readyz" > /dev/null && break
     kill -0 "$(cat "$LOGS/vllama.pid")" 2>/dev/null || { log "vllama exited"; tail -30 "$LOGS/vllama.log"; exit 1; }
     sleep 0.5
   done
-  log "round $ROUND: fair share $1: ready; $(grep -m1 '"event":"admission"' "$LOGS/vllama.log" | cut -c1-240)"
+  log "round $ROUND: $1 (fair share $fair, --max-running $running): ready; $(grep -m1 '"event":"admission"' "$LOGS/vllama.log" | cut -c1-240)"
 }
-bench() {  # what heavy-streams
+bench() {  # what heavy-streams [warmup duration]
   $PY benchmarks/fairness.py --url "$URL" --model $SERVED --heavy-key sk-heavy --light-key sk-light \
     --heavy-streams "$2" --heavy-tokens "${HEAVY_TOKENS:-256}" --light-tokens "${LIGHT_TOKENS:-32}" \
-    --warmup "$WARMUP" --duration "$DURATION" --label "r$ROUND-$(mode)-$1" --json "$OUT/r$ROUND-$(mode)-$1.json" | tee -a "$OUT/summary.txt"
+    --warmup "${3:-$WARMUP}" --duration "${4:-$DURATION}" --label "r$ROUND-$(mode)-$1" --json "$OUT/r$ROUND-$(mode)-$1.json" | tee -a "$OUT/summary.txt"
 }
 weights() {
-  (cd benchmarks && $PY fair_weights.py --url "$URL" --model $SERVED --streams "$WEIGHT_STREAMS" \
+  (cd benchmarks && $PY fair_weights.py --url "$URL" --model $SERVED --streams "$WEIGHT_STREAMS" --prompt-weight "$PROMPT_WEIGHT" \
     --key sk-w1:1:128:256 --key sk-w1b:1:512:64 --key sk-w2:2:32:128 --key sk-w4:4:256:192 --late sk-late:2:128:128 \
-    --late-at "$WEIGHTS_S" --warmup "$WARMUP" --duration "$((WEIGHTS_S + LATE_S))" \
+    --late-at "$WEIGHTS_S" --warmup "$WEIGHTS_WARMUP" --duration "$((WEIGHTS_S + LATE_S))" \
     --label "r$ROUND-$(mode)-weights" --json "$OUT/r$ROUND-$(mode)-weights.json") | tee -a "$OUT/summary.txt"
+}
+
+api_servers() {  # "N CPUS SOURCE": vLLM API servers vllama's sizing (supervisor/sizing.py) chooses for one model here
+  $PY - "$MODEL" <<'PY'
+import sys
+from vllama_proxy.models.launch_spec import ModelConfig
+from vllama_proxy.supervisor.sizing import plan, usable_cpus
+cpus, source = usable_cpus()
+print(plan(cpus, source, [ModelConfig(model=sys.argv[1], name="qwen-random")], None).api_servers["qwen-random"], f"{cpus:g} CPUs, {source}")
+PY
+}
+per_request_metrics() {  # vLLM's --enable-per-request-metrics when this vLLM has it (fair_diag.py reads them)
+  $PY -c 'import importlib.util as u, pathlib, sys
+d = pathlib.Path(u.find_spec("vllm").submodule_search_locations[0]) / "entrypoints"
+sys.exit(0 if any("enable_per_request_metrics" in p.read_text(errors="ignore") for p in d.rglob("*.py")) else 1)' 2>/dev/null \
+    && echo --enable-per-request-metrics
 }
 
 for phase in "$@"; do case $phase in
@@ -108,21 +150,34 @@ setup)
   ;;
 vllm)
   curl -s -o /dev/null "http://127.0.0.1:$PV/health" && { log "port $PV is taken by another server"; exit 1; }
+  sizing=$(api_servers 2>> "$OUT/summary.txt")
+  [ -n "$sizing" ] || sizing="1 vllama's sizing failed (above): vLLM's default"
+  ASC=${ASC:-${sizing%% *}}
+  log "vLLM API servers: $ASC (vllama's sizing for this host: ${sizing#* })"
   setsid vllm serve "$MODEL" --served-model-name $SERVED --port "$PV" --max-model-len 4096 --gpu-memory-utilization 0.85 \
-    --max-num-seqs "$MAX_NUM_SEQS" --scheduling-policy priority > "$LOGS/vllm.log" 2>&1 < /dev/null &
+    --max-num-seqs "$MAX_NUM_SEQS" --scheduling-policy priority --api-server-count "$ASC" $(per_request_metrics) \
+    ${VLLM_EXTRA:-} > "$LOGS/vllm.log" 2>&1 < /dev/null &
   echo $! > "$LOGS/vllm.pid"
   for _ in $(seq 1200); do
     curl -sf "http://127.0.0.1:$PV/health" > /dev/null && break
     kill -0 "$(cat "$LOGS/vllm.pid")" 2>/dev/null || { log "vLLM exited"; tail -30 "$LOGS/vllm.log"; exit 1; }
     sleep 0.5
   done
-  log "vLLM ready on :$PV (--max-num-seqs $MAX_NUM_SEQS)"
+  log "vLLM ready on :$PV (--max-num-seqs $MAX_NUM_SEQS --api-server-count $ASC $(per_request_metrics))"
   ;;
-off|on) proxy "$phase" ;;
-alone) log "$(mode): the light key alone"; bench alone 0 ;;
+off|on|small) proxy "$phase" ;;
+alone) log "$(mode): the light key alone"; bench alone 0 "$ALONE_WARMUP" "$ALONE_S" ;;
 flood) log "$(mode): $HEAVY heavy streams + the light key"; bench flood "$HEAVY" ;;
 weights) log "$(mode): keys with weights 1 1 2 4, a late one after ${WEIGHTS_S}s"; weights ;;
-round) "$0" off alone flood on alone flood weights || exit 1 ;;
+diag)
+  log "$(mode): diag: $HEAVY heavy streams + the light key through vllama, light requests straight to vLLM"
+  (cd benchmarks && $PY fair_diag.py --vllm "http://127.0.0.1:$PV" --model $SERVED --warmup "$WARMUP" --duration "$DURATION" \
+    --label "r$ROUND-$(mode)-diag" --json "$OUT/r$ROUND-$(mode)-diag.json") > "$LOGS/diag.out" 2>&1 &
+  dpid=$!
+  bench diagflood "$HEAVY"
+  wait $dpid; tee -a "$OUT/summary.txt" < "$LOGS/diag.out"
+  ;;
+round) "$0" off alone flood on alone flood weights ${MAX_RUNNING:+small flood} || exit 1 ;;
 stop)
   stop_pid "$LOGS/vllama.pid"
   [ -f "$LOGS/vllama.log" ] && gzip -c "$LOGS/vllama.log" > "$OUT/$(cat "$LOGS/logtag").log.gz" && rm "$LOGS/vllama.log"

@@ -1,11 +1,13 @@
 """The tables of ``benchmarks/fairness.sh``: ``python benchmarks/fairness_summary.py OUT``.
 
-Reads ``r{N}-{off,on}-{alone,flood}.json`` (``fairness.py``) and ``r{N}-on-weights.json``
-(``fair_weights.py``) from OUT. Prints, per round and as the median over rounds: the light key's
-TTFT p50/p90/p99 alone and under the flood with fair share off and on, their ratios to alone, the
-heavy key's tok/s on/off (issue 38's goals: on-flood p50 <= 1.5x and p99 <= 2x of alone, heavy
->= 0.95x); and for the weights run each key's service and output-token share against its weighted
-share, and the seconds until the late key had its share.
+Reads ``r{N}-{off,on,small}-{alone,flood}.json`` (``fairness.py``), ``r{N}-on-weights.json``
+(``fair_weights.py``) and ``r{N}-on-diag.json`` (``fair_diag.py``) from OUT. Prints, per round and
+as the median over rounds: the light key's TTFT p50/p90/p99 alone and under the flood with fair
+share off, on, and on with a smaller ``--max-running`` (small), their ratios to alone, the heavy
+key's tok/s on/off and small/off (issue 38's goals: on-flood p50 <= 1.5x and p99 <= 2x of alone,
+heavy >= 0.95x); for the weights run each key's output-token share (the goal: within 10 %) and
+service share against its weighted share, and the seconds until the late key had its share; and
+the diagnostic's light requests straight to vLLM beside vLLM's own clock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def main(out: str) -> None:
     print("|---|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {}
     for r, got in sorted(runs.items()):
-        for name in ("off-alone", "off-flood", "on-alone", "on-flood"):
+        for name in ("off-alone", "off-flood", "on-alone", "on-flood", "small-flood", "on-diagflood"):
             s = got.get(name)
             if s is None:
                 continue
@@ -36,29 +38,39 @@ def main(out: str) -> None:
             print(f"| {r} | {name} | {s['light_requests']} | {t['p50']} | {t['p90']} | {t['p99']} | {s['heavy_tok_s']} | "
                   f"{s['heavy_errors'] or 0} / {s['light_errors'] or 0} |")
         alone = got.get("on-alone") or got.get("off-alone")
-        for mode in ("off", "on"):
+        for mode in ("off", "on", "small"):
             flood = got.get(f"{mode}-flood")
             if alone and flood and alone["light_ttft_ms"]["p50"] and flood["light_ttft_ms"]["p50"]:
                 for q in ("p50", "p99"):
                     ratios.setdefault(f"{mode} {q}/alone", []).append(flood["light_ttft_ms"][q] / alone["light_ttft_ms"][q])
-        if got.get("on-flood") and got.get("off-flood") and got["off-flood"]["heavy_tok_s"]:
-            ratios.setdefault("heavy on/off", []).append(got["on-flood"]["heavy_tok_s"] / got["off-flood"]["heavy_tok_s"])
+        for mode in ("on", "small"):
+            if got.get(f"{mode}-flood") and got.get("off-flood") and got["off-flood"]["heavy_tok_s"]:
+                ratios.setdefault(f"heavy {mode}/off", []).append(got[f"{mode}-flood"]["heavy_tok_s"] / got["off-flood"]["heavy_tok_s"])
     print()
     for name, values in ratios.items():
         print(f"{name}: " + ", ".join(f"{v:.2f}x" for v in values) + f" (median {statistics.median(values):.2f}x)")
     weights = {r: got[n] for r, got in sorted(runs.items()) for n in got if n.endswith("-weights")}
     if weights:
         print()
-        print("| round | key | weight | prompt words / output tokens | want | service share (x want) | output share (x want) | output tok/s |")
+        print("| round | key | weight | prompt words / output tokens | want | output share (x want) | service share (x want) | output tok/s |")
         print("|---|---|---|---|---|---|---|---|")
         for r, w in weights.items():
             for key, k in w["keys"].items():
                 print(f"| {r} | {key} | {k['weight']:g} | {k['prompt_words']} / {k['output_tokens']} | {k['want']} | "
-                      f"{k['service_share']} ({k['service_vs_want']}x) | {k['output_share']} ({k['output_vs_want']}x) | {k['output_tok_s']} |")
+                      f"{k['output_share']} ({k['output_vs_want']}x) | {k['service_share']} ({k['service_vs_want']}x) | {k['output_tok_s']} |")
             late = w.get("late")
             if late:
-                print(f"| {r} | {late['key']} (late) | {late['weight']:g} | | {late['want']} | {late['service_share_after']} after it joined "
-                      f"| {late['output_share_after']} | seconds to its share: {late['seconds_to_share']} |")
+                print(f"| {r} | {late['key']} (late) | {late['weight']:g} | | {late['want']} | {late['output_share_after']} after it joined "
+                      f"| {late['service_share_after']} | seconds to its share: {late['seconds_to_share']} |")
+    diags = {r: got[n] for r, got in sorted(runs.items()) for n in got if n.endswith("-diag")}
+    for r, d in diags.items():
+        print(f"\nround {r}, {d['label']}: light requests straight to vLLM during the flood")
+        for name, row in d["direct_to_vllm"].items():
+            print(f"  {name}: " + json.dumps({k: v for k, v in row.items() if k != "requests"}))
+        print("  vLLM's histograms over the window (every request, the flood's too):")
+        for name, h in d["vllm_histograms_over_window"].items():
+            print(f"    {name}: {json.dumps(h)}")
+        print(f"  vLLM's gauges (each second): {json.dumps(d['vllm_gauges'])}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import httpx
 from conftest import SERVED, start_proxy, stop
 from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.models.launch_spec import ModelConfig
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 

@@ -17,7 +17,7 @@ from aiohttp.test_utils import make_mocked_request
 from structlog.testing import capture_logs
 
 from vllama_proxy.api.app import errors_and_access_log
-from vllama_proxy.api.app_keys import SETTINGS
+from vllama_proxy.api.app_state import SETTINGS
 from vllama_proxy.settings import Settings
 
 

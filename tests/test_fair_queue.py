@@ -64,15 +64,18 @@ def test_a_light_key_goes_ahead_of_a_flood_already_waiting():
 
 
 @pytest.mark.parametrize("places", [1, 8])
-def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_once(places):
+@pytest.mark.parametrize("prompt_weight", [W_IN, 0.5])
+def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_once(places, prompt_weight):
     """Four keys with weights 1, 1, 2, 4, different prompt and answer lengths, ``places`` places
-    (requests end in the order they went): every key's service (W_IN x prompt + W_OUT x output
-    tokens) is within 10 % of its weighted share; a fifth key arriving late is served from its
-    first request on at its share, not after the others' credit."""
+    (requests end in the order they went): every key's service (``prompt_weight`` x prompt +
+    W_OUT x output tokens: the default counts output tokens only, 0.5 is VTC's own ratio) is within
+    10 % of its weighted share; a fifth key arriving late is served from its first request on at
+    its share, not after the others' credit."""
+    W_IN = prompt_weight  # the prompt weight under its name in fair_queue.py
     keys = {10: (1.0, 40, 200), 11: (1.0, 400, 20), 12: (2.0, 100, 100), 13: (4.0, 10, 300)}  # weight, prompt, output
 
     async def run() -> None:
-        q = FairQueue(places, workers=1, keys=32)
+        q = FairQueue(places, workers=1, keys=32, prompt_weight=prompt_weight)
         ended = 0
         served: list[int] = []
 
@@ -241,5 +244,23 @@ def test_a_waiter_cancelled_as_its_place_is_granted_gives_it_on():
         await _settle()
         assert q.stats() == {"capacity": 1, "upstream": 0, "waiting": 0, "dispatched": 3}
         await asyncio.wait_for(q.turn(0, 4), 1)
+
+    asyncio.run(run())
+
+
+def test_a_new_key_is_charged_the_first_answer_the_server_saw_not_a_quarter_of_it():
+    """Every key's expected answer (a new key's charge at dispatch) is seeded by the first answer
+    that ends, as a key's own is: an average started from 0 charged the first requests of keys
+    new to a fresh server a quarter of it, and a key of long answers paid that back later (on the
+    stand-in: 10 s of a 20 s window at 0.03 of its share)."""
+    async def run() -> None:
+        q = FairQueue(4, workers=1, keys=16)
+        await q.turn(0, 1)
+        q.done(0, 1, output=200)  # the first answer the server sees
+        before = q.counter(2)
+        await q.turn(0, 2)  # key 2 is new: charged everyone's usual answer at dispatch
+        assert q.counter(2) - before == W_OUT * 200
+        q.done(0, 2, output=200)
+        assert q.counter(2) - before == W_OUT * 200  # nothing left to settle
 
     asyncio.run(run())

@@ -9,6 +9,7 @@ which requests reach the stand-in (``/_fake/requests``) is the order vllama disp
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 
 import httpx
@@ -76,10 +77,50 @@ def test_a_light_key_is_dispatched_ahead_of_a_flood_and_a_key_alone_uses_every_s
     assert _stats(s)["waited"] == 0 and _stats(s)["completed"] == 11
 
 
+def _in_flight(s) -> float:
+    text = httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-scrape"}).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllama_requests_in_flight"))
+
+
+def _queued_behind_a_hold(s, asks: list[tuple[str, str, int]]) -> list[str]:
+    """One request of key ``sk-hold`` takes the one running slot; ``asks`` (key, prompt, output
+    tokens) are sent meanwhile; once every one waits in vllama (its in-flight gauge, read with
+    ``sk-scrape``) the holder leaves, and the order in which the stand-in then received them (each
+    prompt's first word) is returned: the fair queue's order, whatever the machine's load while
+    they arrived (a holder of fixed length ended before all had arrived at load 16)."""
+    arrived = threading.Event()
+
+    def hold() -> int:
+        body = {"model": "prod", "prompt": "hold [[tokens:4000]]", "options": {"num_predict": 4000}}
+        with httpx.stream("POST", s.url + "/api/generate", json=body, headers={"Authorization": "Bearer sk-hold"},
+                          timeout=120) as r:
+            for _ in r.iter_lines():
+                if arrived.is_set():
+                    break
+            return r.status_code
+
+    with cf.ThreadPoolExecutor(len(asks) + 1) as ex:
+        held = ex.submit(hold)
+        _wait(lambda: len(_sent(s)) == 1, "the holding request did not start")
+        futures = [ex.submit(_ask, s, key, text, out) for key, text, out in asks]
+        _wait(lambda: _in_flight(s) == 1 + len(asks), "the requests did not all arrive", timeout=60)
+        arrived.set()
+        assert held.result() == 200
+        assert all(f.result().status_code == 200 for f in futures)
+    order = [r["body"]["messages"][0]["content"].split()[0] for r in _sent(s)][1:]
+    assert len(order) == len(asks)
+    return order
+
+
 WEIGHTED = """
 [[keys]]
 name = "hold"
 key = "sk-hold"
+
+[[keys]]
+name = "scrape"
+key = "sk-scrape"
+role = "metrics"
 """ + "".join(f"""
 [[keys]]
 name = "k{i}"
@@ -98,15 +139,7 @@ def test_backlogged_keys_are_dispatched_by_their_weights(serve, hub, tmp_path):
     s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
               "--max-running", "1", "--max-queue", "200", env={"FAKE_VLLM_TOKEN_DELAY": "0.01", "FAKE_VLLM_MAX_NUM_SEQS": "1"})
     s.wait_ready()
-    with cf.ThreadPoolExecutor(100) as ex:
-        hold = ex.submit(_ask, s, "sk-hold", "hold [[tokens:300]]", 300)  # holds the one slot ~3 s
-        _wait(lambda: len(_sent(s)) == 1, "the holding request did not start")
-        asks = [ex.submit(_ask, s, f"sk-k{i}", f"k{i} a b c d [[tokens:4]]", 4) for _ in range(24) for i in range(4)]
-        _wait(lambda: hold.done() or False, "the holding request did not end", timeout=60)
-        assert hold.result().status_code == 200
-        assert all(f.result().status_code == 200 for f in asks)
-    order = [r["body"]["messages"][0]["content"].split()[0] for r in _sent(s)][1:]
-    assert len(order) == 96
+    order = _queued_behind_a_hold(s, [(f"sk-k{i}", f"k{i} a b c d [[tokens:4]]", 4) for _ in range(24) for i in range(4)])
     first = order[:32]
     counts = [first.count(f"k{i}") for i in range(4)]
     for got, want in zip(counts, (4, 4, 8, 16)):
@@ -158,3 +191,31 @@ def test_rpm_and_tpm_answer_429_with_retry_after_and_ratelimit_headers(serve, hu
         spent = _ask(s, "sk-tokens", "one two three [[tokens:40]]", 40) and _ask(s, "sk-tokens", "x", 1)
     assert spent.status_code == 429 and "tpm" in spent.json()["error"], spent.text
     assert spent.headers["x-ratelimit-remaining-tokens"] == "0" and int(spent.headers["Retry-After"]) >= 1
+
+
+
+def test_backlogged_keys_share_the_output_tokens_by_weight_whatever_their_prompts(serve, hub, tmp_path):
+    """Issue 38's goal on the stand-in, counted by dispatch: four backlogged keys with weights 1,
+    1, 2, 4 and different prompt and answer lengths, one running slot (a request's output tokens
+    are its time in the slot), so the output tokens each key is sent are its share of the slot.
+    Key k1's prompts are long and its answers short (VTC's prompt + 2 x output charged it for
+    its prompts: 0.3x its share of the output tokens); each key's output tokens over the first
+    56 requests dispatched are its weighted share, within 10 % (or one of its requests)."""
+    place(hub, "acme/tiny-prod")
+    keys = tmp_path / "keys.toml"
+    keys.write_text(WEIGHTED)
+    # key: (prompt words, output tokens, requests): counted so that all four stay backlogged past the window
+    load = {0: (8, 8, 8), 1: (300, 2, 26), 2: (2, 6, 18), 3: (60, 10, 22)}
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
+              "--max-running", "1", "--max-queue", "200", "--workers", "1",
+              env={"FAKE_VLLM_TOKEN_DELAY": "0.01", "FAKE_VLLM_MAX_NUM_SEQS": "1"})
+    s.wait_ready()
+    asks = [(f"sk-k{i}", f"k{i} " + "w " * (words - 1) + f"[[tokens:{out}]]", out)
+            for n in range(max(r for _, _, r in load.values())) for i, (words, out, r) in load.items() if n < r]
+    order = _queued_behind_a_hold(s, asks)
+    window = order[:56]
+    out = {i: window.count(f"k{i}") * load[i][1] for i in load}
+    total = sum(out.values())
+    for i, w in enumerate((1, 1, 2, 4)):
+        want = total * w / 8
+        assert abs(out[i] - want) <= max(0.1 * want, load[i][1]), (i, out, window)  # 10 %, or one request

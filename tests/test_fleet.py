@@ -366,7 +366,6 @@ def test_fleet_secret_and_a_node_replaced_under_load(tmp_path, fleet):
                                                     messages=[{"role": "user", "content": "long [[tokens:300]]"}])
     next(long)
     a.proc.send_signal(signal.SIGTERM)
-    a2 = fleet(node, tmp_path, "a2", router, env=secret, flags=["--drain-timeout", "1"])  # its replacement
     deadline = time.monotonic() + 10
     while a.url in router.workers():  # a left the router
         assert time.monotonic() < deadline, router.workers()
@@ -382,6 +381,9 @@ def test_fleet_secret_and_a_node_replaced_under_load(tmp_path, fleet):
         time.sleep(0.05)
     r = httpx.post(a.url + "/api/chat", json=body, headers=fleet_key)
     assert r.status_code == 503 and "Retry-After" in r.headers, r.text
+    # its replacement, started once a is seen draining: a process start takes seconds on a busy host,
+    # and a's stream (3 s) may end meanwhile, a then stopped, its /health never seen
+    a2 = fleet(node, tmp_path, "a2", router, env=secret, flags=["--drain-timeout", "1"])
     a2.wait_state("ready")
     router.wait_workers({b.url: True, a2.url: True})
     parts = list(long)  # a's stream in flight finished whole

@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = "vllama_proxy"
 
-#: The parts, lowest first: a module may import its own part and the parts below it. Run-time
-#: imports only; a ``TYPE_CHECKING`` import may name a type from above (models/backends.py
-#: names the supervisor's StatusBoard, which front/ hands in).
+#: The parts, lowest first: a module may import its own part and the parts below it, at run time
+#: and for annotations alike (issue 41.5: no arrow runs back up; an object handed in from above,
+#: such as the supervisor's status board in models/vllm_servers.py, is typed ``Any`` there).
 LAYERS = [
     [PKG, f"{PKG}.errors", f"{PKG}.logs"],
     [f"{PKG}.upstream"],
@@ -171,8 +171,10 @@ def test_no_import_cycles() -> None:
 
 
 def test_no_upward_imports() -> None:
+    """No import from a lower part to a higher one, ``TYPE_CHECKING`` ones included: a type named from
+    below is knowledge of the floor above all the same."""
     upward = []
-    for mod, targets in sorted(import_graph(type_checking=False).items()):
+    for mod, targets in sorted(import_graph().items()):
         here = layer_of(mod)
         for t in sorted(targets):
             there = layer_of(t)
@@ -190,6 +192,34 @@ def test_only_the_app_reaches_into_the_routes() -> None:
                 if mod.startswith(f"{PKG}.api.") and not mod.startswith(routes) and mod != f"{PKG}.api.app"
                 for t in sorted(targets) if t == routes or t.startswith(routes + ".")]
     assert not reaching, "api/ modules below the routes import them:\n" + "\n".join(reaching)
+
+
+#: What the translators (``api/translate/``) may import of the package: the error tree, what a model
+#: is, the Ollama wire types and the clock of durations; of ``upstream.py`` only its body encoder.
+TRANSLATE_MAY_IMPORT = (f"{PKG}.errors", f"{PKG}.models", f"{PKG}.api.ollama_types", f"{PKG}.api.timestamps", f"{PKG}.api.translate")
+#: What they may import from outside beside the standard library.
+TRANSLATE_LIBRARIES = {"orjson"}
+
+
+def test_the_translators_do_no_io() -> None:
+    """``api/translate/`` holds the translators by direction (issue 41.3; Ollama's ``openai/openai.go``
+    keeps its ``From*``/``To*`` functions so): pure, no aiohttp, no HTTP client, nothing of the app,
+    the routes, the relay or the metrics; ``api/relay.py`` sends and streams."""
+    folder = ROOT / PKG / "api" / "translate"
+    files = sorted(folder.glob("*.py"))
+    assert {p.name for p in files} >= {"to_openai.py", "to_ollama.py"}, f"no translators by direction in {folder}"
+    graph = import_graph()
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for path in files:
+        mod, _ = _module_of(path, ROOT)
+        wrong += [f"  {mod} -> {t}" for t in sorted(graph[mod])
+                  if t != f"{PKG}.upstream" and not any(t == ok or t.startswith(ok + ".") for ok in TRANSLATE_MAY_IMPORT)]
+        wrong += [f"  {mod}: {n}" for n in sorted(_libraries(path) - stdlib - TRANSLATE_LIBRARIES - {PKG})]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == f"{PKG}.upstream":
+                wrong += [f"  {mod}: upstream.{a.name}" for a in node.names if a.name != "encode_json"]
+    assert not wrong, "the translators import what does I/O or stands above them:\n" + "\n".join(wrong)
 
 
 def test_every_module_has_a_layer() -> None:

@@ -45,7 +45,7 @@ def _count_getpid(fn) -> int:
 
 
 def test_the_shared_lock_asks_no_pid_per_section():
-    from vllama_proxy.supervisor.shm import SharedLock
+    from vllama_proxy.supervisor.shared_lock import SharedLock
 
     lock = SharedLock()
     with lock.held():  # the first section opens the file
@@ -108,7 +108,7 @@ def test_a_log_line_is_one_write(monkeypatch):
 
 def test_capabilities_are_worked_out_once_per_model(monkeypatch, tmp_path):
     from vllama_proxy.models import catalog as catalog_mod
-    from vllama_proxy.models.backends import Backend, BackendSpec, ServedModel
+    from vllama_proxy.models.vllm_servers import Backend, BackendSpec, ServedModel
     from vllama_proxy.upstream import Upstream
 
     worked = []
@@ -132,10 +132,10 @@ def test_the_created_models_file_is_looked_at_once_per_request(monkeypatch, tmp_
     from aiohttp import web
     from aiohttp.test_utils import make_mocked_request
 
-    from vllama_proxy.api.app_keys import CATALOG
+    from vllama_proxy.api.app_state import CATALOG
     from vllama_proxy.api.routes.model_use import created_of, lookup_model
     from vllama_proxy.models import state_file
-    from vllama_proxy.models.backends import Backend, BackendSpec, ServedModel
+    from vllama_proxy.models.vllm_servers import Backend, BackendSpec, ServedModel
     from vllama_proxy.models.catalog import Catalog
     from vllama_proxy.models.created import CreatedStore
     from vllama_proxy.upstream import Upstream
@@ -167,7 +167,7 @@ def test_a_body_that_arrived_is_read_without_a_timer_and_once(monkeypatch):
     from aiohttp.test_utils import make_mocked_request
 
     from vllama_proxy.api import request_body
-    from vllama_proxy.api.app_keys import SETTINGS
+    from vllama_proxy.api.app_state import SETTINGS
     from vllama_proxy.settings import Settings
 
     def no_timer(_s):

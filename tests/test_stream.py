@@ -1,11 +1,13 @@
-"""Unit tests of the pieces of ``api/stream.py`` that need no HTTP: the ``created_at`` clock
-(``api/timestamps.py``) and the timing marks behind ``eval_duration`` and the TPOT histogram."""
+"""Unit tests of the streaming pieces that need no HTTP: the ``created_at`` clock
+(``api/timestamps.py``), the timing marks behind ``eval_duration`` and the TPOT histogram
+(``api/translate/to_ollama.py``), and the NDJSON response's first write (``api/ndjson.py``)."""
 
 from __future__ import annotations
 
 import time
 
-from vllama_proxy.api import stream, timestamps
+from vllama_proxy.api import ndjson, timestamps
+from vllama_proxy.api.translate import to_ollama
 
 
 def test_created_at_follows_a_wall_clock_stepped_back(monkeypatch):
@@ -30,8 +32,8 @@ def _chunk(content: str | None, finish: str | None = None) -> dict:
 def test_eval_duration_ends_at_the_finish_chunk():
     """vLLM counts the EOS token (sent as an empty finish chunk) in ``completion_tokens``, so the
     eval window, and TPOT over eval_count - 1 tokens, must end there, not at the last text."""
-    for translator_cls in (stream.ChatTranslator, stream.GenerateTranslator):
-        t = stream.Timings(time.perf_counter_ns())
+    for translator_cls in (to_ollama.ChatTranslator, to_ollama.GenerateTranslator):
+        t = timestamps.Timings(time.perf_counter_ns())
         tr = translator_cls("m", t, aggregate=False)
         tr.feed(_chunk("a"))
         time.sleep(0.05)
@@ -42,12 +44,12 @@ def test_eval_duration_ends_at_the_finish_chunk():
         final = tr.final()
         assert final["eval_count"] == 3
         assert final["eval_duration"] >= 0.1e9, translator_cls  # a..EOS, two gaps of 50 ms
-        assert (t.last - t.first) / 2 >= 0.05e9  # the TPOT that _observe_tpot records
+        assert (t.last - t.first) / 2 >= 0.05e9  # the TPOT that metrics.observe_tpot records
 
 
 def test_a_finish_before_any_token_leaves_no_eval_window():
-    t = stream.Timings(time.perf_counter_ns())
-    tr = stream.ChatTranslator("m", t, aggregate=True)
+    t = timestamps.Timings(time.perf_counter_ns())
+    tr = to_ollama.ChatTranslator("m", t, aggregate=True)
     tr.feed(_chunk("", "length"))
     assert tr.finished and t.first == 0 and t.last == 0
     assert tr.final()["eval_duration"] == 1
@@ -69,7 +71,7 @@ async def test_the_status_line_and_headers_leave_with_the_first_ndjson_line(monk
                         lambda self, chunks: (sent.append(b"".join(bytes(c) for c in chunks)), orig_writelines(self, chunks))[1])
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        out = await stream._begin(request)
+        out = await ndjson.begin(request)
         await out.write(b'{"response":"first"}\n')
         await out.write_eof(b'{"done":true}\n')
         return out

@@ -8,8 +8,9 @@ import pytest
 from conftest import _png
 
 from vllama_proxy.api.ollama_types import Options
-from vllama_proxy.api.stream import ChatTranslator, Timings
-from vllama_proxy.api.translate import image_url, response_format, sampling_params
+from vllama_proxy.api.timestamps import Timings
+from vllama_proxy.api.translate.to_ollama import ChatTranslator
+from vllama_proxy.api.translate.to_openai import image_url, response_format, sampling_params
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models.keep_alive import parse_keep_alive
 

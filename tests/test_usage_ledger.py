@@ -152,7 +152,7 @@ class _Store:
 def test_a_budget_resets_at_its_period(period, before, after):
     """The clock is injected: the used tokens count in the period that holds them, and a new period starts at 0."""
     from vllama_proxy.api.budgets import refuse_over_budget
-    from vllama_proxy.api.keys import Key
+    from vllama_proxy.api.api_keys import Key
     from vllama_proxy.api.ledger import Ledger
     from vllama_proxy.api.ledger_store import Row
     from vllama_proxy.errors import BudgetExhausted

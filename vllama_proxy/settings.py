@@ -171,7 +171,8 @@ class Settings(BaseSettings):
     state_url: str | None = Field(
         None,
         description="Redis every front of a fleet shares (redis://HOST:6379/0; pip install 'vllama-proxy[redis]'): a key's "
-        "max_in_flight then holds over all fronts, not per front. Without it each front counts its own.",
+        "max_in_flight, rpm and tpm then hold over all fronts, not per front, and its fair share counts what it got on "
+        "every front. Without it, or while it does not answer, each front applies its own (docs/fleet.md).",
     )
     metrics_open: bool = Field(
         False,
@@ -397,8 +398,9 @@ class Settings(BaseSettings):
     fair_share: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Share vLLM between keys: at most vLLM's running capacity (--max-running) goes upstream, the rest "
-        "waits in vllama, one queue per key, served in weighted fair order (VTC: each key's prompt + output tokens over "
-        "its weight, priority first); each key's share of the admission bound; each request's vLLM priority "
+        "waits in vllama, one queue per key, served in weighted fair order (VTC: each key's output tokens, + "
+        "--fair-prompt-weight x its prompt tokens, over its weight; priority first); each key's share of the admission bound; "
+        "each request's vLLM priority "
         "(vLLM runs with --scheduling-policy priority) (auto: on with --api-key-file).",
     )
     fair_reserve: int | None = Field(
@@ -406,6 +408,11 @@ class Settings(BaseSettings):
         description="With fair sharing, the last places of vLLM's running capacity, kept for keys with few requests "
         "upstream so that a light key never waits for a heavy key's request to end (default: 1/32 of the capacity; "
         "0: strictly work-conserving).",
+    )
+    fair_prompt_weight: float = Field(
+        0.0, ge=0,
+        description="With fair sharing, what a prompt token costs a key, in output tokens (0: keys share the output tokens by "
+        "weight, as they share vLLM's running slots; 0.5: VTC's prompt + 2 x output).",
     )
     usage_db: str | None = Field(
         None,

@@ -12,7 +12,7 @@ All three follow Ollama (``shared/ollama-api.md`` "Serving environment";
 - **Host guard** (DNS rebinding): when bound to loopback, a request whose Host is not
   loopback, private, unspecified, one of this machine's addresses, ``localhost``,
   ``*.localhost``, ``*.local``, ``*.internal`` or the hostname gets 403.
-- **API keys** and their roles are ``keys.py``'s: ``Authorization: Bearer <key>`` on ``/api/*``,
+- **API keys** and their roles are ``api_keys.py``'s: ``Authorization: Bearer <key>`` on ``/api/*``,
   ``/v1/*`` and both metrics routes; ``/``, ``/livez`` and ``/readyz`` stay open for probes.
 """
 

@@ -7,7 +7,7 @@ and only bounds how many it holds: vLLM's running capacity (the sum over models 
 ``Retry-After`` at once, instead of an ever-growing pile of connections. A draining server
 (``front/server.py``, on SIGTERM) answers every new inference request 503 the same way.
 
-The count lives in shared memory under one lock (:mod:`.shm`), so the bound is the
+The count lives in shared memory under one lock (:mod:`vllama_proxy.supervisor.shared_lock`), so the bound is the
 server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
 per-worker split turned away requests while other workers had room (issue 12: 1,791 of
 4,096 rejected at 1,024 streams with data parallel 2). A waiting request costs a socket
@@ -17,6 +17,7 @@ and a coroutine here, a few tens of kB (``benchmarks/RESULTS.md``).
 from __future__ import annotations
 
 import multiprocessing
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,14 +25,14 @@ from aiohttp import web
 
 from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
 from .budgets import check as check_budget
-from .keys import KEY_SLOTS, Key, key_of
+from .api_keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
-from .rate_limits import RateLimits
+from .rate_limits import RateLimits, headers as rate_headers
 from .request_body import read_body
-from .shared_state import KeyState
+from .shared_state import Admission, KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -88,12 +89,16 @@ class AdmissionBound:
             known or guessed): the rest wait in :attr:`queue`, a :class:`~.fair_queue.FairQueue`
             (``None``: no queue, every admitted request goes upstream at once).
         reserve: the queue's reserve (:class:`~.fair_queue.FairQueue`).
+        prompt_weight: the queue's cost of a prompt token, in output tokens (``--fair-prompt-weight``).
 
-    Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``).
+    Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``), and
+    :attr:`front`, this front's name in a store several fronts share (``shared_state.py``): one per
+    ``vllama serve``, the same in each of its workers.
     """
 
     def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
-                 running: int | None = None, queue: int | None = None, reserve: int = 0) -> None:
+                 running: int | None = None, queue: int | None = None, reserve: int = 0,
+                 prompt_weight: float = W_IN) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
         self.running = running
@@ -101,12 +106,14 @@ class AdmissionBound:
         self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)
         self._slots = ctx.RawArray("i", max(slots, 1))
-        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (keys.py: a slot per key name)
+        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (api_keys.py: a slot per key name)
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
-        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve) if queue else None
+        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve,
+                                prompt_weight=prompt_weight) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
+        self.front = uuid.uuid4().hex
 
     def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
         """Count one more request of worker ``slot`` for the key whose counter is ``key``.
@@ -200,8 +207,10 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     the tokens it used. With ``priority`` the request's vLLM ``priority`` is set (:data:`PRIORITY`):
     the key's requests in flight before it, less 1,000,000 per step of the key's own ``priority``:
     lower is served first (vLLM ``--scheduling-policy priority``).
-    With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight`` holds over every
-    front sharing the store: counted there at admission and at the end, never per token.
+    With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight``, ``rpm`` and ``tpm``
+    hold over every front sharing the store, and its service on the other fronts counts in its fair
+    share here: counted there at admission (one round trip) and at the end (one),
+    never per token. A store that does not answer leaves this front's own limits (fail open, logged).
     """
     queue = bound.queue if fair else None
 
@@ -215,32 +224,39 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
         # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
-        # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter).
+        # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter). With a
+        # shared store, its rpm/tpm and max_in_flight over every front first, in one round trip.
         check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
-        refused, headers = bound.limits.admit(key.slot, key.rpm, key.tpm)
+        store = None
+        if shared is not None and (key.rpm is not None or key.tpm is not None or key.max_in_flight is not None):
+            store = await shared.admit(key.name, key.rpm, key.tpm, key.max_in_flight, count=key.max_in_flight is not None)
+        refused, headers = _rate(bound, key, store)
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)
         if headers:
             request[RATE_HEADERS] = headers
+        counted = store is not None and key.max_in_flight is not None and store.refused is None  # in the store's count
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
         if got < 0:
             QUEUE_REJECTIONS.inc()
+            if counted:
+                assert shared is not None
+                await shared.finish(key.name, leave=True)
             if got == FULL:
                 # answered, not raised: a full server is its bound working, not a failure to log per request
                 return error_response(ServerBusy(BUSY, retry_after))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
-        counted = shared is not None and key.max_in_flight is not None
-        if counted:
-            assert shared is not None
-            if await shared.enter(key.name, key.max_in_flight) is None:
-                bound.leave_key(slot, key.slot)
-                QUEUE_REJECTIONS.inc()
-                raise TooManyRequests(f"key '{key.name}' has {key.max_in_flight} requests in flight over every front, its "
-                                      "max_in_flight; retry when one ends", retry_after=max(retry_after, 1))
+        if store is not None and store.refused == "max_in_flight":
+            bound.leave_key(slot, key.slot)
+            QUEUE_REJECTIONS.inc()
+            raise TooManyRequests(f"key '{key.name}' has {store.before} requests in flight over every front, its "
+                                  "max_in_flight; retry when one ends", retry_after=max(retry_after, 1))
         if priority:
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
-        estimate = W_IN * len(body or b"") / BYTES_PER_TOKEN
+        prompt_weight = queue.prompt_weight if queue is not None else 0.0
+        guess = len(body or b"") / BYTES_PER_TOKEN  # prompt tokens, from the body's size
+        estimate = prompt_weight * guess
         dispatched = False
         try:
             if queue is not None:
@@ -249,18 +265,37 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return await handler(request)
         finally:
             usage = request.get(USAGE)
+            served = None  # with a shared store: the request's service, for the key's counter on every front
             if dispatched:
                 assert queue is not None
-                queue.done(slot, key.slot, W_IN * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
-            if usage and key.tpm is not None:
-                bound.limits.spend(key.slot, usage[0] + usage[1])
+                queue.done(slot, key.slot, prompt_weight * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
+                served = queue.service(*(usage or (guess, 0)), key.weight)
+            tokens = usage[0] + usage[1] if usage and key.tpm is not None else 0
+            if tokens:
+                bound.limits.spend(key.slot, tokens)
             bound.leave_key(slot, key.slot)
             IN_FLIGHT.dec()
-            if counted:
-                assert shared is not None
-                await shared.leave(key.name)
+            if shared is not None and (counted or tokens or served is not None):
+                elsewhere = await shared.finish(key.name, leave=counted, tokens=tokens, served=served)
+                if elsewhere is not None and queue is not None:
+                    queue.absorb(key.slot, elsewhere)
 
     return admit
+
+
+def _rate(bound: AdmissionBound, key: Key, store: Admission | None) -> tuple[str | None, dict[str, str]]:
+    """The key's minute: ``(refused, headers)`` as ``RateLimits.admit``, over every front when the
+    shared store counted it (``store``), else (no store, or one that did not answer) this front's.
+    This front counts what the store admits too, so a store that stops answering mid-minute leaves
+    the front's own minute where it was (a key gets at most its limits once per front meanwhile)."""
+    if key.rpm is None and key.tpm is None:
+        return None, {}
+    if store is None:
+        return bound.limits.admit(key.slot, key.rpm, key.tpm)
+    refused = store.refused if store.refused in ("rpm", "tpm") else None
+    if refused is None:
+        bound.limits.count(key.slot)
+    return refused, rate_headers(key.rpm, key.tpm, store.used, store.spent, store.reset, refused)
 
 
 async def add_rate_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -3,9 +3,9 @@
 Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
 Ollama shape + access log + metrics; CORS, Host guard and API keys from
 ``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
-parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate.py`` (Ollama ->
-OpenAI body) -> ``upstream.py`` (the shared vLLM client) -> ``stream.py`` (vLLM
-chunks -> Ollama NDJSON).
+parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate/to_openai.py`` (Ollama ->
+OpenAI body) -> ``relay.py`` (sends it through ``upstream.py``, the shared vLLM client, and streams
+the answer back through ``translate/to_ollama.py``: vLLM chunks -> Ollama NDJSON).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from aiohttp import web
 from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, anthropic_error_body, error_body, error_response
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
-from vllama_proxy.models.backends import Backend, BackendSpec
+from vllama_proxy.models.vllm_servers import Backend, BackendSpec
 from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.models.created import CreatedStore
@@ -34,13 +34,13 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
-from . import access, admission, keys, route_roles
+from . import access, admission, api_keys, route_roles
 from .ledger import ERROR, Ledger, record_request
 from .ledger_store import open_store
 from .shared_state import RedisKeyState
 from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_keys import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
+from .app_state import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -68,7 +68,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         structlog.contextvars.bind_contextvars(request_id=own)
     request["vllama.request_id"] = own
     start = time.perf_counter()
-    request[ACCEPTED] = time.perf_counter_ns()  # stage timings (stream.py) count from here
+    request[ACCEPTED] = time.perf_counter_ns()  # stage timings (relay.py) count from here
     status = 500
     try:
         resp = await handler(request)
@@ -115,13 +115,13 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         stream_error = request.get("vllama.stream_error")
         if stream_error is not None:
             UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
-        observe_key_usage(request, keys.key_of(request).name, status)
-        record_request(request.app.get(LEDGER), request, keys.key_of(request).name, request.get(MODEL), route_of(request), status,
+        observe_key_usage(request, api_keys.key_of(request).name, status)
+        record_request(request.app.get(LEDGER), request, api_keys.key_of(request).name, request.get(MODEL), route_of(request), status,
                        time.perf_counter() - start)  # queued: the ledger writes it off the request path
         if request.app[SETTINGS].access_log:
             extra = {"stream_error": stream_error.message} if stream_error is not None else {}
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2),
-                     key=keys.key_of(request).name, client=request.remote, **extra)
+                     key=api_keys.key_of(request).name, client=request.remote, **extra)
 
 
 #: Routes that answer while vLLM loads: static facts and the probes.
@@ -212,18 +212,18 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
     try:
-        ring = keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
+        ring = api_keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
     except (OSError, ValueError) as e:  # a configuration error: say so and stop, as for a bad flag
         print(f"vllama serve: --api-key-file: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    middlewares.append(keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: keys.py
+    middlewares.append(api_keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: api_keys.py
     boards = [b.board for b in backends if b.board is not None]
     configured = [b.board for b in backends if b.board is not None and b.slot is None]
     if configured:  # on-demand models are gated per request (routes/model_use.py), not here
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
     try:
-        shared = RedisKeyState(settings.state_url) if settings.state_url else None  # limits across fronts
+        shared = RedisKeyState(settings.state_url, front=bound.front) if settings.state_url else None  # limits across fronts
     except RuntimeError as e:  # no redis package: a configuration error, as for a bad flag
         print(f"vllama serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None

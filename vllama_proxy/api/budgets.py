@@ -1,5 +1,5 @@
 """Token budgets per key (issue 39): ``budget_tokens`` per ``budget_period`` (``day`` or ``month``,
-UTC) in the keys file (``keys.py``), checked when a request is admitted (``admission.py``).
+UTC) in the keys file (``api_keys.py``), checked when a request is admitted (``admission.py``).
 
 The usage comes from the ledger's running totals (``ledger.py``: the database's totals, read every
 ``--usage-refresh-interval`` seconds, plus this process's own rows since), so the check is a few
@@ -14,8 +14,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from vllama_proxy.errors import BudgetExhausted
-from .app_keys import LEDGER
-from .keys import Key
+from .app_state import LEDGER
+from .api_keys import Key
 from .ledger import Ledger, iso, period_bounds
 
 

@@ -8,16 +8,23 @@ capacity, ``--max-num-seqs`` x data-parallel size summed over models) are upstre
 rest wait here, one queue per key, and each freed place goes to the next key in VTC's order
 ("Fairness in Serving Large Language Models", Sheng et al., OSDI'24):
 
-- every key has a virtual token counter; a dispatched request adds its cost, ``W_IN`` x prompt
-  tokens + ``W_OUT`` x output tokens, divided by the key's ``weight``: charged at dispatch as an
-  estimate (the prompt from the body's size, the output as the key's recent average, or every
-  key's for a key new to the server) and settled when the request ends with vLLM's counts (one
-  lock at each end of a request, none per token). Charging the output at dispatch matters: a key
-  alone takes every place, and if its running requests were charged only when they end, keys
-  arriving meanwhile (lifted to its counter) would find it deep in debt afterwards (on the
-  stand-in: a weight-1 key that arrived first got 0.2x of its share for 20 s); what is settled
-  at the end may still put a key at most two of its requests' cost ahead of the other waiting
-  keys (:meth:`_bounded`);
+- every key has a virtual token counter; a dispatched request adds its cost, counted in output
+  tokens (``W_OUT`` = 1 each) + ``prompt_weight`` x prompt tokens (``--fair-prompt-weight``, by
+  default :data:`W_IN` = 0), divided by the key's ``weight``. The unit is the resource shared: a
+  running slot for one decode step. vLLM gives every running sequence one token per step and
+  prefills a prompt in a step or a few (chunked, thousands of tokens a step), so a request holds
+  its slot for about as many steps as it has output tokens, and a key's output tokens per second
+  are its share of the running slots. VTC's own cost (prompt + 2 x output) gave a key of long
+  prompts and short answers 0.30x its weighted share of the output tokens on the H200 (weights
+  1, 1, 2, 4; ``benchmarks/RESULTS.md``, issue 38), because its prompts were charged as if
+  prefill took a slot per prompt token. Charged at dispatch as an estimate (the prompt from the
+  body's size; the output as the key's recent average, or every key's for a key new to the
+  server) and settled when the request ends with vLLM's counts (one lock at each end of a
+  request, none per token). Charging the output at dispatch matters: a key alone takes every
+  place, and if its running requests were charged only when they end, keys arriving meanwhile
+  (lifted to its counter) would find it deep in debt afterwards (on the stand-in: a weight-1 key
+  that arrived first got 0.2x of its share for 20 s); what is settled at the end may still put a
+  key at most two of its requests' cost ahead of the other waiting keys (:meth:`_bounded`);
 - the backlogged key with the highest ``priority``, then the smallest counter, then the fewest
   requests upstream, goes next;
 - a key that becomes backlogged has its counter lifted to the smallest counter of the backlogged
@@ -28,7 +35,7 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
   key's request waits for a place to free, and long requests that began together end together: on
   the stand-in (32 slots, 200 streams of 1.3 s) the light key's TTFT p90 was 1.2 s with no reserve.
 
-Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shm.SharedLock` (a few
+Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shared_lock.SharedLock` (a few
 loads and stores and a scan of the backlogged keys only, per dispatch), so the order is the
 server's, not a worker's. A waiter is a future in its own worker; the process that frees a place
 picks the next key and a worker with a waiter of that key, counts the grant in shared memory and
@@ -46,11 +53,13 @@ import os
 import tempfile
 from typing import Any
 
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 
-#: VTC's weights of a prompt token and an output token (the paper's w_p = 1, w_q = 2: an output
-#: token costs a decode step, prompt tokens are batched in prefill).
-W_IN, W_OUT = 1.0, 2.0
+#: The cost of an output token (the unit: one running slot for one decode step), and the default cost
+#: of a prompt token (``--fair-prompt-weight``): prefill takes a slot for a step or a few, however
+#: long the prompt, so 0 gives every key its weighted share of the output tokens (issue 38). VTC's
+#: paper weighs them w_p = 1, w_q = 2 (0.5 here): it counts the prompt as work, not slot time.
+W_IN, W_OUT = 0.0, 1.0
 #: Weight of the last request in a key's expected output tokens (an exponential moving average).
 EXPECT_ALPHA = 0.25
 #: Bytes of request body per prompt token, for the estimate charged at dispatch.
@@ -68,14 +77,19 @@ class FairQueue:
         reserve: the last places, kept for keys with fewer than ``max(1, reserve // 4)`` requests
             upstream: a light key's request then finds a running slot at once, instead of waiting
             for one of a heavy key's long requests to end (0: strictly work-conserving).
+        prompt_weight: the cost of a prompt token in output tokens (:data:`W_IN` by default); the
+            caller charges ``prompt_weight`` x its prompt tokens through :meth:`turn`'s ``cost``
+            and :meth:`done`'s ``correction``.
 
     Pickled into every worker (``spawn``). :meth:`turn` is the one coroutine a request awaits;
     :meth:`done` gives its place back. Not thread-safe within a process (one event loop each).
     """
 
-    def __init__(self, capacity: int, workers: int, keys: int, ctx: Any = None, *, reserve: int = 0) -> None:
+    def __init__(self, capacity: int, workers: int, keys: int, ctx: Any = None, *, reserve: int = 0,
+                 prompt_weight: float = W_IN) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.capacity = max(int(capacity), 1)
+        self.prompt_weight = max(float(prompt_weight), 0.0)
         self.reserve = min(max(int(reserve), 0), self.capacity - 1)
         self.reserve_per_key = max(1, self.reserve // 4)
         self.workers = max(int(workers), 1)
@@ -94,6 +108,7 @@ class FairQueue:
         self._out_charged = ctx.RawArray("d", keys)  # expected outputs charged for the key's requests upstream
         self._seen = ctx.RawArray("b", keys)        # whether a request of the key has ended (its average is known)
         self._expect_all = ctx.RawValue("d", 0.0)   # every key's expected output tokens: a new key's until its own is known
+        self._seen_all = ctx.RawValue("b", 0)       # whether any request has ended (the first output seeds that average)
         self._weight = ctx.RawArray("d", [1.0] * keys)
         self._priority = ctx.RawArray("i", keys)
         self._backlog = ctx.RawArray("i", keys)    # the keys with requests waiting, unordered ...
@@ -101,6 +116,8 @@ class FairQueue:
         self._floor = ctx.RawValue("d", 0.0)       # the counter of the last key dispatched
         self._next_worker = ctx.RawArray("i", keys)  # round robin over workers within a key
         self._dispatched = ctx.RawValue("q", 0)    # requests dispatched since start (tests, logs)
+        self._elsewhere = ctx.RawArray("d", keys)  # each key's service on the other fronts, as last read (absorb)
+        self._fresh = ctx.RawArray("b", [1] * keys)  # the key became active here since: its next read is a baseline
         where = tempfile.mkdtemp(prefix="vllama-fair-", dir=_DIR)  # one FIFO per worker, made before they start
         self._fifos = [os.path.join(where, str(w)) for w in range(self.workers)]
         for path in self._fifos:
@@ -134,7 +151,7 @@ class FairQueue:
         Args:
             weight: the key's share weight (> 0): its counter grows by cost / weight.
             priority: higher goes first, whatever the counters.
-            cost: the prompt's estimated cost (``W_IN`` x tokens), charged when dispatched.
+            cost: the prompt's estimated cost (``prompt_weight`` x tokens), charged when dispatched.
 
         Returns at once while there is room and no key waits ahead of it (one lock). Cancelled
         (the client left) while waiting, its place in the queue, or a place granted meanwhile,
@@ -192,6 +209,30 @@ class FairQueue:
             wake = self._release(slot, key, correction, output)
         self._signal(wake)
 
+    # -- the other fronts (``--state-url``: api/shared_state.py) --------------------------------
+
+    def service(self, prompt: float, output: float, weight: float = 1.0) -> float:
+        """A request's service in counter units: its cost (:attr:`prompt_weight` x ``prompt`` +
+        ``W_OUT`` x ``output`` tokens) over the key's ``weight``: what another front adds to the key's counter."""
+        return (self.prompt_weight * prompt + W_OUT * output) / weight
+
+    def absorb(self, key: int, elsewhere: float) -> None:
+        """Fold into the key's counter the service it got on the other fronts of a fleet since this
+        front last read it: ``elsewhere`` is that service in all (counter units, summed over the
+        other fronts, read from the shared store at a request's end), so a key flooding two fronts
+        is counted once by each. The first read after the key became active here only sets the
+        baseline: like the lift in :meth:`_enqueue`, service before the key contended here is no
+        debt. A read lower than the last is an older one (two workers' reads, answered in the
+        other order) and changes nothing; a store that forgot the key (restarted) counts again
+        from the key's next start here, or once its total passes the last read."""
+        with self._lock.held():
+            if self._fresh[key]:
+                self._fresh[key] = 0
+                self._elsewhere[key] = elsewhere
+            elif elsewhere > self._elsewhere[key]:
+                self._vtc[key] += elsewhere - self._elsewhere[key]
+                self._elsewhere[key] = elsewhere
+
     # -- under the lock -----------------------------------------------------------------------
 
     def _dispatch(self, slot: int, key: int, cost: float) -> None:
@@ -205,6 +246,8 @@ class FairQueue:
         self._dispatched.value += 1
 
     def _enqueue(self, slot: int, key: int, cost: float) -> None:
+        if self._key_wait[key] == 0 and self._key_up[key] == 0:  # newly active here: see absorb
+            self._fresh[key] = 1
         if self._key_wait[key] == 0:  # newly backlogged: no credit for having been idle
             n = self._backlog_n.value
             lift = min((self._vtc[self._backlog[j]] for j in range(n)), default=self._floor.value)
@@ -237,8 +280,12 @@ class FairQueue:
             expected = self._expect_out[key] if self._seen[key] else output
             self._expect_out[key] = expected + EXPECT_ALPHA * (output - expected)
             self._seen[key] = 1
-            everyone = self._expect_all.value
+            # seeded with the first output, as a key's own: an average that started from 0 charged
+            # a fresh server's new keys a quarter of a usual answer, or less, for their first requests
+            # (each key then pays what its answers exceed that when they end)
+            everyone = self._expect_all.value if self._seen_all.value else output
             self._expect_all.value = everyone + EXPECT_ALPHA * (output - everyone)
+            self._seen_all.value = 1
         if correction:
             self._vtc[key] += self._bounded(key, correction / self._weight[key], output)
         if self._key_up[key] == 0:

@@ -25,6 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
+from .timestamps import Timings
 
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
@@ -47,6 +48,8 @@ REQUESTS = Counter("vllama_requests", "HTTP requests answered, by route and stat
 IN_FLIGHT = Gauge("vllama_requests_in_flight", "Inference requests being answered now.", multiprocess_mode="livesum")
 QUEUE_REJECTIONS = Counter("vllama_queue_rejections", "Requests answered 503 server busy because --max-queue was reached.")
 UPSTREAM_ERRORS = Counter("vllama_upstream_errors", "Failures talking to vLLM, by kind.", ["kind"])
+STATE_STORE_ERRORS = Counter("vllama_state_store_errors", "Calls to the --state-url store (Redis) that failed, or were "
+                             "skipped while it was down: each front applied its own per-key limits meanwhile.")
 TTFT = Histogram("vllama_time_to_first_token_seconds", "Time from request received to first token written, Ollama side.", ["route"], buckets=_LATENCY_BUCKETS)
 TPOT = Histogram("vllama_time_per_output_token_seconds",
                  "Per request: time from the first to the last output token over output tokens - 1, Ollama side.",
@@ -62,6 +65,8 @@ STAGE = Histogram("vllama_request_stage_seconds",
                   "first_client_write (first NDJSON line written; streamed answers only).",
                   ["stage"], buckets=_STAGE_BUCKETS)
 STAGES = ("handler", "parsed", "upstream_headers", "first_upstream_data", "first_client_write")
+#: The stage histogram's children, bound once (``labels`` per request would cost a dict lookup each).
+_STAGE_CHILDREN = tuple(STAGE.labels(s) for s in STAGES)
 #: Who used what (issue 27): per key name (never the secret; ``-`` on an open server) and served model.
 KEY_REQUESTS = Counter("vllama_key_requests", "Requests that named a model, by key name, model and status class.",
                        ["key", "model", "status"])
@@ -84,6 +89,24 @@ def observe_key_usage(request: web.Request, key: str, status: int) -> None:
     if usage is not None:
         KEY_PROMPT_TOKENS.labels(key, model).inc(usage[0])
         KEY_OUTPUT_TOKENS.labels(key, model).inc(usage[1])
+
+
+def observe_stages(accepted: int, t: Timings, first_write: int) -> None:
+    """One request's stage timings (:data:`STAGE`), seconds since ``accepted``, the moment the outermost
+    middleware saw it (``app_state.ACCEPTED``; ns, ``time.perf_counter_ns``); ``first_write`` 0: not
+    streamed (no first_client_write)."""
+    marks = (t.received, t.sent, t.headers, t.first_read, first_write)
+    for child, mark in zip(_STAGE_CHILDREN, marks):
+        if mark:
+            child.observe((mark - accepted) / 1e9)
+
+
+def observe_tpot(request: web.Request, route: str, t: Timings, prompt_tokens: int, tokens: int) -> None:
+    """TPOT of one finished request: first to last token (``t``, ns) over its ``tokens`` output
+    tokens - 1; its ``(prompt_tokens, tokens)`` for the per-key counters (:func:`observe_key_usage`)."""
+    request[USAGE] = (prompt_tokens, tokens)
+    if tokens > 1 and t.last > t.first:
+        TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
 
 
 class SupervisorCollector:

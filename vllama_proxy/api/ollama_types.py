@@ -5,7 +5,7 @@ Mirrors ``api/types.go`` of ollama/ollama and ``_types.py`` of ollama-python
 "not sent": Ollama uses pointers where unset differs from false (``stream``, ``think``).
 
 Responses are not modelled here: the hot path builds them as plain dicts and
-serialises them with orjson (see ``stream.py``).
+serialises them with orjson (see ``translate/to_ollama.py`` and ``relay.py``).
 """
 
 from __future__ import annotations

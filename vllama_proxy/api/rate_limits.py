@@ -6,7 +6,7 @@ the current minute, gets 429 with ``Retry-After`` (seconds to the next minute) a
 ``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests``, ``x-ratelimit-reset-requests``
 (and the ``-tokens`` three) headers; an admitted request carries the same headers. The window is
 the wall-clock minute (a fixed window, as LiteLLM's): one counter pair per key in shared memory,
-reset by whoever first sees a new minute, under :class:`~vllama_proxy.supervisor.shm.SharedLock`.
+reset by whoever first sees a new minute, under :class:`~vllama_proxy.supervisor.shared_lock.SharedLock`.
 Tokens are counted once per request, at its end (never per token).
 """
 
@@ -17,7 +17,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from vllama_proxy.supervisor.shm import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock
 
 #: Seconds in a window.
 WINDOW = 60
@@ -70,17 +70,15 @@ class RateLimits:
             refused = "rpm" if rpm is not None and used >= rpm else "tpm" if tpm is not None and spent >= tpm else None
             if refused is None:
                 used = self._requests[key] = used + 1
-        reset = max(WINDOW - now % WINDOW, 0.001)
-        headers: dict[str, str] = {}
-        if rpm is not None:
-            headers |= {"x-ratelimit-limit-requests": str(rpm), "x-ratelimit-remaining-requests": str(max(rpm - used, 0)),
-                        "x-ratelimit-reset-requests": _duration(reset)}
-        if tpm is not None:
-            headers |= {"x-ratelimit-limit-tokens": str(tpm), "x-ratelimit-remaining-tokens": str(max(tpm - spent, 0)),
-                        "x-ratelimit-reset-tokens": _duration(reset)}
-        if refused is not None:
-            headers["Retry-After"] = str(max(math.ceil(reset), 1))
-        return refused, headers
+        return refused, headers(rpm, tpm, used, spent, reset_in(now), refused)
+
+    def count(self, key: int) -> None:
+        """Count one request of ``key`` without checking it: the shared store (``shared_state.py``)
+        admitted it, and this front's own count goes on, for the minutes the store cannot answer."""
+        now = self.clock()
+        with self._lock.held():
+            self._roll(key, now)
+            self._requests[key] += 1
 
     def spend(self, key: int, tokens: int) -> None:
         """Count ``tokens`` (prompt + output) of a request of ``key`` that ended."""
@@ -96,6 +94,27 @@ class RateLimits:
         with self._lock.held():
             self._roll(key, self.clock())
             return self._requests[key], self._tokens[key]
+
+
+def reset_in(now: float) -> float:
+    """Seconds from ``now`` (since the epoch) to the next window (> 0)."""
+    return max(WINDOW - now % WINDOW, 0.001)
+
+
+def headers(rpm: int | None, tpm: int | None, used: int, spent: int, reset: float, refused: str | None) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers for the limits a key has (``used`` requests, this one
+    included when admitted, and ``spent`` tokens this window; ``reset`` seconds to the next), plus
+    ``Retry-After`` when ``refused``. Empty for a key with neither limit."""
+    out: dict[str, str] = {}
+    if rpm is not None:
+        out |= {"x-ratelimit-limit-requests": str(rpm), "x-ratelimit-remaining-requests": str(max(rpm - used, 0)),
+                "x-ratelimit-reset-requests": _duration(reset)}
+    if tpm is not None:
+        out |= {"x-ratelimit-limit-tokens": str(tpm), "x-ratelimit-remaining-tokens": str(max(tpm - spent, 0)),
+                "x-ratelimit-reset-tokens": _duration(reset)}
+    if refused is not None:
+        out["Retry-After"] = str(max(math.ceil(reset), 1))
+    return out
 
 
 def _duration(seconds: float) -> str:

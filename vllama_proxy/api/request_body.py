@@ -11,7 +11,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from vllama_proxy.errors import BadRequest, BodyTimeout, RequestTooLarge
 
-from .app_keys import CLOSE_AFTER, SETTINGS
+from .app_state import CLOSE_AFTER, SETTINGS
 
 
 async def read_body(request: web.Request) -> bytes:

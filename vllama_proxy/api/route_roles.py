@@ -8,7 +8,7 @@ are safe because nobody listed them for users, not because someone remembered to
 vLLM's own routes were read from ``vllm/entrypoints/`` (vLLM 0.32: ``openai/``, ``anthropic/``,
 ``serve/``, ``pooling/``, ``speech_to_text/``).
 
-Roles (``keys.py``): ``admin`` (every route listed), ``user`` (inference on its models, and
+Roles (``api_keys.py``): ``admin`` (every route listed), ``user`` (inference on its models, and
 listing and showing them), ``metrics`` (the Prometheus routes only: a scraper's key). :data:`OPEN`
 routes need no key (the probes; the metrics routes with ``--metrics-open``).
 

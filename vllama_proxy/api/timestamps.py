@@ -1,4 +1,5 @@
-"""Ollama's times: ``created_at``/``modified_at``/``expires_at`` strings and the nanosecond clock of durations.
+"""Ollama's times: ``created_at``/``modified_at``/``expires_at`` strings, the nanosecond clock of durations,
+and one request's marks on it (:class:`Timings`).
 
 Ollama writes times as RFC 3339 in UTC with nanosecond digits (Go's ``time.Time`` in JSON,
 ``2024-07-22T20:38:48.123456789Z``) and durations as integer nanoseconds
@@ -57,3 +58,18 @@ class Clock:
 
 #: The process's one chunk clock (each worker process has its own).
 CLOCK = Clock()
+
+
+class Timings:
+    """Monotonic nanosecond marks of one request: received, sent upstream, first and last token;
+    for the stage timings also vLLM's response headers and the first body read."""
+
+    __slots__ = ("received", "sent", "first", "last", "headers", "first_read")
+
+    def __init__(self, received: int) -> None:
+        self.received = received
+        self.sent = received
+        self.first = 0
+        self.last = 0
+        self.headers = 0
+        self.first_read = 0

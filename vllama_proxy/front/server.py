@@ -15,10 +15,10 @@ from aiohttp import web
 
 from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.api.app import build_app
-from vllama_proxy.api.app_keys import KEYS
+from vllama_proxy.api.app_state import KEYS
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models import library
-from vllama_proxy.models.backends import BackendSpec, ServedModel
+from vllama_proxy.models.vllm_servers import BackendSpec, ServedModel
 from vllama_proxy.models.launch_spec import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
@@ -54,7 +54,7 @@ def with_priority_policy(spec: ModelConfig, settings: Settings) -> ModelConfig:
 
 def reloader(app: web.Application, settings: Settings, workers: WorkerPool) -> Callable[[], None] | None:
     """SIGHUP with an ``--api-key-file``: this process reads the keys again and each worker is told
-    to (``api/keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
+    to (``api/api_keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
     if settings.api_key_file is None:
         return None
 
@@ -115,8 +115,10 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/fair_queue.py)
     reserve = settings.fair_reserve_for(running) if queue else 0
     log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
-             max_running_shown=known, fair_queue=queue, fair_reserve=reserve)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known, queue=queue, reserve=reserve)
+             max_running_shown=known, fair_queue=queue, fair_reserve=reserve,
+             fair_prompt_weight=settings.fair_prompt_weight if queue else None)
+    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known, queue=queue, reserve=reserve,
+                          prompt_weight=settings.fair_prompt_weight)
 
 
 def log_front_end(front: Plan) -> None:

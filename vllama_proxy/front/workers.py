@@ -23,7 +23,7 @@ from typing import Any
 
 from vllama_proxy.api.admission import AdmissionBound
 from vllama_proxy.logs import configure_logging, get_logger
-from vllama_proxy.models.backends import BackendSpec
+from vllama_proxy.models.vllm_servers import BackendSpec
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.lifeline import die_with_parent
@@ -63,11 +63,11 @@ async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backe
 
 
 def _key_reloader(app: Any, settings: Settings) -> Any:
-    """SIGHUP's action with an ``--api-key-file``: read the keys again (``api/keys.py``); else ``None``
+    """SIGHUP's action with an ``--api-key-file``: read the keys again (``api/api_keys.py``); else ``None``
     (SIGHUP stops, as before). The main process forwards SIGHUP to each worker (:meth:`WorkerPool.hup`)."""
     if settings.api_key_file is None:
         return None
-    from vllama_proxy.api.app_keys import KEYS
+    from vllama_proxy.api.app_state import KEYS
 
     return app[KEYS].reload
 

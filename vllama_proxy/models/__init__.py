@@ -1,1 +1,1 @@
-"""What vLLM serves and under which names: the catalog, backends, aliases, model files, the ``[[models]]`` config, the hub."""
+"""What vLLM serves and under which names: the catalog, the vLLM servers behind it, aliases, model files, the ``[[models]]`` config, the hub."""

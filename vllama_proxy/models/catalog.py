@@ -23,11 +23,11 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from vllama_proxy.errors import ModelNotFound, UpstreamError
 from vllama_proxy.logs import get_logger
-from .backends import ServedModel
+from .vllm_servers import ServedModel
 from .launch_spec import has_flag, vllm_arg
 from .fim import FimFormat, fim_format
 from .library import Library, load as load_library, looks_like_library_name
@@ -37,7 +37,7 @@ from .names import LATEST, Names, ollama_name, strip_latest  # noqa: F401 - re-e
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import AliasStore
-    from .backends import Backend
+    from .vllm_servers import Backend
     from .created import CreatedModel, CreatedStore
     from .on_demand import OnDemand
 
@@ -175,9 +175,7 @@ class Catalog:
         Raises:
             RuntimeError: the catalog was built without one.
         """
-        if self._created is None:
-            raise RuntimeError("no created-model store")
-        return self._created
+        return _given(self._created, "created-model store")
 
     async def _resolve(self, name: str, claim: bool) -> ServedModel:
         models = await self._current() if self._backends else {}
@@ -245,9 +243,7 @@ class Catalog:
         Raises:
             RuntimeError: the catalog was built without one.
         """
-        if self._store is None:
-            raise RuntimeError("no alias store")
-        return self._store
+        return _given(self._store, "alias store")
 
     def is_configured_alias(self, name: str) -> bool:
         """Whether ``name`` is an alias from the settings (``/api/copy`` does not replace those)."""
@@ -368,3 +364,13 @@ def _entries(data: object) -> list[dict]:
 def _consume_exception(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
+
+
+_T = TypeVar("_T")
+
+
+def _given(store: _T | None, what: str) -> _T:
+    """``store``, which the catalog needs here and was built with; ``RuntimeError("no <what>")`` when it was not."""
+    if store is None:
+        raise RuntimeError(f"no {what}")
+    return store

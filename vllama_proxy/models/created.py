@@ -3,7 +3,7 @@
 A created model (Ollama: ``FROM base`` + ``SYSTEM``, ``PARAMETER``, ``MESSAGE``, ``LICENSE``,
 ``ADAPTER``) is served by its base model's vLLM: no weights are copied, no GPU memory is added.
 Its system prompt, pre-messages and default options are applied per request
-(``api/translate.py`` :func:`with_model_defaults`). They are kept in ``<state_dir>/created.json``,
+(``api/translate/to_openai.py`` :func:`with_model_defaults`). They are kept in ``<state_dir>/created.json``,
 ``{"name": {...}}``, which every worker and later runs read; writers take an ``flock`` on a lock
 file beside it and replace the file atomically, as ``aliases.py`` does for ``/api/copy``.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +72,7 @@ class CreatedModel(BaseModel):
 # ------------------------------------------------------------------------------ the store
 
 
-class CreatedStore:
+class CreatedStore(state_file.NameStore[dict[str, CreatedModel]]):
     """``<state_dir>/created.json`` (see the module docstring); re-read when its mtime or size changed.
 
     Args:
@@ -81,8 +80,7 @@ class CreatedStore:
     """
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self._view = state_file.FileView(path, lambda: {k.casefold(): m for k, m in self._read().items()}, dict)
+        super().__init__(path, lambda: {k.casefold(): m for k, m in self._read().items()}, dict)
 
     def current(self) -> dict[str, CreatedModel]:
         """Folded name -> created model, as the file says now (``{}`` when absent or unreadable)."""
@@ -98,52 +96,28 @@ class CreatedStore:
         Raises:
             OSError: the state directory cannot be written.
         """
-        def change(models: dict[str, dict[str, Any]]) -> None:
-            _drop(models, model.name)
-            models[model.name] = model.model_dump()
+        self._put(model.name, model.model_dump())
 
-        self._update(change)
-
-    def remove(self, name: str) -> bool:
-        """Forget ``name``; whether it existed (nothing is written when it did not).
-
-        Raises:
-            OSError: the state directory cannot be written.
-        """
-        if self.lookup(name) is None:
-            return False
-        self._update(lambda models: _drop(models, _key(name)))
-        return True
+    def _fold(self, name: str) -> str:
+        return _key(name)
 
     def _read(self) -> dict[str, CreatedModel]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as e:
-            log.warning("created_unreadable", path=str(self.path), error=str(e))
-            return {}
         out = {}
-        for k, v in (data.items() if isinstance(data, dict) else []):
+        for k, v in state_file.read_object(self.path, log, "created_unreadable").items():
             try:
                 out[str(k)] = CreatedModel.model_validate(v)
             except ValueError as e:
                 log.warning("created_entry_unreadable", name=k, error=str(e))
         return out
 
-    def _update(self, change: Callable[[dict[str, dict[str, Any]]], None]) -> None:
-        state_file.rewrite(self.path, lambda: {k: m.model_dump() for k, m in self._read().items()}, change)
-        self._view.forget()
+    def _raw(self) -> dict[str, Any]:
+        return {k: m.model_dump() for k, m in self._read().items()}
 
 
 def _key(name: str) -> str:
     name = name.strip()
     return (name[: -len(":latest")] if name.endswith(":latest") else name).casefold()
 
-
-def _drop(models: dict[str, Any], name: str) -> None:
-    for k in [k for k in models if k.casefold() == _key(name)]:
-        del models[k]
 
 
 # ------------------------------------------------------------------------------ Modelfiles

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from vllama_proxy.errors import ModelNotFound
-from .backends import ServedModel
+from .vllm_servers import ServedModel
 from .library import Library
 
 if TYPE_CHECKING:  # pragma: no cover

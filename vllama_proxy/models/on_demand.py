@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 from vllama_proxy.errors import ModelNotAllowed, SlotsFull
 from vllama_proxy.logs import get_logger
 from . import local
-from .backends import ServedModel
+from .vllm_servers import ServedModel
 from .family import with_detected_parsers
 from .launch_spec import ModelConfig
 from .library import Library, resolve_spec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .backends import Backend
+    from .vllm_servers import Backend
 
 log = get_logger("vllama.on_demand")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from vllama_proxy.errors import SlotsFull, UpstreamUnavailable
 from vllama_proxy.models.launch_spec import ModelConfig
-from .shm import SharedLock
+from .shared_lock import SharedLock
 from .states import State
 from .status import StatusBoard
 

@@ -4,7 +4,7 @@ Every proxy process (``--workers N``) gates requests, answers ``/readyz`` and
 reports ``/api/ps`` memory from this board, so all of them tell the same story
 as the one process that owns vLLM. Reads are plain loads from shared memory. The
 counts that decide whether vLLM may be put to sleep or evicted (requests in flight and
-waiting, the closing flag) change only under one lock (:mod:`..shm`), once per request:
+waiting, the closing flag) change only under one lock (:mod:`.shared_lock`), once per request:
 a request begins only if the model is ready and not closing, and the supervisor closes
 it only if nothing is in flight or waiting, each as one atomic step (issue 12).
 """
@@ -20,7 +20,7 @@ from typing import Any
 from . import gpu
 from .child import session_members
 from ..errors import ModelLoading, ModelTooLarge, UpstreamUnavailable
-from .shm import SharedLock
+from .shared_lock import SharedLock
 from .states import State
 
 _STATES = list(State)

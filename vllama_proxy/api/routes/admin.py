@@ -29,9 +29,9 @@ from aiohttp import web
 
 from vllama_proxy.errors import Forbidden, Unauthorized
 from vllama_proxy.supervisor import gpu
-from ..app_keys import ADMISSION, CATALOG, KEYS, LEDGER, SETTINGS
+from ..app_state import ADMISSION, CATALOG, KEYS, LEDGER, SETTINGS
 from ..budgets import budget_of
-from ..keys import KEY, OPEN, Key, KeyRing
+from ..api_keys import KEY, OPEN, Key, KeyRing
 from ..ledger import iso, period_bounds
 
 COOKIE = "vllama_admin"
@@ -66,7 +66,7 @@ def _caller(request: web.Request) -> Key | None:
     ring = request.app[KEYS]
     if not ring.configured:
         return OPEN
-    if KEY in request:  # Authorization: Bearer (api/keys.py found it)
+    if KEY in request:  # Authorization: Bearer (api/api_keys.py found it)
         return request[KEY]
     value = request.cookies.get(COOKIE)
     return cookie_key(ring, value, time.time()) if value else None

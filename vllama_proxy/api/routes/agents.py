@@ -29,8 +29,8 @@ from vllama_proxy.upstream import encode_json
 from .. import session
 from ..admission import with_priority
 from ..ollama_types import json_object
-from ..app_keys import CATALOG, SETTINGS
-from ..translate import (
+from ..app_state import CATALOG, SETTINGS
+from ..translate.to_openai import (
     OUTPUT_TOKEN_FIELDS,
     check_capabilities,
     upstream_model,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from vllama_proxy.errors import MethodNotAllowed
-from ..app_keys import BLOBS
+from ..app_state import BLOBS
 
 
 async def blob(request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ from .body import read_request
 from .model_use import model_in_use
 from .manage import _NAME
 from ..ollama_types import CreateRequest, Message, Options, validation_message
-from ..app_keys import BLOBS, CATALOG, SETTINGS
+from ..app_state import BLOBS, CATALOG, SETTINGS
 
 #: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.
 _PARAMETERS = frozenset(Options.model_fields)

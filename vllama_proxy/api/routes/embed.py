@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
-from vllama_proxy.models.backends import Backend
+from vllama_proxy.models.vllm_servers import Backend
 from .body import read_request
 from .model_use import lookup_model, model_in_use, resolve_model
 from ..timestamps import now_ns

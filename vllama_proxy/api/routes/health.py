@@ -14,8 +14,8 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.supervisor import probes
-from ..keys import KEY
-from ..app_keys import CATALOG, DRAINING, FRONT_END, KEYS
+from ..api_keys import KEY
+from ..app_state import CATALOG, DRAINING, FRONT_END, KEYS
 
 
 async def livez(request: web.Request) -> web.Response:

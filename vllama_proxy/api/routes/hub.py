@@ -33,9 +33,9 @@ from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.local import uploaded_dir
 from vllama_proxy.models.pull_room import PullLimits
 
-from ..app_keys import CATALOG, SETTINGS
+from ..app_state import CATALOG, SETTINGS
 from ..ollama_types import ModelRef, require_model
-from ..stream import NDJSON
+from ..ndjson import NDJSON
 from .body import read_request
 from .create import unload_adapter
 

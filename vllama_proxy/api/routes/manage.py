@@ -21,7 +21,7 @@ from vllama_proxy.models.catalog import strip_latest
 from .body import read_request
 from .model_use import where_models_change
 from ..ollama_types import CopyRequest
-from ..app_keys import CATALOG, SETTINGS
+from ..app_state import CATALOG, SETTINGS
 
 #: Ollama's model name shape: ``[host/][namespace/]model[:tag]``, letters, digits, ``._-``.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){0,2}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from vllama_proxy import __version__
-from ..app_keys import MAX_RUNNING
+from ..app_state import MAX_RUNNING
 
 #: The Ollama API level emulated. Clients parse it as numbers: VS Code Copilot
 #: refuses < 0.6.4, Open WebUI compares ints (``shared/ollama-api.md`` "Routes").

@@ -1,7 +1,7 @@
 """What a request does with its model before it goes upstream: the load/evict protocol.
 
 The name is resolved (an on-demand model claims a slot, ``models/catalog.py``), the request's
-key is checked against it (``keys.py``), and :func:`model_in_use` holds the model for the
+key is checked against it (``api_keys.py``), and :func:`model_in_use` holds the model for the
 request: a sleeping or unloaded one is woken or started (idle ones make room), the request
 counts in flight so the supervisor neither puts it to sleep nor evicts it, and its keep_alive
 is renewed at the start and the end. :func:`load_reply` answers Ollama's load and unload
@@ -23,12 +23,12 @@ from vllama_proxy.errors import (
     ModelNotFound,
     UpstreamUnavailable,
 )
-from vllama_proxy.models.backends import Backend, ServedModel
+from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
 
-from ..app_keys import CATALOG, SETTINGS, WORKER
-from ..keys import Key, key_of
+from ..app_state import CATALOG, SETTINGS, WORKER
+from ..api_keys import Key, key_of
 from ..metrics import MODEL
 from ..ollama_types import require_model
 from ..timestamps import CLOCK
@@ -60,7 +60,7 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
 
 def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:
     """403 unless ``key`` may use ``model`` (asked as ``name``): its ``models`` patterns match the
-    name as asked, the served name or the repo (``keys.py``). A model made with ``/api/create``
+    name as asked, the served name or the repo (``api_keys.py``). A model made with ``/api/create``
     (``made``; ``model`` is then its base) is matched by its own name only: a key that may use a
     base does not thereby use every model made of it, with its adapter and system prompt."""
     allowed = key.may_use(name, made.name) if made is not None else key.may_use(name, model.name, model.root)
@@ -122,18 +122,26 @@ def where_models_change(request: web.Request) -> str:
     return "change the served models with `vllama serve --model M` or the config file's [[models]] (see README)"
 
 
-async def load_reply(request: web.Request, name: str, backend: Backend | None, keep_alive: Any, *, chat: bool) -> web.Response:
-    """Ollama's answer to an empty prompt / no messages: the model is (un)loaded, nothing generated.
+async def load_reply(request: web.Request, asked: str | None, keep_alive: Any, *, chat: bool) -> web.Response:
+    """Ollama's answer to an empty prompt / no messages for the model ``asked`` (the request's
+    ``model``): the model is (un)loaded, nothing generated.
 
     ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
     ``unload`` when ``keep_alive`` is 0: the keep-alive ends now and the supervisor puts
     vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
-    GenerateHandler/ChatHandler).
+    GenerateHandler/ChatHandler). An unload only looks the model up (:func:`lookup_model`: it
+    never loads the model first); a load resolves it (:func:`resolve_model`).
 
     Raises:
         BadRequest: an unload of a model vllama does not run (``--upstream``): a 400 saying so,
             not a ``done_reason: unload`` for a model that stays loaded.
+        What :func:`lookup_model` and :func:`resolve_model` raise (404, 403, 503...).
     """
+    backend: Backend | None
+    if wants_unload(request, keep_alive):
+        name, _, backend = await lookup_model(request, asked)
+    else:
+        name, _, backend = await resolve_model(request, asked)
     board = backend.board if backend is not None else None
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
     unload = parse_keep_alive(keep_alive, default=default) == 0

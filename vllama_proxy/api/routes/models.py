@@ -17,16 +17,16 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.errors import UpstreamError
-from vllama_proxy.models.backends import Backend, ServedModel
+from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.created import CreatedModel, parameter_lines, render_modelfile
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from vllama_proxy.supervisor import gpu
 from .body import read_request
 from .model_use import lookup_model, may_list, may_list_created
-from ..keys import key_of
+from ..api_keys import key_of
 from ..ollama_types import ModelRef
-from ..app_keys import CATALOG
+from ..app_state import CATALOG
 from ..timestamps import rfc3339
 
 #: ``expires_at`` of a model that never unloads: Ollama's "forever" is ~292 years ahead.

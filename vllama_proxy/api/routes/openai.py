@@ -19,15 +19,15 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.errors import Forbidden, ModelNotFound, UpstreamError
-from vllama_proxy.models.backends import Backend, ServedModel
+from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, iter_raw, read_response
 from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use
 from ..admission import with_priority
-from ..keys import key_of
+from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
-from ..app_keys import CATALOG
-from ..translate import OUTPUT_TOKEN_FIELDS
+from ..app_state import CATALOG
+from ..translate.to_openai import OUTPUT_TOKEN_FIELDS
 from .output_tokens import cap_output
 
 _FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys

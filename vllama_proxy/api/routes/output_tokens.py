@@ -13,11 +13,11 @@ from typing import Any
 from aiohttp import web
 
 from vllama_proxy.errors import UpstreamError
-from vllama_proxy.models.backends import ServedModel
+from vllama_proxy.models.vllm_servers import ServedModel
 from vllama_proxy.upstream import Upstream
 
-from ..keys import key_of
-from ..translate import cap_output_tokens, output_tokens_asked
+from ..api_keys import key_of
+from ..translate.to_openai import cap_output_tokens, output_tokens_asked
 
 
 async def prompt_tokens(upstream: Upstream, body: dict[str, Any]) -> int | None:

@@ -12,9 +12,9 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.errors import BadRequest, Forbidden, NotSupported
-from ..app_keys import KEYS, LEDGER
+from ..app_state import KEYS, LEDGER
 from ..budgets import budget_of
-from ..keys import key_of
+from ..api_keys import key_of
 
 
 def parse_since(text: str, by: str, now: float) -> float:

@@ -1,61 +1,33 @@
-"""vLLM's streamed chunks -> Ollama's NDJSON: one small state machine per response.
+"""vLLM's answer -> Ollama's: pure translators of OpenAI/vLLM chunks into Ollama chunks, one
+small state machine per response. No I/O here.
 
-A :class:`Translator` is fed every decoded SSE chunk of one upstream response and
-returns the Ollama chunks to emit; :meth:`Translator.final` builds the single
-``done: true`` record with counts (from vLLM's ``usage``) and nanosecond durations
-measured here. :func:`relay` drives it: NDJSON out when the client streams, one
-aggregated JSON object when it does not. Upstream is streamed, so TTFT
-(``prompt_eval_duration``) is measured the same way in both modes, except for a
-non-streamed request to a vLLM that reports per-request timings
-(``--enable-per-request-metrics``): then upstream is not streamed either (vLLM sends the
-answer once instead of an event per token) and the durations come from vLLM's
-``metrics`` (:func:`unstreamed_timings`).
+A :class:`Translator` is fed every decoded SSE chunk of one upstream response and returns the
+Ollama chunks to emit; :meth:`Translator.final` builds the single ``done: true`` record with
+counts (from vLLM's ``usage``) and nanosecond durations from the request's
+:class:`~vllama_proxy.api.timestamps.Timings`. Tool calls (OpenAI's fragments, assembled into
+Ollama's whole calls) and logprobs (OpenAI's two shapes, into Ollama's one) are shaped here.
+A non-streamed vLLM answer is read as the one chunk that says the same
+(:func:`response_chunk`), its durations from vLLM's ``metrics`` (:func:`unstreamed_timings`).
+``api/relay.py`` drives the translators; ``to_openai.py`` is the other direction.
 
-Per-chunk work is kept to a dict lookup or two and one ``orjson.dumps``: this is
-the hot path at thousands of tokens per second (issue 4 measures its CPU cost).
+Per-chunk work is kept to a dict lookup or two: this is the hot path at thousands of tokens
+per second (issue 4 measures its CPU cost).
 
-Source: ``shared/ollama-api.md`` "Responses" (chunk shapes, exactly one final
-chunk, durations in nanoseconds and non-zero when counts are) and Ollama's
-``server/routes.go`` ``streamResponse`` (an error after the stream began is the
-last NDJSON line).
+Source: ``shared/ollama-api.md`` "Responses" (chunk shapes, exactly one final chunk, durations
+in nanoseconds and non-zero when counts are); Ollama's ``openai/openai.go`` (pure translation
+functions, by direction).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from aiohttp import web
 
-from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
-from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_json, read_some
-from .metrics import STAGE, STAGES, TPOT, TTFT, USAGE
-from .app_keys import ACCEPTED
-from .timestamps import CLOCK
-
-#: The stage histogram's children, bound once (``labels`` per request would cost a dict lookup each).
-_STAGE_CHILDREN = tuple(STAGE.labels(s) for s in STAGES)
-
-NDJSON = "application/x-ndjson"
+from ..timestamps import CLOCK, Timings
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop"}
-
-
-class Timings:
-    """Monotonic nanosecond marks of one request: received, sent upstream, first and last token;
-    for the stage timings also vLLM's response headers and the first body read."""
-
-    __slots__ = ("received", "sent", "first", "last", "headers", "first_read")
-
-    def __init__(self, received: int) -> None:
-        self.received = received
-        self.sent = received
-        self.first = 0
-        self.last = 0
-        self.headers = 0
-        self.first_read = 0
 
 
 class Translator:
@@ -63,7 +35,7 @@ class Translator:
 
     Args:
         model: the model name as the client sent it (echoed in every chunk).
-        timings: marks shared with :func:`relay`.
+        timings: marks shared with ``api/relay.py``'s ``relay``.
         aggregate: keep text and tool calls for a non-streaming answer.
     """
 
@@ -132,10 +104,15 @@ class Translator:
         self.t.last = now
         self.n_chunks += 1
 
+    @property
+    def output_tokens(self) -> int:
+        """The answer's output tokens: vLLM's ``usage.completion_tokens``, else the chunks that carried one."""
+        return self.eval_count or self.n_chunks
+
     def _final_fields(self) -> dict[str, Any]:
         t = self.t
         end = time.perf_counter_ns()
-        eval_count = self.eval_count or self.n_chunks
+        eval_count = self.output_tokens
         first = t.first or end
         last = t.last or end
         return {
@@ -360,151 +337,3 @@ def unstreamed_timings(t: Timings, data: dict[str, Any], end: int) -> None:
         t.first = max(end - int(gen * 1_000_000), t.sent)
     else:
         t.first = t.sent
-
-
-async def _unstreamed(request: web.Request, resp: Any, translator: Translator) -> web.Response:
-    """The aggregated Ollama answer from vLLM's non-streamed one (``relay(final_only=True)``)."""
-    t = translator.t
-    data = await read_json(resp)
-    end = t.first_read = time.perf_counter_ns()
-    if not isinstance(data, dict):
-        raise UpstreamProtocolError(f"vLLM's answer is not a JSON object: {str(data)[:200]}")
-    translator.feed(response_chunk(data))
-    if not translator.finished:
-        raise UpstreamProtocolError("vLLM's answer has no finish reason: it may be incomplete")
-    unstreamed_timings(t, data, end)
-    _observe_stages(request, t, 0)
-    final = translator.final()
-    _observe_tpot(request.path, translator, request)
-    return web.Response(body=orjson.dumps(final), content_type="application/json")
-
-
-async def relay(
-    request: web.Request,
-    upstream: Upstream,
-    path: str,
-    body: dict[str, Any],
-    translator: Translator,
-    *,
-    stream: bool,
-    headers: Mapping[str, str] | None = None,
-    final_only: bool = False,
-) -> web.StreamResponse:
-    """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
-
-    Errors before the first byte to the client (vLLM's 4xx, unreachable upstream, and an
-    error event vLLM streams before any token, such as a bad JSON schema) propagate as
-    exceptions and become a status + ``{"error"}``: the NDJSON response begins with its
-    first line, as Ollama's ``streamResponse`` sends its headers with the first chunk.
-    Once the stream began, an error becomes its last line and the stream ends. A stream
-    that ends without a finish reason is an error too, never a silent truncation.
-
-    The streamed loop is the proxy's hot path (one pass per upstream read, usually one
-    token): decode, translate, one write; metrics are observed once per request.
-    ``headers`` replace the JSON content type sent upstream (``api/session.py`` adds the
-    conversation's key for a router). ``final_only`` (with ``stream`` false): ``body`` asks
-    vLLM for one unstreamed answer (``translate.unstreamed``) and the durations come from its
-    ``metrics`` (:func:`unstreamed_timings`).
-    """
-    t = translator.t
-    t.sent = time.perf_counter_ns()
-    route = request.path
-    async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
-        t.headers = time.perf_counter_ns()
-        feed = translator.feed
-        if final_only and not stream:
-            return await _unstreamed(request, resp, translator)
-        if not stream:
-            async for batch in iter_sse(resp):
-                if not t.first_read:
-                    t.first_read = time.perf_counter_ns()
-                for chunk in batch:
-                    feed(chunk)
-            if not translator.finished:
-                raise _unfinished()
-            _observe_stages(request, t, 0)
-            final = translator.final()
-            if t.first:
-                TTFT.labels(route).observe((t.first - t.received) / 1e9)
-            _observe_tpot(route, translator, request)
-            return web.Response(body=orjson.dumps(final), content_type="application/json")
-        out: web.StreamResponse | None = None
-        dumps = orjson.dumps
-        decoder = SSEDecoder()
-        decode = decoder.feed
-        first_write = 0
-        try:
-            while not decoder.done:
-                # One write per upstream read: under load several events arrive per read.
-                data = await read_some(resp)
-                if not first_write and not t.first_read:
-                    t.first_read = time.perf_counter_ns()
-                lines = [dumps(item) for chunk in decode(data) for item in feed(chunk)]
-                if lines:
-                    if out is None:
-                        out = await _begin(request)
-                    await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
-                    if not first_write:  # TTFT as the client sees it, even if the stream fails later
-                        first_write = time.perf_counter_ns()
-                        TTFT.labels(route).observe((first_write - t.received) / 1e9)
-                        _observe_stages(request, t, first_write)
-                if decoder.failure is not None:
-                    raise decoder.failure
-            if not translator.finished:
-                raise _unfinished()
-            last = dumps(translator.final()) + b"\n"
-            _observe_tpot(route, translator, request)
-        except VllamaError as e:
-            if out is None:
-                raise  # nothing sent yet: the client gets the status and the error
-            request["vllama.stream_error"] = e
-            last = error_line(e)
-        if out is None:
-            out = await _begin(request)
-        await out.write_eof(last)  # the last line and the end of the chunked body in one write
-        return out
-
-
-def _unfinished() -> UpstreamProtocolError:
-    return UpstreamProtocolError("vLLM ended the stream ([DONE]) without a finish reason: the answer may be incomplete")
-
-
-def _observe_stages(request: web.Request, t: Timings, first_write: int) -> None:
-    """One request's stage timings (``metrics.STAGE``), seconds since the outermost middleware saw it;
-    ``first_write`` 0: not streamed (no first_client_write)."""
-    accepted = request.get(ACCEPTED) or t.received
-    marks = (t.received, t.sent, t.headers, t.first_read, first_write)
-    for child, mark in zip(_STAGE_CHILDREN, marks):
-        if mark:
-            child.observe((mark - accepted) / 1e9)
-
-
-def _observe_tpot(route: str, translator: Translator, request: web.Request | None = None) -> None:
-    """TPOT of one finished request: first to last token over output tokens - 1; its tokens for
-    the per-key counters (``metrics.observe_key_usage``)."""
-    t = translator.t
-    tokens = translator.eval_count or translator.n_chunks
-    if request is not None:
-        request[USAGE] = (translator.prompt_eval_count, tokens)
-    if tokens > 1 and t.last > t.first:
-        TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
-
-
-class _FirstLineResponse(web.StreamResponse):
-    """A stream whose status line and headers leave in the same write as its first line.
-
-    aiohttp's ``StreamResponse`` sends them on ``prepare()``; :func:`_begin` prepares it only when
-    the first line is ready, so sending them apart is a second socket write and a second wake-up
-    of the client on every request's TTFT path. aiohttp >= 3.12 holds them for the first write
-    when ``_send_headers_immediately`` is false (as its own ``Response`` does); older aiohttp
-    ignores the attribute and sends them first.
-    """
-
-    _send_headers_immediately = False
-
-
-async def _begin(request: web.Request) -> web.StreamResponse:
-    """Start the NDJSON response: status 200 and headers go out in one write with the first line."""
-    out = _FirstLineResponse(headers={"Content-Type": NDJSON})
-    await out.prepare(request)
-    return out

@@ -1,19 +1,18 @@
-"""Where each model's requests go: one vLLM server (and, when vllama runs it, its status board) per model.
+"""The vLLM servers each model's requests go to: one server per model (and, when vllama runs it,
+its status board), each reached through its HTTP client, and the models it serves.
 
-A :class:`BackendSpec` is the picklable description every proxy process receives;
-:class:`Backend` is its live form in one process, whose upstream client shares that
-process's one connection pool with every other backend.
+A :class:`BackendSpec` is the picklable description of one server every proxy process receives;
+:class:`Backend` is its live form in one process, whose HTTP client (``upstream.Upstream``)
+shares that process's one connection pool with every other backend. :class:`ServedModel` is
+one model a server lists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from vllama_proxy.upstream import Upstream
-
-if TYPE_CHECKING:  # pragma: no cover  (annotations only: the board is handed in from above)
-    from vllama_proxy.supervisor.status import StatusBoard
 
 
 @dataclass(frozen=True)
@@ -41,13 +40,16 @@ class BackendSpec:
 
     Attributes:
         url: its base URL (no ``/v1``).
-        board: its supervisor's status when vllama runs it (``None``: ``--upstream``).
+        board: its supervisor's status board when vllama runs it (``supervisor/status.py``'s
+            ``StatusBoard``, handed in from ``front/``; typed ``Any`` here, as the slot table is in
+            ``on_demand.py``: ``models/`` stands below the supervisor and names nothing of it);
+            ``None``: ``--upstream``.
         model: the model vllama launched there (``None``: whatever its ``/v1/models`` lists).
         slot: the on-demand slot it is (``supervisor/slots.py``; its model changes), else ``None``.
     """
 
     url: str
-    board: StatusBoard | None = None
+    board: Any = None
     model: ServedModel | None = None
     slot: int | None = None
 

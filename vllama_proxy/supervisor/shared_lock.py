@@ -9,6 +9,10 @@ flags whose order the CPU may reorder (issue 12).
 The lock is ``flock(2)`` on a file made by the process that creates it: the kernel releases
 it when its holder dies, so a worker killed inside a section (OOM, SIGKILL) cannot leave
 the others waiting forever, and no process ever has to guess that a holder is dead.
+
+Its users are the supervisor's status boards and slots (``status.py``, ``slots.py``) and the
+API's shared counts (``api/admission.py``, ``api/fair_queue.py``, ``api/rate_limits.py``): it
+stands here, on the lower floor of the two (``docs/architecture.md``, "The rules").
 """
 
 from __future__ import annotations

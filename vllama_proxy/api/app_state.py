@@ -1,5 +1,6 @@
-"""The aiohttp app's typed keys (``web.AppKey``) for the app-scoped objects every handler reaches
-through ``request.app``, and the request keys (``request[...]``) the middlewares and handlers share."""
+"""The app's state, by name: aiohttp's typed keys (``web.AppKey``) for the app-scoped objects every
+handler reaches through ``request.app``, and the request keys (``request[...]``) the middlewares and
+handlers share. (The clients' API keys are ``api_keys.py``'s.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 
-from .keys import KeyRing
+from .api_keys import KeyRing
 from .ledger import Ledger
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -24,7 +25,7 @@ FRONT_END = web.AppKey("front_end", Plan)
 CLOSE_AFTER = "vllama.close_after"
 #: Uploaded blobs (``/api/blobs``), which ``/api/create`` names by digest.
 BLOBS = web.AppKey("blobs", BlobStore)
-#: The API keys and their roles (``keys.py``), read again on SIGHUP.
+#: The API keys and their roles (``api_keys.py``), read again on SIGHUP.
 KEYS = web.AppKey("keys", KeyRing)
 #: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown
 #: (``--upstream`` without ``--max-running`` / ``--max-num-seqs``): ``/api/version``'s ``max_running``.

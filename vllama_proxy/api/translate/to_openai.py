@@ -1,7 +1,7 @@
-"""Pure translation of Ollama requests into vLLM's OpenAI request bodies. No I/O here.
+"""Ollama -> vLLM: pure translation of Ollama requests into vLLM's OpenAI request bodies. No I/O here.
 
-The reverse direction (vLLM's streamed chunks into Ollama's NDJSON) lives in
-``stream.py``. Field names follow each side: Ollama's on the way in
+The reverse direction (vLLM's streamed chunks into Ollama's chunks) lives in
+``to_ollama.py``. Field names follow each side: Ollama's on the way in
 (``num_predict``, ``repeat_penalty``), vLLM's on the way out (``max_tokens``,
 ``repetition_penalty``). Sources: ``shared/ollama-api.md`` (Ollama), vLLM's
 "OpenAI-Compatible Server" docs (extra sampling parameters, ``chat_template_kwargs``,
@@ -23,7 +23,7 @@ from vllama_proxy.errors import BadRequest, UnsupportedCapability
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.fim import FimFormat
 from vllama_proxy.upstream import encode_json
-from .ollama_types import ChatRequest, GenerateRequest, Message, Options
+from ..ollama_types import ChatRequest, GenerateRequest, Message, Options
 
 #: Ollama option -> vLLM sampling parameter, for keys whose value passes unchanged.
 _SAME_VALUE = {
@@ -354,7 +354,7 @@ PER_REQUEST_METRICS = "--enable-per-request-metrics"
 def final_only(vllm_args: tuple[str, ...] | list[str]) -> bool:
     """Whether a non-streamed Ollama request may reach this vLLM unstreamed: only when vLLM runs
     with ``--enable-per-request-metrics``, so its answer carries the timings Ollama's
-    ``prompt_eval_duration`` / ``eval_duration`` are made of (``stream.unstreamed_timings``).
+    ``prompt_eval_duration`` / ``eval_duration`` are made of (``to_ollama.unstreamed_timings``).
     Unstreamed, vLLM's API server sends one answer instead of an event per token (vLLM's
     ``RequestOutputKind.FINAL_ONLY``) and vllama parses one body instead of every event."""
     return PER_REQUEST_METRICS in vllm_args and "--disable-log-stats" not in vllm_args

@@ -1,4 +1,5 @@
-"""API keys with roles: who may do what, and whose share a request counts in (issue 27).
+"""The clients' API keys with roles: who may do what, and whose share a request counts in (issue 27).
+(The aiohttp app's own typed keys are ``app_state.py``'s.)
 
 Keys come from ``--api-key`` (each an admin key, as before) and ``--api-key-file``. The file is
 either one key a line (``#`` comments; each an admin key) or, when it parses as TOML with

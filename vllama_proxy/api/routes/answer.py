@@ -1,0 +1,77 @@
+"""The tail ``/api/chat`` and ``/api/generate`` share: their vLLM body, once built, answered.
+
+The handlers parse, resolve the model and build the body (``translate/to_openai.py``); from there
+the two are the same: a non-streamed request to a vLLM that reports per-request timings asks it
+for one unstreamed answer, the conversation's key goes upstream for a router, the model is held
+for the request, the output tokens are capped, and the answer is relayed back through the
+route's translator (``relay.py``, ``translate/to_ollama.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from vllama_proxy.errors import UpstreamRejected
+from vllama_proxy.models.vllm_servers import Backend, ServedModel
+from vllama_proxy.upstream import Upstream
+from .. import session
+from ..admission import with_priority
+from ..app_state import SETTINGS
+from ..relay import relay
+from ..timestamps import Timings
+from ..translate.to_ollama import Translator
+from ..translate.to_openai import final_only, unstreamed
+from .model_use import model_in_use
+from .output_tokens import cap_output
+
+
+async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
+    """``max_tokens`` meaning "until the context is full": context length minus prompt tokens.
+
+    vLLM's ``/v1/completions`` stops at 16 tokens when ``max_tokens`` is absent or null
+    (measured on vLLM 0.26, ``benchmarks/RESULTS.md``), unlike Ollama's ``num_predict: -1``.
+    The prompt is counted by vLLM's own ``/tokenize``; if that fails, by its UTF-8 length
+    (an upper bound for byte-level tokenizers), so the cap stays within the context.
+    """
+    try:
+        data = await upstream.post_json("/tokenize", {"model": model.name, "prompt": prompt})
+        count = int(data["count"])
+        limit = int(data.get("max_model_len") or model.max_model_len or 0)
+    except (UpstreamRejected, KeyError, TypeError, ValueError):
+        count = len(prompt.encode()) + 2
+        limit = model.max_model_len or 0
+    return max(limit - count, 1)
+
+
+async def answer(request: web.Request, name: str, model: ServedModel, backend: Backend, path: str, body: dict[str, Any],
+                 translator: type[Translator], timings: Timings, *, stream: bool, keep_alive: Any,
+                 session_key: str | None) -> web.StreamResponse:
+    """Send ``body`` to the model's vLLM at ``path`` (``/v1/chat/completions`` or ``/v1/completions``)
+    and answer in Ollama's format: NDJSON when ``stream``, else one JSON object.
+
+    Args:
+        name: the model's name as the client sent it (echoed in every chunk).
+        model, backend: the resolved model and its vLLM server (``model_use.resolve_model``).
+        body: vLLM's request body, completed here (``max_tokens``, ``priority``, and
+            ``to_openai.unstreamed`` when vLLM reports timings: ``to_openai.final_only``).
+        translator: the route's ``to_ollama`` translator class, built with ``timings``.
+        keep_alive: the request's ``keep_alive`` (``model_use.model_in_use``).
+        session_key: the conversation's key for a router in front of several engines
+            (``api/session.py``), sent unless the client sent its own.
+
+    Raises what ``model_in_use``, ``cap_output`` and ``relay`` raise before the first byte
+    (the model cannot be loaded, the context is full, vLLM refused the request).
+    """
+    whole = not stream and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
+    if whole:
+        unstreamed(body)
+    out = translator(name, timings, aggregate=not stream)
+    headers = session.headers(request.app[SETTINGS].session_header, request.headers, session_key)
+    async with model_in_use(request, backend, keep_alive):
+        if path == "/v1/completions" and "max_tokens" not in body:
+            body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
+        await cap_output(request, backend.upstream, model, body, ("max_tokens",))  # num_predict within the context and the key's cap
+        return await relay(request, backend.upstream, path, with_priority(request, body), out, stream=stream, headers=headers,
+                           final_only=whole)
