@@ -48,7 +48,7 @@
 #   batch    $BATCH_N (5000) prompts of 128 words, 128 tokens (/v1/completions lines): `vllama batch` with
 #            no concurrency flag (it reads max_running from /api/version)
 #   batchalt (issue 42, after start) $BATCH_ALT (3) runs, each: `vllama batch` with no -c on its own $BATCH_N prompts,
-#            (BATCH_ALT_OLD=1, default) a control with the old default -c (max_running + a quarter) on other prompts,
+#            (BATCH_ALT_OLD=1) a control with the old default -c (max_running + a quarter) on other prompts,
 #            then `vllama stop` (the model sleeps) and offline LLM.generate on the run's prompts with the same GPU
 #            share; the ratio per run; the GPU's clocks/temperature/power before each half, offline's load and
 #            scheduler limits, the server's max_num_batched_tokens: what varies between runs
@@ -94,7 +94,11 @@
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh sweep                      (~8 min: c = 16, 64, 256)
 #   issue 42's batch vs offline, alternating 3 times (after the stash calls; `start` in the first call):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start        (~3.5 min)
-#      OUT=$OUT DEV=.devscripts BATCH_ALT=3 benchmarks/hop_cost.sh batchalt       (~6 min)
+#      OUT=$OUT DEV=.devscripts BATCH_ALT=3 benchmarks/hop_cost.sh batchalt       (~6-9 min: per run ~30 s of batch,
+#               ~8 s to sleep and wake, offline's load 40-75 s and generate 20-35 s; each run's lines are in summary.txt
+#               as it ends, so a call cut at 600 s keeps the runs before)
+#      and the control, old default vs new, in a call of its own:
+#      OUT=$OUT DEV=.devscripts BATCH_ALT=2 BATCH_ALT_OLD=1 benchmarks/hop_cost.sh batchalt   (~7-9 min)
 #   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh ondemand
 # (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
@@ -283,7 +287,7 @@ batchalt)
   # Issue 42: `vllama batch` with no -c and offline LLM.generate alternating BATCH_ALT (3) times in this call,
   # each run on its own prompts (vllama's vLLM keeps its prefix cache between runs), both halves of a run on
   # the same ones. vllama's model sleeps (`vllama stop`) while LLM.generate holds the same GPU share (0.85)
-  # and wakes for the next batch; BATCH_ALT_OLD=1 (default) adds a control run with the old default
+  # and wakes for the next batch; BATCH_ALT_OLD=1 adds a control run with the old default
   # concurrency (max_running + a quarter) on prompts of its own. What may vary between runs is printed:
   # the GPU's clocks, temperature and power before each half, offline's load time and scheduler limits.
   n=${BATCH_N:-5000}
@@ -311,7 +315,7 @@ print(n)' $LOGS/alt-out.jsonl)
     s=$(report first $B ollama --model $SERVED --timeout 590)
     log "run $i: vllama answers (after $s s; state $(state)); GPU before batch: $(gpu_state)"
     batch_once $LOGS/alt-$i.jsonl "run$i" ""; b=$bt
-    if [ "${BATCH_ALT_OLD:-1}" = 1 ]; then
+    if [ "${BATCH_ALT_OLD:-0}" = 1 ]; then
       report prompts "$n" $LOGS/alt-old.jsonl --words 128 --tokens "$TOKENS" --model $SERVED --seed $(( 400 + i ))
       batch_once $LOGS/alt-old.jsonl "run$i-old" "-c $(( mr + mr / 4 ))"; bo=$bt
     fi
