@@ -92,6 +92,8 @@
 #   issue 42's mid-concurrency ratios with confidence intervals, after the stash calls (two calls, timeout_s 600):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start        (~3.5 min)
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh sweep                      (~8 min: c = 16, 64, 256)
+#      (should it near 600 s on a slower host: SWEEP_LEVELS="16 64" in one call, SWEEP_LEVELS=256 in the next;
+#      each level's table and ci.jsonl line are written as the level ends)
 #   issue 42's batch vs offline, alternating 3 times (after the stash calls; `start` in the first call):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start        (~3.5 min)
 #      OUT=$OUT DEV=.devscripts BATCH_ALT=3 benchmarks/hop_cost.sh batchalt       (~6-9 min: per run ~30 s of batch,
