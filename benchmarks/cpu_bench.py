@@ -77,8 +77,16 @@ def pinning(enabled: bool) -> tuple[set[int] | None, set[int] | None]:
 
 
 def _cpu(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
+    """CPU seconds (user + system) of ``p`` and its live descendants (``--workers N``: the workers
+    are the main process's children)."""
+    total = 0.0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            t = q.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
 
 
 async def bench(args: argparse.Namespace, proxy_url: str, fake_url: str, procs: dict[str, psutil.Process],

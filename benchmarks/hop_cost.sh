@@ -34,13 +34,24 @@
 #            and the steps r-d (the hop), p-r, g-p (the translation), v-d (the body): c1split.json
 #   c1w1     (after start) vllama restarted with --workers 1 (compile cache of start kept), c1split's run again
 #            without v (c1split-w1.json), then vllama restarted with its defaults (the same cache) for the phases after
-#   sweep    c = 16, 64, 256, 1024 (SWEEP_LEVELS), $SWEEP_ROUNDS (= $ROUNDS, 3) alternating rounds x 4c requests
-#            each, 4 client processes, CPU by process kind; vllama's stage timings per level; per-round ratios,
-#            their median and the pooled ratio
+#   sweep    (issue 42) c = 16, 64, 256 (SWEEP_LEVELS), per level $SWEEP_BLOCKS (30) short interleaved blocks: each
+#            block runs vLLM direct and vllama $SWEEP_WAVES (3) x c requests each, back to back (the first target
+#            alternates block by block), 4 client processes, CPU by process kind; per level the throughput ratio
+#            over the paired blocks with its 95 % confidence interval (t over blocks and a bootstrap:
+#            `hop_report.py ci`), whether it tells 0.97 from 1.0, TTFT / ITL p50 deltas with theirs, and the blocks
+#            of that spread a ±1.5 % interval needs; vllama's stage timings per level; sweep.json, ci.jsonl.
+#            About 7 minutes for 16 64 256 on the H100 (est. 1.2, 1.5, 4 s per block pair). The old 3 long rounds:
+#            SWEEP_BLOCKS=3 SWEEP_WAVES=4. Alone, on a machine where vllama already runs (`start` done):
+#              OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh sweep     (timeout_s 600; ~7 min + 1 min of warm-up)
 #   spread   c = 64 and 256 (SPREAD_LEVELS), each target alone: how the connections to vLLM spread over
 #            its API-server processes, and their CPU (benchmarks/api_spread.py)
 #   batch    $BATCH_N (5000) prompts of 128 words, 128 tokens (/v1/completions lines): `vllama batch` with
 #            no concurrency flag (it reads max_running from /api/version)
+#   batchalt (issue 42, after start) $BATCH_ALT (3) runs, each: `vllama batch` with no -c on its own $BATCH_N prompts,
+#            (BATCH_ALT_OLD=1) a control with the old default -c (max_running + a quarter) on other prompts,
+#            then `vllama stop` (the model sleeps) and offline LLM.generate on the run's prompts with the same GPU
+#            share; the ratio per run; the GPU's clocks/temperature/power before each half, offline's load and
+#            scheduler limits, the server's max_num_batched_tokens: what varies between runs
 #   batchvar $BATCH_N prompts per variant, each variant its own prompts (no prefix-cache hits between them),
 #            BATCH_VARIANTS (default c2x all generate direct): `vllama batch` with no -c (its default), with
 #            -c 2 x max_running, with -c $BATCH_N (all in flight), the same prompts as /api/generate lines
@@ -78,15 +89,28 @@
 #   2: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh vanilla warm ondemand          (~8 min)
 #   stop then run (issue 37.5), after the stash calls (~4 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start stop stoprun
+#   issue 42's mid-concurrency ratios with confidence intervals, after the stash calls (two calls, timeout_s 600):
+#      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start        (~3.5 min)
+#      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh sweep                      (~8 min: c = 16, 64, 256)
+#      (should it near 600 s on a slower host: SWEEP_LEVELS="16 64" in one call, SWEEP_LEVELS=256 in the next;
+#      each level's table and ci.jsonl line are written as the level ends)
+#   issue 42's batch vs offline, alternating 3 times (after the stash calls; `start` in the first call):
+#      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start        (~3.5 min)
+#      OUT=$OUT DEV=.devscripts BATCH_ALT=3 benchmarks/hop_cost.sh batchalt       (~6-9 min: per run ~30 s of batch,
+#               ~8 s to sleep and wake, offline's load 40-75 s and generate 20-35 s; each run's lines are in summary.txt
+#               as it ends, so a call cut at 600 s keeps the runs before)
+#      and the control, old default vs new, in a call of its own:
+#      OUT=$OUT DEV=.devscripts BATCH_ALT=2 BATCH_ALT_OLD=1 benchmarks/hop_cost.sh batchalt   (~7-9 min)
 #   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh ondemand
 # (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
 # The second run (c1split, c1w1, more sweep rounds, batchvar, fair cold starts): benchmarks/results/PLAN-i28b.md.
 # Outputs in $OUT (one call's; at most 8 files): summary.txt (every result, tables), c1.json and
-# sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), spread.json, stages.jsonl, logs.tar.gz.
+# sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), ci.jsonl (sweep's intervals), spread.json,
+# stages.jsonl, logs.tar.gz.
 # Dry run against the stand-in (tests/bin/vllm on PATH, no GPU): MODEL (a model dir), VLLAMA_EXTRA
 # (--no-gpu-check), NO_GPU=1 (skips nvidia-smi), C1_REQUESTS, SWEEP_LEVELS, SPREAD_LEVELS, BATCH_N,
-# TOKENS, PB / PC / PR ports, HUB, SPLIT_ROUNDS, SPLIT_REQUESTS, SPLIT_TOKENS, SWEEP_ROUNDS, BATCH_VARIANTS.
+# TOKENS, PB / PC / PR ports, HUB, SPLIT_ROUNDS, SPLIT_REQUESTS, SPLIT_TOKENS, SWEEP_BLOCKS, SWEEP_WAVES, BATCH_VARIANTS.
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
 HUB=${HUB:-/tmp/hf/hub}
@@ -94,7 +118,7 @@ mkdir -p "$OUT" "$LOGS" "$HUB"
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH=/tmp/site/bin:$PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 VLLAMA_STATE_DIR=$LOGS/state HF_HOME=$(dirname "$HUB") HF_HUB_CACHE=$HUB
-PB=${PB:-11434} PC=${PC:-8100} PR=${PR:-8200} ROUNDS=${ROUNDS:-3} TOKENS=${TOKENS:-128} SWEEP_ROUNDS=${SWEEP_ROUNDS:-${ROUNDS:-3}}
+PB=${PB:-11434} PC=${PC:-8100} PR=${PR:-8200} ROUNDS=${ROUNDS:-3} TOKENS=${TOKENS:-128}
 B=http://127.0.0.1:$PB C=http://127.0.0.1:$PC SERVED=qwen-random
 VLLM_SHAPE="--max-model-len 4096 --gpu-memory-utilization 0.85"
 ulimit -n "$(ulimit -Hn)"
@@ -215,14 +239,17 @@ c1w1)
   log "vllama with its defaults again (compile cache of start kept): launch to first token $s s"
   ;;
 sweep)
-  warm=16; rm -f $LOGS/sweep-*.json
-  for c in ${SWEEP_LEVELS:-16 64 256 1024}; do
-    log "c=$c: $SWEEP_ROUNDS alternating rounds x $(( 4 * c )) requests per target, 4 client processes"
+  warm=16; rm -f $LOGS/sweep-*.json "$OUT/ci.jsonl"
+  blocks=${SWEEP_BLOCKS:-${SWEEP_ROUNDS:-30}} waves=${SWEEP_WAVES:-3}  # SWEEP_ROUNDS: the old name
+  for c in ${SWEEP_LEVELS:-16 64 256}; do
+    log "c=$c: $blocks interleaved blocks x $(( waves * c )) requests per target, 4 client processes"
     report metrics $B $LOGS/m0.txt
-    loadgen --targets "b=ollama:$B,c=openai:$C" --levels "$c" --rounds "$SWEEP_ROUNDS" --requests-per-level "$(( 4 * c ))" \
+    loadgen --targets "b=ollama:$B,c=openai:$C" --levels "$c" --rounds "$blocks" --requests-per-level "$(( waves * c ))" \
       --procs 4 --warmup $warm --cpu-by-kind --json "$LOGS/sweep-$c.json" > $LOGS/sweep-$c.txt 2>&1 || log "c=$c: loadgen reported errors"
     report metrics $B $LOGS/m1.txt
     warm=0
+    report ci "$LOGS/sweep-$c.json" > $LOGS/ci-$c.txt
+    grep -v '^{"ci"' $LOGS/ci-$c.txt | say; grep '^{"ci"' $LOGS/ci-$c.txt >> "$OUT/ci.jsonl"
     report rounds "$LOGS/sweep-$c.json" | say
     grep '^|' $LOGS/sweep-$c.txt | say  # loadgen's tables: pooled results, cores by process kind, ratios
     report stages $LOGS/m0.txt $LOGS/m1.txt "c=$c" | tee -a "$OUT/summary.txt" | tail -1 >> "$OUT/stages.jsonl"
@@ -258,6 +285,54 @@ batch)
   ok=$(grep -c '"status_code": *200' $LOGS/batch-out.jsonl || true)
   log "vllama batch: exit $rc, $ok/$n answered 200, wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t}") s"
   ;;
+batchalt)
+  # Issue 42: `vllama batch` with no -c and offline LLM.generate alternating BATCH_ALT (3) times in this call,
+  # each run on its own prompts (vllama's vLLM keeps its prefix cache between runs), both halves of a run on
+  # the same ones. vllama's model sleeps (`vllama stop`) while LLM.generate holds the same GPU share (0.85)
+  # and wakes for the next batch; BATCH_ALT_OLD=1 adds a control run with the old default
+  # concurrency (max_running + a quarter) on prompts of its own. What may vary between runs is printed:
+  # the GPU's clocks, temperature and power before each half, offline's load time and scheduler limits.
+  n=${BATCH_N:-5000}
+  mr=$(curl -s $B/api/version | python3 -c 'import json, sys; print(json.load(sys.stdin).get("max_running") or 0)')
+  [ "$mr" -gt 0 ] 2>/dev/null || { log "batchalt: /api/version has no max_running"; exit 1; }
+  gpu_state() { [ -n "${NO_GPU:-}" ] && echo "-" || nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv,noheader | tr '\n' ' '; }
+  state() { curl -s $B/readyz | python3 -c 'import json, sys; print(json.load(sys.stdin).get("state"))'; }
+  batch_once() {  # $1 prompts file, $2 label, $3 flags; sets bt (tok/s by wall)
+    local t rc wall tok
+    t=$(date +%s.%N)
+    python3 -m vllama_proxy batch "$1" -o $LOGS/alt-out.jsonl --restart --host $B $3 > $LOGS/alt-$2.txt 2>&1
+    rc=$?; wall=$(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $t}")
+    tok=$(python3 -c 'import json, sys
+n = 0
+for line in open(sys.argv[1]):
+    b = ((json.loads(line).get("response") or {}).get("body")) or {}
+    n += ((b.get("usage") or {}).get("completion_tokens") or 0) if isinstance(b, dict) else 0
+print(n)' $LOGS/alt-out.jsonl)
+    bt=$(awk "BEGIN{printf \"%.0f\", $tok / $wall}")
+    log "batchalt $2 (${3:-no -c}): exit $rc, $(grep -c '"status_code": *200' $LOGS/alt-out.jsonl || true)/$n answered 200, $tok tokens, wall $wall s: $bt tok/s; $(grep -m1 -o 'concurrency [0-9]*' $LOGS/alt-$2.txt)"
+  }
+  log "batchalt: ${BATCH_ALT:-3} runs; $n prompts of 128 words, $TOKENS tokens; max_running $mr; the server's scheduler: $(grep -aoE 'max_num_batched_tokens=[0-9]+' $LOGS/vllama*.log | head -1)"
+  for i in $(seq "${BATCH_ALT:-3}"); do
+    report prompts "$n" $LOGS/alt-$i.jsonl --words 128 --tokens "$TOKENS" --model $SERVED --seed $(( 300 + i ))
+    s=$(report first $B ollama --model $SERVED --timeout 590)
+    log "run $i: vllama answers (after $s s; state $(state)); GPU before batch: $(gpu_state)"
+    batch_once $LOGS/alt-$i.jsonl "run$i" ""; b=$bt
+    if [ "${BATCH_ALT_OLD:-0}" = 1 ]; then
+      report prompts "$n" $LOGS/alt-old.jsonl --words 128 --tokens "$TOKENS" --model $SERVED --seed $(( 400 + i ))
+      batch_once $LOGS/alt-old.jsonl "run$i-old" "-c $(( mr + mr / 4 ))"; bo=$bt
+    fi
+    OLLAMA_HOST=$B python3 -m vllama_proxy stop $SERVED > /dev/null || log "run $i: vllama stop failed"
+    for _ in $(seq 1200); do st=$(state); [ "$st" = sleeping ] || [ "$st" = unloaded ] && break; sleep 0.05; done
+    log "run $i: vllama $st; GPU before offline: $(gpu_state)"
+    if [ -n "${NO_GPU:-}" ]; then log "run $i: offline skipped (NO_GPU)"; continue; fi
+    page_cache
+    VLLM_CACHE_ROOT=$LOGS/cache-offline python3 benchmarks/offline_generate.py "$MODEL" $LOGS/alt-$i.jsonl --json $LOGS/offline-$i.json \
+      > $LOGS/offline-$i.log 2>&1 || tail -20 $LOGS/offline-$i.log | say
+    o=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_tok_s"])' $LOGS/offline-$i.json 2>/dev/null || echo 0)
+    log "run $i: offline $(cat $LOGS/offline-$i.json 2>/dev/null | tr -d '\n ')"
+    log "run $i: vllama batch / offline = $(awk "BEGIN{printf \"%.3f\", $b / ($o > 0 ? $o : 1)}")${bo:+; old default / offline = $(awk "BEGIN{printf \"%.3f\", $bo / ($o > 0 ? $o : 1)}")}"
+  done
+  ;;
 batchvar|batchfo)
   n=${BATCH_N:-5000}; variants=${BATCH_VARIANTS:-default c2x all generate direct}; seed=100
   if [ $phase = batchfo ]; then  # vLLM with per-request metrics: non-streamed /api/generate goes upstream unstreamed
@@ -268,7 +343,7 @@ batchvar|batchfo)
   fi
   mr=$(curl -s $B/api/version | python3 -c 'import json, sys; print(json.load(sys.stdin).get("max_running") or 0)')
   [ "$mr" -gt 0 ] 2>/dev/null || { log "batchvar: /api/version has no max_running"; mr=1024; }
-  dflt=$(( mr + mr / 4 ))  # what vllama batch picks with no -c (client/batch.py choose_concurrency)
+  dflt=$(( 2 * mr ))  # what vllama batch picks with no -c (client/batch/concurrency.py choose_concurrency)
   log "$phase: $n prompts per variant; max_running $mr, vllama batch's default concurrency $dflt"
   for v in $variants; do
     seed=$(( seed + 1 )); url=/v1/completions; host=$B; flags=""

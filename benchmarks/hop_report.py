@@ -12,6 +12,11 @@ Usage:
                                                 deltas vs d, and the steps r-d (the hop), p-r (vllama's
                                                 pass-through beyond a bare relay), g-p (the translation), v-d
                                                 (vllama's body at vLLM); per round, median and pooled
+  hop_report.py ci RUN.json [--boot 10000]      per level and target: the throughput ratio to the baseline over
+                                                paired blocks (loadgen's rounds) with 95 % confidence intervals
+                                                (Student's t over the blocks and a bootstrap), whether it tells
+                                                0.97 from 1.0, the TTFT / ITL p50 deltas with their intervals,
+                                                and how many blocks of this spread would resolve ±1.5 %
   hop_report.py merge OUT.json RUN.json...       one loadgen JSON holding the levels of several runs
   hop_report.py metrics URL FILE                save vllama's /metrics text to FILE
   hop_report.py stages BEFORE AFTER [LABEL]     vllama_request_stage_seconds between two /metrics files:
@@ -77,6 +82,122 @@ def rounds(path: str) -> None:
             print(f"| {lv['concurrency']} | median of {len(per)} rounds | {name} | | | {_med(ratios, '.3f')} "
                   f"(min {_fmt(min(ratios, default=None), '.3f')}, max {_fmt(max(ratios, default=None), '.3f')}) | | "
                   f"{_med(dts, '+.3f')} | | {_med(dis, '+.3f')} |")
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (two-sided 95 %: ``p`` 0.975): exact for 1 and 2 degrees of freedom, else the
+    Cornish-Fisher expansion around the normal quantile (0.004 under the tables' 3.182 at 3, within
+    0.001 of them from 5 on)."""
+    import math
+
+    if df < 1:
+        return float("nan")
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        return (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
+    z = statistics.NormalDist().inv_cdf(p)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+
+
+def mean_ci(xs: list[float], boot: int = 10000, seed: int = 42) -> dict[str, float | int | None]:
+    """Mean of paired per-block differences ``xs`` with its 95 % confidence interval, two ways: Student's
+    t over the blocks (``lo``/``hi``) and a percentile bootstrap of the mean (``boot_lo``/``boot_hi``,
+    ``boot`` resamples, seeded: the same file prints the same interval). ``sd``: the blocks' standard
+    deviation; ``n``: blocks."""
+    import random
+
+    n = len(xs)
+    if n == 0:
+        return {"n": 0, "mean": None, "sd": None, "lo": None, "hi": None, "boot_lo": None, "boot_hi": None}
+    m = statistics.fmean(xs)
+    if n == 1:
+        return {"n": 1, "mean": m, "sd": None, "lo": None, "hi": None, "boot_lo": None, "boot_hi": None}
+    sd = statistics.stdev(xs)
+    half = t_quantile(0.975, n - 1) * sd / n**0.5
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(xs, k=n)) for _ in range(boot))
+    return {"n": n, "mean": m, "sd": sd, "lo": m - half, "hi": m + half,
+            "boot_lo": means[int(0.025 * (boot - 1))], "boot_hi": means[int(0.975 * (boot - 1))]}
+
+
+#: The goal of issue 42 (>= 0.97x its own vLLM) and the half-width an interval needs to tell 0.97 from 1.0.
+GOAL_RATIO = 0.97
+RESOLVE_HALF_WIDTH = 0.015
+
+
+def ratio_ci(path: str, boot: int = 10000) -> list[dict]:
+    """Per level and target: the throughput ratio to the baseline over paired blocks (rounds of one
+    loadgen run: each block runs every target once, back to back) with its 95 % interval, and the TTFT and
+    ITL p50 deltas (ms) with theirs.
+
+    The ratio is the geometric mean of the blocks' ratios (the mean of log ratios, so ``a/b`` and ``b/a``
+    are symmetric); its interval is the log interval mapped back. A block pairs runs that ran seconds apart,
+    so drift between blocks (vLLM's own, the host's) cancels in the pair and the interval measures what is
+    left. ``blocks_for_resolve``: how many blocks of this spread give a half-width of
+    ``RESOLVE_HALF_WIDTH`` (1.5 %, enough to tell 0.97 from 1.0)."""
+    import math
+
+    data = json.loads(Path(path).read_text())
+    base = data.get("baseline")
+    out = []
+    for lv in data.get("levels", []):
+        by_round: dict[int, dict[str, dict]] = {}
+        for run in lv["runs"]:
+            by_round.setdefault(run["round"], {})[run["target"]] = run
+        names = [n for n in lv["summary"] if n != base]
+        for name in names:
+            pairs = [(runs[name], runs[base]) for _, runs in sorted(by_round.items()) if name in runs and base in runs]
+            logs = [math.log(s["output_tok_s"] / b["output_tok_s"]) for s, b in pairs
+                    if s["output_tok_s"] and b["output_tok_s"]]
+            r = mean_ci(logs, boot)
+            row: dict = {"concurrency": lv["concurrency"], "target": name, "baseline": base, "blocks": r["n"]}
+            ex = (lambda v: None if v is None else math.exp(v))
+            row.update(ratio=ex(r["mean"]), lo=ex(r["lo"]), hi=ex(r["hi"]), boot_lo=ex(r["boot_lo"]), boot_hi=ex(r["boot_hi"]))
+            row["blocks_for_resolve"] = (math.ceil((1.96 * r["sd"] / math.log(1 + RESOLVE_HALF_WIDTH)) ** 2)
+                                         if r["sd"] else None)
+            for metric, key in (("ttft_ms", "ttft_p50_delta_ms"), ("itl_ms", "itl_p50_delta_ms")):
+                d = mean_ci([s[metric]["p50"] - b[metric]["p50"] for s, b in pairs
+                             if s[metric]["p50"] is not None and b[metric]["p50"] is not None], boot)
+                row[key] = {k: d[k] for k in ("mean", "lo", "hi")}
+            row["verdict"] = verdict(row["lo"], row["hi"])
+            out.append(row)
+    return out
+
+
+def verdict(lo: float | None, hi: float | None) -> str:
+    """What a ratio's 95 % interval says about the goal (>= ``GOAL_RATIO``) and about parity (1.0)."""
+    if lo is None or hi is None:
+        return "too few blocks"
+    if lo >= 1.0:
+        return "faster than the baseline"
+    if lo >= GOAL_RATIO:
+        return f">= {GOAL_RATIO} (goal met)" + (", not told from 1.0" if hi >= 1.0 else ", below 1.0")
+    if hi < GOAL_RATIO:
+        return f"< {GOAL_RATIO} (goal missed)"
+    return f"not resolved: the interval holds {GOAL_RATIO}" + (" and 1.0" if hi >= 1.0 else "")
+
+
+def ci(path: str, boot: int = 10000) -> None:
+    """Print :func:`ratio_ci`'s table, then one JSON line per row."""
+    rows = ratio_ci(path, boot)
+    f = (lambda v, spec: "-" if v is None else format(v, spec))
+    print("throughput ratio to the baseline over paired blocks, 95 % confidence intervals "
+          f"(t over blocks; bootstrap of {boot} resamples); TTFT / ITL p50 Δ ms, mean of blocks [t interval]")
+    print("| c | target | blocks | ratio | 95 % CI (t) | 95 % CI (bootstrap) | verdict | TTFT p50 Δ | ITL p50 Δ "
+          f"| blocks for ±{RESOLVE_HALF_WIDTH:.1%} |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        d = (lambda x: f"{f(x['mean'], '+.3f')} [{f(x['lo'], '+.3f')}, {f(x['hi'], '+.3f')}]")
+        print(f"| {r['concurrency']} | {r['target']} | {r['blocks']} | {f(r['ratio'], '.4f')} | "
+              f"{f(r['lo'], '.4f')} – {f(r['hi'], '.4f')} | {f(r['boot_lo'], '.4f')} – {f(r['boot_hi'], '.4f')} | "
+              f"{r['verdict']} | {d(r['ttft_p50_delta_ms'])} | {d(r['itl_p50_delta_ms'])} | {f(r['blocks_for_resolve'], 'd')} |")
+    for r in rows:
+        print(json.dumps({"ci": r}))
 
 
 def _fmt(x, spec: str) -> str:
@@ -285,6 +406,8 @@ def main(argv: list[str]) -> None:
         rounds(pos[0])
     elif cmd == "split":
         split(pos[0])
+    elif cmd == "ci":
+        ci(pos[0], int(opts.get("boot", 10000)))
     elif cmd == "startlog":
         startlog(pos[0], float(pos[1]))
     elif cmd == "merge":

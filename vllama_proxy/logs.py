@@ -37,7 +37,9 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     structlog.configure(
         processors=[*shared, *final],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # WriteLogger writes a line and its newline in one write (PrintLogger's print() made two system
+        # calls per line on an unbuffered stderr: the access log's line on every request, issue 42)
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     # Route stdlib logging (aiohttp, asyncio) through the same renderer.

@@ -15,7 +15,7 @@ from .app_state import CLOSE_AFTER, SETTINGS
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The raw request body (read once; aiohttp keeps it for a second call).
+    """The raw request body, read once: a second call (the route's, after admission's) returns it as read.
 
     Inference routes take ``--max-body-size``, every other route ``--max-small-body-size``
     (issue 27: non-inference routes read bodies unbounded); the whole body must arrive within
@@ -26,6 +26,9 @@ async def read_body(request: web.Request) -> bytes:
         RequestTooLarge: over the route's limit (413).
         BodyTimeout: not received in time (408; the connection is closed after the answer).
     """
+    body = request.get(BODY)
+    if body is not None:  # admission read it: the route's read is free
+        return body
     settings = request.app[SETTINGS]
     small = request.path not in LARGE_BODY_ROUTES and not request.path.startswith(LARGE_BODY_PREFIXES)
     limit = settings.max_small_body_size if small else settings.max_body_size
@@ -33,8 +36,11 @@ async def read_body(request: web.Request) -> bytes:
         request[CLOSE_AFTER] = True
         raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
     try:
-        async with asyncio.timeout(settings.body_timeout):
+        if request.content.is_eof():  # all of it arrived with the headers (the usual small body): no wait to bound
             body = await request.read()
+        else:
+            async with asyncio.timeout(settings.body_timeout):
+                body = await request.read()
     except TimeoutError:
         request.content.feed_eof()
         request[CLOSE_AFTER] = True
@@ -51,7 +57,12 @@ async def read_body(request: web.Request) -> bytes:
         raise BadRequest("the request body could not be read as sent") from None
     if small and len(body) > limit:
         raise RequestTooLarge(f"request body too large: the limit of {request.path} is {limit} bytes")
+    request[BODY] = body
     return body
+
+
+#: The request's body once :func:`read_body` read it within its limits (admission's read, then the route's).
+BODY = "vllama.body"
 
 
 #: Routes that take ``--max-body-size`` (inference, blobs); every other route ``--max-small-body-size``.

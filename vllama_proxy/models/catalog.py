@@ -68,6 +68,10 @@ def capabilities(model: ServedModel, files: ModelFiles) -> list[str]:
     return caps
 
 
+#: ``Catalog.resolve``'s ``made`` when the caller did not read the created models' file.
+_UNREAD: object = object()
+
+
 class Catalog:
     """The served models, their Ollama names, and the backend serving each.
 
@@ -115,6 +119,7 @@ class Catalog:
             self._fetched_at = 0.0
         self._fetch_task: asyncio.Task[dict[str, ServedModel]] | None = None
         self._files: dict[str, asyncio.Task[ModelFiles]] = {}
+        self._caps: dict[ServedModel, tuple[ModelFiles, tuple[str, ...]]] = {}  # capabilities(): per model and its files
 
     async def models(self) -> list[ServedModel]:
         """All served models (fetching the list if none is cached), then those on-demand slots hold."""
@@ -128,7 +133,7 @@ class Catalog:
     def on_demand(self) -> OnDemand | None:
         return self._on_demand
 
-    async def resolve(self, name: str, *, claim: bool = False) -> ServedModel:
+    async def resolve(self, name: str, *, claim: bool = False, made: CreatedModel | None | object = _UNREAD) -> ServedModel:
         """The served model an Ollama name refers to (for a model made with ``/api/create``: its base).
 
         ``claim``: a local model no on-demand slot holds claims one (it will load) — only inference
@@ -140,8 +145,12 @@ class Catalog:
                 nor a library name of a served repo; for a name of the library's form, the message
                 says what is close and how to name a Hugging Face model.
             UpstreamUnavailable: no list is cached and vLLM cannot be asked.
+
+        ``made``: what :meth:`created` said of ``name`` when the caller already asked (one look at the
+        created models' file per request, not one per step).
         """
-        made = self.created(name)
+        if made is _UNREAD:
+            made = self.created(name)
         if made is not None:
             return await self._resolve(made.base, claim)  # a served name: created models never stand on created ones
         return await self._resolve(name, claim)
@@ -257,10 +266,18 @@ class Catalog:
         return await asyncio.shield(task)
 
     async def capabilities(self, model: ServedModel) -> list[str]:
-        """See :func:`capabilities`; ``insert`` when :meth:`fim` finds a format."""
-        caps = capabilities(model, await self.files(model))
+        """See :func:`capabilities`; ``insert`` when :meth:`fim` finds a format. Worked out once per
+        model (its arguments and files do not change; every generate and chat request asks)."""
+        files = await self.files(model)
+        hit = self._caps.get(model)
+        if hit is not None and hit[0] is files:
+            return list(hit[1])
+        caps = capabilities(model, files)
         if "completion" in caps and await self.fim(model) is not None:
             caps.append("insert")
+        if len(self._caps) >= 256:  # models come and go (on demand, a refreshed list): keep it small
+            self._caps.clear()
+        self._caps[model] = (files, tuple(caps))
         return caps
 
     async def fim(self, model: ServedModel) -> FimFormat | None:

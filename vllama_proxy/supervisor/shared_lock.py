@@ -25,6 +25,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+#: This process's id, kept by a fork hook: ``os.getpid()`` is a system call, and sections are
+#: taken twice per request (issue 42).
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
 #: Where lock files go: memory, when there is a /dev/shm.
 _DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
@@ -51,8 +56,8 @@ class SharedLock:
         self._fd, self._pid = None, 0
 
     def _file(self) -> int:
-        if self._pid != os.getpid():  # first use in this process (or a fork of it)
-            self._fd, self._pid = os.open(self.path, os.O_RDWR | os.O_CLOEXEC), os.getpid()
+        if self._pid != _PID[0]:  # first use in this process (or a fork of it)
+            self._fd, self._pid = os.open(self.path, os.O_RDWR | os.O_CLOEXEC), _PID[0]
         assert self._fd is not None
         return self._fd
 

@@ -12,7 +12,7 @@ from ..translate.to_ollama import ChatTranslator
 from ..translate.to_openai import chat_body, check_capabilities, upstream_model, with_model_defaults
 from .answer import answer
 from .body import log_ignored, read_request
-from .model_use import load_reply, resolve_model
+from .model_use import created_of, load_reply, resolve_model
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -25,7 +25,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         return await load_reply(request, req.model, req.keep_alive, chat=True)
     name, model, backend = await resolve_model(request, req.model)
-    made = request.app[CATALOG].created(name)
+    made = created_of(request, name)
     req, _ = with_model_defaults(req, made)
     caps = await request.app[CATALOG].capabilities(model)
     images = any(m.images for m in req.messages)

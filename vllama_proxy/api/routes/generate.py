@@ -13,7 +13,7 @@ from ..translate.to_ollama import GenerateTranslator
 from ..translate.to_openai import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
 from .answer import answer
 from .body import log_ignored, read_request
-from .model_use import load_reply, resolve_model
+from .model_use import created_of, load_reply, resolve_model
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -30,7 +30,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await load_reply(request, req.model, req.keep_alive, chat=False)
     name, model, backend = await resolve_model(request, req.model)
     catalog = request.app[CATALOG]
-    made = catalog.created(name)
+    made = created_of(request, name)
     req, before = with_model_defaults(req, made)
     served = upstream_model(made, model.name)
     caps = await catalog.capabilities(model)

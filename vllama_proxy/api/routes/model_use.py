@@ -81,13 +81,28 @@ def may_list_created(request: web.Request, made: CreatedModel) -> bool:
     return not key.models or key.may_use(made.name)
 
 
+#: The request's ``(name, the model made with /api/create it names or None)``, as :func:`lookup_model` read it.
+CREATED = "vllama.created"
+
+
+def created_of(request: web.Request, name: str) -> CreatedModel | None:
+    """The model made with ``/api/create`` that ``name`` names, as this request's :func:`lookup_model`
+    read it (the created models' file is looked at once per request), else read now."""
+    seen = request.get(CREATED)
+    if seen is not None and seen[0] == name:
+        return seen[1]
+    return request.app[CATALOG].created(name)
+
+
 async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
     """``(name as sent, served model, its backend or None)`` without loading anything: an on-demand
     model no slot holds has no backend (issue 27: looking a model up never loads it)."""
     name = require_model(name)
     catalog = request.app[CATALOG]
-    model = await catalog.resolve(name)
-    check_model(key_of(request), name, model, catalog.created(name))
+    made = catalog.created(name)  # read once per request (a stat of its file each time): see created_of
+    request[CREATED] = (name, made)
+    model = await catalog.resolve(name, made=made)
+    check_model(key_of(request), name, model, made)
     try:
         return name, model, catalog.backend_of(model)
     except ModelNotFound:

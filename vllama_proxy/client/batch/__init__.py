@@ -62,12 +62,15 @@ Concurrency
 -----------
 Without ``--concurrency`` the run keeps the server's running capacity busy: vllama's
 ``GET /api/version`` says how many requests vLLM runs at once (``max_running``: each
-model's ``--max-num-seqs`` x data-parallel size), and the batch keeps that many plus a
-quarter in flight, so vLLM already holds the next request when one finishes (a lone
-client at 64 in flight streamed 0.78x of vLLM's offline ``LLM.generate`` on an H100,
-issue 28). A server that does not say (another Ollama-API server, ``vllama serve
---upstream`` without ``--max-running``) gets ``FALLBACK_CONCURRENCY``. The choice is
-printed. The open-file limit is raised to its hard limit when the connections need it.
+model's ``--max-num-seqs`` x data-parallel size), and the batch keeps twice that many in
+flight (``concurrency.QUEUE_FACTOR``), so vLLM's waiting queue is as deep as its running
+batch, as offline ``LLM.generate`` keeps it: when a wave of requests of one length ends,
+every freed slot is refilled from vLLM's own queue, not after a round trip through the
+client (a lone client at 64 in flight streamed 0.78x of vLLM's offline ``LLM.generate`` on
+an H100, issue 28; a quarter more than ``max_running`` was the choice until issue 42). A
+server that does not say (another Ollama-API server, ``vllama serve --upstream`` without
+``--max-running``) gets ``FALLBACK_CONCURRENCY``. The choice is printed. The open-file
+limit is raised to its hard limit when the connections need it.
 
 Progress goes to stderr: on a terminal a tqdm bar (done/total, ok, errors, output tokens/s,
 requests/s, ETA), otherwise a log line every 5 s: done/total, ok/errors, requests/s, output

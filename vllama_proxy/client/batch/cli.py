@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="results file (JSONL); resumed when it exists")
     p.add_argument("-c", "--concurrency", type=int, default=None,
                    help="requests in flight at most (default: what the server runs at once, from its /api/version "
-                        f"max_running, plus a quarter; {FALLBACK_CONCURRENCY} when it does not say)")
+                        f"max_running, twice: as many waiting as running; {FALLBACK_CONCURRENCY} when it does not say)")
     p.add_argument("--host", default=None,
                    help="server URL (default: OLLAMA_HOST, else http://127.0.0.1:11434)")
     p.add_argument("--api-key", default=None, help="sent as Authorization: Bearer (default: OLLAMA_API_KEY)")

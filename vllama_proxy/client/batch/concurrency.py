@@ -4,17 +4,25 @@ from __future__ import annotations
 
 #: Requests in flight when the server does not say how many it runs at once.
 FALLBACK_CONCURRENCY = 64
+#: Requests in flight per request the server runs at once: one running, one waiting in vLLM's queue.
+QUEUE_FACTOR = 2
 
 
 def choose_concurrency(max_running: int | None) -> tuple[int, str]:
-    """``(requests in flight, why)`` for a run without ``--concurrency``: the server's
-    ``max_running`` plus a quarter (vLLM holds the next request when one finishes), else
-    ``FALLBACK_CONCURRENCY``."""
+    """``(requests in flight, why)`` for a run without ``--concurrency``: ``QUEUE_FACTOR`` (2) times the
+    server's ``max_running`` (vLLM's ``--max-num-seqs`` x data-parallel size, from ``/api/version``), else
+    ``FALLBACK_CONCURRENCY``.
+
+    Twice the running capacity keeps vLLM's waiting queue as deep as its running batch, as offline
+    ``LLM.generate`` (every prompt queued at once) keeps it: a batch's requests of one length finish in
+    waves, and with a quarter more in flight (the choice before issue 42) three quarters of the slots of
+    a finished wave stayed empty until the client's next requests arrived through both hops."""
     if max_running is None:
         return FALLBACK_CONCURRENCY, ("the server does not say how many requests it runs at once "
                                       "(no max_running in /api/version); give --concurrency to change it")
-    n = max_running + max(max_running // 4, 1)
-    return n, f"the server runs {max_running} requests at once (max_running in /api/version), plus a quarter queued"
+    n = QUEUE_FACTOR * max_running
+    return n, (f"the server runs {max_running} requests at once (max_running in /api/version), "
+               "and as many wait queued in vLLM")
 
 
 def raise_nofile(wanted: int) -> int:

@@ -1,0 +1,190 @@
+"""What a request costs in system calls on vllama's request path (issue 42, item 4: the lone request).
+
+On the c=1 path every system call is paid once per request (and on the 2-core VM several µs each):
+``strace -c`` of a worker counted 36.5 per request with ``--workers 1`` and 57 with ``--workers 2``
+before these fixes (26.9 and 26.3 after). Each test pins one of the calls cut:
+
+* the shared-memory lock asked ``os.getpid()`` on every section (two sections per request);
+* prometheus-client's multiprocess values (``--workers N``) asked ``os.getpid()`` on every
+  ``inc``/``observe`` (22 per request);
+* the log's ``PrintLogger`` wrote a line and its newline in two writes (the access log, every request);
+* the created models' file was stat'ed three times per request, the capabilities worked out again on
+  every request, and the body read twice (the second time under its own timeout).
+
+``sys.setprofile`` sees every call of a C function, so a test counts the calls of ``os.getpid`` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _count_getpid(fn) -> int:
+    calls = 0
+    getpid = os.getpid
+
+    def prof(_frame, event, arg):
+        nonlocal calls
+        if event == "c_call" and arg is getpid:
+            calls += 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_the_shared_lock_asks_no_pid_per_section():
+    from vllama_proxy.supervisor.shared_lock import SharedLock
+
+    lock = SharedLock()
+    with lock.held():  # the first section opens the file
+        pass
+
+    def sections():
+        for _ in range(10):
+            with lock.held():
+                pass
+
+    assert _count_getpid(sections) == 0
+
+
+def test_multiprocess_metrics_ask_no_pid_per_observation(tmp_path):
+    """With ``--workers N`` (PROMETHEUS_MULTIPROC_DIR set before prometheus-client is imported, as the CLI does)."""
+    code = textwrap.dedent("""
+        import os, sys
+        sys.path.insert(0, sys.argv[1])
+        from test_request_syscalls import _count_getpid
+        from vllama_proxy.api import metrics
+
+        def observe():
+            for _ in range(10):
+                metrics.REQUESTS.labels("/api/generate", "200").inc()
+                metrics.TTFT.labels("/api/generate").observe(0.01)
+                metrics.IN_FLIGHT.inc()
+                metrics.IN_FLIGHT.dec()
+
+        observe()  # the first observations create the values
+        print(_count_getpid(observe))
+        print(metrics.REQUESTS.labels("/api/generate", "200")._value.get())
+    """)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests")], env=env, capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split()
+    assert out == ["0", "20.0"]  # no getpid, and the values still count
+
+
+def test_a_log_line_is_one_write(monkeypatch):
+    from vllama_proxy import logs
+
+    class Stderr(io.StringIO):
+        writes = 0
+
+        def write(self, s):  # type: ignore[override]
+            Stderr.writes += 1
+            return super().write(s)
+
+    err = Stderr()
+    monkeypatch.setattr(sys, "stderr", err)
+    try:
+        logs.configure_logging("info", "json")
+        logs.get_logger("vllama.test").info("request", route="/api/generate", status=200)
+    finally:
+        monkeypatch.undo()
+        logs.configure_logging("info", "json")
+    assert err.getvalue().count("\n") == 1 and '"event":"request"' in err.getvalue()
+    assert Stderr.writes == 1
+
+
+def test_capabilities_are_worked_out_once_per_model(monkeypatch, tmp_path):
+    from vllama_proxy.models import catalog as catalog_mod
+    from vllama_proxy.models.vllm_servers import Backend, BackendSpec, ServedModel
+    from vllama_proxy.upstream import Upstream
+
+    worked = []
+    real = catalog_mod.capabilities
+    monkeypatch.setattr(catalog_mod, "capabilities", lambda m, f: worked.append(m.name) or real(m, f))
+    model = ServedModel("m", str(tmp_path), 4096, 0, ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
+    cat = catalog_mod.Catalog([Backend(BackendSpec("http://127.0.0.1:1", model=model), Upstream("http://127.0.0.1:1"))])
+
+    async def ask():
+        return [await cat.capabilities(model) for _ in range(5)]
+
+    answers = asyncio.run(ask())
+    assert answers == [["completion", "tools"]] * 5
+    answers[0].append("mutated")  # each caller gets its own list
+    assert asyncio.run(ask())[0] == ["completion", "tools"]
+    assert worked == ["m"]
+
+
+def test_the_created_models_file_is_looked_at_once_per_request(monkeypatch, tmp_path):
+    """lookup_model (resolve, then the key's check) and the route's defaults share one look."""
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from vllama_proxy.api.app_state import CATALOG
+    from vllama_proxy.api.routes.model_use import created_of, lookup_model
+    from vllama_proxy.models import state_file
+    from vllama_proxy.models.vllm_servers import Backend, BackendSpec, ServedModel
+    from vllama_proxy.models.catalog import Catalog
+    from vllama_proxy.models.created import CreatedStore
+    from vllama_proxy.upstream import Upstream
+
+    looks = []
+    real = state_file.FileView.get
+    monkeypatch.setattr(state_file.FileView, "get", lambda self: looks.append(self.path) or real(self))
+    model = ServedModel("m", str(tmp_path), 4096, 0)
+    app = web.Application()
+    app[CATALOG] = Catalog([Backend(BackendSpec("http://127.0.0.1:1", model=model), Upstream("http://127.0.0.1:1"))],
+                           created=CreatedStore(tmp_path / "created.json"))
+    request = make_mocked_request("POST", "/api/generate", app=app)
+
+    async def one():
+        name, found, _ = await lookup_model(request, "m")
+        return found, created_of(request, name)
+
+    assert asyncio.run(one()) == (model, None)
+    assert looks == [tmp_path / "created.json"]
+
+
+def test_a_body_that_arrived_is_read_without_a_timer_and_once(monkeypatch):
+    """Admission reads the body, then the route: the second read is the first's bytes, and a body that
+    came whole with the headers (the usual small one) needs no --body-timeout timer."""
+    from unittest import mock
+
+    from aiohttp import web
+    from aiohttp.streams import StreamReader
+    from aiohttp.test_utils import make_mocked_request
+
+    from vllama_proxy.api import request_body
+    from vllama_proxy.api.app_state import SETTINGS
+    from vllama_proxy.settings import Settings
+
+    def no_timer(_s):
+        raise AssertionError("a timer for a body that already arrived")
+
+    monkeypatch.setattr(request_body.asyncio, "timeout", no_timer)
+
+    async def reads():
+        app = web.Application()
+        app[SETTINGS] = Settings()
+        body = b'{"model": "m", "prompt": "hi"}'
+        payload = StreamReader(mock.Mock(_reading_paused=False), 2**16, loop=asyncio.get_running_loop())
+        payload.feed_data(body)
+        payload.feed_eof()
+        request = make_mocked_request("POST", "/api/generate", headers={"Content-Length": str(len(body))},
+                                      app=app, payload=payload)
+        return await request_body.read_body(request), await request_body.read_body(request)
+
+    first, second = asyncio.run(reads())
+    assert first == second == b'{"model": "m", "prompt": "hi"}'
