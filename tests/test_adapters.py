@@ -13,9 +13,10 @@ import struct
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, log_events
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models.adapters import LoraPlan, check_adapter, lora_plan
+from vllama_proxy.models.launch_spec import vllm_arg
 from vllama_proxy.models.created import CreatedModel
 
 LORA = ROOT / "tests" / "assets" / "tool-lora"
@@ -116,3 +117,53 @@ def test_adapter_sources_a_local_directory_and_a_hugging_face_repo(proxy, hub_pr
     assert r.status_code == 400 and "no readable adapter_config.json" in r.json()["error"], r.text
     r = create(hub_proxy.url, "acme/gated-model")
     assert r.status_code == 400 and "cannot fetch it from Hugging Face" in r.json()["error"], r.text
+
+
+def test_max_loras_grows_in_steps_and_the_mode_follows_the_api_servers(lora):
+    """``--max-loras`` is part of vLLM's compile cache key (``LoRAConfig.compute_hash``), ``--lora-modules``
+    is not: the limit grows in powers of two so that most creates keep the key. ``--adapters auto``
+    declares adapters at launch when vLLM runs several API servers (runtime loading would cut them to one)."""
+    from vllama_proxy.models.adapters import adapter_mode
+
+    def made(name):
+        return CreatedModel(name=name, base="tool", parent="tool", adapters={name: str(lora)})
+
+    assert [lora_plan([made(f"a{i}") for i in range(n)], "tool").max_loras for n in (1, 4, 5, 8, 9)] == [4, 4, 8, 8, 16]
+    four = lora_plan([made(f"a{i}") for i in range(4)], "tool")
+    three = lora_plan([made(f"a{i}") for i in range(3)], "tool")
+    assert three.declares(three) and four.declares(three)  # a deleted adapter: no restart
+    assert not three.declares(four) and three.covers(four)  # a new one: a restart at launch, none at run time
+    assert three.needs_restart(four, "launch") and not three.needs_restart(four, "runtime")
+    assert adapter_mode("auto", ["--api-server-count", "8"]).mode == "launch"
+    assert adapter_mode("auto", ["--api-server-count=1"]).mode == "runtime" and adapter_mode("auto", []).mode == "runtime"
+    assert adapter_mode("runtime", ["-asc", "8"]).mode == "runtime" and adapter_mode("launch", []).mode == "launch"
+
+
+def test_an_adapter_is_declared_at_launch_and_vllm_keeps_its_api_servers(vllama):
+    """Issue 42.3 on the stand-in, which refuses several API servers with runtime LoRA loading as vLLM
+    does: with 2 API servers (so ``--adapters auto`` is ``launch``) each created adapter restarts vLLM
+    with it in ``--lora-modules`` and 2 API servers still, and is answered under its name; the base
+    model's requests meanwhile wait for the start and are answered."""
+    import ollama
+
+    v = vllama(vllm_args=["--api-server-count", "2"])
+    body = v.wait_state("ready")
+    base = body["model"]
+    client = ollama.Client(host=v.url, timeout=60)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    pids = [v.server_pid()]
+    for name in ("mango", "mango2"):
+        progress = [p.status for p in client.create(model=name, from_=base, adapters=files, stream=True)]
+        assert progress[-1] == "success", progress
+        assert any("restarted the base model with LoRA (the adapter in --lora-modules, its API servers kept" in p
+                   for p in progress), progress
+        pids.append(v.server_pid())
+        argv = [line["argv"] for line in log_events(v.log) if line.get("event") == "launched"][-1]
+        assert vllm_arg(argv, "--api-server-count") == "2", argv
+        declared = argv[argv.index("--lora-modules") + 1:]
+        assert [m.split("=")[0] for m in declared] == ["mango", "mango2"][:len(pids) - 1], argv
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}]).message.content
+        assert client.chat(model=base, messages=[{"role": "user", "content": "hi"}]).message.content
+    assert len(set(pids)) == 3, pids  # a restart per adapter, at launch
+    modes = [line for line in log_events(v.log) if line.get("event") == "lora_mode"]
+    assert modes[-1]["mode"] == "launch" and modes[-1]["adapters"] == ["mango", "mango2"], modes

@@ -28,7 +28,7 @@ from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
 from .child import VllmProcess
-from .launch import usage_error, vllm_argv, vllm_env
+from .launch import lora_mode, usage_error, vllm_argv, vllm_env
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from .placement import pin_engine_cores
@@ -344,7 +344,7 @@ class Supervisor:
                 # closed to requests: stop, then start anew with the larger limits when next wanted
                 await self._stop_child()
                 self.board.reopen()
-                self._set(State.UNLOADED, "restarting with larger LoRA limits for a new adapter")
+                self._set(State.UNLOADED, "restarting with a new adapter (--lora-modules, or larger LoRA limits)")
                 self._failures = 0
             case Crashed(reason):
                 await self._crashed(reason)
@@ -629,6 +629,9 @@ class Supervisor:
         """
         try:
             self._lora = await asyncio.to_thread(self.lora_plan)
+            if self._lora.modules:
+                mode = lora_mode(self.s, self.spec)
+                log.info("lora_mode", model=self.served_name, mode=mode.mode, why=mode.why, adapters=sorted(self._lora.modules))
             env = vllm_env(self.s, self.spec, sleep_mode=self.sleep_mode, lora=self._lora)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
@@ -664,7 +667,8 @@ class Supervisor:
 
     async def _watch(self) -> WatchOutcome:
         """Watch a ready vLLM until it must restart, its keep_alive ended (or an eviction was asked)
-        with nothing running, a new adapter needs larger LoRA limits, or stop is asked."""
+        with nothing running, a new adapter needs a restart (``models/adapters.py``: declared at launch, or
+        larger LoRA limits), or stop is asked."""
         child = self.child
         assert child is not None
         exited = asyncio.ensure_future(child.wait())
@@ -682,7 +686,8 @@ class Supervisor:
                 if failed_polls >= self.s.unhealthy_threshold:
                     return Crashed(f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})")
                 idle_now = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
-                if idle_now and self._created.path.exists() and not self._lora.covers(await asyncio.to_thread(self.lora_plan)):
+                if idle_now and self._created.path.exists() and self._lora.needs_restart(
+                        await asyncio.to_thread(self.lora_plan), lora_mode(self.s, self.spec).mode):
                     return LoraOutgrown()
                 expired = self._evict_reason is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:
