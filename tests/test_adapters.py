@@ -167,3 +167,48 @@ def test_an_adapter_is_declared_at_launch_and_vllm_keeps_its_api_servers(vllama)
     assert len(set(pids)) == 3, pids  # a restart per adapter, at launch
     modes = [line for line in log_events(v.log) if line.get("event") == "lora_mode"]
     assert modes[-1]["mode"] == "launch" and modes[-1]["adapters"] == ["mango", "mango2"], modes
+
+
+def test_a_busy_base_drains_for_the_restart_and_serves_the_new_adapter(vllama):
+    """Launch mode under steady load (three clients back to back, so the base is never idle): the
+    restart closes the base to new requests, lets those in flight finish, restarts with the adapter
+    declared, and the waiting requests are then answered; none fails, and the adapter answers. On
+    runtime-only vllama the restart waited for an idle moment that never came."""
+    import threading
+
+    import httpx
+    import ollama
+
+    v = vllama(vllm_args=["--api-server-count", "2"], env={"FAKE_VLLM_TOKEN_DELAY": "0.02"})
+    base = v.wait_state("ready")["model"]
+    client = ollama.Client(host=v.url, timeout=60)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    done = threading.Event()
+    answers: list[tuple[int, bool]] = []
+
+    def busy() -> None:
+        with httpx.Client(timeout=120) as h:
+            while not done.is_set():
+                r = h.post(v.url + "/api/generate", json={"model": base, "prompt": "[[tokens:25]]", "stream": False})
+                answers.append((r.status_code, r.status_code == 200 and r.json()["eval_count"] == 25))
+
+    threads = [threading.Thread(target=busy) for _ in range(3)]
+    for i, t in enumerate(threads):
+        t.start()
+        while len(answers) < i:  # staggered by one answer each: one of them is always in flight
+            threading.Event().wait(0.01)
+    try:
+        first = v.server_pid()
+        progress = [p.status for p in client.create(model="mango", from_=base, adapters=files, stream=True)]
+        assert any("restarted the base model with LoRA (the adapter in --lora-modules" in p for p in progress), progress
+        assert v.server_pid() != first
+        assert client.chat(model="mango", messages=[{"role": "user", "content": "hi"}]).message.content
+        during = len(answers)
+        while len(answers) < during + 3:  # the clients go on after the restart
+            threading.Event().wait(0.05)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(60)
+    assert answers and all(ok for _, ok in answers), answers
+    assert any(line.get("event") == "draining" for line in log_events(v.log))

@@ -282,7 +282,8 @@ class Settings(BaseSettings):
         120.0, ge=0, description="Restart when requests are pending but no token was generated for this long (0: off)."
     )
     stop_grace: float = Field(30.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping vLLM's process group.")
-    drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish.")
+    drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish; "
+                                 "also before a restart for a new adapter (--adapters launch), new requests waiting meanwhile.")
     restart_backoff_initial: float = Field(1.0, ge=0, description="First restart delay, seconds; doubles per failure.")
     restart_backoff_max: float = Field(60.0, ge=0, description="Cap of the restart delay, seconds.")
     restart_reset_after: float = Field(300.0, ge=0, description="Seconds of readiness after which the failure count resets.")
