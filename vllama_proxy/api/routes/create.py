@@ -289,9 +289,9 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
         served = await probes.serves(backend.upstream, lora_name)
     if not served:  # the base was busy all along: its restart waits until no request uses it
         return [{"status": "the adapter is served once the base model restarts (when no request uses it)"}]
-    how = (f"{after.max_loras} adapters per batch, max rank {after.max_rank}" if mode.mode == "runtime"
-           else f"the adapter in --lora-modules, its API servers kept ({mode.why})")
-    return [{"status": f"restarted the base model with LoRA ({how})"}]
+    how = (f"({after.max_loras} adapters per batch, max rank {after.max_rank})" if mode.mode == "runtime"
+           else f"declared at launch, its API servers kept ({mode.why})")
+    return [{"status": f"restarted the base model with LoRA {how}"}]
 
 
 async def unload_adapter(request: web.Request, made: CreatedModel) -> None:
