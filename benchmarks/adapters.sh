@@ -29,12 +29,16 @@
 #   summary   the rounds' table and ratio, the creates' table
 #   stop      any vllama left; leftover vLLM processes
 #
-# Four calls (timeout_s 600 each; a vLLM start is 40-120 s, a round about 4 minutes):
-#   OUT=$OUT DEV=.devscripts benchmarks/adapters.sh install setup model prepare
+# Five calls on one warm machine (timeout_s 600 each; a vLLM start is 40-120 s, so `prepare` is 4-8
+# minutes with its 4 restarts, a round 3-5 minutes; about 25 minutes of device time in all):
+#   OUT=$OUT DEV=.devscripts benchmarks/adapters.sh install setup model
+#   OUT=$OUT benchmarks/adapters.sh prepare
 #   OUT=$OUT ROUND=1 benchmarks/adapters.sh round
 #   OUT=$OUT ROUND=2 benchmarks/adapters.sh round
 #   OUT=$OUT ROUND=3 benchmarks/adapters.sh round new summary stop
-# Outputs in $OUT (raw): summary.txt (every result line), create.json, new.json,
+# $OUT is each call's own folder: the raw files are written to $LOGS/res (the warm machine's /tmp) and
+# copied to $OUT, so that `summary` in the last call reads every round's.
+# Outputs in $OUT (raw): summary.txt (every result line of that call), create.json, new.json,
 # r{N}-{nolora,launch}.json (benchmarks/adapters_load.py load rows), table.json, {config}.log.gz.
 #
 # Dry run on the stand-in (CPU, no GPU: tests/bin/vllm serves --lora-modules and refuses runtime LoRA
@@ -45,7 +49,8 @@
 #   benchmarks/adapters.sh model prepare; ROUND=1 benchmarks/adapters.sh round new summary stop
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
-mkdir -p "$OUT" "$LOGS"
+RES=$LOGS/res
+mkdir -p "$OUT" "$LOGS" "$RES"
 [ -n "${FAKE_VLLM_PYTHON:-}" ] || PATH=/tmp/site/bin:$PATH  # the stand-in's tests/bin/vllm stays first on a dry run
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
@@ -110,10 +115,11 @@ model)
   log "model and 5 adapters in $(( $(date +%s) - t )) s"
   ;;
 prepare)
-  rm -rf "$LOGS/state-launch" "$LOGS/state-nolora"
+  rm -rf "$LOGS/state-launch" "$LOGS/state-nolora" "$RES"/*.json
   serve launch
   $PY benchmarks/adapters_load.py create "$URL" base /tmp/loras/lora0 /tmp/loras/lora1 /tmp/loras/lora2 /tmp/loras/lora3 \
-    --json "$OUT/create.json" 2>&1 | tee -a "$OUT/summary.txt"
+    --json "$RES/create.json" 2>&1 | tee -a "$OUT/summary.txt"
+  cp "$RES/create.json" "$OUT/"
   log "GPU after the adapters: $(gpu)"
   vllm_lines "$LOGS/launch.log"
   stop_vllama
@@ -124,20 +130,23 @@ round)
     serve "$cfg"
     mixes=base,mixed; [ "$cfg" = nolora ] && mixes=base
     $PY benchmarks/adapters_load.py load "$URL" base $(names "$cfg") --levels "$LEVELS" --mixes "$mixes" \
-      --requests-per-stream "$REQS" --tag round=$ROUND --tag config=$cfg --json "$OUT/r$ROUND-$cfg.json" 2>&1 | tee -a "$OUT/summary.txt"
+      --requests-per-stream "$REQS" --tag round=$ROUND --tag config=$cfg --json "$RES/r$ROUND-$cfg.json" 2>&1 | tee -a "$OUT/summary.txt"
+    cp "$RES/r$ROUND-$cfg.json" "$OUT/"
     [ "$ROUND" = 1 ] && vllm_lines "$LOGS/$cfg.log"
     stop_vllama
   done
   ;;
 new)
   serve launch
-  $PY benchmarks/adapters_load.py create "$URL" base /tmp/loras/lora4 --start 4 --json "$OUT/new.json" 2>&1 | tee -a "$OUT/summary.txt"
+  $PY benchmarks/adapters_load.py create "$URL" base /tmp/loras/lora4 --start 4 --json "$RES/new.json" 2>&1 | tee -a "$OUT/summary.txt"
+  cp "$RES/new.json" "$OUT/"
   vllm_lines "$LOGS/launch.log"
   stop_vllama
   ;;
 summary)
-  $PY benchmarks/adapters_load.py table "$OUT"/r*-*.json --json "$OUT/table.json" 2>&1 | tee -a "$OUT/summary.txt"
-  $PY - "$OUT" <<'PY' | tee -a "$OUT/summary.txt"
+  $PY benchmarks/adapters_load.py table "$RES"/r*-*.json --json "$OUT/table.json" 2>&1 | tee -a "$OUT/summary.txt"
+  cp "$RES"/*.json "$OUT/"
+  $PY - "$RES" <<'PY' | tee -a "$OUT/summary.txt"
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 rows = [r for f in ("create.json", "new.json") if (out / f).exists() for r in json.loads((out / f).read_text())]
