@@ -212,3 +212,26 @@ def test_a_busy_base_drains_for_the_restart_and_serves_the_new_adapter(vllama):
             t.join(60)
     assert answers and all(ok for _, ok in answers), answers
     assert any(line.get("event") == "draining" for line in log_events(v.log))
+
+
+def test_adapters_runtime_overrides_auto_one_api_server_and_no_restart_for_the_second(vllama):
+    """``--adapters runtime`` where auto would declare at launch: vLLM runs one API server (the
+    stand-in, as vLLM, refuses runtime loading with two), the first adapter turns LoRA on (a restart),
+    the second loads into the running vLLM, and both answer."""
+    import ollama
+
+    v = vllama(flags=["--adapters", "runtime"], vllm_args=["--api-server-count", "2"])
+    base = v.wait_state("ready")["model"]
+    client = ollama.Client(host=v.url, timeout=60)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    first = [p.status for p in client.create(model="mango", from_=base, adapters=files, stream=True)]
+    assert any(p.startswith("restarted the base model with LoRA (4 adapters per batch") for p in first), first
+    pid = v.server_pid()
+    second = [p.status for p in client.create(model="mango2", from_=base, adapters=files, stream=True)]
+    assert "loaded the adapter into the running model" in second and v.server_pid() == pid, second
+    argv = [line["argv"] for line in log_events(v.log) if line.get("event") == "launched"][-1]
+    assert vllm_arg(argv, "--api-server-count") == "1", argv
+    for name in ("mango", "mango2", base):
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}]).message.content
+    modes = [line for line in log_events(v.log) if line.get("event") == "lora_mode"]
+    assert modes[-1]["mode"] == "runtime" and modes[-1]["why"] == "--adapters runtime", modes

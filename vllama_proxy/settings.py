@@ -294,7 +294,8 @@ class Settings(BaseSettings):
     adapters: Literal["auto", "launch", "runtime"] = Field(
         "auto",
         description="How a LoRA adapter made with /api/create reaches its base model's running vLLM. launch: vLLM "
-        "keeps its API servers and restarts, once idle, with the adapter in --lora-modules (its compile cache kept); "
+        "keeps its API servers and restarts (its requests drained: --drain-timeout) with the adapter in --lora-modules "
+        "(its compile cache kept); "
         "runtime: loaded into the running vLLM (/v1/load_lora_adapter, no restart), which holds vLLM to one API "
         "server; auto: launch when vLLM runs more than one API server, else runtime (docs/configuration.md, adapters).",
     )

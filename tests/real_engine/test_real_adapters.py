@@ -10,6 +10,7 @@ serves the base and every adapter: the first adapter turns LoRA on (vllama resta
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 
 import ollama
 import pytest
@@ -58,3 +59,27 @@ def test_an_uploaded_adapter_changes_the_answer_and_the_base_does_not(server):
     client.delete("mango2")
     with pytest.raises(ollama.ResponseError):
         client.chat(model="mango2", messages=QUESTION)
+
+
+def test_an_adapter_declared_at_launch_is_served_with_two_api_servers(start_real):
+    """Issue 42.3: with vLLM's 2 API servers (``--adapters auto`` then declares adapters at launch, as
+    runtime loading would cut them to one), creating an adapter restarts vLLM with it in
+    ``--lora-modules`` and still 2 API servers, and both API servers answer the adapter and the base
+    (four requests at once, spread over them by the kernel's SO_REUSEPORT)."""
+    from vllama_proxy.models.launch_spec import vllm_arg
+
+    v = start_real("adapters-launch", model=MODEL, flags=["--served-model-name", NAME, "--no-detect-parsers"],
+                   vllm_args=[*BASE_ARGS, "--api-server-count", "2"])
+    v.wait_ready()
+    client = ollama.Client(host=v.url, timeout=300)
+    base_before = answer(client, NAME)
+    pid = v.states()[NAME]["pid"]
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    progress = [p.status for p in client.create(model="mango", from_=NAME, adapters=files, stream=True)]
+    assert any("restarted the base model with LoRA declared at launch, its API servers kept" in p for p in progress), progress
+    assert v.states()[NAME]["pid"] != pid
+    argv = [json.loads(line)["argv"] for line in v.log.read_text().splitlines() if '"launched"' in line][-1]
+    assert vllm_arg(argv, "--api-server-count") == "2" and any(a.startswith("mango=") for a in argv), argv
+    with cf.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda m: (m, answer(client, m)), [NAME, "mango"] * 2))
+    assert got == [(NAME, base_before), ("mango", ANSWER)] * 2, got

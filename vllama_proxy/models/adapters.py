@@ -11,7 +11,7 @@ The limits vLLM starts with are derived from the adapters vllama knows (``create
 later reaches the running vLLM is the mode (:func:`adapter_mode`, ``--adapters``, issue 42.3):
 
 - ``launch``: vLLM keeps the API servers vllama chose for it (``supervisor/sizing.py``) and is
-  restarted, once idle, with the new adapter declared (:meth:`LoraPlan.declares`). vLLM's compile
+  restarted, its requests drained, with the new adapter declared (:meth:`LoraPlan.declares`). vLLM's compile
   cache is kept across that restart: its key (``VllmConfig.compute_hash``) holds the LoRA limits
   (``LoRAConfig.compute_hash``: ``max_lora_rank``, ``max_loras``, ...) but not
   ``--lora-modules``, an API-server argument; the limits grow in steps so most creates keep them.

@@ -246,10 +246,11 @@ async def adapter_dir(request: web.Request, name: str, blobs_of: dict[str, str],
 async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[str, str]]:
     """Make the base's vLLM serve ``made``'s adapter, as its adapter mode says (``models/adapters.py``,
     ``--adapters``): in ``runtime`` mode loaded into the running vLLM when its LoRA limits allow it; in
-    ``launch`` mode, or when a limit must grow, the supervisor restarts vLLM once it is idle with the
-    adapter in ``--lora-modules``, and this waits for that (requests for the base meanwhile wait for the
-    start, as for any start: a second vLLM of the model would not fit beside the first). Progress lines
-    for create's stream; the last says whether vLLM serves the adapter now.
+    ``launch`` mode the supervisor restarts vLLM with the adapter in ``--lora-modules``, draining the
+    requests in flight (``lifecycle.Supervisor._drain``), and when a limit must grow in ``runtime`` mode
+    once it is idle; this waits for that restart (requests for the base meanwhile wait for the start, as
+    for any start: a second vLLM of the model would not fit beside the first) and asks vLLM whether it
+    lists the adapter. Progress lines for create's stream; the last says whether vLLM serves it now.
 
     Raises:
         BadRequest: vLLM refused the adapter (its message); the model is not kept.
@@ -287,8 +288,10 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
         await asyncio.sleep(0.2)
     async with model_in_use(request, backend, None):
         served = await probes.serves(backend.upstream, lora_name)
-    if not served:  # the base was busy all along: its restart waits until no request uses it
-        return [{"status": "the adapter is served once the base model restarts (when no request uses it)"}]
+    if not served:  # the base stayed busy: its restart is tried again at each check
+        when = ("its requests in flight did not finish within --drain-timeout" if mode.mode == "launch"
+                else "when no request uses it")
+        return [{"status": f"the adapter is served once the base model restarts ({when})"}]
     how = (f"({after.max_loras} adapters per batch, max rank {after.max_rank})" if mode.mode == "runtime"
            else f"declared at launch, its API servers kept ({mode.why})")
     return [{"status": f"restarted the base model with LoRA {how}"}]
