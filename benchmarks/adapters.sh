@@ -11,8 +11,9 @@
 #    of the default.
 #  - create to first answer: lora0..lora3 created one after the other on the launch server (`prepare`:
 #    lora0 turns LoRA on and compiles its graphs; each create restarts vLLM with the adapter declared),
-#    then, after the rounds, a fifth (`new`: lora4, the compile cache warm): upload, create (the
-#    restart), first answer. vLLM's compile-cache lines of every start go to summary.txt.
+#    then, after the rounds, a fifth (`new`: lora3 deleted, lora4 created: still 4 adapters, so the same
+#    --max-loras and compile cache key): upload, create (the restart), first answer. vLLM's
+#    compile-cache lines of every start go to summary.txt.
 # From the repo root, in phases; every phase that starts vllama stops it before it ends.
 #
 # Prerequisites as benchmarks/ttft_c1.sh: the vLLM wheel chunks stashed by earlier calls
@@ -138,6 +139,9 @@ round)
   ;;
 new)
   serve launch
+  # lora3 deleted first (no restart: vLLM keeps serving what it declared), so that lora4 makes 4 adapters
+  # again: --max-loras stays 4 and the compile cache's key with it (5 would make it 8, a new key)
+  $PY -c "import ollama, sys; ollama.Client(host=sys.argv[1]).delete('lora3')" "$URL" || exit 1
   $PY benchmarks/adapters_load.py create "$URL" base /tmp/loras/lora4 --start 4 --json "$RES/new.json" 2>&1 | tee -a "$OUT/summary.txt"
   cp "$RES/new.json" "$OUT/"
   vllm_lines "$LOGS/launch.log"
