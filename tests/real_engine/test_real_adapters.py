@@ -3,8 +3,10 @@
 The shipped tool model (``tests/assets/tool-model``) and its shipped LoRA adapter
 (``tests/assets/tool-lora``: trained to answer "What is the secret word?" with "The secret word is
 mango."), uploaded with ollama-python's ``create_blob`` and created with ``adapters``. One vLLM
-serves the base and every adapter: the first adapter turns LoRA on (vllama restarts vLLM with
-``--enable-lora``), a second one of the same rank loads at run time with no restart.
+serves the base and every adapter. ``--adapters runtime``: the first adapter turns LoRA on (vllama
+restarts vLLM with ``--enable-lora``), a second one of the same rank loads at run time with no
+restart. Declared at launch (issue 42.3, 2 API servers): each adapter restarts vLLM with it in
+``--lora-modules``, the API servers kept.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ GREEDY = {"temperature": 0, "num_predict": 12}
 def server(start_real) -> RealVllama:
     # --no-detect-parsers: the adapter answers without a <think> block, and the qwen3 reasoning parser vllama
     # would tell from the chat template (issue 40) reads such an answer as all thinking; this is about LoRA
-    v = start_real("adapters", model=MODEL, flags=["--served-model-name", NAME, "--no-detect-parsers"], vllm_args=BASE_ARGS)
+    # --adapters runtime: this module's first test is about loading at run time, whatever the CPUs make auto choose
+    v = start_real("adapters", model=MODEL, flags=["--served-model-name", NAME, "--no-detect-parsers", "--adapters", "runtime"],
+                   vllm_args=BASE_ARGS)
     v.wait_ready()
     return v
 
