@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, StorageFailed, UpstreamRejected
-from vllama_proxy.models.adapters import adapter_mode, check_adapter, lora_plan
+from vllama_proxy.models.adapters import AdapterMode, adapter_mode, check_adapter, lora_plan
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.blobs import parse_digest
 from vllama_proxy.supervisor import probes
@@ -275,11 +275,19 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
                 body = orjson.dumps({"lora_name": lora_name, "lora_path": path})
                 async with backend.upstream.request("POST", "/v1/load_lora_adapter", body=body) as resp:
                     await read_response(resp)  # vLLM answers in plain text
+                loaded = True
             except UpstreamRejected as e:
-                if "already been loaded" not in e.message:
+                if "already been loaded" in e.message:
+                    loaded = True
+                elif board is not None and e.status == 404:
+                    # no such route: the supervisor launched this vLLM without runtime loading (an on-demand
+                    # model's API servers are chosen when a slot takes it): its restart declares the adapter
+                    loaded, mode = False, AdapterMode("launch", "its vLLM runs without runtime loading")
+                else:
                     await asyncio.to_thread(catalog.created_store.remove, made.name)
                     raise BadRequest(f"vLLM did not load the adapter: {e.message}") from None
-        return [{"status": "loaded the adapter into the running model"}]
+        if loaded:
+            return [{"status": "loaded the adapter into the running model"}]
     # a restart (declared at launch, or a limit must grow): the supervisor restarts the awake, idle vLLM at its next check
     async with model_in_use(request, backend, None):
         pass
