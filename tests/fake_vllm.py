@@ -24,6 +24,12 @@ FAKE_VLLM_CRASH_AFTER      int N: the N-th generation request dies with ``os._ex
                            has produced 2 tokens (mid-stream).
 (argument) --fake-invalid*  rejected as vLLM's argparse rejects an unknown argument: usage and
                            ``vllm serve: error: unrecognized arguments: ...`` on stderr, exit 2.
+(argument) --lora-modules NAME=PATH ...  (with --enable-lora) served beside the model as vLLM serves
+                           LoRA adapters: listed by /v1/models (``parent`` the model, ``root`` the path) and
+                           accepted as a request's ``model``. With VLLM_ALLOW_RUNTIME_LORA_UPDATING=True,
+                           ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (JSON ``lora_name``,
+                           ``lora_path``; plain-text answers) add and remove them, and more than one
+                           ``--api-server-count`` is refused at start as vLLM refuses it (exit 1).
 (argument) --enable-per-request-metrics  non-streamed answers carry vLLM 0.26's ``metrics``
                            (``time_to_first_token_ms``, ``generation_time_ms``, ``queue_time_ms``,
                            ``mean_itl_ms``, ``tokens_per_second``) from the fake's own clock.
@@ -355,6 +361,7 @@ class State:
                  knobs: Knobs) -> None:
         self.model = model
         self.served = served
+        self.loras: dict[str, str] = {}  # LoRA adapters served beside the model: name -> path
         self.max_model_len = max_model_len
         self.api_key = api_key
         self.knobs = knobs
@@ -471,6 +478,11 @@ def _parse(raw: bytes) -> tuple[bool, Any]:
         return False, str(e)
 
 
+def runtime_lora() -> bool:
+    """vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` (``vllm/envs.py``: "1" or "true", any case)."""
+    return os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
+
+
 def check_model(state: State, body: dict[str, Any]) -> str:
     if state.sleeping:  # vLLM's engine has no weights or KV cache while asleep
         state.while_asleep += 1
@@ -480,7 +492,7 @@ def check_model(state: State, body: dict[str, Any]) -> str:
         return state.served[0]
     if not isinstance(model, str):  # vLLM's request model (pydantic) rejects it before any lookup
         raise validation_error("model", "string_type", "Input should be a valid string", model)
-    if model not in state.served:
+    if model not in state.served and model not in state.loras:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     return model
 
@@ -1224,7 +1236,29 @@ async def models(request: web.Request) -> web.Response:
         {"id": name, "object": "model", "created": state.created, "owned_by": "vllm",
          "root": state.model, "parent": None, "max_model_len": state.max_model_len,
          "permission": []}
-        for name in state.served]})
+        for name in state.served] + [
+        {"id": name, "object": "model", "created": state.created, "owned_by": "vllm",
+         "root": path, "parent": state.served[0], "max_model_len": None, "permission": []}
+        for name, path in state.loras.items()]})
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's runtime LoRA loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``): plain text, 400 when loaded."""
+    state = request.app[STATE_KEY]
+    body = await request.json()
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if name in state.loras:
+        return web.Response(status=400, text=f"The lora adapter '{name}' has already been loaded.")
+    state.loras[name] = path
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    name = (await request.json()).get("lora_name")
+    if state.loras.pop(name, None) is None:
+        return web.Response(status=404, text=f"The lora adapter '{name}' cannot be found.")
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -1344,6 +1378,9 @@ def make_app(state: State) -> web.Application:
     r.add_get("/version", version)
     r.add_get("/v1/models", models)
     r.add_get("/metrics", metrics)
+    if runtime_lora():
+        r.add_post("/v1/load_lora_adapter", load_lora_adapter)
+        r.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     # Like vLLM: a pooling model serves embeddings only; a generation model has no
     # /v1/embeddings route (FastAPI's 404 {"detail": "Not Found"}).
     if state.pooling:
@@ -1396,6 +1433,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--runner", default="auto")
     p.add_argument("--convert", default="auto")
     p.add_argument("--enable-sleep-mode", action="store_true")
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--lora-modules", nargs="+", default=[])
+    p.add_argument("--api-server-count", "-asc", type=int, default=1)
     args, unknown = p.parse_known_args(argv)
     rejected = [a for a in unknown if a.startswith("--fake-invalid")]
     if rejected:  # vLLM's argparse on an argument it does not take: usage + error on stderr, exit 2
@@ -1488,7 +1528,13 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
                     "Failed core proc(s): {}")
             return 1
 
+        if args.api_server_count > 1 and runtime_lora():  # vllm/entrypoints/cli/serve.py, before binding
+            log("ERROR", "VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with api_server_count > 1", "serve.py:316")
+            raw_log("ValueError: VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with api_server_count > 1")
+            return 1
         state = State(args.model, served, args.max_model_len, args.api_key, knobs)
+        if args.enable_lora:
+            state.loras = dict(m.split("=", 1) for m in args.lora_modules)
         if knobs.gpu_ledger:
             state.ledger = gpu_claim(knobs.gpu_ledger, served[0], unknown)
             if state.ledger is None:

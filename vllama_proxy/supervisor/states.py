@@ -91,7 +91,8 @@ class Idle:
 
 @dataclass(frozen=True)
 class LoraOutgrown:
-    """An adapter created since the start needs larger LoRA limits (``models/adapters.py``): start anew."""
+    """An adapter created since the start needs a restart (``models/adapters.py``: ``LoraPlan.needs_restart``:
+    not declared at launch, or larger LoRA limits): start anew."""
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,12 @@ class StatusBoard:
             self._closing.value = 1
             return True
 
+    def close(self) -> None:
+        """The supervisor's side: set the closing flag with requests in flight (they finish; new ones
+        wait, as for a start, until :meth:`reopen`): a restart that drains (an adapter declared at launch)."""
+        with self._lock.held():
+            self._closing.value = 1
+
     def reopen(self) -> None:
         """Clear the closing flag: requests may begin again (once the state is ready)."""
         with self._lock.held():

@@ -22,9 +22,10 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, StorageFailed, UpstreamRejected
-from vllama_proxy.models.adapters import check_adapter, lora_plan
+from vllama_proxy.models.adapters import AdapterMode, adapter_mode, check_adapter, lora_plan
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.blobs import parse_digest
+from vllama_proxy.supervisor import probes
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import read_response
 from vllama_proxy.models.created import CreatedModel, parse_modelfile
@@ -243,9 +244,13 @@ async def adapter_dir(request: web.Request, name: str, blobs_of: dict[str, str],
 
 
 async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[str, str]]:
-    """Make the base's vLLM serve ``made``'s adapter: loaded at run time when its LoRA limits allow it,
-    else (LoRA off, or a larger rank) the supervisor restarts it with larger ones (``models/adapters.py``)
-    and this waits until it is ready again. Progress lines for create's stream.
+    """Make the base's vLLM serve ``made``'s adapter, as its adapter mode says (``models/adapters.py``,
+    ``--adapters``): in ``runtime`` mode loaded into the running vLLM when its LoRA limits allow it; in
+    ``launch`` mode the supervisor restarts vLLM with the adapter in ``--lora-modules``, draining the
+    requests in flight (``lifecycle.Supervisor._drain``), and when a limit must grow in ``runtime`` mode
+    once it is idle; this waits for that restart (requests for the base meanwhile wait for the start, as
+    for any start: a second vLLM of the model would not fit beside the first) and asks vLLM whether it
+    lists the adapter. Progress lines for create's stream; the last says whether vLLM serves it now.
 
     Raises:
         BadRequest: vLLM refused the adapter (its message); the model is not kept.
@@ -258,31 +263,46 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
         return [{"status": "the adapter loads with the base model"}]
     board = backend.board
     lora_name, path = next(iter(made.adapters.items()))
+    mode = adapter_mode(request.app[SETTINGS].adapters, base.vllm_args)
     others = [m for m in catalog.created_models() if m.name.casefold() != made.name.casefold()]
     before = await asyncio.to_thread(lora_plan, others, made.base)
     after = await asyncio.to_thread(lora_plan, [*others, made], made.base)
     if board is not None and board.state is State.UNLOADED:
         return [{"status": "the adapter loads with the base model"}]  # its next start has it (--lora-modules)
-    if board is None or before.covers(after):
+    if board is None or (mode.mode == "runtime" and before.covers(after)):
         async with model_in_use(request, backend, None):  # awake (or started) while it loads
             try:
                 body = orjson.dumps({"lora_name": lora_name, "lora_path": path})
                 async with backend.upstream.request("POST", "/v1/load_lora_adapter", body=body) as resp:
                     await read_response(resp)  # vLLM answers in plain text
+                loaded = True
             except UpstreamRejected as e:
-                if "already been loaded" not in e.message:
+                if "already been loaded" in e.message:
+                    loaded = True
+                elif board is not None and e.status == 404:
+                    # no such route: the supervisor launched this vLLM without runtime loading (an on-demand
+                    # model's API servers are chosen when a slot takes it): its restart declares the adapter
+                    loaded, mode = False, AdapterMode("launch", "its vLLM runs without runtime loading")
+                else:
                     await asyncio.to_thread(catalog.created_store.remove, made.name)
                     raise BadRequest(f"vLLM did not load the adapter: {e.message}") from None
-        return [{"status": "loaded the adapter into the running model"}]
-    # a limit must grow: the supervisor restarts the (awake, idle) vLLM at its next check
+        if loaded:
+            return [{"status": "loaded the adapter into the running model"}]
+    # a restart (declared at launch, or a limit must grow): the supervisor restarts the awake, idle vLLM at its next check
     async with model_in_use(request, backend, None):
         pass
     deadline = time.monotonic() + 3 * request.app[SETTINGS].health_interval + 30
     while board.ready and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     async with model_in_use(request, backend, None):
-        pass
-    return [{"status": f"restarted the base model with LoRA (max rank {after.max_rank}, {after.max_loras} adapters per batch)"}]
+        served = await probes.serves(backend.upstream, lora_name)
+    if not served:  # the base stayed busy: its restart is tried again at each check
+        when = ("its requests in flight did not finish within --drain-timeout" if mode.mode == "launch"
+                else "when no request uses it")
+        return [{"status": f"the adapter is served once the base model restarts ({when})"}]
+    how = (f"({after.max_loras} adapters per batch, max rank {after.max_rank})" if mode.mode == "runtime"
+           else f"declared at launch, its API servers kept ({mode.why})")
+    return [{"status": f"restarted the base model with LoRA {how}"}]
 
 
 async def unload_adapter(request: web.Request, made: CreatedModel) -> None:
