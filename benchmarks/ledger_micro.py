@@ -93,9 +93,9 @@ def busy_comparison(store: Store, n_rows: int, batches: int) -> list[str]:
         got["json (the store)"].append(busy_share(store.write, rows))
         got["executemany (before)"].append(busy_share(lambda r: executemany(store, r), rows))
         wall = got["executemany (before)"][-1][2] / 1000
-        got["no write"].append(busy_share(lambda r: time.sleep(wall), rows))
-    lines = [f"a busy loop beside a {n_rows}-row batch write ({batches} each, medians): loop share of wall, longest gap, "
-             "write time, the loop's waits for the GIL"]
+        got["no write"].append(busy_share(lambda _r, w=wall: time.sleep(w), rows))
+    lines = [(f"a busy loop beside a {n_rows}-row batch write ({batches} each, medians): loop share of wall, longest gap, "
+              "write time, the loop's waits for the GIL")]
     for name, v in got.items():
         share, gap, took, waits = (statistics.median(x[i] for x in v) for i in range(4))
         lines.append(f"  {name:22} {share:6.1%}  {gap:7.2f} ms  {took:8.1f} ms  {waits:6.0f}")

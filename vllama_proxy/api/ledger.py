@@ -3,8 +3,9 @@
 The request path only appends a :class:`~.ledger_store.Row` (a named tuple) to this process's list
 (:meth:`Ledger.record`: no lock, no I/O, no await); a task of each process writes the list in one
 transaction every ``--usage-flush-interval`` seconds, or sooner once ``--usage-flush-rows`` rows wait,
-in a worker thread that holds the GIL once per batch, not once per row (``ledger_store.py``). Every ``--workers`` process has its own ledger and connection; they
-share the database (SQLite in WAL mode, or PostgreSQL shared by several fronts too).
+in a worker thread that takes the GIL a few times per batch, not per row (``ledger_store.py``).
+Every ``--workers`` process has its own ledger and connection; they share the database (SQLite in
+WAL mode, or PostgreSQL shared by several fronts too).
 
 What a stop loses: a clean stop (SIGTERM, SIGINT) writes every row first (the app's cleanup, after
 the requests in flight drained). A ``kill -9`` (or a crash) loses the rows this process had not yet

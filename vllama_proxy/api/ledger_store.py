@@ -5,11 +5,11 @@ worker thread (``asyncio.to_thread``, from ``ledger.py``), never on the event lo
 the store's lock, so one connection serves the flush task and the ``/api/usage`` queries alike.
 
 A batch goes to SQLite as one JSON array in one ``INSERT ... SELECT ... FROM json_each(?)``: the
-writer thread holds the GIL once, for orjson's serialisation (~0.3 µs a row), and SQLite inserts the
-whole batch with the GIL released. ``executemany`` took the GIL back after every row's step, and
-each time the event loop, busy with a burst of requests, lost it to the writer until its 5 ms switch
-interval ran out (issue 39's TTFT cost; numbers in benchmarks/RESULTS.md). PostgreSQL keeps
-``executemany`` (psycopg pipelines it, one round trip).
+writer thread holds the GIL for orjson's serialisation (~0.2 ms per 1,000 rows) and a few calls, and
+SQLite inserts the whole batch with the GIL released. ``executemany`` released and took back the GIL
+around every row's reset and step, each a moment where the event loop, busy with a burst of
+requests, could wait on the writer (issue 39; benchmarks/RESULTS.md has what was and was not
+measured). PostgreSQL keeps ``executemany`` (psycopg pipelines it, one round trip).
 
 SQLite (stdlib ``sqlite3``): WAL journal, so every ``--workers`` process writes the same file with
 its own connection (writers take turns, ``busy_timeout`` 10 s; readers never wait), ``synchronous
