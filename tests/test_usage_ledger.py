@@ -304,3 +304,28 @@ def test_a_database_that_goes_away_costs_no_rows_until_the_cap_and_is_opened_aga
         assert len(opened[-1].rows) == ledger_mod.MAX_PENDING_BATCHES * 2
 
     asyncio.run(run())
+
+
+def test_a_batch_goes_to_sqlite_as_one_statement_and_comes_back_exact(tmp_path):
+    """The writer thread takes the GIL back after each SQLite statement, and each time the event loop,
+    busy with a burst, may wait out the 5 ms switch interval: a batch is one INSERT of a JSON array
+    (the GIL released while SQLite inserts it), never a statement per row. Every value comes back as
+    written, in order (ids ascending): floats to the last bit, NULL, quotes, newlines, non-ASCII."""
+    import random
+    import sqlite3
+
+    from vllama_proxy.api.ledger_store import COLUMNS, Row, open_store
+
+    rng = random.Random(39)
+    rows = [Row(time.time() + rng.random() * 1e6, "h", f"key-{i % 3}", "qwen2.5:7b", "/api/chat", 200 if i % 5 else 500, i, 2 * i,
+                round(rng.random() * 1e4, 2), None if i % 2 else 'stream "cut" \u00e9\U0001f600 \\ \n') for i in range(1000)]
+    store = open_store(None, tmp_path)
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    store.write(rows)
+    store.close()
+    inserts = [s for s in statements if s.lstrip().upper().startswith("INSERT")]
+    assert len(inserts) == 1, f"{len(inserts)} INSERT statements for one batch of {len(rows)} rows"
+    with sqlite3.connect(tmp_path / "usage.sqlite3") as conn:
+        back = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM vllama_usage ORDER BY id").fetchall()
+    assert back == [tuple(r) for r in rows]

@@ -1,10 +1,11 @@
 """The usage ledger (issue 39): one row per answered request that named a model, kept in a database.
 
-The request path only appends a :class:`~.ledger_store.Row` to this process's list (:meth:`Ledger.record`:
-no lock, no I/O, no await); a task of each process writes the list in one transaction every
-``--usage-flush-interval`` seconds, or sooner once ``--usage-flush-rows`` rows wait, in a worker
-thread (``ledger_store.py``). Every ``--workers`` process has its own ledger and connection; they
-share the database (SQLite in WAL mode, or PostgreSQL shared by several fronts too).
+The request path only appends a :class:`~.ledger_store.Row` (a named tuple) to this process's list
+(:meth:`Ledger.record`: no lock, no I/O, no await); a task of each process writes the list in one
+transaction every ``--usage-flush-interval`` seconds, or sooner once ``--usage-flush-rows`` rows wait,
+in a worker thread that takes the GIL a few times per batch, not per row (``ledger_store.py``).
+Every ``--workers`` process has its own ledger and connection; they share the database (SQLite in
+WAL mode, or PostgreSQL shared by several fronts too).
 
 What a stop loses: a clean stop (SIGTERM, SIGINT) writes every row first (the app's cleanup, after
 the requests in flight drained). A ``kill -9`` (or a crash) loses the rows this process had not yet
@@ -254,6 +255,5 @@ def record_request(ledger: Ledger | None, request: web.Request, key: str, model:
     stream_error = request.get("vllama.stream_error")
     if stream_error is not None:
         error = stream_error.message
-    ledger.record(Row(ts=ledger.clock(), host=ledger.host, key=key, model=model, route=route, status=status,
-                      prompt_tokens=int(usage[0] or 0), output_tokens=int(usage[1] or 0),
-                      duration_ms=round(duration_s * 1000, 2), error=error[:300] if error else None))
+    ledger.record(Row(ledger.clock(), ledger.host, key, model, route, status, int(usage[0] or 0), int(usage[1] or 0),
+                      round(duration_s * 1000, 2), error[:300] if error else None))  # positional: the cheapest tuple

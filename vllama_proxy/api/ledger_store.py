@@ -4,6 +4,13 @@ Both speak the same few statements through a blocking DB-API connection that onl
 worker thread (``asyncio.to_thread``, from ``ledger.py``), never on the event loop. Each call holds
 the store's lock, so one connection serves the flush task and the ``/api/usage`` queries alike.
 
+A batch goes to SQLite as one JSON array in one ``INSERT ... SELECT ... FROM json_each(?)``: the
+writer thread holds the GIL for orjson's serialisation (~0.2 ms per 1,000 rows) and a few calls, and
+SQLite inserts the whole batch with the GIL released. ``executemany`` released and took back the GIL
+around every row's reset and step, each a moment where the event loop, busy with a burst of
+requests, could wait on the writer (issue 39; benchmarks/RESULTS.md has what was and was not
+measured). PostgreSQL keeps ``executemany`` (psycopg pipelines it, one round trip).
+
 SQLite (stdlib ``sqlite3``): WAL journal, so every ``--workers`` process writes the same file with
 its own connection (writers take turns, ``busy_timeout`` 10 s; readers never wait), ``synchronous
 = NORMAL`` (a committed batch survives a killed process; only a power cut may lose the last
@@ -17,9 +24,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+import orjson
 
 #: One answered request. Never the prompt, the answer or the key's secret: its name only.
 COLUMNS = ("ts", "host", "key", "model", "route", "status", "prompt_tokens", "output_tokens", "duration_ms", "error")
@@ -42,11 +50,11 @@ _INDEXES = ("CREATE INDEX IF NOT EXISTS vllama_usage_ts ON vllama_usage (ts)",
             "CREATE INDEX IF NOT EXISTS vllama_usage_key_ts ON vllama_usage (key, ts)")
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One ledger row (:data:`COLUMNS`): ``ts`` seconds since the epoch when the answer ended,
-    ``duration_ms`` from the request's arrival, ``status`` the HTTP status (a stream that failed
-    midway keeps its 200 and says why in ``error``)."""
+class Row(NamedTuple):
+    """One ledger row (:data:`COLUMNS`, in their order): ``ts`` seconds since the epoch when the answer
+    ended, ``duration_ms`` from the request's arrival, ``status`` the HTTP status (a stream that failed
+    midway keeps its 200 and says why in ``error``). A named tuple: built on the event loop once per
+    request (a third of a frozen dataclass's cost) and written as it is."""
 
     ts: float
     host: str
@@ -71,24 +79,34 @@ class Store:
         where: the database, in words (logged).
         ordered_ids: whether rows become visible in the order of their ``id`` (SQLite: one writer at
             a time; not PostgreSQL, where a transaction holding a lower id may commit later).
+        insert_json: an INSERT taking a whole batch as one JSON array of rows (SQLite's
+            :data:`_INSERT_JSON`); ``None``: ``executemany``, a row at a time.
     """
 
-    def __init__(self, conn: Any, placeholder: str, day_expr: str, month_expr: str, where: str, *, ordered_ids: bool) -> None:
+    def __init__(self, conn: Any, placeholder: str, day_expr: str, month_expr: str, where: str, *, ordered_ids: bool,
+                 insert_json: str | None = None) -> None:
         self._conn = conn
         self.ordered_ids = ordered_ids
+        self._insert_json = insert_json
         self._p = placeholder
         self._period = {"day": day_expr, "month": month_expr}
         self._lock = threading.Lock()
         self.where = where
 
     def write(self, rows: list[Row]) -> None:
-        """Insert ``rows`` in one transaction (a batch is all there or not at all)."""
-        marks = ", ".join([self._p] * len(COLUMNS))
+        """Insert ``rows`` in one transaction (a batch is all there or not at all), in their order.
+
+        Raises:
+            orjson.JSONEncodeError: a text that is not valid UTF-8 (SQLite).
+            sqlite3.Error, psycopg.Error: the database refused or is away.
+        """
         with self._lock:
             cur = self._conn.cursor()
-            cur.executemany(f"INSERT INTO vllama_usage ({', '.join(COLUMNS)}) VALUES ({marks})",
-                            [(r.ts, r.host, r.key, r.model, r.route, r.status, r.prompt_tokens, r.output_tokens,
-                              r.duration_ms, r.error) for r in rows])
+            if self._insert_json is not None:  # one statement: SQLite runs the batch with the GIL released
+                cur.execute(self._insert_json, (orjson.dumps(rows, default=tuple).decode(),))
+            else:
+                marks = ", ".join([self._p] * len(COLUMNS))
+                cur.executemany(f"INSERT INTO vllama_usage ({', '.join(COLUMNS)}) VALUES ({marks})", rows)
             self._conn.commit()
 
     def tokens(self, day: float, month: float, after_id: int) -> tuple[dict[str, int], dict[str, int], int]:
@@ -167,6 +185,12 @@ class Store:
             self._conn.close()
 
 
+#: SQLite's batch insert: one text parameter, a JSON array of rows, each an array in :data:`COLUMNS`'
+#: order (a BLOB would read as JSONB from SQLite 3.45 on: the text is passed as ``str``).
+_INSERT_JSON = (f"INSERT INTO vllama_usage ({', '.join(COLUMNS)}) SELECT "
+                + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(COLUMNS))) + " FROM json_each(?) ORDER BY key")
+
+
 def _sqlite(path: Path) -> Store:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
@@ -177,7 +201,7 @@ def _sqlite(path: Path) -> Store:
         conn.execute(sql)
     conn.commit()
     return Store(conn, "?", "strftime('%Y-%m-%d', ts, 'unixepoch')", "strftime('%Y-%m', ts, 'unixepoch')", str(path),
-                 ordered_ids=True)
+                 ordered_ids=True, insert_json=_INSERT_JSON)
 
 
 def _postgres(url: str) -> Store:
