@@ -17,6 +17,9 @@ Knobs (environment variables, read once at start)
 -------------------------------------------------
 FAKE_VLLM_START_DELAY      float s (0): sleep before binding the port, printing loading progress
                            lines to stderr every 0.5 s. Connections are refused until bound.
+FAKE_VLLM_START_GATE       path: after the start delay, keep loading (a progress line each 0.5 s)
+                           until this file exists: a test decides when vLLM is ready, whatever the
+                           machine's load.
 FAKE_VLLM_FAIL_AT_START    str: after the start delay print ``ERROR <msg>`` and a fake traceback
                            to stderr and exit 1 without binding.
 FAKE_VLLM_FAIL_FOR         served name: FAKE_VLLM_FAIL_AT_START applies to that model only.
@@ -221,6 +224,7 @@ class Knobs:
     def __init__(self) -> None:
         env = os.environ
         self.start_delay = _env_float("FAKE_VLLM_START_DELAY", 0.0)
+        self.start_gate = env.get("FAKE_VLLM_START_GATE") or None
         self.fail_at_start = env.get("FAKE_VLLM_FAIL_AT_START") or None
         self.fail_for = env.get("FAKE_VLLM_FAIL_FOR") or None
         self.crash_after = _env_int("FAKE_VLLM_CRASH_AFTER")
@@ -1518,6 +1522,18 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
                         "gpu_model_runner.py:2602")
             log("INFO", f"Loading weights took {time.monotonic() - t0:.2f} seconds",
                 "default_loader.py:267")
+        if knobs.start_gate:
+            t0 = time.monotonic()
+            while not os.path.exists(knobs.start_gate):
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.1)
+                except asyncio.TimeoutError:
+                    pass
+                if stop.is_set():
+                    log("INFO", "Interrupted while loading.", "api_server.py:1")
+                    return 0
+                if int((time.monotonic() - t0) * 10) % 5 == 0:
+                    log("INFO", f"Loading model weights ({time.monotonic() - t0:.2f} s elapsed)", "gpu_model_runner.py:2602")
         if knobs.fail_at_start and knobs.fail_for in (None, served[0]):
             log("ERROR", knobs.fail_at_start, "core.py:708")
             raw_log("Traceback (most recent call last):")
