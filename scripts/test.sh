@@ -19,6 +19,6 @@ scripts/install-engine.sh .venv
 cpus=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')
 workers=${VLLAMA_TEST_WORKERS:-$(( cpus + 1 < 6 ? cpus + 1 : 6 ))}
 if [ "$workers" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+  exec .venv/bin/python -m pytest -n "$workers" --dist load "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -96,9 +96,6 @@ def pytest_collection_modifyitems(config, items):
             # the first test of a module also waits for its server's vLLM to start (~1-2 min on
             # 2 busy CPUs, longer with two models starting side by side)
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT))
-            # on pytest-xdist's workers (scripts/test.sh) the whole tier goes to one worker, in this
-            # order: one vLLM alive at a time, each shared server started once
-            item.add_marker(pytest.mark.xdist_group(MARK))
             if not ok:
                 item.add_marker(pytest.mark.skip(reason=f"real engine: {why}"))
 

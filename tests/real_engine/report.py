@@ -2,8 +2,9 @@
 
 A plugin of its own (``pytest_plugins`` in tests/conftest.py) rather than hooks in this folder's
 conftest.py, because under pytest-xdist (scripts/test.sh) the controller collects nothing, so it
-never loads a conftest below tests/; the tier runs on one worker (``xdist_group``), which hands its
-engines' summary line to the controller (``workeroutput``), and the controller prints it.
+never loads a conftest below tests/; the tier runs on one worker, in its order
+(:func:`pytest_xdist_make_scheduler`), which hands its engines' summary line to the controller
+(``workeroutput``), and the controller prints it.
 """
 
 from __future__ import annotations
@@ -93,3 +94,18 @@ def pytest_testnodedown(node, error):
     line = getattr(node, "workeroutput", {}).get("vllama_engines")
     if line:
         node.config.stash.setdefault(WORKER_SUMMARIES, []).append(line)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """On the xdist controller: every test of this tier is one unit of work, sent whole to one worker
+    in collection order (one vLLM alive at a time, each shared server started once); every other test
+    is a unit of its own, spread as ``--dist load`` spreads them. (``xdist_group`` marks added at
+    collection did not group with pytest 9.2 and pytest-xdist 3.8: the tier ran on three workers.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return MARK if nodeid.startswith("tests/real_engine/") else nodeid
+
+    return TierTogether(config, log)
