@@ -53,7 +53,7 @@ import os
 import tempfile
 from typing import Any
 
-from vllama_proxy.supervisor.shared_lock import SharedLock
+from vllama_proxy.supervisor.shared_lock import SharedLock, this_pid
 
 #: The cost of an output token (the unit: one running slot for one decode step), and the default cost
 #: of a prompt token (``--fair-prompt-weight``): prefill takes a slot for a step or a few, however
@@ -136,7 +136,7 @@ class FairQueue:
         self._local_init()
 
     def _local_init(self) -> None:
-        self._pid = os.getpid()
+        self._pid = this_pid()
         self._fds: dict[int, int] = {}
         self._waiters: dict[int, collections.deque[asyncio.Future[None]]] = {}
         self._reader: int | None = None
@@ -358,7 +358,7 @@ class FairQueue:
         self._reader, self._loop, self._slot = fd, loop, slot
 
     def _fd(self, slot: int) -> int:
-        if self._pid != os.getpid():
+        if self._pid != this_pid():
             self._local_init()
         fd = self._fds.get(slot)
         if fd is None:  # O_RDWR: a FIFO opened so never blocks, and never reads end-of-file

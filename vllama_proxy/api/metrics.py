@@ -23,23 +23,15 @@ from prometheus_client import values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from vllama_proxy.supervisor.shared_lock import this_pid
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 from .timestamps import Timings
 
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-
-
-def _pid() -> int:
-    """This process's id, read once (and again in a forked child)."""
-    return _PID[0]
-
-
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     # prometheus-client's multiprocess values ask os.getpid() on every inc/observe, a system call
     # each (22 per request with --workers 2, issue 42); its documented process_identifier reads it once.
-    values.ValueClass = values.MultiProcessValue(process_identifier=_pid)
+    values.ValueClass = values.MultiProcessValue(process_identifier=this_pid)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)

@@ -31,6 +31,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .shared_lock import this_pid
+
 _DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -68,12 +70,12 @@ class Bell:
         self._local_init()
 
     def _local_init(self) -> None:
-        self._pid = os.getpid()
+        self._pid = this_pid()
         self._fd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _open(self) -> int:
-        if self._pid != os.getpid():  # forked: this process opens its own
+        if self._pid != this_pid():  # forked: this process opens its own
             self._local_init()
         if self._fd is None:  # O_RDWR: a FIFO opened so never blocks, and never reads end-of-file
             self._fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -106,7 +108,7 @@ class Bell:
     @property
     def listening(self) -> bool:
         """Whether this process listens in its running loop."""
-        return self._pid == os.getpid() and self._loop is not None and self._loop is _running_loop()
+        return self._pid == this_pid() and self._loop is not None and self._loop is _running_loop()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -30,6 +30,12 @@ from typing import Any
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
+
+def this_pid() -> int:
+    """This process's id, read once (and again in a forked child): for the per-request checks of
+    which process holds a file descriptor (locks, FIFOs) and for prometheus-client's values."""
+    return _PID[0]
+
 #: Where lock files go: memory, when there is a /dev/shm.
 _DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
