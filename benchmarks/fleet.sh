@@ -98,6 +98,26 @@ BALANCE_ARGS=${BALANCE_ARGS:---balance-abs-threshold 4 --balance-rel-threshold 1
 PF=${PF:-11434} PF2=${PF2:-11435} PR=${PR:-30000} PP=${PP:-29000} PA=${PA:-11501} PB=${PB:-11502} VA=${VA:-8101} VB=${VB:-8102}
 ROUTER=http://127.0.0.1:$PR FRONT=http://127.0.0.1:$PF FRONT_SYSTEM=http://127.0.0.1:$PF2
 NAMES=(a b c d e f g h)  # fleet node i: ${NAMES[i]} on :PA+i, its vLLM on :VA+i
+# NODE_CPUS=N: CPU sets, as the fleet recipe advises for instances sharing a host: node i (and with
+# TOPOLOGY=one the node, dpK the node's K GPUs' worth) on N CPUs of its own, whole cores together
+# (SMT siblings adjacent); the fronts, the router and the load generator on the rest.
+NODE_CPUS=${NODE_CPUS:-} CPU_SLOTS=${CPU_SLOTS:-$NODES}
+cpuset() {  # first count: CPUs [first*N, (first+count)*N) of the host ordered by core; "rest": what no slot takes
+  python3 - "$1" "${2:-1}" "$NODE_CPUS" "$CPU_SLOTS" <<'PY'
+import glob, os, sys
+first, count, n, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def key(c):
+    t = f"/sys/devices/system/cpu/cpu{c}/topology/"
+    read = lambda f: int(open(t + f).read()) if os.path.exists(t + f) else 0
+    return (read("physical_package_id"), read("core_id"), c)
+cpus = sorted(os.sched_getaffinity(0), key=key)
+pick = cpus[slots * n:] if first == "rest" else cpus[int(first) * n:(int(first) + count) * n]
+print(",".join(map(str, sorted(pick))))
+PY
+}
+pin() {  # slot count: PIN=(taskset -c CPUS) for that CPU set (slot "rest": the fronts, router, clients), or () without NODE_CPUS
+  PIN=(); [ -n "$NODE_CPUS" ] && PIN=(taskset -c "$(cpuset "$1" "$2")"); return 0
+}
 mkdir -p "$OUT" "$LOGS/runs"
 export PYTHONPATH=$PWD:/tmp/vsite:/tmp/site PATH=/tmp/vsite/bin:/tmp/site/bin:$PATH \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
@@ -117,9 +137,10 @@ wait_url() {  # url pid seconds
 kv_args() { [ -f $LOGS/kv_bytes ] && echo "--kv-cache-memory-bytes $(cat $LOGS/kv_bytes)"; }
 node() {  # name port vllm_port gpu [extra vllama flags...]: a node supervising its vLLM
   local name=$1 port=$2 vport=$3 gpu=$4; shift 4
-  local placement=()
+  local placement=() gpus=(${gpu//,/ })
+  pin "${gpus[0]}" "${#gpus[@]}"
   [ -z "${NO_GPU:-}" ] && placement=(env CUDA_VISIBLE_DEVICES=$gpu)
-  VLLAMA_STATE_DIR=$LOGS/state-$name setsid "${placement[@]}" python3 -m vllama_proxy serve --model "$MODEL" \
+  VLLAMA_STATE_DIR=$LOGS/state-$name setsid "${placement[@]}" "${PIN[@]}" python3 -m vllama_proxy serve --model "$MODEL" \
     --served-model-name $SERVED --port "$port" --vllm-port "$vport" --keep-alive -1 --log-format json \
     ${VLLAMA_EXTRA:-} "$@" -- --max-model-len 16384 --enable-prefix-caching \
     $([ -z "${NO_GPU:-}" ] && echo "--gpu-memory-utilization $GPU_UTIL") $(kv_args) ${VLLM_ARGS:-} \
@@ -130,7 +151,7 @@ node() {  # name port vllm_port gpu [extra vllama flags...]: a node supervising 
 router() {  # policy [router flags...]: (re)start vllm-router with no workers; the nodes join it (--register-with)
   [ -f $LOGS/router.pid ] && kill -TERM "$(cat $LOGS/router.pid)" 2>/dev/null && sleep 1
   echo "[$(date -u +%H:%M:%S)] router: --policy $*" >> $LOGS/router.log
-  setsid vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$@" \
+  pin rest 1; setsid "${PIN[@]}" vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$@" \
     --health-check-interval-secs 2 --health-failure-threshold 1 --health-success-threshold 1 \
     --worker-startup-check-interval 1 >> $LOGS/router.log 2>&1 < /dev/null &
   echo $! > $LOGS/router.pid
@@ -168,7 +189,7 @@ reset_caches() {  # every engine's prefix cache emptied (vLLM's dev-mode route),
   for u in $(metrics_urls | tr ',' ' '); do curl -s -X POST "${u%/metrics}/reset_prefix_cache" -o /dev/null -w "%{http_code} "; done
 }
 workload() {  # target json [extra loadgen args]
-  python3 benchmarks/loadgen.py --targets "x=ollama-chat:$1" --model $SERVED --conversations $G,$S,$T \
+  pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=ollama-chat:$1" --model $SERVED --conversations $G,$S,$T \
     --system-words $SYSTEM_WORDS --turn-words $TURN_WORDS --output-tokens $TOKENS --levels $C --no-check-tokens \
     --engine-metrics "$(metrics_urls)" --json "$2" "${@:3}"
 }
@@ -252,12 +273,12 @@ start)
       for i in $(seq 0 $((NODES - 1))); do start_node "$i" || exit 1; done
     fi
     wait_workers $NODES || exit 1
-    VLLAMA_STATE_DIR=$LOGS/state-front setsid python3 -m vllama_proxy serve --upstream $ROUTER --port $PF --log-format json \
+    pin rest 1; VLLAMA_STATE_DIR=$LOGS/state-front setsid "${PIN[@]}" python3 -m vllama_proxy serve --upstream $ROUTER --port $PF --log-format json \
       > $LOGS/front.log 2>&1 < /dev/null &
     echo $! > $LOGS/front.pid
     wait_url $FRONT/readyz "$(cat $LOGS/front.pid)" 60 || exit 1
     # a second front whose session key is the model and system prompt (--session-key system)
-    VLLAMA_STATE_DIR=$LOGS/state-front2 setsid python3 -m vllama_proxy serve --upstream $ROUTER --port $PF2 --log-format json \
+    VLLAMA_STATE_DIR=$LOGS/state-front2 setsid "${PIN[@]}" python3 -m vllama_proxy serve --upstream $ROUTER --port $PF2 --log-format json \
       --session-key system > $LOGS/front2.log 2>&1 < /dev/null &
     echo $! > $LOGS/front2.pid
     wait_url $FRONT_SYSTEM/readyz "$(cat $LOGS/front2.pid)" 60 || exit 1
@@ -318,14 +339,15 @@ EOF
   ;;
 throughput)  # distinct prompts, 128 in / 128 out, STREAMS in flight, through the front (or the node)
   tput() {  # name
-    python3 benchmarks/loadgen.py --targets "x=ollama-chat:$FRONT" --model $SERVED --levels "$STREAMS" \
+    pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=ollama-chat:$FRONT" --model $SERVED --levels "$STREAMS" --cpu-by-kind \
       --requests-per-level "$REQUESTS" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
       --procs "${LOADGEN_PROCS:-4}" --seed "$(cksum <<< "$1" | cut -c1-6)" --raise-nofile --json "$OUT/throughput-$1.json" > "$LOGS/throughput-$1.txt" 2>&1
     python3 - "$OUT/throughput-$1.json" "$1" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))["levels"][0]["runs"][0]
 print(f"  throughput {sys.argv[2]}: {r['ok']}/{r['requests']} ok, {r['output_tok_s']} output tok/s, "
-      f"TTFT p50 {r['ttft_ms']['p50']} ms p90 {r['ttft_ms']['p90']} ms, ITL p50 {r['itl_ms']['p50']} ms, wall {r['wall_s']} s")
+      f"TTFT p50 {r['ttft_ms']['p50']} ms p90 {r['ttft_ms']['p90']} ms, ITL p50 {r['itl_ms']['p50']} ms, wall {r['wall_s']} s; "
+      f"cores busy {r.get('machine_cores')}")
 EOF
   }
   if [ "$TOPOLOGY" = fleet ]; then

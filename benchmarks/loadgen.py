@@ -390,7 +390,9 @@ def _kind(cmd: str) -> str | None:
     if "vllm serve" in cmd or cmd.endswith("/vllm") or "vllm.entrypoints" in cmd:
         return "vllm_api"  # with one API server the `vllm serve` process is it
     if "vllama_proxy" in cmd:
-        return "vllama"
+        return "vllama_front" if "--upstream" in cmd else "vllama"  # a fleet's front, or a node / lone server
+    if "vllm-router" in cmd:
+        return "router"
     return None
 
 

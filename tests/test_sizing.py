@@ -43,6 +43,13 @@ def test_rule(cpus, args, api, workers):
     assert p.api_servers_source["m"] == "auto" and p.workers_source == "auto"
 
 
+@pytest.mark.parametrize(("cpus", "workers"), [(16, 8), (2, 1), (128, 32)])
+def test_a_front_with_no_vllm_gives_its_workers_the_api_servers_half(cpus, workers):
+    """A fleet's front (--upstream, --router) launches no vLLM: half its CPUs translate (1 to 32)."""
+    p = plan(cpus, "test", [], None)
+    assert (p.workers, p.api_servers) == (workers, {})
+
+
 def test_explicit_flags_win():
     p = plan(16, "test", one("--api-server-count", "3"), 2)
     assert (p.api_servers["m"], p.api_servers_source["m"], p.workers, p.workers_source) == (3, "vllm_args", 2, "--workers")

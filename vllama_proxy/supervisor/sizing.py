@@ -16,7 +16,8 @@ servers (at least the data-parallel size, vLLM's own default; at most 8 per engi
 quarter to vllama's workers (1 to 32): an API server spends several times the proxy's CPU
 per streamed token (detokenizing, building each SSE event). 16 cores and one GPU give 8 + 4
 (4 + 4 streamed 27.6k tok/s at 256 streams, 8 + 4 29.3k; vLLM alone 16.4k); 32 cores and
-data parallel 2 give 15 + 8. The last quarter stays free for the clients, the kernel's
+data parallel 2 give 15 + 8; a front with no vLLM of its own (``--upstream``, ``--router``: a
+fleet's front translates every token of every node) gives its workers half, 8 of 16. The last quarter stays free for the clients, the kernel's
 network work and uneven load across processes. Explicit flags always win; every choice is
 logged and shown in ``/readyz``. The engine cores' own CPUs are chosen here too
 (``supervisor/placement.py``).
@@ -228,7 +229,10 @@ def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int |
             api[s.served_name] = min(max(round(share), dp), MAX_API_SERVERS_PER_ENGINE * dp)
             source[s.served_name] = "auto"
     if workers is None:
-        chosen, wsource = min(max(round(front / 4), 1), MAX_AUTO_WORKERS), "auto"
+        # With no vLLM here (a fleet's front: --upstream or --router) no API servers need the half
+        # the rule keeps for them: the workers, translating every token, get it.
+        share = front / 4 if specs else front / 2
+        chosen, wsource = min(max(round(share), 1), MAX_AUTO_WORKERS), "auto"
     else:
         chosen, wsource = workers, "--workers"
     return Plan(cpus, cpus_source, chosen, wsource, api, source)
