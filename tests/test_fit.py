@@ -376,6 +376,18 @@ async def test_the_check_counts_what_evicting_idle_models_frees_and_skips_withou
     assert await pool.fit_report(idle) is None  # /idle: no files here (a hub id vLLM downloads at start)
 
 
+async def test_the_check_reads_the_gpu_cuda_visible_devices_gives_not_nvmls_first(tmp_path, knobs, qwen7b):
+    """One node per GPU on a host (``CUDA_VISIBLE_DEVICES=1`` each): NVML numbers the host's GPUs and
+    ignores that variable, so the node's "GPU 0" is NVML's GPU 1. Issue 43's four-GPU run: a node
+    restarted on GPU 3 read GPU 0, full with another node's vLLM, and refused to start."""
+    calls = fake_gpus(knobs, g0=(5, 80), g1=(79, 80))  # GPU 0: a neighbour's vLLM; GPU 1: this node's, free
+    knobs.setenv("CUDA_VISIBLE_DEVICES", "1")
+    specs = [ModelConfig(model=str(qwen7b), name="qwen7b", gpu_memory_utilization=0.85)]
+    (big,) = (pool := ModelPool(pool_settings(tmp_path), specs, [free_port()])).supervisors
+    report = await pool.fit_report(big)
+    assert calls == [(1,)] and report.fits and report.gpus[0].free == 79 * GiB
+
+
 # --- end to end: `vllama serve` with a GPU of chosen memory (tests/fake_nvml), the ollama client ------
 
 def test_serve_refuses_a_model_too_big_and_serves_the_one_that_fits(vllama, tmp_path, qwen7b):

@@ -125,20 +125,29 @@ def count() -> int:
         pynvml.nvmlShutdown()
 
 
-def memory(indices: Collection[int]) -> dict[int, tuple[int, int]] | None:
-    """``{index: (free bytes, total bytes)}`` of the GPUs ``indices`` (nvidia-smi order) that NVML
-    sees, or ``None`` without NVML: the fit check's numbers (``models/fit.py``)."""
+def _handle(g: int | str):
+    """NVML's handle of a GPU given as an NVML index (nvidia-smi order) or a UUID; None if NVML has none."""
+    try:
+        return pynvml.nvmlDeviceGetHandleByIndex(g) if isinstance(g, int) else pynvml.nvmlDeviceGetHandleByUUID(g)
+    except pynvml.NVMLError:
+        return None
+
+
+def memory(gpus: Collection[int | str]) -> dict[int | str, tuple[int, int]] | None:
+    """``{gpu: (free bytes, total bytes)}`` of the GPUs ``gpus`` (NVML indices, nvidia-smi order, or
+    UUIDs as in ``CUDA_VISIBLE_DEVICES``: ``sizing.model_gpus``) that NVML sees, or ``None`` without
+    NVML: the fit check's numbers (``models/fit.py``)."""
     try:
         _init()
     except GpuUnavailable:
         return None
     try:
         out = {}
-        count = pynvml.nvmlDeviceGetCount()
-        for i in indices:
-            if i < count:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
-                out[i] = (int(mem.free), int(mem.total))
+        for g in gpus:
+            h = _handle(g)
+            if h is not None:
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+                out[g] = (int(mem.free), int(mem.total))
         return out
     finally:
         pynvml.nvmlShutdown()

@@ -55,6 +55,7 @@ from .inbox import Kind
 from .lifecycle import Supervisor
 from ..logs import get_logger
 from .room import Admitted, Refused, Verdict, Waiting
+from .sizing import model_gpus
 from ..settings import Settings
 from .slots import SlotTable
 from .states import State
@@ -276,7 +277,12 @@ class ModelPool:
                 return None
             self._shapes[sup.served_name] = shape
         ids = sup.spec.gpu_ids
-        memory = await asyncio.to_thread(gpu.memory, ids)
+        # NVML numbers every GPU of the host and ignores CUDA_VISIBLE_DEVICES: a node given GPU 3
+        # that way reads GPU 3, not NVML's GPU 0 (another node's: issue 43's four-GPU run refused
+        # a restarted node for the memory its neighbour held)
+        nvml_ids = model_gpus(sup.spec)
+        found = await asyncio.to_thread(gpu.memory, nvml_ids)
+        memory = {i: found[n] for i, n in zip(ids, nvml_ids) if n in found} if found else None
         if not memory or any(i not in memory for i in ids):
             return None
         args = sup.spec.args()
