@@ -39,20 +39,18 @@ Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shared_
 loads and stores and a scan of the backlogged keys only, per dispatch), so the order is the
 server's, not a worker's. A waiter is a future in its own worker; the process that frees a place
 picks the next key and a worker with a waiter of that key, counts the grant in shared memory and
-wakes that worker with one byte on its FIFO (``/dev/shm``): no polling, no sleep.
+rings that worker's bell (``supervisor/inbox.py``'s :class:`~vllama_proxy.supervisor.inbox.Bell`, a FIFO
+in ``/dev/shm``, as a model's owner loop is rung): no polling, no sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
-import contextlib
 import multiprocessing
-import os
-import tempfile
 from typing import Any
 
+from vllama_proxy.supervisor.inbox import bells
 from vllama_proxy.supervisor.shared_lock import SharedLock, this_pid
 
 #: The cost of an output token (the unit: one running slot for one decode step), and the default cost
@@ -64,7 +62,6 @@ W_IN, W_OUT = 0.0, 1.0
 EXPECT_ALPHA = 0.25
 #: Bytes of request body per prompt token, for the estimate charged at dispatch.
 BYTES_PER_TOKEN = 4
-_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class FairQueue:
@@ -118,16 +115,12 @@ class FairQueue:
         self._dispatched = ctx.RawValue("q", 0)    # requests dispatched since start (tests, logs)
         self._elsewhere = ctx.RawArray("d", keys)  # each key's service on the other fronts, as last read (absorb)
         self._fresh = ctx.RawArray("b", [1] * keys)  # the key became active here since: its next read is a baseline
-        where = tempfile.mkdtemp(prefix="vllama-fair-", dir=_DIR)  # one FIFO per worker, made before they start
-        self._fifos = [os.path.join(where, str(w)) for w in range(self.workers)]
-        for path in self._fifos:
-            os.mkfifo(path, 0o600)
-        atexit.register(_remove, where, self._fifos)  # in the creating process only (not on unpickling)
+        self._bells = bells(self.workers, prefix="vllama-fair-")  # one FIFO per worker, made before they start
         self._local_init()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_pid", "_fds", "_waiters", "_reader", "_loop", "_slot"):
+        for k in ("_pid", "_waiters", "_loop", "_slot"):
             state.pop(k, None)
         return state
 
@@ -137,9 +130,7 @@ class FairQueue:
 
     def _local_init(self) -> None:
         self._pid = this_pid()
-        self._fds: dict[int, int] = {}
         self._waiters: dict[int, collections.deque[asyncio.Future[None]]] = {}
-        self._reader: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slot = -1
 
@@ -349,36 +340,24 @@ class FairQueue:
     # -- waking a worker ----------------------------------------------------------------------
 
     def _listen(self, slot: int) -> None:
-        """Read this worker's FIFO from its event loop (once per process)."""
-        loop = asyncio.get_running_loop()
-        if self._reader is not None and self._loop is loop:
-            return
-        fd = self._fd(slot)
-        loop.add_reader(fd, self._wake)
-        self._reader, self._loop, self._slot = fd, loop, slot
-
-    def _fd(self, slot: int) -> int:
-        if self._pid != this_pid():
+        """Read this worker's bell from its event loop (once per process)."""
+        if self._pid != this_pid():  # forked: this process listens on its own
             self._local_init()
-        fd = self._fds.get(slot)
-        if fd is None:  # O_RDWR: a FIFO opened so never blocks, and never reads end-of-file
-            fd = self._fds[slot] = os.open(self._fifos[slot], os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        return fd
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._slot == slot and self._bells[slot].listening:
+            return
+        self._bells[slot].listen(lambda _data: self._wake())
+        self._loop, self._slot = loop, slot
 
     def _signal(self, workers: set[int]) -> None:
         for w in workers:
-            if w == self._slot and self._loop is not None:
+            if w == self._slot and self._loop is not None and self._pid == this_pid():
                 self._loop.call_soon(self._wake)
                 continue
-            with contextlib.suppress(BlockingIOError):  # full: it has a wake-up pending anyway
-                os.write(self._fd(w), b"x")
+            self._bells[w].ring()  # a full FIFO drops the byte: that worker has a wake-up pending anyway
 
     def _wake(self) -> None:
         """This worker's waiters whose places were granted go on (FIFO order within a key)."""
-        if self._reader is not None:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self._reader, 4096):
-                    pass
         keys = [k for k, q in self._waiters.items() if q]
         if not keys:
             return
@@ -433,10 +412,3 @@ class FairQueue:
     def counter(self, key: int) -> float:
         """The key's virtual token counter (tests)."""
         return self._vtc[key]
-
-
-def _remove(where: str, paths: list[str]) -> None:
-    with contextlib.suppress(OSError):
-        for path in paths:
-            os.unlink(path)
-        os.rmdir(where)
