@@ -80,7 +80,7 @@ def test_a_light_key_is_dispatched_ahead_of_a_flood_and_a_key_alone_uses_every_s
 def test_beside_a_light_key_a_flood_runs_a_smaller_batch_and_leaves_it_a_place(serve, hub, tmp_path):
     """While a light key has a request running, the heavy key runs at most half of the 8 places
     (``--fair-light-running``'s default) and leaves the reserve free: the light key's next request
-    is answered while every heavy request still runs (each 20 s long), not after one of them ends."""
+    is answered while every heavy request still runs (each 100 s long), not after one of them ends."""
     place(hub, "acme/tiny-prod")
     keys = tmp_path / "keys.toml"
     keys.write_text(KEYS)
@@ -93,7 +93,7 @@ def test_beside_a_light_key_a_flood_runs_a_smaller_batch_and_leaves_it_a_place(s
     stop = threading.Event()
 
     def stream(key: str, prompt: str) -> int:
-        body = {"model": "prod", "prompt": f"{prompt} [[tokens:400]]", "options": {"num_predict": 400}}
+        body = {"model": "prod", "prompt": f"{prompt} [[tokens:2000]]", "options": {"num_predict": 2000}}
         with httpx.stream("POST", s.url + "/api/generate", json=body, headers={"Authorization": f"Bearer {key}"},
                           timeout=120) as r:
             for _ in r.iter_lines():
@@ -110,7 +110,7 @@ def test_beside_a_light_key_a_flood_runs_a_smaller_batch_and_leaves_it_a_place(s
             light = _ask(s, "sk-light", "light [[tokens:2]]", 2)
             assert light.status_code == 200
             after = _stats(s)
-            # answered before any 20 s heavy request ended (on a flood holding every place it waits for one) ...
+            # answered before any 100 s heavy request ended (on a flood holding every place it waits for one) ...
             assert after["completed"] == 1, after
             # ... and the heavy key runs 4 of the 8 places beside the light key's one (not 7)
             assert after["running"] == 5 and after["waited"] == 0, after
