@@ -370,7 +370,7 @@ class FairQueue:
         view = _Active()
         for j in range(n):
             k = self._active[j]
-            if self._key_up[k] + self._key_wait[k] < self.capacity * self._weight[k] / weights:
+            if self._key_up[k] + self._key_wait[k] < self.capacity * self._weight[k] / (weights or 1.0):
                 view.light.add(k)
             else:
                 view.heavy_up += self._key_up[k]
