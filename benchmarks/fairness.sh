@@ -11,6 +11,11 @@
 #    weighted share; the late key within 5 s). benchmarks/fair_weights.py.
 #  - small: the flood again with fair share on and vllama's --max-running $MAX_RUNNING (< --max-num-seqs),
 #    when MAX_RUNNING is set: what a smaller running batch gives the light key and costs the heavy one.
+#  - sweep (issue 38's last goal, one device call): $ROUNDS rounds, each of the flood with fair share off,
+#    on (vllama's defaults: --fair-light-running half of --max-num-seqs) with the light key alone
+#    before it, and on with --fair-light-running N for each N of $LIGHTS ("0 64": 0 is no cap, only
+#    the reserve, as before this change); the order rotates each round; a mode that would end past
+#    $BUDGET_S (540) seconds of the call is skipped, so that `summary` still runs in the call.
 #  - diag: where the light key's time goes under the flood: during a flood through vllama, light
 #    requests straight to vLLM (priority -1e9 and 0, streamed; and unstreamed with vLLM's own
 #    per-request metrics when this vLLM has --enable-per-request-metrics) and vLLM's /metrics before
@@ -35,6 +40,7 @@
 #   vllm      start vLLM on :$PV and wait for /health
 #   off, on   (re)start vllama --fair-share off|on in front of it
 #   small     (re)start vllama --fair-share on --max-running $MAX_RUNNING
+#   l<N>      (re)start vllama --fair-share on --fair-light-running N
 #   alone     the light key alone ($ALONE_S s after $ALONE_WARMUP s)
 #   flood     $HEAVY streams of the heavy key ($HEAVY_TOKENS output tokens each, re-issued) and the
 #             light key one request at a time ($LIGHT_TOKENS tokens)
@@ -44,6 +50,7 @@
 #   diag      the flood through the vllama running now, and fair_diag.py straight to vLLM beside it
 #   round     one alternating round: off alone flood, on alone flood weights, and with MAX_RUNNING
 #             small flood (ROUND numbers files)
+#   sweep     $ROUNDS rounds of: off flood; on alone flood; l<N> flood for N in $LIGHTS (ROUND set per round)
 #   stop      SIGTERM vllama and vLLM; GPU memory, leftover processes; the logs to $OUT
 #   summary   per round and pooled: the flood table and the weights table
 #
@@ -54,7 +61,11 @@
 #   OUT=$OUT ROUND=2 benchmarks/fairness.sh round
 #   OUT=$OUT ROUND=3 MAX_RUNNING=128 benchmarks/fairness.sh round on diag stop summary
 # (ASC=1 in the first call compares vLLM's default of one API server: vLLM starts once per session.)
-# Outputs in $OUT (raw, one file per run): r{N}-{off,on,small}-{alone,flood}.json (benchmarks/fairness.py,
+# Issue 38's light-key goal in one call after `install setup vllm` (about 7.5 minutes; timeout_s 600):
+#   OUT=$OUT ROUNDS=3 LIGHTS="0 64" DURATION=20 WARMUP=6 ALONE_S=10 ALONE_WARMUP=1 benchmarks/fairness.sh sweep stop summary
+# The load generator (fairness.py) runs the light key in a process of its own and the heavy streams
+# in $HEAVY_PROCS (4) more: session 10's runs had them all in one event loop.
+# Outputs in $OUT (raw, one file per run): r{N}-{off,on,small,l<N>}-{alone,flood}.json (benchmarks/fairness.py,
 # with every light TTFT), r{N}-on-weights.json (fair_weights.py, with the per-second series),
 # r{N}-on-diag.json (fair_diag.py) beside r{N}-on-diagflood.json, summary.txt, vllm.log.gz,
 # r{N}-{off,on,small}.log.gz.
@@ -77,6 +88,7 @@ PORT=${PORT:-11434} PV=${PV:-8100} URL=http://127.0.0.1:${PORT:-11434} SERVED=qw
 HEAVY=${HEAVY:-1000} DURATION=${DURATION:-30} WARMUP=${WARMUP:-10} MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
 WEIGHTS_S=${WEIGHTS_S:-60} LATE_S=${LATE_S:-15} WEIGHT_STREAMS=${WEIGHT_STREAMS:-200}
 ALONE_WARMUP=${ALONE_WARMUP:-2} ALONE_S=${ALONE_S:-15} WEIGHTS_WARMUP=${WEIGHTS_WARMUP:-20} MAX_RUNNING=${MAX_RUNNING:-} PROMPT_WEIGHT=${PROMPT_WEIGHT:-0}
+ROUNDS=${ROUNDS:-3} LIGHTS=${LIGHTS-0 64} BUDGET_S=${BUDGET_S:-540}
 ulimit -n "$(ulimit -Hn)"
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 mode() { cat "$LOGS/mode" 2>/dev/null || echo none; }
@@ -89,30 +101,31 @@ stop_pid() {  # pidfile
   fi
   rm -f "$1"
 }
-proxy() {  # off|on|small
-  local fair=$1 running=$MAX_NUM_SEQS
+proxy() {  # off|on|small|l<N>
+  local fair=$1 running=$MAX_NUM_SEQS light=""
   if [ "$1" = small ]; then
     [ -n "$MAX_RUNNING" ] || { log "small needs MAX_RUNNING"; exit 2; }
     fair=on running=$MAX_RUNNING
   fi
+  case $1 in l[0-9]*) fair=on light="--fair-light-running ${1#l}" ;; esac
   stop_pid "$LOGS/vllama.pid"
   [ -f "$LOGS/vllama.log" ] && gzip -c "$LOGS/vllama.log" > "$OUT/$(cat "$LOGS/logtag").log.gz"
   echo "r$ROUND-$1" > "$LOGS/logtag"
   curl -s -o /dev/null "$URL/" && { log "port $PORT is taken by another server"; exit 1; }
   setsid $PY -m vllama_proxy serve --upstream "http://127.0.0.1:$PV" --port "$PORT" --max-running "$running" \
     --api-key-file "$LOGS/keys.toml" --fair-share "$fair" --fair-prompt-weight "$PROMPT_WEIGHT" --log-format json \
-    ${VLLAMA_EXTRA:-} > "$LOGS/vllama.log" 2>&1 < /dev/null &
+    $light ${VLLAMA_EXTRA:-} > "$LOGS/vllama.log" 2>&1 < /dev/null &
   echo $! > "$LOGS/vllama.pid"; echo "$1" > "$LOGS/mode"
   for _ in $(seq 240); do
     curl -sf "$URL/readyz" > /dev/null && break
     kill -0 "$(cat "$LOGS/vllama.pid")" 2>/dev/null || { log "vllama exited"; tail -30 "$LOGS/vllama.log"; exit 1; }
     sleep 0.5
   done
-  log "round $ROUND: $1 (fair share $fair, --max-running $running): ready; $(grep -m1 '"event":"admission"' "$LOGS/vllama.log" | cut -c1-240)"
+  log "round $ROUND: $1 (fair share $fair, --max-running $running $light): ready; $(grep -m1 '"event":"admission"' "$LOGS/vllama.log" | cut -c1-360)"
 }
 bench() {  # what heavy-streams [warmup duration]
   $PY benchmarks/fairness.py --url "$URL" --model $SERVED --heavy-key sk-heavy --light-key sk-light \
-    --heavy-streams "$2" --heavy-tokens "${HEAVY_TOKENS:-256}" --light-tokens "${LIGHT_TOKENS:-32}" \
+    --heavy-streams "$2" --heavy-procs "${HEAVY_PROCS:-4}" --heavy-tokens "${HEAVY_TOKENS:-256}" --light-tokens "${LIGHT_TOKENS:-32}" \
     --warmup "${3:-$WARMUP}" --duration "${4:-$DURATION}" --label "r$ROUND-$(mode)-$1" --json "$OUT/r$ROUND-$(mode)-$1.json" | tee -a "$OUT/summary.txt"
 }
 weights() {
@@ -165,7 +178,7 @@ vllm)
   done
   log "vLLM ready on :$PV (--max-num-seqs $MAX_NUM_SEQS --api-server-count $ASC $(per_request_metrics))"
   ;;
-off|on|small) proxy "$phase" ;;
+off|on|small|l[0-9]*) proxy "$phase" ;;
 alone) log "$(mode): the light key alone"; bench alone 0 "$ALONE_WARMUP" "$ALONE_S" ;;
 flood) log "$(mode): $HEAVY heavy streams + the light key"; bench flood "$HEAVY" ;;
 weights) log "$(mode): keys with weights 1 1 2 4, a late one after ${WEIGHTS_S}s"; weights ;;
@@ -178,6 +191,16 @@ diag)
   wait $dpid; tee -a "$OUT/summary.txt" < "$LOGS/diag.out"
   ;;
 round) "$0" off alone flood on alone flood weights ${MAX_RUNNING:+small flood} || exit 1 ;;
+sweep)  # $ROUNDS rounds of: off flood, on alone flood, l<N> flood for each N of $LIGHTS; the order rotates each round
+  modes=(off on); for n in $LIGHTS; do modes+=("l$n"); done
+  for r in $(seq "$ROUNDS"); do
+    k=$(( (r - 1) % ${#modes[@]} ))
+    for m in "${modes[@]:k}" "${modes[@]:0:k}"; do
+      need=$(( WARMUP + DURATION + 15 )); [ "$m" = on ] && need=$(( need + ALONE_WARMUP + ALONE_S + 2 ))
+      if [ $(( SECONDS + need )) -gt "$BUDGET_S" ]; then log "round $r: $m skipped: ${SECONDS}s of ${BUDGET_S}s spent"; continue; fi
+      ROUND=$r "$0" "$m" $([ "$m" = on ] && echo alone) flood || exit 1
+    done
+  done ;;
 stop)
   stop_pid "$LOGS/vllama.pid"
   [ -f "$LOGS/vllama.log" ] && gzip -c "$LOGS/vllama.log" > "$OUT/$(cat "$LOGS/logtag").log.gz" && rm "$LOGS/vllama.log"

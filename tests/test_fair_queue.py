@@ -65,17 +65,19 @@ def test_a_light_key_goes_ahead_of_a_flood_already_waiting():
 
 @pytest.mark.parametrize("places", [1, 8])
 @pytest.mark.parametrize("prompt_weight", [W_IN, 0.5])
-def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_once(places, prompt_weight):
+@pytest.mark.parametrize("light", [0, 4])
+def test_backlogged_keys_get_their_weighted_shares_and_a_late_key_its_share_at_once(places, prompt_weight, light):
     """Four keys with weights 1, 1, 2, 4, different prompt and answer lengths, ``places`` places
     (requests end in the order they went): every key's service (``prompt_weight`` x prompt +
     W_OUT x output tokens: the default counts output tokens only, 0.5 is VTC's own ratio) is within
     10 % of its weighted share; a fifth key arriving late is served from its first request on at
-    its share, not after the others' credit."""
+    its share, not after the others' credit. Every key asks more than its share: none is light, so
+    ``light_running`` changes nothing."""
     W_IN = prompt_weight  # the prompt weight under its name in fair_queue.py
     keys = {10: (1.0, 40, 200), 11: (1.0, 400, 20), 12: (2.0, 100, 100), 13: (4.0, 10, 300)}  # weight, prompt, output
 
     async def run() -> None:
-        q = FairQueue(places, workers=1, keys=32, prompt_weight=prompt_weight)
+        q = FairQueue(places, workers=1, keys=32, light_running=light, prompt_weight=prompt_weight)
         ended = 0
         served: list[int] = []
 
@@ -198,28 +200,74 @@ def test_a_dead_workers_places_and_waiters_are_given_back():
     assert q.stats()["upstream"] == 0 and q.stats()["waiting"] == 0
 
 
-def test_the_reserve_keeps_a_place_for_a_light_key_while_a_heavy_one_waits():
+def test_a_key_alone_takes_the_reserve_too_and_beside_another_key_leaves_it_free():
     async def run() -> None:
-        q = FairQueue(8, workers=1, keys=16, reserve=2)  # the last 2 places: for keys with no request upstream
-        for _ in range(6):
-            await asyncio.wait_for(q.turn(0, 1), 1)  # the heavy key alone: 8 - 2 places
-        seventh = asyncio.ensure_future(q.turn(0, 1))
+        q = FairQueue(8, workers=1, keys=16, reserve=2, linger=3600)  # the last 2 places: for light keys
+        for _ in range(8):
+            await asyncio.wait_for(q.turn(0, 1), 1)  # the heavy key alone: every place, the reserve too
+        ninth = asyncio.ensure_future(q.turn(0, 1))
+        light = asyncio.ensure_future(q.turn(0, 2))
         await _settle()
-        assert not seventh.done() and q.stats()["upstream"] == 6
-        await asyncio.wait_for(q.turn(0, 2), 1)  # the light key goes at once, into the reserve
-        await asyncio.wait_for(q.turn(0, 3), 1)  # and another
-        fourth = asyncio.ensure_future(q.turn(0, 2))  # its second request while it has one upstream: waits
+        assert not ninth.done() and not light.done()  # every place is taken: the first light request waits ...
+        q.done(0, 1)
+        await asyncio.wait_for(light, 1)  # ... for one heavy request to end, and goes ahead of the ninth
+        q.done(0, 2)  # the light key is idle, and still active (linger): the heavy key leaves the reserve free
         await _settle()
-        assert not fourth.done() and q.stats() == {"capacity": 8, "upstream": 8, "waiting": 2, "dispatched": 8}
-        q.done(0, 2)  # the light key's first ended: its second is next (its counter is the lowest)
-        await asyncio.wait_for(fourth, 1)
-        q.done(0, 1)  # a heavy one ended: 2 places free, both the reserve: its 7th still waits
-        q.done(0, 3)
+        assert not ninth.done() and q.stats()["upstream"] == 7
+        q.done(0, 1)
         await _settle()
-        assert not seventh.done() and q.stats()["upstream"] == 6
-        q.done(0, 2)  # 3 free: one more than the reserve
-        await asyncio.wait_for(seventh, 1)
+        assert not ninth.done() and q.stats()["upstream"] == 6
+        q.done(0, 1)  # 3 free: one more than the reserve
+        await asyncio.wait_for(ninth, 1)
         assert q.stats() == {"capacity": 8, "upstream": 6, "waiting": 0, "dispatched": 10}
+        tenth = asyncio.ensure_future(q.turn(0, 1))
+        await asyncio.wait_for(q.turn(0, 2), 1)  # a light request goes at once, into the reserve
+        await asyncio.wait_for(q.turn(0, 3), 1)  # and a third key's (below its share: 8 / 3)
+        again = asyncio.ensure_future(q.turn(0, 2))  # the light key again while its first runs (2 < 8 / 3): no room
+        await _settle()
+        assert not tenth.done() and q.stats() == {"capacity": 8, "upstream": 8, "waiting": 2, "dispatched": 12}
+        q.done(0, 2)  # a light key's place: to the light key waiting, not to the heavy one
+        await asyncio.wait_for(again, 1)
+        assert not tenth.done() and q.stats()["waiting"] == 1
+        tenth.cancel()
+        await asyncio.gather(tenth, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+def test_while_a_light_key_is_active_the_heavy_keys_run_at_most_light_running():
+    """A light request's first token waits for vLLM's engine steps, longer the more sequences run:
+    while a light key is active (a request upstream, or one that ended less than ``linger`` ago) the
+    keys above their share run at most ``light_running`` together; the light key's requests go at
+    once; once it has been idle for ``linger`` the heavy key takes every place again."""
+    async def run() -> None:
+        q = FairQueue(16, workers=1, keys=16, reserve=1, light_running=4, linger=3600)
+        heavy = [asyncio.ensure_future(q.turn(0, 1)) for _ in range(30)]
+        await _settle()
+        assert q.stats()["upstream"] == 16  # alone: every place
+        light = asyncio.ensure_future(q.turn(0, 2))
+        await _settle()
+        assert not light.done()
+        q.done(0, 1)
+        await asyncio.wait_for(light, 1)
+        for _ in range(11):  # 15 heavy upstream down to 4: none of its waiting requests goes meanwhile
+            q.done(0, 1)
+            await _settle()
+        assert q.stats() == {"capacity": 16, "upstream": 5, "waiting": 14, "dispatched": 17}
+        q.done(0, 1)  # 3 heavy upstream: one more may go
+        await _settle()
+        assert q.stats() == {"capacity": 16, "upstream": 5, "waiting": 13, "dispatched": 18}
+        await asyncio.wait_for(q.turn(0, 2), 1)  # the light key's second request: at once
+        q.done(0, 2)
+        q.done(0, 2)  # the light key is idle, still active (linger): the heavy key stays at 4
+        q.done(0, 1)
+        await _settle()
+        assert q.stats() == {"capacity": 16, "upstream": 4, "waiting": 12, "dispatched": 20}
+        q.linger = 0.0  # (in this process: the light key's linger has passed)
+        q.done(0, 1)  # alone again: every place
+        await _settle()
+        assert q.stats() == {"capacity": 16, "upstream": 15, "waiting": 0, "dispatched": 32}
+        await asyncio.gather(*heavy)
 
     asyncio.run(run())
 

@@ -77,6 +77,48 @@ def test_a_light_key_is_dispatched_ahead_of_a_flood_and_a_key_alone_uses_every_s
     assert _stats(s)["waited"] == 0 and _stats(s)["completed"] == 11
 
 
+def test_beside_a_light_key_a_flood_runs_a_smaller_batch_and_leaves_it_a_place(serve, hub, tmp_path):
+    """While a light key has a request running, the heavy key runs at most half of the 8 places
+    (``--fair-light-running``'s default) and leaves the reserve free: the light key's next request
+    is answered while every heavy request still runs (each 100 s long), not after one of them ends."""
+    place(hub, "acme/tiny-prod")
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
+              "--max-running", "8", "--max-queue", "32", "--workers", "2",
+              env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_MAX_NUM_SEQS": "8"})
+    s.wait_ready()
+    _wait(lambda: "worker_listening" in s.log.read_text(), "worker 1 did not start")
+    assert '"fair_light_running":4,' in s.log.read_text()  # chosen (half the places) and logged
+    stop = threading.Event()
+
+    def stream(key: str, prompt: str) -> int:
+        body = {"model": "prod", "prompt": f"{prompt} [[tokens:2000]]", "options": {"num_predict": 2000}}
+        with httpx.stream("POST", s.url + "/api/generate", json=body, headers={"Authorization": f"Bearer {key}"},
+                          timeout=120) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    break
+            return r.status_code
+
+    with cf.ThreadPoolExecutor(12) as ex:
+        try:
+            held = ex.submit(stream, "sk-light", "hold")  # the light key: one long request running
+            _wait(lambda: _stats(s)["running"] == 1, "the light key's first request did not start")
+            heavy = [ex.submit(stream, "sk-heavy", f"flood{i}") for i in range(10)]
+            _wait(lambda: _stats(s)["running"] >= 5, "the heavy key did not start")
+            light = _ask(s, "sk-light", "light [[tokens:2]]", 2)
+            assert light.status_code == 200
+            after = _stats(s)
+            # answered before any 100 s heavy request ended (on a flood holding every place it waits for one) ...
+            assert after["completed"] == 1, after
+            # ... and the heavy key runs 4 of the 8 places beside the light key's one (not 7)
+            assert after["running"] == 5 and after["waited"] == 0, after
+        finally:
+            stop.set()
+        assert held.result() == 200 and all(f.result() == 200 for f in heavy)
+
+
 def _in_flight(s) -> float:
     text = httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-scrape"}).text
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllama_requests_in_flight"))

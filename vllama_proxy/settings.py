@@ -414,9 +414,16 @@ class Settings(BaseSettings):
     )
     fair_reserve: int | None = Field(
         None, ge=0,
-        description="With fair sharing, the last places of vLLM's running capacity, kept for keys with few requests "
-        "upstream so that a light key never waits for a heavy key's request to end (default: 1/32 of the capacity; "
-        "0: strictly work-conserving).",
+        description="With fair sharing, the last places of vLLM's running capacity, which keys above their share leave "
+        "free while another key is active, so that a light key never waits for a heavy key's request to end (default: "
+        "1/32 of the capacity, at least 1; 0: strictly work-conserving). A key alone uses every place.",
+    )
+    fair_light_running: int | None = Field(
+        None, ge=0,
+        description="With fair sharing, while a light key is active (one asking less than its share, or that asked in "
+        "the last 10 s), the most requests the keys above their share run together: fewer sequences in vLLM make its "
+        "steps, and so the light key's time to first token, shorter (default: half of the running capacity; 0: no "
+        "such cap, only --fair-reserve).",
     )
     fair_prompt_weight: float = Field(
         0.0, ge=0,
@@ -444,8 +451,21 @@ class Settings(BaseSettings):
         return self.protect_models == "on" or (self.protect_models == "auto" and self.api_key_file is not None)
 
     def fair_reserve_for(self, running: int) -> int:
-        """The fair queue's reserve for a running capacity of ``running`` (``fair_reserve``, else 1/32 of it)."""
-        return self.fair_reserve if self.fair_reserve is not None else running // 32
+        """The fair queue's reserve for a running capacity of ``running`` (``fair_reserve``, else 1/32 of it,
+        at least 1 where there are two places: with 0 a light key waits for a heavy key's request to end)."""
+        if self.fair_reserve is not None:
+            return self.fair_reserve
+        return max(1, running // 32) if running > 1 else 0
+
+    def fair_light_running_for(self, running: int) -> int:
+        """The fair queue's cap on the heavy keys' requests upstream while a light key is active, for a
+        running capacity of ``running`` (``fair_light_running``, else half of it; 0: none). Half: on the
+        H100 (``--max-num-seqs 256``, one key's 1,000 streams) 128 running gave the other key's first
+        token after 39 ms instead of 57 (alone: 18), and the flooding key 1.11x the tok/s it had with fair
+        share off (``benchmarks/RESULTS.md``, issue 38)."""
+        if self.fair_light_running is not None:
+            return self.fair_light_running
+        return running // 2 if running > 1 else 0
 
     def fair(self) -> bool:
         """Whether keys share the admission bound and vLLM schedules by priority (``fair_share``)."""
@@ -648,7 +668,7 @@ METAVARS = {
     "host": "HOST", "port": "PORT", "config": "FILE", "models": "JSON", "upstream": "URL", "model": "MODEL",
     "served_model_name": "NAME", "library": "FILE", "alias": "NAME=SERVED", "vllm_args": "ARG", "api_key_upstream": "KEY",
     "api_key": "KEY", "api_key_file": "FILE", "origins": "ORIGIN", "max_queue": "N", "max_running": "N", "fair_reserve": "N",
-    "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION", "sleep_unload_after": "DURATION",
+    "fair_light_running": "N", "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION", "sleep_unload_after": "DURATION",
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",

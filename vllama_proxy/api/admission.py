@@ -89,6 +89,7 @@ class AdmissionBound:
             known or guessed): the rest wait in :attr:`queue`, a :class:`~.fair_queue.FairQueue`
             (``None``: no queue, every admitted request goes upstream at once).
         reserve: the queue's reserve (:class:`~.fair_queue.FairQueue`).
+        light_running: the queue's cap on the heavy keys while a light key is active (:class:`~.fair_queue.FairQueue`).
         prompt_weight: the queue's cost of a prompt token, in output tokens (``--fair-prompt-weight``).
 
     Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``), and
@@ -98,7 +99,7 @@ class AdmissionBound:
 
     def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
                  running: int | None = None, queue: int | None = None, reserve: int = 0,
-                 prompt_weight: float = W_IN) -> None:
+                 light_running: int = 0, prompt_weight: float = W_IN) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.limit = limit
         self.running = running
@@ -110,7 +111,7 @@ class AdmissionBound:
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
-        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve,
+        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve, light_running=light_running,
                                 prompt_weight=prompt_weight) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
         self.front = uuid.uuid4().hex

@@ -29,30 +29,39 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
   requests upstream, goes next;
 - a key that becomes backlogged has its counter lifted to the smallest counter of the backlogged
   keys (or, with none, to the counter of the last key dispatched): idling earns no credit;
-- work-conserving but for a small reserve: nothing waits while more than ``reserve`` places are
-  free; the last ``reserve`` places (``--fair-reserve``, by default 1/32 of the capacity) go only to
-  keys with few requests upstream, so a key alone uses ``capacity - reserve``. Without it a light
-  key's request waits for a place to free, and long requests that began together end together: on
-  the stand-in (32 slots, 200 streams of 1.3 s) the light key's TTFT p90 was 1.2 s with no reserve.
+- a key alone takes every place. While two keys or more are *active* (a request upstream or
+  waiting, or one ended less than ``linger`` seconds ago: an interactive user between two turns
+  still counts), a key is *light* when it asks less than its weighted share of the capacity
+  (requests upstream + waiting < ``capacity`` x its weight / the active keys' weights), else
+  *heavy*. A light key takes any free place at once. Heavy keys leave free the last ``reserve``
+  places (``--fair-reserve``, by default 1/32 of the capacity, at least 1), so that a light
+  key's request starts without waiting for one of a heavy key's long requests to end (on the
+  stand-in, 32 slots, 200 streams of 1.3 s: the light key's TTFT p90 was 1.2 s with no reserve);
+- and while a light key is active, the heavy keys together run at most ``light_running`` requests
+  (``--fair-light-running``, by default half the capacity): a light request's first token waits for
+  vLLM's engine steps, and a step is the longer the more sequences run (H100, ``--max-num-seqs
+  256``, 1,000 streams of one key: the other key's TTFT p50 57 ms with ~244 running, 39 ms with 128,
+  18 ms alone; the heavy key's tok/s 1.37x and 1.11x of what it got with fair share off).
+  A running batch cannot shrink faster than its requests end, so the cap holds for ``linger`` after
+  the light key's last request, not only while it has one.
 
 Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shared_lock.SharedLock` (a few
 loads and stores and a scan of the backlogged keys only, per dispatch), so the order is the
 server's, not a worker's. A waiter is a future in its own worker; the process that frees a place
 picks the next key and a worker with a waiter of that key, counts the grant in shared memory and
-wakes that worker with one byte on its FIFO (``/dev/shm``): no polling, no sleep.
+rings that worker's bell (``supervisor/inbox.py``'s :class:`~vllama_proxy.supervisor.inbox.Bell`, a FIFO
+in ``/dev/shm``, as a model's owner loop is rung): no polling, no sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
-import contextlib
 import multiprocessing
-import os
-import tempfile
+import time
 from typing import Any
 
+from vllama_proxy.supervisor.inbox import bells
 from vllama_proxy.supervisor.shared_lock import SharedLock, this_pid
 
 #: The cost of an output token (the unit: one running slot for one decode step), and the default cost
@@ -64,7 +73,9 @@ W_IN, W_OUT = 0.0, 1.0
 EXPECT_ALPHA = 0.25
 #: Bytes of request body per prompt token, for the estimate charged at dispatch.
 BYTES_PER_TOKEN = 4
-_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+#: Seconds a key stays active after its last request ended: a light key that asks again within it
+#: finds the reserve kept and the heavy keys' running batch still small.
+LINGER = 10.0
 
 
 class FairQueue:
@@ -74,9 +85,12 @@ class FairQueue:
         capacity: requests upstream at once over every worker (vLLM's running capacity).
         workers: worker processes (each with its slot ``0 .. workers - 1`` and a FIFO to be woken by).
         keys: per-key counters (``keys.KEY_SLOTS``).
-        reserve: the last places, kept for keys with fewer than ``max(1, reserve // 4)`` requests
-            upstream: a light key's request then finds a running slot at once, instead of waiting
-            for one of a heavy key's long requests to end (0: strictly work-conserving).
+        reserve: the last places, which heavy keys leave free while another key is active: a
+            light key's request then finds a running slot at once, instead of waiting for one of a
+            heavy key's long requests to end (0: strictly work-conserving).
+        light_running: while a light key is active, the most requests the heavy keys run together
+            (0, or the capacity or more: no such cap).
+        linger: seconds a key stays active after its last request ended.
         prompt_weight: the cost of a prompt token in output tokens (:data:`W_IN` by default); the
             caller charges ``prompt_weight`` x its prompt tokens through :meth:`turn`'s ``cost``
             and :meth:`done`'s ``correction``.
@@ -86,12 +100,13 @@ class FairQueue:
     """
 
     def __init__(self, capacity: int, workers: int, keys: int, ctx: Any = None, *, reserve: int = 0,
-                 prompt_weight: float = W_IN) -> None:
+                 light_running: int = 0, linger: float = LINGER, prompt_weight: float = W_IN) -> None:
         ctx = ctx or multiprocessing.get_context("spawn")
         self.capacity = max(int(capacity), 1)
         self.prompt_weight = max(float(prompt_weight), 0.0)
         self.reserve = min(max(int(reserve), 0), self.capacity - 1)
-        self.reserve_per_key = max(1, self.reserve // 4)
+        self.light_running = int(light_running) if 0 < int(light_running) < self.capacity else self.capacity
+        self.linger = max(float(linger), 0.0)
         self.workers = max(int(workers), 1)
         self.keys = keys
         n = self.workers * keys
@@ -118,16 +133,16 @@ class FairQueue:
         self._dispatched = ctx.RawValue("q", 0)    # requests dispatched since start (tests, logs)
         self._elsewhere = ctx.RawArray("d", keys)  # each key's service on the other fronts, as last read (absorb)
         self._fresh = ctx.RawArray("b", [1] * keys)  # the key became active here since: its next read is a baseline
-        where = tempfile.mkdtemp(prefix="vllama-fair-", dir=_DIR)  # one FIFO per worker, made before they start
-        self._fifos = [os.path.join(where, str(w)) for w in range(self.workers)]
-        for path in self._fifos:
-            os.mkfifo(path, 0o600)
-        atexit.register(_remove, where, self._fifos)  # in the creating process only (not on unpickling)
+        self._active = ctx.RawArray("i", keys)     # the active keys (requests upstream or waiting, or lingering), unordered ...
+        self._active_n = ctx.RawValue("i", 0)      # ... and how many
+        self._is_active = ctx.RawArray("b", keys)  # whether the key is in that list
+        self._last_end = ctx.RawArray("d", keys)   # when the key's last request ended or left (time.monotonic, system-wide)
+        self._bells = bells(self.workers, prefix="vllama-fair-")  # one FIFO per worker, made before they start
         self._local_init()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_pid", "_fds", "_waiters", "_reader", "_loop", "_slot"):
+        for k in ("_pid", "_waiters", "_loop", "_slot"):
             state.pop(k, None)
         return state
 
@@ -137,9 +152,7 @@ class FairQueue:
 
     def _local_init(self) -> None:
         self._pid = this_pid()
-        self._fds: dict[int, int] = {}
         self._waiters: dict[int, collections.deque[asyncio.Future[None]]] = {}
-        self._reader: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slot = -1
 
@@ -248,6 +261,10 @@ class FairQueue:
     def _enqueue(self, slot: int, key: int, cost: float) -> None:
         if self._key_wait[key] == 0 and self._key_up[key] == 0:  # newly active here: see absorb
             self._fresh[key] = 1
+        if not self._is_active[key]:
+            self._is_active[key] = 1
+            self._active[self._active_n.value] = key
+            self._active_n.value += 1
         if self._key_wait[key] == 0:  # newly backlogged: no credit for having been idle
             n = self._backlog_n.value
             lift = min((self._vtc[self._backlog[j]] for j in range(n)), default=self._floor.value)
@@ -260,6 +277,8 @@ class FairQueue:
 
     def _leave_queue(self, key: int, cost: float) -> None:
         self._key_wait[key] -= 1
+        if self._key_wait[key] == 0 and self._key_up[key] == 0:
+            self._last_end[key] = time.monotonic()
         self._wait_cost[key] = max(self._wait_cost[key] - cost, 0.0) if self._key_wait[key] else 0.0
         if self._key_wait[key] == 0:
             n = self._backlog_n.value
@@ -290,6 +309,8 @@ class FairQueue:
             self._vtc[key] += self._bounded(key, correction / self._weight[key], output)
         if self._key_up[key] == 0:
             self._out_charged[key] = 0.0
+            if self._key_wait[key] == 0:
+                self._last_end[key] = time.monotonic()
         return self._fill()
 
     def _bounded(self, key: int, add: float, output: int | None) -> float:
@@ -312,9 +333,12 @@ class FairQueue:
     def _fill(self) -> set[int]:
         """Dispatch waiters while there is room; the workers to wake."""
         wake: set[int] = set()
+        if not self._backlog_n.value:
+            return wake
+        view = self._view()
         while self._upstream.value < self.capacity and self._backlog_n.value:
-            key = self._pick()
-            if key < 0:  # only the reserve is left, and every waiting key has its few upstream
+            key = self._pick(view)
+            if key < 0:  # only what heavy keys leave free is left, and only heavy keys wait
                 break
             worker = self._worker_with_waiter(key)
             cost = self._wait_cost[key] / self._key_wait[key]
@@ -322,15 +346,45 @@ class FairQueue:
             self._leave_queue(key, cost)
             self._grants[worker * self.keys + key] += 1
             self._dispatch(worker, key, cost)
+            if view is not None and key not in view.light:
+                view.heavy_up += 1
             wake.add(worker)
         return wake
 
-    def _pick(self) -> int:
-        reserved = self.capacity - self._upstream.value <= self.reserve
+    def _view(self) -> _Active | None:
+        """The active keys now (those idle for ``linger`` leave the list); ``None`` while fewer than
+        two are active (a key alone takes every place). A scan of the active keys, under the lock."""
+        now, n, j, weights = time.monotonic(), self._active_n.value, 0, 0.0
+        while j < n:
+            k = self._active[j]
+            if self._key_up[k] == 0 and self._key_wait[k] == 0 and now - self._last_end[k] >= self.linger:
+                self._is_active[k] = 0
+                n -= 1
+                self._active[j] = self._active[n]
+                continue
+            weights += self._weight[k]
+            j += 1
+        self._active_n.value = n
+        if n < 2:
+            return None
+        view = _Active()
+        for j in range(n):
+            k = self._active[j]
+            if self._key_up[k] + self._key_wait[k] < self.capacity * self._weight[k] / (weights or 1.0):
+                view.light.add(k)
+            else:
+                view.heavy_up += self._key_up[k]
+        return view
+
+    def _pick(self, view: _Active | None) -> int:
+        """The next key to dispatch, in VTC order among those that may take a place now."""
+        heavy_barred = view is not None and (
+            self._upstream.value >= self.capacity - self.reserve
+            or (bool(view.light) and view.heavy_up >= self.light_running))
         best, best_rank = -1, None
         for j in range(self._backlog_n.value):
             k = self._backlog[j]
-            if reserved and self._key_up[k] >= self.reserve_per_key:
+            if heavy_barred and k not in view.light:  # type: ignore[union-attr]
                 continue
             rank = (-self._priority[k], self._vtc[k], self._key_up[k])
             if best_rank is None or rank < best_rank:
@@ -349,36 +403,24 @@ class FairQueue:
     # -- waking a worker ----------------------------------------------------------------------
 
     def _listen(self, slot: int) -> None:
-        """Read this worker's FIFO from its event loop (once per process)."""
-        loop = asyncio.get_running_loop()
-        if self._reader is not None and self._loop is loop:
-            return
-        fd = self._fd(slot)
-        loop.add_reader(fd, self._wake)
-        self._reader, self._loop, self._slot = fd, loop, slot
-
-    def _fd(self, slot: int) -> int:
-        if self._pid != this_pid():
+        """Read this worker's bell from its event loop (once per process)."""
+        if self._pid != this_pid():  # forked: this process listens on its own
             self._local_init()
-        fd = self._fds.get(slot)
-        if fd is None:  # O_RDWR: a FIFO opened so never blocks, and never reads end-of-file
-            fd = self._fds[slot] = os.open(self._fifos[slot], os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        return fd
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._slot == slot and self._bells[slot].listening:
+            return
+        self._bells[slot].listen(lambda _data: self._wake())
+        self._loop, self._slot = loop, slot
 
     def _signal(self, workers: set[int]) -> None:
         for w in workers:
-            if w == self._slot and self._loop is not None:
+            if w == self._slot and self._loop is not None and self._pid == this_pid():
                 self._loop.call_soon(self._wake)
                 continue
-            with contextlib.suppress(BlockingIOError):  # full: it has a wake-up pending anyway
-                os.write(self._fd(w), b"x")
+            self._bells[w].ring()  # a full FIFO drops the byte: that worker has a wake-up pending anyway
 
     def _wake(self) -> None:
         """This worker's waiters whose places were granted go on (FIFO order within a key)."""
-        if self._reader is not None:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self._reader, 4096):
-                    pass
         keys = [k for k, q in self._waiters.items() if q]
         if not keys:
             return
@@ -421,6 +463,8 @@ class FairQueue:
                 for _ in range(waiting):
                     self._worker_wait[base + k] -= 1
                     self._leave_queue(k, self._wait_cost[k] / max(self._key_wait[k], 1))
+                if up and self._key_up[k] == 0 and self._key_wait[k] == 0:
+                    self._last_end[k] = time.monotonic()
             wake = self._fill()
         self._signal(wake)
 
@@ -435,8 +479,11 @@ class FairQueue:
         return self._vtc[key]
 
 
-def _remove(where: str, paths: list[str]) -> None:
-    with contextlib.suppress(OSError):
-        for path in paths:
-            os.unlink(path)
-        os.rmdir(where)
+class _Active:
+    """:meth:`FairQueue._view`: the light keys among the active ones, and what the heavy keys run."""
+
+    __slots__ = ("light", "heavy_up")
+
+    def __init__(self) -> None:
+        self.light: set[int] = set()
+        self.heavy_up = 0

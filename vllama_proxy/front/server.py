@@ -114,11 +114,14 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
     queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/fair_queue.py)
     reserve = settings.fair_reserve_for(running) if queue else 0
+    light_running = settings.fair_light_running_for(running) if queue else 0
     log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
-             max_running_shown=known, fair_queue=queue, fair_reserve=reserve,
+             max_running_shown=known, fair_queue=queue, fair_reserve=reserve, fair_light_running=light_running,
+             fair_light_running_source=("--fair-light-running" if settings.fair_light_running is not None
+                                        else "half the running capacity") if queue else None,
              fair_prompt_weight=settings.fair_prompt_weight if queue else None)
     return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known, queue=queue, reserve=reserve,
-                          prompt_weight=settings.fair_prompt_weight)
+                          light_running=light_running, prompt_weight=settings.fair_prompt_weight)
 
 
 def log_front_end(front: Plan) -> None:
