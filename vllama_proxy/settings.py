@@ -201,7 +201,8 @@ class Settings(BaseSettings):
     workers: int | Literal["auto"] = Field(
         "auto",
         description="Proxy processes sharing the port (SO_REUSEPORT); auto: a quarter of the CPUs left after "
-        "one per GPU process of vLLM's engine (see docs/operations.md, the front end).",
+        "one per GPU process of vLLM's engine; half the CPUs on a front with no vLLM of its own (`--upstream`, "
+        "`--router`) (see docs/operations.md, the front end).",
     )
     cpus: float | None = Field(
         None,
