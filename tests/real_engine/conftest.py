@@ -4,8 +4,9 @@ Every test here runs ``vllama serve`` as a subprocess (its console script, next 
 which runs the real ``vllm serve`` from the same virtual environment; the tests talk to it with the
 real ``ollama`` and ``openai`` clients. Nothing here imports vllama's modules.
 
-Starting vLLM is the tier's cost (three processes each importing torch and vLLM: about a minute on 2
-cores at load ~8, 3-4 minutes at load 20) and each one holds ~2.3 GB, so the servers are run **one at a time**
+Starting vLLM is the tier's cost (three processes each importing torch and vLLM, one after the other:
+~25 s on 2 quiet cores, twice that where the packages have no bytecode compiled, see
+scripts/venv-install.sh; minutes at load 20) and each one holds ~2.3 GB, so the servers are run **one at a time**
 (:class:`Engines`):
 
 - ``start_real(name, ...)``: a server for one module (its test's own process tree: kill -9, SIGTERM,
