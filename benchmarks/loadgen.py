@@ -391,7 +391,7 @@ def _kind(cmd: str) -> str | None:
         return "vllm_api"  # with one API server the `vllm serve` process is it
     if "vllama_proxy" in cmd:
         return "vllama_front" if "--upstream" in cmd else "vllama"  # a fleet's front, or a node / lone server
-    if "vllm-router" in cmd:
+    if "vllm-router" in cmd or "vllm::router" in cmd:  # vllm-router renames its process (argv) `vllm::router`
         return "router"
     return None
 
