@@ -14,7 +14,7 @@ that asks every worker to render each chat first, ``cache_aware``, shows N+1).
 Stand-ins (default; CPU only, tests/fake_vllm.py with ``FAKE_VLLM_TOKEN_DELAY``, the real ``vllm-router``
 from the venv; its CPU set is whatever this process has)::
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/router_hop.py [--workers 2] [--streams 64] [--tokens 64]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/router_hop.py [--workers 2] [--nodes] [--streams 64] [--tokens 64]
         [--token-delay 0.02] [--blocks 6] [--policy round_robin] [--router-arg=--flag ...] [--json PATH]
 
 Running servers (a GPU fleet: each node's URL and the router's; no stand-ins, no capture)::
@@ -48,7 +48,7 @@ import psutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from loadgen import machine_cpu, make_session, percentile  # noqa: E402
+from loadgen import _kind, machine_cpu, make_session, percentile  # noqa: E402
 from paired_stats import bootstrap  # noqa: E402
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
@@ -88,6 +88,27 @@ def start_standins(n: int, token_delay: float, model: str) -> tuple[list[str], l
         procs.append(p)
     for u, p in zip(urls, procs):
         wait_http(u + "/health", p)
+    return urls, procs
+
+
+def start_nodes(n: int, token_delay: float, model: str) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
+    """``n`` vllama nodes (``vllama serve --model``, one worker), each supervising its stand-in vLLM: the
+    fleet's nodes, whose ``/v1`` passthrough the router calls."""
+    import tempfile
+
+    env = dict(os.environ, FAKE_VLLM_TOKEN_DELAY=str(token_delay), PYTHONPATH=ROOT, HF_HUB_OFFLINE="1")
+    urls, procs = [], []
+    for _ in range(n):
+        port = free_port()
+        p = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--model", os.path.join(ROOT, "tests", "assets", "tool-model"),
+                              "--served-model-name", model, "--port", str(port), "--workers", "1", "--keep-alive", "-1",
+                              "--no-gpu-check", "--vllm-executable", os.path.join(ROOT, "tests", "bin", "vllm")],
+                             env=dict(env, VLLAMA_STATE_DIR=tempfile.mkdtemp(prefix="router-hop-")),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+        urls.append(f"http://127.0.0.1:{port}")
+        procs.append(p)
+    for u, p in zip(urls, procs):
+        wait_http(u + "/readyz", p, 120)
     return urls, procs
 
 
@@ -139,20 +160,29 @@ async def one(session: aiohttp.ClientSession, url: str, data: bytes) -> dict[str
 
 
 def own_cpu(pids: dict[str, list[int]]) -> dict[str, float]:
-    """User+system CPU seconds so far of the given processes (and their children) by kind, this process as
-    ``client``: on a shared machine, only what this benchmark started counts."""
-    out = {"client": sum(os.times()[:2])}
+    """User+system CPU seconds so far of the given processes and their children by kind (a child's own kind
+    when ``loadgen``'s ``_kind`` names one: a node's stand-in vLLM is ``vllm_api``, else its parent's), this
+    process as ``client``: on a shared machine, only what this benchmark started counts."""
+    out: dict[str, float] = {"client": sum(os.times()[:2])}
+
+    def walk(proc: psutil.Process, kind: str) -> None:
+        try:
+            k = _kind(" ".join(proc.cmdline())) or kind
+            c = proc.cpu_times()
+            out[k] = out.get(k, 0.0) + c.user + c.system
+            children = proc.children()
+        except psutil.Error:
+            return
+        for ch in children:
+            walk(ch, k)
+
     for kind, ps in pids.items():
-        total = 0.0
+        out.setdefault(kind, 0.0)
         for pid in ps:
             try:
-                proc = psutil.Process(pid)
-                for q in [proc, *proc.children(recursive=True)]:
-                    c = q.cpu_times()
-                    total += c.user + c.system
+                walk(psutil.Process(pid), kind)
             except psutil.Error:
                 pass
-        out[kind] = total
     return out
 
 
@@ -175,11 +205,19 @@ async def block(session: aiohttp.ClientSession, targets: list[str], args: argpar
     seen: set[tuple[int, int]] = set()
     done = asyncio.Event()
 
+    sampler_cpu = 0.0
+
+    def sample_once() -> None:  # in a thread: psutil reads /proc/net/tcp*, slow enough to stall the event loop
+        nonlocal sampler_cpu
+        t = time.thread_time()
+        seen.update(router_conns(router_pid, worker_ports))
+        sampler_cpu += time.thread_time() - t  # not the client's cost per token: taken off below
+
     async def sample() -> None:
-        while not done.is_set():
-            seen.update(router_conns(router_pid, worker_ports))
+        while router_pid is not None and not done.is_set():
+            await asyncio.to_thread(sample_once)
             try:
-                await asyncio.wait_for(done.wait(), 0.25)
+                await asyncio.wait_for(done.wait(), 0.5)
             except asyncio.TimeoutError:
                 pass
 
@@ -195,14 +233,15 @@ async def block(session: aiohttp.ClientSession, targets: list[str], args: argpar
     cpu0, t0 = cpu_now(), time.perf_counter()
     await asyncio.gather(*(stream() for _ in range(args.streams)))
     wall = time.perf_counter() - t0
-    cpu1 = cpu_now()
     done.set()
-    await sampler
+    await sampler  # (its last look's CPU is in sampler_cpu, taken off the client's)
+    cpu1 = cpu_now()
     ok = [r for r in results if "error" not in r]
     tokens = sum(r["tokens"] for r in ok)
     itl = sorted(x for r in ok for x in r["itl"])
     ttft = sorted(r["ttft"] for r in ok)
     cpu = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in set(cpu0) | set(cpu1)}
+    cpu["client"] = cpu.get("client", 0.0) - sampler_cpu
     return {
         "requests": n, "ok": len(ok), "errors": sorted({r["error"] for r in results if "error" in r})[:3],
         "wall_s": wall, "tok_s": tokens / wall,
@@ -255,7 +294,7 @@ def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     for k in ("tok_s", "ttft_p50", "itl_p50", "itl_p90", "itl_mean"):
         d = [b["router"][k] - b["direct"][k] for b in blocks]
         diffs[k] = {"median": statistics.median(d), "mean_ci95": bootstrap(d, statistics.fmean, 2000, 0)}
-    for kind in ("router", "vllm_api", "vllama", "vllama_front", "client"):
+    for kind in ("router", "vllm_api", "vllama", "client"):
         d = [b["router"]["us_per_token"].get(kind, 0.0) - b["direct"]["us_per_token"].get(kind, 0.0) for b in blocks]
         diffs[f"us_per_token.{kind}"] = {"median": statistics.median(d), "mean_ci95": bootstrap(d, statistics.fmean, 2000, 0)}
     out["router_minus_direct"] = diffs
@@ -321,6 +360,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--workers", type=int, default=2, help="stand-in vLLMs to start")
     p.add_argument("--token-delay", type=float, default=0.02, help="stand-ins: s per token")
+    p.add_argument("--nodes", action="store_true", help="the workers are vllama nodes (vllama serve --model, one worker "
+                   "each) supervising the stand-ins, as in the fleet: direct means each node's /v1 passthrough")
     p.add_argument("--direct", default="", help="running workers' URLs, comma-separated (no stand-ins started)")
     p.add_argument("--router", default="", help="a running router's URL (with --direct)")
     p.add_argument("--model", default="m")
@@ -347,14 +388,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             workers, router = args.direct.split(","), args.router
             router_pid = next((p.pid for p in psutil.process_iter(["cmdline"]) if "vllm-router" in " ".join(p.info["cmdline"] or [])), None)
         else:
-            workers, procs = start_standins(args.workers, args.token_delay, args.model)
+            start = start_nodes if args.nodes else start_standins
+            workers, procs = start(args.workers, args.token_delay, args.model)
             router, rp = start_router(workers, args.policy, args.router_arg)
             procs.append(rp)
             router_pid = rp.pid
-            pids = {"vllm_api": [p.pid for p in procs[:-1]], "router": [rp.pid]}
+            pids = {"vllama" if args.nodes else "vllm_api": [p.pid for p in procs[:-1]], "router": [rp.pid]}
         ports = {int(w.rsplit(":", 1)[1].split("/")[0]) for w in workers}
         async with make_session() as session:
-            cap = None if args.direct else await capture(session, workers, router, args.model)
+            cap = None if args.direct or args.nodes else await capture(session, workers, router, args.model)
             for t in (workers, [router]):  # warm both paths' connections
                 await asyncio.gather(*(one(session, t[i % len(t)], body(args.model, -1 - i, 4, 8)) for i in range(8)))
             threads = len(psutil.Process(router_pid).threads()) if router_pid else None
@@ -369,7 +411,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                           f"µs/tok {({k: round(v) for k, v in pair[path]['us_per_token'].items() if abs(v) >= 0.5})}, "
                           f"router conns {pair[path]['router_conns_seen']}, errors {pair[path]['errors']}", flush=True)
                 blocks.append(pair)
-        meta = {"workers": len(workers), "streams": args.streams, "requests_per_block": args.requests,
+        meta = {"workers": len(workers), "nodes": "vllama" if args.nodes else "stand-in", "streams": args.streams, "requests_per_block": args.requests,
                 "tokens": args.tokens, "policy": args.policy if not args.direct else "(running router)",
                 "token_delay_s": None if args.direct else args.token_delay, "router_threads": threads,
                 "cpus": len(os.sched_getaffinity(0))}

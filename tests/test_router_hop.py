@@ -2,7 +2,8 @@
 
 - ``benchmarks/loadgen.py --cpu-by-kind`` must count the real router as ``router``: vllm-router renames
   its process (``/proc/PID/cmdline`` reads ``vllm::router``), so matching ``vllm-router`` filed its
-  CPU under ``other`` (the GPU diag of 2026-11-26 read 2.45 cores of "other" at 64.8k tok/s: the router).
+  CPU under ``other`` (the GPU diag of 2026-11-26 read 2.45 cores of "other" at 64.8k tok/s: the router);
+  and a vllama node as ``vllama`` even when its command line ends with ``--vllm-executable .../vllm``.
 - ``benchmarks/router_hop.py`` on the stand-ins behind the real router: what a worker receives through
   the router against a direct call, and the router's CPU per token, in paired blocks.
 """
@@ -57,3 +58,13 @@ def test_router_hop_benchmark_on_stand_ins(tmp_path):
     assert res["capture"]["worker_requests_per_chat"] == {"/v1/chat/completions": 1}
     assert "router" in res["summary"]["router"]["us_per_token"]  # its CPU counted (too little here to be above 0)
     assert "router − direct" in res["report"]
+
+
+def test_loadgen_counts_a_node_whose_command_ends_with_its_vllm_executable_as_vllama():
+    """``vllama serve ... --vllm-executable /x/bin/vllm`` (router_hop.py's nodes, the test fleets) is vllama, not
+    vLLM: the ``.../vllm`` ending no longer wins."""
+    import loadgen
+
+    assert loadgen._kind("python -m vllama_proxy serve --model m --vllm-executable /x/tests/bin/vllm") == "vllama"
+    assert loadgen._kind("python -m vllama_proxy serve --upstream http://r:30000") == "vllama_front"
+    assert loadgen._kind("/x/tests/bin/vllm serve m --port 8000") == "vllm_api"
