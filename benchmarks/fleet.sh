@@ -88,6 +88,8 @@
 #   7. issue 43's hop (after `install setup` in an earlier call of this lease; timeout_s 600, ~5 min: 4 nodes start
 #      at once, 5 paths x 2 rounds of ~15 s):
 #        OUT=$OUT $X NODE_CPUS=12 LOADGEN_PROCS=8 benchmarks/fleet.sh start hop stop
+#   8. if `vllm` (four nodes at once, no router) is already slow: the same with each engine core not pinned to one CPU
+#        OUT=$OUT/pin-off $X NODE_CPUS=12 LOADGEN_PROCS=8 VLLAMA_EXTRA="--pin-engine-core off" benchmarks/fleet.sh start hop stop
 # Dry run against the stand-in (no GPU; vllm-router from the venv): PATH=$PWD/tests/bin:.venv/bin:$PATH
 #   MODEL=<dir with a config.json> VLLAMA_EXTRA="--no-gpu-check --vllm-executable $PWD/tests/bin/vllm" NO_GPU=1
 #   G=2 S=2 T=2 C=4 SYSTEM_WORDS=50 ROUNDS=2 benchmarks/fleet.sh start rounds summarize failover stop
@@ -399,8 +401,12 @@ hop)  # issue 43's hop, fleet up, the router on round_robin: the same 1,024 stre
   for pid in $(pgrep -f '^VLLM::EngineCore'); do
     log "hop: engine core $pid: $(taskset -cp "$pid" 2>/dev/null | sed 's/.*: //') CPUs, $(ls /proc/$pid/task | wc -l) threads, $(ps -o psr= -L -p "$pid" | sort -u | tr '\n' ' ')on CPUs now"
   done
+  engine_ticks() {  # "pid ticks" of each engine core (user+system, all its threads), and the time
+    echo "t $(now)"; for pid in $(pgrep -f '^VLLM::EngineCore'); do echo "$pid $(awk '{print $14 + $15}' /proc/$pid/stat)"; done
+  }
   hop_run() {  # path round
     local path=$1 r=$2 i pids=() per=$((STREAMS / NODES)) procs=$(( ${LOADGEN_PROCS:-8} / NODES > 0 ? ${LOADGEN_PROCS:-8} / NODES : 1 ))
+    local before; before=$(engine_ticks)
     lg() {  # tag target streams procs
       pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=$2" --model $SERVED --levels "$3" --cpu-by-kind \
         --requests-per-level "$((3 * $3))" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
@@ -414,6 +420,13 @@ hop)  # issue 43's hop, fleet up, the router on round_robin: the same 1,024 stre
       router) lg all "openai-chat:$ROUTER" "$STREAMS" "${LOADGEN_PROCS:-8}" ;;
       front) lg all "ollama-chat:$FRONT" "$STREAMS" "${LOADGEN_PROCS:-8}" ;;
     esac
+    python3 - "$before" "$(engine_ticks)" "$path" "$r" "$(getconf CLK_TCK)" <<'PY' | tee -a "$OUT/summary.txt"
+import sys
+a, b = ({l.split()[0]: float(l.split()[1]) for l in x.splitlines()} for x in sys.argv[1:3])
+wall, tck = b.pop("t") - a.pop("t"), float(sys.argv[5])
+print(f"  hop {sys.argv[3]} r{sys.argv[4]}: engine cores busy (CPU/wall, {wall:.1f} s incl. the loadgens' start): "
+      + ", ".join(f"{p} {(b[p] - a[p]) / tck / wall:.2f}" for p in b if p in a))
+PY
   }
   log "hop: $NODES nodes, round_robin, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out, ${HOP_ROUNDS:-2} rounds"
   for r in $(seq 1 "${HOP_ROUNDS:-2}"); do
