@@ -43,6 +43,11 @@
 #             out, STREAMS (1,024) in flight, REQUESTS (3 x STREAMS) requests, through the front; fleet: once per
 #             THROUGHPUT_CONFIGS (sticky_least_loaded round_robin); one and dpN: against the node;
 #             $OUT/throughput-$TOPOLOGY[NODES-CONFIG].json
+#   hop       fleet, issue 43's hop: the router restarted on round_robin, then in HOP_ROUNDS (2) alternating rounds the
+#             throughput workload (3 x STREAMS requests) five ways: node a's vLLM alone at STREAMS/NODES (alone), NODES
+#             loadgens at once each straight at one node's vLLM (vllm) or its vllama's /v1 (node), one at the router
+#             (router, OpenAI chat), one at the front (front, Ollama chat); each engine core's CPU affinity logged;
+#             $OUT/hop-PATH-rN-TAG.json, the table (benchmarks/router_hop.py --summarize-loadgen) in $OUT/hop.md
 #   drain     fleet, under the conversation workload (FAILOVER_CONFIG): FAIL_AT s in, the last node gets
 #             SIGTERM (it leaves the router, answers 503 to new requests, finishes its streams, stops) and
 #             is started again; turns lost (none expected), how long the drain took, when the new node
@@ -80,6 +85,11 @@
 #        && OUT=$OUT GPU_UTIL=0.85 TOPOLOGY=dp4 benchmarks/fleet.sh start throughput stop
 #   6. no carry (timeout_s 600, ~3 min: DP 4 on the cache-bound workload, the KV of call 4):
 #        OUT=$OUT GPU_UTIL=0.85 KV_FRACTION=0.5 TOPOLOGY=dp4 benchmarks/fleet.sh size start run stop
+#   7. issue 43's hop (after `install setup` in an earlier call of this lease; timeout_s 600, ~5 min: 4 nodes start
+#      at once, 5 paths x 2 rounds of ~15 s):
+#        OUT=$OUT $X NODE_CPUS=12 LOADGEN_PROCS=8 benchmarks/fleet.sh start hop stop
+#   8. if `vllm` (four nodes at once, no router) is already slow: the same with each engine core not pinned to one CPU
+#        OUT=$OUT/pin-off $X NODE_CPUS=12 LOADGEN_PROCS=8 VLLAMA_EXTRA="--pin-engine-core off" benchmarks/fleet.sh start hop stop
 # Dry run against the stand-in (no GPU; vllm-router from the venv): PATH=$PWD/tests/bin:.venv/bin:$PATH
 #   MODEL=<dir with a config.json> VLLAMA_EXTRA="--no-gpu-check --vllm-executable $PWD/tests/bin/vllm" NO_GPU=1
 #   G=2 S=2 T=2 C=4 SYSTEM_WORDS=50 ROUNDS=2 benchmarks/fleet.sh start rounds summarize failover stop
@@ -380,6 +390,50 @@ drain)  # the last node replaced under the conversation workload: SIGTERM (its d
   wait $lg
   turns_lost "$OUT/drain.json" "$t_term" "drain (SIGTERM)" | tee -a "$OUT/summary.txt" "$OUT/drain.txt"
   report "$OUT/drain.json" drain
+  ;;
+hop)  # issue 43's hop, fleet up, the router on round_robin: the same 1,024 streams (STREAMS) four ways, in
+  # alternating rounds (HOP_ROUNDS, 2): NODES loadgens in parallel, each straight at one node's vLLM (vllm),
+  # or at its vllama's /v1 passthrough (node); one loadgen at the router (router, OpenAI chat); one at the
+  # front (front, Ollama chat); and node a's vLLM alone at STREAMS/NODES (alone: the earlier diag's one node,
+  # as a baseline in the same call). Earlier diags ran one node alone, never all of them at once without the
+  # router. Also logged: each engine core's CPU affinity and threads (vllama pins each to one CPU).
+  router round_robin || exit 1; wait_workers $NODES || exit 1
+  for pid in $(pgrep -f '^VLLM::EngineCore'); do
+    log "hop: engine core $pid: $(taskset -cp "$pid" 2>/dev/null | sed 's/.*: //') CPUs, $(ls /proc/$pid/task | wc -l) threads, $(ps -o psr= -L -p "$pid" | sort -u | tr '\n' ' ')on CPUs now"
+  done
+  engine_ticks() {  # "pid ticks" of each engine core (user+system, all its threads), and the time
+    echo "t $(now)"; for pid in $(pgrep -f '^VLLM::EngineCore'); do echo "$pid $(awk '{print $14 + $15}' /proc/$pid/stat)"; done
+  }
+  hop_run() {  # path round
+    local path=$1 r=$2 i pids=() per=$((STREAMS / NODES)) procs=$(( ${LOADGEN_PROCS:-8} / NODES > 0 ? ${LOADGEN_PROCS:-8} / NODES : 1 ))
+    local before; before=$(engine_ticks)
+    lg() {  # tag target streams procs
+      pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=$2" --model $SERVED --levels "$3" --cpu-by-kind \
+        --requests-per-level "$((3 * $3))" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
+        --warmup 2 --procs "$4" --seed "$((r * 10 + ${#path}))" --raise-nofile --json "$OUT/hop-$path-r$r-$1.json" > "$LOGS/hop-$path-r$r-$1.txt" 2>&1
+    }
+    case $path in
+      vllm|node) for i in $(seq 0 $((NODES - 1))); do
+          lg "${NAMES[$i]}" "openai-chat:http://127.0.0.1:$(( $([ $path = vllm ] && echo $VA || echo $PA) + i ))" $per $procs & pids+=($!)
+        done; wait "${pids[@]}" ;;
+      alone) lg a "openai-chat:http://127.0.0.1:$VA" $per "$procs" ;;
+      router) lg all "openai-chat:$ROUTER" "$STREAMS" "${LOADGEN_PROCS:-8}" ;;
+      front) lg all "ollama-chat:$FRONT" "$STREAMS" "${LOADGEN_PROCS:-8}" ;;
+    esac
+    python3 - "$before" "$(engine_ticks)" "$path" "$r" "$(getconf CLK_TCK)" <<'PY' | tee -a "$OUT/summary.txt"
+import sys
+a, b = ({l.split()[0]: float(l.split()[1]) for l in x.splitlines()} for x in sys.argv[1:3])
+wall, tck = b.pop("t") - a.pop("t"), float(sys.argv[5])
+print(f"  hop {sys.argv[3]} r{sys.argv[4]}: engine cores busy (CPU/wall, {wall:.1f} s incl. the loadgens' start): "
+      + ", ".join(f"{p} {(b[p] - a[p]) / tck / wall:.2f}" for p in b if p in a))
+PY
+  }
+  log "hop: $NODES nodes, round_robin, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out, ${HOP_ROUNDS:-2} rounds"
+  for r in $(seq 1 "${HOP_ROUNDS:-2}"); do
+    order="alone vllm node router front"; [ $((r % 2)) = 0 ] && order="front router node vllm alone"
+    for p in $order; do hop_run $p $r; done
+  done
+  python3 benchmarks/router_hop.py --summarize-loadgen "$OUT" | tee -a "$OUT/summary.txt" "$OUT/hop.md"
   ;;
 stop)
   for f in front front2 router a b c d e f g h; do

@@ -383,15 +383,15 @@ class Run:
 
 
 def _kind(cmd: str) -> str | None:
+    if "vllama_proxy" in cmd:  # first: a node's command line may end with its --vllm-executable .../vllm
+        return "vllama_front" if "--upstream" in cmd else "vllama"  # a fleet's front, or a node / lone server
     if "APIServer" in cmd:
         return "vllm_api"
     if "EngineCore" in cmd or "DPCoordinator" in cmd:
         return "vllm_engine"
     if "vllm serve" in cmd or cmd.endswith("/vllm") or "vllm.entrypoints" in cmd:
         return "vllm_api"  # with one API server the `vllm serve` process is it
-    if "vllama_proxy" in cmd:
-        return "vllama_front" if "--upstream" in cmd else "vllama"  # a fleet's front, or a node / lone server
-    if "vllm-router" in cmd:
+    if "vllm-router" in cmd or "vllm::router" in cmd:  # vllm-router renames its process (argv) `vllm::router`
         return "router"
     return None
 
