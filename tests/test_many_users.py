@@ -326,9 +326,14 @@ def test_one_key_cannot_take_every_place_and_vllm_gets_priorities(serve, hub, tm
         return httpx.post(s.url + "/api/generate", headers={"Authorization": f"Bearer {key}"}, timeout=60,
                           json={"model": "prod", "prompt": "x [[tokens:80]]", "stream": False, "options": {"num_predict": n}})
 
+    argv = s.launched()[0]
+    fake_stats = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/_fake/stats"
     with cf.ThreadPoolExecutor(12) as ex:
         heavy = [ex.submit(ask, "sk-alice") for _ in range(10)]
-        time.sleep(1.0)
+        # the event, not a pause: every one of alice's 10 has been decided (7 held, 3 refused at once)
+        deadline = time.monotonic() + 30
+        while sum(f.done() and f.result().status_code == 429 for f in heavy) < 3 and time.monotonic() < deadline:
+            cf.wait([f for f in heavy if not f.done()], timeout=0.1, return_when=cf.FIRST_COMPLETED)
         light = ask("sk-root", 1)  # the bound is 8: alice alone may hold 7 of them
         answers = [f.result() for f in heavy]
     assert light.status_code == 200
@@ -338,8 +343,11 @@ def test_one_key_cannot_take_every_place_and_vllm_gets_priorities(serve, hub, tm
     assert refused.headers["Retry-After"] and "fair share" in refused.json()["error"]
     # 429 over a key's own max_in_flight
     with cf.ThreadPoolExecutor(2) as ex:
+        started = httpx.get(fake_stats).json()["started"]
         first = ex.submit(ask, "sk-bob")
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30  # the event: bob's first request has reached vLLM
+        while httpx.get(fake_stats).json()["started"] == started and time.monotonic() < deadline:
+            time.sleep(0.02)
         second = ask("sk-bob", 1)
         assert first.result().status_code == 200
     assert second.status_code == 429 and "max_in_flight" in second.json()["error"] and second.headers["Retry-After"]
