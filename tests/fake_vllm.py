@@ -59,6 +59,8 @@ FAKE_VLLM_UNHEALTHY_FILE   path: while it exists, /health answers 503.
 FAKE_VLLM_REASONING_FIELD  ``reasoning`` (default) or ``reasoning_content``.
 FAKE_VLLM_EMBED_DIM        int (8): embedding width.
 FAKE_VLLM_SLEEP_SECONDS    float s (0.2) / FAKE_VLLM_WAKE_SECONDS (0.3): how long /sleep and /wake_up take.
+FAKE_VLLM_SLEEP_GATE       path: /sleep, after its seconds, answers only once this file exists (a test
+                           decides how long a sleep lasts, whatever the machine's load).
                            Those endpoints and /is_sleeping exist only with --enable-sleep-mode and
                            VLLM_SERVER_DEV_MODE=1, as in vLLM; /_fake/stats counts sleeps and wakes.
 FAKE_VLLM_GPU_LEDGER       path: GPU memory accounting shared by every fake on the machine (a JSON file
@@ -239,6 +241,7 @@ class Knobs:
         self.access_log = env.get("FAKE_VLLM_ACCESS_LOG", "") not in ("", "0", "false")
         self.log_max = _env_int("FAKE_VLLM_LOG_MAX") or 10000
         self.sleep_seconds = _env_float("FAKE_VLLM_SLEEP_SECONDS", 0.2)
+        self.sleep_gate = env.get("FAKE_VLLM_SLEEP_GATE") or None
         self.wake_seconds = _env_float("FAKE_VLLM_WAKE_SECONDS", 0.3)
         self.gpu_ledger = env.get("FAKE_VLLM_GPU_LEDGER") or None
         self.sleep_residue = _env_float("FAKE_VLLM_SLEEP_RESIDUE", 0.01)
@@ -1313,6 +1316,8 @@ async def sleep(request: web.Request) -> web.Response:
     s.sleeping = int(request.query.get("level", "1"))
     s.sleeps += 1
     await asyncio.sleep(s.knobs.sleep_seconds)
+    while s.knobs.sleep_gate and not os.path.exists(s.knobs.sleep_gate):
+        await asyncio.sleep(0.02)
     if s.ledger is not None:
         s.ledger.release(s.knobs.sleep_residue, "sleep")
     return web.Response(status=200)

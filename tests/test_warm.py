@@ -117,16 +117,20 @@ def test_an_on_demand_model_that_will_sleep_sleeps_and_wakes_once_before_it_is_r
 
     for repo in ("acme/tiny-a", "acme/tiny-b"):
         place(hub, repo)
-    ledger = tmp_path / "gpu-ledger.json"
+    ledger, gate = tmp_path / "gpu-ledger.json", tmp_path / "sleep-gate"
     s = serve("--keep-alive", "-1", "--", "--gpu-memory-utilization", "0.6",
-              env={**ONE_GPU, "FAKE_VLLM_GPU_LEDGER": str(ledger), "FAKE_VLLM_SLEEP_SECONDS": "1.0"})
+              env={**ONE_GPU, "FAKE_VLLM_GPU_LEDGER": str(ledger), "FAKE_VLLM_SLEEP_SECONDS": "1.0",
+                   "FAKE_VLLM_SLEEP_GATE": str(gate)})  # the first sleep lasts until the test has seen it
 
     def ask(model: str) -> bool:  # a client of its own: two ask at once
         return ollama.Client(host=s.url, timeout=60).generate(model=model, prompt="x", options={"num_predict": 1}).done
 
-    def note(model: str) -> str:
+    def status(model: str) -> dict:
         models = httpx.get(s.url + "/readyz").json().get("models", [])
-        return next((m.get("last_error") or "" for m in models if m["model"] == model), "")
+        return next((m for m in models if m["model"] == model), {})
+
+    def note(model: str) -> str:
+        return status(model).get("last_error") or ""
 
     with ThreadPoolExecutor(2) as threads:
         first = threads.submit(ask, "acme/tiny-a")
@@ -135,6 +139,10 @@ def test_an_on_demand_model_that_will_sleep_sleeps_and_wakes_once_before_it_is_r
             assert time.monotonic() < deadline and not first.done()
             time.sleep(0.02)
         second = threads.submit(ask, "acme/tiny-a")  # arrives during the cycle: waits for it
+        while status("acme/tiny-a").get("waiting", 0) < 2:  # both wait for the model (the sleep is gated)
+            assert time.monotonic() < deadline and not first.done()
+            time.sleep(0.02)
+        gate.touch()
         assert first.result() and second.result()
     assert note("acme/tiny-a") == ""
     assert ask("acme/tiny-b") and ask("acme/tiny-a")  # A -> B -> A: B warmed once too; A woken, not warmed again
