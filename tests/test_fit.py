@@ -419,3 +419,21 @@ def test_serve_refuses_a_model_too_big_and_serves_the_one_that_fits(vllama, tmp_
     estimates = [line for line in lines if line.get("event") == "fit_estimate"]
     assert {(x["model"], x["fits"]) for x in estimates} == {("tiny", True), ("qwen2.5:7b", False)}
     assert v.stop() == 0
+
+
+def test_a_node_on_the_gpu_cuda_visible_devices_gives_reads_that_gpu_for_its_defaults_and_warnings(vllama, tmp_path):
+    """A fleet's node on a shared host (``CUDA_VISIBLE_DEVICES=1``): NVML numbers the host's GPUs
+    and ignores that variable. vLLM's defaults that depend on the GPU come from GPU 1 (80 GiB:
+    ``--max-num-seqs`` 1024, the running capacity vllama bounds and shares), not from NVML's GPU 0
+    (40 GiB: 256), and GPU 0's memory, held by the neighbour's vLLM, is no warning of this node's."""
+    tiny = tiny_model(tmp_path / "tiny-model")
+    cfg = f'[[models]]\nmodel = "{tiny}"\nname = "tiny"\ngpu_memory_utilization = 0.3\n'
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS / "fake_nvml"), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_NVML_GPUS": "40:1,80:79", "CUDA_VISIBLE_DEVICES": "1"}
+    v = vllama(config=cfg, env=env, flags=["--gpu-check", "--gpu-release-timeout", "1"])
+    v.wait_state("ready")
+    lines = [json.loads(line) for line in v.log.read_text().splitlines() if line.startswith("{")]
+    (admission,) = [line for line in lines if line.get("event") == "admission"]
+    assert admission["running"] == 1024
+    assert [line["detail"] for line in lines if line.get("event") == "gpu_memory_in_use"] == []
+    assert v.stop() == 0

@@ -122,14 +122,31 @@ def engine_cores(spec: ModelConfig) -> int:
     return gpus + (dp if gpus > dp else 0)
 
 
+def visible_gpus(environ: Mapping[str, str] = os.environ) -> list[int | str] | None:
+    """The GPUs this process (and a vLLM it starts without ``gpus``) may use, as NVML knows them:
+    the inherited ``CUDA_VISIBLE_DEVICES``'s entries (indices, nvidia-smi order, or UUIDs); ``None``
+    when it is not set (every GPU NVML sees). NVML itself numbers every GPU of the host and ignores
+    the variable."""
+    if not environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        return None
+    return [int(e) if e.strip().isdigit() else e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
+
+
 def model_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
     """The GPUs ``spec``'s vLLM drives, as NVML knows them: indices (nvidia-smi order) or UUIDs.
     ``gpus`` when set; else the first entries of the inherited ``CUDA_VISIBLE_DEVICES``; else the
     first GPUs (``ModelConfig.gpu_ids``)."""
-    if spec.gpus is None and environ.get("CUDA_VISIBLE_DEVICES", "").strip():
-        entries = environ["CUDA_VISIBLE_DEVICES"].split(",")[:spec.gpu_count_needed()]
-        return [int(e) if e.strip().isdigit() else e.strip() for e in entries]
+    visible = visible_gpus(environ) if spec.gpus is None else None
+    if visible is not None:
+        return visible[:spec.gpu_count_needed()]
     return list(spec.gpu_ids)
+
+
+def served_gpus(specs: list[ModelConfig], environ: Mapping[str, str] = os.environ) -> list[int | str] | None:
+    """Every GPU the models ``specs`` drive (:func:`model_gpus`, each once, in order); with none
+    configured, the visible ones (:func:`visible_gpus`; ``None``: every GPU NVML sees)."""
+    gpus = list(dict.fromkeys(g for s in specs for g in model_gpus(s, environ)))
+    return gpus or visible_gpus(environ)
 
 
 def engine_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
