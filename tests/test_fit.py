@@ -388,6 +388,23 @@ async def test_the_check_reads_the_gpu_cuda_visible_devices_gives_not_nvmls_firs
     assert calls == [(1,)] and report.fits and report.gpus[0].free == 79 * GiB
 
 
+async def test_a_model_with_gpus_and_one_on_cuda_visible_devices_share_the_gpu_they_both_name(tmp_path, knobs, qwen7b):
+    """``CUDA_VISIBLE_DEVICES=1``: a model without ``gpus`` runs on host GPU 1 (the variable's first
+    entry), and so does one with ``gpus = [1]`` (host indices: vllama gives its vLLM that variable).
+    They are neighbours on GPU 1: the pool counts the idle one's share and evicts it to make room,
+    instead of calling them apart by their positions (0 and 1) and refusing the second model."""
+    knobs.setenv("CUDA_VISIBLE_DEVICES", "1")
+    specs = [ModelConfig(model="/idle", name="idle", gpu_memory_utilization=0.6),
+             ModelConfig(model=str(qwen7b), name="qwen7b", gpu_memory_utilization=0.45, max_model_len=8192, gpus=[1])]
+    pool = ModelPool(pool_settings(tmp_path), specs, [free_port() for _ in specs])
+    idle, big = pool.supervisors
+    fake_gpus(knobs, g0=(80, 80), g1=(30, 80))  # GPU 1: idle's 48.8 GiB and 1.2 of another process
+    pool.holds[idle], idle.state = Hold.SHARE, State.READY
+    assert not pool.fits(big) and pool.victim(big) is idle  # 0.6 + 0.45 of one GPU: the idle one goes
+    report = await pool.fit_report(big)
+    assert report.fits and report.gpus[0].reclaimable == int(0.61 * 80 * GiB)
+
+
 # --- end to end: `vllama serve` with a GPU of chosen memory (tests/fake_nvml), the ollama client ------
 
 def test_serve_refuses_a_model_too_big_and_serves_the_one_that_fits(vllama, tmp_path, qwen7b):
