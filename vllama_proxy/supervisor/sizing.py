@@ -221,14 +221,18 @@ class Plan:
         }
 
 
-def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None) -> Plan:
+def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None, *, vllm_here: bool = True) -> Plan:
     """Choose vllama's workers and each model's vLLM API servers for ``cpus`` usable CPUs.
 
     Args:
         cpus: usable CPUs (:func:`usable_cpus`, or ``--cpus``).
         cpus_source: how ``cpus`` was found, for the log and ``/readyz``.
-        specs: the models vllama launches (empty with ``--upstream``: vLLM runs elsewhere).
+        specs: the models vllama launches at start (empty with ``--upstream``, and with none
+            configured: those start on demand).
         workers: ``--workers`` if given (it wins), else ``None`` for the automatic choice.
+        vllm_here: whether this server runs vLLM at all (``False`` with ``--upstream``/``--router``:
+            its workers get the half kept for vLLM's API servers). Not ``bool(specs)``: a server with
+            no model configured launches vLLM on demand, with the API servers this rule gives it.
     """
     reserved = sum(engine_cores(s) for s in specs)
     front = max(cpus - reserved, 0.0)
@@ -248,7 +252,7 @@ def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int |
     if workers is None:
         # With no vLLM here (a fleet's front: --upstream or --router) no API servers need the half
         # the rule keeps for them: the workers, translating every token, get it.
-        share = front / 4 if specs else front / 2
+        share = front / 4 if vllm_here else front / 2
         chosen, wsource = min(max(round(share), 1), MAX_AUTO_WORKERS), "auto"
     else:
         chosen, wsource = workers, "--workers"
@@ -282,7 +286,8 @@ def resolve(settings: Settings, specs: list[ModelConfig]) -> tuple[Settings, Pla
         cpus, source = settings.cpus, "--cpus"
     else:
         cpus, source = usable_cpus()
-    p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers))
+    p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers),
+             vllm_here=settings.upstream is None)
     try:
         affinity = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no affinity to set
