@@ -438,15 +438,16 @@ def test_serve_refuses_a_model_too_big_and_serves_the_one_that_fits(vllama, tmp_
     assert v.stop() == 0
 
 
-def test_a_node_on_the_gpu_cuda_visible_devices_gives_reads_that_gpu_for_its_defaults_and_warnings(vllama, tmp_path):
-    """A fleet's node on a shared host (``CUDA_VISIBLE_DEVICES=1``): NVML numbers the host's GPUs
-    and ignores that variable. vLLM's defaults that depend on the GPU come from GPU 1 (80 GiB:
+@pytest.mark.parametrize("visible", ["1", "GPU-fake-1"])
+def test_a_node_on_the_gpu_cuda_visible_devices_gives_reads_that_gpu_for_its_defaults_and_warnings(vllama, tmp_path, visible):
+    """A fleet's node on a shared host (``CUDA_VISIBLE_DEVICES=1``, or its UUID): NVML numbers the
+    host's GPUs and ignores that variable. vLLM's defaults that depend on the GPU come from GPU 1 (80 GiB:
     ``--max-num-seqs`` 1024, the running capacity vllama bounds and shares), not from NVML's GPU 0
     (40 GiB: 256), and GPU 0's memory, held by the neighbour's vLLM, is no warning of this node's."""
     tiny = tiny_model(tmp_path / "tiny-model")
     cfg = f'[[models]]\nmodel = "{tiny}"\nname = "tiny"\ngpu_memory_utilization = 0.3\n'
     env = {"PYTHONPATH": os.pathsep.join([str(TESTS / "fake_nvml"), os.environ.get("PYTHONPATH", "")]),
-           "FAKE_NVML_GPUS": "40:1,80:79", "CUDA_VISIBLE_DEVICES": "1"}
+           "FAKE_NVML_GPUS": "40:1,80:79", "CUDA_VISIBLE_DEVICES": visible}
     v = vllama(config=cfg, env=env, flags=["--gpu-check", "--gpu-release-timeout", "1"])
     v.wait_state("ready")
     lines = [json.loads(line) for line in v.log.read_text().splitlines() if line.startswith("{")]

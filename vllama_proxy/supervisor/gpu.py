@@ -70,7 +70,11 @@ def preflight(gpu_memory_utilization: float, needed: Mapping[str, Collection[int
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             free_share = mem.free / mem.total if mem.total else 0.0
             if free_share < gpu_memory_utilization:
-                procs = ", ".join(f"{p.name}[{p.pid}] {p.used_bytes / 2**30:.1f} GiB" for p in _processes(i, h)) or "unknown processes"
+                try:
+                    found = _processes(i, h)
+                except pynvml.NVMLError:  # a MIG instance's handle (a UUID) may not list them: a warning, not a failed start
+                    found = []
+                procs = ", ".join(f"{p.name}[{p.pid}] {p.used_bytes / 2**30:.1f} GiB" for p in found) or "unknown processes"
                 warnings.append(
                     f"GPU {i}: {mem.used / 2**30:.1f} of {mem.total / 2**30:.1f} GiB already in use by {procs}; "
                     f"vLLM asks for {gpu_memory_utilization:.0%} and may fail to start"
