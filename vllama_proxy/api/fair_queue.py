@@ -146,7 +146,7 @@ class FairQueue:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_pid", "_waiters", "_loop", "_slot", "_recheck", "_timer", "_timer_at"):
+        for k in ("_pid", "_waiters", "_loop", "_slot", "_recheck", "_timer", "_timer_at", "_timer_loop"):
             state.pop(k, None)
         return state
 
@@ -161,7 +161,8 @@ class FairQueue:
         self._slot = -1
         self._recheck: float | None = None  # set by _fill: when a lingering key's end may let waiters go
         self._timer: asyncio.TimerHandle | None = None  # this process's one timer for it ...
-        self._timer_at = 0.0  # ... and when it fires (time.monotonic)
+        self._timer_at = 0.0  # ... when it fires (time.monotonic) ...
+        self._timer_loop: asyncio.AbstractEventLoop | None = None  # ... and in which loop
 
     # -- the request's side -------------------------------------------------------------------
 
@@ -462,15 +463,16 @@ class FairQueue:
         and the waiters it held back may go: one timer per process, the earliest asked for. Without
         an event loop (the supervisor's :meth:`reset_slot`) the next request's start or end does it."""
         self._recheck = None
-        if self._timer is not None and self._timer_at <= at:
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        if self._timer is not None and self._timer_loop is loop and self._timer_at <= at:
+            return
         if self._timer is not None:
             self._timer.cancel()
         self._timer, self._timer_at = loop.call_later(max(at - time.monotonic(), 0.0), self._rerun), at
+        self._timer_loop = loop
 
     def _rerun(self) -> None:
         self._timer = None
