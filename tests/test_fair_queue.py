@@ -312,3 +312,75 @@ def test_a_new_key_is_charged_the_first_answer_the_server_saw_not_a_quarter_of_i
         assert q.counter(2) - before == W_OUT * 200  # nothing left to settle
 
     asyncio.run(run())
+
+
+def test_more_users_than_places_each_with_one_request_fill_every_place():
+    """A team larger than the capacity: every active key's share is below one place, so the keys
+    between two turns (nothing asked, still active for ``linger``) were the only light ones and
+    every user's one request counted heavy, held to ``light_running`` with places free. One request
+    is never heavy: the users fill every place, and a user back from between turns goes at once."""
+    async def run() -> None:
+        q = FairQueue(4, workers=1, keys=16, reserve=1, light_running=2, linger=3600)
+        for k in (1, 2, 3):  # three users between turns (active: their request ended just now)
+            await asyncio.wait_for(q.turn(0, k), 1)
+            q.done(0, k)
+        for k in (4, 5, 6, 7):  # four more users, one request each: 7 active keys, a share of 4/7 each
+            await asyncio.wait_for(q.turn(0, k), 1)
+        assert q.stats() == {"capacity": 4, "upstream": 4, "waiting": 0, "dispatched": 7}
+        back = asyncio.ensure_future(q.turn(0, 1))  # a user between turns asks again
+        flood = [asyncio.ensure_future(q.turn(0, 8)) for _ in range(3)]
+        await _settle()
+        q.done(0, 4)
+        await asyncio.wait_for(back, 1)  # the freed place: to the one request, not to the flood
+        assert not any(f.done() for f in flood)
+        for f in flood:
+            f.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+def test_a_heavy_key_takes_the_free_places_once_the_light_key_has_lingered_with_no_request_ending():
+    """The light key's linger ends while the heavy key's requests still run: its waiters go then,
+    not when one of its (maybe minutes long) requests next ends and runs the queue again."""
+    async def run() -> None:
+        q = FairQueue(4, workers=1, keys=16, reserve=1, light_running=2, linger=2.0)
+        heavy = [asyncio.ensure_future(q.turn(0, 1)) for _ in range(6)]
+        await _settle()
+        light = asyncio.ensure_future(q.turn(0, 2))
+        await _settle()
+        q.done(0, 1)
+        await asyncio.wait_for(light, 1)
+        q.done(0, 2)  # the light key is idle: the heavy key stays at 3 upstream for its linger
+        await _settle()
+        assert q.stats() == {"capacity": 4, "upstream": 3, "waiting": 2, "dispatched": 5}
+        # nothing ends from here on: the linger's end alone lets the heavy key fill every place
+        await asyncio.wait_for(heavy[4], 10)
+        assert q.stats() == {"capacity": 4, "upstream": 4, "waiting": 1, "dispatched": 6}
+        heavy[5].cancel()
+        await asyncio.gather(*heavy, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+def test_a_lower_priority_light_key_holds_back_no_higher_priority_flood():
+    """Priority goes first: a key of priority 1 flooding is neither held to ``light_running`` nor
+    kept out of the reserve for a key of priority -1 (a background job's one request); that key's
+    request waits for the flood, as it would in VTC order. A light key of the same priority still
+    gets both (the tests above)."""
+    async def run() -> None:
+        q = FairQueue(8, workers=1, keys=16, reserve=1, light_running=4, linger=3600)
+        flood = [asyncio.ensure_future(q.turn(0, 1, priority=1)) for _ in range(12)]
+        await _settle()
+        background = asyncio.ensure_future(q.turn(0, 2, priority=-1))
+        await _settle()
+        for _ in range(4):  # four of the flood end: each place goes to the flood's next request
+            q.done(0, 1)
+            await _settle()
+        assert not background.done() and q.stats() == {"capacity": 8, "upstream": 8, "waiting": 1, "dispatched": 12}
+        for _ in range(8):
+            q.done(0, 1)
+        await asyncio.wait_for(background, 1)
+        await asyncio.gather(*flood)
+
+    asyncio.run(run())

@@ -388,6 +388,23 @@ async def test_the_check_reads_the_gpu_cuda_visible_devices_gives_not_nvmls_firs
     assert calls == [(1,)] and report.fits and report.gpus[0].free == 79 * GiB
 
 
+async def test_a_model_with_gpus_and_one_on_cuda_visible_devices_share_the_gpu_they_both_name(tmp_path, knobs, qwen7b):
+    """``CUDA_VISIBLE_DEVICES=1``: a model without ``gpus`` runs on host GPU 1 (the variable's first
+    entry), and so does one with ``gpus = [1]`` (host indices: vllama gives its vLLM that variable).
+    They are neighbours on GPU 1: the pool counts the idle one's share and evicts it to make room,
+    instead of calling them apart by their positions (0 and 1) and refusing the second model."""
+    knobs.setenv("CUDA_VISIBLE_DEVICES", "1")
+    specs = [ModelConfig(model="/idle", name="idle", gpu_memory_utilization=0.6),
+             ModelConfig(model=str(qwen7b), name="qwen7b", gpu_memory_utilization=0.45, max_model_len=8192, gpus=[1])]
+    pool = ModelPool(pool_settings(tmp_path), specs, [free_port() for _ in specs])
+    idle, big = pool.supervisors
+    fake_gpus(knobs, g0=(80, 80), g1=(30, 80))  # GPU 1: idle's 48.8 GiB and 1.2 of another process
+    pool.holds[idle], idle.state = Hold.SHARE, State.READY
+    assert not pool.fits(big) and pool.victim(big) is idle  # 0.6 + 0.45 of one GPU: the idle one goes
+    report = await pool.fit_report(big)
+    assert report.fits and report.gpus[0].reclaimable == int(0.61 * 80 * GiB)
+
+
 # --- end to end: `vllama serve` with a GPU of chosen memory (tests/fake_nvml), the ollama client ------
 
 def test_serve_refuses_a_model_too_big_and_serves_the_one_that_fits(vllama, tmp_path, qwen7b):
@@ -418,4 +435,23 @@ def test_serve_refuses_a_model_too_big_and_serves_the_one_that_fits(vllama, tmp_
     assert launched == ["tiny"]  # no vLLM was started for the model that cannot fit
     estimates = [line for line in lines if line.get("event") == "fit_estimate"]
     assert {(x["model"], x["fits"]) for x in estimates} == {("tiny", True), ("qwen2.5:7b", False)}
+    assert v.stop() == 0
+
+
+@pytest.mark.parametrize("visible", ["1", "GPU-fake-1"])
+def test_a_node_on_the_gpu_cuda_visible_devices_gives_reads_that_gpu_for_its_defaults_and_warnings(vllama, tmp_path, visible):
+    """A fleet's node on a shared host (``CUDA_VISIBLE_DEVICES=1``, or its UUID): NVML numbers the
+    host's GPUs and ignores that variable. vLLM's defaults that depend on the GPU come from GPU 1 (80 GiB:
+    ``--max-num-seqs`` 1024, the running capacity vllama bounds and shares), not from NVML's GPU 0
+    (40 GiB: 256), and GPU 0's memory, held by the neighbour's vLLM, is no warning of this node's."""
+    tiny = tiny_model(tmp_path / "tiny-model")
+    cfg = f'[[models]]\nmodel = "{tiny}"\nname = "tiny"\ngpu_memory_utilization = 0.3\n'
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS / "fake_nvml"), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_NVML_GPUS": "40:1,80:79", "CUDA_VISIBLE_DEVICES": visible}
+    v = vllama(config=cfg, env=env, flags=["--gpu-check", "--gpu-release-timeout", "1"])
+    v.wait_state("ready")
+    lines = [json.loads(line) for line in v.log.read_text().splitlines() if line.startswith("{")]
+    (admission,) = [line for line in lines if line.get("event") == "admission"]
+    assert admission["running"] == 1024
+    assert [line["detail"] for line in lines if line.get("event") == "gpu_memory_in_use"] == []
     assert v.stop() == 0

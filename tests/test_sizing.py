@@ -46,8 +46,20 @@ def test_rule(cpus, args, api, workers):
 @pytest.mark.parametrize(("cpus", "workers"), [(16, 8), (2, 1), (128, 32)])
 def test_a_front_with_no_vllm_gives_its_workers_the_api_servers_half(cpus, workers):
     """A fleet's front (--upstream, --router) launches no vLLM: half its CPUs translate (1 to 32)."""
-    p = plan(cpus, "test", [], None)
+    p = plan(cpus, "test", [], None, vllm_here=False)
     assert (p.workers, p.api_servers) == (workers, {})
+
+
+@pytest.mark.parametrize(("upstream", "workers"), [(None, 4), ("http://127.0.0.1:8000", 8)])
+def test_a_server_with_no_model_configured_starts_vllm_on_demand_and_keeps_its_half_for_it(upstream, workers):
+    """``vllama serve`` with no model configured launches vLLM for the first request that names a
+    pulled model (on demand, with the API servers the rule gives it): its workers keep a quarter of
+    16 CPUs, as with a model configured; only a front with no vLLM of its own (``--upstream``)
+    gives them half."""
+    from vllama_proxy.settings import Settings
+
+    _, p = sizing.resolve(Settings(cpus=16, upstream=upstream), [])
+    assert p.workers == workers
 
 
 def test_explicit_flags_win():

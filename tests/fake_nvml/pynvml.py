@@ -3,6 +3,7 @@
 Put this directory first on ``PYTHONPATH`` of a ``vllama serve`` process (or insert it into
 ``sys.path``) and set ``FAKE_NVML_GPUS`` to ``TOTAL_GIB:FREE_GIB`` per GPU, comma-separated
 (``80:18.3,80:80``). Without the variable NVML is "not found", as on a machine with no driver.
+GPU ``i``'s UUID is ``GPU-fake-i`` (as ``CUDA_VISIBLE_DEVICES`` may name it).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def nvmlDeviceGetHandleByIndex(i: int) -> int:
 
 
 def nvmlDeviceGetHandleByUUID(uuid: str) -> int:
+    prefix = "GPU-fake-"
+    if uuid.startswith(prefix) and uuid[len(prefix):].isdigit() and int(uuid[len(prefix):]) < len(_gpus()):
+        return int(uuid[len(prefix):])
     raise NVMLError("Not Found")
 
 

@@ -32,8 +32,10 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
 - a key alone takes every place. While two keys or more are *active* (a request upstream or
   waiting, or one ended less than ``linger`` seconds ago: an interactive user between two turns
   still counts), a key is *light* when it asks less than its weighted share of the capacity
-  (requests upstream + waiting < ``capacity`` x its weight / the active keys' weights), else
-  *heavy*. A light key takes any free place at once. Heavy keys leave free the last ``reserve``
+  (requests upstream + waiting < ``capacity`` x its weight / the active keys' weights) or asks
+  one request only (with more active keys than places every share is below one, and a user's one
+  request must not count as a flood), else *heavy*. Priority goes first here too: a heavy key
+  gives way (below) only to keys of its priority or higher. A light key takes any free place at once. Heavy keys leave free the last ``reserve``
   places (``--fair-reserve``, by default 1/32 of the capacity, at least 1), so that a light
   key's request starts without waiting for one of a heavy key's long requests to end (on the
   stand-in, 32 slots, 200 streams of 1.3 s: the light key's TTFT p90 was 1.2 s with no reserve);
@@ -43,7 +45,9 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
   256``, 1,000 streams of one key: the other key's TTFT p50 57 ms with ~244 running, 39 ms with 128,
   18 ms alone; the heavy key's tok/s 1.37x and 1.11x of what it got with fair share off).
   A running batch cannot shrink faster than its requests end, so the cap holds for ``linger`` after
-  the light key's last request, not only while it has one.
+  the light key's last request, not only while it has one. When the linger ends with heavy keys
+  waiting, a timer in the worker that last held them back runs the queue again: their next
+  request to end may be minutes away.
 
 Everything lives in shared memory under :class:`~vllama_proxy.supervisor.shared_lock.SharedLock` (a few
 loads and stores and a scan of the backlogged keys only, per dispatch), so the order is the
@@ -142,7 +146,7 @@ class FairQueue:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_pid", "_waiters", "_loop", "_slot"):
+        for k in ("_pid", "_waiters", "_loop", "_slot", "_recheck", "_timer", "_timer_at", "_timer_loop"):
             state.pop(k, None)
         return state
 
@@ -155,6 +159,10 @@ class FairQueue:
         self._waiters: dict[int, collections.deque[asyncio.Future[None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slot = -1
+        self._recheck: float | None = None  # set by _fill: when a lingering key's end may let waiters go
+        self._timer: asyncio.TimerHandle | None = None  # this process's one timer for it ...
+        self._timer_at = 0.0  # ... when it fires (time.monotonic) ...
+        self._timer_loop: asyncio.AbstractEventLoop | None = None  # ... and in which loop
 
     # -- the request's side -------------------------------------------------------------------
 
@@ -333,12 +341,15 @@ class FairQueue:
     def _fill(self) -> set[int]:
         """Dispatch waiters while there is room; the workers to wake."""
         wake: set[int] = set()
+        self._recheck = None
         if not self._backlog_n.value:
             return wake
         view = self._view()
         while self._upstream.value < self.capacity and self._backlog_n.value:
             key = self._pick(view)
             if key < 0:  # only what heavy keys leave free is left, and only heavy keys wait
+                if view is not None and view.until is not None:  # until a lingering key leaves the view
+                    self._recheck = view.until
                 break
             worker = self._worker_with_waiter(key)
             cost = self._wait_cost[key] / self._key_wait[key]
@@ -353,39 +364,65 @@ class FairQueue:
 
     def _view(self) -> _Active | None:
         """The active keys now (those idle for ``linger`` leave the list); ``None`` while fewer than
-        two are active (a key alone takes every place). A scan of the active keys, under the lock."""
-        now, n, j, weights = time.monotonic(), self._active_n.value, 0, 0.0
+        two are active (a key alone takes every place). A scan of the active keys, under the lock
+        (each shared array read once per key: ~0.3 µs a key)."""
+        now, linger = time.monotonic(), self.linger
+        active, up, wait, last, weight = self._active, self._key_up, self._key_wait, self._last_end, self._weight
+        n, j, weights, until = self._active_n.value, 0, 0.0, None
+        seen: list[tuple[int, int, float]] = []  # (key, requests upstream + waiting, weight)
         while j < n:
-            k = self._active[j]
-            if self._key_up[k] == 0 and self._key_wait[k] == 0 and now - self._last_end[k] >= self.linger:
-                self._is_active[k] = 0
-                n -= 1
-                self._active[j] = self._active[n]
-                continue
-            weights += self._weight[k]
+            k = active[j]
+            asks = up[k] + wait[k]
+            if not asks:
+                leaves = last[k] + linger
+                if leaves <= now:
+                    self._is_active[k] = 0
+                    n -= 1
+                    active[j] = active[n]
+                    continue
+                if until is None or leaves < until:
+                    until = leaves
+            w = weight[k]
+            weights += w
+            seen.append((k, asks, w))
             j += 1
         self._active_n.value = n
         if n < 2:
             return None
         view = _Active()
-        for j in range(n):
-            k = self._active[j]
-            if self._key_up[k] + self._key_wait[k] < self.capacity * self._weight[k] / (weights or 1.0):
-                view.light.add(k)
+        view.until = until
+        per_weight, priority, light = self.capacity / (weights or 1.0), self._priority, view.light
+        top, top_n, light_top, heavy_up = None, 0, None, 0
+        for k, asks, w in seen:
+            p = priority[k]
+            if top is None or p > top:
+                top, top_n = p, 1
+            elif p == top:
+                top_n += 1
+            if asks <= 1 or asks < per_weight * w:
+                light.add(k)
+                if light_top is None or p > light_top:
+                    light_top = p
             else:
-                view.heavy_up += self._key_up[k]
+                heavy_up += up[k]
+        view.top, view.top_n, view.light_top, view.heavy_up = top, top_n, light_top, heavy_up
         return view
 
     def _pick(self, view: _Active | None) -> int:
-        """The next key to dispatch, in VTC order among those that may take a place now."""
-        heavy_barred = view is not None and (
-            self._upstream.value >= self.capacity - self.reserve
-            or (bool(view.light) and view.heavy_up >= self.light_running))
+        """The next key to dispatch, in VTC order among those that may take a place now: a heavy
+        key leaves the reserve to the other active keys of its priority or higher, and keeps to
+        ``light_running`` for a light key of its priority or higher (priority goes first)."""
+        reserved = view is not None and self._upstream.value >= self.capacity - self.reserve
+        capped = view is not None and view.light_top is not None and view.heavy_up >= self.light_running
         best, best_rank = -1, None
         for j in range(self._backlog_n.value):
             k = self._backlog[j]
-            if heavy_barred and k not in view.light:  # type: ignore[union-attr]
-                continue
+            if (reserved or capped) and k not in view.light:  # type: ignore[union-attr]
+                p = self._priority[k]
+                if reserved and (p < view.top or view.top_n > 1):  # type: ignore[union-attr,operator]
+                    continue
+                if capped and p <= view.light_top:  # type: ignore[union-attr,operator]
+                    continue
             rank = (-self._priority[k], self._vtc[k], self._key_up[k])
             if best_rank is None or rank < best_rank:
                 best, best_rank = k, rank
@@ -418,6 +455,30 @@ class FairQueue:
                 self._loop.call_soon(self._wake)
                 continue
             self._bells[w].ring()  # a full FIFO drops the byte: that worker has a wake-up pending anyway
+        if self._recheck is not None:
+            self._arm(self._recheck)
+
+    def _arm(self, at: float) -> None:
+        """Run the queue again at ``at`` (``time.monotonic``), when a lingering key leaves the view
+        and the waiters it held back may go: one timer per process, the earliest asked for. Without
+        an event loop (the supervisor's :meth:`reset_slot`) the next request's start or end does it."""
+        self._recheck = None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._timer is not None and self._timer_loop is loop and self._timer_at <= at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_later(max(at - time.monotonic(), 0.0), self._rerun), at
+        self._timer_loop = loop
+
+    def _rerun(self) -> None:
+        self._timer = None
+        with self._lock.held():
+            wake = self._fill()
+        self._signal(wake)
 
     def _wake(self) -> None:
         """This worker's waiters whose places were granted go on (FIFO order within a key)."""
@@ -480,10 +541,15 @@ class FairQueue:
 
 
 class _Active:
-    """:meth:`FairQueue._view`: the light keys among the active ones, and what the heavy keys run."""
+    """:meth:`FairQueue._view`: the light keys among the active ones, what the heavy keys run, and
+    when the view next changes by itself (a lingering key leaves it)."""
 
-    __slots__ = ("light", "heavy_up")
+    __slots__ = ("light", "heavy_up", "until", "top", "top_n", "light_top")
 
     def __init__(self) -> None:
         self.light: set[int] = set()
         self.heavy_up = 0
+        self.top: int | None = None  # the highest priority of the active keys ...
+        self.top_n = 0  # ... and how many have it
+        self.light_top: int | None = None  # the highest of the light keys (None: no light key)
+        self.until: float | None = None  # the soonest a lingering key leaves the active ones (time.monotonic)

@@ -26,7 +26,7 @@ from vllama_proxy.supervisor import cpu_serving, engine, gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
-from vllama_proxy.supervisor.sizing import Plan, plan, with_api_servers
+from vllama_proxy.supervisor.sizing import Plan, plan, served_gpus, with_api_servers
 from vllama_proxy.supervisor.states import State
 from .fleet import Registration, RouterChild
 from .sdnotify import Notifier, attach, run_watchdog
@@ -248,15 +248,18 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     if stale and settings.gpu_check:
         await asyncio.to_thread(gpu.wait_released, [p for b in stale for p in b.get("pids", [])], settings.gpu_release_timeout)
     if settings.gpu_check:
+        # the models' GPUs as NVML numbers them (NVML ignores CUDA_VISIBLE_DEVICES: a fleet's node
+        # on GPU 3 read GPU 0, a neighbour's, for its vLLM defaults and warnings)
+        mine = served_gpus(specs)
         try:
             needed = {m.served_name: m.gpus for m in specs if m.gpus is not None}
             share = max((m.gpu_share for m in specs), default=VLLM_DEFAULT_GPU_SHARE)  # none: on-demand models only
-            for warning in await asyncio.to_thread(gpu.preflight, share, needed):
+            for warning in await asyncio.to_thread(gpu.preflight, share, needed, mine):
                 log.warning("gpu_memory_in_use", detail=warning)
         except gpu.GpuUnavailable as e:
             print(f"vllama serve: {no_gpu_line(e, found)}", file=sys.stderr)
             raise SystemExit(1) from None
-        gpu_info = await asyncio.to_thread(gpu.smallest, sorted({i for m in specs for i in m.gpu_ids} or {0}))
+        gpu_info = await asyncio.to_thread(gpu.smallest, mine or [0])
     if found.executable is not None:
         log.info("vllm_executable", **found.as_log())
     nofile = raise_nofile_limit()

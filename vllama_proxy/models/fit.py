@@ -380,7 +380,7 @@ class GpuRoom:
     """One GPU as the model would find it (bytes).
 
     Attributes:
-        index: its number (nvidia-smi order).
+        index: its number (nvidia-smi order), or its UUID as ``CUDA_VISIBLE_DEVICES`` names it.
         total: its memory.
         free: free now (NVML).
         reclaimable: what unloading the models that may be evicted for this one would add.
@@ -388,7 +388,7 @@ class GpuRoom:
             already holds one: a sleeping vLLM).
     """
 
-    index: int
+    index: int | str
     total: int
     free: int
     reclaimable: int = 0
@@ -501,7 +501,7 @@ class FitReport:
 
 
 def check(model: str, est: Estimate, utilization: float, gpus: Iterable[GpuRoom],
-          unloadable: Sequence[tuple[str, dict[int, int]]] = ()) -> FitReport:
+          unloadable: Sequence[tuple[str, dict[int | str, int]]] = ()) -> FitReport:
     """Whether ``est`` fits on ``gpus`` at ``utilization``, and what would fit if not.
 
     It fits on a GPU when vLLM's two start-up checks pass: the free memory it sees
@@ -542,16 +542,16 @@ def check(model: str, est: Estimate, utilization: float, gpus: Iterable[GpuRoom]
 
 
 def _unload_advice(est: Estimate, utilization: float, rooms: tuple[GpuRoom, ...],
-                   unloadable: Sequence[tuple[str, dict[int, int]]]) -> tuple[tuple[str, int], ...]:
+                   unloadable: Sequence[tuple[str, dict[int | str, int]]]) -> tuple[tuple[str, int], ...]:
     """The fewest of ``unloadable`` (one, else the largest first) whose memory makes it fit."""
     if not unloadable or any(est.needed > int(utilization * g.total) for g in rooms):
         return ()
 
-    def fits_after(chosen: Sequence[tuple[str, dict[int, int]]]) -> bool:
+    def fits_after(chosen: Sequence[tuple[str, dict[int | str, int]]]) -> bool:
         return all(int(utilization * g.total) <= max(0, min(g.total, g.free + g.reclaimable + sum(h.get(g.index, 0) for _, h in chosen)) - g.context)
                    for g in rooms)
 
-    def held(item: tuple[str, dict[int, int]]) -> int:
+    def held(item: tuple[str, dict[int | str, int]]) -> int:
         return sum(item[1].get(g.index, 0) for g in rooms)
 
     singles = sorted((u for u in unloadable if fits_after([u])), key=held)

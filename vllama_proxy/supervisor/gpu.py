@@ -19,7 +19,7 @@ class GpuUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class GpuProcess:
-    gpu: int
+    gpu: int | str
     pid: int
     name: str
     used_bytes: int
@@ -35,12 +35,16 @@ def _init() -> None:
         ) from None
 
 
-def preflight(gpu_memory_utilization: float, needed: Mapping[str, Collection[int]] | None = None) -> list[str]:
+def preflight(gpu_memory_utilization: float, needed: Mapping[str, Collection[int]] | None = None,
+              gpus: Sequence[int | str] | None = None) -> list[str]:
     """Check that GPUs exist and have room for vLLM's share of memory.
 
     Args:
         gpu_memory_utilization: vLLM's ``--gpu-memory-utilization`` (fraction of each GPU).
         needed: model name -> the GPU indices its config names (``gpus``), checked to exist.
+        gpus: the GPUs whose memory is checked, as NVML indices or UUIDs (``sizing.served_gpus``:
+            the models' own, e.g. the one ``CUDA_VISIBLE_DEVICES`` gives a fleet's node); ``None``:
+            every GPU NVML sees. A node of a fleet warned of its neighbours' vLLMs otherwise.
 
     Returns:
         Warnings, one per GPU whose memory already in use leaves less than that share,
@@ -59,12 +63,18 @@ def preflight(gpu_memory_utilization: float, needed: Mapping[str, Collection[int
             if missing:
                 raise GpuUnavailable(f"model '{name}' names GPU {', '.join(map(str, missing))}, but NVML sees {count} GPU(s): 0-{count - 1}")
         warnings = []
-        for i in range(count):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for i in (range(count) if gpus is None else gpus):
+            h = _handle(i)
+            if h is None:  # a UUID NVML does not know (a MIG instance's old form): vLLM will say
+                continue
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             free_share = mem.free / mem.total if mem.total else 0.0
             if free_share < gpu_memory_utilization:
-                procs = ", ".join(f"{p.name}[{p.pid}] {p.used_bytes / 2**30:.1f} GiB" for p in _processes(i, h)) or "unknown processes"
+                try:
+                    found = _processes(i, h)
+                except pynvml.NVMLError:  # a MIG instance's handle (a UUID) may not list them: a warning, not a failed start
+                    found = []
+                procs = ", ".join(f"{p.name}[{p.pid}] {p.used_bytes / 2**30:.1f} GiB" for p in found) or "unknown processes"
                 warnings.append(
                     f"GPU {i}: {mem.used / 2**30:.1f} of {mem.total / 2**30:.1f} GiB already in use by {procs}; "
                     f"vLLM asks for {gpu_memory_utilization:.0%} and may fail to start"
@@ -74,7 +84,7 @@ def preflight(gpu_memory_utilization: float, needed: Mapping[str, Collection[int
         pynvml.nvmlShutdown()
 
 
-def _processes(index: int, handle) -> list[GpuProcess]:
+def _processes(index: int | str, handle) -> list[GpuProcess]:
     out = []
     for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
         try:
@@ -153,18 +163,19 @@ def memory(gpus: Collection[int | str]) -> dict[int | str, tuple[int, int]] | No
         pynvml.nvmlShutdown()
 
 
-def smallest(indices: Collection[int]) -> tuple[int, str] | None:
-    """``(total bytes, name)`` of the GPU with the least memory among ``indices`` (nvidia-smi
-    order), or ``None`` without NVML: what vLLM's defaults that depend on the GPU see."""
+def smallest(gpus: Collection[int | str]) -> tuple[int, str] | None:
+    """``(total bytes, name)`` of the GPU with the least memory among ``gpus`` (NVML indices,
+    nvidia-smi order, or UUIDs: ``sizing.served_gpus``), or ``None`` without NVML: what vLLM's
+    defaults that depend on the GPU see."""
     try:
         _init()
     except GpuUnavailable:
         return None
     try:
         found = []
-        for i in indices:
-            if i < pynvml.nvmlDeviceGetCount():
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for i in gpus:
+            h = _handle(i)
+            if h is not None:
                 name = pynvml.nvmlDeviceGetName(h)
                 found.append((int(pynvml.nvmlDeviceGetMemoryInfo(h).total), name.decode() if isinstance(name, bytes) else name))
         return min(found) if found else None

@@ -149,10 +149,17 @@ class ModelPool:
         await asyncio.gather(*tasks)
 
     # -- room on the GPUs -----------------------------------------------------------------
+    @staticmethod
+    def _gpus(sup: Supervisor) -> tuple[int | str, ...]:
+        """``sup``'s GPUs as NVML knows them (``sizing.model_gpus``): a model with ``gpus`` (host
+        indices) and one on the first GPUs of an inherited ``CUDA_VISIBLE_DEVICES`` (positions in
+        it) are neighbours when they name the same GPU, whatever their ``gpu_ids`` say."""
+        return tuple(model_gpus(sup.spec))
+
     def _neighbours(self, sup: Supervisor) -> list[Supervisor]:
         """The other models sharing at least one GPU with ``sup``."""
-        mine = set(sup.spec.gpu_ids)
-        return [o for o in self.supervisors if o is not sup and mine & set(o.spec.gpu_ids)]
+        mine = set(self._gpus(sup))
+        return [o for o in self.supervisors if o is not sup and mine & set(self._gpus(o))]
 
     def fits(self, sup: Supervisor) -> bool:
         """Whether ``sup``'s share fits on each of its GPUs beside the models holding theirs."""
@@ -171,8 +178,8 @@ class ModelPool:
         """The GPUs of ``sup`` where its share (and context) does not fit now."""
         need = sup.spec.gpu_share + self.s.gpu_context_share
         return {
-            gpu for gpu in sup.spec.gpu_ids
-            if sum(self._held(o) for o in self.supervisors if o is not sup and gpu in o.spec.gpu_ids) + need > _CAPACITY
+            gpu for gpu in self._gpus(sup)
+            if sum(self._held(o) for o in self.supervisors if o is not sup and gpu in self._gpus(o)) + need > _CAPACITY
         }
 
     def victim(self, sup: Supervisor) -> Supervisor | None:
@@ -194,7 +201,7 @@ class ModelPool:
             else:
                 continue  # starting, waking, stopped: nothing to evict
             found.append(Candidate(o, held, o.board.last_used, busy=o.board.in_use, protected=self._protected(o, sup),
-                                   in_the_way=bool(short & set(o.spec.gpu_ids))))
+                                   in_the_way=bool(short & set(self._gpus(o)))))
         return found
 
     def _protected(self, o: Supervisor, sup: Supervisor) -> bool:
@@ -205,7 +212,7 @@ class ModelPool:
 
     def _blockers(self, sup: Supervisor) -> str:
         held = [f"{o.served_name} ({self._held(o):g}, {o.state.value})" for o in self._neighbours(sup) if self._held(o)]
-        gpus = ",".join(map(str, sup.spec.gpu_ids))
+        gpus = ",".join(map(str, self._gpus(sup)))
         where = f"GPU {gpus}" if self.device == "GPU" else f"the {self.device} (counted as GPU {gpus})"
         return f"needs {sup.spec.gpu_share:g} of {where}, held by {', '.join(held)}"
 
@@ -276,13 +283,11 @@ class ModelPool:
                 log.info("fit_unknown", model=sup.served_name, reason="no config.json or weight files found locally")
                 return None
             self._shapes[sup.served_name] = shape
-        ids = sup.spec.gpu_ids
         # NVML numbers every GPU of the host and ignores CUDA_VISIBLE_DEVICES: a node given GPU 3
         # that way reads GPU 3, not NVML's GPU 0 (another node's: issue 43's four-GPU run refused
         # a restarted node for the memory its neighbour held)
-        nvml_ids = model_gpus(sup.spec)
-        found = await asyncio.to_thread(gpu.memory, nvml_ids)
-        memory = {i: found[n] for i, n in zip(ids, nvml_ids) if n in found} if found else None
+        ids = self._gpus(sup)
+        memory = await asyncio.to_thread(gpu.memory, ids)
         if not memory or any(i not in memory for i in ids):
             return None
         args = sup.spec.args()
@@ -298,17 +303,17 @@ class ModelPool:
                  **({"notes": list(est.notes)} if est.notes else {}))
         return report
 
-    def _rooms(self, sup: Supervisor, memory: dict[int, tuple[int, int]]) -> tuple[list[fit.GpuRoom], list[tuple[str, dict[int, int]]]]:
+    def _rooms(self, sup: Supervisor, memory: dict[int | str, tuple[int, int]]) -> tuple[list[fit.GpuRoom], list[tuple[str, dict[int | str, int]]]]:
         """``sup``'s GPUs as NVML finds them, with what its evictable neighbours would free; and
         the pinned neighbours holding memory (never evicted: named in the advice)."""
         asleep_self = self.holds.get(sup) is Hold.CONTEXT  # it holds its context already
         rooms = []
-        pinned: dict[str, dict[int, int]] = {}
-        for i in sup.spec.gpu_ids:
+        pinned: dict[str, dict[int | str, int]] = {}
+        for i in self._gpus(sup):
             free, total = memory[i]
             reclaimable = 0
             for o in self._neighbours(sup):
-                if i not in o.spec.gpu_ids or not self._held(o):
+                if i not in self._gpus(o) or not self._held(o):
                     continue
                 held = int(self._held(o) * total)
                 if self._protected(o, sup):

@@ -122,14 +122,31 @@ def engine_cores(spec: ModelConfig) -> int:
     return gpus + (dp if gpus > dp else 0)
 
 
+def visible_gpus(environ: Mapping[str, str] = os.environ) -> list[int | str] | None:
+    """The GPUs this process (and a vLLM it starts without ``gpus``) may use, as NVML knows them:
+    the inherited ``CUDA_VISIBLE_DEVICES``'s entries (indices, nvidia-smi order, or UUIDs); ``None``
+    when it is not set (every GPU NVML sees). NVML itself numbers every GPU of the host and ignores
+    the variable."""
+    if not environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        return None
+    return [int(e) if e.strip().isdigit() else e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
+
+
 def model_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
     """The GPUs ``spec``'s vLLM drives, as NVML knows them: indices (nvidia-smi order) or UUIDs.
     ``gpus`` when set; else the first entries of the inherited ``CUDA_VISIBLE_DEVICES``; else the
     first GPUs (``ModelConfig.gpu_ids``)."""
-    if spec.gpus is None and environ.get("CUDA_VISIBLE_DEVICES", "").strip():
-        entries = environ["CUDA_VISIBLE_DEVICES"].split(",")[:spec.gpu_count_needed()]
-        return [int(e) if e.strip().isdigit() else e.strip() for e in entries]
+    visible = visible_gpus(environ) if spec.gpus is None else None
+    if visible is not None:
+        return visible[:spec.gpu_count_needed()]
     return list(spec.gpu_ids)
+
+
+def served_gpus(specs: list[ModelConfig], environ: Mapping[str, str] = os.environ) -> list[int | str] | None:
+    """Every GPU the models ``specs`` drive (:func:`model_gpus`, each once, in order); with none
+    configured, the visible ones (:func:`visible_gpus`; ``None``: every GPU NVML sees)."""
+    gpus = list(dict.fromkeys(g for s in specs for g in model_gpus(s, environ)))
+    return gpus or visible_gpus(environ)
 
 
 def engine_gpus(spec: ModelConfig, environ: Mapping[str, str] = os.environ) -> list[int | str]:
@@ -204,14 +221,18 @@ class Plan:
         }
 
 
-def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None) -> Plan:
+def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None, *, vllm_here: bool = True) -> Plan:
     """Choose vllama's workers and each model's vLLM API servers for ``cpus`` usable CPUs.
 
     Args:
         cpus: usable CPUs (:func:`usable_cpus`, or ``--cpus``).
         cpus_source: how ``cpus`` was found, for the log and ``/readyz``.
-        specs: the models vllama launches (empty with ``--upstream``: vLLM runs elsewhere).
+        specs: the models vllama launches at start (empty with ``--upstream``, and with none
+            configured: those start on demand).
         workers: ``--workers`` if given (it wins), else ``None`` for the automatic choice.
+        vllm_here: whether this server runs vLLM at all (``False`` with ``--upstream``/``--router``:
+            its workers get the half kept for vLLM's API servers). Not ``bool(specs)``: a server with
+            no model configured launches vLLM on demand, with the API servers this rule gives it.
     """
     reserved = sum(engine_cores(s) for s in specs)
     front = max(cpus - reserved, 0.0)
@@ -231,7 +252,7 @@ def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int |
     if workers is None:
         # With no vLLM here (a fleet's front: --upstream or --router) no API servers need the half
         # the rule keeps for them: the workers, translating every token, get it.
-        share = front / 4 if specs else front / 2
+        share = front / 4 if vllm_here else front / 2
         chosen, wsource = min(max(round(share), 1), MAX_AUTO_WORKERS), "auto"
     else:
         chosen, wsource = workers, "--workers"
@@ -265,7 +286,8 @@ def resolve(settings: Settings, specs: list[ModelConfig]) -> tuple[Settings, Pla
         cpus, source = settings.cpus, "--cpus"
     else:
         cpus, source = usable_cpus()
-    p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers))
+    p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers),
+             vllm_here=settings.upstream is None)
     try:
         affinity = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no affinity to set
