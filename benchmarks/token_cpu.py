@@ -15,7 +15,7 @@ the difference is not resolved at this many blocks. Routes: ``generate`` (``/api
 (``/api/chat``), ``openai`` (``/v1/chat/completions`` passed through).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/token_cpu.py --old /tmp/old [--levels 16,64]
-        [--routes generate,chat,openai] [--blocks 8] [--token-delay 0.005] [--workers 1] [--json OUT]
+        [--routes generate,chat,openai] [--blocks 8] [--token-delay 0.005] [--workers 1] [--old-workers 4] [--json OUT]
 
 ``--old`` left out compares this checkout with itself (an A/A control: its interval should hold 1.0).
 Units: µs of CPU per output token; tok/s as the client counted.
@@ -71,7 +71,7 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 
 def start_vllama(code: Path, fake_url: str, args: argparse.Namespace, env: dict[str, str], log: Path,
-                 cpus: set[int] | None) -> tuple[str, subprocess.Popen[bytes]]:
+                 cpus: set[int] | None, workers: int) -> tuple[str, subprocess.Popen[bytes]]:
     """``vllama serve --upstream`` importing the package under ``code`` (its cwd and PYTHONPATH)."""
     port = free_port()
 
@@ -81,7 +81,7 @@ def start_vllama(code: Path, fake_url: str, args: argparse.Namespace, env: dict[
 
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake_url, "--port", str(port),
-                                 "--workers", str(args.workers), *args.proxy_arg],
+                                 "--workers", str(workers), *args.proxy_arg],
                                 env={**env, "PYTHONPATH": str(code)}, cwd=code, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=out, preexec_fn=pin, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -161,6 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--prompt-words", type=int, default=64)
     p.add_argument("--workers", type=int, default=1, help="vllama's --workers, both builds")
+    p.add_argument("--old-workers", type=int, default=0, help="the old build's --workers, if not --workers (1 vs 4: the fan-in's cost)")
     p.add_argument("--proxy-arg", action="append", default=[], help="another `vllama serve` argument (repeatable)")
     p.add_argument("--no-pin", action="store_true")
     p.add_argument("--json", default=None)
@@ -192,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         wait_http(fake_url + "/health", fake)
         urls, procs = {}, {}
         for name, code in (("old", args.old or ROOT), ("new", ROOT)):
-            url, proc = start_vllama(code.resolve(), fake_url, args, env, tmp / f"{name}.log", proxy_cpus)
+            workers = args.old_workers if name == "old" and args.old_workers else args.workers
+            url, proc = start_vllama(code.resolve(), fake_url, args, env, tmp / f"{name}.log", proxy_cpus, workers)
             procs_.append(proc)
             urls[name], procs[name] = url, psutil.Process(proc.pid)
         loadgen.log(f"old {args.old or ROOT} on {urls['old']}, new {ROOT} on {urls['new']}, stand-in {fake_url} "

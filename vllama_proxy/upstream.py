@@ -279,7 +279,9 @@ class BodyWatch:
     ``UpstreamTimeout`` as before. So a body fails between ``timeout`` and 1.25 x ``timeout``
     after its last byte (aiohttp's: at ``timeout``). Waiting for the response headers is still
     ``sock_read``'s (the watch starts once they came); the connection's next request sets its
-    ``read_timeout`` again (aiohttp's ``set_response_params``).
+    ``read_timeout`` again (aiohttp's ``set_response_params``). One difference: a client that stops
+    reading stops the relay reading vLLM, and once no byte came for the timeout the body's next read
+    fails too (aiohttp held its timer while its own buffer was full).
 
     Args:
         resp: the open response, its headers read.
