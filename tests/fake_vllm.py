@@ -44,6 +44,11 @@ FAKE_VLLM_GRANDCHILD       1: spawn a child process (argv[0] "VLLM::EngineCore")
 FAKE_VLLM_PIDFILE          path: the grandchild's pid is written there, the server's own pid to
                            ``<path>.server`` (the latter is written even without a grandchild).
 FAKE_VLLM_TOKEN_DELAY      float s (0): delay before each generated token.
+FAKE_VLLM_LOCKSTEP         1: every stream's tokens go out on one step clock, as vLLM's engine steps its
+                           whole batch at once: a token waits for the next multiple of its delay on the
+                           loop's clock, so the running streams write their tokens in the same loop turn
+                           (a proxy then reads them together). /_fake/stats ``steps``: the steps that
+                           sent a token.
 FAKE_VLLM_MAX_NUM_SEQS     int N: at most N generation requests run at once (vLLM's --max-num-seqs);
                            the rest wait in arrival order, or by the body's ``priority`` (lower first,
                            then arrival) with ``--scheduling-policy priority``, as vLLM's scheduler
@@ -248,6 +253,7 @@ class Knobs:
         self.prefix_cache_blocks = _env_int("FAKE_VLLM_PREFIX_CACHE_BLOCKS") or 4096
         self.max_num_seqs = _env_int("FAKE_VLLM_MAX_NUM_SEQS")
         self.step_per_seq = _env_float("FAKE_VLLM_STEP_PER_SEQ", 0.0)
+        self.lockstep = env.get("FAKE_VLLM_LOCKSTEP", "") not in ("", "0", "false")
 
 
 class Scheduler:
@@ -388,6 +394,7 @@ class State:
         self.while_asleep = 0
         self.ledger: GpuLedger | None = None
         self.generation_tokens_total = 0
+        self.steps: set[int] = set()  # FAKE_VLLM_LOCKSTEP: the steps that sent a token
         self.sched = Scheduler(knobs.max_num_seqs, by_priority=False)
         self.prompt_tokens_total = 0
         self.prefix_cache = PrefixCache(knobs.prefix_cache_blocks)
@@ -800,7 +807,13 @@ async def produce(state: State, plan: Plan, seq: int):
                 yield ("fault", fault)
                 return
         pause = delay + step * state.sched.running
-        if pause > 0:
+        if pause > 0 and knobs.lockstep:
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            tick = int(now / pause) + 1
+            await asyncio.sleep(tick * pause - now)
+            state.steps.add(tick)
+        elif pause > 0:
             await asyncio.sleep(pause)
         else:
             await asyncio.sleep(0)
@@ -1347,7 +1360,7 @@ async def fake_stats(request: web.Request) -> web.Response:
                           "running": s.sched.running, "waiting": s.sched.n_waiting, "waited": s.sched.waited,
                           "sleeping": s.sleeping, "sleeps": s.sleeps, "wakes": s.wakes, "while_asleep": s.while_asleep,
                           "generation_tokens_total": s.generation_tokens_total,
-                          "prompt_tokens_total": s.prompt_tokens_total})
+                          "prompt_tokens_total": s.prompt_tokens_total, "steps": len(s.steps)})
 
 
 @web.middleware

@@ -286,3 +286,25 @@ def test_grammar_error_and_validation_shapes(fake):
     r = httpx.post(fake + "/v1/chat/completions", json={"model": "foo", "messages": "not a list"}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["type"] == "Bad Request"
     assert r.json()["error"]["param"] == "body.messages"
+
+
+def test_lockstep_streams_share_engine_steps():
+    """FAKE_VLLM_LOCKSTEP: every running stream's token goes out on one step clock, as vLLM's engine
+    steps its batch (issue 42's per-token CPU is measured with the tokens of a step arriving together):
+    4 streams of 6 tokens take about 6 steps, not 24."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc, base = start_fake(env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_LOCKSTEP": "1"})
+    try:
+        def one(_):
+            with httpx.stream("POST", base + "/v1/completions", timeout=30, json={
+                    "model": "foo", "prompt": "hi [[tokens:6]]", "max_tokens": 6, "stream": True}) as r:
+                return sum(1 for line in r.iter_lines() if line.startswith("data: {"))
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(one, range(4))) == [7] * 4  # 6 tokens and the finish chunk each
+        stats = json.loads(http_get(base + "/_fake/stats")[1])
+        assert stats["generation_tokens_total"] == 24
+        assert 6 <= stats["steps"] <= 12, stats  # unstepped, each stream's tokens would take their own times
+    finally:
+        stop(proc)

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from conftest import free_port
 from vllama_proxy.errors import UpstreamProtocolError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
-from vllama_proxy.upstream import Upstream, iter_sse
+from vllama_proxy.upstream import Upstream, iter_sse, read_raw, read_some
 
 
 async def serve(handler, **upstream_kw):
@@ -261,3 +261,69 @@ async def test_a_stream_read_up_to_done_keeps_its_connection():
     finally:
         await up.close()
         await server.close()
+
+
+def _sse_server(events: int, gap: float, then_hang: bool = False):
+    """A handler streaming ``events`` SSE events ``gap`` s apart, then [DONE] (or nothing, forever)."""
+    async def sse(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(events):
+            await resp.write(b'data: {"n": %d}\n\n' % i)
+            await asyncio.sleep(gap)
+        if then_hang:
+            await asyncio.sleep(3600)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+    return sse
+
+
+async def test_streamed_body_arms_no_timer_per_read(monkeypatch):
+    """Issue 42: aiohttp's sock_read re-arms a loop timer on every read, a few µs of each streamed
+    token's CPU; the body's watch keeps the idle-read timeout with one timer per quarter timeout."""
+    server, up = await serve(_sse_server(40, 0.002), read_timeout=30)
+    loop = asyncio.get_running_loop()
+    armed = []
+    for name in ("call_later", "call_at"):
+        real = getattr(loop, name)
+        # the client's read timers only (the in-process server's own sleeps use the same loop)
+        monkeypatch.setattr(loop, name, lambda *a, _real=real, **k: armed.append(getattr(a[1], "__name__", "")) or _real(*a, **k))
+    try:
+        for reader in (read_some, read_raw):
+            async with up.request("POST", "/s", body=b"{}") as resp:
+                armed.clear()
+                reads = 0
+                with up.watch_body(resp):
+                    while b"[DONE]" not in await reader(resp):
+                        reads += 1
+                assert reads >= 20  # one read per event: the server paces them
+                timers = [n for n in armed if n in ("_on_read_timeout", "_look")]  # aiohttp's sock_read, the watch's
+                assert len(timers) <= 3, f"{len(timers)} read timers armed for {reads} reads"
+    finally:
+        await up.close()
+        await server.close()
+
+
+async def test_watched_body_times_out_when_idle_not_when_slow():
+    """The watch fails a body with no byte for the read timeout (UpstreamTimeout, as aiohttp's
+    sock_read did), and never one whose bytes keep coming, however long it lasts."""
+    server, up = await serve(_sse_server(2, 0.01, then_hang=True), read_timeout=0.4)
+    slow_server, slow_up = await serve(_sse_server(8, 0.15), read_timeout=0.4)  # 1.2 s in all, 0.15 s gaps
+    try:
+        async with up.request("POST", "/hang", body=b"{}") as resp:
+            with up.watch_body(resp):
+                t0 = asyncio.get_running_loop().time()
+                with pytest.raises(UpstreamTimeout, match="did not answer in time"):
+                    while True:
+                        await read_some(resp)
+                assert asyncio.get_running_loop().time() - t0 >= 0.4
+        async with slow_up.request("POST", "/slow", body=b"{}") as resp:
+            with slow_up.watch_body(resp):
+                while b"[DONE]" not in await read_some(resp):
+                    pass
+    finally:
+        await up.close()
+        await slow_up.close()
+        await server.close()
+        await slow_server.close()
+

@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     read_timeout: float = Field(
         600.0,
         gt=0,
-        description="Idle-read timeout: seconds without a byte from vLLM before a request fails (no total timeout).",
+        description="Idle-read timeout: seconds without a byte from vLLM before a request fails (a streamed answer's body: within 1.25 times that; no total timeout).",
     )
     models_ttl: float = Field(
         10.0,

@@ -85,11 +85,12 @@ async def relay(
         if final_only and not stream:
             return await _unstreamed(request, resp, translator)
         if not stream:
-            async for batch in iter_sse(resp):
-                if not t.first_read:
-                    t.first_read = time.perf_counter_ns()
-                for chunk in batch:
-                    feed(chunk)
+            with upstream.watch_body(resp):
+                async for batch in iter_sse(resp):
+                    if not t.first_read:
+                        t.first_read = time.perf_counter_ns()
+                    for chunk in batch:
+                        feed(chunk)
             if not translator.finished:
                 raise _unfinished()
             observe_stages(request.get(ACCEPTED) or t.received, t, 0)
@@ -103,6 +104,7 @@ async def relay(
         decoder = SSEDecoder()
         decode = decoder.feed
         first_write = 0
+        watch = upstream.watch_body(resp)  # the idle-read timeout, without a timer per read
         try:
             while not decoder.done:
                 # One write per upstream read: under load several events arrive per read.
@@ -129,6 +131,8 @@ async def relay(
                 raise  # nothing sent yet: the client gets the status and the error
             request["vllama.stream_error"] = e
             last = error_line(e)
+        finally:
+            watch.close()
         if out is None:
             out = await begin(request)
         await out.write_eof(last)  # the last line and the end of the chunked body in one write

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import Forbidden, ModelNotFound, UpstreamError
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
-from vllama_proxy.upstream import encode_json, iter_raw, read_response
+from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use
 from ..admission import with_priority
@@ -211,9 +211,10 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
             await out.prepare(request)
             kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
             try:
-                async for data in iter_raw(resp):
-                    await out.write(data)
-                    kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
+                with backend.upstream.watch_body(resp):  # the idle-read timeout, without a timer per read
+                    while data := await read_raw(resp):
+                        await out.write(data)
+                        kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
             except UpstreamError as e:
                 request["vllama.stream_error"] = e
                 if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
