@@ -799,6 +799,7 @@ async def produce(state: State, plan: Plan, seq: int):
     fault = next((f for f in ("reset", "garbage", "hang", "nullevent", "nofinish") if f in plan.faults), None)
     crash = knobs.crash_after is not None and seq == knobs.crash_after
     cut = min(2, len(plan.events))
+    last_tick = 0  # lockstep: one token per step (a timer may fire a little early, inside the step it waited for)
     for i, ev in enumerate(plan.events):
         if i == cut:
             if crash:
@@ -810,7 +811,7 @@ async def produce(state: State, plan: Plan, seq: int):
         if pause > 0 and knobs.lockstep:
             loop = asyncio.get_running_loop()
             now = loop.time()
-            tick = int(now / pause) + 1
+            tick = last_tick = max(int(now / pause) + 1, last_tick + 1)
             await asyncio.sleep(tick * pause - now)
             state.steps.add(tick)
         elif pause > 0:
