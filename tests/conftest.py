@@ -184,7 +184,9 @@ def start_fake(model_dir: Path, env: dict[str, str] | None = None, extra: list[s
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health", proc)
+    # the event is its /health answering (or its exit); the bound only ends a hang: a start takes ~1 s,
+    # but beside the real-engine tier's vLLM starts (nice -5 on 2 cores) one took over 20 s in CI
+    wait_http(url + "/health", proc, timeout=120)
     return Server(url, proc, port)
 
 

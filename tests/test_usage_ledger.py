@@ -306,6 +306,30 @@ def test_a_database_that_goes_away_costs_no_rows_until_the_cap_and_is_opened_aga
     asyncio.run(run())
 
 
+def test_rows_left_at_close_with_the_connection_gone_are_written_on_a_new_one():
+    """A stop that cancels the ledger's task between a failed write and its reopen leaves no
+    connection: close() opens one for the rows left, as a clean stop loses none (the test above
+    lost 200 rows this way once in CI: ``usage_ledger_lost`` with ``'NoneType' ... 'write'``)."""
+    from vllama_proxy.api.ledger import Ledger
+    from vllama_proxy.api.ledger_store import Row
+
+    opened: list[_Store] = []
+
+    def opener() -> _Store:
+        opened.append(_Store())
+        return opened[-1]
+
+    async def run() -> None:
+        ledger = Ledger(opener, flush_interval=3600, flush_rows=1000)
+        await ledger.start()
+        ledger.record(Row(time.time(), "h", "alice", "m", "/api/chat", 200, 1, 7, 1.0))
+        ledger.store = None  # where _reopen leaves it while the opener runs, when the stop cancels it there
+        await ledger.close()
+        assert [r.output_tokens for r in opened[-1].rows] == [7]
+
+    asyncio.run(run())
+
+
 def test_a_batch_goes_to_sqlite_as_one_statement_and_comes_back_exact(tmp_path):
     """The writer thread takes the GIL back after each SQLite statement, and each time the event loop,
     busy with a burst, may wait out the 5 ms switch interval: a batch is one INSERT of a JSON array

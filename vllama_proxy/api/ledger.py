@@ -234,6 +234,8 @@ class Ledger:
             async with self._flush_lock:
                 batch, self._pending = self._pending, []
                 if batch:
+                    if self.store is None:  # the task was stopped between a failed write and its reopen
+                        self.store = await asyncio.to_thread(self._opener)
                     await asyncio.to_thread(self.store.write, batch)
             log.info("usage_ledger_closed", written=len(batch))
         except Exception as e:
