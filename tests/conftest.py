@@ -56,8 +56,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
-    """Poll ``url`` until it answers (any status); fail early if ``proc`` exits."""
+def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    """Poll ``url`` until it answers (any status); fail early if ``proc`` exits. The event is the
+    answer (or the exit); ``timeout`` only ends a hang: a server that takes ~1 s on an idle machine
+    took over 20 s in CI beside the real-engine tier's vLLM starts (nice -5 on 2 cores)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -184,9 +186,7 @@ def start_fake(model_dir: Path, env: dict[str, str] | None = None, extra: list[s
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    # the event is its /health answering (or its exit); the bound only ends a hang: a start takes ~1 s,
-    # but beside the real-engine tier's vLLM starts (nice -5 on 2 cores) one took over 20 s in CI
-    wait_http(url + "/health", proc, timeout=120)
+    wait_http(url + "/health", proc)
     return Server(url, proc, port)
 
 
