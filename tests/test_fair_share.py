@@ -49,15 +49,22 @@ def _wait(cond, what: str, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def test_a_light_key_is_dispatched_ahead_of_a_flood_and_a_key_alone_uses_every_slot(serve, hub, tmp_path):
+def _two_workers_with_keys(serve, hub, tmp_path, places: int):
+    """The served model behind the keys file, vLLM (the stand-in) running ``places`` at most and vllama
+    sending no more, two workers sharing the fair queue; returned once both listen."""
     place(hub, "acme/tiny-prod")
     keys = tmp_path / "keys.toml"
     keys.write_text(KEYS)
     s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
-              "--max-running", "4", "--max-queue", "32", "--workers", "2",
-              env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_MAX_NUM_SEQS": "4"})
+              "--max-running", str(places), "--max-queue", "32", "--workers", "2",
+              env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_MAX_NUM_SEQS": str(places)})
     s.wait_ready()
     _wait(lambda: "worker_listening" in s.log.read_text(), "worker 1 did not start")
+    return s
+
+
+def test_a_light_key_is_dispatched_ahead_of_a_flood_and_a_key_alone_uses_every_slot(serve, hub, tmp_path):
+    s = _two_workers_with_keys(serve, hub, tmp_path, places=4)
     with cf.ThreadPoolExecutor(16) as ex:
         # lengths 3 to 7.5 s, 0.5 s apart: requests that start together must not end together, or
         # the light request, granted the first place freed, could reach vLLM a moment after the
@@ -81,14 +88,7 @@ def test_beside_a_light_key_a_flood_runs_a_smaller_batch_and_leaves_it_a_place(s
     """While a light key has a request running, the heavy key runs at most half of the 8 places
     (``--fair-light-running``'s default) and leaves the reserve free: the light key's next request
     is answered while every heavy request still runs (each 100 s long), not after one of them ends."""
-    place(hub, "acme/tiny-prod")
-    keys = tmp_path / "keys.toml"
-    keys.write_text(KEYS)
-    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
-              "--max-running", "8", "--max-queue", "32", "--workers", "2",
-              env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_MAX_NUM_SEQS": "8"})
-    s.wait_ready()
-    _wait(lambda: "worker_listening" in s.log.read_text(), "worker 1 did not start")
+    s = _two_workers_with_keys(serve, hub, tmp_path, places=8)
     assert '"fair_light_running":4,' in s.log.read_text()  # chosen (half the places) and logged
     stop = threading.Event()
 
