@@ -178,6 +178,13 @@ class Ledger:
         except Exception as e:
             log.warning("usage_ledger_reopen_failed", error=repr(e))
 
+    async def _connected(self) -> Store:
+        """The open connection, or a new one where the last was dropped (:meth:`_reopen`, or a
+        failed one). Raises what the opener raises while the database is still away."""
+        if self.store is None:
+            self.store = await asyncio.to_thread(self._opener)
+        return self.store
+
     async def flush(self) -> None:
         """Write every row that waits now, and read the totals again (``/api/usage`` calls it first,
         so this process's own rows are in its answer)."""
@@ -185,8 +192,7 @@ class Ledger:
 
     async def _cycle(self, force_refresh: bool = False) -> None:
         async with self._flush_lock:
-            if self.store is None:
-                self.store = await asyncio.to_thread(self._opener)  # raises while it is still away
+            await self._connected()
             batch, self._pending = self._pending, []
             if batch:
                 queued, self._queued = self._queued, {}
@@ -233,10 +239,8 @@ class Ledger:
         try:
             async with self._flush_lock:
                 batch, self._pending = self._pending, []
-                if batch:
-                    if self.store is None:  # the task was stopped between a failed write and its reopen
-                        self.store = await asyncio.to_thread(self._opener)
-                    await asyncio.to_thread(self.store.write, batch)
+                if batch:  # a connection even when the stop cut the task between a failed write and its reopen
+                    await asyncio.to_thread((await self._connected()).write, batch)
             log.info("usage_ledger_closed", written=len(batch))
         except Exception as e:
             log.error("usage_ledger_lost", rows=len(batch), error=repr(e))
