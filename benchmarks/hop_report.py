@@ -252,7 +252,8 @@ def split(path: str) -> None:
 
 
 def _blocks(by_round: dict[int, dict[str, dict]], k: int) -> dict[int, dict[str, dict]]:
-    """Consecutive rounds merged into ``k`` blocks; a block's p50 is the median of its rounds' p50s."""
+    """Consecutive rounds merged into ``k`` blocks; a block's p50 is the median of its rounds' p50s, its
+    output tok/s the mean of its rounds'."""
     rounds = sorted(by_round)
     out: dict[int, dict[str, dict]] = {}
     for b in range(k):
@@ -262,6 +263,7 @@ def _blocks(by_round: dict[int, dict[str, dict]], k: int) -> dict[int, dict[str,
             merged[name] = {m: {"p50": statistics.median(v)} if (v := [by_round[r][name][m]["p50"] for r in part
                             if name in by_round[r] and by_round[r][name][m]["p50"] is not None]) else {"p50": None}
                             for m in ("ttft_ms", "itl_ms")}
+            merged[name]["output_tok_s"] = statistics.mean(by_round[r][name]["output_tok_s"] for r in part if name in by_round[r])
         out[b] = merged
     return out
 
