@@ -76,3 +76,18 @@ def test_the_command_prints_the_table_and_json_lines(tmp_path):
     assert "| 16 | b | 40 | 0.97" in out
     rows = [json.loads(line)["ci"] for line in out.splitlines() if line.startswith('{"ci"')]
     assert len(rows) == 1 and rows[0]["hi"] < 1.0
+
+
+def test_the_rounds_table_reads_a_sweep_of_many_blocks(tmp_path, capsys):
+    """A sweep's 30 blocks are shown as 6 merged ones: each keeps a tok/s (the H100 sweep of session 12
+    failed here with a KeyError, a merged block having only its p50s)."""
+    path = _file(tmp_path, 0.97, 30)
+    for lv in (data := json.loads(Path(path).read_text()))["levels"]:
+        lv["summary"] = {t: {"output_tok_s": 1.0, "ttft_ms": {"p50": 20.0}, "itl_ms": {"p50": 2.0}} for t in ("b", "c")}
+        lv["ratios"] = {"b": {"tok_s_ratio": 0.97, "ttft_p50_delta_ms": 1.5, "itl_p50_delta_ms": 0.1}}
+    Path(path).write_text(json.dumps(data))
+    hop_report.rounds(path)
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 | ")]
+    merged = [r for r in rows if r[1].isdigit()]
+    assert len(merged) == 6
+    assert all(0.9 < float(r[5]) < 1.05 for r in merged)  # each block's own tok/s ratio
