@@ -155,8 +155,8 @@ async def resolve_request_sessions(settings: Settings) -> Settings:
     else:
         on, source = False, "no --upstream: no router in front of the engines"
     log.info("request_sessions", on=on, source=source, header=settings.session_header or None,
-             effect="requests without a shared system prompt go under a key of their own, released at the router when "
-                    "they end: sticky_least_loaded places them by requests in flight" if on else
+             effect="a request with no key to share goes under a key of its own, released at the router when it ends: "
+                    "sticky_least_loaded places it by requests in flight" if on else
                     "requests without a key of their own go without one (the router's policy alone places them)")
     return settings.model_copy(update={"request_sessions": "on" if on else "off"})
 
