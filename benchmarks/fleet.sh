@@ -24,6 +24,8 @@
 #                    :8101/:8102; PLACEMENT=shared: both on GPU 0 (--gpu-memory-utilization $GPU_UTIL, 0.4),
 #                    split: CUDA_VISIBLE_DEVICES 0 and 1; then two fronts `vllama serve --upstream $ROUTER`: on :11434
 #                    with the default session key (--session-key conversation), on :11435 with --session-key system
+#                    (both find the router at start: --request-sessions on; the second's chats without a system
+#                    prompt go under one-request keys it releases, the first's keep their conversation keys)
 #                    (PLACEMENT=split: node i on GPU i, all NODES started at once: each has its own GPU)
 #             one:   one node on :11434 (its vLLM on :8101), no router (the baseline)
 #             dpN:   one node on :11434 whose vLLM runs `--data-parallel-size N` (GPUs 0..N-1: vLLM's own balancer)
