@@ -24,6 +24,8 @@
 #                    :8101/:8102; PLACEMENT=shared: both on GPU 0 (--gpu-memory-utilization $GPU_UTIL, 0.4),
 #                    split: CUDA_VISIBLE_DEVICES 0 and 1; then two fronts `vllama serve --upstream $ROUTER`: on :11434
 #                    with the default session key (--session-key conversation), on :11435 with --session-key system
+#                    (both find the router at start: --request-sessions on; the second's chats without a system
+#                    prompt go under one-request keys it releases, the first's keep their conversation keys)
 #                    (PLACEMENT=split: node i on GPU i, all NODES started at once: each has its own GPU)
 #             one:   one node on :11434 (its vLLM on :8101), no router (the baseline)
 #             dpN:   one node on :11434 whose vLLM runs `--data-parallel-size N` (GPUs 0..N-1: vLLM's own balancer)
@@ -40,9 +42,13 @@
 #             ratio to round robin's, TTFT p50/p90 over every turn, per-round p50s; $OUT/summary-rounds.md
 #   run       one and dpN: the same workload against the node ($OUT/$TOPOLOGY.json)
 #   throughput  issue 43's throughput-bound workload: distinct prompts, PROMPT_WORDS (128) in / TOKENS_T (128)
-#             out, STREAMS (1,024) in flight, REQUESTS (3 x STREAMS) requests, through the front; fleet: once per
-#             THROUGHPUT_CONFIGS (sticky_least_loaded round_robin); one and dpN: against the node;
-#             $OUT/throughput-$TOPOLOGY[NODES-CONFIG].json
+#             out, STREAMS (1,024) in flight, REQUESTS (3 x STREAMS; REQUESTS=$((10*STREAMS)) for a longer run)
+#             requests, through the front; fleet: each of THROUGHPUT_CONFIGS (sticky_least_loaded+system round_robin,
+#             CONFIG as run-CONFIG: +system goes through the --session-key system front, whose chats without a
+#             system prompt go under one-request keys released at the router: placed by requests in flight) in
+#             turn, THROUGHPUT_ROUNDS (1) times; each engine's requests answered and its running/waiting
+#             sampled every second (p50/max per engine: a node falling behind shows as waiting);
+#             one and dpN: against the node; $OUT/throughput-$TOPOLOGY[NODES-CONFIG-rN].json, load-*.json
 #   hop       fleet, issue 43's hop: the router restarted on round_robin, then in HOP_ROUNDS (2) alternating rounds the
 #             throughput workload (3 x STREAMS requests) five ways: node a's vLLM alone at STREAMS/NODES (alone), NODES
 #             loadgens at once each straight at one node's vLLM (vllm) or its vllama's /v1 (node), one at the router
@@ -90,16 +96,23 @@
 #        OUT=$OUT $X NODE_CPUS=12 LOADGEN_PROCS=8 benchmarks/fleet.sh start hop stop
 #   8. if `vllm` (four nodes at once, no router) is already slow: the same with each engine core not pinned to one CPU
 #        OUT=$OUT/pin-off $X NODE_CPUS=12 LOADGEN_PROCS=8 VLLAMA_EXTRA="--pin-engine-core off" benchmarks/fleet.sh start hop stop
+#   9. issue 43's load placement (after `install setup` in an earlier call of this lease; timeout_s 600, ~6 min:
+#      4 nodes start at once, 2 configurations x 2 rounds of 10,240 requests, ~25 s each at 60-90k tok/s):
+#        OUT=$OUT $X NODE_CPUS=12 LOADGEN_PROCS=8 REQUESTS=10240 THROUGHPUT_ROUNDS=2 \
+#          benchmarks/fleet.sh start throughput stop
+#      (look for: sticky_least_loaded+system's output tok/s and TTFT p90 vs round_robin's, and each engine's
+#      waiting p50/max: round robin let one node hold ~190 waiting; by load none should)
 # Dry run against the stand-in (no GPU; vllm-router from the venv): PATH=$PWD/tests/bin:.venv/bin:$PATH
 #   MODEL=<dir with a config.json> VLLAMA_EXTRA="--no-gpu-check --vllm-executable $PWD/tests/bin/vllm" NO_GPU=1
 #   G=2 S=2 T=2 C=4 SYSTEM_WORDS=50 ROUNDS=2 benchmarks/fleet.sh start rounds summarize failover stop
+#   (throughput: NODES=2 STREAMS=16 PROMPT_WORDS=16 TOKENS_T=16 REQUESTS=64 THROUGHPUT_ROUNDS=2 ... start throughput stop)
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
 TOPOLOGY=${TOPOLOGY:-fleet} PLACEMENT=${PLACEMENT:-shared} GPU_UTIL=${GPU_UTIL:-0.4}
 G=${G:-8} S=${S:-8} T=${T:-4} C=${C:-32} SYSTEM_WORDS=${SYSTEM_WORDS:-3000} TURN_WORDS=${TURN_WORDS:-64} TOKENS=${TOKENS:-64}
 KV_FRACTION=${KV_FRACTION:-0.75} FAIL_AT=${FAIL_AT:-4} SERVED=qwen-random NODES=${NODES:-2}
 STREAMS=${STREAMS:-1024} PROMPT_WORDS=${PROMPT_WORDS:-128} TOKENS_T=${TOKENS_T:-128} REQUESTS=${REQUESTS:-3*c}
-THROUGHPUT_CONFIGS=${THROUGHPUT_CONFIGS:-sticky_least_loaded round_robin}
+THROUGHPUT_CONFIGS=${THROUGHPUT_CONFIGS:-sticky_least_loaded+system round_robin} THROUGHPUT_ROUNDS=${THROUGHPUT_ROUNDS:-1}
 # the configurations `rounds` alternates (POLICY[+system][+balanced], see run-CONFIG), ROUNDS times each
 CONFIGS=${CONFIGS:-round_robin sticky_least_loaded+system cache_aware+balanced consistent_hash+system cache_aware sticky_least_loaded}
 ROUNDS=${ROUNDS:-4} FAILOVER_CONFIG=${FAILOVER_CONFIG:-sticky_least_loaded+system}
@@ -161,7 +174,10 @@ node() {  # name port vllm_port gpu [extra vllama flags...]: a node supervising 
 router() {  # policy [router flags...]: (re)start vllm-router with no workers; the nodes join it (--register-with)
   [ -f $LOGS/router.pid ] && kill -TERM "$(cat $LOGS/router.pid)" 2>/dev/null && sleep 1
   echo "[$(date -u +%H:%M:%S)] router: --policy $*" >> $LOGS/router.log
-  pin rest 1; setsid "${PIN[@]}" vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$@" \
+  # sticky_least_loaded logs each session it opens and finishes at info: 2 lines per request with the front's
+  # one-request keys (--request-sessions), so that policy logs from warning up, as under vllama --router
+  pin rest 1; RUST_LOG=${ROUTER_RUST_LOG:-info,vllm_router_rs::policies::sticky_least_loaded=warn} \
+    setsid "${PIN[@]}" vllm-router --host 127.0.0.1 --port $PR --prometheus-port $PP --policy "$@" \
     --health-check-interval-secs 2 --health-failure-threshold 1 --health-success-threshold 1 \
     --worker-startup-check-interval 1 >> $LOGS/router.log 2>&1 < /dev/null &
   echo $! > $LOGS/router.pid
@@ -348,24 +364,57 @@ EOF
   report "$OUT/failover.json" failover
   ;;
 throughput)  # distinct prompts, 128 in / 128 out, STREAMS in flight, through the front (or the node)
-  tput() {  # name
-    pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=ollama-chat:$FRONT" --model $SERVED --levels "$STREAMS" --cpu-by-kind \
+  tput() {  # name [front]: the run, each engine's load sampled beside it
+    python3 - "$(metrics_urls)" "$LOGS/load-$1.json" <<'EOF' &
+import json, re, signal, sys, time, urllib.request
+# every second, each engine's vllm:num_requests_running / _waiting; at SIGTERM its requests answered meanwhile
+urls, out = sys.argv[1].split(","), sys.argv[2]
+def read(u, name):
+    try:
+        text = urllib.request.urlopen(u, timeout=2).read().decode()
+    except OSError:
+        return None
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+first = [read(u, "vllm:request_success_total") for u in urls]
+samples = [[] for _ in urls]
+def done(*_):
+    last = [read(u, "vllm:request_success_total") for u in urls]
+    json.dump({"urls": urls, "samples": samples, "answered": [(b or 0) - (a or 0) for a, b in zip(first, last)]}, open(out, "w"))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, done)
+while True:
+    for i, u in enumerate(urls):
+        samples[i].append((read(u, "vllm:num_requests_running"), read(u, "vllm:num_requests_waiting")))
+    time.sleep(1)
+EOF
+    local sampler=$!
+    pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=ollama-chat:${2:-$FRONT}" --model $SERVED --levels "$STREAMS" --cpu-by-kind \
       --requests-per-level "$REQUESTS" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
       --procs "${LOADGEN_PROCS:-4}" --seed "$(cksum <<< "$1" | cut -c1-6)" --raise-nofile --json "$OUT/throughput-$1.json" > "$LOGS/throughput-$1.txt" 2>&1
-    python3 - "$OUT/throughput-$1.json" "$1" <<'EOF' | tee -a "$OUT/summary.txt"
-import json, sys
+    kill -TERM $sampler; wait $sampler
+    cp "$LOGS/load-$1.json" "$OUT/"
+    python3 - "$OUT/throughput-$1.json" "$1" "$LOGS/load-$1.json" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, statistics, sys
 r = json.load(open(sys.argv[1]))["levels"][0]["runs"][0]
+load = json.load(open(sys.argv[3]))
+def spread(i):  # p50/max running and waiting over the samples where the engine had any request
+    s = [x for x in load["samples"][i] if None not in x and sum(x) > 0] or [(0, 0)]
+    run, wait = [x[0] for x in s], [x[1] for x in s]
+    return f"{statistics.median(run):.0f}/{max(run):.0f} running, {statistics.median(wait):.0f}/{max(wait):.0f} waiting"
+engines = "; ".join(f"{chr(97 + i)}: {n:.0f} answered, {spread(i)}" for i, n in enumerate(load["answered"]))
 print(f"  throughput {sys.argv[2]}: {r['ok']}/{r['requests']} ok, {r['output_tok_s']} output tok/s, "
       f"TTFT p50 {r['ttft_ms']['p50']} ms p90 {r['ttft_ms']['p90']} ms, ITL p50 {r['itl_ms']['p50']} ms, wall {r['wall_s']} s; "
-      f"cores busy {r.get('machine_cores')}")
+      f"cores busy {r.get('machine_cores')}\n    engines (p50/max): {engines}")
 EOF
   }
   if [ "$TOPOLOGY" = fleet ]; then
-    for c in $THROUGHPUT_CONFIGS; do
-      router "$c" || exit 1; wait_workers $NODES || exit 1
-      log "throughput: $NODES nodes, router --policy $c, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out"
-      tput "$TOPOLOGY$NODES-$c"
-    done
+    for r in $(seq "$THROUGHPUT_ROUNDS"); do for c in $THROUGHPUT_CONFIGS; do
+      config "$c"
+      # shellcheck disable=SC2086
+      router $policy || exit 1; wait_workers $NODES || exit 1
+      log "throughput round $r: $NODES nodes, router --policy $policy, front $front, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out, $REQUESTS requests"
+      tput "$TOPOLOGY$NODES-${c//+/.}-r$r" "$front"  # file names of plain characters: + as .
+    done; done
   else
     log "throughput: $TOPOLOGY, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out"; tput "$TOPOLOGY"
   fi

@@ -13,6 +13,7 @@ engine takes traffic again. The real engines' version is ``tests/real_engine/tes
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import httpx
 import pytest
 from ollama import Client, ResponseError
 
-from conftest import Vllama, alive, free_port, start_proxy, stop, wait_http
+from conftest import Vllama, alive, free_port, log_events, start_proxy, stop, wait_http
 
 pytest.importorskip("vllm_router")
 ROUTER_BIN = Path(sys.executable).parent / "vllm-router"
@@ -34,7 +35,7 @@ ROUTER_BIN = Path(sys.executable).parent / "vllm-router"
 class Router:
     """``vllm-router`` with no static workers (nodes register), health checked every second."""
 
-    def __init__(self, log: Path, policy: str = "consistent_hash", port: int | None = None):
+    def __init__(self, log: Path, policy: str = "consistent_hash", port: int | None = None, env: dict[str, str] | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -42,7 +43,7 @@ class Router:
             [str(ROUTER_BIN), "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-port", str(free_port()),
              "--policy", policy, "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
              "--health-success-threshold", "1", "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "30"],
-            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+            stdout=log.open("ab"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         wait_http(self.url + "/liveness", self.proc)
 
     def workers(self) -> dict[str, bool]:
@@ -148,6 +149,81 @@ def test_system_prompt_key_spreads_prompts_and_keeps_each_on_one_engine(tmp_path
     assert not set(on_a) & set(on_b) and len(on_a) == len(on_b) == 2
 
 
+def chats_answered(engine: Vllama) -> int:
+    """Chat requests the engine's stand-in vLLM received."""
+    log = httpx.get(engine.vllm_url + "/_fake/requests").json()  # type: ignore[attr-defined]
+    return sum(r["path"] == "/v1/chat/completions" for r in log)
+
+
+def test_distinct_prompts_are_placed_by_load_and_released(tmp_path, fleet):
+    """Issue 43: behind ``sticky_least_loaded``, a ``--session-key system`` front sends each chat without a
+    system prompt under a key of its own and releases it at the router when it ends, so the router counts
+    requests in flight per engine: in a closed loop the engine that answers faster gets more of them (with
+    a key per conversation that is never released, each engine got exactly half: the GPU run's drift), no
+    key stays counted after the run, and the shared-prefix keys are still placed by count and kept."""
+    # the policy's own lines at debug: each one-request key opened and released is seen in the log
+    router = fleet(Router, tmp_path / "router.log", policy="sticky_least_loaded",
+                   env={"RUST_LOG": "info,vllm_router_rs::policies::sticky_least_loaded=debug"})
+    a = fleet(node, tmp_path, "a", router, env={"FAKE_VLLM_TOKEN_DELAY": "0.005"})
+    b = fleet(node, tmp_path, "b", router, env={"FAKE_VLLM_TOKEN_DELAY": "0.05"})  # 10x slower per token
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})
+    front = fleet(start_proxy, router.url, "--session-key", "system", vllm_args=[], log=tmp_path / "front.log")
+    users, each = 6, 10
+    failures: list[BaseException] = []
+
+    def user(u: int) -> None:  # a closed-loop client: its next prompt once the last is answered
+        client = Client(host=front.url)
+        try:
+            for i in range(each):
+                client.chat(model="tiny", messages=[{"role": "user", "content": f"user {u}, prompt {i} [[tokens:30]]"}])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=user, args=(u,)) for u in range(users)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures
+    on_a, on_b = chats_answered(a), chats_answered(b)
+    assert on_a + on_b == users * each
+    assert on_a >= 2 * on_b, f"a (fast) answered {on_a}, b (10x slower) {on_b}: placed by count, not by load"
+    keys = set(sessions_seen(a)) | set(sessions_seen(b))
+    assert len(keys) == users * each and None not in keys  # a key per request
+
+    # every key was released: the router logs each one it finishes (the event waited on), once
+    # (its /finish_session asks each policy it holds, so another logs the key as unknown)
+    deadline = time.monotonic() + 30
+    while (done := router.log.read_text().count("SLL: finished session")) < users * each:
+        assert time.monotonic() < deadline, f"{done} of {users * each} keys released\n{router.log.read_text()[-2000:]}"
+        time.sleep(0.1)
+    text = router.log.read_text()
+    assert text.count("SLL: finished session") == text.count("SLL: new session") == users * each
+    # the engines' counts stayed close: what each held when a key was placed (6 users over 2 engines)
+    held = [int(n) for n in re.findall(r"active sessions on replica: (\d+)", text)]
+    assert max(held) <= users // 2 + 1, held
+    # the other routes without a key to share: /api/generate, the relayed /v1 chat and completions
+    client = Client(host=front.url)
+    client.generate(model="tiny", prompt="no system prompt")
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}), ("/v1/completions", {"prompt": "x"})):
+        httpx.post(front.url + path, json={"model": "tiny", **body}, timeout=30).raise_for_status()
+    # and a client that leaves mid-answer: its key is released as well
+    with httpx.stream("POST", front.url + "/api/chat", timeout=30,
+                      json={"model": "tiny", "messages": [{"role": "user", "content": "long [[tokens:5000]]"}]}) as resp:
+        next(resp.iter_lines())
+    while (done := router.log.read_text().count("SLL: finished session")) < users * each + 4:
+        assert time.monotonic() < deadline, f"{done} of {users * each + 4} keys released\n{router.log.read_text()[-2000:]}"
+        time.sleep(0.1)
+    # so nothing stale is counted: 4 shared system prompts, placed by count, split 2/2, each kept on one engine
+    before_a, before_b = sessions_seen(a), sessions_seen(b)
+    for s in range(8):
+        chat(client, 1, system=f"You are assistant {s % 4}.", first=f"Hello from session {s}")
+    new_a, new_b = sessions_seen(a) - before_a, sessions_seen(b) - before_b
+    assert sorted(new_a.values()) == sorted(new_b.values()) == [2, 2] and not set(new_a) & set(new_b), (new_a, new_b)
+    assert router.log.read_text().count("SLL: finished session") == users * each + 4  # the shared keys stay live
+
+
 def test_one_engine_killed(tmp_path, fleet):
     router = fleet(Router, tmp_path / "router.log")
     env = {"FAKE_VLLM_TOKEN_DELAY": "0.02"}
@@ -234,6 +310,11 @@ def test_router_child_mode(tmp_path, fleet):
         chat(client, 1, system=f"You are assistant {s}.", first="hi")
     assert sessions_seen(a) and sessions_seen(b)
 
+    # its sessions are not logged one by one (two lines per request with --request-sessions): RUST_LOG
+    assert "SLL: new session" not in log.read_text()
+    decided = [e for e in log_events(log) if e.get("event") == "request_sessions"]
+    assert [(e["on"], e["source"]) for e in decided] == [(True, "--router sticky_least_loaded")], decided
+
     first.kill()  # the router dies: the front starts another, the nodes join it again
     deadline = time.monotonic() + 20
     while True:
@@ -297,113 +378,51 @@ def test_session_key_system_scope():
     assert session.chat_key("m", [sys_a], "system") is None  # no user message yet
 
 
-def test_stand_in_prefix_cache_counts_as_vllm():
-    """The stand-in's ``vllm:prefix_cache_*`` (what loadgen's cluster hit rate reads in dry runs)."""
-    from fake_vllm import PrefixCache
+def test_one_request_keys():
+    """``--request-sessions on`` (issue 43): a request with no key to share goes under a key of its own,
+    which is released at the router; a shared system prompt keeps its key, a client's own key is its own."""
+    from vllama_proxy.api import session
+    from vllama_proxy.api.ollama_types import Message
 
-    cache = PrefixCache(capacity=4)
-    words = [f"w{i}" for i in range(40)]  # 2 full blocks of 16, 8 words left over
-    cache.query(words)
-    assert (cache.queries, cache.hits) == (40, 0)
-    cache.query(words[:20] + ["other"] * 20)  # the first block is shared, the second is not
-    assert (cache.queries, cache.hits) == (80, 16)
-    cache.query([f"x{i}" for i in range(64)])  # 4 new blocks: the least recently used leave
-    cache.query(words)
-    assert cache.hits == 16, "evicted blocks are no hits"
+    sys_a, one = Message(role="system", content="a"), Message(role="user", content="hi")
+    shared = session.chat_key("m", [sys_a, one], "system", per_request=True)
+    assert shared == session.chat_key("m", [sys_a, one], "system")
+    assert session.chat_key("m", [one], "system", per_request=True) is None  # placed by load, every turn
+    assert session.chat_key("m", [one], "conversation", per_request=True) == session.chat_key("m", [one])
+
+    sent, release = session.placement("X-Session-ID", {}, None, True)
+    again, other = session.placement("X-Session-ID", {}, None, True)
+    assert release and other and release != other and sent == {"X-Session-ID": release} and again == {"X-Session-ID": other}
+    assert session.placement("X-Session-ID", {}, shared, True) == ({"X-Session-ID": shared}, None)  # kept, never released
+    assert session.placement("X-Session-ID", {"X-Session-ID": "mine"}, None, True) == ({"X-Session-ID": "mine"}, None)
+    assert session.placement("X-Session-ID", {}, None, False) == ({}, None)
+    assert session.placement("", {}, None, True) == ({}, None)
+
+    # a relayed OpenAI chat shares /api/chat's key for the same system prompt; without one it has none
+    body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "a"}]}, {"role": "user", "content": "x"}]}
+    assert session.openai_key("m", body, "system") == shared
+    assert session.openai_key("m", {"messages": [{"role": "user", "content": "hi"}]}, "system") is None
+    assert session.openai_key("m", body, "conversation") is None and session.openai_key("m", {"prompt": "p"}, "system") is None
 
 
+def test_request_sessions_decided_at_start(tmp_path, fake):
+    """``--request-sessions auto``: on before a vllm-router (it answers ``/list_workers``) and with
+    ``--router sticky_least_loaded``; off before a plain vLLM (404), another ``--router`` policy, no header."""
+    import asyncio
 
-def test_fleet_secret_and_a_node_replaced_under_load(tmp_path, fleet):
-    """``--fleet-secret`` (here ``VLLAMA_FLEET_SECRET``, as the recipes give it): the front serves its
-    users' keys; a node, and the router (which passes the caller's ``Authorization`` on to the node),
-    refuse a user's key and no key, so the front's keys, allow-lists and fair share cannot be walked
-    around. Then node a is replaced under load: on SIGTERM it leaves the router, answers new requests
-    and ``/health`` 503 while its stream in flight finishes, and stops; a new node joins; no turn is
-    lost. A node past its ``--drain-timeout`` ends its open stream with an error line."""
-    router = fleet(Router, tmp_path / "router.log", policy="sticky_least_loaded")
-    secret = {"VLLAMA_FLEET_SECRET": "fleet-s3cret", "FAKE_VLLM_TOKEN_DELAY": "0.01"}
-    a = fleet(node, tmp_path, "a", router, env=secret, flags=["--drain-timeout", "30"])
-    b = fleet(node, tmp_path, "b", router, env=secret)
-    a.wait_state("ready"), b.wait_state("ready")
-    router.wait_workers({a.url: True, b.url: True})  # the router's health checks carry no key: /health stays open
-    keys = tmp_path / "keys.toml"
-    keys.write_text('[[keys]]\nname = "alice"\nkey = "alice-key"\n')
-    front = fleet(start_proxy, router.url, "--api-key-file", str(keys), vllm_args=[], env=secret)
-    user, fleet_key = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer fleet-s3cret"}
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
-    for s in range(6):  # 6 conversations: both nodes answer the front
-        assert Client(host=front.url, headers=user).chat(
-            model="tiny", messages=[{"role": "user", "content": f"hi from {s}"}]).message.content
-    assert sessions_seen(a) and sessions_seen(b)
-    assert httpx.post(front.url + "/api/chat", json=body).status_code == 401
-    openai_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-    for around in (a.url, b.url, router.url):
-        for headers in ({}, user):
-            for path, payload in (("/v1/chat/completions", openai_body), ("/api/chat", body)):
-                r = httpx.post(around + path, json=payload, headers=headers, timeout=10)
-                assert r.status_code == 401, (around, path, headers, r.status_code, r.text)
-        assert httpx.get(around + "/v1/models", headers=user).status_code == 401
+    from vllama_proxy.front.fleet import resolve_request_sessions
+    from vllama_proxy.settings import Settings
 
-    # load: 4 users chatting through the front, each turn a new conversation (the router places its key)
-    stop_load, turns, lost = threading.Event(), Counter(), []
+    def decide(**kw) -> str:
+        return asyncio.run(resolve_request_sessions(Settings(**kw))).request_sessions
 
-    def user_load(u: int) -> None:
-        client = Client(host=front.url, headers=user)
-        while not stop_load.is_set():
-            try:
-                parts = list(client.chat(model="tiny", stream=True, messages=[
-                    {"role": "user", "content": f"user {u} turn {turns[u]} [[tokens:20]]"}]))
-                assert parts[-1].done, parts[-1]
-                turns[u] += 1
-            except Exception as e:  # noqa: BLE001 - every failure is a lost turn, counted
-                lost.append(repr(e))
-                turns[u] += 1
-
-    load = [threading.Thread(target=user_load, args=(u,), daemon=True) for u in range(4)]
-    for t in load:
-        t.start()
-    long = Client(host=a.url, headers=fleet_key).chat(model="tiny", stream=True,
-                                                    messages=[{"role": "user", "content": "long [[tokens:300]]"}])
-    next(long)
-    a.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while a.url in router.workers():  # a left the router
-        assert time.monotonic() < deadline, router.workers()
-        time.sleep(0.05)
-    deadline = time.monotonic() + 10
-    while True:  # a drains: readiness false, new requests 503 (a router retries them elsewhere), listener open
-        try:
-            if httpx.get(a.url + "/health").status_code == 503:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "a draining node must answer /health 503"
-        time.sleep(0.05)
-    r = httpx.post(a.url + "/api/chat", json=body, headers=fleet_key)
-    assert r.status_code == 503 and "Retry-After" in r.headers, r.text
-    # its replacement, started once a is seen draining: a process start takes seconds on a busy host,
-    # and a's stream (3 s) may end meanwhile, a then stopped, its /health never seen
-    a2 = fleet(node, tmp_path, "a2", router, env=secret, flags=["--drain-timeout", "1"])
-    a2.wait_state("ready")
-    router.wait_workers({b.url: True, a2.url: True})
-    parts = list(long)  # a's stream in flight finished whole
-    assert parts[-1].done and len(parts) > 250
-    assert a.proc.wait(30) == 0
-    done_before, deadline = sum(turns.values()), time.monotonic() + 20
-    while sum(turns.values()) < done_before + 8 and time.monotonic() < deadline:  # the load goes on over b and a2
-        time.sleep(0.1)
-    stop_load.set()
-    for t in load:
-        t.join(30)
-    assert not lost, lost
-    assert sessions_seen(a2), "the new node takes new conversations"
-
-    # past its --drain-timeout (1 s), a node stops its engine: the open stream ends with an error line
-    cut = Client(host=a2.url, headers=fleet_key).chat(model="tiny", stream=True,
-                                                    messages=[{"role": "user", "content": "long [[tokens:1000]]"}])
-    next(cut)
-    a2.proc.send_signal(signal.SIGTERM)
-    with pytest.raises(ResponseError):
-        for _ in cut:
-            pass
-    assert a2.proc.wait(30) == 0
+    router = Router(tmp_path / "router.log", policy="sticky_least_loaded")
+    try:
+        assert decide(upstream=router.url) == "on"
+        assert decide(upstream=fake.url) == "off"
+        assert decide(upstream=router.url, session_header="") == "off"
+        assert decide(upstream=fake.url, request_sessions="on") == "on"
+        assert decide(upstream=router.url, request_sessions="off") == "off"
+        assert decide(router="sticky_least_loaded") == "on" and decide(router="round_robin") == "off"
+    finally:
+        stop(router.proc)

@@ -326,14 +326,24 @@ class Settings(BaseSettings):
     session_header: str = Field(
         "X-Session-ID",
         description="Header carrying a conversation's stable key upstream (a hash of the model, system prompt and first "
-        "user message; the client's own value is kept), read by vllm-router's consistent_hash policy. Empty: none.",
+        "user message; the client's own value is kept), read by vllm-router's consistent_hash and sticky_least_loaded "
+        "policies. Empty: none.",
     )
     session_key: Literal["conversation", "system"] = Field(
         "conversation",
         description="What the session key of --session-header hashes: the model, system prompt and first user message "
         "(conversation: each conversation keeps its engine), or the model and system prompt (system: every conversation "
         "sharing a system prompt keeps one engine, for a router's sticky_least_loaded policy; without a system prompt, "
-        "the conversation's key).",
+        "the conversation's key; see --request-sessions).",
+    )
+    request_sessions: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="A request with no key of its own to share (no system prompt under --session-key system, an "
+        "/api/generate or /v1 completion without one) goes upstream under a one-request session key, and the front "
+        "releases it at the router when the request ends (POST /finish_session), so that vllm-router's "
+        "sticky_least_loaded counts the requests in flight per engine and places the next one on the least loaded "
+        "(issue 43). auto: on with --router sticky_least_loaded, or when the --upstream answers a vllm-router's "
+        "GET /list_workers (checked once at start); off otherwise (and with --session-header '').",
     )
     register_with: str | None = Field(
         None,

@@ -37,10 +37,11 @@ from vllama_proxy.upstream import Upstream
 from . import access, admission, api_keys, route_roles
 from .ledger import ERROR, Ledger, record_request
 from .ledger_store import open_store
+from .router_sessions import SessionRelease
 from .shared_state import RedisKeyState
 from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_state import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, SETTINGS, WORKER
+from .app_state import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, ROUTER_SESSIONS, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -269,9 +270,12 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         created=CreatedStore(settings.state_dir / "created.json"),
     )
 
+    app[ROUTER_SESSIONS] = releases = SessionRelease()
+
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         await pool.start()  # the one session and connection pool every backend uses
         yield
+        await releases.close()  # the router's releases in flight, on that pool
         await pool.close()
 
     app.cleanup_ctx.append(upstream_session)

@@ -13,6 +13,7 @@ from vllama_proxy.supervisor.sizing import Plan
 
 from .api_keys import KeyRing
 from .ledger import Ledger
+from .router_sessions import SessionRelease
 
 SETTINGS = web.AppKey("settings", Settings)
 #: The served models, and the backend (vLLM server, status board) of each.
@@ -38,3 +39,5 @@ ACCEPTED = "vllama.accepted"
 LEDGER = web.AppKey("ledger", Ledger)
 #: The server-wide admission count (``admission.AdmissionBound``): requests in flight per key.
 ADMISSION = web.AppKey("admission", object)
+#: One-request session keys released at the router when their request ends (``router_sessions.py``).
+ROUTER_SESSIONS = web.AppKey("router_sessions", SessionRelease)

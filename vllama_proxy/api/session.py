@@ -9,21 +9,29 @@ or the model and ``system`` (``/api/generate``), or the agent's own conversation
 (vllm-project/router, ``src/policies/consistent_hash.rs``: ``X-Session-ID``, then
 ``X-User-ID``, then the body's ``user``); other policies and a plain vLLM ignore the header.
 A key the client sent itself (the same header) is kept as it is.
+
+With ``--request-sessions`` on (a front before a ``vllm-router`` running ``sticky_least_loaded``),
+a request that has no key to share gets a key of its own (:func:`placement`), which the front
+releases at the router when the request ends (``api/router_sessions.py``): that policy places a
+new key on the engine holding the fewest live keys (vllm-project/router,
+``src/policies/sticky_least_loaded.rs``), so its count becomes the requests in flight per engine
+plus the live shared-prefix keys, and distinct prompts go to the least loaded engine (issue 43).
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Mapping, Sequence
 
 import orjson
 
 from .ollama_types import Message
 
-_JSON = {"Content-Type": "application/json"}
+JSON = {"Content-Type": "application/json"}
 
 
-def chat_key(model: str, messages: Sequence[Message], scope: str = "conversation") -> str | None:
+def chat_key(model: str, messages: Sequence[Message], scope: str = "conversation", per_request: bool = False) -> str | None:
     """32 hex characters from ``model``, the system messages before the first user message and
     that message (text and images); ``None`` when there is no user message yet.
 
@@ -31,15 +39,16 @@ def chat_key(model: str, messages: Sequence[Message], scope: str = "conversation
     system message: every conversation that shares a system prompt gets one key, so a router's
     ``sticky_least_loaded`` policy keeps that shared prefix on one engine and spreads the
     distinct prompts over the engines (docs/fleet.md); without a system message it is the
-    conversation's key (a key of the model alone would send every such chat to one engine).
+    conversation's key (a key of the model alone would send every such chat to one engine), or
+    ``None`` with ``per_request`` (``--request-sessions on``: each turn is then placed by load
+    under a one-request key, :func:`placement`).
     """
     if scope == "system":
         systems = [m for m in messages[:next((i for i, m in enumerate(messages) if m.role == "user"), 0)] if m.role == "system"]
         if systems and any(m.role == "user" for m in messages):
-            h = hashlib.blake2b(model.encode() + b"\0system", digest_size=16)
-            for m in systems:
-                h.update(b"\0" + (m.content or "").encode())
-            return h.hexdigest()
+            return _system_key(model, [m.content or "" for m in systems])
+        if per_request:
+            return None
     h = hashlib.blake2b(model.encode(), digest_size=16)
     for m in messages:
         h.update(b"\0" + m.role.encode() + b"\0" + (m.content or "").encode())
@@ -78,12 +87,63 @@ def generate_key(model: str, system: str | None) -> str | None:
     return hashlib.blake2b(model.encode() + b"\0" + system.encode(), digest_size=16).hexdigest()
 
 
+def _system_key(model: str, systems: Sequence[str]) -> str:
+    h = hashlib.blake2b(model.encode() + b"\0system", digest_size=16)
+    for text in systems:
+        h.update(b"\0" + text.encode())
+    return h.hexdigest()
+
+
+def openai_key(model: str, body: Mapping[str, object], scope: str) -> str | None:
+    """The shared-prefix key of a relayed ``/v1/chat/completions`` body under ``scope="system"``: the
+    one :func:`chat_key` gives ``/api/chat`` for the same model and system messages (their text
+    parts), so both APIs' conversations sharing a system prompt reach one engine; ``None`` without
+    a system message before the first user message, or under ``scope="conversation"``."""
+    turns = body.get("messages")
+    if scope != "system" or not isinstance(turns, list):
+        return None
+    systems: list[str] = []
+    for m in turns:
+        role = m.get("role") if isinstance(m, Mapping) else None
+        if role == "user":
+            return _system_key(model, systems) if systems else None
+        if role in ("system", "developer"):
+            content = m.get("content")
+            if isinstance(content, list):  # OpenAI's content parts: their text
+                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+            systems.append(content if isinstance(content, str) else "")
+    return None
+
+
+def one_request_key() -> str:
+    """A fresh session key for one request (``r`` and 32 hex characters), never sent twice."""
+    return "r" + secrets.token_hex(16)
+
+
+def placement(header: str, client: Mapping[str, str], key: str | None, per_request: bool) -> tuple[dict[str, str], str | None]:
+    """``(the session header to send, the key to release when the request ends)``.
+
+    The client's own value of ``header`` is sent as it is and never released; else ``key``; a
+    request with no ``key``, with ``per_request`` (``--request-sessions on``), gets
+    :func:`one_request_key`, which is returned to be released at the router
+    (``router_sessions.py``). ``header`` empty (``--session-header ''``) sends nothing.
+    """
+    if not header:
+        return {}, None
+    if client.get(header):
+        return {header: client[header]}, None
+    if key is None and per_request:
+        key = one_request_key()
+        return {header: key}, key
+    return ({header: key} if key else {}), None
+
+
 def headers(header: str, client: Mapping[str, str], key: str | None) -> Mapping[str, str]:
     """The upstream request's headers: JSON, plus ``header: key`` (the client's own value first).
 
     ``header`` empty (``--session-header ''``) sends none.
     """
     if not header:
-        return _JSON
+        return JSON
     value = client.get(header) or key
-    return {**_JSON, header: value} if value else _JSON
+    return {**JSON, header: value} if value else JSON

@@ -16,8 +16,10 @@ that the router sends nothing more while the node drains.
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import socket
+import time
 from collections.abc import Callable, Sequence
 
 from vllama_proxy.errors import UpstreamError
@@ -26,7 +28,7 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.child import VllmProcess, find_executable
 from vllama_proxy.supervisor.lifecycle import Supervisor
 from vllama_proxy.supervisor.states import State
-from vllama_proxy.upstream import Upstream, read_response
+from vllama_proxy.upstream import Upstream, read_json, read_response
 
 log = get_logger("vllama.fleet")
 
@@ -118,6 +120,70 @@ class Registration:
             return resp.status, (await read_response(resp)).decode("utf-8", "replace")
 
 
+#: vllm-router logs every session ``sticky_least_loaded`` opens and releases at info, two lines per
+#: request with one-request sessions (``--request-sessions``): the router started by ``--router`` logs
+#: that policy's lines from warning up, the rest at info (``RUST_LOG``, read by its tracing filter,
+#: which replaces ``--log-level``: set only when neither is given).
+ROUTER_RUST_LOG = "info,vllm_router_rs::policies::sticky_least_loaded=warn"
+
+#: Seconds the front retries ``GET /list_workers`` at start while its ``--upstream`` cannot be reached.
+ROUTER_PROBE_S = 5.0
+
+
+async def resolve_request_sessions(settings: Settings) -> Settings:
+    """``settings`` with ``--request-sessions auto`` decided, once at start, and logged.
+
+    On with ``--router sticky_least_loaded`` (the front knows its router's policy); with
+    ``--upstream``, on when the upstream answers ``GET /list_workers`` as vllm-router does
+    (``{"urls": [...]}``; a node or a vLLM answers 404), retried for :data:`ROUTER_PROBE_S`
+    while it cannot be reached. vllm-router does not tell its policy: under another policy the
+    one-request keys are ignored (``round_robin``, ``cache_aware``, ``power_of_two``) or hashed
+    (``consistent_hash``: such requests are then placed at random rather than by conversation),
+    so give ``--request-sessions off`` to a front before a ``consistent_hash`` router.
+    Off without a session header (``--session-header ''``) or an upstream.
+    """
+    chosen = settings.request_sessions
+    if chosen != "auto":
+        on, source = chosen == "on", "--request-sessions"
+    elif not settings.session_header:
+        on, source = False, "--session-header '' (no session header is sent)"
+    elif settings.router:
+        on = settings.router == "sticky_least_loaded"
+        source = f"--router {settings.router}"
+    elif settings.upstream:
+        on, source = await _is_router(settings)
+    else:
+        on, source = False, "no --upstream: no router in front of the engines"
+    log.info("request_sessions", on=on, source=source, header=settings.session_header or None,
+             effect="a request with no key to share goes under a key of its own, released at the router when it ends: "
+                    "sticky_least_loaded places it by requests in flight" if on else
+                    "requests without a key of their own go without one (the router's policy alone places them)")
+    return settings.model_copy(update={"request_sessions": "on" if on else "off"})
+
+
+async def _is_router(settings: Settings) -> tuple[bool, str]:
+    assert settings.upstream
+    probe = Upstream(settings.upstream, connect_timeout=2.0, read_timeout=5.0, api_key=settings.api_key_upstream)
+    await probe.start()
+    deadline = time.monotonic() + ROUTER_PROBE_S
+    try:
+        while True:
+            try:
+                async with probe.request("GET", "/list_workers", check=False) as resp:
+                    status = resp.status
+                    data = await read_json(resp) if status == 200 else None
+                break
+            except UpstreamError as e:
+                if time.monotonic() > deadline:
+                    return False, f"the upstream could not be reached at start ({e.message}): give --request-sessions on before a router"
+                await asyncio.sleep(0.5)
+    finally:
+        await probe.close()
+    if isinstance(data, dict) and isinstance(data.get("urls"), list):
+        return True, "the upstream answers GET /list_workers: a vllm-router"
+    return False, f"the upstream is no vllm-router (GET /list_workers: HTTP {status})"
+
+
 class RouterChild:
     """``vllama serve --router POLICY``: vLLM's router started by the front, as the front's upstream.
 
@@ -155,7 +221,9 @@ class RouterChild:
     async def _launch(self) -> None:
         # the same owner of a child's process group as vLLM's (supervisor/child.py): its output in
         # vllama's log, the parent-death signal, the whole group stopped
-        self.proc = await VllmProcess.launch(self.argv, model="vllm-router")
+        quiet = "RUST_LOG" not in os.environ and "--log-level" not in " ".join(self.argv)
+        self.proc = await VllmProcess.launch(self.argv, env={**os.environ, "RUST_LOG": ROUTER_RUST_LOG} if quiet else None,
+                                             model="vllm-router")
         probe = Upstream(self.url, connect_timeout=1.0, read_timeout=5.0)
         await probe.start()
         try:

@@ -28,7 +28,7 @@ from vllama_proxy.supervisor.pool import ModelPool
 from vllama_proxy.supervisor.slots import SlotTable
 from vllama_proxy.supervisor.sizing import Plan, plan, served_gpus, with_api_servers
 from vllama_proxy.supervisor.states import State
-from .fleet import Registration, RouterChild
+from .fleet import Registration, RouterChild, resolve_request_sessions
 from .sdnotify import Notifier, attach, run_watchdog
 from .site import catch_stop_signals, connection_caps, raise_nofile_limit, start_site
 from .workers import WorkerPool
@@ -146,6 +146,7 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
             log.error("router_failed", error=str(e))
             await router.stop()
             raise SystemExit(1) from None
+    settings = await resolve_request_sessions(settings)  # a router's load-placed sessions (front/fleet.py)
     backends = [BackendSpec(url=settings.upstream)]
     app = build_app(settings, resolved, backends, front=front, bound=bound)
     workers = WorkerPool(settings, resolved, backends, front, bound)

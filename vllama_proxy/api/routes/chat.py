@@ -33,6 +33,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     served = upstream_model(made, model.name)  # the base's name, or its LoRA adapter's
     body, ignored = chat_body(req, served)
     log_ignored(ignored)
-    key = session.chat_key(served, req.messages, request.app[SETTINGS].session_key)
+    settings = request.app[SETTINGS]
+    key = session.chat_key(served, req.messages, settings.session_key, per_request=settings.request_sessions == "on")
     return await answer(request, name, model, backend, "/v1/chat/completions", body, ChatTranslator, timings,
                         stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key)

@@ -26,7 +26,8 @@ from .model_use import check_model, may_list, model_in_use
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
-from ..app_state import CATALOG
+from ..app_state import CATALOG, ROUTER_SESSIONS, SETTINGS
+from .. import session
 from ..translate.to_openai import OUTPUT_TOKEN_FIELDS
 from .output_tokens import cap_output
 
@@ -178,8 +179,31 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         data, model, backend = await _route(request, body)
     except _NoBackend as e:
         return e.response
-    return await relay(request, backend, "/v1/" + request.match_info["tail"], body,
-                       ready_body=lambda: _forwarded(request, body, data, model, backend))
+    sent, release = _placement(request, data)
+    try:
+        return await relay(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
+                           ready_body=lambda: _forwarded(request, body, data, model, backend))
+    finally:
+        if release is not None:  # after the answer's last byte, or its error, or the client's leaving
+            request.app[ROUTER_SESSIONS].release(backend.upstream, release)
+
+
+#: The relayed inference routes a router places by load (``--request-sessions``).
+_PLACED = ("/v1/chat/completions", "/v1/completions")
+
+
+def _placement(request: web.Request, data: Any) -> tuple[dict[str, str], str | None]:
+    """The session header for a relayed ``/v1/chat/completions`` or ``/v1/completions`` with
+    ``--request-sessions on``, and the key to release when it ends (``session.placement``): a chat
+    whose system prompt is shared keeps that prompt's key (``session.openai_key``, as ``/api/chat``),
+    any other request gets a key of its own. Nothing for other routes, or with the setting off
+    (the client's own header is forwarded as it is)."""
+    settings = request.app[SETTINGS]
+    if settings.request_sessions != "on" or request.method != "POST" or request.path not in _PLACED or not isinstance(data, dict):
+        return {}, None
+    model = data.get("model")
+    key = session.openai_key(model, data, settings.session_key) if isinstance(model, str) else None
+    return session.placement(settings.session_header, request.headers, key, True)
 
 
 async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
