@@ -426,3 +426,48 @@ def test_request_sessions_decided_at_start(tmp_path, fake):
         assert decide(router="sticky_least_loaded") == "on" and decide(router="round_robin") == "off"
     finally:
         stop(router.proc)
+
+
+async def test_releases_are_bounded_when_the_router_hangs():
+    """A router that takes the releases and answers none (issue 43 review): at most ``limit`` releases are in
+    flight per process, one more is not sent (counted as failed: its key expires at the router), and none is
+    started once the app's upstream session is closing; the ones in flight are released when it answers."""
+    import asyncio
+
+    from aiohttp import web
+
+    from vllama_proxy.api.router_sessions import SessionRelease
+    from vllama_proxy.upstream import Upstream
+
+    seen: list[str] = []
+    all_in, answer = asyncio.Event(), asyncio.Event()
+
+    async def finish_session(request: web.Request) -> web.Response:
+        seen.append(request.query["session_id"])
+        if len(seen) == 4:
+            all_in.set()
+        await answer.wait()
+        return web.json_response({"status": "ok", "session_id": request.query["session_id"]})
+
+    app = web.Application()
+    app.router.add_post("/finish_session", finish_session)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    upstream = Upstream(f"http://127.0.0.1:{port}")
+    await upstream.start()
+    try:
+        releases = SessionRelease(limit=4)
+        for i in range(10):
+            releases.release(upstream, f"r{i}")
+        await asyncio.wait_for(all_in.wait(), 30)
+        assert releases.failed == 6 and sorted(seen) == [f"r{i}" for i in range(4)]
+        answer.set()
+        await releases.close()
+        assert releases.released == 4
+        releases.release(upstream, "late")  # the app is closing: nothing started on a closing session
+        assert releases.failed == 7 and not releases._pending and len(seen) == 4
+    finally:
+        await upstream.close()
+        await runner.cleanup()
