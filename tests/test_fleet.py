@@ -471,3 +471,30 @@ async def test_releases_are_bounded_when_the_router_hangs():
     finally:
         await upstream.close()
         await runner.cleanup()
+
+
+def test_request_sessions_off_where_no_router_reads_them(tmp_path, fleet, fake):
+    """``--request-sessions on`` is overridden, with a warning, where no router can read the keys (issue 43
+    review): a node (no ``--upstream``: vllama sends to its own vLLM, which would answer each release 404)
+    and ``--session-header ''`` (nothing sent, only released)."""
+    import asyncio
+
+    from vllama_proxy.front.fleet import resolve_request_sessions
+    from vllama_proxy.settings import Settings
+
+    def decide(**kw) -> str:
+        return asyncio.run(resolve_request_sessions(Settings(**kw))).request_sessions
+
+    assert decide(request_sessions="on") == "off" and decide(request_sessions="auto") == "off"
+    assert decide(upstream=fake.url, request_sessions="on", session_header="") == "off"
+    assert decide(upstream=fake.url, request_sessions="on") == "on"  # a front's own word is kept
+
+    vllm_port = free_port()
+    v = fleet(Vllama, tmp_path, env={"VLLAMA_REQUEST_SESSIONS": "on"}, flags=["--vllm-port", str(vllm_port)])
+    v.wait_state("ready")
+    Client(host=v.url).generate(model="tiny", prompt="no system prompt")
+    log = httpx.get(f"http://127.0.0.1:{vllm_port}/_fake/requests").json()
+    sent = [{k.lower(): x for k, x in r["headers"].items()}.get("x-session-id") for r in log if r["path"] in ("/v1/chat/completions", "/v1/completions")]
+    assert sent == [None], sent  # no one-request key, so nothing to release at a vLLM
+    decided = [e for e in log_events(v.log) if e.get("event") == "request_sessions"]
+    assert [(e["on"], e["level"]) for e in decided] == [(False, "warning")], decided
