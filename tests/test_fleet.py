@@ -498,3 +498,26 @@ def test_request_sessions_off_where_no_router_reads_them(tmp_path, fleet, fake):
     assert sent == [None], sent  # no one-request key, so nothing to release at a vLLM
     decided = [e for e in log_events(v.log) if e.get("event") == "request_sessions"]
     assert [(e["on"], e["level"]) for e in decided] == [(False, "warning")], decided
+
+
+def test_relayed_request_keeps_the_clients_router_key(fake):
+    """A relayed ``/v1`` request that carries the client's own router key (``X-User-ID``, which vllama forwards
+    for the router) gets no one-request key of vllama's over it (issue 43 review): vllm-router reads
+    ``X-Session-ID`` first, so vllama's key would have overridden the client's; its own ``X-Session-ID`` is
+    forwarded as it is, and a request with neither gets a key of its own."""
+    front = start_proxy(fake.url, "--request-sessions", "on", "--session-key", "system", vllm_args=[])
+    try:
+        def sent(marker: str, headers: dict[str, str]) -> dict[str, str]:
+            body = {"model": "fake:7b", "messages": [{"role": "user", "content": marker}], "max_tokens": 2}
+            httpx.post(front.url + "/v1/chat/completions", json=body, headers=headers, timeout=30).raise_for_status()
+            log = httpx.get(fake.url + "/_fake/requests").json()
+            seen = [r for r in log if r["path"] == "/v1/chat/completions" and marker in str(r["body"])]
+            assert len(seen) == 1, seen
+            return {k.lower(): v for k, v in seen[0]["headers"].items()}
+
+        by_user = sent("review12 user key", {"X-User-ID": "u1"})
+        assert by_user["x-user-id"] == "u1" and "x-session-id" not in by_user, by_user
+        assert sent("review12 session key", {"X-Session-ID": "mine"})["x-session-id"] == "mine"
+        assert re.fullmatch(r"r[0-9a-f]{32}", sent("review12 no key", {})["x-session-id"])
+    finally:
+        stop(front.proc)
