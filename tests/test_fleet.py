@@ -402,7 +402,7 @@ def test_one_request_keys():
     body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "a"}]}, {"role": "user", "content": "x"}]}
     assert session.openai_key("m", body, "system") == shared
     assert session.openai_key("m", {"messages": [{"role": "user", "content": "hi"}]}, "system") is None
-    assert session.openai_key("m", body, "conversation") is None and session.openai_key("m", {"prompt": "p"}, "system") is None
+    assert session.openai_key("m", {"prompt": "p"}, "system") is None
 
 
 def test_request_sessions_decided_at_start(tmp_path, fake):
@@ -521,3 +521,24 @@ def test_relayed_request_keeps_the_clients_router_key(fake):
         assert re.fullmatch(r"r[0-9a-f]{32}", sent("review12 no key", {})["x-session-id"])
     finally:
         stop(front.proc)
+
+
+def test_relayed_chats_keep_their_conversation_key():
+    """``--session-key conversation`` with ``--request-sessions on`` (issue 43 review): a relayed
+    ``/v1/chat/completions`` gets its conversation's key, the one ``/api/chat`` gets for the same messages,
+    on every turn (a one-request key would place each turn of a ``/v1`` conversation by load, against
+    docs/fleet.md's "keep them sticky with --session-key conversation"); no user message: none."""
+    from vllama_proxy.api import session
+    from vllama_proxy.api.ollama_types import Message
+
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    later = [*first, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    key = session.openai_key("m", {"messages": first}, "conversation")
+    assert key and key == session.openai_key("m", {"messages": later}, "conversation")
+    assert key == session.chat_key("m", [Message(role="system", content="sys"), Message(role="user", content="hi")])
+    other = [first[0], {"role": "user", "content": "hi!"}]
+    assert session.openai_key("m", {"messages": other}, "conversation") not in (key, None)
+    image = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:a"}}]}]
+    assert session.openai_key("m", {"messages": image}, "conversation") != session.openai_key("m", {"messages": first[1:]}, "conversation")
+    assert session.openai_key("m", {"messages": first[:1]}, "conversation") is None
+    assert session.openai_key("m", {"prompt": "p"}, "conversation") is None

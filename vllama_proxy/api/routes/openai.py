@@ -196,8 +196,8 @@ _PLACED = ("/v1/chat/completions", "/v1/completions")
 def _placement(request: web.Request, data: Any) -> tuple[dict[str, str], str | None]:
     """The session header for a relayed ``/v1/chat/completions`` or ``/v1/completions`` with
     ``--request-sessions on``, and the key to release when it ends (``session.placement``): a chat
-    whose system prompt is shared keeps that prompt's key (``session.openai_key``, as ``/api/chat``),
-    any other request gets a key of its own. Nothing for other routes, or with the setting off,
+    gets the key ``/api/chat`` would (``session.openai_key``: its shared system prompt's, or under
+    ``--session-key conversation`` its conversation's), any other request a key of its own. Nothing for other routes, or with the setting off,
     or when the client sent a key of its own in a header forwarded for the router (``X-Session-ID``,
     ``X-User-ID``: vllm-router reads the first it finds, so a key of vllama's would override the
     client's ``X-User-ID``); those are forwarded as they are, never released."""
