@@ -542,3 +542,122 @@ def test_relayed_chats_keep_their_conversation_key():
     assert session.openai_key("m", {"messages": image}, "conversation") != session.openai_key("m", {"messages": first[1:]}, "conversation")
     assert session.openai_key("m", {"messages": first[:1]}, "conversation") is None
     assert session.openai_key("m", {"prompt": "p"}, "conversation") is None
+
+
+def test_stand_in_prefix_cache_counts_as_vllm():
+    """The stand-in's ``vllm:prefix_cache_*`` (what loadgen's cluster hit rate reads in dry runs)."""
+    from fake_vllm import PrefixCache
+
+    cache = PrefixCache(capacity=4)
+    words = [f"w{i}" for i in range(40)]  # 2 full blocks of 16, 8 words left over
+    cache.query(words)
+    assert (cache.queries, cache.hits) == (40, 0)
+    cache.query(words[:20] + ["other"] * 20)  # the first block is shared, the second is not
+    assert (cache.queries, cache.hits) == (80, 16)
+    cache.query([f"x{i}" for i in range(64)])  # 4 new blocks: the least recently used leave
+    cache.query(words)
+    assert cache.hits == 16, "evicted blocks are no hits"
+
+
+
+def test_fleet_secret_and_a_node_replaced_under_load(tmp_path, fleet):
+    """``--fleet-secret`` (here ``VLLAMA_FLEET_SECRET``, as the recipes give it): the front serves its
+    users' keys; a node, and the router (which passes the caller's ``Authorization`` on to the node),
+    refuse a user's key and no key, so the front's keys, allow-lists and fair share cannot be walked
+    around. Then node a is replaced under load: on SIGTERM it leaves the router, answers new requests
+    and ``/health`` 503 while its stream in flight finishes, and stops; a new node joins; no turn is
+    lost. A node past its ``--drain-timeout`` ends its open stream with an error line."""
+    router = fleet(Router, tmp_path / "router.log", policy="sticky_least_loaded")
+    secret = {"VLLAMA_FLEET_SECRET": "fleet-s3cret", "FAKE_VLLM_TOKEN_DELAY": "0.01"}
+    a = fleet(node, tmp_path, "a", router, env=secret, flags=["--drain-timeout", "30"])
+    b = fleet(node, tmp_path, "b", router, env=secret)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})  # the router's health checks carry no key: /health stays open
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "alice"\nkey = "alice-key"\n')
+    front = fleet(start_proxy, router.url, "--api-key-file", str(keys), vllm_args=[], env=secret)
+    user, fleet_key = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer fleet-s3cret"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    for s in range(6):  # 6 conversations: both nodes answer the front
+        assert Client(host=front.url, headers=user).chat(
+            model="tiny", messages=[{"role": "user", "content": f"hi from {s}"}]).message.content
+    assert sessions_seen(a) and sessions_seen(b)
+    assert httpx.post(front.url + "/api/chat", json=body).status_code == 401
+    openai_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    for around in (a.url, b.url, router.url):
+        for headers in ({}, user):
+            for path, payload in (("/v1/chat/completions", openai_body), ("/api/chat", body)):
+                r = httpx.post(around + path, json=payload, headers=headers, timeout=10)
+                assert r.status_code == 401, (around, path, headers, r.status_code, r.text)
+        assert httpx.get(around + "/v1/models", headers=user).status_code == 401
+    # a request without a key to share goes under a one-request key (the front found the router: auto), and its
+    # release, sent with the front's bearer like every upstream request, is taken by the router (no key of its own)
+    Client(host=front.url, headers=user).generate(model="tiny", prompt="no system prompt")
+    deadline = time.monotonic() + 30
+    while "SLL: finished session 'r" not in router.log.read_text():
+        assert time.monotonic() < deadline, router.log.read_text()[-2000:]
+        time.sleep(0.1)
+
+    # load: 4 users chatting through the front, each turn a new conversation (the router places its key)
+    stop_load, turns, lost = threading.Event(), Counter(), []
+
+    def user_load(u: int) -> None:
+        client = Client(host=front.url, headers=user)
+        while not stop_load.is_set():
+            try:
+                parts = list(client.chat(model="tiny", stream=True, messages=[
+                    {"role": "user", "content": f"user {u} turn {turns[u]} [[tokens:20]]"}]))
+                assert parts[-1].done, parts[-1]
+                turns[u] += 1
+            except Exception as e:  # noqa: BLE001 - every failure is a lost turn, counted
+                lost.append(repr(e))
+                turns[u] += 1
+
+    load = [threading.Thread(target=user_load, args=(u,), daemon=True) for u in range(4)]
+    for t in load:
+        t.start()
+    long = Client(host=a.url, headers=fleet_key).chat(model="tiny", stream=True,
+                                                    messages=[{"role": "user", "content": "long [[tokens:300]]"}])
+    next(long)
+    a.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while a.url in router.workers():  # a left the router
+        assert time.monotonic() < deadline, router.workers()
+        time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while True:  # a drains: readiness false, new requests 503 (a router retries them elsewhere), listener open
+        try:
+            if httpx.get(a.url + "/health").status_code == 503:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "a draining node must answer /health 503"
+        time.sleep(0.05)
+    r = httpx.post(a.url + "/api/chat", json=body, headers=fleet_key)
+    assert r.status_code == 503 and "Retry-After" in r.headers, r.text
+    # its replacement, started once a is seen draining: a process start takes seconds on a busy host,
+    # and a's stream (3 s) may end meanwhile, a then stopped, its /health never seen
+    a2 = fleet(node, tmp_path, "a2", router, env=secret, flags=["--drain-timeout", "1"])
+    a2.wait_state("ready")
+    router.wait_workers({b.url: True, a2.url: True})
+    parts = list(long)  # a's stream in flight finished whole
+    assert parts[-1].done and len(parts) > 250
+    assert a.proc.wait(30) == 0
+    done_before, deadline = sum(turns.values()), time.monotonic() + 20
+    while sum(turns.values()) < done_before + 8 and time.monotonic() < deadline:  # the load goes on over b and a2
+        time.sleep(0.1)
+    stop_load.set()
+    for t in load:
+        t.join(30)
+    assert not lost, lost
+    assert sessions_seen(a2), "the new node takes new conversations"
+
+    # past its --drain-timeout (1 s), a node stops its engine: the open stream ends with an error line
+    cut = Client(host=a2.url, headers=fleet_key).chat(model="tiny", stream=True,
+                                                    messages=[{"role": "user", "content": "long [[tokens:1000]]"}])
+    next(cut)
+    a2.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(ResponseError):
+        for _ in cut:
+            pass
+    assert a2.proc.wait(30) == 0
