@@ -402,7 +402,7 @@ def test_one_request_keys():
     body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "a"}]}, {"role": "user", "content": "x"}]}
     assert session.openai_key("m", body, "system") == shared
     assert session.openai_key("m", {"messages": [{"role": "user", "content": "hi"}]}, "system") is None
-    assert session.openai_key("m", body, "conversation") is None and session.openai_key("m", {"prompt": "p"}, "system") is None
+    assert session.openai_key("m", {"prompt": "p"}, "system") is None
 
 
 def test_request_sessions_decided_at_start(tmp_path, fake):
@@ -426,3 +426,238 @@ def test_request_sessions_decided_at_start(tmp_path, fake):
         assert decide(router="sticky_least_loaded") == "on" and decide(router="round_robin") == "off"
     finally:
         stop(router.proc)
+
+
+async def test_releases_are_bounded_when_the_router_hangs():
+    """A router that takes the releases and answers none (issue 43 review): at most ``limit`` releases are in
+    flight per process, one more is not sent (counted as failed: its key expires at the router), and none is
+    started once the app's upstream session is closing; the ones in flight are released when it answers."""
+    import asyncio
+
+    from aiohttp import web
+
+    from vllama_proxy.api.router_sessions import SessionRelease
+    from vllama_proxy.upstream import Upstream
+
+    seen: list[str] = []
+    all_in, answer = asyncio.Event(), asyncio.Event()
+
+    async def finish_session(request: web.Request) -> web.Response:
+        seen.append(request.query["session_id"])
+        if len(seen) == 4:
+            all_in.set()
+        await answer.wait()
+        return web.json_response({"status": "ok", "session_id": request.query["session_id"]})
+
+    app = web.Application()
+    app.router.add_post("/finish_session", finish_session)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    upstream = Upstream(f"http://127.0.0.1:{port}")
+    await upstream.start()
+    try:
+        releases = SessionRelease(limit=4)
+        for i in range(10):
+            releases.release(upstream, f"r{i}")
+        await asyncio.wait_for(all_in.wait(), 30)
+        assert releases.failed == 6 and sorted(seen) == [f"r{i}" for i in range(4)]
+        answer.set()
+        await releases.close()
+        assert releases.released == 4
+        releases.release(upstream, "late")  # the app is closing: nothing started on a closing session
+        assert releases.failed == 7 and not releases._pending and len(seen) == 4
+    finally:
+        await upstream.close()
+        await runner.cleanup()
+
+
+def test_request_sessions_off_where_no_router_reads_them(tmp_path, fleet, fake):
+    """``--request-sessions on`` is overridden, with a warning, where no router can read the keys (issue 43
+    review): a node (no ``--upstream``: vllama sends to its own vLLM, which would answer each release 404)
+    and ``--session-header ''`` (nothing sent, only released)."""
+    import asyncio
+
+    from vllama_proxy.front.fleet import resolve_request_sessions
+    from vllama_proxy.settings import Settings
+
+    def decide(**kw) -> str:
+        return asyncio.run(resolve_request_sessions(Settings(**kw))).request_sessions
+
+    assert decide(request_sessions="on") == "off" and decide(request_sessions="auto") == "off"
+    assert decide(upstream=fake.url, request_sessions="on", session_header="") == "off"
+    assert decide(upstream=fake.url, request_sessions="on") == "on"  # a front's own word is kept
+
+    vllm_port = free_port()
+    v = fleet(Vllama, tmp_path, env={"VLLAMA_REQUEST_SESSIONS": "on"}, flags=["--vllm-port", str(vllm_port)])
+    v.wait_state("ready")
+    Client(host=v.url).generate(model="tiny", prompt="no system prompt")
+    log = httpx.get(f"http://127.0.0.1:{vllm_port}/_fake/requests").json()
+    sent = [{k.lower(): x for k, x in r["headers"].items()}.get("x-session-id") for r in log if r["path"] in ("/v1/chat/completions", "/v1/completions")]
+    assert sent == [None], sent  # no one-request key, so nothing to release at a vLLM
+    decided = [e for e in log_events(v.log) if e.get("event") == "request_sessions"]
+    assert [(e["on"], e["level"]) for e in decided] == [(False, "warning")], decided
+
+
+def test_relayed_request_keeps_the_clients_router_key(fake):
+    """A relayed ``/v1`` request that carries the client's own router key (``X-User-ID``, which vllama forwards
+    for the router) gets no one-request key of vllama's over it (issue 43 review): vllm-router reads
+    ``X-Session-ID`` first, so vllama's key would have overridden the client's; its own ``X-Session-ID`` is
+    forwarded as it is, and a request with neither gets a key of its own."""
+    front = start_proxy(fake.url, "--request-sessions", "on", "--session-key", "system", vllm_args=[])
+    try:
+        def sent(marker: str, headers: dict[str, str]) -> dict[str, str]:
+            body = {"model": "fake:7b", "messages": [{"role": "user", "content": marker}], "max_tokens": 2}
+            httpx.post(front.url + "/v1/chat/completions", json=body, headers=headers, timeout=30).raise_for_status()
+            log = httpx.get(fake.url + "/_fake/requests").json()
+            seen = [r for r in log if r["path"] == "/v1/chat/completions" and marker in str(r["body"])]
+            assert len(seen) == 1, seen
+            return {k.lower(): v for k, v in seen[0]["headers"].items()}
+
+        by_user = sent("review12 user key", {"X-User-ID": "u1"})
+        assert by_user["x-user-id"] == "u1" and "x-session-id" not in by_user, by_user
+        assert sent("review12 session key", {"X-Session-ID": "mine"})["x-session-id"] == "mine"
+        assert re.fullmatch(r"r[0-9a-f]{32}", sent("review12 no key", {})["x-session-id"])
+    finally:
+        stop(front.proc)
+
+
+def test_relayed_chats_keep_their_conversation_key():
+    """``--session-key conversation`` with ``--request-sessions on`` (issue 43 review): a relayed
+    ``/v1/chat/completions`` gets its conversation's key, the one ``/api/chat`` gets for the same messages,
+    on every turn (a one-request key would place each turn of a ``/v1`` conversation by load, against
+    docs/fleet.md's "keep them sticky with --session-key conversation"); no user message: none."""
+    from vllama_proxy.api import session
+    from vllama_proxy.api.ollama_types import Message
+
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    later = [*first, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    key = session.openai_key("m", {"messages": first}, "conversation")
+    assert key and key == session.openai_key("m", {"messages": later}, "conversation")
+    assert key == session.chat_key("m", [Message(role="system", content="sys"), Message(role="user", content="hi")])
+    other = [first[0], {"role": "user", "content": "hi!"}]
+    assert session.openai_key("m", {"messages": other}, "conversation") not in (key, None)
+    image = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:a"}}]}]
+    assert session.openai_key("m", {"messages": image}, "conversation") != session.openai_key("m", {"messages": first[1:]}, "conversation")
+    assert session.openai_key("m", {"messages": first[:1]}, "conversation") is None
+    assert session.openai_key("m", {"prompt": "p"}, "conversation") is None
+
+
+def test_stand_in_prefix_cache_counts_as_vllm():
+    """The stand-in's ``vllm:prefix_cache_*`` (what loadgen's cluster hit rate reads in dry runs)."""
+    from fake_vllm import PrefixCache
+
+    cache = PrefixCache(capacity=4)
+    words = [f"w{i}" for i in range(40)]  # 2 full blocks of 16, 8 words left over
+    cache.query(words)
+    assert (cache.queries, cache.hits) == (40, 0)
+    cache.query(words[:20] + ["other"] * 20)  # the first block is shared, the second is not
+    assert (cache.queries, cache.hits) == (80, 16)
+    cache.query([f"x{i}" for i in range(64)])  # 4 new blocks: the least recently used leave
+    cache.query(words)
+    assert cache.hits == 16, "evicted blocks are no hits"
+
+
+
+def test_fleet_secret_and_a_node_replaced_under_load(tmp_path, fleet):
+    """``--fleet-secret`` (here ``VLLAMA_FLEET_SECRET``, as the recipes give it): the front serves its
+    users' keys; a node, and the router (which passes the caller's ``Authorization`` on to the node),
+    refuse a user's key and no key, so the front's keys, allow-lists and fair share cannot be walked
+    around. Then node a is replaced under load: on SIGTERM it leaves the router, answers new requests
+    and ``/health`` 503 while its stream in flight finishes, and stops; a new node joins; no turn is
+    lost. A node past its ``--drain-timeout`` ends its open stream with an error line."""
+    router = fleet(Router, tmp_path / "router.log", policy="sticky_least_loaded")
+    secret = {"VLLAMA_FLEET_SECRET": "fleet-s3cret", "FAKE_VLLM_TOKEN_DELAY": "0.01"}
+    a = fleet(node, tmp_path, "a", router, env=secret, flags=["--drain-timeout", "30"])
+    b = fleet(node, tmp_path, "b", router, env=secret)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})  # the router's health checks carry no key: /health stays open
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "alice"\nkey = "alice-key"\n')
+    front = fleet(start_proxy, router.url, "--api-key-file", str(keys), vllm_args=[], env=secret)
+    user, fleet_key = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer fleet-s3cret"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    for s in range(6):  # 6 conversations: both nodes answer the front
+        assert Client(host=front.url, headers=user).chat(
+            model="tiny", messages=[{"role": "user", "content": f"hi from {s}"}]).message.content
+    assert sessions_seen(a) and sessions_seen(b)
+    assert httpx.post(front.url + "/api/chat", json=body).status_code == 401
+    openai_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    for around in (a.url, b.url, router.url):
+        for headers in ({}, user):
+            for path, payload in (("/v1/chat/completions", openai_body), ("/api/chat", body)):
+                r = httpx.post(around + path, json=payload, headers=headers, timeout=10)
+                assert r.status_code == 401, (around, path, headers, r.status_code, r.text)
+        assert httpx.get(around + "/v1/models", headers=user).status_code == 401
+    # a request without a key to share goes under a one-request key (the front found the router: auto), and its
+    # release, sent with the front's bearer like every upstream request, is taken by the router (no key of its own)
+    Client(host=front.url, headers=user).generate(model="tiny", prompt="no system prompt")
+    deadline = time.monotonic() + 30
+    while "SLL: finished session 'r" not in router.log.read_text():
+        assert time.monotonic() < deadline, router.log.read_text()[-2000:]
+        time.sleep(0.1)
+
+    # load: 4 users chatting through the front, each turn a new conversation (the router places its key)
+    stop_load, turns, lost = threading.Event(), Counter(), []
+
+    def user_load(u: int) -> None:
+        client = Client(host=front.url, headers=user)
+        while not stop_load.is_set():
+            try:
+                parts = list(client.chat(model="tiny", stream=True, messages=[
+                    {"role": "user", "content": f"user {u} turn {turns[u]} [[tokens:20]]"}]))
+                assert parts[-1].done, parts[-1]
+                turns[u] += 1
+            except Exception as e:  # noqa: BLE001 - every failure is a lost turn, counted
+                lost.append(repr(e))
+                turns[u] += 1
+
+    load = [threading.Thread(target=user_load, args=(u,), daemon=True) for u in range(4)]
+    for t in load:
+        t.start()
+    long = Client(host=a.url, headers=fleet_key).chat(model="tiny", stream=True,
+                                                    messages=[{"role": "user", "content": "long [[tokens:300]]"}])
+    next(long)
+    a.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while a.url in router.workers():  # a left the router
+        assert time.monotonic() < deadline, router.workers()
+        time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while True:  # a drains: readiness false, new requests 503 (a router retries them elsewhere), listener open
+        try:
+            if httpx.get(a.url + "/health").status_code == 503:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "a draining node must answer /health 503"
+        time.sleep(0.05)
+    r = httpx.post(a.url + "/api/chat", json=body, headers=fleet_key)
+    assert r.status_code == 503 and "Retry-After" in r.headers, r.text
+    # its replacement, started once a is seen draining: a process start takes seconds on a busy host,
+    # and a's stream (3 s) may end meanwhile, a then stopped, its /health never seen
+    a2 = fleet(node, tmp_path, "a2", router, env=secret, flags=["--drain-timeout", "1"])
+    a2.wait_state("ready")
+    router.wait_workers({b.url: True, a2.url: True})
+    parts = list(long)  # a's stream in flight finished whole
+    assert parts[-1].done and len(parts) > 250
+    assert a.proc.wait(30) == 0
+    done_before, deadline = sum(turns.values()), time.monotonic() + 20
+    while sum(turns.values()) < done_before + 8 and time.monotonic() < deadline:  # the load goes on over b and a2
+        time.sleep(0.1)
+    stop_load.set()
+    for t in load:
+        t.join(30)
+    assert not lost, lost
+    assert sessions_seen(a2), "the new node takes new conversations"
+
+    # past its --drain-timeout (1 s), a node stops its engine: the open stream ends with an error line
+    cut = Client(host=a2.url, headers=fleet_key).chat(model="tiny", stream=True,
+                                                    messages=[{"role": "user", "content": "long [[tokens:1000]]"}])
+    next(cut)
+    a2.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(ResponseError):
+        for _ in cut:
+            pass
+    assert a2.proc.wait(30) == 0

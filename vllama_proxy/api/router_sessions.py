@@ -10,8 +10,11 @@ so the router's count per worker is the requests in flight there (plus the live 
 join the shortest queue.
 
 Off the per-token path: the release is a task started after the answer ended, on the shared
-upstream session, bounded by :data:`RELEASE_TIMEOUT_S`; a failure never reaches the client (the
-key then expires at the router) and is logged at warning once, then at debug.
+upstream session, bounded by :data:`RELEASE_TIMEOUT_S`, and at most :data:`MAX_PENDING` of them in
+flight per process (a router that hangs would otherwise gather a task and a socket per request for
+5 s each: thousands at a GPU fleet's rate, beside the admission bound's sockets); a release beyond
+that, or asked after :meth:`SessionRelease.close`, is not sent. A failure never reaches the client
+(the key then expires at the router) and is logged at warning once, then at debug.
 """
 
 from __future__ import annotations
@@ -27,23 +30,39 @@ log = get_logger("vllama.fleet")
 #: Seconds one release may take (connect included) before it is given up.
 RELEASE_TIMEOUT_S = 5.0
 
+#: Releases in flight per process at most; one more is not sent (its key expires at the router).
+#: A router answers one in about a millisecond: this many pending means it is not answering.
+MAX_PENDING = 1024
+
 
 class SessionRelease:
     """Releases one-request session keys at the router, each in a task of its own.
 
     One per app (``app_state.ROUTER_SESSIONS``); :meth:`close` waits for the releases in flight
     (at most :data:`RELEASE_TIMEOUT_S`) before the upstream session closes. ``released`` and
-    ``failed`` count this process's releases that the router answered 2xx, and the others.
+    ``failed`` count this process's releases that the router answered 2xx, and the others
+    (unsent ones included: beyond ``limit`` in flight, or after :meth:`close`).
+
+    Args:
+        limit: releases in flight at most (:data:`MAX_PENDING`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_PENDING) -> None:
         self._pending: set[asyncio.Task[None]] = set()
+        self._limit = limit
+        self._closed = False
         self._warned = False
         self.released = 0
         self.failed = 0
 
     def release(self, upstream: Upstream, key: str) -> None:
-        """Start ``POST /finish_session?session_id=key`` at ``upstream`` (the router); returns at once."""
+        """Start ``POST /finish_session?session_id=key`` at ``upstream`` (the router); returns at once.
+        Sends nothing (counted in ``failed``, logged) with :data:`MAX_PENDING` releases in flight or
+        once :meth:`close` began: the upstream session is closing."""
+        if self._closed or len(self._pending) >= self._limit:
+            self._failure(upstream, "the upstream session is closed" if self._closed else
+                          f"{len(self._pending)} releases already in flight: the router is not answering them")
+            return
         task = asyncio.ensure_future(self._finish(upstream, key))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -74,6 +93,7 @@ class SessionRelease:
             return resp.status, (await read_response(resp)).decode("utf-8", "replace")
 
     async def close(self) -> None:
-        """Let the releases in flight end (each bounded by its timeout)."""
+        """Let the releases in flight end (each bounded by its timeout); none is started after."""
+        self._closed = True
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)

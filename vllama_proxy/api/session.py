@@ -95,24 +95,48 @@ def _system_key(model: str, systems: Sequence[str]) -> str:
 
 
 def openai_key(model: str, body: Mapping[str, object], scope: str) -> str | None:
-    """The shared-prefix key of a relayed ``/v1/chat/completions`` body under ``scope="system"``: the
-    one :func:`chat_key` gives ``/api/chat`` for the same model and system messages (their text
-    parts), so both APIs' conversations sharing a system prompt reach one engine; ``None`` without
-    a system message before the first user message, or under ``scope="conversation"``."""
+    """The key of a relayed ``/v1/chat/completions`` body, the one :func:`chat_key` gives ``/api/chat``
+    for the same model and messages (their text parts), so both APIs' chats are placed alike.
+
+    ``scope="system"``: the shared-prefix key of the system (and ``developer``) messages before the
+    first user message; ``None`` without one (``--request-sessions on`` then sends a one-request key).
+    ``scope="conversation"``: the conversation's key, from every message up to and including the
+    first user message (an image part by its URL's first 64 characters), so each turn of a
+    ``/v1`` conversation keeps its engine as an ``/api/chat`` one does (docs/fleet.md). ``None``
+    without a user message, or without ``messages`` (``/v1/completions``).
+    """
     turns = body.get("messages")
-    if scope != "system" or not isinstance(turns, list):
+    if not isinstance(turns, list):
         return None
     systems: list[str] = []
+    h = hashlib.blake2b(model.encode(), digest_size=16)
     for m in turns:
-        role = m.get("role") if isinstance(m, Mapping) else None
+        if not isinstance(m, Mapping):
+            continue
+        role = m.get("role") if isinstance(m.get("role"), str) else ""
+        text, images = _content_parts(m.get("content"))
+        h.update(b"\0" + role.encode() + b"\0" + text.encode())
+        for url in images:
+            h.update(b"\1" + url[:64].encode())
         if role == "user":
-            return _system_key(model, systems) if systems else None
+            if scope == "system":
+                return _system_key(model, systems) if systems else None
+            return h.hexdigest()
         if role in ("system", "developer"):
-            content = m.get("content")
-            if isinstance(content, list):  # OpenAI's content parts: their text
-                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-            systems.append(content if isinstance(content, str) else "")
+            systems.append(text)
     return None
+
+
+def _content_parts(content: object) -> tuple[str, list[str]]:
+    """An OpenAI message's ``content``: ``(its text, its image URLs)``; a string is all text."""
+    if isinstance(content, str):
+        return content, []
+    if not isinstance(content, list):
+        return "", []
+    parts = [p for p in content if isinstance(p, Mapping)]
+    text = "".join(p["text"] for p in parts if isinstance(p.get("text"), str))
+    urls = [u["url"] for p in parts if isinstance(u := p.get("image_url"), Mapping) and isinstance(u.get("url"), str)]
+    return text, urls
 
 
 def one_request_key() -> str:

@@ -140,28 +140,36 @@ async def resolve_request_sessions(settings: Settings) -> Settings:
     one-request keys are ignored (``round_robin``, ``cache_aware``, ``power_of_two``) or hashed
     (``consistent_hash``: such requests are then placed at random rather than by conversation),
     so give ``--request-sessions off`` to a front before a ``consistent_hash`` router.
-    Off without a session header (``--session-header ''``) or an upstream.
+    Off, ``on`` included, where no router can read the keys: without a session header
+    (``--session-header ''``: nothing would be sent, only released) or an upstream (a node sends to
+    its own vLLM, which answers each ``/finish_session`` 404); that override, and an upstream not
+    reached at start, are logged at warning (the fleet then places these requests by count).
     """
     chosen = settings.request_sessions
-    if chosen != "auto":
-        on, source = chosen == "on", "--request-sessions"
+    warn = False
+    if not settings.upstream:
+        on, source = False, "no --upstream: vllama sends to its own vLLM, no router reads the keys"
+        warn = chosen == "on"
     elif not settings.session_header:
         on, source = False, "--session-header '' (no session header is sent)"
+        warn = chosen == "on"
+    elif chosen != "auto":
+        on, source = chosen == "on", "--request-sessions"
     elif settings.router:
         on = settings.router == "sticky_least_loaded"
         source = f"--router {settings.router}"
-    elif settings.upstream:
-        on, source = await _is_router(settings)
     else:
-        on, source = False, "no --upstream: no router in front of the engines"
-    log.info("request_sessions", on=on, source=source, header=settings.session_header or None,
-             effect="a request with no key to share goes under a key of its own, released at the router when it ends: "
-                    "sticky_least_loaded places it by requests in flight" if on else
-                    "requests without a key of their own go without one (the router's policy alone places them)")
+        on, source, warn = await _is_router(settings)
+    (log.warning if warn else log.info)(
+        "request_sessions", on=on, source=source, header=settings.session_header or None, asked=chosen,
+        effect="a request with no key to share goes under a key of its own, released at the router when it ends: "
+               "sticky_least_loaded places it by requests in flight" if on else
+               "requests without a key of their own go without one (the router's policy alone places them)")
     return settings.model_copy(update={"request_sessions": "on" if on else "off"})
 
 
-async def _is_router(settings: Settings) -> tuple[bool, str]:
+async def _is_router(settings: Settings) -> tuple[bool, str, bool]:
+    """``(whether the upstream is a vllm-router, why, whether it could not be reached)``."""
     assert settings.upstream
     probe = Upstream(settings.upstream, connect_timeout=2.0, read_timeout=5.0, api_key=settings.api_key_upstream)
     await probe.start()
@@ -175,13 +183,13 @@ async def _is_router(settings: Settings) -> tuple[bool, str]:
                 break
             except UpstreamError as e:
                 if time.monotonic() > deadline:
-                    return False, f"the upstream could not be reached at start ({e.message}): give --request-sessions on before a router"
+                    return False, f"the upstream could not be reached at start ({e.message}): give --request-sessions on before a router", True
                 await asyncio.sleep(0.5)
     finally:
         await probe.close()
     if isinstance(data, dict) and isinstance(data.get("urls"), list):
-        return True, "the upstream answers GET /list_workers: a vllm-router"
-    return False, f"the upstream is no vllm-router (GET /list_workers: HTTP {status})"
+        return True, "the upstream answers GET /list_workers: a vllm-router", False
+    return False, f"the upstream is no vllm-router (GET /list_workers: HTTP {status})", False
 
 
 class RouterChild:

@@ -311,6 +311,7 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     ]
     backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
+    settings = await resolve_request_sessions(settings)  # off: a node's own vLLM reads no session keys (front/fleet.py)
     app = build_app(settings, resolved, backends, front=front, bound=bound, slots=slots)
     workers = WorkerPool(settings, resolved, backends, front, bound, slots)
     hurry = asyncio.Event()

@@ -31,7 +31,8 @@ from .. import session
 from ..translate.to_openai import OUTPUT_TOKEN_FIELDS
 from .output_tokens import cap_output
 
-_FORWARD_REQUEST = ("Content-Type", "Accept", "X-Session-ID", "X-User-ID")  # the last two: a router's session keys
+_CLIENT_KEYS = ("X-Session-ID", "X-User-ID")  # a router's session keys (vllm-router's hash_key.rs, in its order)
+_FORWARD_REQUEST = ("Content-Type", "Accept", *_CLIENT_KEYS)
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
 
 
@@ -195,11 +196,15 @@ _PLACED = ("/v1/chat/completions", "/v1/completions")
 def _placement(request: web.Request, data: Any) -> tuple[dict[str, str], str | None]:
     """The session header for a relayed ``/v1/chat/completions`` or ``/v1/completions`` with
     ``--request-sessions on``, and the key to release when it ends (``session.placement``): a chat
-    whose system prompt is shared keeps that prompt's key (``session.openai_key``, as ``/api/chat``),
-    any other request gets a key of its own. Nothing for other routes, or with the setting off
-    (the client's own header is forwarded as it is)."""
+    gets the key ``/api/chat`` would (``session.openai_key``: its shared system prompt's, or under
+    ``--session-key conversation`` its conversation's), any other request a key of its own. Nothing for other routes, or with the setting off,
+    or when the client sent a key of its own in a header forwarded for the router (``X-Session-ID``,
+    ``X-User-ID``: vllm-router reads the first it finds, so a key of vllama's would override the
+    client's ``X-User-ID``); those are forwarded as they are, never released."""
     settings = request.app[SETTINGS]
     if settings.request_sessions != "on" or request.method != "POST" or request.path not in _PLACED or not isinstance(data, dict):
+        return {}, None
+    if any(request.headers.get(h) for h in _CLIENT_KEYS):
         return {}, None
     model = data.get("model")
     key = session.openai_key(model, data, settings.session_key) if isinstance(model, str) else None
