@@ -343,6 +343,51 @@ class Vllama:
         return self.proc.wait(timeout)
 
 
+# A failing test shows the end of each vllama.log it wrote (the fixtures above, --basetemp or not): a
+# failure seen once in CI (a wrong exit status, a request hung until pytest-timeout) tells what
+# vllama did, after its temporary directory is gone.
+
+#: Lines of each log shown, after the noise (access lines of the tests' polling) is left out.
+LOG_TAIL_LINES = 80
+_LOGS = pytest.StashKey[list[Path]]()
+
+
+def _polling(line: str) -> bool:
+    """An access line of GET /readyz or /livez (a test polls them every 50 ms)."""
+    if not line.startswith("{") or '"request"' not in line:
+        return False
+    try:
+        e = json.loads(line)
+    except ValueError:
+        return False
+    return e.get("event") == "request" and e.get("method") == "GET" and e.get("path") in ("/readyz", "/livez")
+
+
+def shown_on_failure(request: pytest.FixtureRequest, log: Path) -> None:
+    """Show the tail of ``log`` in the report of ``request``'s test if it fails (:func:`log_tail`)."""
+    request.node.stash.setdefault(_LOGS, []).append(log)
+
+
+def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a vllama log but its access lines of GET /readyz and /livez (a test
+    polls them); each line cut at 600 characters."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as e:
+        return f"(not readable: {e})"
+    kept = [x[:600] for x in text.splitlines() if not _polling(x)]
+    return "\n".join(kept[-lines:])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        for log in item.stash.get(_LOGS, []):
+            report.sections.append((f"last lines of {log}", log_tail(log)))
+    return report
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -351,12 +396,13 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def vllama(tmp_path):
+def vllama(tmp_path, request):
     started: list[Vllama] = []
 
     def start(**kw) -> Vllama:
         v = Vllama(tmp_path, **kw)
         started.append(v)
+        shown_on_failure(request, v.log)
         return v
 
     yield start
@@ -586,13 +632,14 @@ def hub(tmp_path) -> Path:
 
 
 @pytest.fixture
-def serve(tmp_path, hub):
+def serve(tmp_path, hub, request):
     started: list[OnDemandServer] = []
 
     def start(*flags: str, **kw) -> OnDemandServer:
         env = {"HF_HOME": str(hub.parent), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", **kw.pop("env", {})}
         s = OnDemandServer(tmp_path, *flags, env=env, **kw)
         started.append(s)
+        shown_on_failure(request, s.log)
         return s
 
     yield start

@@ -61,6 +61,9 @@ FAKE_VLLM_HANG_AFTER       int N: from the N-th generation request on, generatio
                            (waits forever); /health stays 200, /metrics shows the requests running
                            while ``vllm:generation_tokens_total`` stops moving.
 FAKE_VLLM_UNHEALTHY_FILE   path: while it exists, /health answers 503.
+FAKE_VLLM_METRICS_DELAY    float s (0): /metrics answers this long after it is asked (what it shows is read
+                           then), as a busy vLLM's does; /_fake/stats ``metrics_asked``: those answers
+                           not yet given.
 FAKE_VLLM_REASONING_FIELD  ``reasoning`` (default) or ``reasoning_content``.
 FAKE_VLLM_EMBED_DIM        int (8): embedding width.
 FAKE_VLLM_SLEEP_SECONDS    float s (0.2) / FAKE_VLLM_WAKE_SECONDS (0.3): how long /sleep and /wake_up take.
@@ -246,6 +249,7 @@ class Knobs:
         self.access_log = env.get("FAKE_VLLM_ACCESS_LOG", "") not in ("", "0", "false")
         self.log_max = _env_int("FAKE_VLLM_LOG_MAX") or 10000
         self.sleep_seconds = _env_float("FAKE_VLLM_SLEEP_SECONDS", 0.2)
+        self.metrics_delay = _env_float("FAKE_VLLM_METRICS_DELAY", 0.0)
         self.sleep_gate = env.get("FAKE_VLLM_SLEEP_GATE") or None
         self.wake_seconds = _env_float("FAKE_VLLM_WAKE_SECONDS", 0.3)
         self.gpu_ledger = env.get("FAKE_VLLM_GPU_LEDGER") or None
@@ -390,6 +394,7 @@ class State:
         self.per_request_metrics = False  # --enable-per-request-metrics: non-streamed bodies carry "metrics"
         self.sleeping = 0  # 0 awake, else the sleep level
         self.sleeps = 0
+        self.metrics_asked = 0
         self.wakes = 0
         self.while_asleep = 0
         self.ledger: GpuLedger | None = None
@@ -1284,6 +1289,12 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
+    if s.knobs.metrics_delay:
+        s.metrics_asked += 1
+        try:
+            await asyncio.sleep(s.knobs.metrics_delay)
+        finally:
+            s.metrics_asked -= 1
     lbl = f'{{model_name="{s.served[0]}"}}'
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
@@ -1360,6 +1371,7 @@ async def fake_stats(request: web.Request) -> web.Response:
                           "failed": s.failed, "in_flight": s.in_flight,
                           "running": s.sched.running, "waiting": s.sched.n_waiting, "waited": s.sched.waited,
                           "sleeping": s.sleeping, "sleeps": s.sleeps, "wakes": s.wakes, "while_asleep": s.while_asleep,
+                          "metrics_asked": s.metrics_asked,
                           "generation_tokens_total": s.generation_tokens_total,
                           "prompt_tokens_total": s.prompt_tokens_total, "steps": len(s.steps)})
 

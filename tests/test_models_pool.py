@@ -165,6 +165,31 @@ def test_swap_on_demand_evicts_the_least_recently_used_idle_model(vllama, tmp_pa
     assert v.stop() == 0
 
 
+def test_an_eviction_asked_while_the_victim_reads_vllm_metrics_is_not_lost(vllama, tmp_path, ledger):
+    """A ready model's owner loop reads vLLM's /metrics at each check (the hang detector): an await in
+    which a request for another model may ask it to make room. That eviction was cleared, unseen, when
+    the check ended, and nobody told the request, which waited for --load-timeout (600 s by default):
+    the hang of the test above under load (reproduced beside busy loops at nice -5: 1 run in 40, its
+    chat(a) waiting with b asked to make room and never going). Here each /metrics answer takes 2 s
+    and the request comes while one is being answered."""
+    cfg = config(tmp_path,
+                 model_block(tmp_path, "a", gpu_memory_utilization=0.6),
+                 model_block(tmp_path, "b", gpu_memory_utilization=0.6, preload=False),
+                 top='keep_alive = "-1"\n')
+    v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger), "FAKE_VLLM_TOKEN_DELAY": "0", "FAKE_VLLM_METRICS_DELAY": "2"},
+               flags=["--load-timeout", "20"])
+    wait_states(v, a="ready", b="unloaded")
+    url = fakes(v)["a"]
+    deadline = time.monotonic() + 20
+    while get_json(url + "/_fake/stats")["metrics_asked"] == 0:  # a's owner loop waits for its /metrics
+        assert time.monotonic() < deadline, "a's supervisor never read its /metrics"
+        time.sleep(0.02)
+    assert Client(host=v.url).generate(model="b", prompt="x", stream=False).response.startswith("tok0")
+    assert events(ledger)[-2:] == [["exit", "a"], ["start", "b"]]
+    assert states(v) == {"a": "unloaded", "b": "ready"}
+    assert v.stop() == 0
+
+
 def test_keep_alive_is_per_model(vllama, tmp_path, ledger):
     cfg = config(tmp_path,
                  model_block(tmp_path, "short", gpu_memory_utilization=0.3, sleep_mode=True, keep_alive="1s"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -190,7 +191,11 @@ def sweep_session(sid: int, timeout: float = 5.0, exclude: int | None = None) ->
     procs = []
     for pid in session_members(sid):
         if pid == exclude:
-            os.kill(pid, signal.SIGKILL)
+            # Our own child, listed while it was still exiting from the group's SIGKILL: the event
+            # loop's child watcher may reap it before this kill (under load; it raised
+            # ProcessLookupError, which ended the owner loop and made vllama exit 1 on SIGTERM).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
             continue
         try:
             p = psutil.Process(pid)

@@ -599,6 +599,8 @@ class Supervisor:
                     if note != self._note:  # why it waits, in its status now (the 503 of a request that gives up quotes it)
                         self._note = note
                         self._publish()
+                        log.info("waiting_for_room", model=self.served_name, detail=note,
+                                 victim=victim.served_name if victim is not None else None)
                     if not neighbour_loading:
                         check_fit = False
                         if not on_demand:
@@ -746,13 +748,22 @@ class Supervisor:
                 if (idle_now or mode == "launch") and self._created.path.exists() \
                         and self._lora.needs_restart(await asyncio.to_thread(self.lora_plan), mode):
                     return LoraOutgrown()
-                expired = self._evict_reason is not None or time.time() >= self.board.expires_at
+                # An eviction asked during the probe below is weighed at the next look (its EVICT
+                # message ends the wait at once), never cleared unseen: nobody would tell the model
+                # waiting for room, which waited for --load-timeout (a CI hang under load).
+                asked = self._evict_reason
+                expired = asked is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)
                     idle = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
                     if expired and load is not None and load.pending == 0 and idle:
                         return Idle()
-                    self._evict_reason = None  # busy: the pool looks for another model to evict
+                    if asked is not None and self.board.in_flight + self.board.waiters > 0:
+                        # busy: declined; the pool looks for another model to evict when its requests
+                        # end (IDLE). Idle here but not by vLLM's count (or /metrics unread): asked still.
+                        log.info("eviction_declined", model=self.served_name, reason=str(asked), in_flight=self.board.in_flight,
+                                 waiting=self.board.waiters)
+                        self._evict_reason = None
                     if load is not None and self.s.hang_timeout > 0:
                         now = time.monotonic()
                         if load.pending > 0 and load.generation_tokens == tokens:
