@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import orjson
 
@@ -43,19 +43,31 @@ def chat_key(model: str, messages: Sequence[Message], scope: str = "conversation
     ``None`` with ``per_request`` (``--request-sessions on``: each turn is then placed by load
     under a one-request key, :func:`placement`).
     """
-    if scope == "system":
-        systems = [m for m in messages[:next((i for i, m in enumerate(messages) if m.role == "user"), 0)] if m.role == "system"]
-        if systems and any(m.role == "user" for m in messages):
-            return _system_key(model, [m.content or "" for m in systems])
-        if per_request:
-            return None
+    return _turns_key(model, ((m.role, m.content or "", m.images or ()) for m in messages), scope, per_request, ("system",))
+
+
+def _turns_key(model: str, turns: Iterable[tuple[str, str, Sequence[str]]], scope: str, per_request: bool,
+               system_roles: tuple[str, ...]) -> str | None:
+    """The key of a chat given as ``(role, text, images)`` turns, for :func:`chat_key` (Ollama's
+    messages) and :func:`openai_key` (OpenAI's) alike, so that both APIs' chats get one key: under
+    ``scope="system"`` the shared-prefix key of the ``system_roles`` turns before the first user
+    turn, if any; else (or without one and not ``per_request``) the conversation's, a hash of every
+    turn up to and including the first user turn (an image by its first 64 characters). ``None``
+    without a user turn, or without a system turn under ``scope="system"`` with ``per_request``."""
+    systems: list[str] = []
     h = hashlib.blake2b(model.encode(), digest_size=16)
-    for m in messages:
-        h.update(b"\0" + m.role.encode() + b"\0" + (m.content or "").encode())
-        for image in m.images or ():
+    for role, text, images in turns:
+        h.update(b"\0" + role.encode() + b"\0" + text.encode())
+        for image in images:
             h.update(b"\1" + image[:64].encode())
-        if m.role == "user":
+        if role == "user":
+            if scope == "system" and systems:
+                return _system_key(model, systems)
+            if scope == "system" and per_request:
+                return None
             return h.hexdigest()
+        if role in system_roles:
+            systems.append(text)
     return None
 
 
@@ -108,23 +120,9 @@ def openai_key(model: str, body: Mapping[str, object], scope: str) -> str | None
     turns = body.get("messages")
     if not isinstance(turns, list):
         return None
-    systems: list[str] = []
-    h = hashlib.blake2b(model.encode(), digest_size=16)
-    for m in turns:
-        if not isinstance(m, Mapping):
-            continue
-        role = m.get("role") if isinstance(m.get("role"), str) else ""
-        text, images = _content_parts(m.get("content"))
-        h.update(b"\0" + role.encode() + b"\0" + text.encode())
-        for url in images:
-            h.update(b"\1" + url[:64].encode())
-        if role == "user":
-            if scope == "system":
-                return _system_key(model, systems) if systems else None
-            return h.hexdigest()
-        if role in ("system", "developer"):
-            systems.append(text)
-    return None
+    parts = ((m.get("role") if isinstance(m.get("role"), str) else "", *_content_parts(m.get("content")))
+             for m in turns if isinstance(m, Mapping))
+    return _turns_key(model, parts, scope, True, ("system", "developer"))
 
 
 def _content_parts(content: object) -> tuple[str, list[str]]:
@@ -167,7 +165,4 @@ def headers(header: str, client: Mapping[str, str], key: str | None) -> Mapping[
 
     ``header`` empty (``--session-header ''``) sends none.
     """
-    if not header:
-        return JSON
-    value = client.get(header) or key
-    return {**JSON, header: value} if value else JSON
+    return {**JSON, **placement(header, client, key, False)[0]}
