@@ -260,6 +260,16 @@ class Upstream:
         async with self.request("GET", path) as resp:
             return await read_json(resp)
 
+    async def answer(self, method: str, path: str, params: Mapping[str, str]) -> tuple[int, str]:
+        """``(status, the answer's text)`` of ``method path?params``, whatever the status (a router's
+        ``/add_worker``, ``/remove_worker``, ``/finish_session``: the caller reads its refusal).
+
+        Raises:
+            UpstreamUnavailable, UpstreamTimeout: as :meth:`request`.
+        """
+        async with self.request(method, path, params=params, check=False) as resp:
+            return resp.status, (await read_response(resp)).decode("utf-8", "replace")
+
     async def post_json(self, path: str, payload: Any) -> Any:
         """``POST path`` with a JSON body and decode the JSON answer (errors as :meth:`request`)."""
         async with self.request("POST", path, body=orjson.dumps(payload)) as resp:

@@ -23,7 +23,7 @@ import asyncio
 
 from vllama_proxy.errors import UpstreamError
 from vllama_proxy.logs import get_logger
-from vllama_proxy.upstream import Upstream, read_response
+from vllama_proxy.upstream import Upstream
 
 log = get_logger("vllama.fleet")
 
@@ -69,7 +69,8 @@ class SessionRelease:
 
     async def _finish(self, upstream: Upstream, key: str) -> None:
         try:
-            status, text = await asyncio.wait_for(self._post(upstream, key), RELEASE_TIMEOUT_S)
+            status, text = await asyncio.wait_for(upstream.answer("POST", "/finish_session", {"session_id": key}),
+                                                  RELEASE_TIMEOUT_S)
         except (UpstreamError, asyncio.TimeoutError) as e:
             self._failure(upstream, str(e) or type(e).__name__)
             return
@@ -86,11 +87,6 @@ class SessionRelease:
                    "further failures are logged at debug",
         )
         self._warned = True
-
-    @staticmethod
-    async def _post(upstream: Upstream, key: str) -> tuple[int, str]:
-        async with upstream.request("POST", "/finish_session", params={"session_id": key}, check=False) as resp:
-            return resp.status, (await read_response(resp)).decode("utf-8", "replace")
 
     async def close(self) -> None:
         """Let the releases in flight end (each bounded by its timeout); none is started after."""

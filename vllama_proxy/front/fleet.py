@@ -28,7 +28,7 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.child import VllmProcess, find_executable
 from vllama_proxy.supervisor.lifecycle import Supervisor
 from vllama_proxy.supervisor.states import State
-from vllama_proxy.upstream import Upstream, read_json, read_response
+from vllama_proxy.upstream import Upstream, read_json
 
 log = get_logger("vllama.fleet")
 
@@ -116,8 +116,7 @@ class Registration:
                  answer=text[:200])
 
     async def _call(self, path: str) -> tuple[int, str]:
-        async with self._router.request("POST", path, params={"url": self.url}, check=False) as resp:
-            return resp.status, (await read_response(resp)).decode("utf-8", "replace")
+        return await self._router.answer("POST", path, {"url": self.url})
 
 
 #: vllm-router logs every session ``sticky_least_loaded`` opens and releases at info, two lines per
