@@ -99,6 +99,9 @@
 #      OUT=$OUT DEV=.devscripts BATCH_ALT=3 benchmarks/hop_cost.sh batchalt       (~6-9 min: per run ~30 s of batch,
 #               ~8 s to sleep and wake, offline's load 40-75 s and generate 20-35 s; each run's lines are in summary.txt
 #               as it ends, so a call cut at 600 s keeps the runs before)
+#      with OFFLINE_MATCH=1 each run also times offline with the server's scheduler limits (max_num_batched_tokens
+#      from vllama's log, max_num_seqs = max_running): what of the gap is vLLM's offline defaults (+~1.5 min a run,
+#      so 2 runs a call; the next call BATCH_ALT_FROM=3 BATCH_ALT=1 for new prompts)
 #      and the control, old default vs new, in a call of its own:
 #      OUT=$OUT DEV=.devscripts BATCH_ALT=2 BATCH_ALT_OLD=1 benchmarks/hop_cost.sh batchalt   (~7-9 min)
 #   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
@@ -312,7 +315,9 @@ print(n)' $LOGS/alt-out.jsonl)
     log "batchalt $2 (${3:-no -c}): exit $rc, $(grep -c '"status_code": *200' $LOGS/alt-out.jsonl || true)/$n answered 200, $tok tokens, wall $wall s: $bt tok/s; $(grep -m1 -o 'concurrency [0-9]*' $LOGS/alt-$2.txt)"
   }
   log "batchalt: ${BATCH_ALT:-3} runs; $n prompts of 128 words, $TOKENS tokens; max_running $mr; the server's scheduler: $(grep -aoE 'max_num_batched_tokens=[0-9]+' $LOGS/vllama*.log | head -1)"
-  for i in $(seq "${BATCH_ALT:-3}"); do
+  first=${BATCH_ALT_FROM:-1}  # a later call goes on with new prompts: BATCH_ALT_FROM=3 after a call of 2 runs
+  sbt=$(grep -aoE 'max_num_batched_tokens=[0-9]+' $LOGS/vllama*.log | head -1 | cut -d= -f2)
+  for i in $(seq "$first" $(( first + ${BATCH_ALT:-3} - 1 ))); do
     report prompts "$n" $LOGS/alt-$i.jsonl --words 128 --tokens "$TOKENS" --model $SERVED --seed $(( 300 + i ))
     s=$(report first $B ollama --model $SERVED --timeout 590)
     log "run $i: vllama answers (after $s s; state $(state)); GPU before batch: $(gpu_state)"
@@ -331,6 +336,15 @@ print(n)' $LOGS/alt-out.jsonl)
     o=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_tok_s"])' $LOGS/offline-$i.json 2>/dev/null || echo 0)
     log "run $i: offline $(cat $LOGS/offline-$i.json 2>/dev/null | tr -d '\n ')"
     log "run $i: vllama batch / offline = $(awk "BEGIN{printf \"%.3f\", $b / ($o > 0 ? $o : 1)}")${bo:+; old default / offline = $(awk "BEGIN{printf \"%.3f\", $bo / ($o > 0 ? $o : 1)}")}"
+    if [ "${OFFLINE_MATCH:-0}" = 1 ] && [ -n "$sbt" ]; then  # the control: offline with the server's scheduler limits
+      page_cache
+      VLLM_CACHE_ROOT=$LOGS/cache-offline python3 benchmarks/offline_generate.py "$MODEL" $LOGS/alt-$i.jsonl \
+        --max-num-batched-tokens "$sbt" --max-num-seqs "$mr" --json $LOGS/offline-m-$i.json > $LOGS/offline-m-$i.log 2>&1 \
+        || tail -20 $LOGS/offline-m-$i.log | say
+      om=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_tok_s"])' $LOGS/offline-m-$i.json 2>/dev/null || echo 0)
+      log "run $i: offline with the server's limits $(cat $LOGS/offline-m-$i.json 2>/dev/null | tr -d '\n ')"
+      log "run $i: vllama batch / offline with the server's limits = $(awk "BEGIN{printf \"%.3f\", $b / ($om > 0 ? $om : 1)}")"
+    fi
   done
   ;;
 batchvar|batchfo)

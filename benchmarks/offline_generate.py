@@ -3,11 +3,12 @@
 ``hop_cost.sh``'s batch phase (issue 28).
 
 Usage: offline_generate.py MODEL BATCH.jsonl [--gpu-memory-utilization 0.85] [--max-model-len 4096]
-                           [--json OUT]
+                           [--max-num-batched-tokens N] [--max-num-seqs N] [--json OUT]
 
 Reads each line's ``body.prompt`` and ``max_tokens`` (``/v1/completions`` lines, as
 ``hop_report.py prompts`` writes them), builds one ``LLM`` with the same GPU share and context
-as the served model (vLLM's other defaults: those of its offline entry point), and times one
+as the served model (vLLM's other defaults: those of its offline entry point, unless the scheduler's
+two limits are given: a control with the server's own, issue 42), and times one
 ``generate`` call over all prompts (``ignore_eos``, temperature 0). Prints and writes: prompts,
 completed, output tokens, load seconds, generate seconds, output tokens/s.
 """
@@ -25,6 +26,8 @@ def main() -> None:
     ap.add_argument("batch")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: vLLM's offline default")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="default: vLLM's offline default")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     prompts, max_tokens = [], 128
@@ -37,7 +40,10 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     t0 = time.monotonic()
-    llm = LLM(model=args.model, gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
+    limits = {k: v for k, v in (("max_num_batched_tokens", args.max_num_batched_tokens),
+                                ("max_num_seqs", args.max_num_seqs)) if v}
+    llm = LLM(model=args.model, gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+              **limits)
     load = time.monotonic() - t0
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
     t1 = time.monotonic()
