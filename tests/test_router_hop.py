@@ -68,3 +68,11 @@ def test_loadgen_counts_a_node_whose_command_ends_with_its_vllm_executable_as_vl
     assert loadgen._kind("python -m vllama_proxy serve --model m --vllm-executable /x/tests/bin/vllm") == "vllama"
     assert loadgen._kind("python -m vllama_proxy serve --upstream http://r:30000") == "vllama_front"
     assert loadgen._kind("/x/tests/bin/vllm serve m --port 8000") == "vllm_api"
+
+
+def test_router_hop_quantiles_are_quantiles():
+    """Its p50/p90/p99 were loadgen.percentile(xs, 0.5): the 0.5th percentile (that function takes percent)."""
+    import router_hop
+
+    xs = [float(x) for x in range(101)]
+    assert (router_hop.quantile(xs, 0.5), router_hop.quantile(xs, 0.9), router_hop.quantile(xs, 0.99)) == (50.0, 90.0, 99.0)
