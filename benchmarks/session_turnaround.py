@@ -32,6 +32,7 @@ each, and each path minus ``--baseline`` over the paired blocks (median, 95 % bo
     PYTHONPATH=$PWD .venv/bin/python benchmarks/session_turnaround.py [--paths rr,sll,front-rr,front-on,front-off]
         [--workers 2] [--streams 32] [--requests 0 (4 x streams)] [--tokens 32] [--token-delay 0.02]
         [--blocks 4] [--front-workers 1] [--baseline front-rr] [--json PATH]
+        [--base-root DIR --paths front-on@base,front-on,...]   (a front of another checkout, e.g. main, paired)
 
 The same question asked of a GPU run's logs (``benchmarks/fleet.sh throughput``: the fronts' and the nodes'
 access logs, ``front*.log[.gz]`` and ``a.log[.gz]``, ``b``, ... in DIR): per run, the requests in flight at the front
@@ -42,9 +43,10 @@ connect whose SYN was dropped waits 1 s, then 2 s more), and how bursty the node
     python benchmarks/session_turnaround.py --from-logs DIR
 
 Whether connects were dropped at a full listen queue (a burst of new connections: a run's first wave), while a
-run goes on: every 40 ms (plus the look's own time) each listening port's accept queue (``/proc/net/tcp*``, LISTEN: ``rx_queue``), its
+run goes on: every 100 ms (plus the look's own time) each listening port's accept queue (``/proc/net/tcp*``, LISTEN: ``rx_queue``), its
 backlog (``ss -ltn``: Send-Q) and the kernel's ``TcpExt`` ``ListenOverflows``/``ListenDrops``/``SyncookiesSent``
-counted over the watch (``/proc/net/netstat``; the whole network namespace)::
+counted over the watch (``/proc/net/netstat``; the whole network namespace), and the connections seen to each
+port (distinct remote ends: a pool's connections, new ones included); 0 seconds: until SIGTERM::
 
     python benchmarks/session_turnaround.py --listen-watch SECONDS --ports 30000,11501,11502
 
@@ -84,10 +86,15 @@ PATHS = {  # name: (router policy, front flags or None (no front), how the clien
 KINDS = ("router", "vllama_front", "vllm_api", "client")
 
 
-def start_front(router: str, flags: list[str], model: str, workers: int) -> tuple[str, subprocess.Popen[bytes]]:
-    """``vllama serve --upstream router`` with ``flags`` (this checkout's package: PYTHONPATH=ROOT)."""
+def kind(path: str) -> str:
+    """A path's kind: ``front-on@base`` is ``front-on`` with the front run from ``--base-root``'s checkout."""
+    return path.split("@", 1)[0]
+
+
+def start_front(router: str, flags: list[str], model: str, workers: int, root: str = ROOT) -> tuple[str, subprocess.Popen[bytes]]:
+    """``vllama serve --upstream router`` with ``flags`` (the package of the checkout at ``root``: PYTHONPATH)."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", VLLAMA_STATE_DIR=tempfile.mkdtemp(prefix="turnaround-"))
+    env = dict(os.environ, PYTHONPATH=root, HF_HUB_OFFLINE="1", VLLAMA_STATE_DIR=tempfile.mkdtemp(prefix="turnaround-"))
     p = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", router, "--port", str(port),
                           "--workers", str(workers), "--log-level", "warning", *flags],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -157,7 +164,7 @@ def router_clients(pid: int, port: int) -> set[int]:
 
 async def block(session: aiohttp.ClientSession, path: str, target: str, workers: list[str], args: argparse.Namespace,
                 seed: int, pids: dict[str, list[int]], router: tuple[int, int]) -> dict[str, Any]:
-    how = PATHS[path][2]
+    how = PATHS[kind(path)][2]
     n, streams = args.requests, args.streams
     for w in workers:
         await session.delete(w + "/_fake/requests")
@@ -322,6 +329,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-words", type=int, default=64)
     p.add_argument("--blocks", type=int, default=4, help="rounds; each runs every path once, the order rotating")
     p.add_argument("--front-workers", type=int, default=1, help="each front's --workers")
+    p.add_argument("--base-root", default=None, help="another checkout (e.g. `git archive main | tar -x -C DIR`): "
+                   "a path named KIND@base runs its front from there, paired with this checkout's")
     p.add_argument("--baseline", default="front-rr", help="the path the others are paired against")
     p.add_argument("--model", default="m")
     p.add_argument("--json", default=None)
@@ -331,9 +340,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ports", default="", help="with --listen-watch: listening ports, comma-separated")
     a = p.parse_args(argv)
     a.requests = a.requests or 4 * a.streams
-    unknown = set(a.paths.split(",")) - set(PATHS)
+    unknown = {kind(x) for x in a.paths.split(",")} - set(PATHS)
     if unknown:
         p.error(f"unknown paths {sorted(unknown)}")
+    if any(x.endswith("@base") for x in a.paths.split(",")) and not a.base_root:
+        p.error("a path@base needs --base-root")
     return a
 
 
@@ -346,17 +357,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         workers, standins = start_standins(args.workers, args.token_delay, args.model)
         procs += standins
         routers: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
-        for policy in sorted({PATHS[p][0] for p in paths}):
+        for policy in sorted({PATHS[kind(p)][0] for p in paths}):
             routers[policy] = start_router(workers, policy, [])
             procs.append(routers[policy][1])
         targets: dict[str, str] = {}
         fronts: list[subprocess.Popen[bytes]] = []
         for p in paths:
-            policy, flags, _ = PATHS[p]
+            policy, flags, _ = PATHS[kind(p)]
             if flags is None:
                 targets[p] = routers[policy][0]
             else:
-                targets[p], fp = start_front(routers[policy][0], flags, args.model, args.front_workers)
+                root = args.base_root if p.endswith("@base") else ROOT
+                targets[p], fp = start_front(routers[policy][0], flags, args.model, args.front_workers, root)
                 procs.append(fp)
                 fronts.append(fp)
         pids = {"vllm_api": [p.pid for p in standins], "router": [r[1].pid for r in routers.values()],
@@ -364,13 +376,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         blocks: list[dict[str, dict[str, Any]]] = []
         async with make_session() as session:
             for p in paths:  # warm every path's connections
-                await asyncio.gather(*(one(session, targets[p], PATHS[p][2], args.model, f"w{p}{i}", args, set())
+                await asyncio.gather(*(one(session, targets[p], PATHS[kind(p)][2], args.model, f"w{p}{i}", args, set())
                                        for i in range(4)))
             for b in range(args.blocks):
                 order = paths[b % len(paths):] + paths[:b % len(paths)]
                 pair: dict[str, dict[str, Any]] = {}
                 for p in order:
-                    url, rp = routers[PATHS[p][0]]
+                    url, rp = routers[PATHS[kind(p)][0]]
                     pair[p] = await block(session, p, targets[p], workers, args, b * 100 + paths.index(p), pids,
                                           (rp.pid, int(url.rsplit(":", 1)[1])))
                     r = pair[p]
@@ -483,8 +495,9 @@ def from_logs(folder: str, step: float = 0.005) -> str:
     return "\n".join(lines)
 
 
-def _listen_queues(ports: set[int]) -> dict[int, int]:
-    """Each listening socket's accept queue now, summed per local port (SO_REUSEPORT: one socket per worker)."""
+def _listen_queues(ports: set[int], peers: dict[int, set[tuple[str, str]]]) -> dict[int, int]:
+    """Each listening socket's accept queue now, summed per local port (SO_REUSEPORT: one socket per worker);
+    the remote ends of the established connections to each port are added to ``peers``."""
     out: dict[int, int] = {}
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -492,11 +505,13 @@ def _listen_queues(ports: set[int]) -> dict[int, int]:
                 next(f)
                 for line in f:
                     parts = line.split()
-                    if parts[3] != "0A":  # TCP_LISTEN
-                        continue
                     port = int(parts[1].rsplit(":", 1)[1], 16)
-                    if port in ports:
+                    if port not in ports:
+                        continue
+                    if parts[3] == "0A":  # TCP_LISTEN: rx_queue is the accept queue
                         out[port] = out.get(port, 0) + int(parts[4].split(":")[1], 16)
+                    elif parts[3] == "01":  # ESTABLISHED
+                        peers.setdefault(port, set()).add((name, parts[2]))
         except OSError:
             pass
     return out
@@ -509,7 +524,12 @@ def _tcp_ext() -> dict[str, int]:
 
 
 def listen_watch(seconds: float, ports: set[int]) -> str:
-    """``--listen-watch``: the most connections each port's listen queue held, its backlog, the drops counted."""
+    """``--listen-watch``: the most connections each port's listen queue held, its backlog, the connections to
+    it seen (distinct remote ends), the drops counted; ``seconds`` <= 0: until SIGTERM."""
+    import signal
+
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     backlog: dict[int, list[int]] = {}
     try:
         ss = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, timeout=5).stdout
@@ -521,17 +541,18 @@ def listen_watch(seconds: float, ports: set[int]) -> str:
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         pass
     before, most, t0 = _tcp_ext(), {p: 0 for p in ports}, time.monotonic()
-    samples = 0
-    while time.monotonic() - t0 < seconds:
-        for port, q in _listen_queues(ports).items():
+    samples, peers = 0, {}
+    while not stop[0] and (seconds <= 0 or time.monotonic() - t0 < seconds):
+        for port, q in _listen_queues(ports, peers).items():
             most[port] = max(most[port], q)
         samples += 1
-        time.sleep(0.04)
+        time.sleep(0.1)
     after = _tcp_ext()
     drops = {k: after.get(k, 0) - before.get(k, 0) for k in ("ListenOverflows", "ListenDrops", "SyncookiesSent", "TCPReqQFullDrop",
                                                              "TCPReqQFullDoCookies")}
-    return (f"listen queues over {seconds:.0f} s ({samples} looks): "
-            + ", ".join(f":{p} most {most[p]} (backlog {backlog.get(p, '?')})" for p in sorted(ports))
+    return (f"listen queues over {time.monotonic() - t0:.0f} s ({samples} looks): "
+            + ", ".join(f":{p} most {most[p]} (backlog {backlog.get(p, '?')}, {len(peers.get(p, ()))} connections seen)"
+                        for p in sorted(ports))
             + f"; TcpExt over the watch: {drops}")
 
 
