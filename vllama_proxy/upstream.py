@@ -14,6 +14,12 @@ once more on a fresh connection (RFC 9112 section 9.3.1 allows retrying a reques
 connection closed before its answer began; aiohttp does it only for idempotent methods,
 and every vLLM generation is a POST). Issue 12 lost 2 of 4,096 requests this way.
 
+A router's control calls (:meth:`Upstream.answer`: vllm-router's ``/finish_session`` after each request
+under ``--request-sessions``, ``/add_worker``, ``/remove_worker``) go on a few kept-alive connections of
+their own (:data:`CONTROL_CONNECTIONS`), not the requests' pool: at a wave of answers ending together each
+release found no idle connection (the answers' own were still waiting for their body's end) and opened one,
+so the front's pool to the router grew by half and every wave was a burst of connects (issue 43).
+
 A streamed body's idle-read timeout is :class:`BodyWatch`'s, not aiohttp's ``sock_read``: aiohttp
 re-arms a timer on every read (a few µs of each streamed token's CPU, issue 42); the watch looks
 at the bytes received a few times per timeout instead.
@@ -119,6 +125,10 @@ def encode_json(obj: Any) -> bytes:
         raise BadRequest(f"request is nested too deeply to forward: {e}") from None
 _DONE = b"[DONE]"
 
+#: Kept-alive connections per process for :meth:`Upstream.answer`'s control calls; more wait for one
+#: (vllm-router answers ``/finish_session`` in about a millisecond: 16 carry thousands a second).
+CONTROL_CONNECTIONS = 16
+
 
 class Upstream:
     """Client of one vLLM server at ``base_url`` (``http://127.0.0.1:8000``, no ``/v1``).
@@ -143,6 +153,7 @@ class Upstream:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # one connection per request: the retry's
+        self._control: aiohttp.ClientSession | None = None  # answer()'s few kept-alive connections
         self._pool: Upstream | None = None  # set by at(): whose session this client uses
         self._ending: set[asyncio.Task[None]] = set()  # connections waiting for their body's end
 
@@ -155,6 +166,7 @@ class Upstream:
         other._headers = self._headers
         other._session = None
         other._fresh = None
+        other._control = None
         other._pool = self
         other._ending = self._ending
         return other
@@ -175,15 +187,18 @@ class Upstream:
             **common,
         )
         self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True), **common)
+        self._control = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=CONTROL_CONNECTIONS, keepalive_timeout=idle_lifetime()),
+            trace_configs=[reuse], **common)
 
     async def close(self) -> None:
-        """Close the session and every pooled connection."""
+        """Close the sessions and every pooled connection."""
         for task in list(self._ending):
             task.cancel()
-        for session in (self._session, self._fresh):
+        for session in (self._session, self._fresh, self._control):
             if session is not None:
                 await session.close()
-        self._session = self._fresh = None
+        self._session = self._fresh = self._control = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -191,12 +206,20 @@ class Upstream:
         assert session is not None, "Upstream.start() was not called"
         return session
 
-    async def _send(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        """One request; once more on a fresh connection if a pooled one was closed before the answer began."""
+    @property
+    def _control_session(self) -> aiohttp.ClientSession:
+        session = self._pool._control if self._pool is not None else self._control
+        assert session is not None, "Upstream.start() was not called"
+        return session
+
+    async def _send(self, method: str, url: str, control: bool = False, **kwargs: Any) -> aiohttp.ClientResponse:
+        """One request (``control``: on :meth:`answer`'s own connections); once more on a fresh connection if
+        a pooled one was closed before the answer began."""
         attempt = _Attempt()
         sent = time.monotonic()
         try:
-            return await self.session.request(method, url, trace_request_ctx=attempt, **kwargs)
+            session = self._control_session if control else self.session
+            return await session.request(method, url, trace_request_ctx=attempt, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if not attempt.reused or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > _STALE_WITHIN_S:
                 raise
@@ -215,13 +238,15 @@ class Upstream:
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         check: bool = True,
+        control: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send one request and yield the open response (its body not read yet).
 
         Leaving the block early (client disconnect cancels the handler) closes the
         connection instead of returning it to the pool, which makes vLLM abort the request.
         Leaving it normally before the body's end (a reader that stopped at ``[DONE]``) pools
-        the connection once the end arrives, without waiting for it here.
+        the connection once the end arrives, without waiting for it here. ``control``: on the few
+        connections of :meth:`answer` (:data:`CONTROL_CONNECTIONS`), waiting for one while all are busy.
 
         Raises:
             UpstreamRejected: ``check`` and vLLM answered 4xx/5xx (its message and status).
@@ -229,7 +254,7 @@ class Upstream:
             UpstreamTimeout: connect or idle-read timeout.
         """
         with mapped_errors(self.base_url):
-            resp = await self._send(method, self.base_url + path, data=body, headers=headers or _JSON, params=params)
+            resp = await self._send(method, self.base_url + path, control, data=body, headers=headers or _JSON, params=params)
             if check and resp.status >= 400:
                 try:
                     raise UpstreamRejected(error_message(await resp.read(), f"vLLM answered HTTP {resp.status}"), resp.status)
@@ -262,12 +287,14 @@ class Upstream:
 
     async def answer(self, method: str, path: str, params: Mapping[str, str]) -> tuple[int, str]:
         """``(status, the answer's text)`` of ``method path?params``, whatever the status (a router's
-        ``/add_worker``, ``/remove_worker``, ``/finish_session``: the caller reads its refusal).
+        ``/add_worker``, ``/remove_worker``, ``/finish_session``: the caller reads its refusal), on this
+        process's :data:`CONTROL_CONNECTIONS` kept-alive connections of their own, so that a burst of them
+        neither opens a connection each nor takes the requests' (issue 43).
 
         Raises:
             UpstreamUnavailable, UpstreamTimeout: as :meth:`request`.
         """
-        async with self.request(method, path, params=params, check=False) as resp:
+        async with self.request(method, path, params=params, check=False, control=True) as resp:
             return resp.status, (await read_response(resp)).decode("utf-8", "replace")
 
     async def post_json(self, path: str, payload: Any) -> Any:
