@@ -20,6 +20,12 @@ their own (:data:`CONTROL_CONNECTIONS`), not the requests' pool: at a wave of an
 release found no idle connection (the answers' own were still waiting for their body's end) and opened one,
 so the front's pool to the router grew by half and every wave was a burst of connects (issue 43).
 
+A connect not answered within :data:`CONNECT_TRY_S` is tried again on a new socket, each try allowed twice
+the last one's time, until ``connect_timeout``: a server whose listen queue is full drops the SYN, and Linux
+sends it again only after 1 s, then 3 s (vllm-router 0.1.17 listens with a backlog of 128; a front opening
+~1,000 connections to it at once had 430-917 of its first 1,024 requests wait 1-3 s, issue 43). A slow link
+costs a few short tries: a 0.3 s round trip connects on the second.
+
 A streamed body's idle-read timeout is :class:`BodyWatch`'s, not aiohttp's ``sock_read``: aiohttp
 re-arms a timer on every read (a few µs of each streamed token's CPU, issue 42); the watch looks
 at the bytes received a few times per timeout instead.
@@ -125,6 +131,9 @@ def encode_json(obj: Any) -> bytes:
         raise BadRequest(f"request is nested too deeply to forward: {e}") from None
 _DONE = b"[DONE]"
 
+#: Seconds the first try of a TCP connect is given (then 2x, 4x ... up to ``connect_timeout`` in all).
+CONNECT_TRY_S = 0.2
+
 #: Kept-alive connections per process for :meth:`Upstream.answer`'s control calls; more wait for one
 #: (vllm-router answers ``/finish_session`` in about a millisecond: 16 carry thousands a second).
 CONTROL_CONNECTIONS = 16
@@ -149,7 +158,7 @@ class Upstream:
         api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=CONNECT_TRY_S, sock_read=read_timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # one connection per request: the retry's
@@ -219,14 +228,38 @@ class Upstream:
         sent = time.monotonic()
         try:
             session = self._control_session if control else self.session
-            return await session.request(method, url, trace_request_ctx=attempt, **kwargs)
+            return await self._connecting(session, method, url, trace_request_ctx=attempt, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if not attempt.reused or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > _STALE_WITHIN_S:
                 raise
             log.info("upstream_retry", url=url, error=type(e).__name__, why="a pooled connection was closed before the answer began")
         owner = self._pool or self
         assert owner._fresh is not None
-        return await owner._fresh.request(method, url, **kwargs)
+        return await self._connecting(owner._fresh, method, url, **kwargs)
+
+    async def _connecting(self, session: aiohttp.ClientSession, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """``session.request``, its TCP connect tried again on a new socket when not answered in time: within
+        :data:`CONNECT_TRY_S` (the sessions' own ``sock_connect``), then twice that, and so on, until
+        ``connect_timeout`` in all (a dropped SYN is otherwise sent again by the kernel only after 1 s)."""
+        try:
+            return await session.request(method, url, **kwargs)
+        except aiohttp.ConnectionTimeoutError as e:
+            last = e
+        budget = self._timeout.connect or 0.0
+        started, wait = time.monotonic() - CONNECT_TRY_S, CONNECT_TRY_S
+        while (left := budget - (time.monotonic() - started)) > 0:
+            wait *= 2
+            try:
+                return await session.request(method, url, timeout=self._timeout_with(sock_connect=min(wait, left), connect=left),
+                                             **kwargs)
+            except aiohttp.ConnectionTimeoutError as e:
+                last = e
+        raise last
+
+    def _timeout_with(self, **changes: float | None) -> aiohttp.ClientTimeout:
+        t = self._timeout
+        return aiohttp.ClientTimeout(**{"total": t.total, "connect": t.connect, "sock_connect": t.sock_connect,
+                                        "sock_read": t.sock_read, **changes})
 
     @asynccontextmanager
     async def request(
