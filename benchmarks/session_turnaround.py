@@ -50,6 +50,14 @@ port (distinct remote ends: a pool's connections, new ones included); 0 seconds:
 
     python benchmarks/session_turnaround.py --listen-watch SECONDS --ports 30000,11501,11502
 
+A fresh ``vllm-router`` (no workers) met by a burst of first requests as a front's workers send them at a run's
+start: PROCS processes, each opening its own connections with vllama's ``Upstream`` and sending N / PROCS
+``GET /list_workers`` at one instant; per checkout (this one, and ``--base-root``'s first when given), how many
+were answered after 0.9 s (a SYN dropped at the router's full listen queue waits 1 s for the kernel), the
+kernel's ``ListenOverflows`` over the burst, the router's backlog::
+
+    python benchmarks/session_turnaround.py --connect-burst 1024 --procs 8 [--base-root DIR]
+
 Units: ms for times, ms of CPU per request, tokens per second.
 """
 
@@ -338,6 +346,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--listen-watch", metavar="SECONDS", type=float, default=None,
                    help="only watch the listen queues of --ports for SECONDS (beside a run)")
     p.add_argument("--ports", default="", help="with --listen-watch: listening ports, comma-separated")
+    p.add_argument("--connect-burst", metavar="N", type=int, default=None,
+                   help="only send N first requests at once to a fresh vllm-router from --procs processes")
+    p.add_argument("--procs", type=int, default=8, help="with --connect-burst: processes (a front's workers)")
     a = p.parse_args(argv)
     a.requests = a.requests or 4 * a.streams
     unknown = {kind(x) for x in a.paths.split(",")} - set(PATHS)
@@ -556,6 +567,52 @@ def listen_watch(seconds: float, ports: set[int]) -> str:
             + f"; TcpExt over the watch: {drops}")
 
 
+_BURST = """
+import asyncio, sys, time
+root, url, n, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+sys.path.insert(0, root)
+from vllama_proxy.upstream import Upstream
+async def main():
+    up = Upstream(url)
+    await up.start()
+    await asyncio.sleep(max(0.0, start - time.time()))
+    t0 = time.monotonic()
+    async def one():
+        await up.get_json("/list_workers")
+        return time.monotonic() - t0
+    print(*await asyncio.gather(*(one() for _ in range(n))))
+    await up.close()
+asyncio.run(main())
+"""
+
+
+def connect_burst(n: int, procs: int, roots: list[str]) -> str:
+    """``--connect-burst``: per checkout, a fresh router and ``procs`` processes sending ``n`` requests at once."""
+    exe = os.path.join(os.path.dirname(sys.executable), "vllm-router")
+    lines = []
+    for root in roots:
+        port, pport = free_port(), free_port()
+        router = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(pport),
+                                   "--policy", "round_robin"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/liveness", router)
+            ss = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.split()
+            start = time.time() + 2.0  # every process imports and connects nothing before this instant
+            workers = [subprocess.Popen([sys.executable, "-c", _BURST, root, f"http://127.0.0.1:{port}", str(n // procs), str(start)],
+                                        stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+            before = _tcp_ext()
+            took = sorted(float(x) for w in workers for x in w.communicate(timeout=120)[0].split())
+            overflows = _tcp_ext().get("ListenOverflows", 0) - before.get("ListenOverflows", 0)
+        finally:
+            router.terminate()
+            router.wait(10)
+        lines.append(f"{root}: {len(took)} requests from {procs} processes at once to a fresh vllm-router (backlog "
+                     f"{ss[2] if len(ss) > 2 else '?'}): {sum(t > 0.9 for t in took)} answered after 0.9 s; p50 "
+                     f"{percentile(took, 50):.2f} s, p90 {percentile(took, 90):.2f} s, max {took[-1]:.2f} s; "
+                     f"ListenOverflows +{overflows} (the whole host)")
+    return "\n".join(lines)
+
+
 def _fmt(x: Any) -> str:
     return f"{x:.1f}" if isinstance(x, float) else str(x)
 
@@ -564,6 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_logs:
         print(from_logs(args.from_logs))
+        return 0
+    if args.connect_burst:
+        print(connect_burst(args.connect_burst, args.procs, ([args.base_root] if args.base_root else []) + [ROOT]))
         return 0
     if args.listen_watch:
         print(listen_watch(args.listen_watch, {int(p) for p in args.ports.split(",") if p}), flush=True)
