@@ -17,8 +17,9 @@ and every vLLM generation is a POST). Issue 12 lost 2 of 4,096 requests this way
 A router's control calls (:meth:`Upstream.answer`: vllm-router's ``/finish_session`` after each request
 under ``--request-sessions``, ``/add_worker``, ``/remove_worker``) go on a few kept-alive connections of
 their own (:data:`CONTROL_CONNECTIONS`), not the requests' pool: at a wave of answers ending together each
-release found no idle connection (the answers' own were still waiting for their body's end) and opened one,
-so the front's pool to the router grew by half and every wave was a burst of connects (issue 43).
+release found no idle connection (the answers' own were still waiting for their body's end) and opened one:
+a burst of connects at a router whose listen queue holds 128, and a pool a quarter larger (81 against 65
+connections per 512 requests of 64 streams on the 2-core VM, issue 43).
 
 A connect not answered within :data:`CONNECT_TRY_S` is tried again on a new socket, each try allowed twice
 the last one's time, until ``connect_timeout``: a server whose listen queue is full drops the SYN, and Linux
