@@ -394,12 +394,12 @@ EOF
     # after 1 s (issue 43: 208-585 of the 1,024 first requests waited 1-3 s between front and nodes)
     local ports="$PF,$PF2,$PR" i; for i in $(seq 0 $((NODES - 1))); do ports="$ports,$((PA + i)),$((VA + i))"; done
     python3 benchmarks/session_turnaround.py --listen-watch 0 --ports "$ports" > "$OUT/listen-$1.txt" 2>&1 &
-    local watcher=$!
+    local watcher=$! w; for w in $(seq 100); do [ -s "$OUT/listen-$1.txt" ] && break; sleep 0.1; done  # its SIGTERM handler set
     pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=ollama-chat:${2:-$FRONT}" --model $SERVED --levels "$STREAMS" --cpu-by-kind \
       --requests-per-level "$REQUESTS" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
       --procs "${LOADGEN_PROCS:-4}" --seed "$(cksum <<< "$1" | cut -c1-6)" --raise-nofile --json "$OUT/throughput-$1.json" > "$LOGS/throughput-$1.txt" 2>&1
     kill -TERM $sampler $watcher; wait $sampler $watcher
-    cp "$LOGS/load-$1.json" "$OUT/"; echo "    $(cat "$OUT/listen-$1.txt")" | tee -a "$OUT/summary.txt"
+    cp "$LOGS/load-$1.json" "$OUT/"; echo "    $(tail -1 "$OUT/listen-$1.txt")" | tee -a "$OUT/summary.txt"
     python3 - "$OUT/throughput-$1.json" "$1" "$LOGS/load-$1.json" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, statistics, sys
 r = json.load(open(sys.argv[1]))["levels"][0]["runs"][0]

@@ -541,6 +541,7 @@ def listen_watch(seconds: float, ports: set[int]) -> str:
 
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    print(f"watching the listen queues of {sorted(ports)}", flush=True)  # a caller may wait for this line
     backlog: dict[int, list[int]] = {}
     try:
         ss = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, timeout=5).stdout
@@ -622,10 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_logs:
         print(from_logs(args.from_logs))
         return 0
-    if args.connect_burst:
+    if args.connect_burst is not None:
         print(connect_burst(args.connect_burst, args.procs, ([args.base_root] if args.base_root else []) + [ROOT]))
         return 0
-    if args.listen_watch:
+    if args.listen_watch is not None:  # 0: until SIGTERM
         print(listen_watch(args.listen_watch, {int(p) for p in args.ports.split(",") if p}), flush=True)
         return 0
     out = asyncio.run(main_async(args))
