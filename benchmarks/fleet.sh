@@ -48,7 +48,9 @@
 #             system prompt go under one-request keys released at the router: placed by requests in flight) in
 #             turn, THROUGHPUT_ROUNDS (1) times; each engine's requests answered and its running/waiting
 #             sampled every second (p50/max per engine: a node falling behind shows as waiting);
-#             one and dpN: against the node; $OUT/throughput-$TOPOLOGY[NODES-CONFIG-rN].json, load-*.json
+#             one and dpN: against the node; $OUT/throughput-$TOPOLOGY[NODES-CONFIG-rN].json, load-*.json; beside each run
+#             the listen queues of the fronts, router, nodes and vLLMs, the connections seen to each and the kernel's
+#             listen overflows and drops (benchmarks/session_turnaround.py --listen-watch): listen-*.txt
 #   hop       fleet, issue 43's hop: the router restarted on round_robin, then in HOP_ROUNDS (2) alternating rounds the
 #             throughput workload (3 x STREAMS requests) five ways: node a's vLLM alone at STREAMS/NODES (alone), NODES
 #             loadgens at once each straight at one node's vLLM (vllm) or its vllama's /v1 (node), one at the router
@@ -388,11 +390,16 @@ while True:
     time.sleep(1)
 EOF
     local sampler=$!
+    # the first wave opens ~STREAMS connections at once: a listen queue that overflows drops connects, retried
+    # after 1 s (issue 43: 208-585 of the 1,024 first requests waited 1-3 s between front and nodes)
+    local ports="$PF,$PF2,$PR" i; for i in $(seq 0 $((NODES - 1))); do ports="$ports,$((PA + i)),$((VA + i))"; done
+    python3 benchmarks/session_turnaround.py --listen-watch 0 --ports "$ports" > "$OUT/listen-$1.txt" 2>&1 &
+    local watcher=$! w; for w in $(seq 100); do [ -s "$OUT/listen-$1.txt" ] && break; sleep 0.1; done  # its SIGTERM handler set
     pin rest 1; "${PIN[@]}" python3 benchmarks/loadgen.py --targets "x=ollama-chat:${2:-$FRONT}" --model $SERVED --levels "$STREAMS" --cpu-by-kind \
       --requests-per-level "$REQUESTS" --prompt-words "$PROMPT_WORDS" --output-tokens "$TOKENS_T" --no-check-tokens \
       --procs "${LOADGEN_PROCS:-4}" --seed "$(cksum <<< "$1" | cut -c1-6)" --raise-nofile --json "$OUT/throughput-$1.json" > "$LOGS/throughput-$1.txt" 2>&1
-    kill -TERM $sampler; wait $sampler
-    cp "$LOGS/load-$1.json" "$OUT/"
+    kill -TERM $sampler $watcher; wait $sampler $watcher
+    cp "$LOGS/load-$1.json" "$OUT/"; echo "    $(tail -1 "$OUT/listen-$1.txt")" | tee -a "$OUT/summary.txt"
     python3 - "$OUT/throughput-$1.json" "$1" "$LOGS/load-$1.json" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, statistics, sys
 r = json.load(open(sys.argv[1]))["levels"][0]["runs"][0]

@@ -135,7 +135,9 @@ the client leaves), ``[[fault:slow]]`` (0.2 s per token), ``[[fault:nullevent]]`
 A generation request while asleep fails with 500 (counted as ``while_asleep`` in the stats): the
 proxy must wake a model before using it.
 
-Test hooks: ``GET/DELETE /_fake/requests``, ``GET /_fake/stats``
+Test hooks: ``GET/DELETE /_fake/requests`` (each ``/v1/*`` request's method, path, body, headers and
+``arrived``: ``time.monotonic()`` when its headers were read, one clock for every process of the
+machine), ``GET /_fake/stats``
 (``{"started", "completed", "aborted", "failed", "in_flight", "while_asleep", ...}``).
 """
 
@@ -1384,6 +1386,7 @@ async def record_and_auth(request: web.Request, handler):
         exc = request.match_info.http_exception
         return json_response({"detail": exc.reason}, status=exc.status)
     if request.path.startswith("/v1/"):
+        arrived = time.monotonic()  # the request's headers read: CLOCK_MONOTONIC, one clock for every process
         if state.api_key is not None and \
                 request.headers.get("Authorization") != f"Bearer {state.api_key}":
             return json_response({"error": "Unauthorized"}, status=401)
@@ -1396,6 +1399,7 @@ async def record_and_auth(request: web.Request, handler):
             "path": request.path,
             "body": body if ok else raw.decode("utf-8", "replace"),
             "headers": {str(k): v for k, v in request.headers.items()},
+            "arrived": arrived,
         })
     return await handler(request)
 

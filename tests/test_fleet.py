@@ -473,6 +473,51 @@ async def test_releases_are_bounded_when_the_router_hangs():
         await runner.cleanup()
 
 
+async def test_releases_keep_a_few_connections_of_their_own():
+    """A wave of answers ending together (issue 43: closed-loop streams placed evenly by load end in step) sends
+    a wave of releases: each took the requests' pool and, finding no idle connection there (the answers' own
+    still waited for their body's end), opened one, so every wave was a burst of connects to a router whose
+    listen queue holds 128 (vllm-router 0.1.17). They go on at most 16 kept-alive connections of their own,
+    waiting for one, and none is lost."""
+    import asyncio
+
+    from aiohttp import web
+
+    from vllama_proxy.api.router_sessions import SessionRelease
+    from vllama_proxy.upstream import Upstream
+
+    ports: set[int] = set()
+    seen: list[str] = []
+    first = asyncio.Event()
+
+    async def finish_session(request: web.Request) -> web.Response:
+        ports.add(request.transport.get_extra_info("peername")[1])
+        seen.append(request.query["session_id"])
+        if len(seen) >= 16:
+            first.set()
+        await asyncio.wait_for(first.wait(), 10)  # the first ones answer once 16 are in: a burst at once
+        return web.json_response({"status": "ok", "session_id": request.query["session_id"]})
+
+    app = web.Application()
+    app.router.add_post("/finish_session", finish_session)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    upstream = Upstream(f"http://127.0.0.1:{port}")
+    await upstream.start()
+    try:
+        releases = SessionRelease()
+        for i in range(64):
+            releases.release(upstream, f"r{i}")
+        await releases.close()
+        assert releases.released == 64 and releases.failed == 0 and sorted(seen) == sorted(f"r{i}" for i in range(64))
+        assert len(ports) <= 16, f"{len(ports)} connections opened for 64 releases"
+    finally:
+        await upstream.close()
+        await runner.cleanup()
+
+
 def test_request_sessions_off_where_no_router_reads_them(tmp_path, fleet, fake):
     """``--request-sessions on`` is overridden, with a warning, where no router can read the keys (issue 43
     review): a node (no ``--upstream``: vllama sends to its own vLLM, which would answer each release 404)

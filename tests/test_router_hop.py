@@ -68,3 +68,30 @@ def test_loadgen_counts_a_node_whose_command_ends_with_its_vllm_executable_as_vl
     assert loadgen._kind("python -m vllama_proxy serve --model m --vllm-executable /x/tests/bin/vllm") == "vllama"
     assert loadgen._kind("python -m vllama_proxy serve --upstream http://r:30000") == "vllama_front"
     assert loadgen._kind("/x/tests/bin/vllm serve m --port 8000") == "vllm_api"
+
+
+def test_router_hop_quantiles_are_quantiles():
+    """Its p50/p90/p99 were loadgen.percentile(xs, 0.5): the 0.5th percentile (that function takes percent)."""
+    import router_hop
+
+    xs = [float(x) for x in range(101)]
+    assert (router_hop.quantile(xs, 0.5), router_hop.quantile(xs, 0.9), router_hop.quantile(xs, 0.99)) == (50.0, 90.0, 99.0)
+
+
+def test_session_turnaround_benchmark_on_stand_ins(tmp_path):
+    """benchmarks/session_turnaround.py (issue 43): the stand-ins stamp each arrival, so every request is matched to
+    the stand-in that got it, and each stream's turnaround (its answer's end -> its next request at a stand-in) is
+    counted, through the router alone and through a front whose one-request keys the router places and releases."""
+    out = tmp_path / "t.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "session_turnaround.py"), "--paths", "rr,front-on",
+                        "--baseline", "rr", "--streams", "2", "--requests", "8", "--tokens", "4", "--token-delay", "0.01",
+                        "--blocks", "1", "--json", str(out)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for path in ("rr", "front-on"):
+        b = res["blocks"][0][path]
+        assert b["ok"] == b["matched"] == 8 and sum(b["per_worker"]) == 8
+        assert b["turnaround_p50"] is not None and b["turnaround_p50"] > 0  # 3 per stream: 6 measured
+        assert b["router_connections_seen"] >= 1
+    assert "front-on" in res["summary"]["minus_baseline"]

@@ -145,7 +145,8 @@ class Settings(BaseSettings):
     )
 
     # --- upstream connection -----------------------------------------------------
-    connect_timeout: float = Field(10.0, gt=0, description="Seconds to open a connection to vLLM.")
+    connect_timeout: float = Field(10.0, gt=0, description="Seconds to open a connection to vLLM (or the router), all tries "
+                                   "together: a try not answered within 0.2 s is made again on a new socket, each twice as long.")
     read_timeout: float = Field(
         600.0,
         gt=0,

@@ -14,6 +14,19 @@ once more on a fresh connection (RFC 9112 section 9.3.1 allows retrying a reques
 connection closed before its answer began; aiohttp does it only for idempotent methods,
 and every vLLM generation is a POST). Issue 12 lost 2 of 4,096 requests this way.
 
+A router's control calls (:meth:`Upstream.answer`: vllm-router's ``/finish_session`` after each request
+under ``--request-sessions``, ``/add_worker``, ``/remove_worker``) go on a few kept-alive connections of
+their own (:data:`CONTROL_CONNECTIONS`), not the requests' pool: at a wave of answers ending together each
+release found no idle connection (the answers' own were still waiting for their body's end) and opened one:
+a burst of connects at a router whose listen queue holds 128, and a pool a quarter larger (81 against 65
+connections per 512 requests of 64 streams on the 2-core VM, issue 43).
+
+A connect not answered within :data:`CONNECT_TRY_S` is tried again on a new socket, each try allowed twice
+the last one's time, until ``connect_timeout``: a server whose listen queue is full drops the SYN, and Linux
+sends it again only after 1 s, then 3 s (vllm-router 0.1.17 listens with a backlog of 128; a front opening
+~1,000 connections to it at once had 430-917 of its first 1,024 requests wait 1-3 s, issue 43). A slow link
+costs a few short tries: a 0.3 s round trip connects on the second.
+
 A streamed body's idle-read timeout is :class:`BodyWatch`'s, not aiohttp's ``sock_read``: aiohttp
 re-arms a timer on every read (a few µs of each streamed token's CPU, issue 42); the watch looks
 at the bytes received a few times per timeout instead.
@@ -119,6 +132,13 @@ def encode_json(obj: Any) -> bytes:
         raise BadRequest(f"request is nested too deeply to forward: {e}") from None
 _DONE = b"[DONE]"
 
+#: Seconds the first try of a TCP connect is given (then 2x, 4x ... up to ``connect_timeout`` in all).
+CONNECT_TRY_S = 0.2
+
+#: Kept-alive connections per process for :meth:`Upstream.answer`'s control calls; more wait for one
+#: (vllm-router answers ``/finish_session`` in about a millisecond: 16 carry thousands a second).
+CONTROL_CONNECTIONS = 16
+
 
 class Upstream:
     """Client of one vLLM server at ``base_url`` (``http://127.0.0.1:8000``, no ``/v1``).
@@ -139,10 +159,11 @@ class Upstream:
         api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=CONNECT_TRY_S, sock_read=read_timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # one connection per request: the retry's
+        self._control: aiohttp.ClientSession | None = None  # answer()'s few kept-alive connections
         self._pool: Upstream | None = None  # set by at(): whose session this client uses
         self._ending: set[asyncio.Task[None]] = set()  # connections waiting for their body's end
 
@@ -155,6 +176,7 @@ class Upstream:
         other._headers = self._headers
         other._session = None
         other._fresh = None
+        other._control = None
         other._pool = self
         other._ending = self._ending
         return other
@@ -175,15 +197,18 @@ class Upstream:
             **common,
         )
         self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True), **common)
+        self._control = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=CONTROL_CONNECTIONS, keepalive_timeout=idle_lifetime()),
+            trace_configs=[reuse], **common)
 
     async def close(self) -> None:
-        """Close the session and every pooled connection."""
+        """Close the sessions and every pooled connection."""
         for task in list(self._ending):
             task.cancel()
-        for session in (self._session, self._fresh):
+        for session in (self._session, self._fresh, self._control):
             if session is not None:
                 await session.close()
-        self._session = self._fresh = None
+        self._session = self._fresh = self._control = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -191,19 +216,51 @@ class Upstream:
         assert session is not None, "Upstream.start() was not called"
         return session
 
-    async def _send(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        """One request; once more on a fresh connection if a pooled one was closed before the answer began."""
+    @property
+    def _control_session(self) -> aiohttp.ClientSession:
+        session = self._pool._control if self._pool is not None else self._control
+        assert session is not None, "Upstream.start() was not called"
+        return session
+
+    async def _send(self, method: str, url: str, control: bool = False, **kwargs: Any) -> aiohttp.ClientResponse:
+        """One request (``control``: on :meth:`answer`'s own connections); once more on a fresh connection if
+        a pooled one was closed before the answer began."""
         attempt = _Attempt()
         sent = time.monotonic()
         try:
-            return await self.session.request(method, url, trace_request_ctx=attempt, **kwargs)
+            session = self._control_session if control else self.session
+            return await self._connecting(session, method, url, trace_request_ctx=attempt, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if not attempt.reused or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > _STALE_WITHIN_S:
                 raise
             log.info("upstream_retry", url=url, error=type(e).__name__, why="a pooled connection was closed before the answer began")
         owner = self._pool or self
         assert owner._fresh is not None
-        return await owner._fresh.request(method, url, **kwargs)
+        return await self._connecting(owner._fresh, method, url, **kwargs)
+
+    async def _connecting(self, session: aiohttp.ClientSession, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """``session.request``, its TCP connect tried again on a new socket when not answered in time: within
+        :data:`CONNECT_TRY_S` (the sessions' own ``sock_connect``), then twice that, and so on, until
+        ``connect_timeout`` in all (a dropped SYN is otherwise sent again by the kernel only after 1 s)."""
+        try:
+            return await session.request(method, url, **kwargs)
+        except aiohttp.ConnectionTimeoutError as e:
+            last = e
+        budget = self._timeout.connect or 0.0
+        started, wait = time.monotonic() - CONNECT_TRY_S, CONNECT_TRY_S
+        while (left := budget - (time.monotonic() - started)) > 0:
+            wait *= 2
+            try:
+                return await session.request(method, url, timeout=self._timeout_with(sock_connect=min(wait, left), connect=left),
+                                             **kwargs)
+            except aiohttp.ConnectionTimeoutError as e:
+                last = e
+        raise last
+
+    def _timeout_with(self, **changes: float | None) -> aiohttp.ClientTimeout:
+        t = self._timeout
+        return aiohttp.ClientTimeout(**{"total": t.total, "connect": t.connect, "sock_connect": t.sock_connect,
+                                        "sock_read": t.sock_read, **changes})
 
     @asynccontextmanager
     async def request(
@@ -215,13 +272,15 @@ class Upstream:
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         check: bool = True,
+        control: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send one request and yield the open response (its body not read yet).
 
         Leaving the block early (client disconnect cancels the handler) closes the
         connection instead of returning it to the pool, which makes vLLM abort the request.
         Leaving it normally before the body's end (a reader that stopped at ``[DONE]``) pools
-        the connection once the end arrives, without waiting for it here.
+        the connection once the end arrives, without waiting for it here. ``control``: on the few
+        connections of :meth:`answer` (:data:`CONTROL_CONNECTIONS`), waiting for one while all are busy.
 
         Raises:
             UpstreamRejected: ``check`` and vLLM answered 4xx/5xx (its message and status).
@@ -229,7 +288,7 @@ class Upstream:
             UpstreamTimeout: connect or idle-read timeout.
         """
         with mapped_errors(self.base_url):
-            resp = await self._send(method, self.base_url + path, data=body, headers=headers or _JSON, params=params)
+            resp = await self._send(method, self.base_url + path, control, data=body, headers=headers or _JSON, params=params)
             if check and resp.status >= 400:
                 try:
                     raise UpstreamRejected(error_message(await resp.read(), f"vLLM answered HTTP {resp.status}"), resp.status)
@@ -262,12 +321,14 @@ class Upstream:
 
     async def answer(self, method: str, path: str, params: Mapping[str, str]) -> tuple[int, str]:
         """``(status, the answer's text)`` of ``method path?params``, whatever the status (a router's
-        ``/add_worker``, ``/remove_worker``, ``/finish_session``: the caller reads its refusal).
+        ``/add_worker``, ``/remove_worker``, ``/finish_session``: the caller reads its refusal), on this
+        process's :data:`CONTROL_CONNECTIONS` kept-alive connections of their own, so that a burst of them
+        neither opens a connection each nor takes the requests' (issue 43).
 
         Raises:
             UpstreamUnavailable, UpstreamTimeout: as :meth:`request`.
         """
-        async with self.request(method, path, params=params, check=False) as resp:
+        async with self.request(method, path, params=params, check=False, control=True) as resp:
             return resp.status, (await read_response(resp)).decode("utf-8", "replace")
 
     async def post_json(self, path: str, payload: Any) -> Any:

@@ -9,8 +9,10 @@ its own (``session.placement``) is released here when it ends, done, failed or c
 so the router's count per worker is the requests in flight there (plus the live shared-prefix keys):
 join the shortest queue.
 
-Off the per-token path: the release is a task started after the answer ended, on the shared
-upstream session, bounded by :data:`RELEASE_TIMEOUT_S`, and at most :data:`MAX_PENDING` of them in
+Off the per-token path: the release is a task started after the answer ended, on the upstream's few
+kept-alive connections for control calls (``Upstream.answer``: not the requests' pool, where a wave of
+answers ending together opened a connection per release), bounded by :data:`RELEASE_TIMEOUT_S` (waiting
+for a connection included), and at most :data:`MAX_PENDING` of them in
 flight per process (a router that hangs would otherwise gather a task and a socket per request for
 5 s each: thousands at a GPU fleet's rate, beside the admission bound's sockets); a release beyond
 that, or asked after :meth:`SessionRelease.close`, is not sent. A failure never reaches the client
