@@ -12,6 +12,7 @@ engine takes traffic again. The real engines' version is ``tests/real_engine/tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -224,6 +225,100 @@ def test_distinct_prompts_are_placed_by_load_and_released(tmp_path, fleet):
     assert router.log.read_text().count("SLL: finished session") == users * each + 4  # the shared keys stay live
 
 
+def test_a_tenants_own_session_key_neither_pins_the_fleet_nor_reaches_another_tenant(tmp_path, fleet):
+    """Issue 43 follow-up (no tenant can harm another): behind ``sticky_least_loaded``, a client's own
+    ``X-Session-ID`` is scoped to its API key and bounded in flight. A flood of 3 x ``IN_FLIGHT`` long answers
+    under one constant value goes ``IN_FLIGHT`` under that tenant's key, on one engine, and the rest by load
+    over both (passed on as it came, all of it went to one engine, which the router counted as one session,
+    so another tenant's requests kept going there too); another tenant's requests, sent while the flood is
+    in flight, land where the flood is no more than the bound heavier. Two tenants sending one value get two
+    keys (neither the value), and one tenant's value keeps its engine."""
+    from vllama_proxy.api.client_sessions import IN_FLIGHT
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "alice"\nkey = "sk-alice"\n\n[[keys]]\nname = "bob"\nkey = "sk-bob"\n')
+    router = fleet(Router, tmp_path / "router.log", policy="sticky_least_loaded")
+    slow = {"FAKE_VLLM_TOKEN_DELAY": "0.05"}  # a long answer stays in flight until its client leaves
+    a, b = fleet(node, tmp_path, "a", router, env=slow), fleet(node, tmp_path, "b", router, env=slow)
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})
+    # one worker process: the bound is counted per process (docs/fleet.md)
+    front = fleet(start_proxy, router.url, "--session-key", "system", "--api-key-file", str(keys), "--workers", "1",
+                  vllm_args=[], log=tmp_path / "front.log")
+    leave, started, failures = threading.Event(), threading.Semaphore(0), []
+
+    def long_chat(token: str, marker: str, headers: dict[str, str]) -> None:
+        """A streamed chat held open (its first line read) until ``leave`` is set."""
+        try:
+            with httpx.stream("POST", front.url + "/api/chat", timeout=60, headers={"Authorization": f"Bearer {token}", **headers},
+                              json={"model": "tiny", "messages": [{"role": "user", "content": f"{marker} [[tokens:2000]]"}]}) as resp:
+                assert resp.status_code == 200, resp.read()
+                lines = resp.iter_lines()  # kept: a generator dropped closes the stream (the client leaves)
+                next(lines)
+                started.release()
+                leave.wait(120)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+            started.release()
+
+    def held(marker: str, headers: dict[str, str], token: str = "sk-alice") -> threading.Thread:
+        t = threading.Thread(target=long_chat, args=(token, marker, headers))
+        t.start()
+        return t
+
+    def placed(marker: str) -> dict[str, Counter]:
+        """Engine name -> X-Session-ID -> chat requests whose prompt has ``marker``, as the stand-ins received them."""
+        out = {}
+        for name, engine in (("a", a), ("b", b)):
+            log = httpx.get(engine.vllm_url + "/_fake/requests").json()  # type: ignore[attr-defined]
+            out[name] = Counter({k.lower(): v for k, v in r["headers"].items()}.get("x-session-id")
+                                for r in log if r["path"] == "/v1/chat/completions" and marker in str(r["body"]))
+        return out
+
+    threads = []
+    try:
+        flood = 3 * IN_FLIGHT
+        threads += [held(f"flood {i}", {"X-Session-ID": "flood"}) for i in range(flood)]
+        for _ in range(flood):
+            assert started.acquire(timeout=60), "the flood's answers did not start"
+        assert not failures, failures
+        on = placed("flood")
+        tenant_key = {k for c in on.values() for k in c if not k.startswith("r")}
+        assert len(tenant_key) == 1 and re.fullmatch(r"[0-9a-f]{32}", (key := tenant_key.pop())), on  # scoped, hashed
+        pinned = "a" if on["a"][key] else "b"
+        other = "b" if pinned == "a" else "a"
+        assert on[pinned][key] == IN_FLIGHT and not on[other][key], on  # the bound, on one engine
+        by_load = {e: sum(n for k, n in on[e].items() if k.startswith("r")) for e in on}
+        assert sum(by_load.values()) == flood - IN_FLIGHT and min(by_load.values()) >= (flood - IN_FLIGHT) // 2 - 2, on
+        flood_on = {e: sum(on[e].values()) for e in on}
+
+        # another tenant, one request at a time, while the flood is in flight: never where the flood is heavier
+        # than on the other engine by more than the bound (a flood pinned whole: 24 against 0)
+        for i in range(3):
+            threads.append(held(f"bob {i}", {}, token="sk-bob"))
+            assert started.acquire(timeout=60) and not failures, failures
+            landed = [e for e, c in placed(f"bob {i}").items() if c]
+            assert len(landed) == 1 and flood_on[landed[0]] - flood_on[other if landed[0] == pinned else pinned] <= IN_FLIGHT, \
+                (landed, flood_on)
+    finally:
+        leave.set()
+        for t in threads:
+            t.join(60)
+    assert not failures, failures
+
+    # one value, two tenants: two keys, neither the value; each tenant's turns keep one engine
+    client = {name: Client(host=front.url, headers={"Authorization": f"Bearer sk-{name}", "X-Session-ID": "conv-1"})
+              for name in ("alice", "bob")}
+    for turn in range(3):
+        for name in client:
+            client[name].chat(model="tiny", messages=[{"role": "user", "content": f"conv {name} {turn}"}])
+    seen = {name: placed(f"conv {name}") for name in client}
+    sent = {name: {k for c in seen[name].values() for k in c} for name in client}
+    assert all(len(s) == 1 for s in sent.values()) and sent["alice"] != sent["bob"], sent
+    assert not {"conv-1", key} & (sent["alice"] | sent["bob"]), sent
+    assert all(sorted(n for c in seen[name].values() for n in c.values()) == [3] for name in client), seen  # one engine
+
+
 def test_one_engine_killed(tmp_path, fleet):
     router = fleet(Router, tmp_path / "router.log")
     env = {"FAKE_VLLM_TOKEN_DELAY": "0.02"}
@@ -233,11 +328,14 @@ def test_one_engine_killed(tmp_path, fleet):
     a.wait_state("ready"), b.wait_state("ready")
     router.wait_workers({a.url: True, b.url: True})
     front = fleet(start_proxy, router.url, vllm_args=[])
-    # a session key the router sends to a (consistent_hash), sent by the client itself
-    key = next(k for k in (f"key-{i}" for i in range(64))
-               if Client(host=front.url, headers={"X-Session-ID": k}).chat(model="tiny", messages=[{"role": "user", "content": "x"}])
-               and sessions_seen(a)[k])
-    on_a = Client(host=front.url, headers={"X-Session-ID": key})
+    # a session key the router sends to a (consistent_hash), sent by the client itself (scoped by the front:
+    # the router sees its hash for the open server's one caller)
+    from vllama_proxy.api.session import client_key
+    mine = next(k for k in (f"key-{i}" for i in range(64))
+                if Client(host=front.url, headers={"X-Session-ID": k}).chat(model="tiny", messages=[{"role": "user", "content": "x"}])
+                and sessions_seen(a)[client_key("-", k)])
+    key = client_key("-", mine)
+    on_a = Client(host=front.url, headers={"X-Session-ID": mine})
     stream = on_a.chat(model="tiny", messages=[{"role": "user", "content": "long [[tokens:500]]"}], stream=True)
     next(stream)
     old = a.server_pid()
@@ -355,9 +453,9 @@ def test_session_key_is_the_conversations():
     assert key and key == session.chat_key("m", later)  # every turn of one conversation: one key
     assert key != session.chat_key("m", [first[0], Message(role="user", content="hi!")])
     assert key != session.chat_key("other", first) and session.chat_key("m", first[:1]) is None
-    assert session.headers("X-Session-ID", {}, key)["X-Session-ID"] == key
-    assert session.headers("X-Session-ID", {"X-Session-ID": "mine"}, key)["X-Session-ID"] == "mine"
-    assert "X-Session-ID" not in session.headers("", {}, key)
+    assert session.headers("X-Session-ID", None, key)["X-Session-ID"] == key
+    assert session.headers("X-Session-ID", "mine", key)["X-Session-ID"] == "mine"  # the client's (scoped) key first
+    assert "X-Session-ID" not in session.headers("", None, key)
     assert session.generate_key("m", None) is None and session.generate_key("m", "s") == session.generate_key("m", "s")
 
 
@@ -390,13 +488,13 @@ def test_one_request_keys():
     assert session.chat_key("m", [one], "system", per_request=True) is None  # placed by load, every turn
     assert session.chat_key("m", [one], "conversation", per_request=True) == session.chat_key("m", [one])
 
-    sent, release = session.placement("X-Session-ID", {}, None, True)
-    again, other = session.placement("X-Session-ID", {}, None, True)
+    sent, release = session.placement("X-Session-ID", None, None, True)
+    again, other = session.placement("X-Session-ID", None, None, True)
     assert release and other and release != other and sent == {"X-Session-ID": release} and again == {"X-Session-ID": other}
-    assert session.placement("X-Session-ID", {}, shared, True) == ({"X-Session-ID": shared}, None)  # kept, never released
-    assert session.placement("X-Session-ID", {"X-Session-ID": "mine"}, None, True) == ({"X-Session-ID": "mine"}, None)
-    assert session.placement("X-Session-ID", {}, None, False) == ({}, None)
-    assert session.placement("", {}, None, True) == ({}, None)
+    assert session.placement("X-Session-ID", None, shared, True) == ({"X-Session-ID": shared}, None)  # kept, never released
+    assert session.placement("X-Session-ID", "mine", None, True) == ({"X-Session-ID": "mine"}, None)  # the client's own
+    assert session.placement("X-Session-ID", None, None, False) == ({}, None)
+    assert session.placement("", "mine", None, True) == ({}, None)
 
     # a relayed OpenAI chat shares /api/chat's key for the same system prompt; without one it has none
     body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "a"}]}, {"role": "user", "content": "x"}]}
@@ -545,25 +643,65 @@ def test_request_sessions_off_where_no_router_reads_them(tmp_path, fleet, fake):
     assert [(e["on"], e["level"]) for e in decided] == [(False, "warning")], decided
 
 
-def test_relayed_request_keeps_the_clients_router_key(fake):
-    """A relayed ``/v1`` request that carries the client's own router key (``X-User-ID``, which vllama forwards
-    for the router) gets no one-request key of vllama's over it (issue 43 review): vllm-router reads
-    ``X-Session-ID`` first, so vllama's key would have overridden the client's; its own ``X-Session-ID`` is
-    forwarded as it is, and a request with neither gets a key of its own."""
+def test_a_clients_own_key_is_scoped_hashed_and_bounded():
+    """A client's own ``X-Session-ID`` before a router (issue 43 follow-up): the key sent is its value scoped to
+    its caller and hashed to vllama's shape (same caller and value: same key; another caller, or the same
+    string among vllama's own keys: another), at most ``IN_FLIGHT`` requests are under it at once (the next is
+    placed as if no key had been sent), ``X-User-ID`` counts as its key when there is no ``X-Session-ID``; a node
+    (not scoped) keeps the header as it came, and ``--session-header ''`` sends nothing."""
+    from vllama_proxy.api import session
+    from vllama_proxy.api.client_sessions import IN_FLIGHT, ClientSessions
+
+    alice, bob = session.client_key("alice", "conv-1"), session.client_key("bob", "conv-1")
+    assert re.fullmatch(r"[0-9a-f]{32}", alice) and alice == session.client_key("alice", "conv-1")
+    assert len({alice, bob, session.client_key("alice", "conv-2"), session.client_key("-", "conv-1")}) == 4
+    # no key of vllama's, whatever the client puts where vllama's keys come from
+    assert alice not in (session.generate_key("alice", "conv-1"), session.generate_key("client", "alice\0conv-1"))
+    assert re.fullmatch(r"[0-9a-f]{32}", session.client_key("alice", "\udcff" + "x" * 10_000))  # any header bytes
+
+    clients = ClientSessions("X-Session-ID", scoped=True)
+    with contextlib.ExitStack() as held:
+        keys = [held.enter_context(clients.hold("alice", {"X-Session-ID": "conv-1"})) for _ in range(IN_FLIGHT)]
+        assert keys == [alice] * IN_FLIGHT and clients.in_flight(alice) == IN_FLIGHT
+        with clients.hold("alice", {"X-Session-ID": "conv-1"}) as beyond:
+            assert beyond is None and clients.beyond == 1  # placed as if no key had been sent
+        with clients.hold("bob", {"X-Session-ID": "conv-1"}) as other:
+            assert other == bob  # another caller's bound is its own
+        with clients.hold("alice", {"X-User-ID": "conv-1"}) as by_user:
+            assert by_user is None  # X-User-ID is the same client key, bounded alike
+    assert clients.in_flight(alice) == 0
+    with clients.hold("alice", {"X-User-ID": "conv-1"}) as by_user, clients.hold("alice", {}) as none:
+        assert by_user == alice and none is None
+    with ClientSessions("X-Session-ID", scoped=False).hold("alice", {"X-Session-ID": "mine"}) as node:
+        assert node == "mine"  # a node: the front's key as it came, uncounted
+    with ClientSessions("", scoped=True).hold("alice", {"X-Session-ID": "mine"}) as unsent:
+        assert unsent is None
+
+
+def test_relayed_request_sends_the_clients_key_scoped(fake):
+    """A relayed ``/v1`` request or an agent's that carries the client's own router key (``X-Session-ID``, or
+    ``X-User-ID``, which vllm-router reads next) goes under that key scoped to its caller, and neither header
+    is forwarded as it came (issue 43 follow-up: no tenant steers the router with a raw string); no one-request
+    key of vllama's over it; a request with neither gets a key of its own."""
+    from vllama_proxy.api import session
+
     front = start_proxy(fake.url, "--request-sessions", "on", "--session-key", "system", vllm_args=[])
     try:
-        def sent(marker: str, headers: dict[str, str]) -> dict[str, str]:
+        def sent(marker: str, headers: dict[str, str], path: str = "/v1/chat/completions") -> dict[str, str]:
             body = {"model": "fake:7b", "messages": [{"role": "user", "content": marker}], "max_tokens": 2}
-            httpx.post(front.url + "/v1/chat/completions", json=body, headers=headers, timeout=30).raise_for_status()
+            httpx.post(front.url + path, json=body, headers=headers, timeout=30).raise_for_status()
             log = httpx.get(fake.url + "/_fake/requests").json()
-            seen = [r for r in log if r["path"] == "/v1/chat/completions" and marker in str(r["body"])]
+            seen = [r for r in log if r["path"] == path and marker in str(r["body"])]
             assert len(seen) == 1, seen
             return {k.lower(): v for k, v in seen[0]["headers"].items()}
 
-        by_user = sent("review12 user key", {"X-User-ID": "u1"})
-        assert by_user["x-user-id"] == "u1" and "x-session-id" not in by_user, by_user
-        assert sent("review12 session key", {"X-Session-ID": "mine"})["x-session-id"] == "mine"
-        assert re.fullmatch(r"r[0-9a-f]{32}", sent("review12 no key", {})["x-session-id"])
+        scoped = session.client_key("-", "u1")  # an open server: one caller
+        by_user = sent("review13 user key", {"X-User-ID": "u1"})
+        assert by_user["x-session-id"] == scoped and "x-user-id" not in by_user, by_user
+        by_session = sent("review13 session key", {"X-Session-ID": "u1", "X-User-ID": "u2"})
+        assert by_session["x-session-id"] == scoped and "x-user-id" not in by_session, by_session
+        assert sent("review13 agent", {"X-Session-ID": "u1"}, "/v1/messages")["x-session-id"] == scoped
+        assert re.fullmatch(r"r[0-9a-f]{32}", sent("review13 no key", {})["x-session-id"])
     finally:
         stop(front.proc)
 

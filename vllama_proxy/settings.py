@@ -327,8 +327,8 @@ class Settings(BaseSettings):
     session_header: str = Field(
         "X-Session-ID",
         description="Header carrying a conversation's stable key upstream (a hash of the model, system prompt and first "
-        "user message; the client's own value is kept), read by vllm-router's consistent_hash and sticky_least_loaded "
-        "policies. Empty: none.",
+        "user message; a client's own value goes instead, with --upstream scoped to its API key and hashed, at most 8 "
+        "requests in flight under it), read by vllm-router's consistent_hash and sticky_least_loaded policies. Empty: none.",
     )
     session_key: Literal["conversation", "system"] = Field(
         "conversation",

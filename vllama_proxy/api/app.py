@@ -37,11 +37,12 @@ from vllama_proxy.upstream import Upstream
 from . import access, admission, api_keys, route_roles
 from .ledger import ERROR, Ledger, record_request
 from .ledger_store import open_store
+from .client_sessions import ClientSessions
 from .router_sessions import SessionRelease
 from .shared_state import RedisKeyState
 from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
 from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_state import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, ROUTER_SESSIONS, SETTINGS, WORKER
+from .app_state import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_SESSIONS, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, ROUTER_SESSIONS, SETTINGS, WORKER
 
 log = get_logger("vllama.http")
 
@@ -271,6 +272,8 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     )
 
     app[ROUTER_SESSIONS] = releases = SessionRelease()
+    # a client's own key is scoped and bounded where a router may read it (a front: --upstream)
+    app[CLIENT_SESSIONS] = ClientSessions(settings.session_header, scoped=settings.upstream is not None)
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         await pool.start()  # the one session and connection pool every backend uses

@@ -13,6 +13,7 @@ from vllama_proxy.supervisor.sizing import Plan
 
 from .api_keys import KeyRing
 from .ledger import Ledger
+from .client_sessions import ClientSessions
 from .router_sessions import SessionRelease
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -41,3 +42,5 @@ LEDGER = web.AppKey("ledger", Ledger)
 ADMISSION = web.AppKey("admission", object)
 #: One-request session keys released at the router when their request ends (``router_sessions.py``).
 ROUTER_SESSIONS = web.AppKey("router_sessions", SessionRelease)
+#: The clients' own session keys in flight, scoped to their caller and bounded (``client_sessions.py``).
+CLIENT_SESSIONS = web.AppKey("client_sessions", ClientSessions)

@@ -8,7 +8,8 @@ or the model and ``system`` (``/api/generate``), or the agent's own conversation
 ``vllm-router``'s ``consistent_hash`` policy reads it from the ``X-Session-ID`` header
 (vllm-project/router, ``src/policies/consistent_hash.rs``: ``X-Session-ID``, then
 ``X-User-ID``, then the body's ``user``); other policies and a plain vLLM ignore the header.
-A key the client sent itself (the same header) is kept as it is.
+A key the client sent itself (the same header) is sent instead of vllama's: before a router, scoped
+to its caller, hashed (:func:`client_key`) and bounded in flight (``client_sessions.py``).
 
 With ``--request-sessions`` on (a front before a ``vllm-router`` running ``sticky_least_loaded``),
 a request that has no key to share gets a key of its own (:func:`placement`), which the front
@@ -142,27 +143,37 @@ def one_request_key() -> str:
     return "r" + secrets.token_hex(16)
 
 
-def placement(header: str, client: Mapping[str, str], key: str | None, per_request: bool) -> tuple[dict[str, str], str | None]:
+def client_key(caller: str, value: str) -> str:
+    """32 hex characters for a client's own session value (``X-Session-ID``) sent by ``caller`` (the API
+    key's name): the same pair always gets the same key, another caller the same value another key.
+    BLAKE2b under its own personalisation, so it is no key vllama makes (whatever a client puts in a
+    system prompt or a header) and the router never sees the client's string (``client_sessions.py``)."""
+    return hashlib.blake2b(caller.encode() + b"\0" + value.encode("utf-8", "surrogateescape"), digest_size=16,
+                           person=b"vllama-client").hexdigest()
+
+
+def placement(header: str, own: str | None, key: str | None, per_request: bool) -> tuple[dict[str, str], str | None]:
     """``(the session header to send, the key to release when the request ends)``.
 
-    The client's own value of ``header`` is sent as it is and never released; else ``key``; a
-    request with no ``key``, with ``per_request`` (``--request-sessions on``), gets
-    :func:`one_request_key`, which is returned to be released at the router
-    (``router_sessions.py``). ``header`` empty (``--session-header ''``) sends nothing.
+    ``own``, the client's key (``client_sessions.ClientSessions.hold``: its value scoped to its caller,
+    ``None`` beyond the bound in flight), is sent and never released; else ``key``; a request with no
+    ``key``, with ``per_request`` (``--request-sessions on``), gets :func:`one_request_key`, which is
+    returned to be released at the router (``router_sessions.py``). ``header`` empty
+    (``--session-header ''``) sends nothing.
     """
     if not header:
         return {}, None
-    if client.get(header):
-        return {header: client[header]}, None
+    if own:
+        return {header: own}, None
     if key is None and per_request:
         key = one_request_key()
         return {header: key}, key
     return ({header: key} if key else {}), None
 
 
-def headers(header: str, client: Mapping[str, str], key: str | None) -> Mapping[str, str]:
-    """The upstream request's headers: JSON, plus ``header: key`` (the client's own value first).
+def headers(header: str, own: str | None, key: str | None) -> Mapping[str, str]:
+    """The upstream request's headers: JSON, plus ``header: key`` (the client's key ``own`` first).
 
     ``header`` empty (``--session-header ''``) sends none.
     """
-    return {**JSON, **placement(header, client, key, False)[0]}
+    return {**JSON, **placement(header, own, key, False)[0]}

@@ -29,7 +29,8 @@ from vllama_proxy.upstream import encode_json
 from .. import session
 from ..admission import with_priority
 from ..ollama_types import json_object
-from ..app_state import CATALOG, SETTINGS
+from ..api_keys import key_of
+from ..app_state import CATALOG, CLIENT_SESSIONS, SETTINGS
 from ..translate.to_openai import (
     OUTPUT_TOKEN_FIELDS,
     check_capabilities,
@@ -74,7 +75,7 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
     if priority:
         with_priority(request, data)
     settings = request.app[SETTINGS]  # the conversation's key, so that a router keeps it on one engine
-    headers = session.headers(settings.session_header, request.headers, session.agent_key(data["model"], data))
+    clients = request.app[CLIENT_SESSIONS]
 
     async def ready() -> bytes:
         """The body as sent, built once the model is held: its context is known then (a model that was
@@ -85,7 +86,9 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
             _budget_below(data)
         return encode_json(data)
 
-    return await relay(request, backend, path, b"", session_headers=headers, ready_body=ready)
+    with clients.hold(key_of(request).name, request.headers) as own:  # the client's own key, scoped, counted until the end
+        headers = session.headers(settings.session_header, own, session.agent_key(data["model"], data))
+        return await relay(request, backend, path, b"", session_headers=headers, ready_body=ready)
 
 
 def _budget_below(data: dict[str, Any]) -> None:

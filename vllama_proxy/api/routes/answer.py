@@ -18,7 +18,8 @@ from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
 from .. import session
 from ..admission import with_priority
-from ..app_state import ROUTER_SESSIONS, SETTINGS
+from ..api_keys import key_of
+from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from ..relay import relay
 from ..timestamps import Timings
 from ..translate.to_ollama import Translator
@@ -59,7 +60,8 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
         translator: the route's ``to_ollama`` translator class, built with ``timings``.
         keep_alive: the request's ``keep_alive`` (``model_use.model_in_use``).
         session_key: the conversation's key for a router in front of several engines
-            (``api/session.py``), sent unless the client sent its own; ``None`` with
+            (``api/session.py``), sent unless the client sent its own (before a router scoped to
+            its caller and bounded in flight: ``api/client_sessions.py``); ``None`` with
             ``--request-sessions on``: a one-request key, released at the router when the
             answer ends, however it ends (``router_sessions.py``).
 
@@ -71,15 +73,16 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
         unstreamed(body)
     out = translator(name, timings, aggregate=not stream)
     settings = request.app[SETTINGS]
-    sent, release = session.placement(settings.session_header, request.headers, session_key, settings.request_sessions == "on")
-    headers = {**session.JSON, **sent}
-    async with model_in_use(request, backend, keep_alive):
-        if path == "/v1/completions" and "max_tokens" not in body:
-            body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
-        await cap_output(request, backend.upstream, model, body, ("max_tokens",))  # num_predict within the context and the key's cap
-        try:
-            return await relay(request, backend.upstream, path, with_priority(request, body), out, stream=stream, headers=headers,
-                               final_only=whole)
-        finally:
-            if release is not None:  # after the answer's last byte, or its error, or the client's leaving
-                request.app[ROUTER_SESSIONS].release(backend.upstream, release)
+    with request.app[CLIENT_SESSIONS].hold(key_of(request).name, request.headers) as own:  # counted until the answer ends
+        sent, release = session.placement(settings.session_header, own, session_key, settings.request_sessions == "on")
+        headers = {**session.JSON, **sent}
+        async with model_in_use(request, backend, keep_alive):
+            if path == "/v1/completions" and "max_tokens" not in body:
+                body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
+            await cap_output(request, backend.upstream, model, body, ("max_tokens",))  # num_predict within the context and the key's cap
+            try:
+                return await relay(request, backend.upstream, path, with_priority(request, body), out, stream=stream, headers=headers,
+                                   final_only=whole)
+            finally:
+                if release is not None:  # after the answer's last byte, or its error, or the client's leaving
+                    request.app[ROUTER_SESSIONS].release(backend.upstream, release)

@@ -26,13 +26,16 @@ from .model_use import check_model, may_list, model_in_use
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
-from ..app_state import CATALOG, ROUTER_SESSIONS, SETTINGS
+from ..app_state import CATALOG, CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from .. import session
+from ..client_sessions import ROUTER_HEADERS
 from ..translate.to_openai import OUTPUT_TOKEN_FIELDS
 from .output_tokens import cap_output
 
-_CLIENT_KEYS = ("X-Session-ID", "X-User-ID")  # a router's session keys (vllm-router's hash_key.rs, in its order)
-_FORWARD_REQUEST = ("Content-Type", "Accept", *_CLIENT_KEYS)
+_FORWARD_PLAIN = ("Content-Type", "Accept")
+#: ... and a router's session keys as the client sent them (vllm-router's hash_key.rs), where they are not
+#: replaced by the client's key scoped to its caller (a node, ``--session-header ''``: ``client_sessions.py``)
+_FORWARD_REQUEST = (*_FORWARD_PLAIN, *ROUTER_HEADERS)
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
 
 
@@ -180,35 +183,38 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         data, model, backend = await _route(request, body)
     except _NoBackend as e:
         return e.response
-    sent, release = _placement(request, data)
-    try:
-        return await relay(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
-                           ready_body=lambda: _forwarded(request, body, data, model, backend))
-    finally:
-        if release is not None:  # after the answer's last byte, or its error, or the client's leaving
-            request.app[ROUTER_SESSIONS].release(backend.upstream, release)
+    with request.app[CLIENT_SESSIONS].hold(key_of(request).name, request.headers) as own:  # counted until the answer ends
+        sent, release = _placement(request, data, own)
+        try:
+            return await relay(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
+                               ready_body=lambda: _forwarded(request, body, data, model, backend))
+        finally:
+            if release is not None:  # after the answer's last byte, or its error, or the client's leaving
+                request.app[ROUTER_SESSIONS].release(backend.upstream, release)
 
 
 #: The relayed inference routes a router places by load (``--request-sessions``).
 _PLACED = ("/v1/chat/completions", "/v1/completions")
 
 
-def _placement(request: web.Request, data: Any) -> tuple[dict[str, str], str | None]:
-    """The session header for a relayed ``/v1/chat/completions`` or ``/v1/completions`` with
-    ``--request-sessions on``, and the key to release when it ends (``session.placement``): a chat
-    gets the key ``/api/chat`` would (``session.openai_key``: its shared system prompt's, or under
-    ``--session-key conversation`` its conversation's), any other request a key of its own. Nothing for other routes, or with the setting off,
-    or when the client sent a key of its own in a header forwarded for the router (``X-Session-ID``,
-    ``X-User-ID``: vllm-router reads the first it finds, so a key of vllama's would override the
-    client's ``X-User-ID``); those are forwarded as they are, never released."""
+def _placement(request: web.Request, data: Any, own: str | None) -> tuple[dict[str, str], str | None]:
+    """The session header for a relayed request, and the key to release when it ends (``session.placement``).
+
+    The client's own key ``own`` (``client_sessions.ClientSessions.hold``: its ``X-Session-ID``, else its
+    ``X-User-ID``, scoped to its caller; ``None`` beyond the bound in flight) on any route, never released.
+    Else, with ``--request-sessions on``, a ``/v1/chat/completions`` or ``/v1/completions``: a chat gets the
+    key ``/api/chat`` would (``session.openai_key``: its shared system prompt's, or under ``--session-key
+    conversation`` its conversation's), any other request a key of its own. Nothing for other routes, or with
+    the setting off (on a node and with ``--session-header ''`` the client's headers are forwarded as they
+    came: ``relay``)."""
     settings = request.app[SETTINGS]
+    if own:
+        return session.placement(settings.session_header, own, None, False)
     if settings.request_sessions != "on" or request.method != "POST" or request.path not in _PLACED or not isinstance(data, dict):
-        return {}, None
-    if any(request.headers.get(h) for h in _CLIENT_KEYS):
         return {}, None
     model = data.get("model")
     key = session.openai_key(model, data, settings.session_key) if isinstance(model, str) else None
-    return session.placement(settings.session_header, request.headers, key, True)
+    return session.placement(settings.session_header, None, key, True)
 
 
 async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
@@ -226,7 +232,8 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
     Raises:
         UpstreamError: vLLM failed before its answer began (mapped in ``api/app.py``).
     """
-    headers = {h: request.headers[h] for h in _FORWARD_REQUEST if h in request.headers}
+    forward = _FORWARD_PLAIN if request.app[CLIENT_SESSIONS].scoped else _FORWARD_REQUEST  # a client's key: scoped, not as sent
+    headers = {h: request.headers[h] for h in forward if h in request.headers}
     headers.update(session_headers or {})  # a router's conversation key (api/session.py)
     async with model_in_use(request, backend, keep_alive):  # a sleeping or unloaded model comes back first
         if ready_body is not None:
