@@ -195,15 +195,18 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     timeout = request.app[SETTINGS].load_timeout
     if not (board.available or board.waking or board.loading):
         raise board.unavailable()
-    board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
-    try:
-        while True:
-            await board.wait_ready(timeout, slot)
-            if board.try_begin(slot):  # before wait_end: never uncounted in between
-                break
-            # the supervisor began putting it to sleep after wait_ready saw it ready: wait again
-    finally:
-        board.wait_end(slot)
+    # A model serving now is counted in flight at once: one lock section instead of the wait's three
+    # (begin waiting, ready, stop waiting: ~50 µs of a lone request's way in on the 2-core VM, issue 42)
+    if not board.try_begin(slot):
+        board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
+        try:
+            while True:
+                await board.wait_ready(timeout, slot)
+                if board.try_begin(slot):  # before wait_end: never uncounted in between
+                    break
+                # the supervisor began putting it to sleep after wait_ready saw it ready: wait again
+        finally:
+            board.wait_end(slot)
     if board.served_name != held:
         board.end(slot)
         raise UpstreamUnavailable(f"model '{held}' was unloaded for another model before this request began; retry")
