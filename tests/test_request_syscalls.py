@@ -188,3 +188,112 @@ def test_a_body_that_arrived_is_read_without_a_timer_and_once(monkeypatch):
 
     first, second = asyncio.run(reads())
     assert first == second == b'{"model": "m", "prompt": "hi"}'
+
+
+def test_a_ready_model_is_held_in_two_lock_sections(monkeypatch, tmp_path):
+    """A request to a model that serves now takes the shared lock once to begin and once to end (the wait
+    for a loading model took three sections to begin: begin waiting, ready, stop waiting; issue 42)."""
+    import time
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from vllama_proxy.api.app_state import SETTINGS, WORKER
+    from vllama_proxy.api.routes.model_use import model_in_use
+    from vllama_proxy.models.vllm_servers import Backend, BackendSpec, ServedModel
+    from vllama_proxy.settings import Settings
+    from vllama_proxy.supervisor import shared_lock
+    from vllama_proxy.supervisor.states import State
+    from vllama_proxy.supervisor.status import StatusBoard
+    from vllama_proxy.upstream import Upstream
+
+    board = StatusBoard("m", slots=1, keep_alive=-1)
+    board.publish(State.READY, since=time.time(), restarts=0, pid=None, last_error=None, last_output="")
+    rings = []
+    monkeypatch.setattr(board.inbox_bell, "ring", lambda kind: rings.append(kind))
+    model = ServedModel("m", str(tmp_path), 4096, 0)
+    backend = Backend(BackendSpec("http://127.0.0.1:1", board=board, model=model), Upstream("http://127.0.0.1:1"))
+    app = web.Application()
+    app[SETTINGS], app[WORKER] = Settings(), 0
+    request = make_mocked_request("POST", "/api/generate", app=app)
+    sections = []
+    real = shared_lock.SharedLock.held
+    monkeypatch.setattr(shared_lock.SharedLock, "held", lambda self: sections.append(1) or real(self))
+
+    async def one():
+        async with model_in_use(request, backend, None):
+            assert board.in_flight == 1
+        return board.in_flight
+
+    assert asyncio.run(one()) == 0
+    assert len(sections) == 2
+    assert [k.name for k in rings] == ["IDLE"]  # as before: the last request's end, nothing else
+
+
+def test_a_request_key_is_read_without_a_miss():
+    """On an open server every read of a request's key (``key_of``, ~9 per request) found it: a key absent
+    from the request raised a KeyError inside ``Mapping.get`` each time (issue 42)."""
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from vllama_proxy.api import api_keys
+
+    ring = api_keys.KeyRing([], None)
+    seen = []
+
+    async def handler(request):
+        misses = 0
+
+        def trace(frame, event, _arg):
+            nonlocal misses
+            if event == "exception":
+                misses += 1
+            return trace
+
+        sys.settrace(trace)
+        try:
+            keys = [api_keys.key_of(request) for _ in range(9)]
+        finally:
+            sys.settrace(None)
+        seen.append((keys, misses))
+        return web.Response()
+
+    async def one():
+        request = make_mocked_request("POST", "/api/generate")
+        await api_keys.middleware(ring)(request, handler)
+
+    asyncio.run(one())
+    keys, misses = seen[0]
+    assert keys == [api_keys.OPEN] * 9
+    assert misses == 0
+
+
+def test_a_request_id_builds_no_uuid(monkeypatch):
+    """vllama's request id is 16 hex digits of os.urandom, as ``uuid4().hex[:16]`` was, without a UUID object
+    per request (issue 42)."""
+    import re
+    import uuid
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from vllama_proxy.api import app as app_mod
+    from vllama_proxy.api.app_state import SETTINGS
+    from vllama_proxy.settings import Settings
+
+    def no_uuid():
+        raise AssertionError("a UUID built for a request id")
+
+    monkeypatch.setattr(uuid, "uuid4", no_uuid)
+
+    async def handler(request):
+        return web.Response()
+
+    async def one():
+        app = web.Application()
+        app[SETTINGS] = Settings(access_log=False)
+        request = make_mocked_request("GET", "/api/version", app=app)
+        await app_mod.errors_and_access_log(request, handler)
+        return request["vllama.request_id"]
+
+    assert re.fullmatch(r"[0-9a-f]{16}", asyncio.run(one()))
