@@ -44,6 +44,8 @@ ALLOW_HEADERS = (
     "x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout"
 )
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
+#: Request key: the CORS headers :func:`add_cors_headers` adds to the response (``None``: no ``Origin`` sent).
+CORS = "vllama.cors"
 
 
 def cors(extra_origins: Iterable[str]) -> Middleware:
@@ -64,6 +66,7 @@ def cors(extra_origins: Iterable[str]) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
         if origin is None:
+            request[CORS] = None  # read by add_cors_headers as the response starts: a hit, not a KeyError (issue 42)
             return await handler(request)
         if not allowed(origin):
             raise Forbidden(f"origin {origin!r} is not allowed (set OLLAMA_ORIGINS)")
@@ -75,7 +78,7 @@ def cors(extra_origins: Iterable[str]) -> Middleware:
                 "Access-Control-Max-Age": "43200",
             })
             return web.Response(status=204, headers=headers)
-        request["vllama.cors"] = headers  # added to the response before it is sent
+        request[CORS] = headers  # added to the response before it is sent
         return await handler(request)
 
     return middleware
@@ -83,7 +86,7 @@ def cors(extra_origins: Iterable[str]) -> Middleware:
 
 async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare`` hook: CORS headers also on streamed and error responses."""
-    headers = request.get("vllama.cors")
+    headers = request.get(CORS)
     if headers:
         response.headers.update(headers)
 

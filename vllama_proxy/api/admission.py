@@ -234,8 +234,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         refused, headers = _rate(bound, key, store)
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)
-        if headers:
-            request[RATE_HEADERS] = headers
+        request[RATE_HEADERS] = headers  # ({} without rpm/tpm) read as the response starts: a hit, not a KeyError (issue 42)
         counted = store is not None and key.max_in_flight is not None and store.refused is None  # in the store's count
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
         if got < 0:
