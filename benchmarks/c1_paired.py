@@ -10,7 +10,8 @@ Target ``d`` is the stand-in's ``/v1/completions`` direct (the first code's stan
 adds ``r``, a bare aiohttp relay (``aiohttp_floor.py``) in front of it: the hop alone.
 
 A blocking client (``http.client``, one keep-alive connection per target) sends one request at a time,
-every target once per round in a shuffled order (seeded), ``--route`` ``generate`` (raw ``/api/generate``)
+every target once per round in a shuffled order (seeded; ``--burst N``: N requests back to back each, as
+``c1split`` interleaves 8), ``--route`` ``generate`` (raw ``/api/generate``)
 or ``chat`` (``/api/chat``), ``--tokens`` tokens, ``--gap-ms`` between requests; TTFT is the send to the
 first line that carries a token. Rounds are grouped in ``--blocks`` blocks; per block and target the TTFT
 p50, and per pair of targets the difference of those p50s over the blocks: mean with its 95 % interval
@@ -121,6 +122,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2)
     ap.add_argument("--token-delay", type=float, default=0.002, help="the stand-in's seconds before each token")
     ap.add_argument("--gap-ms", type=float, default=1.0, help="pause between requests")
+    ap.add_argument("--burst", type=int, default=1, help="requests to one target back to back per round (c1split: 8, "
+                    "no gap): what a server does after an answer then delays the next request")
     ap.add_argument("--no-direct", action="store_true", help="leave target d out")
     ap.add_argument("--relay", action="store_true", help="add target r: a bare aiohttp relay (aiohttp_floor.py) in front of d")
     ap.add_argument("--seed", type=int, default=42)
@@ -167,10 +170,12 @@ def main() -> None:
             order = targets[:]
             rng.shuffle(order)
             for t in order:
-                x = t.ask()
-                if i >= a.warmup:
-                    ttft[t.label].append(x)
-                time.sleep(a.gap_ms / 1e3)
+                for _ in range(a.burst):
+                    x = t.ask()
+                    if i >= a.warmup:
+                        ttft[t.label].append(x)
+                    if a.gap_ms:
+                        time.sleep(a.gap_ms / 1e3)
         wall = time.time() - t0
         _report(a, targets, ttft, wall)
         if a.json:
@@ -180,10 +185,10 @@ def main() -> None:
 
 
 def _report(a: argparse.Namespace, targets: list[Target], ttft: dict[str, list[float]], wall: float) -> None:
-    size = a.rounds // a.blocks
+    size = a.rounds * a.burst // a.blocks
     p50 = {k: [statistics.median(v[b * size:(b + 1) * size]) for b in range(a.blocks)] for k, v in ttft.items()}
     print(f"c=1 {a.route}, {a.tokens} tokens, stand-in {a.token_delay * 1e3:g} ms/token, --mode {a.mode}, --workers {a.workers}: "
-          f"{a.rounds} rounds x {len(targets)} targets ({a.blocks} blocks of {size}) in {wall:.0f} s, "
+          f"{a.rounds} rounds x {len(targets)} targets x {a.burst} ({a.blocks} blocks of {size}), gap {a.gap_ms:g} ms, in {wall:.0f} s, "
           f"load {os.getloadavg()[0]:.2f}")
     print("\n| target | TTFT p50 µs (pooled) | p10 | p90 | block p50s: min, median, max |\n|---|---|---|---|---|")
     for t in targets:
