@@ -13,7 +13,9 @@ A blocking client (``http.client``, one keep-alive connection per target) sends 
 every target once per round in a shuffled order (seeded; ``--burst N``: N requests back to back each, as
 ``c1split`` interleaves 8), ``--route`` ``generate`` (raw ``/api/generate``)
 or ``chat`` (``/api/chat``), ``--tokens`` tokens, ``--gap-ms`` between requests; TTFT is the send to the
-first line that carries a token. Rounds are grouped in ``--blocks`` blocks; per block and target the TTFT
+first line that carries a token. The processes are started afresh ``--epochs`` times (rounds and blocks split evenly over them: one
+process's own layout shifts its TTFT by tens of µs, which one pair of processes would read as an effect).
+Rounds are grouped in ``--blocks`` blocks; per block and target the TTFT
 p50, and per pair of targets the difference of those p50s over the blocks: mean with its 95 % interval
 (Student's t over the blocks and a seeded bootstrap, ``hop_report.mean_ci``), and the pooled p50s.
 
@@ -79,7 +81,8 @@ def _start_vllama(children: Children, label: str, code: str, a: argparse.Namespa
     """Start one vllama from ``code``; ``(its port, its stand-in's port or None)``."""
     port = free_port()
     code_dir = str(Path(code).resolve())
-    e = {**env, "PYTHONPATH": code_dir, "VLLAMA_STATE_DIR": str(tmp / f"state-{label}")}
+    e = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [code_dir, env.get("PYTHONPATH")])),  # deps from the rest
+         "VLLAMA_STATE_DIR": str(tmp / f"state-{label}")}
     if upstream:
         serve, fport = ["--upstream", upstream], None
     else:
@@ -127,76 +130,85 @@ def main() -> None:
     ap.add_argument("--no-direct", action="store_true", help="leave target d out")
     ap.add_argument("--relay", action="store_true", help="add target r: a bare aiohttp relay (aiohttp_floor.py) in front of d")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--epochs", type=int, default=4, help="fresh processes this many times (rounds and blocks split "
+                    "evenly): one process's own layout moves its TTFT p50 by tens of µs (an A/A of one pair: +72 µs)")
     ap.add_argument("--json", default=None, help="every TTFT, by target and round")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vllama-c1pair-"))
     env = {**os.environ, "FAKE_VLLM_TOKEN_DELAY": str(a.token_delay), "FAKE_VLLM_PYTHON": sys.executable,
            "VLLAMA_VLLM_EXECUTABLE": str(ROOT / "tests" / "bin" / "vllm")}
-    children = Children()
-    try:
-        upstream = None
-        direct_port = None
-        if a.mode == "upstream":
-            direct_port = free_port()
-            fake = children.start([sys.executable, str(ROOT / "tests" / "fake_vllm.py"), "serve", str(tmp / "m"), "--port",
-                                   str(direct_port), "--served-model-name", "fake-model"], env, tmp / "fake.log")
-            wait_http(f"http://127.0.0.1:{direct_port}/health", fake)
-            upstream = f"http://127.0.0.1:{direct_port}"
-        prompt = f"hello [[tokens:{a.tokens}]]"
-        if a.route == "generate":
-            path, body = "/api/generate", {"model": "fake-model", "prompt": prompt, "raw": True, "options": {"num_predict": a.tokens}}
-        else:
-            path, body = "/api/chat", {"model": "fake-model", "messages": [{"role": "user", "content": prompt}],
-                                       "options": {"num_predict": a.tokens}}
-        targets: list[Target] = []
-        for spec in a.code:
-            label, _, code = spec.partition("=")
-            port, fport = _start_vllama(children, label, code, a, tmp, upstream, env)
-            direct_port = direct_port or fport
-            targets.append(Target(label, port, path, body))
-        completions = {"model": "fake-model", "prompt": prompt, "max_tokens": a.tokens, "stream": True}
-        if a.relay:
-            rport = free_port()
-            relay = children.start([sys.executable, str(HERE / "aiohttp_floor.py"), "--upstream", f"http://127.0.0.1:{direct_port}",
-                                    "--port", str(rport)], env, tmp / "relay.log")
-            wait_http(f"http://127.0.0.1:{rport}/", relay)
-            targets.insert(0, Target("r", rport, "/v1/completions", completions))
-        if not a.no_direct:
-            targets.insert(0, Target("d", direct_port, "/v1/completions", completions))
-        rng = random.Random(a.seed)
-        ttft: dict[str, list[float]] = {t.label: [] for t in targets}
-        t0 = time.time()
-        for i in range(a.warmup + a.rounds):
-            order = targets[:]
-            rng.shuffle(order)
-            for t in order:
-                for _ in range(a.burst):
-                    x = t.ask()
-                    if i >= a.warmup:
-                        ttft[t.label].append(x)
-                    if a.gap_ms:
-                        time.sleep(a.gap_ms / 1e3)
-        wall = time.time() - t0
-        _report(a, targets, ttft, wall)
-        if a.json:
-            Path(a.json).write_text(json.dumps({"args": vars(a), "ttft_us": ttft, "load": os.getloadavg()}))
-    finally:
-        children.stop_all()
+    prompt = f"hello [[tokens:{a.tokens}]]"
+    if a.route == "generate":
+        path, body = "/api/generate", {"model": "fake-model", "prompt": prompt, "raw": True, "options": {"num_predict": a.tokens}}
+    else:
+        path, body = "/api/chat", {"model": "fake-model", "messages": [{"role": "user", "content": prompt}],
+                                   "options": {"num_predict": a.tokens}}
+    completions = {"model": "fake-model", "prompt": prompt, "max_tokens": a.tokens, "stream": True}
+    rng = random.Random(a.seed)
+    ttft: dict[str, list[float]] = {}
+    labels: list[str] = []
+    t0 = time.time()
+    for epoch in range(a.epochs):
+        # fresh processes each epoch, started in turn order (a process's own layout moves its TTFT by tens of µs)
+        codes = a.code[epoch % len(a.code):] + a.code[:epoch % len(a.code)]
+        children = Children()
+        try:
+            upstream = None
+            direct_port = None
+            if a.mode == "upstream":
+                direct_port = free_port()
+                fake = children.start([sys.executable, str(ROOT / "tests" / "fake_vllm.py"), "serve", str(tmp / "m"), "--port",
+                                       str(direct_port), "--served-model-name", "fake-model"], env, tmp / "fake.log")
+                wait_http(f"http://127.0.0.1:{direct_port}/health", fake)
+                upstream = f"http://127.0.0.1:{direct_port}"
+            targets: list[Target] = []
+            for spec in codes:
+                label, _, code = spec.partition("=")
+                port, fport = _start_vllama(children, label, code, a, tmp, upstream, env)
+                direct_port = direct_port or fport
+                targets.append(Target(label, port, path, body))
+            targets.sort(key=lambda t: [c.partition("=")[0] for c in a.code].index(t.label))
+            if a.relay:
+                rport = free_port()
+                relay = children.start([sys.executable, str(HERE / "aiohttp_floor.py"), "--upstream",
+                                        f"http://127.0.0.1:{direct_port}", "--port", str(rport)], env, tmp / "relay.log")
+                wait_http(f"http://127.0.0.1:{rport}/", relay)
+                targets.insert(0, Target("r", rport, "/v1/completions", completions))
+            if not a.no_direct:
+                targets.insert(0, Target("d", direct_port, "/v1/completions", completions))
+            labels = [t.label for t in targets]
+            for t in targets:
+                ttft.setdefault(t.label, [])
+            for i in range(a.warmup + a.rounds // a.epochs):
+                order = targets[:]
+                rng.shuffle(order)
+                for t in order:
+                    for _ in range(a.burst):
+                        x = t.ask()
+                        if i >= a.warmup:
+                            ttft[t.label].append(x)
+                        if a.gap_ms:
+                            time.sleep(a.gap_ms / 1e3)
+        finally:
+            children.stop_all()
+    wall = time.time() - t0
+    _report(a, labels, ttft, wall)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "ttft_us": ttft, "load": os.getloadavg()}))
 
 
-def _report(a: argparse.Namespace, targets: list[Target], ttft: dict[str, list[float]], wall: float) -> None:
+def _report(a: argparse.Namespace, labels: list[str], ttft: dict[str, list[float]], wall: float) -> None:
     size = a.rounds * a.burst // a.blocks
     p50 = {k: [statistics.median(v[b * size:(b + 1) * size]) for b in range(a.blocks)] for k, v in ttft.items()}
     print(f"c=1 {a.route}, {a.tokens} tokens, stand-in {a.token_delay * 1e3:g} ms/token, --mode {a.mode}, --workers {a.workers}: "
-          f"{a.rounds} rounds x {len(targets)} targets x {a.burst} ({a.blocks} blocks of {size}), gap {a.gap_ms:g} ms, in {wall:.0f} s, "
+          f"{a.rounds} rounds x {len(labels)} targets x {a.burst} ({a.blocks} blocks of {size}), gap {a.gap_ms:g} ms, in {wall:.0f} s, "
           f"load {os.getloadavg()[0]:.2f}")
     print("\n| target | TTFT p50 µs (pooled) | p10 | p90 | block p50s: min, median, max |\n|---|---|---|---|---|")
-    for t in targets:
-        v = sorted(ttft[t.label])
+    for label in labels:
+        v = sorted(ttft[label])
         q = lambda p: v[min(len(v) - 1, int(p * len(v)))]  # noqa: E731
-        print(f"| {t.label} | {statistics.median(v):.0f} | {q(0.1):.0f} | {q(0.9):.0f} | "
-              f"{min(p50[t.label]):.0f}, {statistics.median(p50[t.label]):.0f}, {max(p50[t.label]):.0f} |")
-    labels = [t.label for t in targets]
+        print(f"| {label} | {statistics.median(v):.0f} | {q(0.1):.0f} | {q(0.9):.0f} | "
+              f"{min(p50[label]):.0f}, {statistics.median(p50[label]):.0f}, {max(p50[label]):.0f} |")
     print("\n| pair | Δ TTFT p50 µs, mean over blocks | 95 % t interval | bootstrap | pooled Δ |\n|---|---|---|---|---|")
     pairs = [(x, y) for i, x in enumerate(labels) for y in labels[i + 1:]]
     for x, y in pairs:

@@ -64,8 +64,6 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="vllama-c1prof-"))
     env = {**os.environ, "FAKE_VLLM_TOKEN_DELAY": "0.002", "VLLAMA_STATE_DIR": str(tmp / "state"),
            "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_VLLM_EXECUTABLE": str(ROOT / "tests" / "bin" / "vllm")}
-    if a.code:
-        env["PYTHONPATH"] = a.code
     children = Children()
     try:
         pport = free_port()
@@ -78,7 +76,9 @@ def main() -> None:
         else:
             serve = ["--model", str(tmp / "m"), "--served-model-name", "fake-model", "--vllm-port", str(free_port()),
                      "--keep-alive", "-1", "--no-gpu-check"]
-        launcher = ["-c", _CPROFILE.replace("OUT", str(tmp / "cprofile.out"))] if a.cprofile else ["-m", "vllama_proxy"]
+        # the code to run first on sys.path (a child's working directory is this checkout, which -m and -c put first)
+        first = f"import sys; sys.path.insert(0, {str(Path(a.code or ROOT).resolve())!r})\n"
+        launcher = ["-c", first + (_CPROFILE.replace("OUT", str(tmp / "cprofile.out")) if a.cprofile else _PLAIN)]
         proxy = children.start([sys.executable, *launcher, "serve", *serve, "--port", str(pport), "--workers", "1",
                                 "--log-format", "json"], env, tmp / "vllama.log")
         conn = _ready(pport, proxy)
@@ -129,6 +129,7 @@ def main() -> None:
         children.stop_all()
 
 
+_PLAIN = "import sys\nfrom vllama_proxy.cli import main\nsys.argv[0] = 'vllama'\nsys.exit(main())\n"
 #: vllama's entry point with cProfile switched on by SIGUSR1 and dumped by SIGUSR2 (the main thread's calls only).
 _CPROFILE = """
 import cProfile, signal, sys
