@@ -297,3 +297,35 @@ def test_a_request_id_builds_no_uuid(monkeypatch):
         return request["vllama.request_id"]
 
     assert re.fullmatch(r"[0-9a-f]{16}", asyncio.run(one()))
+
+
+def test_the_cors_hook_finds_its_entry_without_an_origin():
+    """``add_cors_headers`` runs as every response is prepared (a stream's: with its first line); a request
+    without ``Origin`` had no entry, and the hook's look-up raised a KeyError inside ``Mapping.get`` (issue 42)."""
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from vllama_proxy.api import access
+
+    seen = []
+
+    async def handler(request):
+        response = web.StreamResponse()
+        misses = 0
+
+        def trace(frame, event, _arg):
+            nonlocal misses
+            if event == "exception":
+                misses += 1
+            return trace
+
+        sys.settrace(trace)
+        try:
+            await access.add_cors_headers(request, response)
+        finally:
+            sys.settrace(None)
+        seen.append((misses, "Access-Control-Allow-Origin" in response.headers))
+        return web.Response()
+
+    asyncio.run(access.cors([])(make_mocked_request("POST", "/api/generate"), handler))
+    assert seen == [(0, False)]
