@@ -65,6 +65,7 @@ class StatusBoard:
         self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
         self._release = ctx.RawValue("i", 0)  # 1: an on-demand slot's next model asks this sleeping one to stop
         self._refused = ctx.RawValue("d", 0.0)  # epoch s of the latest fit check that refused it (0: none since it loaded)
+        self._adapters = ctx.RawValue("i", 0)  # adapters created for it that may need a restart, counted (adapters_changed)
         #: the owner loop's inbox (``inbox.py``: requests ring it) and each proxy process's news (the owner rings them)
         self.inbox_bell, *news = bells(1 + max(slots, 1), prefix="vllama-board-")
         self._news = [News(b) for b in news]
@@ -163,6 +164,22 @@ class StatusBoard:
         """Ask the supervisor to look at the keep-alive now rather than at its next health check (an
         ``EXPIRED`` message: a claim for its slot waits on it); answered as :meth:`request_release` is."""
         self.inbox_bell.ring(Kind.EXPIRED)
+
+    def adapters_changed(self) -> None:
+        """An adapter of this model was created (``/api/create``, after ``created.json`` is written) that
+        its running vLLM may have to restart for (``--adapters``: ``models/adapters.py``): counted on the
+        board, then an ``ADAPTERS`` message; the supervisor reads the created models once and restarts
+        vLLM if its LoRA plan no longer serves them (declared at launch, or larger limits)."""
+        with self._lock.held():  # two workers' creates at once: neither count is lost
+            self._adapters.value += 1
+        self.inbox_bell.ring(Kind.ADAPTERS)
+
+    @property
+    def adapters_version(self) -> int:
+        """How many times :meth:`adapters_changed` was called: the supervisor compares it with the count
+        it read the created models at (a change while its message could not be heard, e.g. during a
+        start, is seen at its next look)."""
+        return self._adapters.value
 
     @property
     def expires_at(self) -> float:
