@@ -799,9 +799,11 @@ class Supervisor:
         is tried again at the next probe or ``IDLE``. An adapter created through another vllama that
         shares the state directory rings no bell here: this vLLM declares it at its next start.
         """
-        mode = lora_mode(self.s, self.spec).mode
         version = self.board.adapters_version
         told = version != self._lora_version
+        if not told and self._lora_wanted is None:
+            return False  # the watch's usual look: nothing created, nothing read
+        mode = lora_mode(self.s, self.spec).mode
         if told:
             self._lora_version = version
             wanted = await asyncio.to_thread(self.lora_plan)

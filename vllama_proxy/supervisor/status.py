@@ -37,8 +37,9 @@ class StatusBoard:
 
     Attributes written by :meth:`publish`: state, since (epoch s), restarts, vLLM's pid,
     last error and the child's last output lines. Written by the proxy processes: the
-    keep-alive deadline and last use (:meth:`touch`), wake requests, and requests in flight,
-    one counter per process (``slots``) so that no two processes write the same word.
+    keep-alive deadline and last use (:meth:`touch`), wake requests, the count of adapters created
+    for it (:meth:`adapters_changed`: one word, changed under the lock), and requests in flight, one
+    counter per process (``slots``) so that no two processes write the same word.
 
     Args:
         served_name: the model's served name.
