@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import threading
+import time
 
 import pytest
 
-from conftest import ROOT, log_events
+from conftest import ROOT, log_events, wait_events
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models.adapters import LoraPlan, check_adapter, lora_plan
 from vllama_proxy.models.launch_spec import vllm_arg
@@ -235,3 +237,66 @@ def test_adapters_runtime_overrides_auto_one_api_server_and_no_restart_for_the_s
         assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}]).message.content
     modes = [line for line in log_events(v.log) if line.get("event") == "lora_mode"]
     assert modes[-1]["mode"] == "runtime" and modes[-1]["why"] == "--adapters runtime", modes
+
+
+def _create(client, name: str, base: str, files: dict[str, str], out: list[str]) -> None:
+    out.extend(p.status for p in client.create(model=name, from_=base, adapters=files, stream=True))
+
+
+def test_a_create_in_launch_mode_restarts_the_base_at_once_not_at_the_next_health_check(vllama):
+    """Issue 42.3, the house: the create tells the base model's owner loop (``StatusBoard.adapters_changed``,
+    an ``ADAPTERS`` message), which restarts vLLM with the adapter declared at once. Before, the
+    supervisor found the adapter by reading the created models at each health check (``--health-interval``):
+    with 60 s the first check of the ready vLLM comes 60 s after it became ready, so a create that ends
+    well before that was told."""
+    import ollama
+
+    v = vllama(flags=["--health-interval", "60"], vllm_args=["--api-server-count", "2"])
+    base = v.wait_state("ready")["model"]
+    ready = time.monotonic()
+    client = ollama.Client(host=v.url, timeout=55)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    first = v.server_pid()
+    progress: list[str] = []
+    _create(client, "mango", base, files, progress)
+    took = time.monotonic() - ready
+    assert any("restarted the base model with LoRA declared at launch" in p for p in progress), progress
+    assert took < 45, f"the create ended {took:.1f} s after ready: the restart waited for the health check"
+    assert v.server_pid() != first
+    argv = [line["argv"] for line in log_events(v.log) if line.get("event") == "launched"][-1]
+    assert argv[argv.index("--lora-modules") + 1:][0].startswith("mango="), argv
+    assert client.chat(model="mango", messages=[{"role": "user", "content": "hi"}]).message.content
+
+
+def test_in_runtime_mode_a_busy_base_restarts_for_the_adapter_when_its_last_request_ends(vllama):
+    """``--adapters runtime`` restarts only an idle vLLM (the first adapter turns LoRA on: a restart). A
+    create while a stream is in flight: the supervisor is told, waits (``lora_restart_waits``; the stream
+    goes on, the same vLLM), and the end of that stream (the board's ``IDLE``) starts the restart, not
+    the next health check 60 s away."""
+    import httpx
+    import ollama
+
+    v = vllama(flags=["--adapters", "runtime", "--health-interval", "60"], env={"FAKE_VLLM_TOKEN_DELAY": "0.05"})
+    base = v.wait_state("ready")["model"]
+    client = ollama.Client(host=v.url, timeout=55)
+    files = {f.name: client.create_blob(f) for f in (LORA / "adapter_config.json", LORA / "adapter_model.safetensors")}
+    first = v.server_pid()
+    progress: list[str] = []
+    creating = threading.Thread(target=_create, args=(client, "mango", base, files, progress))
+    with httpx.Client(timeout=60) as h, h.stream("POST", v.url + "/api/generate",
+                                                 json={"model": base, "prompt": "[[tokens:5000]]"}) as r:
+        lines = r.iter_lines()
+        assert not json.loads(next(lines))["done"]  # in flight
+        creating.start()
+        wait_events(v.log, "lora_restart_waits", 1, timeout=40)
+        after = [json.loads(next(lines)) for _ in range(3)]  # the stream goes on: no restart under it
+        assert not any(x["done"] for x in after), after
+        assert v.server_pid() == first and creating.is_alive()
+        ended = time.monotonic()
+    # the stream closed: its request ends, the last in flight (IDLE)
+    creating.join(55)
+    took = time.monotonic() - ended
+    assert not creating.is_alive() and any(p.startswith("restarted the base model with LoRA (4 adapters per batch") for p in progress), progress
+    assert took < 45, f"the create ended {took:.1f} s after the base became idle: the restart waited for the health check"
+    assert v.server_pid() != first
+    assert client.chat(model="mango", messages=[{"role": "user", "content": "hi"}]).message.content

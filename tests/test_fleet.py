@@ -526,6 +526,29 @@ def test_request_sessions_decided_at_start(tmp_path, fake):
         stop(router.proc)
 
 
+@contextlib.asynccontextmanager
+async def _router_stub(finish_session):
+    """A stand-in router answering ``POST /finish_session`` with ``finish_session``; yields an
+    :class:`~vllama_proxy.upstream.Upstream` started against it (both closed after)."""
+    from aiohttp import web
+
+    from vllama_proxy.upstream import Upstream
+
+    app = web.Application()
+    app.router.add_post("/finish_session", finish_session)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    upstream = Upstream(f"http://127.0.0.1:{port}")
+    await upstream.start()
+    try:
+        yield upstream
+    finally:
+        await upstream.close()
+        await runner.cleanup()
+
+
 async def test_releases_are_bounded_when_the_router_hangs():
     """A router that takes the releases and answers none (issue 43 review): at most ``limit`` releases are in
     flight per process, one more is not sent (counted as failed: its key expires at the router), and none is
@@ -535,7 +558,6 @@ async def test_releases_are_bounded_when_the_router_hangs():
     from aiohttp import web
 
     from vllama_proxy.api.router_sessions import SessionRelease
-    from vllama_proxy.upstream import Upstream
 
     seen: list[str] = []
     all_in, answer = asyncio.Event(), asyncio.Event()
@@ -547,15 +569,7 @@ async def test_releases_are_bounded_when_the_router_hangs():
         await answer.wait()
         return web.json_response({"status": "ok", "session_id": request.query["session_id"]})
 
-    app = web.Application()
-    app.router.add_post("/finish_session", finish_session)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    upstream = Upstream(f"http://127.0.0.1:{port}")
-    await upstream.start()
-    try:
+    async with _router_stub(finish_session) as upstream:
         releases = SessionRelease(limit=4)
         for i in range(10):
             releases.release(upstream, f"r{i}")
@@ -566,9 +580,6 @@ async def test_releases_are_bounded_when_the_router_hangs():
         assert releases.released == 4
         releases.release(upstream, "late")  # the app is closing: nothing started on a closing session
         assert releases.failed == 7 and not releases._pending and len(seen) == 4
-    finally:
-        await upstream.close()
-        await runner.cleanup()
 
 
 async def test_releases_keep_a_few_connections_of_their_own():
@@ -582,7 +593,6 @@ async def test_releases_keep_a_few_connections_of_their_own():
     from aiohttp import web
 
     from vllama_proxy.api.router_sessions import SessionRelease
-    from vllama_proxy.upstream import Upstream
 
     ports: set[int] = set()
     seen: list[str] = []
@@ -596,24 +606,13 @@ async def test_releases_keep_a_few_connections_of_their_own():
         await asyncio.wait_for(first.wait(), 10)  # the first ones answer once 16 are in: a burst at once
         return web.json_response({"status": "ok", "session_id": request.query["session_id"]})
 
-    app = web.Application()
-    app.router.add_post("/finish_session", finish_session)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    upstream = Upstream(f"http://127.0.0.1:{port}")
-    await upstream.start()
-    try:
+    async with _router_stub(finish_session) as upstream:
         releases = SessionRelease()
         for i in range(64):
             releases.release(upstream, f"r{i}")
         await releases.close()
         assert releases.released == 64 and releases.failed == 0 and sorted(seen) == sorted(f"r{i}" for i in range(64))
         assert len(ports) <= 16, f"{len(ports)} connections opened for 64 releases"
-    finally:
-        await upstream.close()
-        await runner.cleanup()
 
 
 def test_request_sessions_off_where_no_router_reads_them(tmp_path, fleet, fake):

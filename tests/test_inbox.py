@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import pytest
-from conftest import TESTS, free_port
+from conftest import ROOT, TESTS, free_port
 
 from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.settings import Settings
@@ -44,8 +45,8 @@ def polls(monkeypatch):
 
 
 def pool_of(tmp_path, *shares: float, **kw) -> ModelPool:
-    s = Settings(workers=1, gpu_check=False, gpu_context_share=0, startup_poll_interval=0.1, health_interval=30,
-                 stop_grace=2, load_timeout=30, state_dir=tmp_path / "state", **kw)
+    s = Settings(**{"workers": 1, "gpu_check": False, "gpu_context_share": 0, "startup_poll_interval": 0.1, "health_interval": 30,
+                    "stop_grace": 2, "load_timeout": 30, "state_dir": tmp_path / "state", **kw})
     specs = [ModelConfig(model=f"/m{i}", name=f"m{i}", gpu_memory_utilization=share, preload=False) for i, share in enumerate(shares)]
     return ModelPool(s, specs, [free_port() for _ in specs])
 
@@ -97,3 +98,57 @@ async def test_the_inbox_keeps_one_unread_message_of_a_kind_and_drops_what_the_s
     assert await inbox.next({Kind.WANT}, timeout=0) is None
     inbox.post(Kind.STOP)
     assert await inbox.next({Kind.WANT}) is Kind.STOP  # stop is always heard
+
+
+async def test_a_ready_model_reads_its_created_adapters_only_when_a_create_tells_it(tmp_path, polls, monkeypatch):
+    """Issue 42.3: a ready vLLM's watch read ``created.json`` and each adapter's config at every health
+    check of every model (``--health-interval``), to find an adapter created since it started. Now the
+    created models are read when it starts and when a create tells it (``StatusBoard.adapters_changed``:
+    an ``ADAPTERS`` message); an adapter it already declares restarts nothing."""
+    from vllama_proxy.models.created import CreatedModel, CreatedStore
+    from vllama_proxy.supervisor import lifecycle, probes
+
+    lora = str(ROOT / "tests" / "assets" / "tool-lora")
+    CreatedStore(tmp_path / "state" / "created.json").put(CreatedModel(name="mango", base="m0", parent="m0", adapters={"mango": lora}))
+    reads: list[float] = []
+    read_again = asyncio.Event()
+    plan = lifecycle.Supervisor.lora_plan
+
+    def counted_plan(self):
+        reads.append(time.monotonic())
+        if len(reads) == 2:
+            loop.call_soon_threadsafe(read_again.set)  # read on a thread
+        return plan(self)
+
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(lifecycle.Supervisor, "lora_plan", counted_plan)
+    probed = 0
+    checks = asyncio.Event()
+    health = probes.health
+
+    async def counted_health(upstream):
+        nonlocal probed
+        probed += 1
+        if probed >= 10:
+            checks.set()
+        return await health(upstream)
+
+    pool = pool_of(tmp_path, 0.5, health_interval=0.05)
+    (sup,) = pool.supervisors
+    await pool.start()
+    try:
+        await sup.board.wait_ready(timeout=30)
+        assert "--lora-modules" in sup.argv() and len(reads) == 1  # read once, for the start
+        monkeypatch.setattr(probes, "health", counted_health)
+        await asyncio.wait_for(checks.wait(), 30)  # ten health checks of the ready vLLM
+        assert len(reads) == 1, f"created.json read {len(reads) - 1} times over {probed} health checks"
+        pid = sup.child.pid
+        sup.board.adapters_changed()  # as a create in any worker does
+        await asyncio.wait_for(read_again.wait(), 30)
+        assert len(reads) == 2
+        probed, checks = 0, asyncio.Event()
+        await asyncio.wait_for(checks.wait(), 30)  # the watch went on: declared already, no restart
+        assert sup.state is State.READY and sup.child.pid == pid and len(reads) == 2
+    finally:
+        await pool.stop()
+    assert polls == []

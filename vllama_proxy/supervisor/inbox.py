@@ -3,8 +3,8 @@ carry them between processes.
 
 The owner loop of a model (``lifecycle.py``) is told, not polled: a request that wants the model,
 a request that gave up waiting, an on-demand slot claimed for another model or given another model,
-a neighbour that needs its GPU room, a neighbour whose room changed, and stop are messages it waits
-on; waiting on the inbox is the synchronisation, as llama-swap's process loop waits on its channels
+a neighbour that needs its GPU room, a neighbour whose room changed, an adapter created for it, and
+stop are messages it waits on; waiting on the inbox is the synchronisation, as llama-swap's process loop waits on its channels
 (``internal/process/process_command.go``: ``startCh``, ``stopCh``, ``waitReadyCh``). The other way,
 requests waiting for a model wait on its *news*: the owner rings it whenever it publishes its status
 (``status.py``), and each waiter looks at the board again. Polling vLLM's ``/health`` (another
@@ -48,6 +48,7 @@ class Kind(enum.IntEnum):
     ROOM = 7  # a neighbour's room changed: a transition, or a neighbour became idle (the pool)
     STOP = 8  # supervision ends (Supervisor.stop)
     EXPIRED = 9  # its keep_alive was ended early, or a claim for its slot waits on it: look now (any process)
+    ADAPTERS = 10  # an adapter was created that its vLLM may have to restart for (StatusBoard.adapters_changed; any process)
 
 
 class Bell:

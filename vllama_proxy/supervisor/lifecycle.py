@@ -48,6 +48,8 @@ log = get_logger("vllama.supervisor")
 
 #: The states in which no vLLM runs and an on-demand slot may hold another model by the next step.
 _NOT_RUNNING = frozenset({State.UNLOADED, State.RESTARTING, State.FAILED})
+#: What a ready vLLM's watch is told (``inbox.py``): asked to make room, its keep_alive ended early, an adapter created.
+_WATCHED = frozenset({Kind.EVICT, Kind.RELEASE, Kind.EXPIRED, Kind.ADAPTERS})
 
 class Pool(Protocol):
     """What a supervisor asks of the pool that shares its GPUs (``pool.ModelPool``)."""
@@ -145,6 +147,10 @@ class Supervisor:
         #: models made with /api/create (their LoRA adapters set this vLLM's LoRA limits), and the plan it runs with
         self._created = CreatedStore(settings.state_dir / "created.json")
         self._lora = LoraPlan()
+        #: the board's adapter count (``StatusBoard.adapters_version``) when the created models were last read
+        self._lora_version = board.adapters_version
+        #: the plan a created adapter asks for, while the running vLLM must restart for it and has not yet
+        self._lora_wanted: LoraPlan | None = None
 
     # -- public API ----------------------------------------------------------------
     def argv(self) -> list[str]:
@@ -684,6 +690,8 @@ class Supervisor:
         while the child's output shows loading progress), and readiness.
         """
         try:
+            # the count first: an adapter created from here on is looked at once vLLM is ready (_watch)
+            self._lora_version, self._lora_wanted = self.board.adapters_version, None
             self._lora = await asyncio.to_thread(self.lora_plan)
             if self._lora.modules:
                 mode = lora_mode(self.s, self.spec)
@@ -723,17 +731,20 @@ class Supervisor:
 
     async def _watch(self) -> WatchOutcome:
         """Watch a ready vLLM until it must restart, its keep_alive ended (or an eviction was asked)
-        with nothing running, a new adapter needs a restart (``models/adapters.py``: declared at launch, or
-        larger LoRA limits), or stop is asked."""
+        with nothing running, a new adapter needs a restart (:meth:`_lora_outgrown`), or stop is asked."""
         child = self.child
         assert child is not None
         exited = asyncio.ensure_future(child.wait())
         failed_polls = 0
         tokens: float | None = None
         stalled_since: float | None = None
+        if self.board.adapters_version != self._lora_version:
+            self.inbox.post(Kind.ADAPTERS)  # an adapter created while it started or slept (its message unheard then): look now
         try:
             while True:
-                told = await self._first(exited, self.s.health_interval, {Kind.EVICT, Kind.RELEASE, Kind.EXPIRED})
+                # IDLE while a created adapter's restart waits for the base's requests to end (_lora_outgrown)
+                kinds = _WATCHED if self._lora_wanted is None else _WATCHED | {Kind.IDLE}
+                told = await self._first(exited, self.s.health_interval, kinds)
                 if told is Kind.STOP:
                     return StopAsked()
                 if exited.done():
@@ -742,11 +753,7 @@ class Supervisor:
                 failed_polls = 0 if code == 200 else failed_polls + 1
                 if failed_polls >= self.s.unhealthy_threshold:
                     return Crashed(f"/health failed {failed_polls} times in a row (last: {code or 'unreachable'})")
-                idle_now = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
-                mode = lora_mode(self.s, self.spec).mode
-                # launch mode: busy too (the restart drains: _drain); runtime: restarts for larger limits wait until idle
-                if (idle_now or mode == "launch") and self._created.path.exists() \
-                        and self._lora.needs_restart(await asyncio.to_thread(self.lora_plan), mode):
+                if await self._lora_outgrown():
                     return LoraOutgrown()
                 # An eviction asked during the probe below is weighed at the next look (its EVICT
                 # message ends the wait at once), never cleared unseen: nobody would tell the model
@@ -778,6 +785,37 @@ class Supervisor:
                     self.board.announce()  # the claim looks again
         finally:
             exited.cancel()
+
+    async def _lora_outgrown(self) -> bool:
+        """Whether vLLM must restart now for an adapter created since it started (``models/adapters.py``:
+        ``LoraPlan.needs_restart``: not declared at launch, or larger LoRA limits).
+
+        The created models are read only when the board's adapter count moved (a create's ``ADAPTERS``
+        message, ``StatusBoard.adapters_changed``), never on the health probe's clock (issue 42.3: the
+        create waited for that clock, 5 s, and every model read ``created.json`` and its adapters'
+        configs every 5 s). In ``launch`` mode the restart is due at once (busy or not: it drains,
+        :meth:`_drain`); in ``runtime`` mode, where only the LoRA limits can ask for it, once vLLM is
+        idle: the ``IDLE`` of its last request, or a later probe, looks again. A drain that timed out
+        is tried again at the next probe or ``IDLE``. An adapter created through another vllama that
+        shares the state directory rings no bell here: this vLLM declares it at its next start.
+        """
+        version = self.board.adapters_version
+        told = version != self._lora_version
+        if not told and self._lora_wanted is None:
+            return False  # the watch's usual look: nothing created, nothing read
+        mode = lora_mode(self.s, self.spec).mode
+        if told:
+            self._lora_version = version
+            wanted = await asyncio.to_thread(self.lora_plan)
+            self._lora_wanted = wanted if self._lora.needs_restart(wanted, mode) else None
+        if self._lora_wanted is None:
+            return False
+        if mode == "launch" or (self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking):
+            return True
+        if told:
+            log.info("lora_restart_waits", model=self.served_name, adapters=sorted(self._lora_wanted.modules),
+                     until="its requests end (--adapters runtime restarts only an idle vLLM)", in_flight=self.board.in_flight)
+        return False
 
     async def _first(self, exited: asyncio.Future[int], timeout: float, kinds: frozenset[Kind] | set[Kind] = frozenset()) -> Kind | None:
         """Wait for the child's exit, a message of ``kinds`` or stop, or ``timeout`` (the next

@@ -37,8 +37,9 @@ class StatusBoard:
 
     Attributes written by :meth:`publish`: state, since (epoch s), restarts, vLLM's pid,
     last error and the child's last output lines. Written by the proxy processes: the
-    keep-alive deadline and last use (:meth:`touch`), wake requests, and requests in flight,
-    one counter per process (``slots``) so that no two processes write the same word.
+    keep-alive deadline and last use (:meth:`touch`), wake requests, the count of adapters created
+    for it (:meth:`adapters_changed`: one word, changed under the lock), and requests in flight, one
+    counter per process (``slots``) so that no two processes write the same word.
 
     Args:
         served_name: the model's served name.
@@ -65,6 +66,7 @@ class StatusBoard:
         self._settled = ctx.RawValue("i", int(initial is State.UNLOADED))  # 1 once past its first start (any outcome)
         self._release = ctx.RawValue("i", 0)  # 1: an on-demand slot's next model asks this sleeping one to stop
         self._refused = ctx.RawValue("d", 0.0)  # epoch s of the latest fit check that refused it (0: none since it loaded)
+        self._adapters = ctx.RawValue("i", 0)  # adapters created for it that may need a restart, counted (adapters_changed)
         #: the owner loop's inbox (``inbox.py``: requests ring it) and each proxy process's news (the owner rings them)
         self.inbox_bell, *news = bells(1 + max(slots, 1), prefix="vllama-board-")
         self._news = [News(b) for b in news]
@@ -163,6 +165,22 @@ class StatusBoard:
         """Ask the supervisor to look at the keep-alive now rather than at its next health check (an
         ``EXPIRED`` message: a claim for its slot waits on it); answered as :meth:`request_release` is."""
         self.inbox_bell.ring(Kind.EXPIRED)
+
+    def adapters_changed(self) -> None:
+        """An adapter of this model was created (``/api/create``, after ``created.json`` is written) that
+        its running vLLM may have to restart for (``--adapters``: ``models/adapters.py``): counted on the
+        board, then an ``ADAPTERS`` message; the supervisor reads the created models once and restarts
+        vLLM if its LoRA plan no longer serves them (declared at launch, or larger limits)."""
+        with self._lock.held():  # two workers' creates at once: neither count is lost
+            self._adapters.value += 1
+        self.inbox_bell.ring(Kind.ADAPTERS)
+
+    @property
+    def adapters_version(self) -> int:
+        """How many times :meth:`adapters_changed` was called: the supervisor compares it with the count
+        it read the created models at (a change while its message could not be heard, e.g. during a
+        start, is seen at its next look)."""
+        return self._adapters.value
 
     @property
     def expires_at(self) -> float:

@@ -246,7 +246,8 @@ async def adapter_dir(request: web.Request, name: str, blobs_of: dict[str, str],
 async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[str, str]]:
     """Make the base's vLLM serve ``made``'s adapter, as its adapter mode says (``models/adapters.py``,
     ``--adapters``): in ``runtime`` mode loaded into the running vLLM when its LoRA limits allow it; in
-    ``launch`` mode the supervisor restarts vLLM with the adapter in ``--lora-modules``, draining the
+    ``launch`` mode the supervisor, told at once (``StatusBoard.adapters_changed``: an ``ADAPTERS``
+    message), restarts vLLM with the adapter in ``--lora-modules``, draining the
     requests in flight (``lifecycle.Supervisor._drain``), and when a limit must grow in ``runtime`` mode
     once it is idle; this waits for that restart (requests for the base meanwhile wait for the start, as
     for any start: a second vLLM of the model would not fit beside the first) and asks vLLM whether it
@@ -288,9 +289,11 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
                     raise BadRequest(f"vLLM did not load the adapter: {e.message}") from None
         if loaded:
             return [{"status": "loaded the adapter into the running model"}]
-    # a restart (declared at launch, or a limit must grow): the supervisor restarts the awake, idle vLLM at its next check
+    # a restart (declared at launch, or a limit must grow): the supervisor, told once vLLM is awake, restarts it
+    # (in runtime mode once idle)
     async with model_in_use(request, backend, None):
         pass
+    board.adapters_changed()
     deadline = time.monotonic() + 3 * request.app[SETTINGS].health_interval + 30
     while board.ready and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
