@@ -17,6 +17,7 @@ before these fixes (26.9 and 26.3 after). Each test pins one of the calls cut:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import subprocess
@@ -230,6 +231,24 @@ def test_a_ready_model_is_held_in_two_lock_sections(monkeypatch, tmp_path):
     assert [k.name for k in rings] == ["IDLE"]  # as before: the last request's end, nothing else
 
 
+@contextlib.contextmanager
+def _exceptions_raised():
+    """Counts the exceptions raised (and caught or not) in the ``with`` block's frames: yields a one-item
+    list, the count once the block ends (``sys.settrace``'s "exception" events)."""
+    count = [0]
+
+    def trace(frame, event, _arg):
+        if event == "exception":
+            count[0] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        yield count
+    finally:
+        sys.settrace(None)
+
+
 def test_a_request_key_is_read_without_a_miss():
     """On an open server every read of a request's key (``key_of``, ~9 per request) found it: a key absent
     from the request raised a KeyError inside ``Mapping.get`` each time (issue 42)."""
@@ -242,19 +261,9 @@ def test_a_request_key_is_read_without_a_miss():
     seen = []
 
     async def handler(request):
-        misses = 0
-
-        def trace(frame, event, _arg):
-            nonlocal misses
-            if event == "exception":
-                misses += 1
-            return trace
-
-        sys.settrace(trace)
-        try:
+        with _exceptions_raised() as misses:
             keys = [api_keys.key_of(request) for _ in range(9)]
-        finally:
-            sys.settrace(None)
+        misses = misses[0]
         seen.append((keys, misses))
         return web.Response()
 
@@ -311,19 +320,9 @@ def test_the_cors_hook_finds_its_entry_without_an_origin():
 
     async def handler(request):
         response = web.StreamResponse()
-        misses = 0
-
-        def trace(frame, event, _arg):
-            nonlocal misses
-            if event == "exception":
-                misses += 1
-            return trace
-
-        sys.settrace(trace)
-        try:
+        with _exceptions_raised() as misses:
             await access.add_cors_headers(request, response)
-        finally:
-            sys.settrace(None)
+        misses = misses[0]
         seen.append((misses, "Access-Control-Allow-Origin" in response.headers))
         return web.Response()
 
