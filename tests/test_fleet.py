@@ -201,9 +201,13 @@ def test_distinct_prompts_are_placed_by_load_and_released(tmp_path, fleet):
         time.sleep(0.1)
     text = router.log.read_text()
     assert text.count("SLL: finished session") == text.count("SLL: new session") == users * each
-    # the engines' counts stayed close: what each held when a key was placed (6 users over 2 engines)
+    # the engines' counts stayed close: what each held when a key was placed. A user has at most one request
+    # in flight and one release on its way (sent after its answer ended, racing its next request: a loaded
+    # machine lets the next placement come first), so the two engines hold at most 2 x users keys between them
+    # and the least loaded one, where a key goes, at most half of them (+1 as logged); keys never released (a
+    # key per conversation, or releases lost) would reach users x each / 2 = 30 here
     held = [int(n) for n in re.findall(r"active sessions on replica: (\d+)", text)]
-    assert max(held) <= users // 2 + 1, held
+    assert max(held) <= users + 1, held
     # the other routes without a key to share: /api/generate, the relayed /v1 chat and completions
     client = Client(host=front.url)
     client.generate(model="tiny", prompt="no system prompt")
