@@ -762,7 +762,7 @@ class Supervisor:
                 expired = asked is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)
-                    idle = self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking
+                    idle = not self.board.in_use
                     if expired and load is not None and load.pending == 0 and idle:
                         return Idle()
                     if asked is not None and self.board.in_flight + self.board.waiters > 0:
@@ -810,7 +810,7 @@ class Supervisor:
             self._lora_wanted = wanted if self._lora.needs_restart(wanted, mode) else None
         if self._lora_wanted is None:
             return False
-        if mode == "launch" or (self.board.in_flight == 0 and self.board.waiters == 0 and not self.board.waking):
+        if mode == "launch" or not self.board.in_use:
             return True
         if told:
             log.info("lora_restart_waits", model=self.served_name, adapters=sorted(self._lora_wanted.modules),
