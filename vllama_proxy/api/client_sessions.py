@@ -30,11 +30,14 @@ only on the event loop, before the request goes upstream and once it has ended.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+
+from aiohttp import web
 
 from vllama_proxy.logs import get_logger
 
 from . import session
+from .api_keys import key_of
 
 log = get_logger("vllama.fleet")
 
@@ -108,6 +111,11 @@ class ClientSessions:
                 self._in_flight[key] = left
             else:
                 del self._in_flight[key]
+
+    def hold_request(self, request: web.Request) -> AbstractContextManager[str | None]:
+        """:meth:`hold` for ``request``: its caller is its API key's name (``api_keys.key_of``), as fair
+        sharing, rate limits and the usage ledger name it; its headers are the client's."""
+        return self.hold(key_of(request).name, request.headers)
 
     def in_flight(self, key: str) -> int:
         """Requests in flight under the client key ``key`` at this process."""

@@ -29,7 +29,6 @@ from vllama_proxy.upstream import encode_json
 from .. import session
 from ..admission import with_priority
 from ..ollama_types import json_object
-from ..api_keys import key_of
 from ..app_state import CATALOG, CLIENT_SESSIONS, SETTINGS
 from ..translate.to_openai import (
     OUTPUT_TOKEN_FIELDS,
@@ -86,7 +85,7 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
             _budget_below(data)
         return encode_json(data)
 
-    with clients.hold(key_of(request).name, request.headers) as own:  # the client's own key, scoped, counted until the end
+    with clients.hold_request(request) as own:  # the client's own key, scoped, counted until the end
         headers = session.headers(settings.session_header, own, session.agent_key(data["model"], data))
         return await relay(request, backend, path, b"", session_headers=headers, ready_body=ready)
 

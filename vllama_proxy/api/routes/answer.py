@@ -18,7 +18,6 @@ from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
 from .. import session
 from ..admission import with_priority
-from ..api_keys import key_of
 from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from ..relay import relay
 from ..timestamps import Timings
@@ -73,7 +72,7 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
         unstreamed(body)
     out = translator(name, timings, aggregate=not stream)
     settings = request.app[SETTINGS]
-    with request.app[CLIENT_SESSIONS].hold(key_of(request).name, request.headers) as own:  # counted until the answer ends
+    with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends
         sent, release = session.placement(settings.session_header, own, session_key, settings.request_sessions == "on")
         headers = {**session.JSON, **sent}
         async with model_in_use(request, backend, keep_alive):

@@ -183,7 +183,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         data, model, backend = await _route(request, body)
     except _NoBackend as e:
         return e.response
-    with request.app[CLIENT_SESSIONS].hold(key_of(request).name, request.headers) as own:  # counted until the answer ends
+    with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends
         sent, release = _placement(request, data, own)
         try:
             return await relay(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
