@@ -7,7 +7,7 @@ import base64
 import pytest
 from conftest import _png
 
-from vllama_proxy.api.ollama_types import Options
+from vllama_proxy.api.ollama_types import GenerateRequest, Options
 from vllama_proxy.api.timestamps import Timings
 from vllama_proxy.api.translate.to_ollama import ChatTranslator
 from vllama_proxy.api.translate.to_openai import image_url, response_format, sampling_params
@@ -19,6 +19,15 @@ def test_sampling_params_names_and_ignored():
     fields, ignored = sampling_params(Options(num_predict=0, repeat_penalty=1.1, stop="x", num_ctx=4096, mirostat=2, typical_p=0.5, foo=1))
     assert fields == {"repetition_penalty": 1.1, "stop": ["x"]}  # num_predict 0: no cap, left out
     assert ignored == ["foo", "mirostat", "num_ctx", "typical_p"]
+
+
+def test_options_are_the_keys_sent_only():
+    """A request's options are what it sent, nothing more: pydantic checks those keys only and builds no
+    33-field instance that translate then dumps again (issue 42.4: a lone request's cold validation and
+    ``sampling_params``, ~24 and ~14 µs on the 2-core VM). A ``null`` is kept and read as unset."""
+    req = GenerateRequest.model_validate({"model": "m", "options": {"num_predict": 2, "temperature": None, "foo": 1}})
+    assert req.options == {"num_predict": 2, "temperature": None, "foo": 1}
+    assert sampling_params(req.options) == ({"max_tokens": 2}, ["foo"])
 
 
 def test_response_format():

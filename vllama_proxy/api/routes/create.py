@@ -33,11 +33,11 @@ from vllama_proxy.models.local import NAME_FILE, uploaded_dir
 from .body import read_request
 from .model_use import model_in_use
 from .manage import _NAME
-from ..ollama_types import CreateRequest, Message, Options, validation_message
+from ..ollama_types import OPTIONS, CreateRequest, Message, Options, validation_message
 from ..app_state import BLOBS, CATALOG, SETTINGS
 
 #: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.
-_PARAMETERS = frozenset(Options.model_fields)
+_PARAMETERS = frozenset(Options.__annotations__)
 
 
 def check_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -50,10 +50,10 @@ def check_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise BadRequest(f"unknown parameter '{unknown[0]}'")
     try:
-        opts = Options.model_validate(parameters)
+        opts = OPTIONS.validate_python(parameters)
     except ValidationError as e:
         raise BadRequest(validation_message(e).replace("invalid ", "invalid parameter ", 1)) from None
-    out = opts.model_dump(exclude_none=True)
+    out = {k: v for k, v in opts.items() if v is not None}
     if isinstance(out.get("stop"), str):
         out["stop"] = [out["stop"]]
     return out

@@ -23,7 +23,7 @@ from vllama_proxy.errors import BadRequest, UnsupportedCapability
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.fim import FimFormat
 from vllama_proxy.upstream import encode_json
-from ..ollama_types import ChatRequest, GenerateRequest, Message, Options
+from ..ollama_types import OPTIONS, ChatRequest, GenerateRequest, Message, Options
 
 #: Ollama option -> vLLM sampling parameter, for keys whose value passes unchanged.
 _SAME_VALUE = {
@@ -58,17 +58,19 @@ def sampling_params(options: Options | None) -> tuple[dict[str, Any], list[str]]
       (``routes/generate.py``).
     - ``top_k`` ≤0 and ``seed`` -1 mean "off"/"random" in Ollama and are left out.
     - ``stop`` may be a string or a list.
+    - An option sent as ``null`` is unset.
 
     Returns:
         ``(fields, ignored)``: the body fields, and sorted names of options that have no
         vLLM meaning (``num_ctx``, ``mirostat``, unknown keys...).
     """
     out: dict[str, Any] = {}
-    if options is None:
+    if not options:
         return out, []
-    set_fields = options.model_dump(exclude_none=True)
     ignored = []
-    for key, value in set_fields.items():
+    for key, value in options.items():  # the options sent only (Options is a TypedDict)
+        if value is None:
+            continue
         if key in _SAME_VALUE:
             out[_SAME_VALUE[key]] = value
         elif key == "num_predict":
@@ -282,8 +284,8 @@ def with_model_defaults(req: ChatRequest | GenerateRequest, made: CreatedModel |
     """
     if made is None:
         return req, []
-    merged = {**made.parameters, **(req.options.model_dump(exclude_none=True) if req.options else {})}
-    update: dict[str, Any] = {"options": Options.model_validate(merged) if merged else req.options}
+    merged = {**made.parameters, **{k: v for k, v in (req.options or {}).items() if v is not None}}
+    update: dict[str, Any] = {"options": OPTIONS.validate_python(merged) if merged else req.options}
     before = [dict(m) for m in made.messages]
     if isinstance(req, ChatRequest):
         msgs = list(req.messages or [])
