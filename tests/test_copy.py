@@ -66,15 +66,18 @@ def test_every_worker_and_the_next_run_know_the_alias(fake, state_dir):
     p = start_proxy(fake.url, "--workers", "3", env={"VLLAMA_STATE_DIR": state_dir})
     try:
         assert httpx.post(p.url + "/api/copy", json={"source": SERVED, "destination": "shared"}).status_code == 200
-        # new connections land on any of the three processes (SO_REUSEPORT): all resolve it at once
+        # and a model made with /api/create (issue 42.4: the workers learn of both by a count in shared memory)
+        assert httpx.post(p.url + "/api/create", json={"model": "made", "from": SERVED, "stream": False}).status_code == 200
+        # new connections land on any of the three processes (SO_REUSEPORT): all resolve them at once
         for _ in range(30):
             with httpx.Client() as c:
                 assert c.post(p.url + "/api/show", json={"model": "shared"}).status_code == 200
+                assert c.post(p.url + "/api/show", json={"model": "made"}).json()["details"]["parent_model"] == SERVED
     finally:
         stop(p.proc)
     p = start_proxy(fake.url, env={"VLLAMA_STATE_DIR": state_dir})
     try:
-        assert "shared:latest" in [m.model for m in Client(host=p.url).list().models]
+        assert {"shared:latest", "made:latest"} <= {m.model for m in Client(host=p.url).list().models}
     finally:
         stop(p.proc)
 

@@ -328,3 +328,31 @@ def test_the_cors_hook_finds_its_entry_without_an_origin():
 
     asyncio.run(access.cors([])(make_mocked_request("POST", "/api/generate"), handler))
     assert seen == [(0, False)]
+
+
+def test_the_created_models_file_is_looked_at_only_when_a_write_moved_its_count(monkeypatch, tmp_path):
+    """Issue 42.4: every request stat'ed ``created.json`` (and, with no model created, raised and caught a
+    ``FileNotFoundError``). With the server's change count (``state_file.Changes``, in shared memory) a
+    lookup looks at the file only when a write of any of its processes moved the count, and sees that
+    write at once; a writer outside the server (another vllama on the state directory) within ``RECHECK``."""
+    from vllama_proxy.models import state_file
+    from vllama_proxy.models.created import CreatedModel, CreatedStore
+
+    monkeypatch.setattr(state_file, "RECHECK", 3600.0)  # no test waits on a clock: the bound is checked below
+    path = tmp_path / "created.json"
+    changes = state_file.Changes()
+    reader, writer = CreatedStore(path, changes), CreatedStore(path, changes)  # two workers' stores
+    looks = []
+    real = Path.stat
+    monkeypatch.setattr(Path, "stat", lambda self, **kw: (looks.append(self) if self == path else None) or real(self, **kw))
+    assert [reader.lookup("mario") for _ in range(5)] == [None] * 5
+    assert len(looks) == 1  # the first lookup only
+    writer.put(CreatedModel(name="mario", base="m0", parent="m0"))
+    assert reader.lookup("mario").base == "m0"  # another process's write, seen at the next lookup
+    seen = len(looks)
+    assert all(reader.lookup("mario") is not None for _ in range(5)) and len(looks) == seen
+    CreatedStore(path).put(CreatedModel(name="luigi", base="m0", parent="m0"))  # outside the server: no count
+    assert reader.lookup("luigi") is None and len(looks) == seen
+    later = state_file.monotonic() + 3600.0
+    monkeypatch.setattr(state_file, "monotonic", lambda: later)
+    assert reader.lookup("luigi") is not None  # looked at again once RECHECK passed

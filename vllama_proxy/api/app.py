@@ -28,6 +28,7 @@ from vllama_proxy.models.vllm_servers import Backend, BackendSpec
 from vllama_proxy.models.blobs import BlobStore
 from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.models.created import CreatedStore
+from vllama_proxy.models.state_file import StoreChanges
 from vllama_proxy.models.on_demand import OnDemand
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
@@ -196,7 +197,7 @@ async def usage_ledger(app: web.Application) -> AsyncIterator[None]:
 
 
 def build_app(settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
-              bound: admission.AdmissionBound, slots: Any = None) -> web.Application:
+              bound: admission.AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
 
     Args:
@@ -209,6 +210,8 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         bound: the server-wide admission count in shared memory (``admission.py``).
         slots: the on-demand slots (``supervisor/slots.py``), whose backends are the ``slot`` ones of
             ``backends``; ``None``: no model starts on demand.
+        changes: the change counts of the state files every process reads (``models/state_file.py``,
+            made before the workers spawn); ``None``: those files are stat'ed at every lookup.
     """
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
@@ -265,10 +268,10 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         aliases=aliases,
         vllm_args={"*": settings.vllm_args},
         ttl=settings.models_ttl,
-        store=AliasStore(settings.state_dir / "aliases.json"),
+        store=AliasStore(settings.state_dir / "aliases.json", changes.aliases if changes else None),
         library=resolved.library,
         on_demand=on_demand,
-        created=CreatedStore(settings.state_dir / "created.json"),
+        created=CreatedStore(settings.state_dir / "created.json", changes.created if changes else None),
     )
 
     app[ROUTER_SESSIONS] = releases = SessionRelease()

@@ -21,6 +21,7 @@ from vllama_proxy.models import library
 from vllama_proxy.models.vllm_servers import BackendSpec, ServedModel
 from vllama_proxy.models.launch_spec import VLLM_DEFAULT_GPU_SHARE, ModelConfig, has_flag, vllm_arg
 from vllama_proxy.models.resolved import ResolvedModels
+from vllama_proxy.models.state_file import StoreChanges
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import cpu_serving, engine, gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
@@ -148,8 +149,9 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
             raise SystemExit(1) from None
     settings = await resolve_request_sessions(settings)  # a router's load-placed sessions (front/fleet.py)
     backends = [BackendSpec(url=settings.upstream)]
-    app = build_app(settings, resolved, backends, front=front, bound=bound)
-    workers = WorkerPool(settings, resolved, backends, front, bound)
+    changes = StoreChanges()  # before the workers spawn: every process learns of a create or copy at once
+    app = build_app(settings, resolved, backends, front=front, bound=bound, changes=changes)
+    workers = WorkerPool(settings, resolved, backends, front, bound, changes=changes)
     hurry = asyncio.Event()
     stopped = catch_stop_signals(hurry, reload=reloader(app, settings, workers))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
@@ -312,8 +314,9 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     backends += [BackendSpec(url=f"http://127.0.0.1:{port}", board=board, slot=i)
                  for i, (board, port) in enumerate(zip(slots.boards, slots.ports, strict=True))] if slots else []
     settings = await resolve_request_sessions(settings)  # off: a node's own vLLM reads no session keys (front/fleet.py)
-    app = build_app(settings, resolved, backends, front=front, bound=bound, slots=slots)
-    workers = WorkerPool(settings, resolved, backends, front, bound, slots)
+    changes = StoreChanges()  # before the workers spawn: every process learns of a create or copy at once
+    app = build_app(settings, resolved, backends, front=front, bound=bound, slots=slots, changes=changes)
+    workers = WorkerPool(settings, resolved, backends, front, bound, slots, changes)
     hurry = asyncio.Event()
     signalled = catch_stop_signals(hurry, reload=reloader(app, settings, workers))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,

@@ -25,6 +25,7 @@ from vllama_proxy.api.admission import AdmissionBound
 from vllama_proxy.logs import configure_logging, get_logger
 from vllama_proxy.models.vllm_servers import BackendSpec
 from vllama_proxy.models.resolved import ResolvedModels
+from vllama_proxy.models.state_file import StoreChanges
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.lifeline import die_with_parent
 from vllama_proxy.supervisor.sizing import Plan
@@ -35,23 +36,23 @@ _CTX = multiprocessing.get_context("spawn")
 
 
 def _worker_main(index: int, parent: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec],
-                 front: Plan, bound: AdmissionBound, slots: Any = None) -> None:
+                 front: Plan, bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> None:
     # A worker left behind would keep serving on the shared port (SO_REUSEPORT) with a dead
     # supervisor's view of vLLM: it stops (draining) when the main process dies, however it dies.
     die_with_parent(signal.SIGTERM, parent)
     configure_logging(settings.log_level, settings.log_format)
     from .site import run_loop
 
-    run_loop(_serve(index, settings, resolved, backends, front, bound, slots))
+    run_loop(_serve(index, settings, resolved, backends, front, bound, slots, changes))
 
 
 async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
-                 bound: AdmissionBound, slots: Any = None) -> None:
+                 bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> None:
     from vllama_proxy.api.app import build_app
     from .site import catch_stop_signals, connection_caps, raise_nofile_limit, start_site
 
     nofile = raise_nofile_limit()
-    app = build_app(settings, resolved, backends, worker=index, front=front, bound=bound, slots=slots)
+    app = build_app(settings, resolved, backends, worker=index, front=front, bound=bound, slots=slots, changes=changes)
     stopped = catch_stop_signals(reload=_key_reloader(app, settings))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True,
                              idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
@@ -82,11 +83,12 @@ class WorkerPool:
         front: the front end's plan (shown in ``/readyz``).
         bound: the server-wide admission count in shared memory.
         slots: the on-demand slots (shared memory), or ``None``.
+        changes: the state files' change counts (shared memory), as ``build_app`` takes them.
     """
 
     def __init__(self, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
-                 bound: AdmissionBound, slots: Any = None) -> None:
-        self._args = (settings, resolved, backends, front, bound, slots)
+                 bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> None:
+        self._args = (settings, resolved, backends, front, bound, slots, changes)
         self._bound = bound
         self._boards = [spec.board for spec in backends if spec.board is not None]
         self._procs: dict[int, BaseProcess] = {}

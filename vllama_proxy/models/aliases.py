@@ -5,8 +5,9 @@ Model"); for a model served by vLLM that is an alias. The file is
 ``<state_dir>/aliases.json``, ``{"alias": "served name"}``. Writers take an ``flock``
 on a lock file beside it and replace the file atomically (write, fsync, rename), so
 concurrent copies from different workers do not lose each other's names and a crash
-never leaves half a file. Readers re-read it only when its mtime or size changed: one
-``stat`` per lookup of a name that is not a served name or configured alias.
+never leaves half a file. Readers re-read it only when its mtime or size changed, and look
+(a ``stat``) at a lookup of a name that is not a served name or configured alias only when a write
+of this server counted a change or a second passed (``state_file.Changes``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ class AliasStore(state_file.NameStore[tuple[dict[str, str], dict[str, str]]]):
 
     Args:
         path: the JSON file (its directory is created on the first write).
+        changes: its change count shared by the server's processes (``state_file.Changes``); ``None``:
+            a ``stat`` per lookup.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, changes: state_file.Changes | None = None) -> None:
         # alias -> served name, and the same keyed by the case-folded alias
-        super().__init__(path, self._parse, lambda: ({}, {}))
+        super().__init__(path, self._parse, lambda: ({}, {}), changes)
 
     def _parse(self) -> tuple[dict[str, str], dict[str, str]]:
         aliases = self._raw()

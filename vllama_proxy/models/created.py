@@ -73,14 +73,17 @@ class CreatedModel(BaseModel):
 
 
 class CreatedStore(state_file.NameStore[dict[str, CreatedModel]]):
-    """``<state_dir>/created.json`` (see the module docstring); re-read when its mtime or size changed.
+    """``<state_dir>/created.json`` (see the module docstring); re-read when its mtime or size changed,
+    looked at when a write of this server counted a change (or a second passed: ``state_file.RECHECK``).
 
     Args:
         path: the JSON file (its directory is made on the first write).
+        changes: its change count shared by the server's processes (``state_file.Changes``): a lookup
+            then looks at the file only when a write moved it; ``None``: a ``stat`` per lookup.
     """
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, lambda: {k.casefold(): m for k, m in self._read().items()}, dict)
+    def __init__(self, path: Path, changes: state_file.Changes | None = None) -> None:
+        super().__init__(path, lambda: {k.casefold(): m for k, m in self._read().items()}, dict, changes)
 
     def current(self) -> dict[str, CreatedModel]:
         """Folded name -> created model, as the file says now (``{}`` when absent or unreadable)."""
