@@ -17,6 +17,7 @@ child's last output shown on failure) and llama-swap's process owner loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -72,6 +73,11 @@ class Pool(Protocol):
         models waiting for room on its GPUs look again (a ``ROOM`` message)."""
         ...
 
+    def hearing_neighbours(self, sup: Supervisor) -> contextlib.AbstractContextManager[None]:
+        """While inside, ``sup`` may wait for room: the last request's end of each model sharing its GPUs
+        rings ``IDLE`` (``StatusBoard.hearing_idle``), which :meth:`moved` turns into ``ROOM`` for it."""
+        ...
+
 
 class Unpooled:
     """The pool of a supervisor alone on its GPUs: always room."""
@@ -87,6 +93,9 @@ class Unpooled:
 
     def moved(self, sup: Supervisor) -> None:
         pass
+
+    def hearing_neighbours(self, sup: Supervisor) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 class Supervisor:
@@ -383,13 +392,14 @@ class Supervisor:
         self.board.close()
         log.info("draining", model=self.served_name, in_flight=self.board.in_flight, reason="a new adapter, declared at launch")
         deadline = time.monotonic() + self.s.drain_timeout
-        while self.board.in_flight > 0:  # told by the board's IDLE message when the last one ends (inbox.py)
-            left = deadline - time.monotonic()
-            if left <= 0 or self._stop.is_set() or await self.inbox.next({Kind.IDLE}, timeout=left) is Kind.STOP:
-                self.board.reopen()
-                log.warning("drain_timed_out", model=self.served_name, in_flight=self.board.in_flight,
-                            then="serving on; the restart is tried again at the next check")
-                return False
+        with self.board.hearing_idle():  # told by the board's IDLE message when the last one ends (inbox.py)
+            while self.board.in_flight > 0:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set() or await self.inbox.next({Kind.IDLE}, timeout=left) is Kind.STOP:
+                    self.board.reopen()
+                    log.warning("drain_timed_out", model=self.served_name, in_flight=self.board.in_flight,
+                                then="serving on; the restart is tried again at the next check")
+                    return False
         return True
 
     async def _put_away(self) -> None:
@@ -586,6 +596,11 @@ class Supervisor:
         one at a time, and gives up after ``load_timeout`` or once no request waits any more. A
         model that cannot fit at all is refused: its requests get the numbers (507).
         """
+        with self.pool.hearing_neighbours(self):  # from before the first verdict: no neighbour's end unheard
+            return await self._admit_heard(on_demand)
+
+    async def _admit_heard(self, on_demand: bool) -> bool:
+        """:meth:`_admit` while the neighbours' last requests' ends are heard."""
         deadline = time.monotonic() + self.s.load_timeout
         check_fit = True  # once, when no neighbour is loading: NVML's free memory is then what vLLM would see
         while not self._stop.is_set():
@@ -740,10 +755,17 @@ class Supervisor:
         stalled_since: float | None = None
         if self.board.adapters_version != self._lora_version:
             self.inbox.post(Kind.ADAPTERS)  # an adapter created while it started or slept (its message unheard then): look now
+        hearing = False
         try:
             while True:
-                # IDLE while a created adapter's restart waits for the base's requests to end (_lora_outgrown)
-                kinds = _WATCHED if self._lora_wanted is None else _WATCHED | {Kind.IDLE}
+                # IDLE while a created adapter's restart waits for the base's requests to end (_lora_outgrown):
+                # only then does the end of its last request ring (StatusBoard.hearing_idle)
+                if hearing != (self._lora_wanted is not None):
+                    hearing = not hearing
+                    self.board.listen_idle(hearing)
+                    if hearing and self.board.in_flight == 0:
+                        self.inbox.post(Kind.IDLE)  # it ended before it was heard: look now
+                kinds = _WATCHED | {Kind.IDLE} if hearing else _WATCHED
                 told = await self._first(exited, self.s.health_interval, kinds)
                 if told is Kind.STOP:
                     return StopAsked()
@@ -785,6 +807,8 @@ class Supervisor:
                     self.board.announce()  # the claim looks again
         finally:
             exited.cancel()
+            if hearing:
+                self.board.listen_idle(False)
 
     async def _lora_outgrown(self) -> bool:
         """Whether vLLM must restart now for an adapter created since it started (``models/adapters.py``:

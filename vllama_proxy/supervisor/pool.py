@@ -41,8 +41,9 @@ waiting for room is told when it may have changed (:meth:`ModelPool.moved`: a ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from vllama_proxy.models import fit
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
@@ -268,6 +269,17 @@ class ModelPool:
         room again (a ``ROOM`` message to each; one waiting for room acts on it, the others drop it)."""
         for o in self._neighbours(sup):
             o.inbox.post(Kind.ROOM)
+
+    @contextlib.contextmanager
+    def hearing_neighbours(self, sup: Supervisor) -> Iterator[None]:
+        """While inside (``sup`` asks for room and may wait for it), the end of the last request of each
+        model sharing a GPU with ``sup`` rings its ``IDLE`` (``StatusBoard.hearing_idle``), which
+        :meth:`moved` turns into ``ROOM`` for ``sup``. Outside such a wait no request's end wakes an
+        owner loop (issue 42.4). The neighbours are those of the wait's start."""
+        with contextlib.ExitStack() as heard:
+            for o in self._neighbours(sup):
+                heard.enter_context(o.board.hearing_idle())
+            yield
 
     # -- fit before start (models/fit.py) ----------------------------------------------
     async def fit_report(self, sup: Supervisor) -> fit.FitReport | None:
