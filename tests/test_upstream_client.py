@@ -370,3 +370,24 @@ async def test_a_connect_dropped_at_a_full_listen_queue_is_tried_again_soon():
             s.close()
         await up.close()
         await runner.cleanup()
+
+
+async def test_a_request_builds_no_aiohttp_trace(monkeypatch):
+    """Issue 42.4: the retry's "was this connection pooled" came from a TraceConfig, and with any trace
+    config aiohttp builds a Trace per request and awaits its signals at each step (~30 Python calls of
+    each request's ~370 on the client side). The connector says it instead; the retry above still works."""
+    from aiohttp import tracing
+
+    built = []
+    real = tracing.Trace.__init__
+    monkeypatch.setattr(tracing.Trace, "__init__", lambda self, *a, **kw: built.append(1) or real(self, *a, **kw))
+    srv = ClosingServer()
+    up = Upstream(await srv.start())
+    await up.start()
+    try:
+        for _ in range(3):
+            assert await up.post_json("/v1/completions", {}) == {"ok": True}
+        assert built == [] and srv.connections == 1  # the pooled connection, reused, and no Trace
+    finally:
+        await up.close()
+        await srv.stop()

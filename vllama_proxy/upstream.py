@@ -38,8 +38,10 @@ so handlers never see aiohttp's exception types.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -72,18 +74,33 @@ def idle_lifetime() -> float:
     return max(0.6 * keep_alive, 0.1)
 
 
-class _Attempt:
-    """Per-request trace context: whether aiohttp took the connection from the pool."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
+#: Whether the connection the running request got came from the pool: set by :class:`_Connector` in the
+#: request's own task (aiohttp awaits the connector there), read by ``Upstream._send`` after a failure.
+_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("vllama_upstream_reused", default=False)
 
 
-async def _on_reuse(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
-    if isinstance(ctx.trace_request_ctx, _Attempt):
-        ctx.trace_request_ctx.reused = True
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, noting whether it handed the request a pooled connection (one it handed out
+    before): what the retry of a request whose pooled connection closed before the answer began asks.
+
+    Instead of a ``TraceConfig``'s ``on_connection_reuseconn``: with any trace config aiohttp builds a
+    ``Trace`` per request and awaits its signals at each step (request start, headers sent, chunk sent,
+    request end: ~5 awaits and their parameter objects on every request; issue 42.4). ``connect`` is
+    aiohttp's documented ``BaseConnector.connect``; the connections handed out are known by their protocol
+    objects, held weakly (a closed one is forgotten with it)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._handed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        proto = conn.protocol
+        if proto in self._handed:
+            _REUSED.set(True)
+        elif proto is not None:
+            self._handed.add(proto)
+        return conn
 
 
 #: A stale pooled connection fails as the request is written: a failure later than this is
@@ -183,8 +200,6 @@ class Upstream:
 
     async def start(self) -> None:
         """Open the shared session (call once, inside the running loop)."""
-        reuse = aiohttp.TraceConfig()
-        reuse.on_connection_reuseconn.append(_on_reuse)
         common: dict[str, Any] = dict(
             timeout=self._timeout,
             headers=self._headers,
@@ -192,14 +207,12 @@ class Upstream:
             skip_auto_headers=("User-Agent",),
         )
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=idle_lifetime(), enable_cleanup_closed=True),
-            trace_configs=[reuse],
+            connector=_Connector(limit=0, limit_per_host=0, keepalive_timeout=idle_lifetime(), enable_cleanup_closed=True),
             **common,
         )
         self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True), **common)
         self._control = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=CONTROL_CONNECTIONS, keepalive_timeout=idle_lifetime()),
-            trace_configs=[reuse], **common)
+            connector=_Connector(limit=CONTROL_CONNECTIONS, keepalive_timeout=idle_lifetime()), **common)
 
     async def close(self) -> None:
         """Close the sessions and every pooled connection."""
@@ -225,13 +238,13 @@ class Upstream:
     async def _send(self, method: str, url: str, control: bool = False, **kwargs: Any) -> aiohttp.ClientResponse:
         """One request (``control``: on :meth:`answer`'s own connections); once more on a fresh connection if
         a pooled one was closed before the answer began."""
-        attempt = _Attempt()
+        _REUSED.set(False)  # set again by _Connector when the pool hands it a connection it handed out before
         sent = time.monotonic()
         try:
             session = self._control_session if control else self.session
-            return await self._connecting(session, method, url, trace_request_ctx=attempt, **kwargs)
+            return await self._connecting(session, method, url, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if not attempt.reused or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > _STALE_WITHIN_S:
+            if not _REUSED.get() or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > _STALE_WITHIN_S:
                 raise
             log.info("upstream_retry", url=url, error=type(e).__name__, why="a pooled connection was closed before the answer began")
         owner = self._pool or self
