@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import ollama
 import orjson
 import psutil
 import pytest
+
+from vllama_proxy.supervisor.ports import free_loopback_port
 
 if TYPE_CHECKING:
     from vllama_proxy.settings import Settings
@@ -51,9 +52,10 @@ CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no one listens on, for a server a test starts: vllama's own pick for its vLLMs,
+    below the kernel's ephemeral range, so no client socket of the suite (thousands, two xdist workers,
+    vLLM's processes) takes it before the server binds it (CI saw the fake Hub exit so)."""
+    return free_loopback_port()
 
 
 def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:

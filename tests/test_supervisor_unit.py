@@ -261,3 +261,25 @@ async def test_the_load_check_reads_what_prometheus_clients_parser_reads():
             assert await probes.load(up) == probes.Load(pending, tokens)
         finally:
             await up.close()
+
+
+# -- the port each vLLM listens on ---------------------------------------------------------------
+
+
+def test_a_vllms_port_is_one_the_kernel_never_gives_an_outgoing_connection(monkeypatch):
+    """A vLLM's port is kept for vllama's life and bound again at every restart: taken from the
+    ephemeral range (``bind(0)``), a client socket could hold it while vLLM is down."""
+    import socket
+    from vllama_proxy.supervisor import ports
+    low, high = map(int, ports.EPHEMERAL_RANGE.read_text().split())
+    picked = [ports.free_loopback_port() for _ in range(40)]
+    assert len(set(picked)) == 40 and all(1024 <= p < low for p in picked)
+    # one of two ports in use (a listener, or a connection's local end): the other is given
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        held = taken.getsockname()[1]
+        free = free_port()
+        monkeypatch.setattr(ports, "listen_ports", lambda: range(min(held, free), max(held, free) + 1, abs(free - held)))
+        monkeypatch.setattr(ports, "_given", set())
+        assert ports.free_loopback_port() == free
+
