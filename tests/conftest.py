@@ -310,6 +310,7 @@ class Vllama:
         e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.pidfile),
              "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp_path / "state"),
              "VLLAMA_CPUS": "2", "HF_HOME": str(tmp_path / "hf"),  # on-demand models: this test's cache, not the user's
+             "PYTHONFAULTHANDLER": "1",  # a SIGABRT (wait_exit on a hang) writes every thread's stack to the log
              **(env or {})}
         source = ["--model", model or str(self.model)]  # model: another --model (a library name, a hub id)
         if config is not None:
@@ -323,6 +324,17 @@ class Vllama:
 
     def ready(self) -> dict:
         return httpx.get(self.url + "/readyz").json()
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status once vllama exits; past ``timeout`` s a SIGABRT, so that Python's fault handler
+        writes every thread's stack into the log (shown with the failure), and an AssertionError: a stop
+        that hangs says where."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
+            raise AssertionError(f"vllama had not exited {timeout:g} s on; its threads then:\n{log_tail(self.log, 120)}") from None
 
     def wait_state(self, state: str, timeout: float = 20.0, **match) -> dict:
         deadline = time.monotonic() + timeout
