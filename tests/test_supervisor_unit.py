@@ -283,3 +283,15 @@ def test_a_vllms_port_is_one_the_kernel_never_gives_an_outgoing_connection(monke
         monkeypatch.setattr(ports, "_given", set())
         assert ports.free_loopback_port() == free
 
+
+async def test_a_create_waits_for_the_owners_news_that_its_model_left_ready_not_a_poll():
+    """The create route, once it asked for a restart, waits on the owner's news (each status it
+    publishes rings every process) until the model leaves READY: told at once, no 0.2 s poll."""
+    board = StatusBoard("m")
+    board.publish(State.READY, since=time.time(), restarts=0, pid=1, last_error=None, last_output="")
+    assert await board.wait_left_ready(0.3) is False  # still ready: False after the timeout
+    waiting = asyncio.ensure_future(board.wait_left_ready(60))
+    await asyncio.sleep(0)  # it looked, and waits on its news
+    assert not waiting.done()
+    board.publish(State.RESTARTING, since=time.time(), restarts=1, pid=1, last_error=None, last_output="")
+    assert await asyncio.wait_for(waiting, 5) is True
