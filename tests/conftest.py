@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import ollama
 import orjson
 import psutil
 import pytest
+
+from vllama_proxy.supervisor.ports import free_loopback_port
 
 if TYPE_CHECKING:
     from vllama_proxy.settings import Settings
@@ -51,9 +52,10 @@ CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no one listens on, for a server a test starts: vllama's own pick for its vLLMs,
+    below the kernel's ephemeral range, so no client socket of the suite (thousands, two xdist workers,
+    vLLM's processes) takes it before the server binds it (CI saw the fake Hub exit so)."""
+    return free_loopback_port()
 
 
 def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
@@ -308,6 +310,7 @@ class Vllama:
         e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.pidfile),
              "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp_path / "state"),
              "VLLAMA_CPUS": "2", "HF_HOME": str(tmp_path / "hf"),  # on-demand models: this test's cache, not the user's
+             "PYTHONFAULTHANDLER": "1",  # a SIGABRT (wait_exit on a hang) writes every thread's stack to the log
              **(env or {})}
         source = ["--model", model or str(self.model)]  # model: another --model (a library name, a hub id)
         if config is not None:
@@ -321,6 +324,17 @@ class Vllama:
 
     def ready(self) -> dict:
         return httpx.get(self.url + "/readyz").json()
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status once vllama exits; past ``timeout`` s a SIGABRT, so that Python's fault handler
+        writes every thread's stack into the log (shown with the failure), and an AssertionError: a stop
+        that hangs says where."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
+            raise AssertionError(f"vllama had not exited {timeout:g} s on; its threads then:\n{log_tail(self.log, 120)}") from None
 
     def wait_state(self, state: str, timeout: float = 20.0, **match) -> dict:
         deadline = time.monotonic() + timeout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,7 @@ TESTS = Path(__file__).resolve().parent
 FAKE = TESTS / "fake_vllm.py"
 sys.path.insert(0, str(TESTS))
 import fake_vllm  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port  # noqa: E402
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:

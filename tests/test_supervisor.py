@@ -140,7 +140,7 @@ def test_a_second_sigterm_during_the_drain_still_stops_vllm(vllama):
     with pytest.raises(ResponseError):  # cut short: the stream ends with an error line, not silently
         for _ in stream:
             pass
-    assert v.proc.wait(30) == 0
+    assert v.wait_exit(30) == 0
     assert not alive(server) and not alive(engine)
     assert "stop_signal_repeated" in v.log.read_text()
 
@@ -310,7 +310,7 @@ def test_workers_share_port_and_status(vllama, tmp_path):
     for first, s in zip(firsts, streams):
         rest = list(s)
         assert first.response == "tok0 " and rest[-1].done and rest[-1].eval_count == 60
-    assert v.proc.wait(30) == 0
+    assert v.wait_exit(30) == 0
     deadline = time.monotonic() + 5  # multiprocessing's resource tracker exits just after its parent
     while any(alive(pid) for pid in kids) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -323,7 +323,7 @@ def test_vllm_rejecting_its_arguments_fails_at_once_and_exits_2(vllama):
     systemd unit does not restart)."""
     t0 = time.monotonic()
     v = vllama(vllm_args=["--max-model-len", "2048", "--fake-invalid-flag", "x"])
-    assert v.proc.wait(30) == 2
+    assert v.wait_exit(30) == 2
     assert time.monotonic() - t0 < 20
     err = v.log.read_text()
     assert "vllama serve: model 'tiny': vLLM rejected its arguments: vllm serve: error: unrecognized arguments: --fake-invalid-flag" in err

@@ -261,3 +261,37 @@ async def test_the_load_check_reads_what_prometheus_clients_parser_reads():
             assert await probes.load(up) == probes.Load(pending, tokens)
         finally:
             await up.close()
+
+
+# -- the port each vLLM listens on ---------------------------------------------------------------
+
+
+def test_a_vllms_port_is_one_the_kernel_never_gives_an_outgoing_connection(monkeypatch):
+    """A vLLM's port is kept for vllama's life and bound again at every restart: taken from the
+    ephemeral range (``bind(0)``), a client socket could hold it while vLLM is down."""
+    import socket
+    from vllama_proxy.supervisor import ports
+    low, high = map(int, ports.EPHEMERAL_RANGE.read_text().split())
+    picked = [ports.free_loopback_port() for _ in range(40)]
+    assert len(set(picked)) == 40 and all(1024 <= p < low for p in picked)
+    # one of two ports in use (a listener, or a connection's local end): the other is given
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        held = taken.getsockname()[1]
+        free = free_port()
+        monkeypatch.setattr(ports, "listen_ports", lambda: range(min(held, free), max(held, free) + 1, abs(free - held)))
+        monkeypatch.setattr(ports, "_given", set())
+        assert ports.free_loopback_port() == free
+
+
+async def test_a_create_waits_for_the_owners_news_that_its_model_left_ready_not_a_poll():
+    """The create route, once it asked for a restart, waits on the owner's news (each status it
+    publishes rings every process) until the model leaves READY: told at once, no 0.2 s poll."""
+    board = StatusBoard("m")
+    board.publish(State.READY, since=time.time(), restarts=0, pid=1, last_error=None, last_output="")
+    assert await board.wait_left_ready(0.3) is False  # still ready: False after the timeout
+    waiting = asyncio.ensure_future(board.wait_left_ready(60))
+    await asyncio.sleep(0)  # it looked, and waits on its news
+    assert not waiting.done()
+    board.publish(State.RESTARTING, since=time.time(), restarts=1, pid=1, last_error=None, last_output="")
+    assert await asyncio.wait_for(waiting, 5) is True

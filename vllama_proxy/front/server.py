@@ -6,7 +6,6 @@ import asyncio
 import atexit
 import dataclasses
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor import cpu_serving, engine, gpu, lifeline, warm
 from vllama_proxy.supervisor.placement import Placement, set_affinity
 from vllama_proxy.supervisor.pool import ModelPool
+from vllama_proxy.supervisor.ports import free_loopback_port
 from vllama_proxy.supervisor.slots import SlotTable
 from vllama_proxy.supervisor.sizing import Plan, plan, served_gpus, with_api_servers
 from vllama_proxy.supervisor.states import State
@@ -207,13 +207,6 @@ def on_demand_slots(settings: Settings) -> SlotTable | None:
              allow=settings.on_demand_models or "any local model")
     return SlotTable(count, [free_loopback_port() for _ in range(count)], workers=int(settings.workers),
                      keep_alive=settings.keep_alive_seconds())
-
-
-def free_loopback_port() -> int:
-    """A free TCP port on 127.0.0.1 for vLLM."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: Plan) -> None:

@@ -364,6 +364,25 @@ class StatusBoard:
             except asyncio.TimeoutError:
                 pass
 
+    async def wait_left_ready(self, timeout: float, slot: int = 0) -> bool:
+        """Wait until the model is no longer ready (its owner began a restart, a sleep, a stop), told by
+        the owner's news (:meth:`announce`, sent with each status it publishes): no polling.
+
+        Returns False if it was still ready after ``timeout`` seconds; never raises.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            news = self.news(slot)  # before the look: a status published from here on answers it
+            if not self.ready:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(news, remaining)
+            except asyncio.TimeoutError:
+                pass
+
     @property
     def last_error(self) -> str | None:
         return self._error.value.decode(errors="replace") or None

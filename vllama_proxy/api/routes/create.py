@@ -13,7 +13,6 @@ import asyncio
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from .body import read_request
 from .model_use import model_in_use
 from .manage import _NAME
 from ..ollama_types import OPTIONS, CreateRequest, Message, Options, validation_message
-from ..app_state import BLOBS, CATALOG, SETTINGS
+from ..app_state import BLOBS, CATALOG, SETTINGS, WORKER
 
 #: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.
 _PARAMETERS = frozenset(Options.__annotations__)
@@ -293,10 +292,8 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
     # (in runtime mode once idle)
     async with model_in_use(request, backend, None):
         pass
-    board.adapters_changed()
-    deadline = time.monotonic() + 3 * request.app[SETTINGS].health_interval + 30
-    while board.ready and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    board.adapters_changed()  # rings the owner loop; its restart leaves READY, and its news says so
+    await board.wait_left_ready(3 * request.app[SETTINGS].health_interval + 30, request.app[WORKER])
     async with model_in_use(request, backend, None):
         served = await probes.serves(backend.upstream, lora_name)
     if not served:  # the base stayed busy: its restart is tried again at each check
