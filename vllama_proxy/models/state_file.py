@@ -17,10 +17,10 @@ import json
 import multiprocessing
 import os
 import tempfile
-from time import monotonic
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import monotonic
 from typing import Any, Generic, TypeVar
 
 from structlog.typing import FilteringBoundLogger
