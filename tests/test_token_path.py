@@ -103,5 +103,6 @@ def test_a_token_does_not_resume_the_middlewares(route, slow_fake, tmp_path):
                     assert r.status_code == 200 and r.text.count("data: ") == TOKENS + 3  # the role, the tokens, the finish, [DONE]
 
     resumes = _resumes(slow_fake.url, tmp_path, send)
-    # 3 answers of 200 tokens: each token resumed it (600 and more); now each request a few times (12-14 in all here)
-    assert resumes < 30, f"{resumes} resumptions of the outermost middleware for 3 answers of {TOKENS} tokens"
+    # 3 answers of 200 tokens and wait_http's GET /: each token resumed it (591-612 in all on main); now each
+    # request does a few times (its connection, vLLM's headers, the loop's end: 12-14 in all here), bound at 10
+    assert resumes < 10 * 4, f"{resumes} resumptions of the outermost middleware for 3 answers of {TOKENS} tokens"
