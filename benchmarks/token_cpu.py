@@ -72,7 +72,8 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 def start_vllama(code: Path, fake_url: str, args: argparse.Namespace, env: dict[str, str], log: Path,
                  cpus: set[int] | None, workers: int) -> tuple[str, subprocess.Popen[bytes]]:
-    """``vllama serve --upstream`` importing the package under ``code`` (its cwd and PYTHONPATH)."""
+    """``vllama serve --upstream`` importing the package under ``code`` (its cwd, first on PYTHONPATH: the rest of
+    PYTHONPATH stays after it, e.g. a GPU host's ``/tmp/vsite`` holding vllama's dependencies)."""
     port = free_port()
 
     def pin() -> None:
@@ -82,7 +83,7 @@ def start_vllama(code: Path, fake_url: str, args: argparse.Namespace, env: dict[
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake_url, "--port", str(port),
                                  "--workers", str(workers), *args.proxy_arg],
-                                env={**env, "PYTHONPATH": str(code)}, cwd=code, stdin=subprocess.DEVNULL, stdout=out,
+                                env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")]))}, cwd=code, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=out, preexec_fn=pin, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/", proc, 60)

@@ -17,9 +17,10 @@ line).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -30,6 +31,25 @@ from .app_state import ACCEPTED
 from .metrics import TTFT, observe_stages, observe_tpot
 from .ndjson import begin
 from .translate.to_ollama import Translator, response_chunk, unstreamed_timings
+
+_T = TypeVar("_T")
+
+
+async def in_own_task(loop: Coroutine[Any, Any, _T]) -> _T:
+    """``await loop`` (the loop reading a streamed body) in a task of its own; its result or error.
+
+    Each time a suspended coroutine is resumed, every frame of the chain awaiting it is resumed
+    with it: a read inside a handler went back through aiohttp's request task (``_handle_request``),
+    ``Application._handle``, its ``_fix_request_current_app``, each of vllama's middlewares
+    (``api/app.py``), the route and ``answer.py``: 10 to 12 frames resumed for every token a stream
+    relays (issue 42; ``tests/test_token_path.py``). In its own task a read resumes the loop's frames
+    only: 4-7 % less CPU per token at 16 and 64 streams (``benchmarks/RESULTS.md``, "A token's read
+    off the middlewares' chain"), for ~2.6 µs per request. The handler awaits the task, so the task's result, its errors and a
+    cancellation pass as before: the client gone, aiohttp cancels the handler's task, which cancels
+    the task it waits for. The task runs in a copy of the request's context (``request_id`` in the
+    log lines); it costs one task per request.
+    """
+    return await asyncio.get_running_loop().create_task(loop)
 
 
 async def _unstreamed(request: web.Request, resp: Any, translator: Translator) -> web.Response:
@@ -70,7 +90,8 @@ async def relay(
     that ends without a finish reason is an error too, never a silent truncation.
 
     The streamed loop is the proxy's hot path (one pass per upstream read, usually one
-    token): decode, translate, one write; metrics are observed once per request.
+    token): decode, translate, one write; metrics are observed once per request. It runs in a
+    task of its own (:func:`in_own_task`), as does the loop gathering a non-streamed answer.
     ``headers`` replace the JSON content type sent upstream (``api/session.py`` adds the
     conversation's key for a router). ``final_only`` (with ``stream`` false): ``body`` asks
     vLLM for one unstreamed answer (``to_openai.unstreamed``) and the durations come from its
@@ -78,65 +99,77 @@ async def relay(
     """
     t = translator.t
     t.sent = time.perf_counter_ns()
-    route = request.path
     async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
         t.headers = time.perf_counter_ns()
-        feed = translator.feed
         if final_only and not stream:
-            return await _unstreamed(request, resp, translator)
-        if not stream:
-            with upstream.watch_body(resp):
-                async for batch in iter_sse(resp):
-                    if not t.first_read:
-                        t.first_read = time.perf_counter_ns()
-                    for chunk in batch:
-                        feed(chunk)
-            if not translator.finished:
-                raise _unfinished()
-            observe_stages(request.get(ACCEPTED) or t.received, t, 0)
-            final = translator.final()
-            if t.first:
-                TTFT.labels(route).observe((t.first - t.received) / 1e9)
-            observe_tpot(request, route, t, translator.prompt_eval_count, translator.output_tokens)
-            return web.Response(body=orjson.dumps(final), content_type="application/json")
-        out: web.StreamResponse | None = None
-        dumps = orjson.dumps
-        decoder = SSEDecoder()
-        decode = decoder.feed
-        first_write = 0
-        watch = upstream.watch_body(resp)  # the idle-read timeout, without a timer per read
-        try:
-            while not decoder.done:
-                # One write per upstream read: under load several events arrive per read.
-                data = await read_some(resp)
-                if not first_write and not t.first_read:
-                    t.first_read = time.perf_counter_ns()
-                lines = [dumps(item) for chunk in decode(data) for item in feed(chunk)]
-                if lines:
-                    if out is None:
-                        out = await begin(request)
-                    await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
-                    if not first_write:  # TTFT as the client sees it, even if the stream fails later
-                        first_write = time.perf_counter_ns()
-                        TTFT.labels(route).observe((first_write - t.received) / 1e9)
-                        observe_stages(request.get(ACCEPTED) or t.received, t, first_write)
-                if decoder.failure is not None:
-                    raise decoder.failure
-            if not translator.finished:
-                raise _unfinished()
-            last = dumps(translator.final()) + b"\n"
-            observe_tpot(request, route, t, translator.prompt_eval_count, translator.output_tokens)
-        except VllamaError as e:
-            if out is None:
-                raise  # nothing sent yet: the client gets the status and the error
-            request["vllama.stream_error"] = e
-            last = error_line(e)
-        finally:
-            watch.close()
+            return await _unstreamed(request, resp, translator)  # one read: no loop to run in a task of its own
+        # vLLM streams either way: an event per token, read in a task of the loop's own
+        return await in_own_task((_streamed if stream else _aggregated)(request, upstream, resp, translator))
+
+
+async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, translator: Translator) -> web.Response:
+    """The aggregated Ollama answer from vLLM's stream (:func:`relay` without ``stream``)."""
+    t = translator.t
+    feed = translator.feed
+    with upstream.watch_body(resp):
+        async for batch in iter_sse(resp):
+            if not t.first_read:
+                t.first_read = time.perf_counter_ns()
+            for chunk in batch:
+                feed(chunk)
+    if not translator.finished:
+        raise _unfinished()
+    observe_stages(request.get(ACCEPTED) or t.received, t, 0)
+    final = translator.final()
+    if t.first:
+        TTFT.labels(request.path).observe((t.first - t.received) / 1e9)
+    observe_tpot(request, request.path, t, translator.prompt_eval_count, translator.output_tokens)
+    return web.Response(body=orjson.dumps(final), content_type="application/json")
+
+
+async def _streamed(request: web.Request, upstream: Upstream, resp: Any, translator: Translator) -> web.StreamResponse:
+    """The streamed answer's loop (:func:`relay` with ``stream``): one pass per upstream read."""
+    t = translator.t
+    route = request.path
+    feed = translator.feed
+    out: web.StreamResponse | None = None
+    dumps = orjson.dumps
+    decoder = SSEDecoder()
+    decode = decoder.feed
+    first_write = 0
+    watch = upstream.watch_body(resp)  # the idle-read timeout, without a timer per read
+    try:
+        while not decoder.done:
+            # One write per upstream read: under load several events arrive per read.
+            data = await read_some(resp)
+            if not first_write and not t.first_read:
+                t.first_read = time.perf_counter_ns()
+            lines = [dumps(item) for chunk in decode(data) for item in feed(chunk)]
+            if lines:
+                if out is None:
+                    out = await begin(request)
+                await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
+                if not first_write:  # TTFT as the client sees it, even if the stream fails later
+                    first_write = time.perf_counter_ns()
+                    TTFT.labels(route).observe((first_write - t.received) / 1e9)
+                    observe_stages(request.get(ACCEPTED) or t.received, t, first_write)
+            if decoder.failure is not None:
+                raise decoder.failure
+        if not translator.finished:
+            raise _unfinished()
+        last = dumps(translator.final()) + b"\n"
+        observe_tpot(request, route, t, translator.prompt_eval_count, translator.output_tokens)
+    except VllamaError as e:
         if out is None:
-            out = await begin(request)
-        await out.write_eof(last)  # the last line and the end of the chunked body in one write
-        return out
+            raise  # nothing sent yet: the client gets the status and the error
+        request["vllama.stream_error"] = e
+        last = error_line(e)
+    finally:
+        watch.close()
+    if out is None:
+        out = await begin(request)
+    await out.write_eof(last)  # the last line and the end of the chunked body in one write
+    return out
 
 
 def _unfinished() -> UpstreamProtocolError:

@@ -21,6 +21,7 @@ from aiohttp import web
 from vllama_proxy.errors import Forbidden, ModelNotFound, UpstreamError
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
+from ..relay import in_own_task
 from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use
 from ..admission import with_priority
@@ -245,25 +246,30 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
         ) as resp:
             out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
             await out.prepare(request)
-            kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
-            try:
-                with backend.upstream.watch_body(resp):  # the idle-read timeout, without a timer per read
-                    while data := await read_raw(resp):
-                        await out.write(data)
-                        kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
-            except UpstreamError as e:
-                request["vllama.stream_error"] = e
-                if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    err = {"error": {"message": e.message, "type": type(e).__name__, "code": e.status}}
-                    await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
-                else:
-                    raise  # the connection is dropped: a truncated non-SSE body must not look complete
-            await out.write_eof()
-            if resp.status == 200 and request.method == "POST":
-                usage = _usage(b"".join(kept))
-                if usage is not None:
-                    request[USAGE] = usage
-            return out
+            return await in_own_task(_copied(request, backend, resp, out))  # its reads resume its own frames only
+
+
+async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse) -> web.StreamResponse:
+    """:func:`relay`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage read."""
+    kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
+    try:
+        with backend.upstream.watch_body(resp):  # the idle-read timeout, without a timer per read
+            while data := await read_raw(resp):
+                await out.write(data)
+                kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
+    except UpstreamError as e:
+        request["vllama.stream_error"] = e
+        if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            err = {"error": {"message": e.message, "type": type(e).__name__, "code": e.status}}
+            await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
+        else:
+            raise  # the connection is dropped: a truncated non-SSE body must not look complete
+    await out.write_eof()
+    if resp.status == 200 and request.method == "POST":
+        usage = _usage(b"".join(kept))
+        if usage is not None:
+            request[USAGE] = usage
+    return out
 
 
 def _usage(tail: bytes) -> tuple[int, int] | None:
