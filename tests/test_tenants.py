@@ -266,6 +266,59 @@ def test_output_tokens_are_clamped_to_the_context_and_to_a_keys_cap(prod_new_key
     assert [m["body"]["max_output_tokens"] for m in _sent(s, "/v1/responses")] == [5]
 
 
+#: A key with a budget of 40 tokens a day (each answer below: 10 output tokens and a few prompt ones).
+BUDGET_KEY = """
+[[keys]]
+name = "dave"
+key = "sk-dave"
+budget_tokens = 40
+budget_period = "day"
+"""
+
+
+def _until(check, what: str, timeout: float = 30.0):
+    """``check()``'s first true value, asked every 0.1 s (the ledger is written, then read back, on its own
+    clock: ``--usage-flush-interval``, ``--usage-refresh-interval``); ``timeout`` is a failure's bound."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return got
+
+
+def test_a_relayed_stream_is_charged_its_tokens_whether_or_not_the_client_asked_for_its_usage(serve, hub, tmp_path):
+    """vLLM's stream carries its usage only when asked (``stream_options.include_usage``), which most
+    OpenAI clients do not ask: such a stream used to leave its key's budget, tpm, fair share and ledger
+    row at 0 tokens. vllama asks for it, and the client still gets the stream it asked for."""
+    import openai
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(_keys(tmp_path, BUDGET_KEY)),
+              "--usage-flush-interval", "0.1", "--usage-refresh-interval", "0.1")
+    s.wait_ready()
+    dave = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-dave", max_retries=0)
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    chunks = list(dave.chat.completions.create(model="prod", stream=True, messages=[{"role": "user", "content": "hi [[tokens:10]]"}]))
+    assert chunks and all(c.choices and c.usage is None for c in chunks)  # no usage chunk: the client did not ask
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).split() == [f"tok{i}" for i in range(10)]
+    texts = list(dave.completions.create(model="prod", prompt="hi [[tokens:10]]", max_tokens=10, stream=True))
+    assert texts and all(c.choices and c.usage is None for c in texts)
+    sent = _sent(s, "/v1/chat/completions") + _sent(s, "/v1/completions")
+    assert [r["body"]["stream_options"] for r in sent] == [{"include_usage": True, "continuous_usage_stats": False}] * 2
+    # a client that asks still gets its usage chunk, as vLLM wrote it
+    asked = list(dave.chat.completions.create(model="prod", stream=True, stream_options={"include_usage": True},
+                                              messages=[{"role": "user", "content": "hi [[tokens:1]]"}]))
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 1
+    # the ledger has every token: 10 + 10 + 1 output tokens
+    mine = lambda: [u for u in httpx.get(s.url + "/api/usage", headers=_auth("sk-dave")).json()["usage"] if u["requests"] == 3]
+    row = _until(mine, "the three answers' row")[0]
+    assert row["output_tokens"] == 21 and row["prompt_tokens"] > 0
+    # ... and the budget of 40 is spent: the next request is refused
+    refused = lambda: httpx.post(s.url + "/v1/chat/completions", headers=_auth("sk-dave"),
+                                 json={"model": "prod", "messages": [{"role": "user", "content": "x"}]}).status_code == 429
+    _until(refused, "dave's budget")
+
+
 def test_a_global_connection_cap_holds_across_client_addresses(serve, hub):
     place(hub, "acme/tiny-prod")
     s = serve("--model", "acme/tiny-prod", "--max-connections", "5", "--max-connections-per-address", "100")

@@ -3,7 +3,8 @@
 Copilot and every OpenAI client send inference here, as they would to Ollama's
 own OpenAI-compatible surface. The ``model`` field of a JSON body picks the vLLM
 server and is rewritten (``qwen2.5:1.5b`` -> the served name); the answer is
-relayed byte for byte. ``GET /v1/models`` lists every model vllama launched. An upstream failure after the answer began ends an SSE stream with
+relayed byte for byte (but the usage chunk of a stream that did not ask for it: ``_ask_usage``).
+``GET /v1/models`` lists every model vllama launched. An upstream failure after the answer began ends an SSE stream with
 vLLM's own error event shape, ``data: {"error": {...}}``.
 """
 
@@ -147,7 +148,61 @@ async def _forwarded(request: web.Request, body: bytes, data: Any, model: Served
         fields = OUTPUT_TOKEN_FIELDS.get(request.path)
         if fields is not None:
             await cap_output(request, backend.upstream, model, data, fields)
+        if request.path in _STREAMED_USAGE and _ask_usage(data):
+            request[_DROP_USAGE] = True
     return encode_json(data)
+
+
+#: The relayed routes whose streams carry their usage only when asked (``stream_options.include_usage``).
+_STREAMED_USAGE = ("/v1/chat/completions", "/v1/completions")
+#: Request key: vllama asked vLLM for a stream's usage the client did not ask for; its chunk is dropped.
+_DROP_USAGE = "vllama.drop_usage"
+
+
+def _ask_usage(data: dict[str, Any]) -> bool:
+    """Ask vLLM for the usage of a stream that did not ask for it (``stream_options.include_usage``,
+    without ``continuous_usage_stats``: one chunk, at the end); whether it was asked here.
+
+    Without it vLLM's stream says nothing of its tokens, and the key's ``budget_tokens``, ``tpm``, fair
+    share and ledger row counted none of them: a user key streaming from an OpenAI client that does not
+    ask (most do not) was never charged. The client still gets the stream it asked for (``_DropUsage``)."""
+    if data.get("stream") is not True:
+        return False
+    options = data.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True,
+                              "continuous_usage_stats": False}
+    return True
+
+
+class _DropUsage:
+    """vLLM's SSE stream less its usage chunk (``"choices":[],"usage":{...}``, the one before
+    ``[DONE]``), which :func:`_ask_usage` asked for and the client did not. Whole events are passed on
+    as they come; the bytes of an event not yet ended wait for its end (vLLM writes one event a write, so
+    they rarely wait at all). One ``rfind`` and one ``find`` per read."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """What of ``data`` (and the bytes held before it) the client gets now."""
+        if self.held:
+            data, self.held = self.held + data, b""
+        end = data.rfind(b"\n\n") + 2
+        if end < 2:
+            self.held = data
+            return b""
+        if end < len(data):
+            data, self.held = data[:end], data[end:]
+        at = data.find(b'"choices":[],"usage":')
+        if at >= 0:
+            start = data.rfind(b"data:", 0, at)
+            if start >= 0:
+                data = data[:start] + data[data.find(b"\n\n", at) + 2:]
+        return data
 
 
 def _form_model(content_type: str, body: bytes) -> str | None:
@@ -252,11 +307,17 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
 async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse) -> web.StreamResponse:
     """:func:`relay`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage read."""
     kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
+    drop = _DropUsage() if request.get(_DROP_USAGE) and resp.headers.get("Content-Type", "").startswith("text/event-stream") else None
     try:
         with backend.upstream.watch_body(resp):  # the idle-read timeout, without a timer per read
             while data := await read_raw(resp):
-                await out.write(data)
                 kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
+                if drop is not None:  # the usage chunk vllama asked for, not the client (_ask_usage)
+                    data = drop.feed(data)
+                if data:
+                    await out.write(data)
+        if drop is not None and drop.held:
+            await out.write(drop.held)
     except UpstreamError as e:
         request["vllama.stream_error"] = e
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
