@@ -319,6 +319,24 @@ def test_a_relayed_stream_is_charged_its_tokens_whether_or_not_the_client_asked_
     _until(refused, "dave's budget")
 
 
+def test_a_user_key_cannot_jump_vllms_queue_with_its_own_priority_when_vllama_sets_none(serve, hub, tmp_path):
+    """Fair sharing off, the operator's vLLM scheduling by priority (or an ``--upstream`` one): vllama sets
+    no ``priority``, and a user's own went to vLLM as sent (``-99999``: before every other key's)."""
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(_keys(tmp_path)),
+              "--fair-share", "off", "--", "--scheduling-policy", "priority")
+    s.wait_ready()
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    chat = {"model": "prod", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    for key, priority in (("sk-bob", -99999), ("sk-bob", "-1"), ("sk-bob", 5), ("sk-root", -7)):
+        r = httpx.post(s.url + "/v1/chat/completions", json={**chat, "priority": priority}, headers=_auth(key))
+        assert r.status_code == 200, (key, priority, r.text)
+    r = httpx.post(s.url + "/v1/responses", json={"model": "prod", "input": "x", "priority": -99999}, headers=_auth("sk-bob"))
+    assert r.status_code == 200, r.text
+    assert [c["body"].get("priority") for c in _sent(s, "/v1/chat/completions")] == [None, None, 5, -7]  # a user may yield; an admin decides
+    assert [c["body"].get("priority") for c in _sent(s, "/v1/responses")] == [None]
+
+
 def test_a_global_connection_cap_holds_across_client_addresses(serve, hub):
     place(hub, "acme/tiny-prod")
     s = serve("--model", "acme/tiny-prod", "--max-connections", "5", "--max-connections-per-address", "100")

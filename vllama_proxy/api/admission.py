@@ -322,8 +322,15 @@ def _refusal(code: int, key: Key, bound: AdmissionBound) -> str:
 
 def with_priority(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` with the request's vLLM ``priority`` when fair sharing set one (:func:`middleware`),
-    replacing any the client sent: a client must not jump the queue. Returns ``body``."""
+    replacing any the client sent: a client must not jump the queue. Without one (``--fair-share off``,
+    or an ``--upstream`` vLLM, which may run ``--scheduling-policy priority`` all the same), a
+    non-admin key's ``priority`` below vLLM's default 0 (lower is served first) is left out: a user may
+    yield to others, never go before them. Returns ``body``."""
     priority = request.get(PRIORITY)
     if priority is not None:
         body["priority"] = priority
+    elif not key_of(request).admin:
+        sent = body.get("priority")
+        if not isinstance(sent, (int, float)) or isinstance(sent, bool) or sent < 0:
+            body.pop("priority", None)
     return body
