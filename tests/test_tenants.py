@@ -337,6 +337,28 @@ def test_a_user_key_cannot_jump_vllms_queue_with_its_own_priority_when_vllama_se
     assert [c["body"].get("priority") for c in _sent(s, "/v1/responses")] == [None]
 
 
+def test_a_user_keys_request_starts_at_most_max_choices_sequences_in_vllm(prod):
+    """vLLM bounds neither ``n`` nor a completion's list of prompts; each sequence holds a running slot,
+    while the admission bound and the key's share count the request once (``n: 500`` went to vLLM as sent)."""
+    s = prod
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    chat = {"model": "prod", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    for path, body in (("/v1/chat/completions", {**chat, "n": 500}), ("/v1/chat/completions", {**chat, "n": 17}),
+                       ("/v1/chat/completions", {**chat, "n": 500, "use_beam_search": True}),
+                       ("/v1/completions", {"model": "prod", "prompt": ["x"] * 17, "max_tokens": 1}),
+                       ("/v1/completions", {"model": "prod", "prompt": ["x", "y"], "n": 9, "max_tokens": 1})):
+        r = httpx.post(s.url + path, json=body, headers=_auth("sk-bob"))
+        assert r.status_code == 400, (path, r.text)
+        assert "--max-choices" in r.json()["error"] and "at most 16" in r.json()["error"], r.text
+    assert _sent(s, "/v1/chat/completions") == _sent(s, "/v1/completions") == []  # none reached vLLM
+    for path, body in (("/v1/chat/completions", {**chat, "n": 16}), ("/v1/completions", {"model": "prod", "prompt": [1, 2, 3], "n": 16}),
+                       ("/v1/completions", {"model": "prod", "prompt": [[1, 2]], "n": 16, "max_tokens": 1})):
+        assert httpx.post(s.url + path, json=body, headers=_auth("sk-bob")).status_code == 200, body  # token ids: one prompt
+    # an admin (the operator's own batch jobs, an open server's every caller) is not bounded
+    assert httpx.post(s.url + "/v1/chat/completions", json={**chat, "n": 500}, headers=_auth("sk-root")).status_code == 200
+    assert [r["body"].get("n") for r in _sent(s, "/v1/chat/completions")] == [16, 500]
+
+
 def test_a_global_connection_cap_holds_across_client_addresses(serve, hub):
     place(hub, "acme/tiny-prod")
     s = serve("--model", "acme/tiny-prod", "--max-connections", "5", "--max-connections-per-address", "100")

@@ -15,7 +15,8 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
     ├── BadRequest                    400  malformed JSON, wrong field types, bad values
     │   ├── MissingBody               400  "missing request body"
     │   ├── UnsupportedCapability     400  '"X" does not support tools'
-    │   └── ModelInUse                400  delete of a model being served
+    │   ├── ModelInUse                400  delete of a model being served
+    │   └── TooManyChoices            400  a user key's n x prompts over --max-choices
     ├── Unauthorized                  401  + WWW-Authenticate: Bearer  no key, or an unknown one
     ├── Forbidden                     403  a key's role or models do not allow it
     │   └── ModelNotAllowed           403  a local model the on-demand allow-list does not admit
@@ -109,6 +110,11 @@ class UnsupportedCapability(BadRequest):
 
 class ModelInUse(BadRequest):
     """``/api/delete`` of a model that is being served: its weights must stay under it (400, issue 27)."""
+
+
+class TooManyChoices(BadRequest):
+    """A non-admin key's ``/v1`` request asks vLLM for more sequences at once (``n`` x its prompts) than
+    ``--max-choices``: it would take that many of vLLM's running slots as one request of its share (400)."""
 
 
 class Unauthorized(VllamaError):

@@ -414,6 +414,12 @@ class Settings(BaseSettings):
         "inference routes take --max-body-size.",
     )
     max_pulls: int = Field(2, ge=1, description="Pulls at once over the server; more get 429.")
+    max_choices: int = Field(
+        16, ge=1,
+        description="Most sequences one /v1/chat/completions or /v1/completions request of a non-admin key may start "
+        "in vLLM: its n (beam width with use_beam_search) times its prompts; more get 400 (each counts as one "
+        "request in the admission bound and the key's share).",
+    )
     cache_quota: int | None = Field(
         None, gt=0, description="Most bytes the Hugging Face cache may hold after a pull (507 beyond it; default: the disk).",
     )

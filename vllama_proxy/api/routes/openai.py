@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import Forbidden, ModelNotFound, UpstreamError
+from vllama_proxy.errors import Forbidden, ModelNotFound, TooManyChoices, UpstreamError
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..relay import in_own_task
@@ -109,6 +109,8 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
         except orjson.JSONDecodeError as e:
             raise _NoBackend(400, f"invalid JSON: {e}", "BadRequestError") from None
         name = data.get("model") if isinstance(data, dict) else None
+        if isinstance(data, dict) and request.method == "POST" and request.path in _STREAMED_USAGE and not key.admin:
+            _check_choices(data, request.app[SETTINGS].max_choices)
     if not isinstance(name, str):
         if not one:
             raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
@@ -135,6 +137,24 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     if isinstance(data, dict):
         data["model"] = model.name
     return data, model, backend
+
+
+def _check_choices(data: dict[str, Any], most: int) -> None:
+    """Refuse a request that would start more than ``most`` sequences in vLLM: its ``n`` (vLLM's
+    ``SamplingParams.n``, the beam width with ``use_beam_search``) times its prompts (a ``/v1/completions``
+    ``prompt`` may be a list of them). vLLM bounds neither, and each of them holds a running slot and
+    generates up to ``max_tokens``, while vllama's admission bound and a key's share count the request
+    once: one user's ``n: 500`` took more of vLLM than 500 requests of its share would have.
+
+    Raises:
+        TooManyChoices: over ``most`` (``--max-choices``)."""
+    n = data.get("n")
+    n = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    prompt = data.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    if n * prompts > most:
+        raise TooManyChoices(f"this request asks for {n * prompts} sequences at once (n {n} x {prompts} prompts); a key "
+                             f"of role user may ask for at most {most} (--max-choices): send several requests")
 
 
 async def _forwarded(request: web.Request, body: bytes, data: Any, model: ServedModel | None, backend: Backend) -> bytes:
