@@ -359,6 +359,35 @@ def test_a_user_keys_request_starts_at_most_max_choices_sequences_in_vllm(prod):
     assert [r["body"].get("n") for r in _sent(s, "/v1/chat/completions")] == [16, 500]
 
 
+def test_stop_lists_vllm_checks_on_every_token_are_bounded_on_every_route(prod):
+    """vLLM bounds no ``stop``, ``stop_token_ids`` or ``bad_words`` list and checks each entry on every
+    token, in loops every request shares (its API server's stop strings: ~0.45 s a token for a million,
+    ``ollama_types.MAX_STOPS``); a list of 65 went to vLLM as sent, from any key, on any route."""
+    s = prod
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    many, words = list(range(65)), [f"w{i}" for i in range(65)]
+    msgs = [{"role": "user", "content": "x"}]
+    for key in ("sk-bob", "sk-root"):
+        for path, body, field in (
+                ("/api/chat", {"model": "prod", "messages": msgs, "options": {"stop": words}}, "options.stop"),
+                ("/api/generate", {"model": "prod", "prompt": "x", "options": {"stop": words}}, "options.stop"),
+                ("/v1/chat/completions", {"model": "prod", "messages": msgs, "stop": words}, "stop"),
+                ("/v1/chat/completions", {"model": "prod", "messages": msgs, "stop_token_ids": many}, "stop_token_ids"),
+                ("/v1/chat/completions", {"model": "prod", "messages": msgs, "bad_words": words}, "bad_words"),
+                ("/v1/completions", {"model": "prod", "prompt": "x", "stop": words * 1000}, "stop")):
+            r = httpx.post(s.url + path, json=body, headers=_auth(key))
+            assert r.status_code == 400, (key, path, field, r.text)
+            assert r.json()["error"].startswith(f"invalid {field}: at most 64 "), r.text
+        r = httpx.post(s.url + "/v1/messages", headers={"x-api-key": key},
+                       json={"model": "prod", "max_tokens": 5, "messages": msgs, "stop_sequences": words})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("invalid stop_sequences: at most 64"), r.text
+    assert not [r for r in httpx.get(_fake_url(s.launched()[0]) + "/_fake/requests").json() if r["path"].startswith("/v1/")]
+    # 64 are taken
+    ok = {"model": "prod", "messages": msgs, "max_tokens": 1, "stop": words[:64], "stop_token_ids": many[:64], "bad_words": words[:64]}
+    assert httpx.post(s.url + "/v1/chat/completions", json=ok, headers=_auth("sk-bob")).status_code == 200
+    assert ollama.Client(host=s.url, headers=_auth("sk-bob")).chat(model="prod", messages=msgs, options={"stop": words[:64]}).done
+
+
 def test_a_global_connection_cap_holds_across_client_addresses(serve, hub):
     place(hub, "acme/tiny-prod")
     s = serve("--model", "acme/tiny-prod", "--max-connections", "5", "--max-connections-per-address", "100")

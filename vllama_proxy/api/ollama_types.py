@@ -22,6 +22,23 @@ from vllama_proxy.models.keep_alive import parse_keep_alive
 
 StrOrList = Union[str, list[str]]
 
+#: Most entries of a request's ``stop`` (strings), ``stop_token_ids`` and ``bad_words`` (``/v1``). vLLM bounds
+#: none of them and pays for each on every token, in loops every request shares: its API server checks each
+#: stop string against the new text (``check_stop_strings``: one request's million strings held that process's
+#: loop ~0.45 s a token, every stream on it waiting), its scheduler looks a token up in the stop-token list, its
+#: sampler walks the bad words, each step of the whole batch. OpenAI's API takes 4 stop strings.
+MAX_STOPS = 64
+
+
+def _few_stops(v: StrOrList | None) -> StrOrList | None:
+    if isinstance(v, list) and len(v) > MAX_STOPS:
+        raise ValueError(f"invalid options.stop: at most {MAX_STOPS} stop strings, not {len(v)}")
+    return v
+
+
+#: ``options.stop``: a string or a list of at most :data:`MAX_STOPS`.
+Stops = Annotated[Union[StrOrList, None], AfterValidator(_few_stops)]
+
 
 class _Loose(BaseModel):
     # Ollama accepts and ignores fields it does not know; so do we.
@@ -53,7 +70,7 @@ class Options(TypedDict, total=False):
     min_p: float | None
     typical_p: float | None
     seed: int | None
-    stop: StrOrList | None
+    stop: Stops
     repeat_penalty: float | None
     presence_penalty: float | None
     frequency_penalty: float | None

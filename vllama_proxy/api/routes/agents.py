@@ -38,7 +38,7 @@ from ..translate.to_openai import (
 from ..request_body import read_body
 from .model_use import resolve_model
 from .output_tokens import cap_output
-from .openai import relay
+from .openai import check_stops, relay
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -64,8 +64,10 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
         ModelNotFound: the model is unknown (404).
         Forbidden: the key may not use the model (403).
         UnsupportedCapability: ``tools`` for a model served without a tool parser (400).
+        BadRequest: more ``stop_sequences`` than ``ollama_types.MAX_STOPS`` (``openai.check_stops``).
     """
     data = json_object(await read_body(request))
+    check_stops(data, ("stop_sequences",))  # before the model is claimed: vLLM checks each on every token
     name, model, backend = await resolve_model(request, data.get("model"))
     catalog = request.app[CATALOG]
     if generates and _function_tools(data.get("tools")):

@@ -19,12 +19,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import Forbidden, ModelNotFound, TooManyChoices, UpstreamError
+from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, TooManyChoices, UpstreamError
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..relay import in_own_task
 from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use
+from ..ollama_types import MAX_STOPS
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
@@ -109,8 +110,10 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
         except orjson.JSONDecodeError as e:
             raise _NoBackend(400, f"invalid JSON: {e}", "BadRequestError") from None
         name = data.get("model") if isinstance(data, dict) else None
-        if isinstance(data, dict) and request.method == "POST" and request.path in _STREAMED_USAGE and not key.admin:
-            _check_choices(data, request.app[SETTINGS].max_choices)
+        if isinstance(data, dict) and request.method == "POST" and request.path in _STREAMED_USAGE:
+            check_stops(data)
+            if not key.admin:
+                _check_choices(data, request.app[SETTINGS].max_choices)
     if not isinstance(name, str):
         if not one:
             raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
@@ -155,6 +158,19 @@ def _check_choices(data: dict[str, Any], most: int) -> None:
     if n * prompts > most:
         raise TooManyChoices(f"this request asks for {n * prompts} sequences at once (n {n} x {prompts} prompts); a key "
                              f"of role user may ask for at most {most} (--max-choices): send several requests")
+
+
+def check_stops(data: dict[str, Any], fields: tuple[str, ...] = ("stop", "stop_token_ids", "bad_words")) -> None:
+    """Refuse a ``stop``, ``stop_token_ids`` or ``bad_words`` list (Anthropic's ``stop_sequences``:
+    ``agents.py``) of more than ``ollama_types.MAX_STOPS`` entries: vLLM pays for each on every token,
+    in loops other users' requests share (its docstring).
+
+    Raises:
+        BadRequest: over the bound, naming the field."""
+    for field in fields:
+        value = data.get(field)
+        if isinstance(value, list) and len(value) > MAX_STOPS:
+            raise BadRequest(f"invalid {field}: at most {MAX_STOPS} entries, not {len(value)}")
 
 
 async def _forwarded(request: web.Request, body: bytes, data: Any, model: ServedModel | None, backend: Backend) -> bytes:
