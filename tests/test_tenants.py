@@ -388,6 +388,23 @@ def test_stop_lists_vllm_checks_on_every_token_are_bounded_on_every_route(prod):
     assert ollama.Client(host=s.url, headers=_auth("sk-bob")).chat(model="prod", messages=msgs, options={"stop": words[:64]}).done
 
 
+def test_a_keep_alive_no_clock_holds_is_a_400_and_leaves_api_ps_working_for_everyone(prod):
+    """A user's ``keep_alive: 1e308`` was taken (the model's expiry ~1e308 s away), and every later
+    ``/api/ps``, any key's, was a 500 (``OverflowError``) until the model unloaded: never."""
+    s = prod
+    for body in ({"model": "prod", "prompt": "x"}, {"model": "prod", "messages": [{"role": "user", "content": "x"}]}):
+        path = "/api/generate" if "prompt" in body else "/api/chat"
+        for keep_alive in (1e308, "inf", "nan", "Infinity", "99999999999h", 9_300_000_000):
+            r = httpx.post(s.url + path, json={**body, "stream": False, "keep_alive": keep_alive}, headers=_auth("sk-bob"))
+            assert r.status_code == 400 and r.json()["error"].startswith("invalid keep_alive: "), (path, keep_alive, r.text)
+    r = httpx.post(s.url + "/api/generate", json={"model": "prod", "prompt": "x", "stream": False, "keep_alive": "24h",
+                                                 "options": {"num_predict": 1}}, headers=_auth("sk-bob"))
+    assert r.status_code == 200, r.text
+    for key in ("sk-bob", "sk-root"):
+        r = httpx.get(s.url + "/api/ps", headers=_auth(key))
+        assert r.status_code == 200 and [m["name"] for m in r.json()["models"]] == ["prod:latest"], (key, r.text)
+
+
 def test_a_global_connection_cap_holds_across_client_addresses(serve, hub):
     place(hub, "acme/tiny-prod")
     s = serve("--model", "acme/tiny-prod", "--max-connections", "5", "--max-connections-per-address", "100")

@@ -6,6 +6,7 @@ sits below all of them (issue 20)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from vllama_proxy.errors import BadRequest
@@ -16,6 +17,11 @@ _DURATION = re.compile(r"([+-]?)((?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|ms|s|m|h))+)
 _DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
+#: Go's longest ``time.Duration`` (2^63 - 1 ns, ~292 years), in seconds: Ollama's ``time.ParseDuration``
+#: refuses a longer one.
+MAX_SECONDS = (2**63 - 1) / 1e9
+
+
 def parse_keep_alive(value: str | float | int | None, default: float) -> float:
     """Ollama ``keep_alive`` -> seconds; negative means forever, 0 unload now.
 
@@ -23,22 +29,32 @@ def parse_keep_alive(value: str | float | int | None, default: float) -> float:
     ``"-1m"``, ``"0"``), as Ollama's ``api.Duration`` does. ``None`` gives ``default``.
 
     Raises:
-        BadRequest: not a number or duration.
+        BadRequest: not a number or duration, or one no clock holds: ``NaN``, or longer than Go's
+            longest duration (:data:`MAX_SECONDS`; a user key's ``1e308`` made every ``/api/ps`` a 500).
     """
     if value is None:
         return default
+    seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer beyond any float
+            seconds = math.inf if value > 0 else -math.inf
+    elif isinstance(value, str):
         s = value.strip()
         if not s:
             return default
         try:
-            return float(s)
+            seconds = float(s)
         except ValueError:
-            pass
-        m = _DURATION.fullmatch(s)
-        if m:
-            total = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(m.group(2)))
-            return -total if m.group(1) == "-" else total
-    raise BadRequest(f"invalid keep_alive: {value!r} (use seconds or a duration like \"5m\")")
+            m = _DURATION.fullmatch(s)
+            if m:
+                total = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(m.group(2)))
+                seconds = -total if m.group(1) == "-" else total
+    if seconds is None:
+        raise BadRequest(f"invalid keep_alive: {value!r} (use seconds or a duration like \"5m\")")
+    if math.isnan(seconds) or seconds > MAX_SECONDS:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise BadRequest(f"invalid keep_alive: {shown} (at most {MAX_SECONDS / 3.15576e7:.0f} years, Ollama's longest "
+                         "duration; a negative one keeps the model loaded)")
+    return seconds
