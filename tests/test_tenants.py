@@ -319,6 +319,25 @@ def test_a_relayed_stream_is_charged_its_tokens_whether_or_not_the_client_asked_
     _until(refused, "dave's budget")
 
 
+def test_a_relayed_stream_its_client_leaves_is_charged_what_it_was_sent(serve, hub, tmp_path):
+    """A stream cut by its client never gets vLLM's usage chunk: a key could read all but the last
+    token of a long answer, leave, and be charged 0 tokens (budget, tpm, fair share, ledger)."""
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(_keys(tmp_path, BUDGET_KEY)),
+              "--usage-flush-interval", "0.1")
+    s.wait_ready()
+    body = {"model": "prod", "stream": True, "messages": [{"role": "user", "content": "hi [[tokens:100]] [[fault:slow]]"}]}
+    with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, headers=_auth("sk-dave")) as r:
+        tokens = []
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"content":"tok' in line:
+                tokens.append(line)
+            if len(tokens) == 5:
+                break  # the client leaves after 5 of 100 tokens (0.2 s each)
+    row = _until(lambda: httpx.get(s.url + "/api/usage", headers=_auth("sk-dave")).json()["usage"], "the cut stream's row")[0]
+    assert row["requests"] == 1 and 5 <= row["output_tokens"] < 100 and row["prompt_tokens"] > 0, row
+
+
 def test_a_user_key_cannot_jump_vllms_queue_with_its_own_priority_when_vllama_sets_none(serve, hub, tmp_path):
     """Fair sharing off, the operator's vLLM scheduling by priority (or an ``--upstream`` one): vllama sets
     no ``priority``, and a user's own went to vLLM as sent (``-99999``: before every other key's)."""

@@ -10,6 +10,7 @@ vLLM's own error event shape, ``data: {"error": {...}}``.
 
 from __future__ import annotations
 
+import asyncio
 import email.policy
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,6 +30,7 @@ from ..ollama_types import MAX_STOPS
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
+from ..fair_queue import BYTES_PER_TOKEN
 from ..app_state import CATALOG, CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from .. import session
 from ..client_sessions import ROUTER_HEADERS
@@ -337,23 +339,32 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
         ) as resp:
             out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
             await out.prepare(request)
-            return await in_own_task(_copied(request, backend, resp, out))  # its reads resume its own frames only
+            return await in_own_task(_copied(request, backend, resp, out, body))  # its reads resume its own frames only
 
 
-async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse) -> web.StreamResponse:
-    """:func:`relay`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage read."""
+async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse, body: bytes) -> web.StreamResponse:
+    """:func:`relay`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage
+    read (``body``, what was sent: a stream its client leaves is charged by it, :func:`_charge_cut`)."""
     kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
-    drop = _DropUsage() if request.get(_DROP_USAGE) and resp.headers.get("Content-Type", "").startswith("text/event-stream") else None
+    sse = resp.headers.get("Content-Type", "").startswith("text/event-stream")
+    drop = _DropUsage() if request.get(_DROP_USAGE) and sse else None
+    events = 0  # SSE events read: what a stream its client leaves is charged (_charge_cut)
     try:
         with backend.upstream.watch_body(resp):  # the idle-read timeout, without a timer per read
             while data := await read_raw(resp):
                 kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
+                if sse:
+                    events += data.count(b"\n\n")
                 if drop is not None:  # the usage chunk vllama asked for, not the client (_ask_usage)
                     data = drop.feed(data)
                 if data:
                     await out.write(data)
         if drop is not None and drop.held:
             await out.write(drop.held)
+    except (ConnectionError, asyncio.CancelledError):  # the client left: vLLM's tokens so far were still made
+        if sse and resp.status == 200 and request.method == "POST":
+            _charge_cut(request, body, kept, events)
+        raise
     except UpstreamError as e:
         request["vllama.stream_error"] = e
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -367,6 +378,15 @@ async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.St
         if usage is not None:
             request[USAGE] = usage
     return out
+
+
+def _charge_cut(request: web.Request, body: bytes, kept: deque[bytes], events: int) -> None:
+    """The usage of a stream its client left before vLLM's usage chunk came: each SSE event relayed
+    counts as one output token (vLLM sends one a token: ``--stream-interval`` 1), the prompt by the
+    body's size (``fair_queue.BYTES_PER_TOKEN``, as admission guesses it), unless the usage came after all.
+    Without it a key read all but the last token of a long answer and left, and its budget, tpm and
+    fair share were charged nothing."""
+    request[USAGE] = _usage(b"".join(kept)) or (int(len(body) / BYTES_PER_TOKEN), events)
 
 
 def _usage(tail: bytes) -> tuple[int, int] | None:
