@@ -26,7 +26,7 @@ from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..relay import in_own_task
 from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use
-from ..ollama_types import MAX_STOPS
+from ..ollama_types import MAX_STOPS, check_depth
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
@@ -111,6 +111,11 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
             data = orjson.loads(body)
         except orjson.JSONDecodeError as e:
             raise _NoBackend(400, f"invalid JSON: {e}", "BadRequestError") from None
+        if isinstance(data, (dict, list)):
+            try:
+                check_depth(data)
+            except BadRequest as e:
+                raise _NoBackend(400, e.message, "BadRequestError") from None
         name = data.get("model") if isinstance(data, dict) else None
         if isinstance(data, dict) and request.method == "POST" and request.path in _STREAMED_USAGE:
             check_stops(data)
