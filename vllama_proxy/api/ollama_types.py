@@ -22,11 +22,13 @@ from vllama_proxy.models.keep_alive import parse_keep_alive
 
 StrOrList = Union[str, list[str]]
 
-#: Most entries of a request's ``stop`` (strings), ``stop_token_ids`` and ``bad_words`` (``/v1``). vLLM bounds
-#: none of them and pays for each on every token, in loops every request shares: its API server checks each
-#: stop string against the new text (``check_stop_strings``: one request's million strings held that process's
-#: loop ~0.45 s a token, every stream on it waiting), its scheduler looks a token up in the stop-token list, its
-#: sampler walks the bad words, each step of the whole batch. OpenAI's API takes 4 stop strings.
+#: Most entries of a request's ``stop`` (strings), ``stop_token_ids`` and ``bad_words`` (``/v1``). vLLM pays for
+#: each on every token, in loops every request shares: its API server checks each stop string against the new
+#: text (``check_stop_strings``: a million strings took ~0.45 s a token, measured on their own, while that
+#: process's other streams waited), its scheduler looks a token up in the stop-token list, its sampler walks
+#: the bad words, each step of the whole batch. vLLM 0.32 refuses more than ``VLLM_MAX_STOP_STRINGS`` (4)
+#: ``stop`` strings itself (a 400 in pydantic's words); it bounds neither other list, and a vLLM without that
+#: check (or run with it raised) takes any number. OpenAI's API takes 4 stop strings.
 MAX_STOPS = 64
 
 
