@@ -381,7 +381,7 @@ def test_a_user_keys_request_starts_at_most_max_choices_sequences_in_vllm(prod):
 def test_stop_lists_vllm_checks_on_every_token_are_bounded_on_every_route(prod):
     """vLLM checks each entry of ``stop``, ``stop_token_ids`` and ``bad_words`` on every token, in loops
     every request shares (its API server's stop strings: ~0.45 s a token for a million,
-    ``ollama_types.MAX_STOPS``); only 0.32's ``stop`` has a bound of its own (4). A list of 65 went to
+    ``ollama_types.MAX_STOPS``); vLLM 0.32 bounds them itself, older ones may not. A list of 65 went to
     vLLM as sent, from any key, on any route."""
     s = prod
     httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
