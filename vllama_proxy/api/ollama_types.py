@@ -267,12 +267,15 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return data
 
 
-#: Most levels of arrays and objects a request body may nest (a tool's JSON schema: two a level). vLLM
-#: compiles a schema (``format``, ``response_format``, ``structured_outputs``, a required tool's
-#: ``parameters``) with xgrammar, whose time and memory grow about as the cube of its inline nesting:
-#: measured on the 2-core machine, 100 nested objects (6 KB) 0.5 s, 400 (24 KB) 23 s and 590 MB, 800
-#: (48 KB) 140 s and 1.1 GB, in vLLM's engine process, every tenant's; orjson alone allows 1,024 levels.
-MAX_DEPTH = 64
+#: Most levels of arrays and objects a request body may nest (a JSON schema: two a level). vLLM compiles a
+#: schema (``format``, ``response_format``, ``structured_outputs``, a required tool's ``parameters``) with
+#: xgrammar, whose time and memory grow about as the cube of its inline nesting: measured with xgrammar on the
+#: 2-core machine, 100 nested objects (6 KB) 0.5 s, 400 (24 KB) 23 s and 590 MB, 800 (48 KB) 140 s and 1.1 GB,
+#: in vLLM's engine process, every tenant's; orjson alone parses 1,024 levels. vLLM 0.32 refuses a schema
+#: nested past 64 levels itself (checked on its CPU build; an older one may not), once the model is loaded:
+#: 64 and the few levels a body puts around a schema (``tools[0].function.parameters``), so that no schema
+#: vLLM takes is refused here.
+MAX_DEPTH = 72
 
 
 def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
@@ -280,7 +283,7 @@ def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
     and objects, stopping at the first too deep.
 
     Raises:
-        BadRequest: ``request body is nested too deeply (at most 64 levels)``."""
+        BadRequest: ``request body is nested too deeply (at most 72 levels)``."""
     level: list[Any] = [data]
     for _ in range(limit):
         level = [v for x in level for v in (x.values() if isinstance(x, dict) else x) if isinstance(v, (dict, list))]
