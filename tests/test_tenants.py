@@ -319,23 +319,35 @@ def test_a_relayed_stream_is_charged_its_tokens_whether_or_not_the_client_asked_
     _until(refused, "dave's budget")
 
 
-def test_a_relayed_stream_its_client_leaves_is_charged_what_it_was_sent(serve, hub, tmp_path):
+def test_a_stream_its_client_leaves_is_charged_what_it_was_sent(serve, hub, tmp_path):
     """A stream cut by its client never gets vLLM's usage chunk: a key could read all but the last
-    token of a long answer, leave, and be charged 0 tokens (budget, tpm, fair share, ledger)."""
+    token of a long answer, leave, and be charged 0 tokens (budget, tpm, fair share, ledger), on
+    ``/v1`` and on Ollama's routes alike."""
     place(hub, "acme/tiny-prod")
-    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(_keys(tmp_path, BUDGET_KEY)),
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(_keys(tmp_path)),
               "--usage-flush-interval", "0.1")
     s.wait_ready()
     body = {"model": "prod", "stream": True, "messages": [{"role": "user", "content": "hi [[tokens:100]] [[fault:slow]]"}]}
-    with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, headers=_auth("sk-dave")) as r:
+    with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, headers=_auth("sk-bob")) as r:
         tokens = []
         for line in r.iter_lines():
             if line.startswith("data: ") and '"content":"tok' in line:
                 tokens.append(line)
             if len(tokens) == 5:
                 break  # the client leaves after 5 of 100 tokens (0.2 s each)
-    row = _until(lambda: httpx.get(s.url + "/api/usage", headers=_auth("sk-dave")).json()["usage"], "the cut stream's row")[0]
+    row = _until(lambda: httpx.get(s.url + "/api/usage", headers=_auth("sk-bob")).json()["usage"], "the cut stream's row")[0]
     assert row["requests"] == 1 and 5 <= row["output_tokens"] < 100 and row["prompt_tokens"] > 0, row
+    # the same on Ollama's /api/chat and /api/generate (5 NDJSON lines: 5 tokens)
+    for n, (path, body) in enumerate((("/api/chat", {"model": "prod", "messages": [{"role": "user", "content": "hi [[tokens:100]] [[fault:slow]]"}]}),
+                                      ("/api/generate", {"model": "prod", "prompt": "hi [[tokens:100]] [[fault:slow]]"})), 2):
+        before = row
+        with httpx.stream("POST", s.url + path, json=body, headers=_auth("sk-bob")) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i == 4:
+                    break  # the client leaves after 5 lines
+        row = _until(lambda n=n: [u for u in httpx.get(s.url + "/api/usage", headers=_auth("sk-bob")).json()["usage"]
+                                  if u["requests"] == n], f"{path}'s row")[0]
+        assert 5 <= row["output_tokens"] - before["output_tokens"] < 100 and row["prompt_tokens"] > before["prompt_tokens"], (path, row)
 
 
 def test_a_user_key_cannot_jump_vllms_queue_with_its_own_priority_when_vllama_sets_none(serve, hub, tmp_path):

@@ -9,6 +9,7 @@ route's translator (``relay.py``, ``translate/to_ollama.py``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +20,9 @@ from vllama_proxy.upstream import Upstream
 from .. import session
 from ..admission import with_priority
 from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
+from ..fair_queue import BYTES_PER_TOKEN
+from ..metrics import USAGE
+from ..request_body import BODY
 from ..relay import relay
 from ..timestamps import Timings
 from ..translate.to_ollama import Translator
@@ -65,7 +69,10 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
             answer ends, however it ends (``router_sessions.py``).
 
     Raises what ``model_in_use``, ``cap_output`` and ``relay`` raise before the first byte
-    (the model cannot be loaded, the context is full, vLLM refused the request).
+    (the model cannot be loaded, the context is full, vLLM refused the request). A client that leaves
+    mid-answer is charged the chunks it was sent (the translator's count: vLLM sends one a token) and
+    its prompt by the body's size, unless vLLM's usage came first: before, a key read all but the last
+    token and left for nothing against its budget, tpm and fair share.
     """
     whole = not stream and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
     if whole:
@@ -82,6 +89,10 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
             try:
                 return await relay(request, backend.upstream, path, with_priority(request, body), out, stream=stream, headers=headers,
                                    final_only=whole)
+            except (ConnectionError, asyncio.CancelledError):  # the client left mid-answer: vLLM's tokens so far were made
+                if USAGE not in request and out.output_tokens:
+                    request[USAGE] = (out.prompt_eval_count or int(len(request.get(BODY) or b"") / BYTES_PER_TOKEN), out.output_tokens)
+                raise
             finally:
                 if release is not None:  # after the answer's last byte, or its error, or the client's leaving
                     request.app[ROUTER_SESSIONS].release(backend.upstream, release)
