@@ -183,7 +183,14 @@ def test_keys_with_roles(serve, hub, tmp_path):
     assert root.generate(model="prod", prompt="", keep_alive=0).done_reason == "unload"
     # the probes stay open; /readyz says only ready or not without a key
     assert httpx.get(s.url + "/readyz").json() == {"state": "ready"}
-    assert "models" in httpx.get(s.url + "/readyz", headers={"Authorization": "Bearer sk-alice"}).json()
+    # a user key's /readyz: the models its patterns allow, without vLLM's pids, output or the front end's plan
+    bob.generate(model="acme/tiny-b", prompt="x", options={"num_predict": 1})  # a model alice may not use, loaded
+    mine = httpx.get(s.url + "/readyz", headers={"Authorization": "Bearer sk-alice"}).json()
+    everyone = httpx.get(s.url + "/readyz", headers={"Authorization": "Bearer sk-root"}).json()
+    assert "front_end" in everyone and all("pid" in m for m in everyone["models"])
+    assert "acme/tiny-b" in {m["model"] for m in everyone["models"]}
+    assert "front_end" not in mine and not any("pid" in m for m in mine["models"])
+    assert {m["model"] for m in mine["models"]} == {m["model"] for m in everyone["models"]} - {"acme/tiny-b"}
 
 
 def test_create_and_blobs_are_an_admins_and_a_created_model_counts_by_its_own_name(serve, hub, tmp_path):

@@ -10,6 +10,8 @@ empty body), so that a node can stand where ``vllm-router`` expects a vLLM (``do
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 from aiohttp import web
 
@@ -42,13 +44,35 @@ async def readyz(request: web.Request) -> web.Response:
     past its first start, then 200 whenever some model is ready, asleep, unloaded or loading
     for a request. A model restarting or failed shows in the body only. ``front_end`` says
     how many processes vllama and each vLLM serve with, and why (``supervisor/sizing.py``).
-    When API keys are configured, a caller without a valid key gets ``{"state"}`` only (issue 27).
+    When API keys are configured, a caller without a valid key gets ``{"state"}`` only (issue 27), and a
+    key of another role than ``admin`` the models its patterns allow, without vLLM's pids, its output
+    lines or the front end's plan (:func:`_for_tenant`): one tenant learns nothing of another's models.
     """
     ready, body = await _readiness(request)
-    body["front_end"] = request.app[FRONT_END].as_dict()
-    if request.app[KEYS].configured and KEY not in request:
+    key = request.get(KEY)
+    if not request.app[KEYS].configured or (key is not None and key.admin):
+        body["front_end"] = request.app[FRONT_END].as_dict()
+    elif key is None:
         body = {"state": "ready" if ready else "unavailable"}  # models, PIDs, errors: for key holders only
+    else:
+        body = _for_tenant(body, key.may_use)
     return web.Response(status=200 if ready else 503, body=orjson.dumps(body), content_type="application/json")
+
+
+#: What of a model's status (``StatusBoard.status``) only the operator sees: the process, vLLM's own output.
+_OPERATORS = ("pid", "last_output")
+
+
+def _for_tenant(body: dict, may_use: Callable[[str], bool]) -> dict:
+    """``body`` as a key of role ``user`` sees it: the models it may use (``may_use`` of the served
+    name), each without :data:`_OPERATORS`; of one model it may not use, the state alone."""
+    if "models" in body:
+        return {**body, "models": [{k: v for k, v in m.items() if k not in _OPERATORS}
+                                   for m in body["models"] if may_use(m["model"])]}
+    if "model" in body:
+        return ({k: v for k, v in body.items() if k not in _OPERATORS} if may_use(body["model"])
+                else {"state": body["state"]})
+    return body
 
 
 async def _readiness(request: web.Request) -> tuple[bool, dict]:
