@@ -295,3 +295,18 @@ async def test_a_create_waits_for_the_owners_news_that_its_model_left_ready_not_
     assert not waiting.done()
     board.publish(State.RESTARTING, since=time.time(), restarts=1, pid=1, last_error=None, last_output="")
     assert await asyncio.wait_for(waiting, 5) is True
+
+
+def test_vllm_takes_as_many_stop_strings_as_vllama_lets_through(monkeypatch, tmp_path):
+    """vLLM 0.32 refuses more than VLLM_MAX_STOP_STRINGS (4) stop strings; vllama bounds them itself
+    (ollama_types.MAX_STOPS) and launches vLLM with the same bound; an operator's own value wins."""
+    from vllama_proxy.api.ollama_types import MAX_STOPS
+    from vllama_proxy.models.adapters import LoraPlan
+    from vllama_proxy.supervisor.launch import MAX_STOP_STRINGS, vllm_env
+    assert MAX_STOP_STRINGS == MAX_STOPS
+    monkeypatch.delenv("VLLM_MAX_STOP_STRINGS", raising=False)
+    s = Settings(model=str(tmp_path), state_dir=tmp_path, gpu_check=False)
+    spec = s.configured_models()[0]
+    assert vllm_env(s, spec, sleep_mode=False, lora=LoraPlan())["VLLM_MAX_STOP_STRINGS"] == str(MAX_STOPS)
+    monkeypatch.setenv("VLLM_MAX_STOP_STRINGS", "8")
+    assert vllm_env(s, spec, sleep_mode=False, lora=LoraPlan())["VLLM_MAX_STOP_STRINGS"] == "8"

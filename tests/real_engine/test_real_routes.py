@@ -119,6 +119,19 @@ def test_stop_string_ends_the_answer_before_it(client):
     assert cut.response == full[: full.index(stop)]
 
 
+def test_as_many_stop_strings_as_an_ollama_client_sends_reach_vllm(client):
+    """Ollama takes any number of stop strings (vllama: up to 64); vLLM 0.32 refused a fifth with its
+    own validation error ("List should have at most 4 items") until vllama set VLLM_MAX_STOP_STRINGS."""
+    full = client.generate(model=CHAT, prompt="if x:", options={"temperature": 1.0, "seed": 5, "num_predict": 40}).response
+    words = [w for w in full.split() if len(w) >= 3]
+    assert words, full
+    stop = words[len(words) // 2]
+    never = [f"<never {i}>" for i in range(7)]
+    cut = client.generate(model=CHAT, prompt="if x:", options={"temperature": 1.0, "seed": 5, "num_predict": 40, "stop": [*never, stop]})
+    assert cut.done_reason == "stop"
+    assert cut.response == full[: full.index(stop)]
+
+
 def test_format_schema_is_enforced_by_vllm(client):
     """vLLM's xgrammar constrains the random model to the schema: every answer parses and fits it."""
     for opts in (GREEDY, {"temperature": 1.0, "seed": 1}, {"temperature": 1.0, "seed": 2}):

@@ -27,9 +27,10 @@ StrOrList = Union[str, list[str]]
 #: text (``check_stop_strings``: a million strings took ~0.45 s a token, measured on their own, while that
 #: process's other streams waited), its scheduler looks a token up in the stop-token list, its sampler walks
 #: the bad words, each step of the whole batch. vLLM 0.32 bounds them itself, in its own words (checked on
-#: the CPU build): ``stop`` at ``VLLM_MAX_STOP_STRINGS`` (4), ``bad_words`` at 128 tokens, ``stop_token_ids``
-#: to the vocabulary (a 150,000-id list is ~1 ms of its scheduler's loop a token); an older vLLM, or one run
-#: with the variable raised, may not. OpenAI's API takes 4 stop strings.
+#: the CPU build): ``stop`` at ``VLLM_MAX_STOP_STRINGS`` (4 by default: vllama launches it with this bound,
+#: ``supervisor/launch.py``, since Ollama's clients send more), ``bad_words`` at 128 tokens,
+#: ``stop_token_ids`` to the vocabulary (a 150,000-id list is ~1 ms of its scheduler's loop a token); an
+#: older vLLM may not. OpenAI's API takes 4 stop strings.
 MAX_STOPS = 64
 
 

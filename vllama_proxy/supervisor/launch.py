@@ -76,6 +76,11 @@ def vllm_argv(settings: Settings, spec: ModelConfig, port: int, lora: LoraPlan) 
     ]
 
 
+#: ``VLLM_MAX_STOP_STRINGS`` for every vLLM vllama launches: the bound vllama checks itself on every route
+#: (``api/ollama_types.MAX_STOPS``, the same number; a test holds them equal).
+MAX_STOP_STRINGS = 64
+
+
 def vllm_env(settings: Settings, spec: ModelConfig, *, sleep_mode: bool, lora: LoraPlan) -> dict[str, str]:
     """``vllm serve``'s environment: this process's, the model's own (``ModelConfig.env``), and what
     vllama sets around them (each line says why)."""
@@ -83,6 +88,10 @@ def vllm_env(settings: Settings, spec: ModelConfig, *, sleep_mode: bool, lora: L
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **os.environ, **spec.env()}
     # an allowed media host must not redirect vLLM to one that is not (vLLM follows redirects by default)
     env.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
+    # as many stop strings as vllama lets through (it refuses more, before anything is loaded): vLLM 0.32
+    # refuses a fifth with its own validation error, where Ollama takes any number and its clients send
+    # five or more (a FIM template's, a Modelfile's PARAMETER stop lines)
+    env.setdefault("VLLM_MAX_STOP_STRINGS", str(MAX_STOP_STRINGS))
     # vllama's own metrics directory (--workers) is not vLLM's: with several API servers vLLM
     # makes its own, and given ours it would mix its series into vllama's /metrics and back.
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
