@@ -390,6 +390,35 @@ def test_a_user_keys_request_starts_at_most_max_choices_sequences_in_vllm(prod):
     assert [r["body"].get("n") for r in _sent(s, "/v1/chat/completions")] == [16, 500]
 
 
+def test_a_user_keys_v1_body_reaches_vllm_through_an_allow_list_of_fields(prod):
+    """The /v1 inference routes relay the client's JSON; vLLM 0.32 acts on fields for the operator's own
+    machinery (disaggregated prefill's kv_transfer_params, logits processors' vllm_xargs, its internal
+    request_id, the multimodal processor's arguments). From a user key those are a 400 naming the field;
+    fields vLLM would ignore are left out; sampling fields pass; an admin's body goes as sent."""
+    s = prod
+    httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
+    chat = {"model": "prod", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    for path, body in (("/v1/chat/completions", {**chat, "kv_transfer_params": {"do_remote_prefill": True}}),
+                       ("/v1/chat/completions", {**chat, "vllm_xargs": {"x": 1}}),
+                       ("/v1/completions", {"model": "prod", "prompt": "x", "request_id": "someone-elses"}),
+                       ("/v1/chat/completions", {**chat, "mm_processor_kwargs": {"max_pixels": 10**9}}),
+                       ("/v1/embeddings", {"model": "prod", "input": "x", "media_io_kwargs": {"video": {"num_frames": 10**6}}})):
+        field = next(f for f in body if f not in ("model", "max_tokens", "messages", "prompt", "input"))
+        r = httpx.post(s.url + path, json=body, headers=_auth("sk-bob"))
+        assert r.status_code == 400 and f"invalid field '{field}'" in r.text and "admin key" in r.text, (path, r.text)
+    assert _sent(s, "/v1/chat/completions") == _sent(s, "/v1/completions") == _sent(s, "/v1/embeddings") == []
+    sampling = {"temperature": 0.5, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3, "cache_salt": "mine"}
+    r = httpx.post(s.url + "/v1/chat/completions", json={**chat, **sampling, "metadata": {"a": "b"}, "store": True},
+                   headers=_auth("sk-bob"))
+    assert r.status_code == 200, r.text
+    sent = _sent(s, "/v1/chat/completions")[-1]["body"]
+    assert {k: sent[k] for k in sampling} == sampling and "metadata" not in sent and "store" not in sent
+    kv = {**chat, "kv_transfer_params": {"x": 1}, "metadata": {"a": "b"}}
+    assert httpx.post(s.url + "/v1/chat/completions", json=kv, headers=_auth("sk-root")).status_code == 200
+    sent = _sent(s, "/v1/chat/completions")[-1]["body"]
+    assert sent["kv_transfer_params"] == {"x": 1} and sent["metadata"] == {"a": "b"}
+
+
 def test_stop_lists_vllm_checks_on_every_token_are_bounded_on_every_route(prod):
     """vLLM checks each entry of ``stop``, ``stop_token_ids`` and ``bad_words`` on every token, in loops
     every request shares (its API server's stop strings: ~0.45 s a token for a million,

@@ -27,6 +27,7 @@ from ..relay import in_own_task
 from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use
 from ..ollama_types import MAX_STOPS, check_depth
+from ..user_fields import user_body
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
@@ -121,6 +122,11 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
             check_stops(data)
             if not key.admin:
                 _check_choices(data, request.app[SETTINGS].max_choices)
+        if isinstance(data, dict) and request.method == "POST" and not key.admin:
+            try:
+                user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
+            except BadRequest as e:
+                raise _NoBackend(400, e.message, "BadRequestError") from None
     if not isinstance(name, str):
         if not one:
             raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
