@@ -162,6 +162,15 @@ def test_keys_with_roles(serve, hub, tmp_path):
     r = httpx.post(s.url + "/v1/chat/completions", headers={"Authorization": "Bearer sk-alice"},
                    json={"model": "acme/tiny-b", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 403
+    # outside its patterns a name is a 403 whether or not it exists: no 404 tells alice which models exist;
+    # inside them an unknown one is a 404
+    for name, status in (("acme/tiny-b", 403), ("acme/secret-tune", 403), ("acme/tiny-a-nope", 404)):
+        for call in (lambda: alice.show(name), lambda: alice.generate(model=name, prompt="x")):
+            with pytest.raises(ollama.ResponseError) as e:
+                call()
+            assert e.value.status_code == status, (name, e.value.error)
+        r = httpx.get(s.url + f"/v1/models/{name}", headers={"Authorization": "Bearer sk-alice"})
+        assert r.status_code == status, (name, r.text)
     assert [m["id"] for m in httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer sk-alice"}).json()["data"]] == [
         "prod", "acme/tiny-a"]
     # only an admin pulls, deletes, copies, creates, pushes

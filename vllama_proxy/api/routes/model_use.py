@@ -58,6 +58,18 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
     return name, model, backend
 
 
+def refuse_outside(key: Key, name: str) -> None:
+    """403 for a name the key's patterns do not match, whether or not such a model exists (called when
+    it does not): otherwise a 404 for an unknown name beside the 403 for another tenant's model would
+    tell a key which models exist outside its patterns.
+
+    Raises:
+        Forbidden: ``name`` is outside ``key``'s ``models`` patterns (as :func:`check_model` words it).
+    """
+    if not key.may_use(name):
+        raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
+
+
 def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:
     """403 unless ``key`` may use ``model`` (asked as ``name``): its ``models`` patterns match the
     name as asked, the served name or the repo (``api_keys.py``). A model made with ``/api/create``
@@ -101,7 +113,11 @@ async def lookup_model(request: web.Request, name: str | None) -> tuple[str, Ser
     catalog = request.app[CATALOG]
     made = catalog.created(name)  # read once per request (a stat of its file each time): see created_of
     request[CREATED] = (name, made)
-    model = await catalog.resolve(name, made=made)
+    try:
+        model = await catalog.resolve(name, made=made)
+    except ModelNotFound:
+        refuse_outside(key_of(request), name)  # a 404 only for names the key may use: it learns no other's models
+        raise
     check_model(key_of(request), name, model, made)
     try:
         return name, model, catalog.backend_of(model)

@@ -20,12 +20,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, Forbidden, ModelNotFound, TooManyChoices, UpstreamError
+from vllama_proxy.errors import BadRequest, ModelNotFound, TooManyChoices, UpstreamError
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..relay import in_own_task
 from ..request_body import read_body
-from .model_use import check_model, may_list, model_in_use
+from .model_use import check_model, may_list, model_in_use, refuse_outside
 from ..ollama_types import MAX_STOPS, check_depth
 from ..user_fields import user_body
 from ..admission import with_priority
@@ -68,6 +68,7 @@ async def _models(request: web.Request) -> web.Response | None:
         check_model(key_of(request), wanted, model, catalog.created(wanted))
         return web.json_response(_model_entry(model), dumps=_dumps)
     except ModelNotFound:
+        refuse_outside(key_of(request), wanted)  # no 404 to tell a key what exists outside its patterns
         err = {"error": {"message": f"The model `{wanted}` does not exist.", "type": "NotFoundError", "code": 404}}
         return web.json_response(err, status=404, dumps=_dumps)
 
@@ -137,8 +138,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     try:
         model = await catalog.resolve(name)  # a lookup: claims, loads and evicts nothing (issue 38)
     except ModelNotFound:
-        if not key.may_use(name):
-            raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})") from None
+        refuse_outside(key, name)
         if one:
             return data, None, catalog.backends[0]  # vLLM answers the 404 in its own words
         raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
