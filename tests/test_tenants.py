@@ -402,11 +402,15 @@ def test_a_user_keys_v1_body_reaches_vllm_through_an_allow_list_of_fields(prod):
                        ("/v1/chat/completions", {**chat, "vllm_xargs": {"x": 1}}),
                        ("/v1/completions", {"model": "prod", "prompt": "x", "request_id": "someone-elses"}),
                        ("/v1/chat/completions", {**chat, "mm_processor_kwargs": {"max_pixels": 10**9}}),
-                       ("/v1/embeddings", {"model": "prod", "input": "x", "media_io_kwargs": {"video": {"num_frames": 10**6}}})):
-        field = next(f for f in body if f not in ("model", "max_tokens", "messages", "prompt", "input"))
+                       ("/v1/embeddings", {"model": "prod", "input": "x", "media_io_kwargs": {"video": {"num_frames": 10**6}}}),
+                       ("/v1/rerank", {"model": "prod", "query": "q", "documents": ["d"], "mm_processor_kwargs": {"x": 1}}),
+                       ("/v1/score", {"model": "prod", "text_1": "a", "text_2": "b", "request_id": "x"})):
+        field = next(f for f in body if f not in ("model", "max_tokens", "messages", "prompt", "input", "query",
+                                                  "documents", "text_1", "text_2"))
         r = httpx.post(s.url + path, json=body, headers=_auth("sk-bob"))
         assert r.status_code == 400 and f"invalid field '{field}'" in r.text and "admin key" in r.text, (path, r.text)
-    assert _sent(s, "/v1/chat/completions") == _sent(s, "/v1/completions") == _sent(s, "/v1/embeddings") == []
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/score"):
+        assert _sent(s, path) == [], path
     sampling = {"temperature": 0.5, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3, "cache_salt": "mine"}
     r = httpx.post(s.url + "/v1/chat/completions", json={**chat, **sampling, "metadata": {"a": "b"}, "store": True},
                    headers=_auth("sk-bob"))

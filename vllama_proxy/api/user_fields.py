@@ -3,8 +3,9 @@
 The Ollama routes and the agents' (``/v1/messages``, ``/v1/responses``) are translated, so vLLM sees only
 fields vllama wrote. The ``/v1`` inference routes relay the client's JSON: there a field vLLM acts on reaches
 the engine that every tenant shares. vLLM 0.32's request models (``ChatCompletionRequest``,
-``CompletionRequest``, ``EmbeddingCompletionRequest``/``EmbeddingChatRequest``, read from its CPU build) take
-OpenAI's fields, its sampling extras, and fields for the operator's own machinery: disaggregated prefill's
+``CompletionRequest``, ``EmbeddingCompletionRequest``/``EmbeddingChatRequest``, ``RerankRequest`` and the
+``Score*Request`` models, read from its CPU build) take OpenAI's fields, its sampling extras, and fields for
+the operator's own machinery: disaggregated prefill's
 ``kv_transfer_params``, custom logits processors' ``vllm_xargs``, its internal ``request_id``, the
 multimodal processor's and media loader's arguments (a request's own ``max_pixels`` or video frames: GPU work
 no share accounts for). For a user key:
@@ -40,6 +41,9 @@ _CHAT_INPUT = frozenset({
     "messages", "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs",
     "documents",
 })
+_SCORING = frozenset({
+    "instruction", "max_tokens_per_doc", "max_tokens_per_query", "padding", "use_activation", "chat_template_kwargs",
+})
 #: The top-level fields of each relayed inference route a user key's body may carry to vLLM.
 ALLOWED: dict[str, frozenset[str]] = {
     "/v1/chat/completions": _GENERATION | _CHAT_INPUT | frozenset({
@@ -50,6 +54,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "/v1/embeddings": _COMMON | _CHAT_INPUT | frozenset({
         "input", "dimensions", "encoding_format", "embed_dtype", "endianness", "padding", "use_activation",
     }),
+    "/v1/rerank": _COMMON | _SCORING | frozenset({"query", "documents", "top_n"}),
+    "/v1/score": _COMMON | _SCORING | frozenset({"text_1", "text_2", "data_1", "data_2", "queries", "documents", "items"}),
 }
 #: vLLM 0.32's own request fields for the operator's machinery: refused from a user key.
 OPERATORS = frozenset({
