@@ -321,10 +321,10 @@ def test_vllm_rejecting_its_arguments_fails_at_once_and_exits_2(vllama):
     """Issue 19.9: a vLLM usage error (exit 2, ``usage: vllm serve``) was retried as a crash for
     minutes. At the first start it now stops vllama with vLLM's own message (exit 2, which the
     systemd unit does not restart)."""
-    t0 = time.monotonic()
     v = vllama(vllm_args=["--max-model-len", "2048", "--fake-invalid-flag", "x"])
-    assert v.wait_exit(30) == 2
-    assert time.monotonic() - t0 < 20
+    # "at once" is held by the counts below (launched once, never restarted); the wait's bound only ends a
+    # hang: on CI's 2 cores a process here waited 33 s for the CPU beside the real-engine tier's vLLM start
+    assert v.wait_exit(120) == 2
     err = v.log.read_text()
     assert "vllama serve: model 'tiny': vLLM rejected its arguments: vllm serve: error: unrecognized arguments: --fake-invalid-flag" in err
     assert err.count('"launched"') == 1  # started once, never restarted
