@@ -26,7 +26,7 @@ from aiohttp import web
 from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.shared_lock import SharedLock
-from .fair_queue import BYTES_PER_TOKEN, W_IN, FairQueue
+from .fair_queue import W_IN, FairQueue, prompt_tokens_guess
 from .budgets import check as check_budget
 from .api_keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
@@ -255,7 +255,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             request[PRIORITY] = got - 1_000_000 * key.priority
         IN_FLIGHT.inc()
         prompt_weight = queue.prompt_weight if queue is not None else 0.0
-        guess = len(body or b"") / BYTES_PER_TOKEN  # prompt tokens, from the body's size
+        guess = prompt_tokens_guess(body)
         estimate = prompt_weight * guess
         dispatched = False
         try:

@@ -20,7 +20,7 @@ from vllama_proxy.upstream import Upstream
 from .. import session
 from ..admission import with_priority
 from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
-from ..fair_queue import BYTES_PER_TOKEN
+from ..fair_queue import prompt_tokens_guess
 from ..metrics import USAGE
 from ..request_body import BODY
 from ..relay import relay
@@ -91,7 +91,7 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
                                    final_only=whole)
             except (ConnectionError, asyncio.CancelledError):  # the client left mid-answer: vLLM's tokens so far were made
                 if USAGE not in request and out.output_tokens:
-                    request[USAGE] = (out.prompt_eval_count or int(len(request.get(BODY) or b"") / BYTES_PER_TOKEN), out.output_tokens)
+                    request[USAGE] = (out.prompt_eval_count or int(prompt_tokens_guess(request.get(BODY))), out.output_tokens)
                 raise
             finally:
                 if release is not None:  # after the answer's last byte, or its error, or the client's leaving

@@ -67,7 +67,11 @@ def refuse_outside(key: Key, name: str) -> None:
         Forbidden: ``name`` is outside ``key``'s ``models`` patterns (as :func:`check_model` words it).
     """
     if not key.may_use(name):
-        raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
+        raise _outside(key, name)
+
+
+def _outside(key: Key, name: str) -> Forbidden:
+    return Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
 
 
 def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:
@@ -77,7 +81,7 @@ def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | No
     base does not thereby use every model made of it, with its adapter and system prompt."""
     allowed = key.may_use(name, made.name) if made is not None else key.may_use(name, model.name, model.root)
     if not allowed:
-        raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
+        raise _outside(key, name)
 
 
 def may_list(request: web.Request, model: ServedModel, names: list[str]) -> bool:

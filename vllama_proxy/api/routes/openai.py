@@ -31,7 +31,7 @@ from ..user_fields import user_body
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
-from ..fair_queue import BYTES_PER_TOKEN
+from ..fair_queue import prompt_tokens_guess
 from ..app_state import CATALOG, CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from .. import session
 from ..client_sessions import ROUTER_HEADERS
@@ -356,8 +356,9 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
 async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse, body: bytes) -> web.StreamResponse:
     """:func:`relay`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage
     read (``body``, what was sent: a stream its client leaves is charged by it, :func:`_charge_cut`)."""
-    kept: deque[bytes] = deque(maxlen=None if resp.headers.get("Content-Type", "").startswith("application/json") else 4)
-    sse = resp.headers.get("Content-Type", "").startswith("text/event-stream")
+    content_type = resp.headers.get("Content-Type", "")
+    kept: deque[bytes] = deque(maxlen=None if content_type.startswith("application/json") else 4)
+    sse = content_type.startswith("text/event-stream")
     drop = _DropUsage() if request.get(_DROP_USAGE) and sse else None
     events = 0  # SSE events read: what a stream its client leaves is charged (_charge_cut)
     try:
@@ -378,7 +379,7 @@ async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.St
         raise
     except UpstreamError as e:
         request["vllama.stream_error"] = e
-        if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+        if sse:
             err = {"error": {"message": e.message, "type": type(e).__name__, "code": e.status}}
             await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
         else:
@@ -394,10 +395,10 @@ async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.St
 def _charge_cut(request: web.Request, body: bytes, kept: deque[bytes], events: int) -> None:
     """The usage of a stream its client left before vLLM's usage chunk came: each SSE event relayed
     counts as one output token (vLLM sends one a token: ``--stream-interval`` 1), the prompt by the
-    body's size (``fair_queue.BYTES_PER_TOKEN``, as admission guesses it), unless the usage came after all.
+    body's size (``fair_queue.prompt_tokens_guess``, as admission guesses it), unless the usage came after all.
     Without it a key read all but the last token of a long answer and left, and its budget, tpm and
     fair share were charged nothing."""
-    request[USAGE] = _usage(b"".join(kept)) or (int(len(body) / BYTES_PER_TOKEN), events)
+    request[USAGE] = _usage(b"".join(kept)) or (int(prompt_tokens_guess(body)), events)
 
 
 def _usage(tail: bytes) -> tuple[int, int] | None:
