@@ -152,3 +152,46 @@ async def test_a_ready_model_reads_its_created_adapters_only_when_a_create_tells
     finally:
         await pool.stop()
     assert polls == []
+
+
+def idle_worker(index: int, parent: int, *args: object) -> None:
+    """A worker process that serves nothing (``WorkerPool``'s target in the test below): it waits for SIGTERM."""
+    import signal
+
+    signal.sigwait({signal.SIGTERM})
+
+
+class CountedBound:
+    """The admission bound's one call a dead worker makes (its slot given back), counted."""
+
+    def __init__(self) -> None:
+        self.reset: list[int] = []
+
+    def reset_slot(self, index: int) -> None:
+        self.reset.append(index)
+
+
+async def test_a_dead_worker_is_replaced_as_it_dies_and_a_stop_waits_on_exits_not_a_timer(polls):
+    """The front's extra workers (``front/workers.py``): a worker's death is told by its sentinel (the loop
+    reads it), not found by a look every second; the stop returns when the last exit is told, not by a
+    look every 50 ms (main: ``_watch`` slept 1 s per look, ``stop`` 50 ms)."""
+    import signal
+
+    from vllama_proxy.front.workers import WorkerPool
+
+    bound = CountedBound()
+    pool = WorkerPool(Settings(workers=3, gpu_check=False), None, [], None, bound, target=idle_worker)  # type: ignore[arg-type]
+    await pool.start(2)
+    first = pool._procs[1]
+    os.kill(first.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while (pool._procs.get(1) in (None, first)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # the test's own wait for the event (not vllama's: not recorded)
+    assert pool._procs.get(1) not in (None, first), "worker 1 was not replaced"
+    assert bound.reset == [1]  # its places given back once
+    alive = list(pool._procs.values())
+    await pool.stop(120)
+    assert pool._procs == {}
+    assert all(p.exitcode is not None for p in alive), [(p.pid, p.exitcode) for p in alive]
+    assert first.exitcode == -signal.SIGKILL
+    assert [s for s in polls if s[0] == "vllama_proxy.front.workers"] == []

@@ -16,8 +16,7 @@ import asyncio
 import multiprocessing
 import os
 import signal
-import time
-from multiprocessing.connection import wait as mp_wait
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -76,6 +75,13 @@ def _key_reloader(app: Any, settings: Settings) -> Any:
 class WorkerPool:
     """Workers 1..N-1 (the calling process is worker 0); respawned if one dies.
 
+    A worker's exit is told, not looked for: each process's sentinel (a pipe its end closes) is
+    watched by the event loop (``loop.add_reader``), so a death is handled as it happens and a stop
+    returns when the last one has gone, with no timer between (docs/architecture.md, "the house").
+    Exits are read from the sentinels, not waitpid(): the event loop's child watcher (uvloop, for
+    the vLLM subprocess) may reap our workers first, after which ``Process.is_alive()`` would
+    report a dead worker alive forever.
+
     Args:
         settings: the settings every worker serves with.
         resolved: the library and the launched models, resolved once at start (pickled to each worker).
@@ -84,22 +90,33 @@ class WorkerPool:
         bound: the server-wide admission count in shared memory.
         slots: the on-demand slots (shared memory), or ``None``.
         changes: the state files' change counts (shared memory), as ``build_app`` takes them.
+        target: what each worker process runs (``_worker_main``; a test gives a lighter one).
     """
 
     def __init__(self, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
-                 bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> None:
+                 bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None,
+                 target: Callable[..., None] = _worker_main) -> None:
         self._args = (settings, resolved, backends, front, bound, slots, changes)
+        self._target = target
         self._bound = bound
         self._boards = [spec.board for spec in backends if spec.board is not None]
         self._procs: dict[int, BaseProcess] = {}
+        self._respawning: set[asyncio.Task[None]] = set()
         self._stopping = False
-        self._monitor: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._all_gone = asyncio.Event()
 
-    def _spawn(self, index: int) -> None:
-        p = _CTX.Process(target=_worker_main, args=(index, os.getpid(), *self._args), name=f"vllama-worker-{index}", daemon=False)
+    def _spawn(self, index: int) -> BaseProcess:
+        p = _CTX.Process(target=self._target, args=(index, os.getpid(), *self._args), name=f"vllama-worker-{index}", daemon=False)
         p.start()
-        self._procs[index] = p
         log.info("worker_started", worker=index, pid=p.pid)
+        return p
+
+    def _watch(self, index: int, p: BaseProcess) -> None:
+        """Keep ``p`` as worker ``index`` and be told when it exits (event loop thread only)."""
+        assert self._loop is not None
+        self._procs[index] = p
+        self._loop.add_reader(p.sentinel, self._exited, index, p)
 
     async def start(self, count: int) -> None:
         """Start ``count`` extra workers at once and watch them.
@@ -108,32 +125,48 @@ class WorkerPool:
         its pickled arguments (about a second each): the spawns run in threads, side by side, so
         that the event loop (and the vLLM child it is launching) is not held up.
         """
-        await asyncio.gather(*(asyncio.to_thread(self._spawn, i) for i in range(1, count + 1)))
-        self._monitor = asyncio.create_task(self._watch())
+        self._loop = asyncio.get_running_loop()
+        procs = await asyncio.gather(*(asyncio.to_thread(self._spawn, i) for i in range(1, count + 1)))
+        for i, p in enumerate(procs, start=1):
+            self._watch(i, p)
+            if self._stopping:  # a stop came while they started
+                _signal(p.pid, signal.SIGTERM)
 
-    # Exits are read from each process's sentinel pipe, not waitpid(): the event loop's
-    # child watcher (uvloop, for the vLLM subprocess) may reap our workers first, after
-    # which Process.is_alive() would report a dead worker alive forever.
-    def _exited(self, timeout: float = 0) -> list[int]:
-        by_fd = {p.sentinel: i for i, p in self._procs.items()}
-        return [by_fd[fd] for fd in mp_wait(list(by_fd), timeout)]
+    def _exited(self, index: int, p: BaseProcess) -> None:
+        """Worker ``index``'s sentinel became readable: it has ended. While serving: its places in the
+        boards and the admission bound are given back and a new worker takes its index."""
+        assert self._loop is not None
+        self._loop.remove_reader(p.sentinel)
+        p.join(1)  # its end closed the pipe: reaped at once (or already, by the loop's child watcher)
+        if self._procs.get(index) is not p:
+            return
+        del self._procs[index]
+        if self._stopping:
+            self._note_gone()
+            return
+        log.warning("worker_died", worker=index, pid=p.pid, exitcode=p.exitcode)
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ and p.pid:
+            from prometheus_client import multiprocess
 
-    async def _watch(self) -> None:
-        while not self._stopping:
-            await asyncio.sleep(1.0)
-            for i in self._exited():
-                if self._stopping:
-                    return
-                p = self._procs[i]
-                log.warning("worker_died", worker=i, pid=p.pid, exitcode=p.exitcode)
-                if "PROMETHEUS_MULTIPROC_DIR" in os.environ and p.pid:
-                    from prometheus_client import multiprocess
+            multiprocess.mark_process_dead(p.pid)  # its in-flight gauge no longer counts
+        for board in self._boards:
+            board.reset_slot(index)  # its requests died with it: no model stays "busy" forever
+        self._bound.reset_slot(index)  # and their places in the admission bound
+        task = self._loop.create_task(self._respawn(index), name=f"respawn-worker-{index}")
+        self._respawning.add(task)
+        task.add_done_callback(self._respawning.discard)
+        task.add_done_callback(lambda _t: self._note_gone())
 
-                    multiprocess.mark_process_dead(p.pid)  # its in-flight gauge no longer counts
-                for board in self._boards:
-                    board.reset_slot(i)  # its requests died with it: no model stays "busy" forever
-                self._bound.reset_slot(i)  # and their places in the admission bound
-                self._spawn(i)
+    async def _respawn(self, index: int) -> None:
+        # in a thread, as at start: the spawn's second must not hold this process's own requests
+        p = await asyncio.to_thread(self._spawn, index)
+        self._watch(index, p)
+        if self._stopping:  # the stop began while it started: it stops too
+            _signal(p.pid, signal.SIGTERM)
+
+    def _note_gone(self) -> None:
+        if self._stopping and not self._procs and not self._respawning:
+            self._all_gone.set()
 
     def hup(self) -> None:
         """Forward SIGHUP to every worker (each reads the keys file again)."""
@@ -141,24 +174,21 @@ class WorkerPool:
             _signal(p.pid, signal.SIGHUP)
 
     async def stop(self, timeout: float) -> None:
-        """SIGTERM every worker (each drains its requests), wait up to ``timeout``, then SIGKILL."""
+        """SIGTERM every worker (each drains its requests), wait up to ``timeout`` s for the last to
+        exit, then SIGKILL those left and wait up to 5 s more for them."""
         self._stopping = True
-        if self._monitor is not None:
-            self._monitor.cancel()
+        self._note_gone()
         for p in self._procs.values():
             _signal(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while self._procs:
-            for i in self._exited(0):
-                del self._procs[i]
-            if not self._procs:
-                break
-            if time.monotonic() > deadline:
-                for p in self._procs.values():
-                    _signal(p.pid, signal.SIGKILL)
-                await asyncio.to_thread(mp_wait, [p.sentinel for p in self._procs.values()], 5)
-                break
-            await asyncio.sleep(0.05)
+        try:
+            await asyncio.wait_for(self._all_gone.wait(), timeout)
+        except asyncio.TimeoutError:
+            for p in self._procs.values():
+                _signal(p.pid, signal.SIGKILL)
+            try:
+                await asyncio.wait_for(self._all_gone.wait(), 5)
+            except asyncio.TimeoutError:
+                log.warning("workers_left", pids=[p.pid for p in self._procs.values()])
 
 
 def _signal(pid: int | None, sig: signal.Signals) -> None:
