@@ -22,9 +22,9 @@ from typing import Any
 
 from vllama_proxy.api.admission import AdmissionBound
 from vllama_proxy.logs import configure_logging, get_logger
-from vllama_proxy.models.vllm_servers import BackendSpec
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.models.state_file import StoreChanges
+from vllama_proxy.models.vllm_servers import BackendSpec
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.lifeline import die_with_parent
 from vllama_proxy.supervisor.sizing import Plan
@@ -48,7 +48,13 @@ def _worker_main(index: int, parent: int, settings: Settings, resolved: Resolved
 async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
                  bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> None:
     from vllama_proxy.api.app import build_app
-    from .site import catch_stop_signals, connection_caps, raise_nofile_limit, start_site
+
+    from .site import (
+        catch_stop_signals,
+        connection_caps,
+        raise_nofile_limit,
+        start_site,
+    )
 
     nofile = raise_nofile_limit()
     app = build_app(settings, resolved, backends, worker=index, front=front, bound=bound, slots=slots, changes=changes)
