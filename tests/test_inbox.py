@@ -195,3 +195,39 @@ async def test_a_dead_worker_is_replaced_as_it_dies_and_a_stop_waits_on_exits_no
     assert all(p.exitcode is not None for p in alive), [(p.pid, p.exitcode) for p in alive]
     assert first.exitcode == -signal.SIGKILL
     assert [s for s in polls if s[0] == "vllama_proxy.front.workers"] == []
+
+
+def end_requests(bound: object, slot: int, key: int, count: int) -> None:
+    """In another process (a worker): ``count`` requests of ``slot`` and ``key`` end."""
+    for _ in range(count):
+        bound.leave_key(slot, key)  # type: ignore[attr-defined]
+
+
+async def test_a_drain_is_told_by_the_last_request_to_end_in_any_worker(polls):
+    """A stop waits for the requests in flight in every worker (``front/server.py`` ``wait_idle``): the last one
+    to end rings the admission bound's bell, in whichever process it ends; main looked at the count every 0.1 s."""
+    import multiprocessing
+
+    from vllama_proxy.api.admission import AdmissionBound
+    from vllama_proxy.front.server import wait_idle
+
+    bound = AdmissionBound(16, 2)
+    for slot in (0, 1, 1):
+        assert bound.enter(slot, 7) >= 0
+    bound.start_draining()
+    hurry = asyncio.Event()
+    waiting = asyncio.ensure_future(wait_idle(bound, 120, hurry))
+    bound.leave_key(0, 7)  # this process's request ends: two are left in worker 1
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    worker = multiprocessing.get_context("spawn").Process(target=end_requests, args=(bound, 1, 7, 2))
+    worker.start()
+    assert await asyncio.wait_for(waiting, 120) is True  # told by the worker's last end
+    await asyncio.to_thread(worker.join, 60)
+    assert bound.in_flight == 0
+    assert [s for s in polls if s[0] in ("vllama_proxy.front.server", "vllama_proxy.api.admission")] == []
+    # a request in flight that does not end: the wait ends at its timeout, or at once when hurried
+    assert bound.enter(0, 7) >= 0
+    assert await asyncio.wait_for(wait_idle(bound, 0.2, asyncio.Event()), 60) is False
+    hurry.set()
+    assert await asyncio.wait_for(wait_idle(bound, 120, hurry), 60) is False

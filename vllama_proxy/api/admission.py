@@ -16,6 +16,7 @@ and a coroutine here, a few tens of kB (``benchmarks/RESULTS.md``).
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
+from vllama_proxy.supervisor.inbox import bells
 from vllama_proxy.supervisor.shared_lock import SharedLock
 from .fair_queue import W_IN, FairQueue, prompt_tokens_guess
 from .budgets import check as check_budget
@@ -111,6 +113,7 @@ class AdmissionBound:
         self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
+        (self._drained,) = bells(1, prefix="vllama-drain-")  # rung by the last request to end while draining
         self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve, light_running=light_running,
                                 prompt_weight=prompt_weight) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
@@ -158,6 +161,8 @@ class AdmissionBound:
             self._worker_keys[slot * KEY_SLOTS + key] -= 1
             if self._keys[key] == 0:
                 self._active.value -= 1
+        if self._draining.value and self._total.value <= 0:
+            self._drained.ring()
 
     def key_in_flight(self, key: int) -> int:
         """Requests in flight of the key whose counter is ``key``."""
@@ -178,6 +183,8 @@ class AdmissionBound:
                         self._active.value -= 1
         if self.queue is not None:
             self.queue.reset_slot(slot)
+        if self._draining.value and self._total.value <= 0:
+            self._drained.ring()
 
     @property
     def in_flight(self) -> int:
@@ -191,6 +198,30 @@ class AdmissionBound:
     def start_draining(self) -> None:
         """Stop taking inference requests in every worker (those in flight go on)."""
         self._draining.value = 1
+
+    async def wait_drained(self, timeout: float, hurry: asyncio.Event) -> bool:
+        """(The stopping process, after :meth:`start_draining`.) Wait until no inference request is in
+        flight in any worker, for up to ``timeout`` s or until ``hurry`` is set; returns whether none is.
+
+        Told, not polled: while draining, the request whose end leaves none in flight (in any worker,
+        or a dead worker's places given back) rings this bound's bell, which this loop reads.
+        """
+        loop = asyncio.get_running_loop()
+        rung = asyncio.Event()
+        self._drained.listen(lambda _data: rung.set())
+        deadline = loop.time() + timeout
+        hurried = asyncio.ensure_future(hurry.wait())
+        try:
+            while self._total.value > 0 and not hurry.is_set() and (left := deadline - loop.time()) > 0:
+                told = asyncio.ensure_future(rung.wait())
+                try:
+                    await asyncio.wait({told, hurried}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    told.cancel()
+                rung.clear()  # a ring of an earlier wait, or this one's: the count says which
+        finally:
+            hurried.cancel()
+        return self._total.value <= 0
 
 
 def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,

@@ -86,12 +86,9 @@ async def drain(runner: web.AppRunner, workers: WorkerPool, timeout: float, hurr
 
 async def wait_idle(bound: AdmissionBound, timeout: float, hurry: asyncio.Event) -> bool:
     """Wait until no inference request is in flight in any worker, for up to ``timeout`` s or
-    until ``hurry`` is set. Returns whether none is. (Polls the shared count every 0.1 s: the
-    stopping process only, never a request's path.)"""
-    deadline = time.monotonic() + timeout
-    while bound.in_flight > 0 and time.monotonic() < deadline and not hurry.is_set():
-        await asyncio.sleep(0.1)
-    return bound.in_flight <= 0
+    until ``hurry`` is set. Returns whether none is. (Told by the last request's end:
+    :meth:`AdmissionBound.wait_drained`.)"""
+    return await bound.wait_drained(timeout, hurry)
 
 
 #: Seconds the streams cut at the drain's deadline get to write their error line before the sockets close.
