@@ -82,10 +82,10 @@
 #            ollama client asks qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b, llama3.2:1b, qwen2.5:1.5b (16 tokens
 #            each: the third is A -> B -> A; the fourth and fifth separate a model's first sleep); then stopped
 #
-# Phases chained in the background (`(setsid bash -c '...' < /dev/null > /dev/null 2>&1 &)`) outlive a call only
-# while the machine stays warm, and it goes back 30 s after a call ends: the calls that wait for them must follow
-# one another at once (each waits up to ~570 s for a phase's marker), and each copies the phases that ended into
-# its own $OUT, so that a machine given back early loses only the phase in flight (session 15 lost three).
+# Phases chained in the background outlive a call only while the machine stays warm, and it goes back 30 s after
+# a call ends: `benchmarks/chain.sh` runs them (each into its own OUT) and its `wait` calls, made one after another
+# at once, bring back what has ended, so that a machine given back early loses only the phase in flight (session
+# 15 lost three); its header has issue 42's lease as the example.
 #
 # After the two stash calls, three calls back to back (the machine must stay warm: vllama keeps running
 # between them; timeout_s 600 each): the install call (with the last chunk), then two calls of measurements:

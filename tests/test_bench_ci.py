@@ -91,3 +91,31 @@ def test_the_rounds_table_reads_a_sweep_of_many_blocks(tmp_path, capsys):
     merged = [r for r in rows if r[1].isdigit()]
     assert len(merged) == 6
     assert all(0.9 < float(r[5]) < 1.05 for r in merged)  # each block's own tok/s ratio
+
+
+def test_a_lease_chain_runs_its_commands_in_turn_and_each_wait_brings_back_what_they_wrote(tmp_path):
+    """``benchmarks/chain.sh``: the commands run one after another in the background, each into its own
+    ``$OUT``, with its exit status recorded; a wait that ends before the chain brings back what is written so far
+    (exit 3), the last one everything (exit 0). Session 15 lost three GPU phases with a machine given back."""
+    import shutil
+    import tarfile
+    import uuid
+
+    name, out = f"t{uuid.uuid4().hex[:8]}", tmp_path / "out"
+    gate = tmp_path / "gate"
+    sh = str(BENCH / "chain.sh")
+    started = subprocess.run([sh, "start", name, "echo one > $OUT/a", f"while [ ! -e {gate} ]; do sleep 0.05; done; false",
+                              'X="two words" bash -c "echo \\$X > \\$OUT/x"'], capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    early = subprocess.run([sh, "wait", name, "0"], capture_output=True, text=True, timeout=60, env={"OUT": str(out), "PATH": "/usr/bin:/bin"})
+    assert early.returncode == 3  # the second command waits for the gate: the chain runs on
+    with tarfile.open(out / f"{name}.tar.gz") as t:
+        assert f"{name}/1/a" in t.getnames()
+    gate.touch()
+    done = subprocess.run([sh, "wait", name, "120"], capture_output=True, text=True, timeout=180, env={"OUT": str(out), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout
+    assert "1 exit 0" in done.stdout and "2 exit 1" in done.stdout and "3 exit 0" in done.stdout, done.stdout
+    with tarfile.open(out / f"{name}.tar.gz") as t:
+        assert t.extractfile(f"{name}/3/x").read() == b"two words\n"
+        assert t.extractfile(f"{name}/1/a").read() == b"one\n"
+    shutil.rmtree(f"/tmp/chain/{name}")
