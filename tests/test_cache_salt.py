@@ -18,7 +18,7 @@ import re
 import httpx
 import pytest
 
-from conftest import SERVED, metric, start_proxy, stop
+from conftest import SERVED, log_events, metric, start_proxy, stop
 from vllama_proxy.api import cache_salt
 
 KEYS = """
@@ -138,11 +138,14 @@ def test_one_keys_prompt_is_no_cache_hit_for_another_key(isolated, fake):
     assert hits_after("alice") == 64 and hits_after("bob") == 64  # each key's own cache still works
 
 
-def test_off_and_a_server_without_keys_send_no_salt_and_a_clients_own_as_it_came(fake, keys_file, proxy, upstream_requests):
+def test_off_and_a_server_without_keys_send_no_salt_and_a_clients_own_as_it_came(fake, keys_file, proxy, upstream_requests,
+                                                                                   tmp_path):
     """``--cache-isolation off``: one cache for every key, a client's ``cache_salt`` relayed as sent (keys that
-    trust each other). A server without keys has one tenant: no salt either."""
-    off = start_proxy(fake.url, "--api-key-file", str(keys_file), "--cache-isolation", "off")
+    trust each other), as the start's log says. A server without keys has one tenant: no salt either."""
+    off = start_proxy(fake.url, "--api-key-file", str(keys_file), "--cache-isolation", "off", log=tmp_path / "vllama.log")
     try:
+        (said,) = [e for e in log_events(tmp_path / "vllama.log") if e.get("event") == "cache_isolation"]
+        assert said["mode"] == "off" and said["reason"] == "--cache-isolation off"
         for url, h in ((off.url, _auth("alice")), (off.url, _auth("root")), (proxy.url, {})):
             assert httpx.post(url + "/v1/chat/completions", json=CHAT, headers=h).status_code == 200
             assert httpx.post(url + "/api/chat", json={"model": SERVED, "stream": False, "messages": [{"role": "user", "content": "hi"}]},
