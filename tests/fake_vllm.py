@@ -88,6 +88,9 @@ FAKE_VLLM_LOG_MAX          int (10000): how many requests /_fake/requests keeps 
 FAKE_VLLM_PREFIX_CACHE_BLOCKS  int (4096): blocks of 16 prompt words the prefix cache holds (least recently
                            used leave first); /metrics counts ``vllm:prefix_cache_queries_total`` and
                            ``_hits_total`` in words as vLLM does in tokens (leading full blocks seen before).
+                           A generation request's ``cache_salt`` enters its first block's hash, as in vLLM:
+                           requests with different salts share no block. A salt vLLM refuses (not a non-empty
+                           string; with 0.32, over 128 characters or with '@', '/', '\\' or NUL) is its 400.
 FAKE_VLLM_REPLAY           dir: a request that has a recording there (tests/vllm_replay.py, made by
                            benchmarks/tool_model/record.py on real vLLM) gets the recorded status,
                            content type and body byte for byte; any other request is generated as below.
@@ -421,9 +424,9 @@ class PrefixCache:
         self.queries = 0
         self.hits = 0
 
-    def query(self, words: list[str]) -> None:
+    def query(self, words: list[str], salt: str | None = None) -> None:
         self.queries += len(words)
-        h, hitting = 0, True
+        h, hitting = (hash(("cache_salt", salt)) if salt else 0), True  # vLLM: the salt in the first block's hash
         for i in range(len(words) // self.BLOCK):
             h = hash((h, *words[i * self.BLOCK:(i + 1) * self.BLOCK]))
             if hitting and h in self.blocks:
@@ -638,6 +641,7 @@ class Plan:
     def __init__(self, events: list[tuple], finish: str, stop_reason: str | None,
                  prompt_tokens: int, faults: set[str], words: list[str] | None = None) -> None:
         self.words = words or []  # the prompt's tokens, for the prefix cache
+        self.salt: str | None = None  # the request's cache_salt, for the prefix cache
         self.events = events
         self.finish = finish
         self.stop_reason = stop_reason
@@ -854,7 +858,7 @@ class Tracker:
         state.started += 1
         state.in_flight += 1
         state.prompt_tokens_total += plan.prompt_tokens
-        state.prefix_cache.query(plan.words)
+        state.prefix_cache.query(plan.words, plan.salt)
         self.seq = state.started
         self.done = False
 
@@ -893,6 +897,7 @@ async def handle_generation(request: web.Request, chat: bool) -> web.StreamRespo
         model = check_model(state, body)
         stream = bool(body.get("stream"))
         plan = plan_chat(state, body) if chat else plan_completion(state, body)
+        plan.salt = _cache_salt(body)
         so = body.get("stream_options")
         include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
     except GrammarError as e:
@@ -1095,6 +1100,19 @@ async def _non_stream(request: web.Request, state: State, plan: Plan, tracker: T
         }
     tracker.finish("completed")
     return json_response(out)
+
+
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """The body's ``cache_salt``, checked as vLLM checks it (``validate_cache_salt``: 0.32's rule)."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    if V032 and (len(salt) > 128 or any(c in "@/\\\x00" for c in salt)):
+        raise ApiError(400, "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', "
+                            "'\\\\', or NUL.", param="cache_salt")
+    return salt
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

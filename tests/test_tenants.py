@@ -173,6 +173,7 @@ def test_the_model_check_runs_whatever_the_content_type_and_what_is_forwarded_is
     assert r.status_code == 200
     sent = _sent(s, "/v1/completions")[0]
     sent["body"].pop("priority", None)  # fair share's, vllama's own
+    sent["body"].pop("cache_salt")  # the key's own prefix cache's, vllama's own (test_cache_salt.py)
     assert sent["body"] == {"model": "prod", "prompt": "p", "max_tokens": 1} and sent["headers"]["Content-Type"] == "application/json"
 
 
@@ -411,7 +412,7 @@ def test_a_user_keys_v1_body_reaches_vllm_through_an_allow_list_of_fields(prod):
         assert r.status_code == 400 and f"invalid field '{field}'" in r.text and "admin key" in r.text, (path, r.text)
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/score"):
         assert _sent(s, path) == [], path
-    sampling = {"temperature": 0.5, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3, "cache_salt": "mine"}
+    sampling = {"temperature": 0.5, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3}  # (cache_salt: test_cache_salt.py)
     r = httpx.post(s.url + "/v1/chat/completions", json={**chat, **sampling, "metadata": {"a": "b"}, "store": True},
                    headers=_auth("sk-bob"))
     assert r.status_code == 200, r.text

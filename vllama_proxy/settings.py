@@ -413,6 +413,14 @@ class Settings(BaseSettings):
         description="Largest request body of a route that is not inference (show, pull, copy, delete...), bytes; "
         "inference routes take --max-body-size.",
     )
+    cache_isolation: Literal["key", "off"] = Field(
+        "key",
+        description="key: each API key's requests get a prefix-cache share of their own (vLLM's cache_salt, from the "
+        "key's name and secret; a client's own cache_salt is combined with it, never sent instead), so no key learns "
+        "from its time to first token what another sent (the default: no tenant reads another's prompts). Costs the "
+        "cache hits keys would share: a system prompt every key sends is computed and cached once per key. off: one "
+        "cache for all, a client's cache_salt sent as it came (keys that trust each other). Without keys: no salt.",
+    )
     max_pulls: int = Field(2, ge=1, description="Pulls at once over the server; more get 429.")
     max_choices: int = Field(
         16, ge=1,

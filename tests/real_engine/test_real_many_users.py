@@ -1,6 +1,7 @@
 """Fair sharing on the real vLLM (issue 27): with a keys file, vllama runs vLLM with
 ``--scheduling-policy priority`` and sets each request's ``priority``; the real vLLM 0.32 accepts
-both, through the Ollama routes and the OpenAI passthrough, for a user key and an admin key.
+both, through the Ollama routes and the OpenAI passthrough, for a user key and an admin key. Each
+key's ``cache_salt`` (``--cache-isolation key``) too, and its prefix cache is its own.
 
 One server for the module (one vLLM start): the tiny model with one keys file holding every key the
 tests use (``root`` an admin, ``alice`` with a priority, ``carol`` with a ``max_tokens`` cap). The
@@ -28,7 +29,7 @@ def server(start_real, tiny_model) -> RealVllama:
                     '[[keys]]\nname = "alice"\nkey = "sk-alice"\npriority = 2\n\n'
                     '[[keys]]\nname = "carol"\nkey = "sk-carol"\nmax_tokens = 2\n')
     v = start_real("many-users", model=tiny_model, flags=["--served-model-name", "tiny", "--api-key-file", str(keys)],
-                   vllm_args=BASE_ARGS)
+                   vllm_args=[*BASE_ARGS, "--enable-prefix-caching"])
     v.wait_ready()
     return v
 
@@ -96,3 +97,45 @@ def test_the_real_vllm_gets_only_what_vllama_parsed_and_output_tokens_it_can_hol
     c = carol.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=50,
                                       extra_body={"ignore_eos": True})
     assert c.usage.completion_tokens == 2
+
+
+def test_every_salted_route_is_accepted_and_one_keys_prompt_is_no_cache_hit_for_another(server):
+    """``--cache-isolation key`` on the real vLLM 0.32: every generating route vllama salts is accepted with the
+    key's ``cache_salt``, and with a client's own combined with it (vLLM 0.30+ refuses a salt over 128
+    characters or with ``/``: the key's, 64 hex characters, is neither). A prompt alice sent is then a
+    prefix-cache hit when she sends it again and none when carol sends it, as vLLM counts them."""
+    v = server
+    hi = [{"role": "user", "content": "hi"}]
+    for key in ("sk-alice", "sk-root"):
+        h = {"Authorization": f"Bearer {key}"}
+        client = ollama.Client(host=v.url, headers=h, timeout=300)
+        assert client.generate(model="tiny", prompt="hi", options={"num_predict": 2}).done
+        assert client.generate(model="tiny", prompt="hi", raw=True, options={"num_predict": 2}).done
+        assert client.chat(model="tiny", messages=hi, options={"num_predict": 2}).done
+        oa = openai.OpenAI(base_url=v.url + "/v1", api_key=key)
+        for own in ({}, {"cache_salt": "project-x"}):
+            c = oa.chat.completions.create(model="tiny", messages=hi, max_tokens=2, extra_body=own)
+            assert c.choices[0].finish_reason in ("length", "stop")
+            c = oa.completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body=own)
+            assert c.choices[0].finish_reason in ("length", "stop")
+            r = httpx.post(v.url + "/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 2, **own},
+                           headers=h, timeout=300)
+            assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+            r = httpx.post(v.url + "/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": hi, **own},
+                           headers=h, timeout=300)
+            assert r.status_code == 200 and r.json()["type"] == "message", r.text
+    prompt = " ".join(f"secret{i}" for i in range(300))  # several of vLLM's 128-token CPU blocks
+
+    def hits_after(key: str) -> float:
+        def hits() -> float:
+            text = httpx.get(v.url + "/vllm/metrics", headers={"Authorization": "Bearer sk-root"}, timeout=30).text
+            return sum(float(n) for n in re.findall(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M))
+        before = hits()
+        r = httpx.post(v.url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1},
+                       headers={"Authorization": f"Bearer {key}"}, timeout=300)
+        assert r.status_code == 200, r.text
+        return hits() - before
+
+    assert hits_after("sk-alice") == 0
+    assert hits_after("sk-carol") == 0  # without the salt: alice's whole prompt but its last block
+    assert hits_after("sk-alice") > 0 and hits_after("sk-carol") > 0  # each key's own cache still works

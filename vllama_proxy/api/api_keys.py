@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from vllama_proxy.errors import Forbidden, Unauthorized
 from vllama_proxy.logs import get_logger
+from . import cache_salt
 from .route_roles import ADMIN, WHAT, Route, methods_of, route_of
 
 try:
@@ -119,6 +120,9 @@ class Key:
         budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
             ``api/budgets.py`` checks it against the usage ledger).
         budget_period: ``day`` or ``month`` (UTC).
+        cache_salt: the ``cache_salt`` its requests carry to vLLM, its own share of the prefix cache
+            (``cache_salt.of_key``, computed once when the keys are read); ``None`` with ``--cache-isolation
+            off`` and for :data:`OPEN`.
     """
 
     name: str
@@ -133,6 +137,7 @@ class Key:
     max_tokens: int | None = None
     budget_tokens: int | None = None
     budget_period: str = "month"
+    cache_salt: str | None = field(default=None, compare=False, repr=False)
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -213,11 +218,14 @@ class KeyRing:
     Args:
         api_keys: ``--api-key`` values (admin keys, named ``api-key:1``...).
         path: ``--api-key-file`` (``None``: none).
+        cache_isolation: ``--cache-isolation``: ``key`` gives each key its prefix-cache salt
+            (``Key.cache_salt``), ``off`` none.
     """
 
-    def __init__(self, api_keys: Iterable[str], path: Path | None) -> None:
+    def __init__(self, api_keys: Iterable[str], path: Path | None, *, cache_isolation: str = "key") -> None:
         self._flag_keys = [k for k in api_keys if k]
         self.path = path
+        self.cache_isolation = cache_isolation
         self._by_digest: dict[str, Key] = {}
         self.load()
 
@@ -256,7 +264,8 @@ class KeyRing:
         for digest, key in sorted(found, key=lambda x: x[1].name):
             s = slot_of(key.name, taken)
             taken.add(s)
-            by_digest[digest] = dataclasses.replace(key, slot=s, _cache={})
+            salt = cache_salt.of_key(key.name, digest) if self.cache_isolation == "key" else None
+            by_digest[digest] = dataclasses.replace(key, slot=s, cache_salt=salt, _cache={})
         self._by_digest = by_digest
 
     def reload(self) -> bool:

@@ -217,10 +217,15 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
     try:
-        ring = api_keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file)
+        ring = api_keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file,
+                                cache_isolation=settings.cache_isolation)
     except (OSError, ValueError) as e:  # a configuration error: say so and stop, as for a bad flag
         print(f"vllama serve: --api-key-file: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if worker == 0:  # the prefix cache's tenants, decided once (api/cache_salt.py)
+        log.info("cache_isolation", mode=settings.cache_isolation if ring.configured else "off",
+                 reason=("no API key: one tenant" if not ring.configured else
+                         "each key its own cache_salt" if settings.cache_isolation == "key" else "--cache-isolation off"))
     middlewares.append(api_keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: api_keys.py
     boards = [b.board for b in backends if b.board is not None]
     configured = [b.board for b in backends if b.board is not None and b.slot is None]

@@ -19,6 +19,8 @@ from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
 from .. import session
 from ..admission import with_priority
+from ..api_keys import key_of
+from ..cache_salt import salted
 from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from ..fair_queue import prompt_tokens_guess
 from ..metrics import USAGE
@@ -58,8 +60,8 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
     Args:
         name: the model's name as the client sent it (echoed in every chunk).
         model, backend: the resolved model and its vLLM server (``model_use.resolve_model``).
-        body: vLLM's request body, completed here (``max_tokens``, ``priority``, and
-            ``to_openai.unstreamed`` when vLLM reports timings: ``to_openai.final_only``).
+        body: vLLM's request body, completed here (``max_tokens``, ``priority``, the key's ``cache_salt``:
+            ``cache_salt.py``, and ``to_openai.unstreamed`` when vLLM reports timings: ``to_openai.final_only``).
         translator: the route's ``to_ollama`` translator class, built with ``timings``.
         keep_alive: the request's ``keep_alive`` (``model_use.model_in_use``).
         session_key: the conversation's key for a router in front of several engines
@@ -77,6 +79,7 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
     whole = not stream and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
     if whole:
         unstreamed(body)
+    salted(body, key_of(request).cache_salt)  # the key's own share of the prefix cache
     out = translator(name, timings, aggregate=not stream)
     settings = request.app[SETTINGS]
     with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends

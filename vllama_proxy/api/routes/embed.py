@@ -11,6 +11,8 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.vllm_servers import Backend
 from .body import read_request
+from ..api_keys import key_of
+from ..cache_salt import salted
 from .model_use import lookup_model, model_in_use, resolve_model
 from ..timestamps import now_ns
 from ..ollama_types import EmbedRequest, EmbeddingsRequest
@@ -22,8 +24,10 @@ def l2_normalize(vec: list[float]) -> list[float]:
     return [x / norm for x in vec] if norm else vec
 
 
-async def _embeddings(backend: Backend, name: str, served: str, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+async def _embeddings(backend: Backend, name: str, served: str, inputs: list[str], truncate: bool,
+                      salt: str | None = None) -> tuple[list[list[float]], int]:
     body: dict[str, Any] = {"model": served, "input": inputs, "encoding_format": "float"}
+    salted(body, salt)  # the key's own share of the prefix cache (a causal last-token pooler uses it)
     if truncate:
         body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
     try:
@@ -57,7 +61,8 @@ async def embed(request: web.Request) -> web.Response:
     if inputs:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, count = await _embeddings(backend, name, model.name, inputs, req.truncate is not False)
+            vectors, count = await _embeddings(backend, name, model.name, inputs, req.truncate is not False,
+                                               key_of(request).cache_salt)
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -80,6 +85,6 @@ async def embeddings(request: web.Request) -> web.Response:
     if req.prompt:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, _ = await _embeddings(backend, name, model.name, [req.prompt], True)
+            vectors, _ = await _embeddings(backend, name, model.name, [req.prompt], True, key_of(request).cache_salt)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

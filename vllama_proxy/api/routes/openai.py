@@ -28,6 +28,7 @@ from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use, refuse_outside
 from ..ollama_types import MAX_STOPS, check_depth
 from ..user_fields import user_body
+from ..cache_salt import salted
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
@@ -90,7 +91,8 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     nothing after the value), whatever its ``Content-Type`` (vLLM reads a body without one as JSON);
     one that does not parse is a 400 in vLLM's error shape and never forwarded, and what is
     forwarded is the parsed body written again (``model`` mapped to the served name, the vLLM
-    ``priority``, the output tokens capped: :func:`translate.cap_output_tokens`), so vLLM reads
+    ``priority``, the key's ``cache_salt``: ``cache_salt.py``, the output tokens capped:
+    :func:`translate.cap_output_tokens`), so vLLM reads
     exactly what was checked (issue 38). A ``multipart/form-data`` body (audio) is checked by its
     one ``model`` field and forwarded as sent.
 
@@ -123,9 +125,12 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
             check_stops(data)
             if not key.admin:
                 _check_choices(data, request.app[SETTINGS].max_choices)
-        if isinstance(data, dict) and request.method == "POST" and not key.admin:
+        if isinstance(data, dict) and request.method == "POST":
             try:
-                user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
+                if not key.admin:
+                    user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
+                if request.path in _SALTED:
+                    salted(data, key.cache_salt)  # the key's own share of the prefix cache
             except BadRequest as e:
                 raise _NoBackend(400, e.message, "BadRequestError") from None
     if not isinstance(name, str):
@@ -202,6 +207,8 @@ async def _forwarded(request: web.Request, body: bytes, data: Any, model: Served
     return encode_json(data)
 
 
+#: The relayed routes whose vLLM request model takes ``cache_salt`` (vLLM 0.32; ``cache_salt.py``).
+_SALTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/score"})
 #: The relayed routes whose streams carry their usage only when asked (``stream_options.include_usage``).
 _STREAMED_USAGE = ("/v1/chat/completions", "/v1/completions")
 #: Request key: vllama asked vLLM for a stream's usage the client did not ask for; its chunk is dropped.

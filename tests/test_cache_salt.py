@@ -1,0 +1,171 @@
+"""No tenant reads another's prompts through vLLM's prefix cache (``--cache-isolation``, api/cache_salt.py).
+
+vLLM shares cached KV blocks between any requests whose prompts begin alike, so a key timing its own
+requests would learn what another key sent. With a keys file every request made with a key reaches vLLM
+with that key's ``cache_salt`` (vLLM mixes it into a prompt's first block: different salts share no
+block), on every route that generates or embeds; a client's own salt is combined with its key's.
+
+``vllama serve --upstream`` over the stand-in vLLM (``tests/fake_vllm.py``, whose prefix cache honours
+``cache_salt`` as vLLM's does and whose ``/_fake/requests`` shows each body received), a keys file with
+an admin and two users.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import httpx
+import pytest
+
+from conftest import SERVED, log_events, metric, start_proxy, stop
+from vllama_proxy.api import cache_salt
+
+KEYS = """
+[[keys]]
+name = "root"
+key = "sk-root"
+role = "admin"
+
+[[keys]]
+name = "alice"
+key = "sk-alice"
+
+[[keys]]
+name = "bob"
+sha256 = "%s"
+""" % hashlib.sha256(b"sk-bob").hexdigest()
+#: Each key's salt as vllama must derive it: from its name, keyed with the SHA-256 of its secret.
+SALTS = {k: cache_salt.of_key(k, hashlib.sha256(f"sk-{k}".encode()).hexdigest()) for k in ("root", "alice", "bob")}
+CHAT = {"model": SERVED, "max_tokens": 2, "messages": [{"role": "user", "content": "hello there"}]}
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer sk-{key}"}
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("keys") / "keys.toml"
+    p.write_text(KEYS)
+    return p
+
+
+@pytest.fixture(scope="module")
+def isolated(fake, keys_file):
+    """vllama with the keys file and the default ``--cache-isolation`` over the stand-in vLLM."""
+    s = start_proxy(fake.url, "--api-key-file", str(keys_file))
+    yield s
+    stop(s.proc)
+
+
+def _salts(received, path: str) -> list:
+    return [r["body"].get("cache_salt") for r in received(path)]
+
+
+def test_each_keys_requests_reach_vllm_with_a_salt_of_its_own_on_every_generating_route(isolated, upstream_requests):
+    """The same key gets the same salt on every route and request, another key another; an admin key is salted
+    like any (its prompts are no more another tenant's to probe). The salt is the one vllama derives from the
+    key's name and secret: the same on every worker, front and restart that read the same keys file."""
+    s = isolated
+    for key in ("alice", "bob", "root", "alice"):
+        h = _auth(key)
+        for path, body in (("/api/chat", {"model": SERVED, "stream": False, "messages": [{"role": "user", "content": "hi"}]}),
+                           ("/api/generate", {"model": SERVED, "stream": False, "prompt": "hi"}),
+                           ("/api/generate", {"model": SERVED, "stream": False, "prompt": "hi", "raw": True}),
+                           ("/v1/chat/completions", CHAT),
+                           ("/v1/completions", {"model": SERVED, "prompt": "hi", "max_tokens": 2, "stream": True}),
+                           ("/v1/responses", {"model": SERVED, "input": "hi"}),
+                           ("/v1/messages", {"model": SERVED, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})):
+            r = httpx.post(s.url + path, json=body, headers=h, timeout=30)
+            assert r.status_code == 200, (path, r.text)
+    got = {p: _salts(upstream_requests, p) for p in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")}
+    by_key = [SALTS[k] for k in ("alice", "bob", "root", "alice")]
+    assert got["/v1/responses"] == got["/v1/messages"] == by_key, got
+    # /api/chat, /api/generate (templated), /v1/chat/completions; /api/generate (raw), /v1/completions
+    assert got["/v1/chat/completions"] == [s for s in by_key for _ in range(3)], got
+    assert got["/v1/completions"] == [s for s in by_key for _ in range(2)], got
+    assert len(set(SALTS.values())) == 3 and all(re.fullmatch(r"[0-9a-f]{64}", v) for v in SALTS.values())
+    # nothing of the salt is the name or the secret, and knowing a name is not enough to compute it
+    assert SALTS["bob"] != cache_salt.of_key("bob", hashlib.sha256(b"bob").hexdigest())
+
+
+def test_a_clients_own_salt_is_combined_with_its_keys_and_a_bad_one_is_vllms_400(isolated, upstream_requests):
+    """A client may split its own cache further (its salt, hashed with its key's) but can neither pick
+    another key's salt nor step out of its key's: the same value from another key, or another key's own
+    salt sent as its own, gives another salt. A salt vLLM would refuse is refused, never hidden in a hash."""
+    s = isolated
+
+    def sent(key: str, salt: object, path: str = "/v1/chat/completions", body: dict = CHAT) -> str:
+        r = httpx.post(s.url + path, json={**body, "cache_salt": salt}, headers=_auth(key), timeout=30)
+        assert r.status_code == 200, r.text
+        return _salts(upstream_requests, path)[-1]
+
+    mine = sent("alice", "project-x")
+    assert mine == sent("alice", "project-x") and re.fullmatch(r"[0-9a-f]{64}", mine)
+    others = {sent("bob", "project-x"), sent("root", "project-x"), sent("alice", "project-y"), sent("alice", SALTS["bob"]),
+              sent("alice", SALTS["alice"]), SALTS["alice"], SALTS["bob"], SALTS["root"], "project-x"}
+    assert mine not in others and len(others) == 9
+    assert sent("alice", "project-x", "/v1/responses", {"model": SERVED, "input": "hi"}) == mine  # the same on every route
+    assert sent("alice", None) == SALTS["alice"]  # null: none of its own
+    before = len(upstream_requests())
+    for bad in ("", "a/b", "a@b", "x" * 129, 7, ["a"]):
+        r = httpx.post(s.url + "/v1/chat/completions", json={**CHAT, "cache_salt": bad}, headers=_auth("alice"))
+        assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError", (bad, r.text)  # vLLM's shape
+        assert "invalid cache_salt" in r.json()["error"]["message"]
+        r = httpx.post(s.url + "/v1/messages", json={"model": SERVED, "max_tokens": 5, "cache_salt": bad,
+                                                      "messages": [{"role": "user", "content": "hi"}]}, headers=_auth("alice"))
+        assert r.status_code == 400 and r.json()["type"] == "error", (bad, r.text)  # Anthropic's shape
+        assert "invalid cache_salt" in r.json()["error"]["message"]
+    assert len(upstream_requests()) == before  # none reached vLLM
+
+
+def test_one_keys_prompt_is_no_cache_hit_for_another_key(isolated, fake):
+    """The side channel itself, counted as vLLM counts it (``vllm:prefix_cache_hits``): alice's prompt is a hit
+    when alice sends it again, none when bob sends the same one (his time to first token says nothing of hers)."""
+    s = isolated
+    prompt = " ".join(f"secret{i}" for i in range(64))  # 4 of the stand-in's 16-word blocks
+
+    def hits_after(key: str) -> float:
+        before = metric(httpx.get(fake.url + "/metrics").text, "vllm:prefix_cache_hits_total")
+        r = httpx.post(s.url + "/v1/completions", json={"model": SERVED, "prompt": prompt, "max_tokens": 1}, headers=_auth(key))
+        assert r.status_code == 200, r.text
+        return metric(httpx.get(fake.url + "/metrics").text, "vllm:prefix_cache_hits_total") - before
+
+    assert hits_after("alice") == 0
+    assert hits_after("bob") == 0  # on main: 64, the whole prompt alice sent
+    assert hits_after("root") == 0
+    assert hits_after("alice") == 64 and hits_after("bob") == 64  # each key's own cache still works
+
+
+def test_off_and_a_server_without_keys_send_no_salt_and_a_clients_own_as_it_came(fake, keys_file, proxy, upstream_requests,
+                                                                                   tmp_path):
+    """``--cache-isolation off``: one cache for every key, a client's ``cache_salt`` relayed as sent (keys that
+    trust each other), as the start's log says. A server without keys has one tenant: no salt either."""
+    off = start_proxy(fake.url, "--api-key-file", str(keys_file), "--cache-isolation", "off", log=tmp_path / "vllama.log")
+    try:
+        (said,) = [e for e in log_events(tmp_path / "vllama.log") if e.get("event") == "cache_isolation"]
+        assert said["mode"] == "off" and said["reason"] == "--cache-isolation off"
+        for url, h in ((off.url, _auth("alice")), (off.url, _auth("root")), (proxy.url, {})):
+            assert httpx.post(url + "/v1/chat/completions", json=CHAT, headers=h).status_code == 200
+            assert httpx.post(url + "/api/chat", json={"model": SERVED, "stream": False, "messages": [{"role": "user", "content": "hi"}]},
+                              headers=h).status_code == 200
+            assert httpx.post(url + "/v1/chat/completions", json={**CHAT, "cache_salt": "mine"}, headers=h).status_code == 200
+        assert _salts(upstream_requests, "/v1/chat/completions") == [None, None, "mine"] * 3
+    finally:
+        stop(off.proc)
+
+
+def test_embeddings_carry_the_keys_salt(embed_fake, keys_file, embed_requests):
+    """A pooling model with causal attention and last-token pooling uses the prefix cache too (vLLM 0.32
+    ``ModelConfig.is_prefix_caching_supported``), and vLLM's embedding requests take ``cache_salt``."""
+    s = start_proxy(embed_fake.url, "--api-key-file", str(keys_file), vllm_args=["--runner", "pooling"])
+    try:
+        for key in ("alice", "bob"):
+            h = _auth(key)
+            assert httpx.post(s.url + "/api/embed", json={"model": SERVED, "input": ["a", "b"]}, headers=h).status_code == 200
+            assert httpx.post(s.url + "/api/embeddings", json={"model": SERVED, "prompt": "a"}, headers=h).status_code == 200
+            assert httpx.post(s.url + "/v1/embeddings", json={"model": SERVED, "input": "a"}, headers=h).status_code == 200
+        assert _salts(embed_requests, "/v1/embeddings") == [SALTS["alice"]] * 3 + [SALTS["bob"]] * 3
+    finally:
+        stop(s.proc)

@@ -1,0 +1,71 @@
+"""Each API key's own share of vLLM's prefix cache: vLLM's ``cache_salt``, set per key (``--cache-isolation``).
+
+vLLM's automatic prefix caching shares KV blocks between any two requests whose prompts begin alike. A
+tenant who times its own requests (TTFT) learns whether a prefix is cached, that is, whether someone else
+sent it: a known side channel, for which vLLM added the request field ``cache_salt`` (vLLM docs, "Automatic
+Prefix Caching" and "Security"; ``vllm/v1/core/kv_cache_utils.py``: the salt enters the hash of a prompt's
+first block, so requests with different salts never share a block). With ``--cache-isolation key`` (the
+default) every request made with a key carries a salt of that key's own:
+
+- :func:`of_key`: 64 hex characters, BLAKE2b-256 of the key's name keyed with the SHA-256 of its secret
+  (the digest vllama keeps for it; the admin page signs its cookie with the same). The same on every
+  worker, front and restart that reads the same keys; nobody who knows only a key's name can compute it,
+  and it reveals nothing of the secret. A new secret under the same name starts a new cache. Computed once
+  per key when the keys are read (``api_keys.KeyRing.load``), never per request.
+- :func:`salted`: a client's own ``cache_salt`` (a ``/v1`` body, the agents' routes) is combined with its
+  key's (BLAKE2b keyed with the key's salt, under another personalisation), so a client may split its own
+  cache further but can neither pick another key's salt nor opt out. One hash, only for a request that sent
+  one. It is checked as vLLM 0.30+ checks it first (``validate_cache_salt``: a non-empty string of at most
+  128 characters without ``@``, ``/``, ``\\`` or NUL): what vLLM would refuse is refused here too, not
+  hidden in a hash.
+
+``off``, and a server without keys (one tenant), send none of vllama's: a client's ``cache_salt`` goes as
+it came. Admin keys are salted like any key (an admin's prompts are no more another tenant's to probe).
+
+The routes whose vLLM request model has the field (vLLM 0.32): ``/v1/chat/completions``,
+``/v1/completions`` (``/api/chat``, ``/api/generate`` translate to them), ``/v1/responses``,
+``/v1/messages`` (Anthropic's), ``/v1/embeddings`` (``/api/embed``), ``/v1/rerank``, ``/v1/score``
+(pooling models with causal attention and last-token pooling use the prefix cache too). Older vLLMs
+ignore a field their model lacks (pydantic's default, logged at debug). Not salted: ``count_tokens``
+(generates nothing) and the audio routes (a form, relayed as sent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from vllama_proxy.errors import BadRequest
+
+#: vLLM's bound on a salt's length and the characters it refuses (``vllm/entrypoints/generate/base/protocol.py``).
+MAX_LENGTH = 128
+FORBIDDEN = frozenset("@/\\\x00")
+
+
+def of_key(name: str, digest: str) -> str:
+    """The prefix-cache salt of the key called ``name`` whose secret has the SHA-256 ``digest`` (64 hex
+    characters): 64 hex characters (BLAKE2b-256 keyed with the digest, personalisation ``vllama-salt``)."""
+    return hashlib.blake2b(name.encode(), key=bytes.fromhex(digest), digest_size=32, person=b"vllama-salt").hexdigest()
+
+
+def salted(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
+    """``body`` (vLLM's request body) with the ``cache_salt`` of a key whose salt is ``salt``, in place:
+    ``salt`` itself, or, when the client sent its own, the two combined (64 hex characters). ``salt`` is
+    ``None`` (isolation off, or no key): ``body`` is left as it is. Returns ``body``.
+
+    Raises:
+        BadRequest: the client's ``cache_salt`` is one vLLM refuses (not a non-empty string of at most
+            128 characters without ``@``, ``/``, ``\\`` or NUL).
+    """
+    if salt is None:
+        return body
+    own = body.get("cache_salt")
+    if own is None:
+        body["cache_salt"] = salt
+        return body
+    if not isinstance(own, str) or not own or len(own) > MAX_LENGTH or not FORBIDDEN.isdisjoint(own):
+        raise BadRequest(f"invalid cache_salt: a non-empty string of at most {MAX_LENGTH} characters without "
+                         "'@', '/', '\\' or NUL")
+    body["cache_salt"] = hashlib.blake2b(own.encode("utf-8", "surrogatepass"), key=bytes.fromhex(salt), digest_size=32,
+                                         person=b"vllama-own-salt").hexdigest()
+    return body
