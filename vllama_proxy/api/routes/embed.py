@@ -1,4 +1,8 @@
-"""``POST /api/embed`` and legacy ``POST /api/embeddings`` -> vLLM ``/v1/embeddings``."""
+"""``POST /api/embed`` and legacy ``POST /api/embeddings`` -> vLLM ``/v1/embeddings``.
+
+Each answer's prompt tokens (vLLM's ``usage``) are the request's usage (``metrics.USAGE``): the key's
+``budget_tokens``, ``tpm``, fair share and ledger row count them, as they count a relayed
+``/v1/embeddings``'. How many inputs a user key may send at once is admission's (``api/inputs.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.vllm_servers import Backend
 from .body import read_request
 from .model_use import lookup_model, model_in_use, resolve_model
+from ..metrics import USAGE
 from ..timestamps import now_ns
 from ..ollama_types import EmbedRequest, EmbeddingsRequest
 
@@ -58,6 +63,7 @@ async def embed(request: web.Request) -> web.Response:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
             vectors, count = await _embeddings(backend, name, model.name, inputs, req.truncate is not False)
+        request[USAGE] = (count, 0)  # charged: without it an Ollama client's embeddings were free
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -80,6 +86,7 @@ async def embeddings(request: web.Request) -> web.Response:
     if req.prompt:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, _ = await _embeddings(backend, name, model.name, [req.prompt], True)
+            vectors, count = await _embeddings(backend, name, model.name, [req.prompt], True)
+        request[USAGE] = (count, 0)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")
