@@ -33,6 +33,11 @@ role = "admin"
 name = "bob"
 key = "sk-bob"
 role = "user"
+
+[[keys]]
+name = "batch"
+key = "sk-batch"
+priority = -1
 """
 
 
@@ -142,6 +147,17 @@ def test_an_ollama_clients_embeddings_are_charged_their_prompt_tokens(emb):
 
     _wait(lambda: row().get("requests") == 2, f"the two requests' row: {row()}")
     assert row()["prompt_tokens"] == 7, row()  # 5 + 2 words: the stand-in's tokens
+
+
+def test_an_ollama_clients_embeddings_go_to_vllm_with_their_keys_priority(emb):
+    """With fair sharing vllama sets each request's vLLM ``priority`` (a key's later requests and a
+    lower-priority key's after the others' in vLLM's queue); ``/api/embed`` and ``/api/embeddings`` sent
+    none, so a key's embeddings of thousands of inputs were never put after another key's."""
+    s = emb
+    batch = ollama.Client(host=s.url, headers=_auth("sk-batch"), timeout=60)
+    batch.embed(model="emb", input=["a", "b"])
+    batch.embeddings(model="emb", prompt="c")
+    assert [r["body"].get("priority") for r in _sent(s, "/v1/embeddings")] == [1_000_000, 1_000_000]
 
 
 FAIR_KEYS = KEYS + """
