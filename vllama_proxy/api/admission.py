@@ -230,7 +230,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return error_response(ServerBusy(DRAINING, retry_after))
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
-        inputs = 0  # the sequences of a pooling request beyond what a request is charged (inputs.py)
+        inputs = 0  # an embeddings, rerank or score request's inputs, each a sequence in vLLM (inputs.py)
         if request.path in pooled.ROUTES and (queue is not None or (max_inputs is not None and not key.admin)):
             inputs = pooled.count(request.path, body)
             if max_inputs is not None and not key.admin:

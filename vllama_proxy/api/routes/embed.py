@@ -2,8 +2,8 @@
 
 Each answer's prompt tokens (vLLM's ``usage``) are the request's usage (``metrics.USAGE``): the key's
 ``budget_tokens``, ``tpm``, fair share and ledger row count them, as they count a relayed
-``/v1/embeddings``', and go with the request's vLLM ``priority`` (with fair sharing: a key's later
-requests after the other keys' in vLLM's queue). How many inputs a user key may send at once is
+``/v1/embeddings``'. Each request reaches vLLM with its vLLM ``priority`` (with fair sharing: a key's
+later requests after the other keys' in vLLM's queue). How many inputs a user key may send at once is
 admission's (``api/inputs.py``)."""
 
 from __future__ import annotations
