@@ -2,8 +2,8 @@
 
 Against a vLLM (or vllama) serving an embedding model at ``--url``: a lone one-input ``/v1/embeddings``
 request's latency (median of ``--lone`` runs); then one request of ``--inputs`` inputs of ``--words``
-words each, and, ``--delay`` seconds after it was sent, a one-input request: its latency beside the big
-one, and the big one's. Prints one JSON line.
+words each (``--concurrent`` of them at once), and, ``--delay`` seconds after they were sent, a one-input
+request: its latency beside the big ones, and the last big one's. Prints one JSON line per size.
 
     python benchmarks/inputs_probe.py --url http://127.0.0.1:8000 --model emb --inputs 2048 8192
 
@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=32)
     ap.add_argument("--lone", type=int, default=5)
     ap.add_argument("--delay", type=float, default=0.2)
+    ap.add_argument("--concurrent", type=int, default=1)
     ap.add_argument("--key")
     ap.add_argument("--other-key")
     a = ap.parse_args()
@@ -44,14 +45,16 @@ def main() -> None:
     _embed(a.url, a.model, [text], a.other_key)  # warm
     lone = statistics.median(_embed(a.url, a.model, [text], a.other_key)[0] for _ in range(a.lone))
     for n in a.inputs:
-        with cf.ThreadPoolExecutor(2) as ex:
-            big = ex.submit(_embed, a.url, a.model, [f"{i} {text}" for i in range(n)], a.key)
+        with cf.ThreadPoolExecutor(a.concurrent + 1) as ex:
+            bigs = [ex.submit(_embed, a.url, a.model, [f"{j} {i} {text}" for i in range(n)], a.key) for j in range(a.concurrent)]
             time.sleep(a.delay)
             small = ex.submit(_embed, a.url, a.model, [text], a.other_key)
-            (big_s, big_status), (small_s, small_status) = big.result(), small.result()
-        print(json.dumps({"inputs": n, "words": a.words, "lone_s": round(lone, 4), "beside_big_s": round(small_s, 4),
-                          "beside_big_x": round(small_s / lone, 1), "big_s": round(big_s, 3),
-                          "status": [big_status, small_status]}), flush=True)
+            done = [b.result() for b in bigs]
+            small_s, small_status = small.result()
+        print(json.dumps({"inputs": n, "concurrent": a.concurrent, "words": a.words, "lone_s": round(lone, 4),
+                          "beside_big_s": round(small_s, 4), "beside_big_x": round(small_s / lone, 1),
+                          "big_s": round(max(s for s, _ in done), 3),
+                          "status": [*sorted({st for _, st in done}), small_status]}), flush=True)
 
 
 if __name__ == "__main__":
