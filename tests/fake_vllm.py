@@ -8,8 +8,9 @@ Run it like ``vllm serve``::
 
 Unknown arguments (``--gpu-memory-utilization 0.9``, ``--enable-auto-tool-choice``,
 ``--tool-call-parser hermes``, ``--runner pooling`` ...) are accepted and ignored.
-``--runner pooling`` (or ``--convert embed``) makes it an embedding model: ``/v1/embeddings``
-only, as vLLM does; otherwise ``/v1/embeddings`` is a 404.
+``--runner pooling`` (or ``--convert embed``) makes it an embedding model: ``/v1/embeddings``,
+``/v1/rerank`` and ``/v1/score`` (scores: the cosine of the two texts' vectors, as vLLM scores with an
+embedding model; vLLM 0.32's response shapes) and no generation, as vLLM does; otherwise those are 404s.
 ``tests/bin/vllm`` is an executable wrapper, so ``PATH=tests/bin:$PATH vllm serve ...`` works.
 Log lines go to stderr, shaped like vLLM's (``INFO ... Starting vLLM API server on http://H:P``).
 
@@ -153,6 +154,7 @@ import collections
 import hashlib
 import heapq
 import json
+import math
 import os
 import re
 import signal
@@ -1197,6 +1199,59 @@ async def embeddings(request: web.Request) -> web.Response:
                                              "completion_tokens": 0, "prompt_tokens_details": None}, False, [])})
 
 
+def _scored(texts: Any) -> list[str]:
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+        return texts
+    raise ApiError(400, "inputs must be a string or a non-empty list of strings")
+
+
+async def rerank_or_score(request: web.Request) -> web.Response:
+    """``/v1/rerank`` (``query``, ``documents``, ``top_n``) and ``/v1/score`` (``text_1``/``text_2``,
+    ``data_1``/``data_2``, ``queries`` with ``documents`` or ``items``): 1:1, 1:N or N:N pairs, each scored
+    by the cosine of its texts' vectors; usage: the words of both texts of every pair (vLLM 0.32's
+    ``RerankResponse``/``ScoreResponse``, ``entrypoints/pooling/scoring/protocol.py``)."""
+    state = request.app[STATE_KEY]
+    try:
+        body = await read_body(request)
+        model = check_model(state, body)
+        rerank = request.path == "/v1/rerank"
+        if rerank:
+            first, second = _scored(body.get("query")), _scored(body.get("documents"))
+        else:
+            pair = next((p for p in (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"),
+                                     ("queries", "items")) if p[0] in body and p[1] in body), None)
+            if pair is None:
+                raise ApiError(400, "text_1 and text_2 (or data_1/data_2, queries/documents, queries/items) are required")
+            first, second = _scored(body[pair[0]]), _scored(body[pair[1]])
+        if len(first) > 1 and len(first) != len(second):
+            raise ApiError(400, "Input lengths must be either 1:1, 1:N or N:N")
+    except ApiError as e:
+        return error_response(e.status, e.message, e.err_type, e.param)
+    pairs = [(first[0] if len(first) == 1 else first[i], t) for i, t in enumerate(second)]
+    dim = state.knobs.embed_dim
+    scores = []
+    for a, b in pairs:
+        va, vb = embed_vector(a, dim), embed_vector(b, dim)
+        dot = sum(x * y for x, y in zip(va, vb))
+        scores.append(dot / (math.sqrt(sum(x * x for x in va)) * math.sqrt(sum(y * y for y in vb))))
+    ptoks = sum(len(a.split()) + len(b.split()) for a, b in pairs)
+    state.prompt_tokens_total += ptoks
+    if rerank:
+        results = sorted(({"index": i, "document": {"text": t, "multi_modal": None}, "relevance_score": sc}
+                          for i, ((_, t), sc) in enumerate(zip(pairs, scores))), key=lambda r: -r["relevance_score"])
+        top_n = body.get("top_n")
+        if isinstance(top_n, int) and top_n > 0:
+            results = results[:top_n]
+        return json_response({"id": "rerank-" + uuid.uuid4().hex, "model": model,
+                              "usage": {"prompt_tokens": ptoks, "total_tokens": ptoks}, "results": results})
+    return json_response({"id": "score-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()),
+                          "model": model, "data": [{"index": i, "object": "score", "score": sc} for i, sc in enumerate(scores)],
+                          "usage": {"prompt_tokens": ptoks, "total_tokens": ptoks, "completion_tokens": 0,
+                                    "prompt_tokens_details": None}})
+
+
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     try:
@@ -1442,6 +1497,8 @@ def make_app(state: State) -> web.Application:
     # /v1/embeddings route (FastAPI's 404 {"detail": "Not Found"}).
     if state.pooling:
         r.add_post("/v1/embeddings", embeddings)
+        r.add_post("/v1/rerank", rerank_or_score)
+        r.add_post("/v1/score", rerank_or_score)
     else:
         r.add_post("/v1/completions", completions)
         r.add_post("/v1/chat/completions", chat_completions)

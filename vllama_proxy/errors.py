@@ -16,7 +16,8 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
     │   ├── MissingBody               400  "missing request body"
     │   ├── UnsupportedCapability     400  '"X" does not support tools'
     │   ├── ModelInUse                400  delete of a model being served
-    │   └── TooManyChoices            400  a user key's n x prompts over --max-choices
+    │   ├── TooManyChoices            400  a user key's n x prompts over --max-choices
+    │   └── TooManyInputs             400  a user key's embeddings, rerank or score inputs over --max-inputs
     ├── Unauthorized                  401  + WWW-Authenticate: Bearer  no key, or an unknown one
     ├── Forbidden                     403  a key's role or models do not allow it
     │   └── ModelNotAllowed           403  a local model the on-demand allow-list does not admit
@@ -115,6 +116,12 @@ class ModelInUse(BadRequest):
 class TooManyChoices(BadRequest):
     """A non-admin key's ``/v1`` request asks vLLM for more sequences at once (``n`` x its prompts) than
     ``--max-choices``: it would take that many of vLLM's running slots as one request of its share (400)."""
+
+
+class TooManyInputs(BadRequest):
+    """A non-admin key's embeddings, rerank or score request sends vLLM more inputs than ``--max-inputs``
+    (``api/inputs.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
+    admission bound and the key's share (400)."""
 
 
 class Unauthorized(VllamaError):

@@ -428,6 +428,12 @@ class Settings(BaseSettings):
         "in vLLM: its n (beam width with use_beam_search) times its prompts; more get 400 (each counts as one "
         "request in the admission bound and the key's share).",
     )
+    max_inputs: int = Field(
+        2048, ge=1,
+        description="Most inputs one embeddings, rerank or score request of a non-admin key may send vLLM: /api/embed's "
+        "and /v1/embeddings' input list, /v1/rerank's documents, /v1/score's pairs (OpenAI's embeddings API takes at most "
+        "2,048); each is a sequence of its own in vLLM; more get 400 (the fair share charges each input).",
+    )
     cache_quota: int | None = Field(
         None, gt=0, description="Most bytes the Hugging Face cache may hold after a pull (507 beyond it; default: the disk).",
     )

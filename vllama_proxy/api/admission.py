@@ -28,7 +28,8 @@ from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.inbox import bells
 from vllama_proxy.supervisor.shared_lock import SharedLock
-from .fair_queue import W_IN, FairQueue, prompt_tokens_guess
+from .fair_queue import W_IN, W_OUT, FairQueue, prompt_tokens_guess
+from . import inputs as pooled
 from .budgets import check as check_budget
 from .api_keys import KEY_SLOTS, Key, key_of
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
@@ -225,7 +226,8 @@ class AdmissionBound:
 
 
 def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
-               priority: bool = False, shared: KeyState | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
+               priority: bool = False, shared: KeyState | None = None,
+               max_inputs: int | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Admit inference requests once their body is read, while the server-wide count is below
     ``bound.limit``: beyond it, Ollama's 503 ``server busy`` with ``Retry-After: retry_after``; a key
     over its ``rpm``/``tpm`` (``rate_limits.py``), at its ``max_in_flight`` or, with ``fair``, over its
@@ -243,6 +245,10 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     hold over every front sharing the store, and its service on the other fronts counts in its fair
     share here: counted there at admission (one round trip) and at the end (one),
     never per token. A store that does not answer leaves this front's own limits (fail open, logged).
+    An embeddings, rerank or score request (``inputs.py``) is one sequence of vLLM's per input: a
+    non-admin key's over ``max_inputs`` (``--max-inputs``) is a 400 before any of its limits counts it
+    (:class:`~vllama_proxy.errors.TooManyInputs`), and the fair queue charges each input as one output
+    token (one running slot for a step) beside the request's prompt.
     """
     queue = bound.queue if fair else None
 
@@ -255,6 +261,11 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return error_response(ServerBusy(DRAINING, retry_after))
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
+        inputs = 0  # an embeddings, rerank or score request's inputs, each a sequence in vLLM (inputs.py)
+        if request.path in pooled.ROUTES and (queue is not None or (max_inputs is not None and not key.admin)):
+            inputs = pooled.count(request.path, body)
+            if max_inputs is not None and not key.admin:
+                pooled.check(inputs, max_inputs)
         # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
         # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter). With a
         # shared store, its rpm/tpm and max_in_flight over every front first, in one round trip.
@@ -291,7 +302,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         dispatched = False
         try:
             if queue is not None:
-                await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=estimate)
+                await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=estimate + W_OUT * inputs)
                 dispatched = True
             return await handler(request)
         finally:
@@ -299,8 +310,10 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             served = None  # with a shared store: the request's service, for the key's counter on every front
             if dispatched:
                 assert queue is not None
+                # the inputs' charge stays: only the prompt's estimate is settled by vLLM's count
                 queue.done(slot, key.slot, prompt_weight * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
-                served = queue.service(*(usage or (guess, 0)), key.weight)
+                prompt, output = usage or (guess, 0)
+                served = queue.service(prompt, output + inputs, key.weight)
             tokens = usage[0] + usage[1] if usage and key.tpm is not None else 0
             if tokens:
                 bound.limits.spend(key.slot, tokens)

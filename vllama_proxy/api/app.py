@@ -238,7 +238,8 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         print(f"vllama serve: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
-                                            priority=settings.fair() and supervised, shared=shared))
+                                            priority=settings.fair() and supervised, shared=shared,
+                                            max_inputs=settings.max_inputs))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
     app.on_response_prepare.append(admission.add_rate_headers)

@@ -17,7 +17,10 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
   are its share of the running slots. VTC's own cost (prompt + 2 x output) gave a key of long
   prompts and short answers 0.30x its weighted share of the output tokens on the H200 (weights
   1, 1, 2, 4; ``benchmarks/RESULTS.md``, issue 38), because its prompts were charged as if
-  prefill took a slot per prompt token. Charged at dispatch as an estimate (the prompt from the
+  prefill took a slot per prompt token. An embeddings, rerank or score request generates nothing and
+  is one sequence per input, each in a slot for a step at least: it costs ``W_OUT`` per input
+  (``admission.py`` adds them to the prompt's estimate, ``api/inputs.py`` counts them; counted once,
+  a key's thousands of inputs cost it nothing). Charged at dispatch as an estimate (the prompt from the
   body's size; the output as the key's recent average, or every key's for a key new to the
   server) and settled when the request ends with vLLM's counts (one lock at each end of a
   request, none per token). Charging the output at dispatch matters: a key alone takes every
@@ -179,7 +182,8 @@ class FairQueue:
         Args:
             weight: the key's share weight (> 0): its counter grows by cost / weight.
             priority: higher goes first, whatever the counters.
-            cost: the prompt's estimated cost (``prompt_weight`` x tokens), charged when dispatched.
+            cost: the prompt's estimated cost (``prompt_weight`` x tokens; + ``W_OUT`` per input of an
+                embeddings, rerank or score request), charged when dispatched.
 
         Returns at once while there is room and no key waits ahead of it (one lock). Cancelled
         (the client left) while waiting, its place in the queue, or a place granted meanwhile,

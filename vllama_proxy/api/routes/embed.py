@@ -1,4 +1,10 @@
-"""``POST /api/embed`` and legacy ``POST /api/embeddings`` -> vLLM ``/v1/embeddings``."""
+"""``POST /api/embed`` and legacy ``POST /api/embeddings`` -> vLLM ``/v1/embeddings``.
+
+Each answer's prompt tokens (vLLM's ``usage``) are the request's usage (``metrics.USAGE``): the key's
+``budget_tokens``, ``tpm``, fair share and ledger row count them, as they count a relayed
+``/v1/embeddings``'. Each request reaches vLLM with its vLLM ``priority`` (with fair sharing: a key's
+later requests after the other keys' in vLLM's queue). How many inputs a user key may send at once is
+admission's (``api/inputs.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ from .body import read_request
 from ..api_keys import key_of
 from ..cache_salt import salted
 from .model_use import lookup_model, model_in_use, resolve_model
+from ..admission import with_priority
+from ..metrics import USAGE
 from ..timestamps import now_ns
 from ..ollama_types import EmbedRequest, EmbeddingsRequest
 
@@ -24,10 +32,16 @@ def l2_normalize(vec: list[float]) -> list[float]:
     return [x / norm for x in vec] if norm else vec
 
 
-async def _embeddings(backend: Backend, name: str, served: str, inputs: list[str], truncate: bool,
-                      salt: str | None = None) -> tuple[list[list[float]], int]:
-    body: dict[str, Any] = {"model": served, "input": inputs, "encoding_format": "float"}
-    salted(body, salt)  # the key's own share of the prefix cache (a causal last-token pooler uses it)
+async def _embeddings(request: web.Request, backend: Backend, name: str, served: str, inputs: list[str],
+                      truncate: bool) -> tuple[list[list[float]], int]:
+    """``(vectors, prompt tokens)`` of ``inputs`` from vLLM's ``/v1/embeddings``, sent with the request's vLLM
+    ``priority`` (``admission.with_priority``), as the other routes send theirs, and its key's ``cache_salt``.
+
+    Raises:
+        UnsupportedCapability: a generation model (vLLM serves no ``/v1/embeddings`` for it: 404).
+        UpstreamError: vLLM's other failures."""
+    body: dict[str, Any] = with_priority(request, {"model": served, "input": inputs, "encoding_format": "float"})
+    salted(body, key_of(request).cache_salt)  # the key's own share of the prefix cache (a causal last-token pooler uses it)
     if truncate:
         body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
     try:
@@ -61,8 +75,8 @@ async def embed(request: web.Request) -> web.Response:
     if inputs:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, count = await _embeddings(backend, name, model.name, inputs, req.truncate is not False,
-                                               key_of(request).cache_salt)
+            vectors, count = await _embeddings(request, backend, name, model.name, inputs, req.truncate is not False)
+        request[USAGE] = (count, 0)  # charged: without it an Ollama client's embeddings were free
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -85,6 +99,7 @@ async def embeddings(request: web.Request) -> web.Response:
     if req.prompt:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, _ = await _embeddings(backend, name, model.name, [req.prompt], True, key_of(request).cache_salt)
+            vectors, count = await _embeddings(request, backend, name, model.name, [req.prompt], True)
+        request[USAGE] = (count, 0)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")
