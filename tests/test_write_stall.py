@@ -189,3 +189,40 @@ async def test_a_long_body_written_after_its_handler_is_bounded_too():
     finally:
         s.close()
         await runner.cleanup()
+
+
+class _Transport:
+    """What a :class:`WriteStall` reads of a transport: its write buffer's size, and whether it was aborted."""
+
+    def __init__(self) -> None:
+        self.size = 100_000
+        self.aborted = False
+
+    def get_write_buffer_size(self) -> int:
+        return self.size
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def test_only_looks_with_nothing_taken_and_nothing_written_count_toward_a_stall():
+    """The rule, look by look (``WriteStall._look``, driven by hand; its own timer set an hour off):
+    a shrink (the client read) starts the count again; growth (vllama still writing, aiohttp not yet
+    waiting on drain: a read may hide under it) does not count; the fourth unchanged look aborts."""
+    from vllama_proxy.front.write_stall import WriteStall
+
+    t = _Transport()
+    watch = WriteStall(t, 4 * 3600.0, lambda: None)  # type: ignore[arg-type]
+    try:
+        with capture_logs() as logs:
+            # grown, still, still (2), grown (not counted), shrunk (the client read: 0 again), still, still (2),
+            # grown, still (3)
+            for size in (120_000, 120_000, 120_000, 130_000, 120_000, 120_000, 120_000, 140_000, 140_000):
+                t.size = size
+                watch._look()
+            assert not t.aborted and not logs
+            watch._look()  # still: the fourth
+        assert t.aborted
+        assert [(e["event"], e["key"], e["route"], e["buffered"]) for e in logs] == [("client_write_stalled", "-", "other", 140_000)]
+    finally:
+        watch.close()

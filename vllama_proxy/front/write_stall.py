@@ -12,7 +12,7 @@ The bound is kept by the connection's protocol, not by the writes: asyncio tells
 only then may aiohttp's write wait, in ``StreamWriter.drain``), and ``resume_writing()`` once the
 client took it down to the low-water mark. A :class:`WriteStall` lives between the two: one timer
 every quarter of the timeout looks whether the buffer shrank (the kernel took bytes, so the client
-read some); after a whole timeout with none, the connection is aborted. Streamed tokens, which
+read some); once it sat still for a whole timeout since, the connection is aborted. Streamed tokens, which
 never wait on a client that reads, pass no timer and no check (``front/site.py``'s handler is the
 only code that runs, at the pause and the resume). So every write to a client is bounded alike: an
 NDJSON stream, a relayed ``/v1`` SSE stream, a long non-streamed body aiohttp writes after its
@@ -47,11 +47,15 @@ class WriteStall:
     """The watch over one connection's writes while its transport is paused (above the high-water mark).
 
     Made at ``pause_writing()``, closed at ``resume_writing()`` or when the connection is lost.
-    Every ``timeout / 4`` seconds it reads the transport's write buffer size (bytes); four looks in
-    a row with no shrink since the look before abort the connection: it fires between ``timeout``
-    and 1.25 x ``timeout`` after the client's last read, as ``upstream.BodyWatch`` keeps vLLM's
-    idle-read timeout. The timer runs in the context of the write that paused the transport, so
-    the log line carries its ``request_id``.
+    Every ``timeout / 4`` seconds it reads the transport's write buffer size (bytes): a shrink (the
+    client took bytes) starts the count again; a look that finds it unchanged counts (nothing taken,
+    nothing written: a write waits on ``drain``, or the stream idles, on a client that reads nothing);
+    one that finds it grown does not count (vllama wrote: aiohttp's write waits only once it wrote
+    64 KiB past the pause, and a client's read may hide under the write). The fourth look that
+    counts aborts the connection: it fires between ``timeout`` and 1.25 x ``timeout`` after the
+    write began to wait on a client that took nothing since (``upstream.BodyWatch`` keeps vLLM's
+    idle-read timeout the same way). The timer runs in the context of the write that paused the
+    transport, so the log line carries its ``request_id``.
 
     Args:
         transport: the connection's transport (``get_write_buffer_size()``, ``abort()``).
@@ -82,14 +86,16 @@ class WriteStall:
 
     def _look(self) -> None:
         size = self._transport.get_write_buffer_size()
-        if size < self._seen:
+        if size < self._seen:  # the client took bytes
             self._looks = 0
-        else:
+        elif size == self._seen:  # nothing taken, nothing written: the write waits (or the stream idles) on a client that reads nothing
             self._looks += 1
             if self._looks >= self._LOOKS:
                 self._handle = None
                 self._stalled(size)
                 return
+        # grown: vllama wrote (aiohttp waits on drain only once it wrote 64 KiB past the pause), so no
+        # write waited then, and what the client took may hide under it: neither counts
         self._seen = size
         self._handle = asyncio.get_running_loop().call_later(self._period, self._look)
 
