@@ -5,7 +5,7 @@ Before, a streaming client that stopped reading filled its socket's buffers and 
 waited on ``drain()`` with no bound: the request kept its admission place, the key's
 ``max_in_flight`` place, its connection to vLLM and vLLM's work. Here a raw socket with a tiny
 receive buffer asks for a long stream (the stand-in vLLM, many tokens) and never reads: under
-``--client-write-timeout 2`` its connection is closed, vLLM's request aborted, the key's only place
+``--client-write-timeout 3`` its connection is closed, vLLM's request aborted, the key's only place
 given back, the stall logged and counted. A client that reads slowly keeps its stream.
 """
 
@@ -47,7 +47,7 @@ def served(model_dir, tmp_path_factory):
     keys.write_text(KEYS)
     fake = start_fake(model_dir, extra=["--max-model-len", "1000000"])
     log = tmp / "vllama.log"
-    proxy = start_proxy(fake.url, "--api-key-file", str(keys), "--client-write-timeout", "2", log=log)
+    proxy = start_proxy(fake.url, "--api-key-file", str(keys), "--client-write-timeout", "3", log=log)
     yield fake, proxy, log
     stop(proxy.proc)
     stop(fake.proc)
@@ -96,11 +96,14 @@ def test_a_client_that_stops_reading_loses_its_stream_and_gives_its_place_back(s
     s = _ask(proxy.port, path, body)
     try:
         _wait_stats(fake.url, "started", before["started"])
-        # bob's one place is held: a second request waits for it or is refused (429), never served
+        # bob's one place is held: a second request is refused (429), unless the stall came first and freed it
         r = httpx.post(proxy.url + "/api/generate", headers={"Authorization": "Bearer sk-bob"}, timeout=60,
                        json={"model": ALIAS, "prompt": "hi", "stream": False})
-        assert r.status_code == 429 and "max_in_flight" in r.json()["error"], r.text
-        # the events: the stall, then vLLM's request aborted (bounds are a failure's, the stall itself takes 2-2.5 s)
+        if r.status_code != 429:  # a loaded machine took the timeout to answer it: the place was given back by the stall
+            assert r.status_code == 200 and sum(e.get("event") == "client_write_stalled" for e in _log(log)) > stalled, r.text
+        else:
+            assert "max_in_flight" in r.json()["error"], r.text
+        # the events: the stall, then vLLM's request aborted (bounds are a failure's, the stall itself takes 3-3.75 s)
         events = wait_events(log, "client_write_stalled", stalled + 1, timeout=90)
         after = _wait_stats(fake.url, "aborted", before["aborted"])
         assert after["completed"] == before["completed"]  # cut, not finished

@@ -403,8 +403,10 @@ class Settings(BaseSettings):
         description="Seconds a write to a client may wait with no byte read by the client (its socket's buffers full) before "
         "its connection is closed and its request ended as if it had left: vLLM aborts it, its admission place and "
         "max_in_flight place are freed, what was sent is charged (client_write_stalled in the log). Only a stall counts, "
-        "never a slow reader or a long stream; 60 s is nginx's send_timeout, longer than the pauses of a phone "
-        "switching networks or a busy browser tab. 0: no bound.",
+        "never a slow reader or a long stream. 60 s, as nginx's send_timeout and Apache's Timeout: clients that read "
+        "(Open WebUI's backend, the ollama and openai libraries, a browser tab, even in the background) take each token "
+        "as it comes, and one that took nothing for a minute with its socket's buffers full (megabytes unread) is gone: "
+        "a suspended phone app, a frozen tab, a laptop asleep. 0: no bound.",
     )
     max_connections_per_address: int | None = Field(
         None, ge=1,

@@ -123,7 +123,7 @@ class _CappedHandler(RequestHandler):
     def _answering(self) -> BaseRequest | None:
         """The request this connection answers now: its handler's (aiohttp's ``_current_request``, set
         while the handler runs), else the one whose response aiohttp writes after its handler returned."""
-        return self._current_request or getattr(self, "_vllama_finishing", None)
+        return getattr(self, "_current_request", None) or getattr(self, "_vllama_finishing", None)
 
     async def finish_response(self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None) -> tuple[web.StreamResponse, bool]:
         self._vllama_finishing = request  # a non-streamed body is written here, after its handler returned

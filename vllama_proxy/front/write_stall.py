@@ -100,11 +100,13 @@ class WriteStall:
         self._handle = asyncio.get_running_loop().call_later(self._period, self._look)
 
     def _stalled(self, buffered: int) -> None:
-        request = self._request()
-        route = route_of(request) if request is not None else "other"
-        key = api_keys.key_of(request).name if request is not None else "-"
-        CLIENT_WRITE_STALLS.labels(route).inc()
-        log.warning("client_write_stalled", key=key, route=route, buffered=buffered, timeout_s=self._timeout,
-                    path=request.path if request is not None else None,
-                    detail="the client read nothing for --client-write-timeout: its connection is closed and its request ended")
-        self._transport.abort()  # connection_lost follows: the handler is cancelled as for a client gone
+        try:
+            request = self._request()
+            route = route_of(request) if request is not None else "other"
+            key = api_keys.key_of(request).name if request is not None else "-"
+            CLIENT_WRITE_STALLS.labels(route).inc()
+            log.warning("client_write_stalled", key=key, route=route, buffered=buffered, timeout_s=self._timeout,
+                        path=request.path if request is not None else None,
+                        detail="the client read nothing for --client-write-timeout: its connection is closed and its request ended")
+        finally:  # whatever the log line met, the connection goes
+            self._transport.abort()  # connection_lost follows: the handler is cancelled as for a client gone
