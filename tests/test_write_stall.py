@@ -46,11 +46,13 @@ def served(model_dir, tmp_path_factory):
     keys = tmp / "keys.toml"
     keys.write_text(KEYS)
     fake = start_fake(model_dir, extra=["--max-model-len", "1000000"])
-    log = tmp / "vllama.log"
-    proxy = start_proxy(fake.url, "--api-key-file", str(keys), "--client-write-timeout", "3", log=log)
-    yield fake, proxy, log
-    stop(proxy.proc)
-    stop(fake.proc)
+    try:
+        log = tmp / "vllama.log"
+        proxy = start_proxy(fake.url, "--api-key-file", str(keys), "--client-write-timeout", "3", log=log)
+        yield fake, proxy, log
+        stop(proxy.proc)
+    finally:
+        stop(fake.proc)
 
 
 def _ask(port: int, path: str, body: dict, rcvbuf: int = 4096) -> socket.socket:

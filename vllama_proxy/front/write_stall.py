@@ -27,7 +27,9 @@ counted (``vllama_client_write_stalls_total{route}``).
 
 A stall, not a slow stream: the bound is on a wait with no byte read, as nginx's ``send_timeout``
 ("if the client does not receive anything within this time, the connection is closed"), never on
-a stream's length or rate. A client that reads, however slowly, keeps its stream.
+a stream's length or rate. A client that reads, however slowly, keeps its stream; so does one that
+takes a few bytes per timeout on purpose (as under nginx): its key's ``max_in_flight`` bounds how
+many places it holds that way, and its answer still ends at its ``max_tokens``.
 """
 
 from __future__ import annotations
