@@ -48,7 +48,7 @@ def served(model_dir, tmp_path_factory):
     fake = start_fake(model_dir, extra=["--max-model-len", "1000000"])
     try:
         log = tmp / "vllama.log"
-        proxy = start_proxy(fake.url, "--api-key-file", str(keys), "--client-write-timeout", "3", log=log)
+        proxy = start_proxy(fake.url, "--api-key-file", str(keys), "--client-write-timeout", "3", "--workers", "2", log=log)  # the workers too
         yield fake, proxy, log
         stop(proxy.proc)
     finally:
