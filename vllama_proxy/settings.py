@@ -398,6 +398,16 @@ class Settings(BaseSettings):
     body_timeout: float = Field(
         60.0, gt=0, description="Seconds a client may take to send a request body (a slower one gets 408).",
     )
+    client_write_timeout: float = Field(
+        60.0, ge=0,
+        description="Seconds a write to a client may wait with no byte read by the client (its socket's buffers full) before "
+        "its connection is closed and its request ended as if it had left: vLLM aborts it, its admission place and "
+        "max_in_flight place are freed, what was sent is charged (client_write_stalled in the log). Only a stall counts, "
+        "never a slow reader or a long stream. 60 s, as nginx's send_timeout and Apache's Timeout: clients that read "
+        "(Open WebUI's backend, the ollama and openai libraries, a browser tab, even in the background) take each token "
+        "as it comes, and one that took nothing for a minute with its socket's buffers full (megabytes unread) is gone: "
+        "a suspended phone app, a frozen tab, a laptop asleep. 0: no bound.",
+    )
     max_connections_per_address: int | None = Field(
         None, ge=1,
         description="Open connections one client may hold in each vllama process, an IPv4 address or an IPv6 /64 "

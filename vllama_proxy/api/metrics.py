@@ -40,6 +40,9 @@ REQUESTS = Counter("vllama_requests", "HTTP requests answered, by route and stat
 IN_FLIGHT = Gauge("vllama_requests_in_flight", "Inference requests being answered now.", multiprocess_mode="livesum")
 QUEUE_REJECTIONS = Counter("vllama_queue_rejections", "Requests answered 503 server busy because --max-queue was reached.")
 UPSTREAM_ERRORS = Counter("vllama_upstream_errors", "Failures talking to vLLM, by kind.", ["kind"])
+CLIENT_WRITE_STALLS = Counter("vllama_client_write_stalls", "Client connections closed because a write to them waited "
+                              "--client-write-timeout seconds with no byte read by the client (its request ended as if it "
+                              "had left), by route.", ["route"])
 STATE_STORE_ERRORS = Counter("vllama_state_store_errors", "Calls to the --state-url store (Redis) that failed, or were "
                              "skipped while it was down: each front applied its own per-key limits meanwhile.")
 TTFT = Histogram("vllama_time_to_first_token_seconds", "Time from request received to first token written, Ollama side.", ["route"], buckets=_LATENCY_BUCKETS)

@@ -152,7 +152,8 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
     hurry = asyncio.Event()
     stopped = catch_stop_signals(hurry, reload=reloader(app, settings, workers))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
-                             idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
+                             idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
+                             **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     await workers.start(settings.workers - 1)
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
     notifier.status(f"ready: proxying {settings.upstream}")
@@ -310,7 +311,8 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     hurry = asyncio.Event()
     signalled = catch_stop_signals(hurry, reload=reloader(app, settings, workers))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
-                             idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
+                             idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
+                             **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     # vLLM first: its start (a minute or more) is the long pole, and each spawned worker takes
     # about a second to import before it reads its arguments; 4 workers spawned one after the
     # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md, issue 28)

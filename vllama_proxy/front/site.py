@@ -15,8 +15,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from vllama_proxy.logs import get_logger
+from .write_stall import WriteStall
 
 log = get_logger("vllama.server")
 
@@ -67,13 +69,19 @@ class _CappedHandler(RequestHandler):
     in all: one over :data:`_CAP` for its client, or over :data:`_TOTAL_CAP` in this process, is
     closed as soon as it is made (issue 27: ~20,000 idle connections from one client exhausted the
     process's open files and everyone else got read errors; issue 38: an IPv6 /64, or a few IPv4
-    addresses, could still do it together)."""
+    addresses, could still do it together).
 
-    __slots__ = ("_vllama_addr",)
+    Its writes to a client are bounded too (``--client-write-timeout``): while the transport is
+    paused above its high-water mark, a :class:`~vllama_proxy.front.write_stall.WriteStall` aborts
+    a connection whose client read nothing for the timeout."""
+
+    __slots__ = ("_vllama_addr", "_vllama_finishing", "_vllama_stall")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._vllama_addr = None
+        self._vllama_stall: WriteStall | None = None
+        self._vllama_finishing = None
         peer = transport.get_extra_info("peername")
         addr = peer[0] if isinstance(peer, tuple) and peer else None
         if addr is None or (_CAP[0] <= 0 and _TOTAL_CAP[0] <= 0):
@@ -97,7 +105,35 @@ class _CappedHandler(RequestHandler):
         _TOTAL[0] += 1
         self._vllama_addr = client
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if _WRITE_TIMEOUT[0] > 0 and self.transport is not None:  # once per crossing of the high-water mark, never per write
+            self._vllama_stall = WriteStall(self.transport, _WRITE_TIMEOUT[0], self._answering)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._end_stall_watch()
+
+    def _end_stall_watch(self) -> None:
+        stall = getattr(self, "_vllama_stall", None)
+        if stall is not None:
+            self._vllama_stall = None
+            stall.close()
+
+    def _answering(self) -> BaseRequest | None:
+        """The request this connection answers now: its handler's (aiohttp's ``_current_request``, set
+        while the handler runs), else the one whose response aiohttp writes after its handler returned."""
+        return getattr(self, "_current_request", None) or getattr(self, "_vllama_finishing", None)
+
+    async def finish_response(self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        self._vllama_finishing = request  # a non-streamed body is written here, after its handler returned
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._vllama_finishing = None
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._end_stall_watch()
         client = getattr(self, "_vllama_addr", None)
         if client is not None:
             self._vllama_addr = None
@@ -131,15 +167,20 @@ _CAP = [0]
 _TOTAL = [0]
 _TOTAL_CAP = [0]
 _WARNED_TOTAL = [False]
+#: Seconds a write may wait for its client to read (--client-write-timeout; 0: no bound).
+_WRITE_TIMEOUT = [0.0]
 
 
 async def start_site(app: web.Application, host: str, port: int, drain_timeout: float = 5.0, reuse_port: bool = False,
-                     *, idle_timeout: float | None = None, per_address: int = 0, total: int = 0) -> web.AppRunner:
+                     *, idle_timeout: float | None = None, per_address: int = 0, total: int = 0,
+                     write_timeout: float = 0.0) -> web.AppRunner:
     """Start serving ``app`` on ``host:port``; returns the runner to clean up.
 
     ``idle_timeout``: seconds a connection may wait for its first or next request (aiohttp's
     ``keepalive_timeout``); ``per_address``: open connections one client (an IPv4 address, an IPv6
-    /64: :func:`client_of`) may hold here; ``total``: open connections in all here (0: no cap).
+    /64: :func:`client_of`) may hold here; ``total``: open connections in all here (0: no cap);
+    ``write_timeout``: seconds a write may wait with no byte read by its client before the
+    connection is aborted (``write_stall.py``; 0: no bound).
 
     Raises:
         SystemExit: the address cannot be bound (in use, not this host's): one line naming
@@ -152,6 +193,7 @@ async def start_site(app: web.Application, host: str, port: int, drain_timeout: 
     """
     _CAP[0] = per_address
     _TOTAL_CAP[0] = total
+    _WRITE_TIMEOUT[0] = write_timeout
     extra = {"keepalive_timeout": idle_timeout} if idle_timeout is not None else {}
     runner = _Runner(app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout, **extra)
     await runner.setup()

@@ -60,7 +60,8 @@ async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backe
     app = build_app(settings, resolved, backends, worker=index, front=front, bound=bound, slots=slots, changes=changes)
     stopped = catch_stop_signals(reload=_key_reloader(app, settings))  # before it listens
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=True,
-                             idle_timeout=settings.idle_timeout, **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
+                             idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
+                             **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     log.info("worker_listening", worker=index, port=settings.port)
     try:
         await stopped
