@@ -19,6 +19,15 @@ default) every request made with a key carries a salt of that key's own:
   128 characters without ``@``, ``/``, ``\\`` or NUL): what vLLM would refuse is refused here too, not
   hidden in a hash.
 
+- :func:`own_media`: a media item's ``uuid`` (a content part's, vLLM "Multimodal Inputs", "Stable UUIDs for
+  Caching") is the key's too. vLLM uses a client's uuid *as* the item's hash, the key of its multimodal
+  processor cache and its encoder cache, neither of which ``cache_salt`` enters, and takes a part with a
+  uuid and no data (``image_url: null``) as "the item cached under it": a key naming another key's uuid
+  got that key's image in its own prompt, or planted its own under a uuid the other would send. Each
+  uuid is hashed with the key's salt (as a client's ``cache_salt``), so one key's uuid names the same
+  item every time and never another key's. Looked for only in a body that spells ``uuid`` (or escapes
+  a character): no walk for the requests that send none.
+
 ``off``, and a server without keys (one tenant), send none of vllama's: a client's ``cache_salt`` goes as
 it came. Admin keys are salted like any key (an admin's prompts are no more another tenant's to probe).
 
@@ -69,3 +78,35 @@ def salted(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
     body["cache_salt"] = hashlib.blake2b(own.encode("utf-8", "surrogatepass"), key=bytes.fromhex(salt), digest_size=32,
                                          person=b"vllama-own-salt").hexdigest()
     return body
+
+
+#: The fields of vLLM's request bodies whose content parts may carry a media ``uuid``: chat messages
+#: (``/v1/chat/completions``, ``/v1/embeddings``' chat input), the pooling routes' inputs (score and
+#: rerank content parts), the agents' (``/v1/messages``' ``system``, ``/v1/responses``' ``input``).
+_MEDIA_FIELDS = ("messages", "input", "system", "query", "documents", "queries", "items", "data_1", "data_2",
+                 "text_1", "text_2")
+
+
+def own_media(body: dict[str, Any], salt: str | None, raw: bytes) -> None:
+    """Each media ``uuid`` of ``body`` (vLLM's request body, parsed from ``raw``) made the key's own, in
+    place: every string ``uuid`` of a part under :data:`_MEDIA_FIELDS` becomes 64 hex characters,
+    BLAKE2b of it keyed with ``salt`` (personalisation ``vllama-media``). ``salt`` ``None``: left as sent.
+
+    Costs nothing unless ``raw`` spells ``uuid``, or escapes a character (``\\u0075uid`` spells it too).
+    """
+    if salt is None or (b"uuid" not in raw and b"\\u" not in raw):
+        return
+    key = bytes.fromhex(salt)
+    for field in _MEDIA_FIELDS:
+        value = body.get(field)
+        if isinstance(value, (dict, list)):
+            _own_uuids(value, key)
+
+
+def _own_uuids(value: dict[str, Any] | list[Any], key: bytes) -> None:
+    for item in value.values() if isinstance(value, dict) else value:
+        if isinstance(item, (dict, list)):
+            _own_uuids(item, key)
+    if isinstance(value, dict) and isinstance(value.get("uuid"), str):
+        value["uuid"] = hashlib.blake2b(value["uuid"].encode("utf-8", "surrogatepass"), key=key, digest_size=32,
+                                        person=b"vllama-media").hexdigest()

@@ -28,7 +28,7 @@ from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use, refuse_outside
 from ..ollama_types import MAX_STOPS, check_depth
 from ..user_fields import user_body
-from ..cache_salt import salted
+from ..cache_salt import own_media, salted
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
@@ -91,7 +91,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     nothing after the value), whatever its ``Content-Type`` (vLLM reads a body without one as JSON);
     one that does not parse is a 400 in vLLM's error shape and never forwarded, and what is
     forwarded is the parsed body written again (``model`` mapped to the served name, the vLLM
-    ``priority``, the key's ``cache_salt``: ``cache_salt.py``, the output tokens capped:
+    ``priority``, the key's ``cache_salt`` and media uuids: ``cache_salt.py``, the output tokens capped:
     :func:`translate.cap_output_tokens`), so vLLM reads
     exactly what was checked (issue 38). A ``multipart/form-data`` body (audio) is checked by its
     one ``model`` field and forwarded as sent.
@@ -131,6 +131,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
                     user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
                 if request.path in _SALTED:
                     salted(data, key.cache_salt)  # the key's own share of the prefix cache
+                    own_media(data, key.cache_salt, body)  # and of the media caches (a uuid names its key's item)
             except BadRequest as e:
                 raise _NoBackend(400, e.message, "BadRequestError") from None
     if not isinstance(name, str):
