@@ -25,8 +25,8 @@ default) every request made with a key carries a salt of that key's own:
   uuid and no data (``image_url: null``) as "the item cached under it": a key naming another key's uuid
   got that key's image in its own prompt, or planted its own under a uuid the other would send. Each
   uuid is hashed with the key's salt (as a client's ``cache_salt``), so one key's uuid names the same
-  item every time and never another key's. Looked for only in a body that spells ``uuid`` (or escapes
-  a character): no walk for the requests that send none.
+  item every time and never another key's. Only the content parts are looked at (a message's or a
+  part's ``content`` list), never its text.
 
 ``off``, and a server without keys (one tenant), send none of vllama's: a client's ``cache_salt`` goes as
 it came. Admin keys are salted like any key (an admin's prompts are no more another tenant's to probe).
@@ -87,14 +87,17 @@ _MEDIA_FIELDS = ("messages", "input", "system", "query", "documents", "queries",
                  "text_1", "text_2")
 
 
-def own_media(body: dict[str, Any], salt: str | None, raw: bytes) -> None:
-    """Each media ``uuid`` of ``body`` (vLLM's request body, parsed from ``raw``) made the key's own, in
-    place: every string ``uuid`` of a part under :data:`_MEDIA_FIELDS` becomes 64 hex characters,
-    BLAKE2b of it keyed with ``salt`` (personalisation ``vllama-media``). ``salt`` ``None``: left as sent.
+def own_media(body: dict[str, Any], salt: str | None) -> None:
+    """Each media ``uuid`` of ``body`` (vLLM's request body) made the key's own, in place: every string
+    ``uuid`` of a content part under :data:`_MEDIA_FIELDS` (a part of a list, or of a ``content`` list
+    within one, as deep as they nest: a tool result's images) becomes 64 hex characters, BLAKE2b of it
+    keyed with ``salt`` (personalisation ``vllama-media``). ``salt`` ``None``: left as sent.
 
-    Costs nothing unless ``raw`` spells ``uuid``, or escapes a character (``\\u0075uid`` spells it too).
+    Per request, never per token: two dictionary looks a message or part, none into text or anything
+    beside ``content`` (100 text messages: 22 us on the loaded 2-core machine, about an ``orjson.loads``
+    of their 27 kB; a scan of the body for ``uuid`` first cost as much as the walk it would save).
     """
-    if salt is None or (b"uuid" not in raw and b"\\u" not in raw):
+    if salt is None:
         return
     key = bytes.fromhex(salt)
     for field in _MEDIA_FIELDS:
@@ -104,9 +107,15 @@ def own_media(body: dict[str, Any], salt: str | None, raw: bytes) -> None:
 
 
 def _own_uuids(value: dict[str, Any] | list[Any], key: bytes) -> None:
-    for item in value.values() if isinstance(value, dict) else value:
-        if isinstance(item, (dict, list)):
-            _own_uuids(item, key)
-    if isinstance(value, dict) and isinstance(value.get("uuid"), str):
-        value["uuid"] = hashlib.blake2b(value["uuid"].encode("utf-8", "surrogatepass"), key=key, digest_size=32,
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, (dict, list)):
+                _own_uuids(item, key)
+        return
+    uuid = value.get("uuid")
+    if isinstance(uuid, str):
+        value["uuid"] = hashlib.blake2b(uuid.encode("utf-8", "surrogatepass"), key=key, digest_size=32,
                                         person=b"vllama-media").hexdigest()
+    content = value.get("content")
+    if isinstance(content, list):
+        _own_uuids(content, key)

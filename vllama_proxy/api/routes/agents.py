@@ -69,12 +69,11 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
         BadRequest: more ``stop_sequences`` than ``ollama_types.MAX_STOPS`` (``openai.check_stops``), or a
             ``cache_salt`` vLLM would refuse (``cache_salt.salted``).
     """
-    raw = await read_body(request)
-    data = json_object(raw)
+    data = json_object(await read_body(request))
     check_stops(data, ("stop_sequences",))  # before the model is claimed: vLLM checks each on every token
     if generates:  # the key's own share of the prefix cache and the media caches (count_tokens uses none)
         salted(data, key_of(request).cache_salt)
-        own_media(data, key_of(request).cache_salt, raw)
+        own_media(data, key_of(request).cache_salt)
     name, model, backend = await resolve_model(request, data.get("model"))
     catalog = request.app[CATALOG]
     if generates and _function_tools(data.get("tools")):

@@ -131,7 +131,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
                     user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
                 if request.path in _SALTED:
                     salted(data, key.cache_salt)  # the key's own share of the prefix cache
-                    own_media(data, key.cache_salt, body)  # and of the media caches (a uuid names its key's item)
+                    own_media(data, key.cache_salt)  # and of the media caches (a uuid names its key's item)
             except BadRequest as e:
                 raise _NoBackend(400, e.message, "BadRequestError") from None
     if not isinstance(name, str):
