@@ -108,6 +108,8 @@ def own_media(body: dict[str, Any], salt: str | None) -> None:
 
 def _own_uuids(value: dict[str, Any] | list[Any], key: bytes) -> None:
     if isinstance(value, list):
+        if value and isinstance(value[0], (str, int)):
+            return  # texts or token ids (an embeddings batch): vLLM takes no part in such a list
         for item in value:
             if isinstance(item, (dict, list)):
                 _own_uuids(item, key)
