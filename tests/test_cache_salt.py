@@ -204,3 +204,22 @@ def test_a_media_items_uuid_names_it_within_its_key_only(isolated, upstream_requ
     r = httpx.post(s.url + "/v1/chat/completions", content=raw, headers={**_auth("alice"), "Content-Type": "application/json"})
     assert r.status_code == 200, r.text
     assert upstream_requests("/v1/chat/completions")[-1]["body"]["messages"][0]["content"][0]["uuid"] == alice[0]
+
+
+def test_a_media_uuid_is_the_keys_wherever_vllm_reads_a_content_part():
+    """vLLM reads a part's ``uuid`` in a chat message's content, a tool result's content within it, a batch
+    of conversations, and a score or rerank list that mixes texts and ``{"content": [parts]}`` items
+    (``ScoreInput``: ``str | ScoreMultiModalParam``); each is the key's own, and nothing else is touched."""
+    part = {"type": "image_url", "image_url": None, "uuid": "photo"}
+    own = cache_salt.own_media({"input": [part]}, SALTS["alice"])
+    body = {"messages": [{"role": "user", "content": [dict(part)]},
+                         {"role": "user", "content": [{"type": "tool_result", "content": [dict(part)]}]}],
+            "documents": ["a text", {"content": [dict(part)]}], "query": "q", "uuid": "top", "metadata": {"uuid": "m"}}
+    cache_salt.own_media(body, SALTS["alice"])
+    mine = body["messages"][0]["content"][0]["uuid"]
+    assert mine != "photo" and re.fullmatch(r"[0-9a-f]{64}", mine) and own is None
+    assert body["messages"][1]["content"][0]["content"][0]["uuid"] == body["documents"][1]["content"][0]["uuid"] == mine
+    assert body["uuid"] == "top" and body["metadata"] == {"uuid": "m"} and body["documents"][0] == "a text"
+    batch = {"messages": [[{"role": "user", "content": [dict(part)]}]]}
+    cache_salt.own_media(batch, SALTS["bob"])
+    assert batch["messages"][0][0]["content"][0]["uuid"] not in ("photo", mine)
