@@ -28,8 +28,8 @@ default) every request made with a key carries a salt of that key's own:
   item every time and never another key's. Only the content parts are looked at (a message's or a
   part's ``content`` list), never its text.
 
-``off``, and a server without keys (one tenant), send none of vllama's: a client's ``cache_salt`` goes as
-it came. Admin keys are salted like any key (an admin's prompts are no more another tenant's to probe).
+``off``, and a server without keys (one tenant), send none of vllama's: a client's ``cache_salt`` and media
+uuids go as they came. Admin keys are salted like any key (an admin's prompts are no more another tenant's to probe).
 
 The routes whose vLLM request model has the field (vLLM 0.32): ``/v1/chat/completions``,
 ``/v1/completions`` (``/api/chat``, ``/api/generate`` translate to them), ``/v1/responses``,
