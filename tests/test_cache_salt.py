@@ -169,3 +169,57 @@ def test_embeddings_carry_the_keys_salt(embed_fake, keys_file, embed_requests):
         assert _salts(embed_requests, "/v1/embeddings") == [SALTS["alice"]] * 3 + [SALTS["bob"]] * 3
     finally:
         stop(s.proc)
+
+
+def test_a_media_items_uuid_names_it_within_its_key_only(isolated, upstream_requests):
+    """vLLM keys its multimodal processor and encoder caches by each media item's ``uuid`` when the client gives
+    one (vLLM "Multimodal Inputs", "Stable UUIDs for Caching"; ``multimodal/processing/inputs.py``: the uuid *is*
+    the item's hash, and ``cache_salt`` enters neither cache), and a part may send the uuid alone (``image_url``
+    null) to reuse the cached item. So a key naming another key's uuid would get that key's image into its own
+    prompt, or plant its own under a uuid another key will send. Each key's uuids reach vLLM as its own: the
+    same uuid from one key names one item every time, from another key another; a salt-less server sends
+    them as they came."""
+    s = isolated
+    image = "data:image/png;base64,iVBORw0KGgo="
+
+    def sent(key: str, path: str = "/v1/chat/completions", **extra) -> list:
+        parts = [{"type": "text", "text": "describe"}, {"type": "image_url", "image_url": {"url": image}, "uuid": "photo-1"},
+                 {"type": "image_url", "image_url": None, "uuid": "photo-2"}]
+        body = {"model": SERVED, "max_tokens": 2, "messages": [{"role": "user", "content": parts}], **extra}
+        r = httpx.post(s.url + path, json=body, headers=_auth(key), timeout=30)
+        assert r.status_code == 200, r.text
+        got = upstream_requests(path)[-1]["body"]["messages"][0]["content"]
+        assert got[1]["image_url"] == {"url": image} and got[0] == parts[0]  # the rest as sent
+        return [p["uuid"] for p in got[1:]]
+
+    alice = sent("alice")
+    assert alice == sent("alice") and len(set(alice)) == 2  # one key: the same items every time
+    assert not {"photo-1", "photo-2"} & set(alice)
+    bob, root = sent("bob"), sent("root")
+    assert not set(alice) & set(bob) and not set(alice) & set(root) and not set(bob) & set(root)
+    assert sent("alice", cache_salt="project-x") == alice  # a uuid is the key's, whatever its salt
+    # the same field, its name escaped in the JSON (orjson reads "uuid")
+    raw = (b'{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image_url", '
+           b'"image_url": null, "\\u0075uid": "photo-1"}]}]}' % SERVED.encode())
+    r = httpx.post(s.url + "/v1/chat/completions", content=raw, headers={**_auth("alice"), "Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert upstream_requests("/v1/chat/completions")[-1]["body"]["messages"][0]["content"][0]["uuid"] == alice[0]
+
+
+def test_a_media_uuid_is_the_keys_wherever_vllm_reads_a_content_part():
+    """vLLM reads a part's ``uuid`` in a chat message's content, a tool result's content within it, a batch
+    of conversations, and a score or rerank list that mixes texts and ``{"content": [parts]}`` items
+    (``ScoreInput``: ``str | ScoreMultiModalParam``); each is the key's own, and nothing else is touched."""
+    part = {"type": "image_url", "image_url": None, "uuid": "photo"}
+    own = cache_salt.own_media({"input": [part]}, SALTS["alice"])
+    body = {"messages": [{"role": "user", "content": [dict(part)]},
+                         {"role": "user", "content": [{"type": "tool_result", "content": [dict(part)]}]}],
+            "documents": ["a text", {"content": [dict(part)]}], "query": "q", "uuid": "top", "metadata": {"uuid": "m"}}
+    cache_salt.own_media(body, SALTS["alice"])
+    mine = body["messages"][0]["content"][0]["uuid"]
+    assert mine != "photo" and re.fullmatch(r"[0-9a-f]{64}", mine) and own is None
+    assert body["messages"][1]["content"][0]["content"][0]["uuid"] == body["documents"][1]["content"][0]["uuid"] == mine
+    assert body["uuid"] == "top" and body["metadata"] == {"uuid": "m"} and body["documents"][0] == "a text"
+    batch = {"messages": [[{"role": "user", "content": [dict(part)]}]]}
+    cache_salt.own_media(batch, SALTS["bob"])
+    assert batch["messages"][0][0]["content"][0]["uuid"] not in ("photo", mine)

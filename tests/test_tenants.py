@@ -378,7 +378,10 @@ def test_a_user_keys_request_starts_at_most_max_choices_sequences_in_vllm(prod):
     for path, body in (("/v1/chat/completions", {**chat, "n": 500}), ("/v1/chat/completions", {**chat, "n": 17}),
                        ("/v1/chat/completions", {**chat, "n": 500, "use_beam_search": True}),
                        ("/v1/completions", {"model": "prod", "prompt": ["x"] * 17, "max_tokens": 1}),
-                       ("/v1/completions", {"model": "prod", "prompt": ["x", "y"], "n": 9, "max_tokens": 1})):
+                       ("/v1/completions", {"model": "prod", "prompt": ["x", "y"], "n": 9, "max_tokens": 1}),
+                       # a list of prompt embeddings is a list of prompts too (--enable-prompt-embeds)
+                       ("/v1/completions", {"model": "prod", "prompt_embeds": ["AAAA"] * 17, "max_tokens": 1}),
+                       ("/v1/completions", {"model": "prod", "prompt_embeds": ["AAAA", "AAAA"], "n": 9, "max_tokens": 1})):
         r = httpx.post(s.url + path, json=body, headers=_auth("sk-bob"))
         assert r.status_code == 400, (path, r.text)
         assert "--max-choices" in r.json()["error"] and "at most 16" in r.json()["error"], r.text

@@ -29,7 +29,7 @@ from vllama_proxy.upstream import encode_json
 from .. import session
 from ..admission import with_priority
 from ..api_keys import key_of
-from ..cache_salt import salted
+from ..cache_salt import own_media, salted
 from ..ollama_types import json_object
 from ..app_state import CATALOG, CLIENT_SESSIONS, SETTINGS
 from ..translate.to_openai import (
@@ -71,8 +71,9 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
     """
     data = json_object(await read_body(request))
     check_stops(data, ("stop_sequences",))  # before the model is claimed: vLLM checks each on every token
-    if generates:  # the key's own share of the prefix cache (count_tokens uses none)
+    if generates:  # the key's own share of the prefix cache and the media caches (count_tokens uses none)
         salted(data, key_of(request).cache_salt)
+        own_media(data, key_of(request).cache_salt)
     name, model, backend = await resolve_model(request, data.get("model"))
     catalog = request.app[CATALOG]
     if generates and _function_tools(data.get("tools")):

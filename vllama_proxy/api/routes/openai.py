@@ -28,7 +28,7 @@ from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use, refuse_outside
 from ..ollama_types import MAX_STOPS, check_depth
 from ..user_fields import user_body
-from ..cache_salt import salted
+from ..cache_salt import own_media, salted
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
@@ -91,7 +91,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     nothing after the value), whatever its ``Content-Type`` (vLLM reads a body without one as JSON);
     one that does not parse is a 400 in vLLM's error shape and never forwarded, and what is
     forwarded is the parsed body written again (``model`` mapped to the served name, the vLLM
-    ``priority``, the key's ``cache_salt``: ``cache_salt.py``, the output tokens capped:
+    ``priority``, the key's ``cache_salt`` and media uuids: ``cache_salt.py``, the output tokens capped:
     :func:`translate.cap_output_tokens`), so vLLM reads
     exactly what was checked (issue 38). A ``multipart/form-data`` body (audio) is checked by its
     one ``model`` field and forwarded as sent.
@@ -131,6 +131,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
                     user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
                 if request.path in _SALTED:
                     salted(data, key.cache_salt)  # the key's own share of the prefix cache
+                    own_media(data, key.cache_salt)  # and of the media caches (a uuid names its key's item)
             except BadRequest as e:
                 raise _NoBackend(400, e.message, "BadRequestError") from None
     if not isinstance(name, str):
@@ -163,7 +164,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
 def _check_choices(data: dict[str, Any], most: int) -> None:
     """Refuse a request that would start more than ``most`` sequences in vLLM: its ``n`` (vLLM's
     ``SamplingParams.n``, the beam width with ``use_beam_search``) times its prompts (a ``/v1/completions``
-    ``prompt`` may be a list of them). vLLM bounds neither, and each of them holds a running slot and
+    ``prompt`` may be a list of them, and so may its ``prompt_embeds``, with ``--enable-prompt-embeds``). vLLM bounds neither, and each of them holds a running slot and
     generates up to ``max_tokens``, while vllama's admission bound and a key's share count the request
     once: one user's ``n: 500`` took more of vLLM than 500 requests of its share would have.
 
@@ -171,11 +172,18 @@ def _check_choices(data: dict[str, Any], most: int) -> None:
         TooManyChoices: over ``most`` (``--max-choices``)."""
     n = data.get("n")
     n = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    prompt = data.get("prompt")
-    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    prompts = max(_prompts(data.get("prompt")) + _prompts(data.get("prompt_embeds")), 1)
     if n * prompts > most:
         raise TooManyChoices(f"this request asks for {n * prompts} sequences at once (n {n} x {prompts} prompts); a key "
                              f"of role user may ask for at most {most} (--max-choices): send several requests")
+
+
+def _prompts(value: Any) -> int:
+    """The prompts of a ``/v1/completions`` ``prompt`` or ``prompt_embeds`` (vLLM 0.32 ``CompletionRequest``:
+    a string, token ids or one base64 tensor is one; a list of them is each; absent or empty is none)."""
+    if isinstance(value, list):
+        return len(value) if value and not isinstance(value[0], int) else 1 if value else 0
+    return 1 if value else 0
 
 
 def check_stops(data: dict[str, Any], fields: tuple[str, ...] = ("stop", "stop_token_ids", "bad_words")) -> None:
