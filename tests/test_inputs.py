@@ -81,14 +81,19 @@ def _refused(text: str, count: int) -> bool:
 
 
 def test_a_user_keys_embed_sends_at_most_max_inputs_and_the_clients_see_why(emb):
-    """The real clients: ``ollama``'s ``embed`` and ``openai``'s ``embeddings.create`` get the 400 naming the
-    bound and the count; at the bound the request goes; nothing over it reaches vLLM."""
+    """The real clients: ``openai``'s ``embeddings.create`` gets the 400 naming the bound and the count; at the
+    bound the request goes; nothing over it reaches vLLM. ``ollama``'s ``embed`` (vllama builds that vLLM request)
+    gets every vector, its list sent in parts of at most the bound, one after another."""
     s = emb
     bob = ollama.Client(host=s.url, headers=_auth("sk-bob"), timeout=60)
-    with pytest.raises(ollama.ResponseError) as e:
-        bob.embed(model="emb", input=["x"] * 2049)
-    assert e.value.status_code == 400 and _refused(e.value.error, 2049), e.value.error
+    texts = [f"text {i}" for i in range(4100)]
+    got = bob.embed(model="emb", input=texts)
+    assert len(got.embeddings) == 4100 and got.prompt_eval_count > 0
+    alone = bob.embed(model="emb", input=texts[2049:2050]).embeddings[0]  # the parts keep the list's order
+    assert got.embeddings[2049] == alone
+    assert [len(r["body"]["input"]) for r in _sent(s, "/v1/embeddings")] == [2048, 2048, 4, 1]
     assert len(bob.embed(model="emb", input=["x"] * 2048).embeddings) == 2048
+    httpx.delete(_fake_url(s) + "/_fake/requests")
 
     oai = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-bob", max_retries=0)
     with pytest.raises(openai.BadRequestError) as b:
@@ -100,7 +105,7 @@ def test_a_user_keys_embed_sends_at_most_max_inputs_and_the_clients_see_why(emb)
     assert len(oai.embeddings.create(model="emb", input=[7] * 3000).data) == 1  # token ids: one input
 
     sent = [len(r["body"]["input"]) for r in _sent(s, "/v1/embeddings")]
-    assert sent == [2048, 2048, 3000], sent  # the refused ones never reached vLLM
+    assert sent == [2048, 3000], sent  # the refused ones never reached vLLM
     # an admin (the operator's own batch jobs, an open server's every caller) is not bounded
     root = ollama.Client(host=s.url, headers=_auth("sk-root"), timeout=60)
     assert len(root.embed(model="emb", input=["x"] * 2049).embeddings) == 2049

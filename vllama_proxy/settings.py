@@ -440,9 +440,10 @@ class Settings(BaseSettings):
     )
     max_inputs: int = Field(
         2048, ge=1,
-        description="Most inputs one embeddings, rerank or score request of a non-admin key may send vLLM: /api/embed's "
-        "and /v1/embeddings' input list, /v1/rerank's documents, /v1/score's pairs (OpenAI's embeddings API takes at most "
-        "2,048); each is a sequence of its own in vLLM; more get 400 (the fair share charges each input).",
+        description="Most inputs one embeddings, rerank or score request of a non-admin key may send vLLM: /v1/embeddings' "
+        "input list, /v1/rerank's documents, /v1/score's pairs (OpenAI's embeddings API takes at most 2,048); each is a "
+        "sequence of its own in vLLM; more get 400. /api/embed takes any number, as Ollama does, and sends them in parts "
+        "of this many, one after another. The fair share charges each input.",
     )
     cache_quota: int | None = Field(
         None, gt=0, description="Most bytes the Hugging Face cache may hold after a pull (507 beyond it; default: the disk).",

@@ -264,7 +264,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         inputs = 0  # an embeddings, rerank or score request's inputs, each a sequence in vLLM (inputs.py)
         if request.path in pooled.ROUTES and (queue is not None or (max_inputs is not None and not key.admin)):
             inputs = pooled.count(request.path, body)
-            if max_inputs is not None and not key.admin:
+            if max_inputs is not None and not key.admin and request.path not in pooled.SPLIT:
                 pooled.check(inputs, max_inputs)
         # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
         # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter). With a

@@ -21,7 +21,8 @@ What counts, per route (vLLM 0.32's request models, ``entrypoints/pooling/*/prot
   sequence.
 
 Ollama bounds none of them (its ``/api/embed`` takes any list); OpenAI's embeddings API takes at most
-2,048 inputs a request ("any array must be 2048 dimensions or less"), ``--max-inputs``'s default.
+2,048 inputs a request ("any array must be 2048 dimensions or less"), ``--max-inputs``'s default. A user
+key's ``/api/embed`` list is not refused but sent in parts of that many (:data:`SPLIT`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from vllama_proxy.errors import TooManyInputs
 
 #: The routes whose requests carry lists of inputs (POST). ``/api/embeddings`` takes one prompt.
 ROUTES = frozenset({"/api/embed", "/v1/embeddings", "/v1/rerank", "/v1/score"})
+#: Of those, the routes whose vLLM requests vllama builds itself: a longer list is sent in parts of at most
+#: ``--max-inputs``, one after another (``routes/embed.py``), not refused: Ollama takes any number, and its
+#: clients send a whole document set at once (langchain-ollama's ``embed_documents``).
+SPLIT = frozenset({"/api/embed"})
 #: A score request's fields of inputs, whichever pair of them vLLM's union of request models takes.
 _SCORE_FIELDS = ("text_1", "text_2", "data_1", "data_2", "queries", "documents", "items")
 

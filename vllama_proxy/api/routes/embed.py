@@ -21,6 +21,7 @@ from ..api_keys import key_of
 from ..cache_salt import salted
 from .model_use import lookup_model, model_in_use, resolve_model
 from ..admission import with_priority
+from ..app_state import SETTINGS
 from ..metrics import USAGE
 from ..timestamps import now_ns
 from ..ollama_types import EmbedRequest, EmbeddingsRequest
@@ -62,7 +63,8 @@ async def embed(request: web.Request) -> web.Response:
     Vectors are L2-normalised; ``dimensions`` keeps the first N values and
     re-normalises (Ollama ``server/routes.go`` EmbedHandler). ``truncate`` (default
     true) cuts inputs to the context length; false lets vLLM's 400 through. An empty
-    input answers ``[]`` without asking vLLM.
+    input answers ``[]`` without asking vLLM. A non-admin key's list longer than
+    ``--max-inputs`` is sent to vLLM in parts of that many, one after another.
     """
     t0 = now_ns()
     req = await read_request(request, EmbedRequest)
@@ -74,8 +76,15 @@ async def embed(request: web.Request) -> web.Response:
     count = 0
     if inputs:
         assert backend is not None
+        # a user key's long list goes in parts of --max-inputs, one after another: Ollama takes any number, and vLLM
+        # never holds more of this request's inputs at once than the bound lets one request send (api/inputs.py)
+        most = len(inputs) if key_of(request).admin else request.app[SETTINGS].max_inputs
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, count = await _embeddings(request, backend, name, model.name, inputs, req.truncate is not False)
+            for start in range(0, len(inputs), most):
+                part, tokens = await _embeddings(request, backend, name, model.name, inputs[start:start + most],
+                                                 req.truncate is not False)
+                vectors += part
+                count += tokens
         request[USAGE] = (count, 0)  # charged: without it an Ollama client's embeddings were free
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
