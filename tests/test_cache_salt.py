@@ -223,3 +223,18 @@ def test_a_media_uuid_is_the_keys_wherever_vllm_reads_a_content_part():
     batch = {"messages": [[{"role": "user", "content": [dict(part)]}]]}
     cache_salt.own_media(batch, SALTS["bob"])
     assert batch["messages"][0][0]["content"][0]["uuid"] not in ("photo", mine)
+
+
+def test_a_form_reaches_only_the_audio_routes(isolated, upstream_requests):
+    """A ``multipart/form-data`` body is read for its ``model`` only (audio files): on a JSON route it would pass the
+    key's field allow-list, its salt and its bounds unread. Only the audio routes take one (an allow-list); elsewhere a
+    415 before vLLM (main relayed it, and vLLM 0.32's answer was all that stood in the way)."""
+    s = isolated
+    form = {"model": SERVED, "prompt": "hi", "cache_salt": "bob's", "kv_transfer_params": "{}"}
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/embeddings"):
+        r = httpx.post(s.url + path, data=form, files={"f": ("x.txt", b"x")}, headers={"Authorization": "Bearer sk-alice"})
+        assert r.status_code == 415 and "multipart/form-data" in r.text, (path, r.status_code, r.text)
+        assert not upstream_requests(path), path
+    r = httpx.post(s.url + "/v1/audio/transcriptions", data={"model": SERVED}, files={"file": ("a.wav", b"RIFF....")},
+                   headers={"Authorization": "Bearer sk-alice"})
+    assert r.status_code != 415, r.text  # the audio route takes its form (the stand-in answers it as it can)

@@ -94,7 +94,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     ``priority``, the key's ``cache_salt`` and media uuids: ``cache_salt.py``, the output tokens capped:
     :func:`translate.cap_output_tokens`), so vLLM reads
     exactly what was checked (issue 38). A ``multipart/form-data`` body (audio) is checked by its
-    one ``model`` field and forwarded as sent.
+    one ``model`` field and forwarded as sent; on any other route it is a 415 (:data:`_FORM_ROUTES`).
 
     The key is checked against the model before anything is claimed or loaded: the name is looked
     up first, and only an allowed request for an on-demand model claims its slot. With one backend,
@@ -108,6 +108,8 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     form = request.content_type == "multipart/form-data"
     data: Any = None
     name: Any = None
+    if form and request.path not in _FORM_ROUTES:  # an allow-list: only the audio routes take a form
+        raise _NoBackend(415, f"{request.path} takes a JSON body, not multipart/form-data", "BadRequestError")
     if body and form:
         name = _form_model(request.headers.get("Content-Type", ""), body)
     elif body:
@@ -215,6 +217,9 @@ async def _forwarded(request: web.Request, body: bytes, data: Any, model: Served
     return encode_json(data)
 
 
+#: The relayed routes that take a ``multipart/form-data`` body (an audio file): every other one takes JSON, and a
+#: form there would pass vllama's checks of the JSON body (fields, salt, stops, choices) unread.
+_FORM_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 #: The relayed routes whose vLLM request model takes ``cache_salt`` (vLLM 0.32; ``cache_salt.py``).
 _SALTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/score"})
 #: The relayed routes whose streams carry their usage only when asked (``stream_options.include_usage``).
