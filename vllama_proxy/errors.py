@@ -72,6 +72,7 @@ API key, admission, the readiness gate, the route), with the same status and hea
 - Anthropic's Messages routes (``/v1/messages*``, issue 40): ``{"type": "error", "error": {"type":
   "invalid_request_error", "message": msg}}`` (docs.anthropic.com "Errors": the type named by the
   status), which the ``anthropic`` SDK and Claude Code read; after a stream began, an ``event: error``.
+
 The pattern: httpx ``_exceptions.py`` (the tree in the docstring) and llama-swap
 ``internal/swaputil/httperror.go`` (one error shape, one mapping).
 """
