@@ -40,7 +40,8 @@ def test_tools_for_a_model_without_a_tool_parser_are_refused_in_each_apis_shape(
     assert r.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": f'"{SERVED}" does not support tools'}}
     fn = {"type": "function", "name": "get_weather", "parameters": TOOLS[0]["input_schema"]}
     r = httpx.post(no_tools.url + "/v1/responses", json={"model": "fake:7b", "input": "weather in Paris?", "tools": [fn]})
-    assert r.status_code == 400 and r.json() == {"error": '"fake:7b" does not support tools'}
+    assert r.status_code == 400 and r.json() == {"error": {"message": '"fake:7b" does not support tools', "type": "invalid_request_error",
+                                                           "param": None, "code": 400}}  # OpenAI's shape, as Codex reads it
 
 
 def test_an_unknown_model_on_v1_messages_is_anthropics_404(no_tools):

@@ -61,3 +61,17 @@ def test_statuses_come_from_the_class_alone() -> None:
     assert errors.UpstreamRejected("too long", 400).status == 400
     assert errors.TooManyPulls("busy").headers == {"Retry-After": "30"}
     assert errors.error_response(errors.ModelLoading("loading")).headers["Retry-After"] == "1"
+
+
+def test_a_stream_that_fails_after_it_began_ends_in_its_apis_event() -> None:
+    """An SSE stream relayed on ``/v1`` (``routes/openai.py``) ends with OpenAI's error object as a ``data:`` event
+    (vLLM's own way, read by the ``openai`` client), on ``/v1/messages`` with Anthropic's ``event: error``
+    (the ``anthropic`` client raises on that event name); Ollama's NDJSON line stays ``{"error": "..."}``."""
+    gone = errors.UpstreamUnavailable("vLLM closed the connection")
+    assert errors.error_event(gone, errors.shape_of("/v1/chat/completions")) == (
+        b'data: {"error":{"message":"vLLM closed the connection","type":"api_error","param":null,"code":503}}\n\n')
+    assert errors.error_event(gone, errors.shape_of("/v1/messages")) == (
+        b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"vLLM closed the connection"}}\n\n')
+    assert errors.error_line(gone) == b'{"error":"vLLM closed the connection"}\n'
+    assert [errors.shape_of(p) for p in ("/api/chat", "/v1/models", "/v1/responses", "/v1/messages/count_tokens", "/vllm/metrics")] == [
+        "ollama", "openai", "openai", "anthropic", "ollama"]

@@ -8,8 +8,9 @@ fields, duplicate keys, empty and non-object bodies, odd Content-Type / Content-
 
 The property, for every request: the answer is
 
-- a 4xx whose body is Ollama's ``{"error": "<string>"}`` (``/v1/*``: vLLM's own JSON error,
-  passed through), or
+- a 4xx whose body is Ollama's ``{"error": "<string>"}`` (``/v1/*``: OpenAI's ``{"error": {"message",
+  "type", ...}}``, vllama's own or vLLM's passed through, or the ``{"detail": ...}`` of vLLM's web
+  framework), or
 - a 2xx that is valid: JSON parses; an NDJSON stream's lines all parse and either exactly one
   line has ``done: true`` (the last) or the last line is ``{"error": ...}``; an SSE stream
   ends with ``[DONE]`` or an error event;
@@ -150,8 +151,10 @@ def check(path: str, a: Answer) -> None:
     if 400 <= a.status < 500:
         STATS["4xx"] += 1
         obj = _json(a.body, f"{path} {a.status} body")
-        if v1:  # vLLM's own error, passed through byte for byte, or vllama's for its own checks
-            assert isinstance(obj, dict) and ("error" in obj or "detail" in obj), f"{path}: {a!r}"
+        if v1:  # vLLM's own error, passed through byte for byte, or vllama's for its own checks: OpenAI's shape both
+            err = obj.get("error") if isinstance(obj, dict) else None
+            assert (isinstance(err, dict) and isinstance(err.get("message"), str) and isinstance(err.get("type"), str)
+                    or isinstance(obj, dict) and "detail" in obj), f"{path}: {a!r}"
         else:
             assert _is_ollama_error(obj), f"{path}: 4xx without {{'error': str}}: {a!r}"
         return
@@ -219,7 +222,9 @@ def test_regression_undecodable_content_encoding_is_400_not_500(proxy, encoding,
     # request.read() raise aiohttp's RequestPayloadError, which reached the catch-all -> 500.
     a = send(proxy.url, "POST", path, b'{"model": "fake-model", "prompt": "hi"}',
              {"Content-Type": "application/json", "Content-Encoding": encoding})
-    assert 400 <= a.status < 500 and _is_ollama_error(_json(a.body, "body")), a
+    body = _json(a.body, "body")  # Ollama's shape on /api, OpenAI's on /v1
+    ok = _is_ollama_error(body) if path.startswith("/api/") else body["error"]["type"] == "invalid_request_error"
+    assert 400 <= a.status < 500 and ok, a
 
 
 @pytest.mark.xfail(strict=True, reason="aiohttp's HTTP parser answers these itself, before any middleware: "

@@ -113,8 +113,8 @@ def test_a_user_keys_embed_sends_at_most_max_inputs_and_the_clients_see_why(emb)
 
 def test_every_route_with_a_list_of_inputs_is_bounded_for_a_user_key(emb):
     """``/v1/embeddings``' batched conversations, ``/v1/rerank``'s documents, ``/v1/score``'s pairs in each
-    of vLLM 0.32's field names: over the bound a 400 in the shape ``--max-choices`` answers on ``/v1``
-    (Ollama's ``{"error"}``), before vLLM; at the bound relayed and answered."""
+    of vLLM 0.32's field names: over the bound a 400 in OpenAI's error shape, as every refusal on ``/v1``,
+    before vLLM; at the bound relayed and answered."""
     s = emb
     many, over = ["d"] * 2048, ["d"] * 2049
     chat = [{"role": "user", "content": "x"}]
@@ -129,7 +129,8 @@ def test_every_route_with_a_list_of_inputs_is_bounded_for_a_user_key(emb):
     ]
     for path, refused, taken in cases:
         r = httpx.post(s.url + path, json={"model": "emb", **refused}, headers=_auth("sk-bob"), timeout=60)
-        assert r.status_code == 400 and _refused(r.json()["error"], 2049), (path, r.text)
+        assert r.status_code == 400 and _refused(r.json()["error"]["message"], 2049), (path, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error", r.text
         assert not _sent(s, path), path
         r = httpx.post(s.url + path, json={"model": "emb", **taken}, headers=_auth("sk-bob"), timeout=60)
         assert len(_sent(s, path)) == 1, (path, r.text)

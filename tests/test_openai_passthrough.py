@@ -37,9 +37,18 @@ def test_errors_pass_through(oai):
     assert "maximum context length" in str(e.value)
 
 
-def test_mid_stream_reset_ends_with_error_event(proxy):
+def test_mid_stream_reset_ends_with_openais_error_event(proxy):
+    """vLLM gone after the stream began: its last event is OpenAI's error object (as vLLM ends its own
+    streams), which the openai client raises as ``APIError`` with the message and the type."""
     import httpx
 
     r = httpx.post(proxy.url + "/v1/completions", json={"model": SERVED, "prompt": "[[fault:reset]]", "stream": True}, timeout=10)
     events = [line for line in r.text.split("\n\n") if line.strip()]
     assert events[-1].startswith('data: {"error"')
+    stream = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0).completions.create(
+        model=SERVED, prompt="[[fault:reset]]", stream=True)
+    with pytest.raises(openai.APIError) as e:
+        for _ in stream:
+            pass
+    assert e.value.body == {"message": e.value.message, "type": "api_error", "param": None, "code": 503}
+    assert "before the answer was complete" in e.value.message and e.value.type == "api_error"

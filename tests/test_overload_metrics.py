@@ -26,15 +26,19 @@ def test_overload_is_503_server_busy(fake):
                     held.append(cm)
                 busy = await c.post(p.url + "/api/chat", json={"model": SERVED, "messages": [{"role": "user", "content": "x"}]})
                 v1 = await c.post(p.url + "/v1/completions", json={"model": SERVED, "prompt": "x"})
+                messages = await c.post(p.url + "/v1/messages", json={"model": SERVED, "max_tokens": 1, "messages": []})
                 tags = await c.get(p.url + "/api/tags")  # not inference: never bounded
                 for cm in held:
                     await cm.__aexit__(None, None, None)
-                return busy, v1, tags
+                return busy, v1, messages, tags
 
-        busy, v1, tags = asyncio.run(scenario())
-        assert busy.status_code == 503 and v1.status_code == 503 and tags.status_code == 200
-        assert busy.json() == {"error": "server busy, please try again.  maximum pending requests exceeded"}
-        assert busy.headers["Retry-After"] == "7"
+        busy, v1, messages, tags = asyncio.run(scenario())
+        assert busy.status_code == 503 and v1.status_code == 503 and messages.status_code == 503 and tags.status_code == 200
+        said = "server busy, please try again.  maximum pending requests exceeded"
+        assert busy.json() == {"error": said}  # each route family its own shape, the same status and Retry-After
+        assert v1.json() == {"error": {"message": said, "type": "api_error", "param": None, "code": 503}}
+        assert messages.json() == {"type": "error", "error": {"type": "overloaded_error", "message": said}}
+        assert busy.headers["Retry-After"] == v1.headers["Retry-After"] == messages.headers["Retry-After"] == "7"
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # the held streams were closed: room again
             r = httpx.post(p.url + "/api/generate", json={"model": SERVED, "prompt": "x", "stream": False})
@@ -43,7 +47,7 @@ def test_overload_is_503_server_busy(fake):
             time.sleep(0.05)
         assert r.status_code == 200
         text = httpx.get(p.url + "/metrics").text
-        assert metric(text, "vllama_queue_rejections_total") == 2
+        assert metric(text, "vllama_queue_rejections_total") == 3
     finally:
         stop(p.proc)
 

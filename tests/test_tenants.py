@@ -100,7 +100,7 @@ def test_vllm_routes_that_change_the_server_are_an_admins_and_unlisted_ones_are_
         for key in ("sk-alice", "sk-bob"):
             r = httpx.post(s.url + path, json=lora, headers=_auth(key))
             assert r.status_code == 403, (path, key, r.text)
-            assert f"may not call POST {path}: that needs an admin key" in r.json()["error"]
+            assert f"may not call POST {path}: that needs an admin key" in r.json()["error"]["message"]  # OpenAI's shape on /v1
     r = httpx.post(s.url + "/v1/load_lora_adapter", json=lora, headers=_auth("sk-root"))
     assert r.json() == {"detail": "Not Found"}  # an admin's is relayed: the stand-in's own 404 (it has no LoRA routes)
     # routes nobody listed: 404 in vllama's words for every key, never relayed (nor a dot-segment way round)
@@ -108,11 +108,12 @@ def test_vllm_routes_that_change_the_server_are_an_admins_and_unlisted_ones_are_
                  "/v1/chat/completions/batch", "/v1/../sleep", "/v1/responses/abc/delete"):
         for key in ("sk-root", "sk-bob"):
             r = httpx.post(s.url + path, json={"model": "prod"}, headers=_auth(key))
-            assert r.status_code == 404 and r.json() == {"error": "404 page not found"}, (path, key)  # vllama's, not vLLM's
+            err = r.json()["error"]  # OpenAI's shape on /v1; httpx sends /v1/../sleep as /sleep, an Ollama path
+            assert r.status_code == 404 and (err if ".." in path else err["message"]) == "404 page not found", (path, key)  # vllama's
     # a listed /v1 path's other methods: 405 from vllama, not relayed either
     for method in ("GET", "OPTIONS", "PUT"):
         r = httpx.request(method, s.url + "/v1/chat/completions", headers=_auth("sk-root"))
-        assert r.status_code == 405 and r.json() == {"error": "method not allowed"} and r.headers["Allow"] == "POST", method
+        assert r.status_code == 405 and r.json()["error"]["message"] == "method not allowed" and r.headers["Allow"] == "POST", method
     # a stored response is looked up by id alone: an admin's
     assert httpx.get(s.url + "/v1/responses/resp_1", headers=_auth("sk-bob")).status_code == 403
     # inference still reaches vLLM for a user
@@ -132,7 +133,8 @@ def test_metrics_are_an_admins_or_a_scrapers_and_a_metrics_key_reaches_nothing_e
     assert 'key="bob"' in httpx.get(s.url + "/metrics", headers=_auth("sk-prom")).text
     for method, path in (("GET", "/api/tags"), ("POST", "/api/generate"), ("POST", "/v1/completions"), ("GET", "/v1/models")):
         r = httpx.request(method, s.url + path, json={"model": "prod", "prompt": "x"}, headers=_auth("sk-prom"))
-        assert r.status_code == 403 and "role metrics" in r.json()["error"], (method, path)
+        err = r.json()["error"]  # Ollama's shape on /api, OpenAI's on /v1
+        assert r.status_code == 403 and "role metrics" in (err["message"] if path.startswith("/v1/") else err), (method, path)
 
 
 # -- 2. one parser, strict, before any decision -----------------------------------------------------
@@ -150,8 +152,8 @@ def test_a_body_vllama_cannot_parse_is_a_400_and_never_forwarded_with_one_model(
     for key in ("sk-alice", "sk-root"):  # alice may not use prod; root may: neither body goes on
         r = httpx.post(s.url + "/v1/completions", content=raw, headers={**_auth(key), "Content-Type": "application/json"})
         assert r.status_code == 400, (key, r.text)
-        err = r.json()["error"]  # vLLM's error shape on /v1
-        assert err["type"] == "BadRequestError" and err["code"] == 400 and "invalid JSON" in err["message"]
+        err = r.json()["error"]  # OpenAI's error shape on /v1
+        assert err["type"] == "invalid_request_error" and err["code"] == 400 and "invalid JSON" in err["message"]
         r = httpx.post(s.url + "/api/generate", content=raw.replace(b'"x"}', b'"x", "stream": false}'), headers=_auth(key))
         assert r.status_code == 400 and isinstance(r.json()["error"], str)  # Ollama's shape on /api
     assert _sent(s, "/v1/completions") == []
@@ -162,7 +164,7 @@ def test_the_model_check_runs_whatever_the_content_type_and_what_is_forwarded_is
     body = b'{"model": "prod", "prompt": "x", "max_tokens": 1}'
     for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):
         r = httpx.post(s.url + "/v1/completions", content=body, headers={**_auth("sk-alice"), **headers})
-        assert r.status_code == 403 and "alice" in r.json()["error"], headers
+        assert r.status_code == 403 and "alice" in r.json()["error"]["message"], headers
     # a key limited to some models may not name one vllama does not know either (vLLM may know it: an adapter)
     r = httpx.post(s.url + "/v1/completions", json={"model": "some-adapter", "prompt": "x"}, headers=_auth("sk-alice"))
     assert r.status_code == 403
@@ -384,7 +386,7 @@ def test_a_user_keys_request_starts_at_most_max_choices_sequences_in_vllm(prod):
                        ("/v1/completions", {"model": "prod", "prompt_embeds": ["AAAA", "AAAA"], "n": 9, "max_tokens": 1})):
         r = httpx.post(s.url + path, json=body, headers=_auth("sk-bob"))
         assert r.status_code == 400, (path, r.text)
-        assert "--max-choices" in r.json()["error"] and "at most 16" in r.json()["error"], r.text
+        assert "--max-choices" in r.json()["error"]["message"] and "at most 16" in r.json()["error"]["message"], r.text
     assert _sent(s, "/v1/chat/completions") == _sent(s, "/v1/completions") == []  # none reached vLLM
     for path, body in (("/v1/chat/completions", {**chat, "n": 16}), ("/v1/completions", {"model": "prod", "prompt": [1, 2, 3], "n": 16}),
                        ("/v1/completions", {"model": "prod", "prompt": [[1, 2]], "n": 16, "max_tokens": 1})):
@@ -446,7 +448,8 @@ def test_stop_lists_vllm_checks_on_every_token_are_bounded_on_every_route(prod):
                 ("/v1/completions", {"model": "prod", "prompt": "x", "stop": words * 1000}, "stop")):
             r = httpx.post(s.url + path, json=body, headers=_auth(key))
             assert r.status_code == 400, (key, path, field, r.text)
-            assert r.json()["error"].startswith(f"invalid {field}: at most 64 "), r.text
+            err = r.json()["error"]  # Ollama's shape on /api, OpenAI's on /v1
+            assert (err["message"] if path.startswith("/v1/") else err).startswith(f"invalid {field}: at most 64 "), r.text
         r = httpx.post(s.url + "/v1/messages", headers={"x-api-key": key},
                        json={"model": "prod", "max_tokens": 5, "messages": msgs, "stop_sequences": words})
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("invalid stop_sequences: at most 64"), r.text

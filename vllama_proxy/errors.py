@@ -1,11 +1,12 @@
-"""The one error tree of vllama, and its one mapping onto Ollama's error shape.
+"""The one error tree of vllama, and its one mapping onto the error shape of each route family.
 
 Every failure a client can see is one of these exceptions, raised where it is detected
-(named by what went wrong, never given a status at the raise site) and turned into
-Ollama's ``{"error": "..."}`` in exactly one place: the error middleware of ``api/app.py``
-calls :func:`error_response` before a response began (``api/admission.py`` answers its
+(named by what went wrong, never given a status at the raise site) and turned into the
+error body of its route's family (:func:`shape_of`) in exactly one place: the error middleware
+of ``api/app.py`` calls :func:`error_response` before a response began (``api/admission.py`` answers its
 :class:`ServerBusy` through it directly: a full server is not logged as a failure), a
-streaming handler writes :func:`error_line` after it began. Each class carries its HTTP status (and any headers)
+streaming handler writes :func:`error_line` (NDJSON) or :func:`error_event` (SSE) after it began.
+Each class carries its HTTP status (and any headers)
 as class attributes, so the status of every error is read here, in this tree; only
 :class:`UpstreamRejected` takes its status from vLLM's answer. Lower-layer errors are
 translated into this tree at their boundary, never in handlers: aiohttp client errors
@@ -17,11 +18,13 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
     │   ├── UnsupportedCapability     400  '"X" does not support tools'
     │   ├── ModelInUse                400  delete of a model being served
     │   ├── TooManyChoices            400  a user key's n x prompts over --max-choices
-    │   └── TooManyInputs             400  a user key's embeddings, rerank or score inputs over --max-inputs
+    │   ├── TooManyInputs             400  a user key's embeddings, rerank or score inputs over --max-inputs
+    │   └── FormNotAccepted           415  a multipart form on a /v1 route that takes JSON
     ├── Unauthorized                  401  + WWW-Authenticate: Bearer  no key, or an unknown one
     ├── Forbidden                     403  a key's role or models do not allow it
     │   └── ModelNotAllowed           403  a local model the on-demand allow-list does not admit
     ├── ModelNotFound                 404  "model 'X' not found"
+    │   └── NoSuchModel               404  a /v1 request's model no vLLM serves, in vLLM's words
     ├── MethodNotAllowed              405  a method a route does not take
     ├── BodyTimeout                   408  the request body did not arrive within --body-timeout
     ├── RequestTooLarge               413
@@ -50,14 +53,27 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
         ├── UpstreamTimeout           504  no byte from vLLM within the idle-read timeout
         └── UpstreamProtocolError     502  vLLM answered something we cannot parse
 
-Anthropic's Messages routes (``/v1/messages``, issue 40) get the same errors in Anthropic's shape,
-``{"type": "error", "error": {"type": "invalid_request_error", "message": ...}}``
-(docs.anthropic.com "Errors": the type named by the status), which the ``anthropic`` SDK and
-Claude Code read; :func:`error_response`'s ``shape`` picks it, chosen once by path in ``api/app.py``.
+The same error has one shape per route family (:func:`shape_of`), whichever layer refused it (the
+API key, admission, the readiness gate, the route), with the same status and headers:
 
-Source of the shapes: ``shared/ollama-api.md`` "Errors" (Ollama ``server/routes.go``):
-non-streaming errors are ``application/json`` ``{"error": msg}`` with the status;
-once a stream started the status stays 200 and the last NDJSON line is ``{"error": msg}``.
+- Ollama's routes (``/api/*`` and the rest): ``{"error": msg}``. Source: ``shared/ollama-api.md``
+  "Errors" (Ollama ``server/routes.go``): non-streaming errors are ``application/json``
+  ``{"error": msg}`` with the status; once a stream started the status stays 200 and the last
+  NDJSON line is ``{"error": msg}``.
+- OpenAI's routes (``/v1/*`` but the two below): ``{"error": {"message": msg, "type": ..., "param": ...,
+  "code": ...}}``, as Ollama's own OpenAI-compatible routes answer (``openai/openai.go`` ``NewError``)
+  and as vLLM does (``ErrorResponse``), the envelope the ``openai`` SDK reads (``e.message``, ``e.body``):
+  the type named by the status (:data:`_OPENAI_TYPES`: ``invalid_request_error`` for a 4xx not named
+  there, Ollama's ``api_error`` for a 5xx), ``param`` the field at fault where the raise site knows it,
+  ``code`` OpenAI's string code where OpenAI has one (a class's :attr:`VllamaError.code`:
+  ``model_not_found``, ``invalid_api_key``, ``rate_limit_exceeded``, ``insufficient_quota``), else
+  the status as vLLM sends it. After an SSE stream began: one ``data:`` event of that object.
+  vLLM's own refusals are relayed as vLLM wrote them: the same envelope, vLLM's type names
+  (``BadRequestError``).
+- Anthropic's Messages routes (``/v1/messages*``, issue 40): ``{"type": "error", "error": {"type":
+  "invalid_request_error", "message": msg}}`` (docs.anthropic.com "Errors": the type named by the
+  status), which the ``anthropic`` SDK and Claude Code read; after a stream began, an ``event: error``.
+
 The pattern: httpx ``_exceptions.py`` (the tree in the docstring) and llama-swap
 ``internal/swaputil/httperror.go`` (one error shape, one mapping).
 """
@@ -65,7 +81,7 @@ The pattern: httpx ``_exceptions.py`` (the tree in the docstring) and llama-swap
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import orjson
 from aiohttp import web
@@ -78,15 +94,21 @@ class VllamaError(Exception):
         status: HTTP status used when the error happens before a response began (a class
             attribute of each class of the tree).
         headers: extra response headers (``Retry-After``, ``WWW-Authenticate``).
-        message: the text put in Ollama's ``{"error": ...}``.
+        code: OpenAI's string ``code`` for this error, where OpenAI's API has one (a class
+            attribute); ``None``: the status is the code (vLLM's way).
+        message: the text put in the error body (Ollama's ``{"error": ...}``, OpenAI's and
+            Anthropic's ``message``).
+        param: the request field at fault, where the raise site knows it (OpenAI's ``param``).
     """
 
     status: int = 500
     headers: ClassVar[Mapping[str, str]] = {}
+    code: ClassVar[str | None] = None
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
 
 class BadRequest(VllamaError):
@@ -124,11 +146,19 @@ class TooManyInputs(BadRequest):
     admission bound and the key's share (400)."""
 
 
+class FormNotAccepted(BadRequest):
+    """A ``multipart/form-data`` body on a relayed ``/v1`` route that takes JSON (only the audio routes take a
+    form): vllama reads a form for its ``model`` only, so its other fields would pass every check unread (415)."""
+
+    status = 415
+
+
 class Unauthorized(VllamaError):
     """No key, or a key this server does not know (401, ``WWW-Authenticate: Bearer``)."""
 
     status = 401
     headers: ClassVar[Mapping[str, str]] = {"WWW-Authenticate": "Bearer"}
+    code = "invalid_api_key"
 
 
 class Forbidden(VllamaError):
@@ -148,9 +178,20 @@ class ModelNotFound(VllamaError):
     """
 
     status = 404
+    code = "model_not_found"
 
     def __init__(self, model: str, detail: str | None = None) -> None:
-        super().__init__(f"model '{model}' not found" + (f": {detail}" if detail else ""))
+        super().__init__(f"model '{model}' not found" + (f": {detail}" if detail else ""), param="model")
+        self.model = model
+
+
+class NoSuchModel(ModelNotFound):
+    """A ``/v1`` request names a model none of the vLLM servers serves (404), in vLLM's own words,
+    ``The model `X` does not exist.`` (``vllm/entrypoints/openai/models/serving.py``): what one vLLM
+    answers itself when vllama relays to it unresolved (``api/routes/openai.py``)."""
+
+    def __init__(self, model: str) -> None:
+        VllamaError.__init__(self, f"The model `{model}` does not exist.", param="model")
         self.model = model
 
 
@@ -176,6 +217,7 @@ class TooManyRequests(VllamaError):
     """A key over its own limit (``max_in_flight``): 429 with ``Retry-After`` seconds."""
 
     status = 429
+    code = "rate_limit_exceeded"
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
@@ -200,7 +242,10 @@ class RateLimited(TooManyRequests):
 
 class BudgetExhausted(TooManyRequests):
     """A key used its ``budget_tokens`` for its ``budget_period`` (``api/budgets.py``): 429, the message
-    naming the budget and when it resets, ``Retry-After`` the seconds until then."""
+    naming the budget and when it resets, ``Retry-After`` the seconds until then (OpenAI's code for a
+    spent quota, ``insufficient_quota``)."""
+
+    code = "insufficient_quota"
 
 
 class StorageFailed(VllamaError):
@@ -335,9 +380,37 @@ class UpstreamProtocolError(UpstreamError):
     status = 502
 
 
+#: An error body's shape: Ollama's, OpenAI's (vLLM's too) or Anthropic's (:func:`shape_of`).
+Shape = Literal["ollama", "openai", "anthropic"]
+
+
+def shape_of(path: str) -> Shape:
+    """The error shape of the route family ``path`` belongs to: Anthropic's on ``/v1/messages`` and
+    ``/v1/messages/count_tokens``, OpenAI's on every other ``/v1`` path (relayed, agents' and refused
+    alike: what a client of that API reads), Ollama's elsewhere."""
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/") or path == "/v1":
+        return "openai"
+    return "ollama"
+
+
 def error_body(message: str) -> bytes:
     """Ollama's error object as bytes: ``{"error": message}`` (no trailing newline)."""
     return orjson.dumps({"error": message})
+
+
+#: OpenAI's error ``type`` for each status (Ollama's ``openai.NewError``, OpenAI's API reference "Error
+#: codes"); another 4xx: ``invalid_request_error``; a 5xx: ``api_error`` (Ollama's).
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def openai_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
+    """OpenAI's error object as bytes: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``,
+    the type named by ``status``, ``code`` OpenAI's string code or else ``status`` (as vLLM sends it)."""
+    kind = _OPENAI_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code or status}})
 
 
 #: Anthropic's error ``type`` for each status (docs.anthropic.com/en/api/errors); others: ``api_error``.
@@ -350,13 +423,22 @@ def anthropic_error_body(status: int, message: str) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}})
 
 
-def error_response(exc: VllamaError, shape: str = "ollama") -> web.Response:
+def shaped_body(shape: Shape, status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
+    """The error body of ``shape`` for ``status`` and ``message`` (``param`` and ``code``: OpenAI's only)."""
+    if shape == "openai":
+        return openai_error_body(status, message, param, code)
+    if shape == "anthropic":
+        return anthropic_error_body(status, message)
+    return error_body(message)
+
+
+def error_response(exc: VllamaError, shape: Shape = "ollama") -> web.Response:
     """The non-streaming answer for ``exc``: its class's status (vLLM's for
-    :class:`UpstreamRejected`), ``{"error": exc.message}`` and its headers; with
-    ``shape="anthropic"`` the body is :func:`anthropic_error_body`'s."""
+    :class:`UpstreamRejected`), its headers, and its body in ``shape`` (:func:`shape_of` of the
+    request's path): Ollama's ``{"error": exc.message}``, OpenAI's or Anthropic's object."""
     return web.Response(
         status=exc.status,
-        body=anthropic_error_body(exc.status, exc.message) if shape == "anthropic" else error_body(exc.message),
+        body=shaped_body(shape, exc.status, exc.message, exc.param, exc.code),
         content_type="application/json",
         headers=exc.headers or None,
     )
@@ -365,3 +447,12 @@ def error_response(exc: VllamaError, shape: str = "ollama") -> web.Response:
 def error_line(exc: VllamaError) -> bytes:
     """The last NDJSON line of a stream that failed after it began (status stays 200)."""
     return error_body(exc.message) + b"\n"
+
+
+def error_event(exc: VllamaError, shape: Shape) -> bytes:
+    """The SSE event that ends a ``/v1`` stream failing after it began (status stays 200): OpenAI's
+    object as one ``data:`` event (vLLM's own mid-stream error; the ``openai`` SDK raises ``APIError``
+    with it as ``body``), or on Anthropic's routes an ``event: error`` (the ``anthropic`` SDK raises it)."""
+    if shape == "anthropic":
+        return b"event: error\ndata: " + anthropic_error_body(exc.status, exc.message) + b"\n\n"
+    return b"data: " + openai_error_body(exc.status, exc.message, exc.param, exc.code) + b"\n\n"

@@ -86,7 +86,7 @@ def test_the_real_vllm_gets_only_what_vllama_parsed_and_output_tokens_it_can_hol
     root = {"Authorization": "Bearer sk-root"}
     r = httpx.post(v.url + "/v1/completions", content=b'{"model": "tiny", "prompt": "hi", "max_tokens": 1, "temperature": NaN}',
                    headers={**root, "Content-Type": "application/json"}, timeout=300)
-    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError" and "invalid JSON" in r.json()["error"]["message"]
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error" and "invalid JSON" in r.json()["error"]["message"]
     client = ollama.Client(host=v.url, headers=root, timeout=300)
     r = client.generate(model="tiny", prompt="hi", options={"temperature": 0, "num_predict": 1_000_000, "stop": STOPS})
     assert r.done

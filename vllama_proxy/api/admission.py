@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response
+from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response, shape_of
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.inbox import bells
 from vllama_proxy.supervisor.shared_lock import SharedLock
@@ -258,7 +258,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return await handler(request)
         if bound.draining:  # a load balancer or vllm-router retries this on another engine
             QUEUE_REJECTIONS.inc()
-            return error_response(ServerBusy(DRAINING, retry_after))
+            return error_response(ServerBusy(DRAINING, retry_after), shape_of(request.path))
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         key = key_of(request)
         inputs = 0  # an embeddings, rerank or score request's inputs, each a sequence in vLLM (inputs.py)
@@ -286,7 +286,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
                 await shared.finish(key.name, leave=True)
             if got == FULL:
                 # answered, not raised: a full server is its bound working, not a failure to log per request
-                return error_response(ServerBusy(BUSY, retry_after))
+                return error_response(ServerBusy(BUSY, retry_after), shape_of(request.path))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
         if store is not None and store.refused == "max_in_flight":
             bound.leave_key(slot, key.slot)

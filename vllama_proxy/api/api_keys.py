@@ -24,7 +24,8 @@ an admin's): a **user** runs inference on the models it may use, lists and shows
 loads one (an empty prompt). Only an **admin** pulls, deletes, copies, creates, pushes, unloads a
 model that others are using (``keep_alive: 0``), reaches vLLM's routes that change the server
 (runtime LoRA adapters), reads the metrics, and, with ``--on-demand-admin-only``, starts a model
-that is not loaded. A **metrics** key reads ``/metrics`` and ``/vllm/metrics`` and nothing else. Refusals are Ollama-style ``{"error"}``: 401 for no or an unknown key,
+that is not loaded. A **metrics** key reads ``/metrics`` and ``/vllm/metrics`` and nothing else. Refusals are in the route family's error shape
+(``errors.shape_of``: Ollama's ``{"error"}`` on ``/api``, OpenAI's on ``/v1``): 401 for no or an unknown key,
 403 naming what the role may not do, 429 with ``Retry-After`` over a key's own limit.
 
 A key is found by the SHA-256 of what the client sends (one hash and one dict lookup, no

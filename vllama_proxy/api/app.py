@@ -1,7 +1,7 @@
 """The aiohttp application: routes, the error/log middleware, app-scoped resources.
 
 Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
-Ollama shape + access log + metrics; CORS, Host guard and API keys from
+the route family's error shape + access log + metrics; CORS, Host guard and API keys from
 ``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
 parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate/to_openai.py`` (Ollama ->
 OpenAI body) -> ``relay.py`` (sends it through ``upstream.py``, the shared vLLM client, and streams
@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, anthropic_error_body, error_body, error_response
+from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, error_response, shape_of, shaped_body
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.vllm_servers import Backend, BackendSpec
@@ -48,17 +48,18 @@ from .app_state import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_SESSIONS, CLO
 log = get_logger("vllama.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-#: Anthropic's routes: their errors in Anthropic's shape (errors.py), which Claude Code and the SDK read.
-_ANTHROPIC = "/v1/messages"
 #: A client's X-Request-ID is kept only if it is plain (it lands in every log line).
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @web.middleware
 async def errors_and_access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Bind a ``request_id``, map every error to Ollama's ``{"error"}``, log one line per request.
+    """Bind a ``request_id``, map every error to its route family's shape, log one line per request.
 
-    A client that disconnects cancels the handler (``handler_cancellation=True``); that
+    The shape is ``errors.shape_of`` the path: OpenAI's ``{"error": {"message", "type", "param", "code"}}``
+    on ``/v1``, Anthropic's on ``/v1/messages*``, Ollama's ``{"error": "..."}`` elsewhere; whichever
+    middleware or handler raised it (the API key, admission, the readiness gate, a route), with its
+    status and headers unchanged. A client that disconnects cancels the handler (``handler_cancellation=True``); that
     is logged with Ollama's status for it, 499 ``request canceled``.
     """
     structlog.contextvars.clear_contextvars()
@@ -84,7 +85,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
             log.warning("upstream_error", error=e.message, status=status)
-        resp = error_response(e, "anthropic" if request.path.startswith(_ANTHROPIC) else "ollama")
+        resp = error_response(e, shape_of(request.path))
         if request.get(CLOSE_AFTER):
             resp.force_close()
         return resp
@@ -92,12 +93,12 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         status = e.status
         if status == 413:
             limit = request.app[SETTINGS].max_body_size
-            return error_response(RequestTooLarge(f"request body too large: the limit is {limit} bytes"))
+            return error_response(RequestTooLarge(f"request body too large: the limit is {limit} bytes"), shape_of(request.path))
         if e.empty_body or status < 400:
             raise
         text = "404 page not found" if status == 404 else (e.reason or "").lower()
-        body = anthropic_error_body(status, text) if request.path.startswith(_ANTHROPIC) else error_body(text)
-        return web.Response(status=status, body=body, content_type="application/json", headers=_allow(e))
+        return web.Response(status=status, body=shaped_body(shape_of(request.path), status, text), content_type="application/json",
+                            headers=_allow(e))
     except asyncio.CancelledError:
         status = 499  # Ollama: client gone -> "request canceled"
         raise
@@ -112,7 +113,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             status = 499
             raise
         log.exception("unhandled_error")
-        return web.Response(status=500, body=error_body("internal error; see the vllama log"), content_type="application/json")
+        return web.Response(status=500, body=shaped_body(shape_of(request.path), 500, "internal error; see the vllama log"),
+                            content_type="application/json")
     finally:
         REQUESTS.labels(route_of(request), str(status)).inc()
         stream_error = request.get("vllama.stream_error")
@@ -133,7 +135,7 @@ _UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "
 
 
 def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Middleware answering 503 + Ollama error on the API while no model can serve.
+    """Middleware answering 503 (in the route family's error shape) on the API while no model can serve.
 
     While vLLM starts the proxy already listens, so clients get a clear "loading"
     error instead of refused connections or hangs. A few attribute reads per request;
@@ -168,14 +170,15 @@ async def fallback(request: web.Request) -> web.Response:
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """``Expect`` handling before the handler runs: ``100-continue`` is honoured, any other
-    value is a 417 in Ollama's error shape (aiohttp's default one fails on non-UTF-8 values)."""
+    value is a 417 in the route family's error shape (aiohttp's default one fails on non-UTF-8 values)."""
     expect = request.headers.get("Expect", "")
     if expect.lower() == "100-continue":
         if request.version >= (1, 1):
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
         return None
-    return web.Response(status=417, body=error_body(f"unsupported Expect: {ascii(expect)}"), content_type="application/json")
+    return web.Response(status=417, body=shaped_body(shape_of(request.path), 417, f"unsupported Expect: {ascii(expect)}"),
+                        content_type="application/json")
 
 
 def _allow(e: web.HTTPException) -> dict[str, str] | None:
@@ -340,6 +343,6 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         else:
             app.router.add_route(method, path, handler, expect_handler=expect_continue)
     # Last: unknown paths and methods land here, not on aiohttp's system routes, so they
-    # too get Ollama's error shape and our Expect handling.
+    # too get the route family's error shape and our Expect handling.
     app.router.add_route("*", "/{tail:.*}", fallback, expect_handler=expect_continue)
     return app

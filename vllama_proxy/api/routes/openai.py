@@ -4,8 +4,9 @@ Copilot and every OpenAI client send inference here, as they would to Ollama's
 own OpenAI-compatible surface. The ``model`` field of a JSON body picks the vLLM
 server and is rewritten (``qwen2.5:1.5b`` -> the served name); the answer is
 relayed byte for byte (but the usage chunk of a stream that did not ask for it: ``_ask_usage``).
-``GET /v1/models`` lists every model vllama launched. An upstream failure after the answer began ends an SSE stream with
-vLLM's own error event shape, ``data: {"error": {...}}``.
+``GET /v1/models`` lists every model vllama launched. vllama's own refusals are raised into ``errors.py``'s tree
+(OpenAI's error shape on ``/v1``: ``api/app.py``); an upstream failure after the answer began ends an SSE stream with
+that object as its last event (``errors.error_event``), as vLLM ends its own.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, ModelNotFound, TooManyChoices, UpstreamError
+from vllama_proxy.errors import BadRequest, FormNotAccepted, ModelNotFound, NoSuchModel, TooManyChoices, UpstreamError, error_event, shape_of
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..relay import in_own_task
@@ -54,7 +55,11 @@ def _model_entry(model: ServedModel) -> dict:
 
 async def _models(request: web.Request) -> web.Response | None:
     """``GET /v1/models[/{id}]`` answered from the catalog when vllama launched the models (all
-    of them listed, none woken up to be asked); ``None`` for an ``--upstream`` server."""
+    of them listed, none woken up to be asked); ``None`` for an ``--upstream`` server.
+
+    Raises:
+        NoSuchModel: ``{id}`` names no model (404), where the key's patterns allow the name.
+        Forbidden: the key may not see ``{id}`` (403), known or not."""
     catalog = request.app[CATALOG]
     tail = request.match_info["tail"]
     if request.method != "GET" or not tail.startswith("models") or any(b.board is None for b in catalog.backends):
@@ -70,17 +75,7 @@ async def _models(request: web.Request) -> web.Response | None:
         return web.json_response(_model_entry(model), dumps=_dumps)
     except ModelNotFound:
         refuse_outside(key_of(request), wanted)  # no 404 to tell a key what exists outside its patterns
-        err = {"error": {"message": f"The model `{wanted}` does not exist.", "type": "NotFoundError", "code": 404}}
-        return web.json_response(err, status=404, dumps=_dumps)
-
-
-class _NoBackend(Exception):
-    """Several models and the request names none of them: answered here, no vLLM woken for it."""
-
-    def __init__(self, status: int, message: str, err_type: str) -> None:
-        super().__init__(message)
-        self.response = web.json_response({"error": {"message": message, "type": err_type, "param": "model", "code": status}},
-                                          status=status, dumps=_dumps)
+        raise NoSuchModel(wanted) from None
 
 
 async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | None, Backend]:
@@ -89,7 +84,7 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
 
     Every body is parsed here, once, strictly (orjson: no ``NaN``/``Infinity``, no lone surrogate,
     nothing after the value), whatever its ``Content-Type`` (vLLM reads a body without one as JSON);
-    one that does not parse is a 400 in vLLM's error shape and never forwarded, and what is
+    one that does not parse is a 400 and never forwarded, and what is
     forwarded is the parsed body written again (``model`` mapped to the served name, the vLLM
     ``priority``, the key's ``cache_salt`` and media uuids: ``cache_salt.py``, the output tokens capped:
     :func:`translate.cap_output_tokens`), so vLLM reads
@@ -99,8 +94,17 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     The key is checked against the model before anything is claimed or loaded: the name is looked
     up first, and only an allowed request for an on-demand model claims its slot. With one backend,
     a request without a model (or naming one vllama does not know, which the key's patterns allow)
-    goes there and vLLM answers in its own words; with several that is answered here
-    (:class:`_NoBackend`): 400 without a model, 404 for an unknown one, in vLLM's error shape.
+    goes there and vLLM answers in its own words; with several that is answered here, no vLLM
+    woken for it: 400 without a model, 404 for an unknown one (in vLLM's words).
+
+    Raises:
+        BadRequest: a body that does not parse, nests too deep (``ollama_types.check_depth``), has too
+            many stop entries (:func:`check_stops`), gives a field a user key may not send
+            (``user_fields.user_body``) or a ``cache_salt`` vLLM would refuse; with several models,
+            none named (``param`` ``model``).
+        TooManyChoices: a user key's ``n`` x prompts over ``--max-choices``.
+        NoSuchModel: with several models, a name none of them has (404).
+        Forbidden: the key may not use the model (403).
     """
     catalog = request.app[CATALOG]
     key = key_of(request)
@@ -109,36 +113,30 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
     data: Any = None
     name: Any = None
     if form and request.path not in _FORM_ROUTES:  # an allow-list: only the audio routes take a form
-        raise _NoBackend(415, f"{request.path} takes a JSON body, not multipart/form-data", "BadRequestError")
+        raise FormNotAccepted(f"{request.path} takes a JSON body, not multipart/form-data")
     if body and form:
         name = _form_model(request.headers.get("Content-Type", ""), body)
     elif body:
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            raise _NoBackend(400, f"invalid JSON: {e}", "BadRequestError") from None
+            raise BadRequest(f"invalid JSON: {e}") from None
         if isinstance(data, (dict, list)):
-            try:
-                check_depth(data)
-            except BadRequest as e:
-                raise _NoBackend(400, e.message, "BadRequestError") from None
+            check_depth(data)
         name = data.get("model") if isinstance(data, dict) else None
         if isinstance(data, dict) and request.method == "POST" and request.path in _STREAMED_USAGE:
             check_stops(data)
             if not key.admin:
                 _check_choices(data, request.app[SETTINGS].max_choices)
         if isinstance(data, dict) and request.method == "POST":
-            try:
-                if not key.admin:
-                    user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
-                if request.path in _SALTED:
-                    salted(data, key.cache_salt)  # the key's own share of the prefix cache
-                    own_media(data, key.cache_salt)  # and of the media caches (a uuid names its key's item)
-            except BadRequest as e:
-                raise _NoBackend(400, e.message, "BadRequestError") from None
+            if not key.admin:
+                user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
+            if request.path in _SALTED:
+                salted(data, key.cache_salt)  # the key's own share of the prefix cache
+                own_media(data, key.cache_salt)  # and of the media caches (a uuid names its key's item)
     if not isinstance(name, str):
         if not one:
-            raise _NoBackend(400, "you must provide a model parameter", "BadRequestError")
+            raise BadRequest("you must provide a model parameter", param="model")
         default = catalog.backends[0]
         if default.model is not None:  # a key limited to some models may not reach this one unnamed
             check_model(key, default.model.name, default.model)
@@ -149,13 +147,13 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
         refuse_outside(key, name)
         if one:
             return data, None, catalog.backends[0]  # vLLM answers the 404 in its own words
-        raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
+        raise NoSuchModel(name) from None
     check_model(key, name, model, catalog.created(name))
     if request.method == "POST" and not catalog.is_configured(model):
         try:  # inference claims an on-demand slot, only now that the key may use it
             model = await catalog.resolve(name, claim=True)
         except ModelNotFound:
-            raise _NoBackend(404, f"The model `{name}` does not exist.", "NotFoundError") from None
+            raise NoSuchModel(name) from None
     request[MODEL] = model.name
     backend = catalog.backend_of(model)
     if isinstance(data, dict):
@@ -278,14 +276,14 @@ def _form_model(content_type: str, body: bytes) -> str | None:
     """The ``model`` field of a ``multipart/form-data`` body (stdlib ``email`` parser), if any.
 
     Raises:
-        _NoBackend: 400 when the body gives ``model`` more than once (which one vLLM reads is its
+        BadRequest: the body gives ``model`` more than once (which one vLLM reads is its
             parser's choice, not the one checked here)."""
     message = BytesParser(policy=email.policy.HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
     if not message.is_multipart():
         return None
     found = [part for part in message.iter_parts() if part.get_param("name", header="content-disposition") == "model"]
     if len(found) > 1:
-        raise _NoBackend(400, "the form gives `model` more than once", "BadRequestError")
+        raise BadRequest("the form gives `model` more than once", param="model")
     if not found:
         return None
     value = found[0].get_payload(decode=True)
@@ -304,10 +302,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if listed is not None:
         return listed
     body = await read_body(request)
-    try:
-        data, model, backend = await _route(request, body)
-    except _NoBackend as e:
-        return e.response
+    data, model, backend = await _route(request, body)
     with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends
         sent, release = _placement(request, data, own)
         try:
@@ -351,8 +346,9 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
     flight); the usage of a 200 answer is read from its last bytes for the per-key counters
     (``_usage``). ``session_headers`` (a conversation's key for a router) are added to the
     client's own. ``ready_body``: what to send instead of ``body``, built once the model is held.
-    A body that is not a form goes as ``application/json``: vllama parsed it and wrote it again. An upstream failure after the answer began ends an SSE stream with vLLM's
-    error event, ``data: {"error": {...}}``; a JSON body is cut off instead.
+    A body that is not a form goes as ``application/json``: vllama parsed it and wrote it again. An upstream failure after the answer began ends an SSE stream with
+    an error event in the route family's shape (``errors.error_event``: OpenAI's ``data: {"error": {...}}`` as vLLM
+    writes its own, Anthropic's ``event: error`` on ``/v1/messages``); a JSON body is cut off instead.
 
     Raises:
         UpstreamError: vLLM failed before its answer began (mapped in ``api/app.py``).
@@ -400,8 +396,7 @@ async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.St
     except UpstreamError as e:
         request["vllama.stream_error"] = e
         if sse:
-            err = {"error": {"message": e.message, "type": type(e).__name__, "code": e.status}}
-            await out.write(b"data: " + orjson.dumps(err) + b"\n\n")
+            await out.write(error_event(e, shape_of(request.path)))
         else:
             raise  # the connection is dropped: a truncated non-SSE body must not look complete
     await out.write_eof()
