@@ -162,8 +162,7 @@ class AdmissionBound:
             self._worker_keys[slot * KEY_SLOTS + key] -= 1
             if self._keys[key] == 0:
                 self._active.value -= 1
-        if self._draining.value and self._total.value <= 0:
-            self._drained.ring()
+        self._ring_if_drained()
 
     def key_in_flight(self, key: int) -> int:
         """Requests in flight of the key whose counter is ``key``."""
@@ -184,6 +183,10 @@ class AdmissionBound:
                         self._active.value -= 1
         if self.queue is not None:
             self.queue.reset_slot(slot)
+        self._ring_if_drained()
+
+    def _ring_if_drained(self) -> None:
+        """While draining, the end that leaves none in flight rings :meth:`wait_drained`'s bell."""
         if self._draining.value and self._total.value <= 0:
             self._drained.ring()
 

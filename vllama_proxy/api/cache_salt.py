@@ -87,6 +87,16 @@ _MEDIA_FIELDS = ("messages", "input", "system", "query", "documents", "queries",
                  "text_1", "text_2")
 
 
+def own_caches(body: dict[str, Any], salt: str | None) -> None:
+    """``body`` (a relayed ``/v1`` or agents' body, as the client wrote it) given its key's own share of
+    the prefix cache (:func:`salted`) and of the media caches (:func:`own_media`), in place.
+
+    Raises:
+        BadRequest: as :func:`salted`."""
+    salted(body, salt)
+    own_media(body, salt)
+
+
 def own_media(body: dict[str, Any], salt: str | None) -> None:
     """Each media ``uuid`` of ``body`` (vLLM's request body) made the key's own, in place: every string
     ``uuid`` of a content part under :data:`_MEDIA_FIELDS` (a part of a list, or of a ``content`` list

@@ -80,6 +80,9 @@ W_IN, W_OUT = 0.0, 1.0
 EXPECT_ALPHA = 0.25
 #: Bytes of request body per prompt token, for the estimate charged at dispatch.
 BYTES_PER_TOKEN = 4
+#: Seconds a key stays active after its last request ended: a light key that asks again within it
+#: finds the reserve kept and the heavy keys' running batch still small.
+LINGER = 10.0
 
 
 def prompt_tokens_guess(body: bytes | None) -> float:
@@ -87,9 +90,6 @@ def prompt_tokens_guess(body: bytes | None) -> float:
     counts them: what admission charges at dispatch, and what a stream its client left before vLLM's
     usage came is charged (``routes/answer.py``, ``routes/openai.py``)."""
     return len(body or b"") / BYTES_PER_TOKEN
-#: Seconds a key stays active after its last request ended: a light key that asks again within it
-#: finds the reserve kept and the heavy keys' running batch still small.
-LINGER = 10.0
 
 
 class FairQueue:

@@ -16,7 +16,8 @@ no share accounts for). For a user key:
   ``metadata`` ...), so leaving it out changes nothing a client sees, and a field a later vLLM adds
   reaches it from a user key only once it is listed here.
 
-Admin keys (and a server without keys) send what they send.
+Admin keys (and a server without keys) send what they send, but for what every key's body gets: its own
+``cache_salt`` and media uuids (``cache_salt.py``).
 """
 
 from __future__ import annotations

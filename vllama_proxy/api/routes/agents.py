@@ -29,7 +29,7 @@ from vllama_proxy.upstream import encode_json
 from .. import session
 from ..admission import with_priority
 from ..api_keys import key_of
-from ..cache_salt import own_media, salted
+from ..cache_salt import own_caches
 from ..ollama_types import json_object
 from ..app_state import CATALOG, CLIENT_SESSIONS, SETTINGS
 from ..translate.to_openai import (
@@ -67,13 +67,12 @@ async def _relay(request: web.Request, path: str, *, priority: bool, generates: 
         Forbidden: the key may not use the model (403).
         UnsupportedCapability: ``tools`` for a model served without a tool parser (400).
         BadRequest: more ``stop_sequences`` than ``ollama_types.MAX_STOPS`` (``openai.check_stops``), or a
-            ``cache_salt`` vLLM would refuse (``cache_salt.salted``).
+            ``cache_salt`` vLLM would refuse (``cache_salt.own_caches``).
     """
     data = json_object(await read_body(request))
     check_stops(data, ("stop_sequences",))  # before the model is claimed: vLLM checks each on every token
     if generates:  # the key's own share of the prefix cache and the media caches (count_tokens uses none)
-        salted(data, key_of(request).cache_salt)
-        own_media(data, key_of(request).cache_salt)
+        own_caches(data, key_of(request).cache_salt)
     name, model, backend = await resolve_model(request, data.get("model"))
     catalog = request.app[CATALOG]
     if generates and _function_tools(data.get("tools")):

@@ -29,7 +29,7 @@ from ..request_body import read_body
 from .model_use import check_model, may_list, model_in_use, refuse_outside
 from ..ollama_types import MAX_STOPS, check_depth
 from ..user_fields import user_body
-from ..cache_salt import own_media, salted
+from ..cache_salt import own_caches
 from ..admission import with_priority
 from ..api_keys import key_of
 from ..metrics import MODEL, USAGE
@@ -124,16 +124,15 @@ async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | 
         if isinstance(data, (dict, list)):
             check_depth(data)
         name = data.get("model") if isinstance(data, dict) else None
-        if isinstance(data, dict) and request.method == "POST" and request.path in _STREAMED_USAGE:
-            check_stops(data)
-            if not key.admin:
-                _check_choices(data, request.app[SETTINGS].max_choices)
         if isinstance(data, dict) and request.method == "POST":
+            if request.path in _STREAMED_USAGE:
+                check_stops(data)
+                if not key.admin:
+                    _check_choices(data, request.app[SETTINGS].max_choices)
             if not key.admin:
                 user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
             if request.path in _SALTED:
-                salted(data, key.cache_salt)  # the key's own share of the prefix cache
-                own_media(data, key.cache_salt)  # and of the media caches (a uuid names its key's item)
+                own_caches(data, key.cache_salt)  # the key's own prefix and media caches (a uuid names its key's item)
     if not isinstance(name, str):
         if not one:
             raise BadRequest("you must provide a model parameter", param="model")
