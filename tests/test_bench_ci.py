@@ -99,6 +99,7 @@ def test_a_lease_chain_runs_its_commands_in_turn_and_each_wait_brings_back_what_
     (exit 3), the last one everything (exit 0). Session 15 lost three GPU phases with a machine given back."""
     import shutil
     import tarfile
+    import time
     import uuid
 
     name, out = f"t{uuid.uuid4().hex[:8]}", tmp_path / "out"
@@ -107,6 +108,10 @@ def test_a_lease_chain_runs_its_commands_in_turn_and_each_wait_brings_back_what_
     started = subprocess.run([sh, "start", name, "echo one > $OUT/a", f"while [ ! -e {gate} ]; do sleep 0.05; done; false",
                               'X="two words" bash -c "echo \\$X > \\$OUT/x"'], capture_output=True, text=True, timeout=60)
     assert started.returncode == 0, started.stderr
+    chain_txt = Path(f"/tmp/chain/{name}/chain.txt")
+    deadline = time.monotonic() + 120
+    while "1 exit" not in chain_txt.read_text() and time.monotonic() < deadline:  # the event: the first command ended
+        time.sleep(0.05)
     early = subprocess.run([sh, "wait", name, "0"], capture_output=True, text=True, timeout=60, env={"OUT": str(out), "PATH": "/usr/bin:/bin"})
     assert early.returncode == 3  # the second command waits for the gate: the chain runs on
     with tarfile.open(out / f"{name}.tar.gz") as t:
