@@ -103,7 +103,7 @@ REFUSALS = [
      openai.BadRequestError, 400, "invalid_request_error", "request body is nested too deeply (at most 72 levels)", None, "400"),
     ("too many stop strings", "sk-bob",
      lambda o: o.chat.completions.create(model="alpha", messages=HI, stop=[str(i) for i in range(65)]),
-     openai.BadRequestError, 400, "invalid_request_error", "invalid stop: at most 64 entries, not 65", None, "400"),
+     openai.BadRequestError, 400, "invalid_request_error", "invalid stop: at most 64 entries, not 65", "stop", "400"),
     ("n over --max-choices", "sk-bob", lambda o: o.chat.completions.create(model="alpha", messages=HI, n=5),
      openai.BadRequestError, 400, "invalid_request_error", "this request asks for 5 sequences at once", None, "400"),
     ("no model, several served", "sk-root",

@@ -362,12 +362,14 @@ def test_a_user_key_cannot_jump_vllms_queue_with_its_own_priority_when_vllama_se
     s.wait_ready()
     httpx.delete(_fake_url(s.launched()[0]) + "/_fake/requests")
     chat = {"model": "prod", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
-    for key, priority in (("sk-bob", -99999), ("sk-bob", "-1"), ("sk-bob", 5), ("sk-root", -7)):
+    for key, priority in (("sk-bob", -99999), ("sk-bob", 5), ("sk-root", -7)):
         r = httpx.post(s.url + "/v1/chat/completions", json={**chat, "priority": priority}, headers=_auth(key))
         assert r.status_code == 200, (key, priority, r.text)
+    r = httpx.post(s.url + "/v1/chat/completions", json={**chat, "priority": "-1"}, headers=_auth("sk-bob"))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text  # one JSON type: vLLM would read "-1" as -1
     r = httpx.post(s.url + "/v1/responses", json={"model": "prod", "input": "x", "priority": -99999}, headers=_auth("sk-bob"))
     assert r.status_code == 200, r.text
-    assert [c["body"].get("priority") for c in _sent(s, "/v1/chat/completions")] == [None, None, 5, -7]  # a user may yield; an admin decides
+    assert [c["body"].get("priority") for c in _sent(s, "/v1/chat/completions")] == [None, 5, -7]  # a user may yield; an admin decides
     assert [c["body"].get("priority") for c in _sent(s, "/v1/responses")] == [None]
 
 

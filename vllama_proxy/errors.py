@@ -142,7 +142,7 @@ class TooManyChoices(BadRequest):
 
 class TooManyInputs(BadRequest):
     """A non-admin key's embeddings, rerank or score request sends vLLM more inputs than ``--max-inputs``
-    (``api/inputs.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
+    (``api/gate/bodies.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
     admission bound and the key's share (400)."""
 
 

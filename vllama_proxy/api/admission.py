@@ -29,20 +29,20 @@ from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.inbox import bells
 from vllama_proxy.supervisor.shared_lock import SharedLock
 from .fair_queue import W_IN, W_OUT, FairQueue, prompt_tokens_guess
-from . import inputs as pooled
-from .budgets import check as check_budget
+from .budgets import Reservations
 from .api_keys import KEY_SLOTS, Key, key_of
-from .metrics import IN_FLIGHT, QUEUE_REJECTIONS, USAGE
+from .app_state import CATALOG, LEDGER
+from .call import CALL, Call, Held, call_of
+from .gate.bodies import Body, ChatCompletions, Completions
+from .gate.gate import gate
+from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
+from .ollama_types import EmbeddingsRequest, EmbedRequest
 from .rate_limits import RateLimits, headers as rate_headers
 from .request_body import read_body
 from .shared_state import Admission, KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-#: Request key: this request's vLLM ``priority`` (lower first), set here with fair sharing.
-PRIORITY = "vllama.priority"
-#: Request key: the ``x-ratelimit-*`` headers of a key with ``rpm``/``tpm`` (:func:`add_rate_headers`).
-RATE_HEADERS = "vllama.rate_headers"
 #: :meth:`AdmissionBound.enter`'s refusals: the server is full, the key is at its own limit, or over its share.
 FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 #: Routes whose requests occupy vLLM (plus every POST under /v1/).
@@ -95,7 +95,8 @@ class AdmissionBound:
         light_running: the queue's cap on the heavy keys while a light key is active (:class:`~.fair_queue.FairQueue`).
         prompt_weight: the queue's cost of a prompt token, in output tokens (``--fair-prompt-weight``).
 
-    Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``), and
+    Also holds :attr:`limits`, every key's requests and tokens this minute (``rate_limits.py``),
+    :attr:`budgets`, the tokens every key's requests in flight reserved of its budget (``budgets.py``), and
     :attr:`front`, this front's name in a store several fronts share (``shared_state.py``): one per
     ``vllama serve``, the same in each of its workers.
     """
@@ -118,6 +119,7 @@ class AdmissionBound:
         self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve, light_running=light_running,
                                 prompt_weight=prompt_weight) if queue else None
         self.limits = RateLimits(KEY_SLOTS, ctx)
+        self.budgets = Reservations(KEY_SLOTS, ctx)
         self.front = uuid.uuid4().hex
 
     def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
@@ -230,127 +232,156 @@ class AdmissionBound:
 
 def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
                priority: bool = False, shared: KeyState | None = None,
-               max_inputs: int | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Admit inference requests once their body is read, while the server-wide count is below
+               max_inputs: int | None = None, max_choices: int = 1 << 30) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Admit inference requests once their body is read and gated, while the server-wide count is below
     ``bound.limit``: beyond it, Ollama's 503 ``server busy`` with ``Retry-After: retry_after``; a key
-    over its ``rpm``/``tpm`` (``rate_limits.py``), at its ``max_in_flight`` or, with ``fair``, over its
-    share (:meth:`AdmissionBound.enter`), 429 with ``Retry-After``.
+    over its budget or ``rpm``/``tpm`` (``budgets.py``, ``rate_limits.py``), at its ``max_in_flight`` or, with
+    ``fair``, over its share (:meth:`AdmissionBound.enter`), 429 with ``Retry-After``.
 
-    The body is read first (``request_body.read_body``, bounded by the body limit and the read
-    timeout), so a client trickling its body holds a connection, never a place (issue 27: 9,216
-    such connections filled the bound while vLLM sat idle). With ``fair`` and ``bound.queue``, an
-    admitted request then waits for its turn in the fair queue (``fair_queue.py``: at most vLLM's
-    running capacity upstream, the rest leave in VTC order by key) and, at its end, charges its key
-    the tokens it used. With ``priority`` the request's vLLM ``priority`` is set (:data:`PRIORITY`):
-    the key's requests in flight before it, less 1,000,000 per step of the key's own ``priority``:
-    lower is served first (vLLM ``--scheduling-policy priority``).
-    With ``shared`` (``--state-url``: ``shared_state.py``) a key's ``max_in_flight``, ``rpm`` and ``tpm``
-    hold over every front sharing the store, and its service on the other fronts counts in its fair
-    share here: counted there at admission (one round trip) and at the end (one),
-    never per token. A store that does not answer leaves this front's own limits (fail open, logged).
-    An embeddings, rerank or score request (``inputs.py``) is one sequence of vLLM's per input: a
-    non-admin key's over ``max_inputs`` (``--max-inputs``) is a 400 before any of its limits counts it
-    (:class:`~vllama_proxy.errors.TooManyInputs`), and the fair queue charges each input as one output
-    token (one running slot for a step) beside the request's prompt.
+    The body is read first (``request_body.read_body``, bounded by the body limit and the read timeout), so a
+    client trickling its body holds a connection, never a place; then the gate (``gate/gate.py``) parses it into
+    its route's typed request and refuses what a key may not ask (400s before any limit counts the request).
+    A key with ``tpm`` or ``budget_tokens`` then reserves the request's worst case (:func:`worst_case`) in both,
+    so concurrent requests cannot overspend; the settler (``settler.py``) replaces the reservation with what the
+    request used, and gives back every place taken here, once, however the request ends (``call.held``).
+    With ``fair`` and ``bound.queue``, an admitted request then waits for its turn in the fair queue
+    (``fair_queue.py``: at most vLLM's running capacity upstream, the rest leave in VTC order by key). With
+    ``priority`` the request's vLLM ``priority`` is set (``call.priority``, sent by ``finisher.py``): the key's
+    requests in flight before it, less 1,000,000 per step of the key's own ``priority``: lower is served first
+    (vLLM ``--scheduling-policy priority``). With ``shared`` (``--state-url``: ``shared_state.py``) a key's
+    ``max_in_flight``, ``rpm`` and ``tpm`` hold over every front sharing the store (its tokens reserved there too),
+    and its service on the other fronts counts in its fair share here: one round trip at admission and one at
+    the end, never per token. A store that does not answer leaves this front's own limits (fail open, logged).
+    An embeddings, rerank or score request is one sequence of vLLM's per input: the fair queue charges each
+    input as one output token (one running slot for a step) beside the request's prompt.
     """
     queue = bound.queue if fair else None
 
     @web.middleware
     async def admit(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in _INFERENCE and not (request.method == "POST" and request.path.startswith("/v1/")):
+        if not is_inference(request):
             return await handler(request)
         if bound.draining:  # a load balancer or vllm-router retries this on another engine
             QUEUE_REJECTIONS.inc()
             return error_response(ServerBusy(DRAINING, retry_after), shape_of(request.path))
+        call = call_of(request)
+        call.key = key_of(request)
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
-        key = key_of(request)
-        inputs = 0  # an embeddings, rerank or score request's inputs, each a sequence in vLLM (inputs.py)
-        if request.path in pooled.ROUTES and (queue is not None or (max_inputs is not None and not key.admin)):
-            inputs = pooled.count(request.path, body)
-            if max_inputs is not None and not key.admin and request.path not in pooled.SPLIT:
-                pooled.check(inputs, max_inputs)
-        # A key's own limits, in order, before it takes a place: its budget (issue 39), then its
-        # rpm/tpm (which count the request), then its max_in_flight and share (bound.enter). With a
-        # shared store, its rpm/tpm and max_in_flight over every front first, in one round trip.
-        check_budget(request, key)  # 429 once the key used its budget_tokens (budgets.py)
+        gate(request, call, body, max_choices=max_choices, max_inputs=max_inputs)  # the typed request, checked: 400s here
+        key = call.key
+        inputs = inputs_of(call.typed)  # an embeddings, rerank or score request's inputs, each a sequence in vLLM
+        held = call.held = Held(worker=slot, key_slot=key.slot, inputs=inputs)
+        # A key's own limits, in order, before it takes a place: its budget, then its rpm/tpm (which count the
+        # request), then its max_in_flight and share (bound.enter); its budget and tpm each reserve the request's
+        # worst case. With a shared store, its rpm/tpm and max_in_flight over every front first, in one round trip.
+        reserve = worst_case(request, call) if (key.tpm is not None or key.budget_tokens is not None) else 0
+        ledger = request.app.get(LEDGER)
+        if ledger is not None and key.budget_tokens is not None:
+            held.budget = bound.budgets.reserve(ledger, key, reserve, retry_after)
         store = None
         if shared is not None and (key.rpm is not None or key.tpm is not None or key.max_in_flight is not None):
-            store = await shared.admit(key.name, key.rpm, key.tpm, key.max_in_flight, count=key.max_in_flight is not None)
-        refused, headers = _rate(bound, key, store)
+            store = await shared.admit(key.name, key.rpm, key.tpm, key.max_in_flight, count=key.max_in_flight is not None,
+                                       reserve=reserve if key.tpm is not None else 0)
+            held.shared_tpm = store is not None and store.refused is None and key.tpm is not None
+        refused, headers = _rate(bound, key, store, reserve if key.tpm is not None else 0, held)
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)
-        request[RATE_HEADERS] = headers  # ({} without rpm/tpm) read as the response starts: a hit, not a KeyError (issue 42)
-        counted = store is not None and key.max_in_flight is not None and store.refused is None  # in the store's count
+        call.rate_headers = headers
+        held.counted_shared = store is not None and key.max_in_flight is not None and store.refused is None
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
         if got < 0:
             QUEUE_REJECTIONS.inc()
-            if counted:
-                assert shared is not None
-                await shared.finish(key.name, leave=True)
             if got == FULL:
                 # answered, not raised: a full server is its bound working, not a failure to log per request
                 return error_response(ServerBusy(BUSY, retry_after), shape_of(request.path))
             raise TooManyRequests(_refusal(got, key, bound), retry_after=max(retry_after, 1))
+        held.entered = True
+        IN_FLIGHT.inc()
         if store is not None and store.refused == "max_in_flight":
-            bound.leave_key(slot, key.slot)
             QUEUE_REJECTIONS.inc()
             raise TooManyRequests(f"key '{key.name}' has {store.before} requests in flight over every front, its "
                                   "max_in_flight; retry when one ends", retry_after=max(retry_after, 1))
         if priority:
-            request[PRIORITY] = got - 1_000_000 * key.priority
-        IN_FLIGHT.inc()
-        prompt_weight = queue.prompt_weight if queue is not None else 0.0
-        guess = prompt_tokens_guess(body)
-        estimate = prompt_weight * guess
-        dispatched = False
-        try:
-            if queue is not None:
-                await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=estimate + W_OUT * inputs)
-                dispatched = True
-            return await handler(request)
-        finally:
-            usage = request.get(USAGE)
-            served = None  # with a shared store: the request's service, for the key's counter on every front
-            if dispatched:
-                assert queue is not None
-                # the inputs' charge stays: only the prompt's estimate is settled by vLLM's count
-                queue.done(slot, key.slot, prompt_weight * usage[0] - estimate if usage else 0.0, usage[1] if usage else None)
-                prompt, output = usage or (guess, 0)
-                served = queue.service(prompt, output + inputs, key.weight)
-            tokens = usage[0] + usage[1] if usage and key.tpm is not None else 0
-            if tokens:
-                bound.limits.spend(key.slot, tokens)
-            bound.leave_key(slot, key.slot)
-            IN_FLIGHT.dec()
-            if shared is not None and (counted or tokens or served is not None):
-                elsewhere = await shared.finish(key.name, leave=counted, tokens=tokens, served=served)
-                if elsewhere is not None and queue is not None:
-                    queue.absorb(key.slot, elsewhere)
+            call.priority = got - 1_000_000 * key.priority
+        if queue is not None:
+            held.estimate = queue.prompt_weight * prompt_tokens_guess(body)
+            await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=held.estimate + W_OUT * inputs)
+            held.dispatched = True
+        return await handler(request)
 
     return admit
 
 
-def _rate(bound: AdmissionBound, key: Key, store: Admission | None) -> tuple[str | None, dict[str, str]]:
+def is_inference(request: web.Request) -> bool:
+    """Whether ``request`` occupies vLLM: an Ollama inference route, or any POST under ``/v1/``."""
+    return request.path in _INFERENCE or (request.method == "POST" and request.path.startswith("/v1/"))
+
+
+#: Output tokens reserved for a request that gives no bound and whose model's context is not known yet.
+UNKNOWN_CONTEXT = 32768
+
+
+def worst_case(request: web.Request, call: Call) -> int:
+    """The most tokens ``call`` may use, for its key's reservations: its prompt estimated by its body's size
+    (``fair_queue.prompt_tokens_guess``) and its output as capped: the tokens it asks for, the key's
+    ``max_tokens``, or the largest context of the models vllama knows (:data:`UNKNOWN_CONTEXT` when none)."""
+    prompt = int(prompt_tokens_guess(call.body)) + 1
+    typed = call.typed
+    if isinstance(typed, Body):
+        if typed.OUTPUT_FIELDS == () and not typed.streams() and not isinstance(typed, (ChatCompletions, Completions)):
+            return prompt  # a pooling request or count_tokens: no output
+        asked = typed.output_asked()
+        if asked is None and isinstance(typed, Completions):
+            asked = 16  # vLLM's default max_tokens for /v1/completions
+    elif isinstance(typed, (EmbedRequest, EmbeddingsRequest)):
+        return prompt
+    else:
+        options = getattr(typed, "options", None) or {}
+        predict = options.get("num_predict")
+        asked = predict if isinstance(predict, int) and predict > 0 else None
+    caps = [x for x in (asked, call.key.max_tokens) if x is not None and x > 0]
+    if caps:
+        return prompt + min(caps)
+    contexts = [b.model.max_model_len for b in request.app[CATALOG].backends if b.model is not None and b.model.max_model_len]
+    return prompt + (max(contexts) if contexts else UNKNOWN_CONTEXT)
+
+
+def inputs_of(typed: Any) -> int:
+    """An embeddings, rerank or score request's inputs (each a sequence in vLLM); 0 for any other request."""
+    if isinstance(typed, Body):
+        return typed.inputs()
+    if isinstance(typed, EmbedRequest):
+        return len(typed.input) if isinstance(typed.input, list) else 1
+    return 0
+
+
+def _rate(bound: AdmissionBound, key: Key, store: Admission | None, reserve: int, held: Held) -> tuple[str | None, dict[str, str]]:
     """The key's minute: ``(refused, headers)`` as ``RateLimits.admit``, over every front when the
     shared store counted it (``store``), else (no store, or one that did not answer) this front's.
     This front counts what the store admits too, so a store that stops answering mid-minute leaves
-    the front's own minute where it was (a key gets at most its limits once per front meanwhile)."""
+    the front's own minute where it was (a key gets at most its limits once per front meanwhile).
+    An admitted request of a key with ``tpm`` reserves ``reserve`` tokens of the minute (``held.tpm``)."""
     if key.rpm is None and key.tpm is None:
         return None, {}
     if store is None:
-        return bound.limits.admit(key.slot, key.rpm, key.tpm)
+        refused, headers, minute = bound.limits.admit(key.slot, key.rpm, key.tpm, reserve)
+        if refused is None and key.tpm is not None:
+            held.tpm, held.minute = reserve, minute
+        return refused, headers
     refused = store.refused if store.refused in ("rpm", "tpm") else None
     if refused is None:
         bound.limits.count(key.slot)
+        if key.tpm is not None:
+            held.tpm, held.minute = reserve, bound.limits.reserve(key.slot, reserve)
     return refused, rate_headers(key.rpm, key.tpm, store.used, store.spent, store.reset, refused)
 
 
 async def add_rate_headers(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare``: an admitted request of a key with ``rpm``/``tpm`` answers with its
     ``x-ratelimit-*`` headers (as OpenAI and LiteLLM send them on every response)."""
-    headers = request.get(RATE_HEADERS)
-    if headers:
-        response.headers.update(headers)
+    call = request.get(CALL)
+    if call is not None and call.rate_headers:
+        response.headers.update(call.rate_headers)
 
 
 def _rate_refusal(what: str, key: Key) -> str:
@@ -365,19 +396,3 @@ def _refusal(code: int, key: Key, bound: AdmissionBound) -> str:
         return f"key '{key.name}' has {mine} requests in flight, its max_in_flight; retry when one ends"
     return (f"key '{key.name}' has {mine} requests in flight, its fair share of the server's {bound.limit} "
             "while other keys are served; retry when one ends")
-
-
-def with_priority(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` with the request's vLLM ``priority`` when fair sharing set one (:func:`middleware`),
-    replacing any the client sent: a client must not jump the queue. Without one (``--fair-share off``,
-    or an ``--upstream`` vLLM, which may run ``--scheduling-policy priority`` all the same), a
-    non-admin key's ``priority`` below vLLM's default 0 (lower is served first) is left out: a user may
-    yield to others, never go before them. Returns ``body``."""
-    priority = request.get(PRIORITY)
-    if priority is not None:
-        body["priority"] = priority
-    elif not key_of(request).admin:
-        sent = body.get("priority")
-        if not isinstance(sent, (int, float)) or isinstance(sent, bool) or sent < 0:
-            body.pop("priority", None)
-    return body

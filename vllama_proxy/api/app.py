@@ -36,14 +36,17 @@ from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
 from . import access, admission, api_keys, route_roles
-from .ledger import ERROR, Ledger, record_request
+from .call import CALL, Call
+from .ledger import Ledger
+from .settler import Settler
 from .ledger_store import open_store
 from .client_sessions import ClientSessions
 from .router_sessions import SessionRelease
 from .shared_state import RedisKeyState
-from .metrics import MODEL, REQUESTS, UPSTREAM_ERRORS, make_handler, observe_key_usage, route_of
+from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_state import ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_SESSIONS, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING, ROUTER_SESSIONS, SETTINGS, WORKER
+from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_SESSIONS, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING,
+                        ROUTER_SESSIONS, SETTINGS, SETTLER, WORKER)
 
 log = get_logger("vllama.http")
 
@@ -63,6 +66,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     is logged with Ollama's status for it, 499 ``request canceled``.
     """
     structlog.contextvars.clear_contextvars()
+    call = request[CALL] = Call()  # the request's own record: filled on its way, charged once by the settler
     given = request.headers.get("X-Request-ID", "")
     # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead (issue 27)
     own = os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] was, without building a UUID (issue 42)
@@ -80,7 +84,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         return resp
     except VllamaError as e:
         status = e.status
-        request[ERROR] = e.message
+        call.error = e.message
         if isinstance(e, UpstreamError):
             UPSTREAM_ERRORS.labels(type(e).__name__).inc()
         if status >= 500:
@@ -116,13 +120,13 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         return web.Response(status=500, body=shaped_body(shape_of(request.path), 500, "internal error; see the vllama log"),
                             content_type="application/json")
     finally:
-        REQUESTS.labels(route_of(request), str(status)).inc()
-        stream_error = request.get("vllama.stream_error")
+        route = route_of(request)
+        REQUESTS.labels(route, str(status)).inc()
+        stream_error = call.stream_error
         if stream_error is not None:
             UPSTREAM_ERRORS.labels(type(stream_error).__name__).inc()
-        observe_key_usage(request, api_keys.key_of(request).name, status)
-        record_request(request.app.get(LEDGER), request, api_keys.key_of(request).name, request.get(MODEL), route_of(request), status,
-                       time.perf_counter() - start)  # queued: the ledger writes it off the request path
+        # every token charged, every place given back, once (settler.py); the ledger's row queued, written off the path
+        await request.app[SETTLER].settle(request, call, status, time.perf_counter() - start, route)
         if request.app[SETTINGS].access_log:
             extra = {"stream_error": stream_error.message} if stream_error is not None else {}
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2),
@@ -242,7 +246,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         raise SystemExit(2) from None
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
                                             priority=settings.fair() and supervised, shared=shared,
-                                            max_inputs=settings.max_inputs))
+                                            max_inputs=settings.max_inputs, max_choices=settings.max_choices))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_size)
     app.on_response_prepare.append(access.add_cors_headers)
     app.on_response_prepare.append(admission.add_rate_headers)
@@ -303,6 +307,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     elif any(k.budget_tokens is not None for k in ring.keys):
         print("vllama serve: --usage-db off: the keys file gives budget_tokens, which need the usage ledger", file=sys.stderr)
         raise SystemExit(2)
+    app[SETTLER] = Settler(bound, bound.queue if settings.fair() else None, shared, app.get(LEDGER), ring)
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
         ("GET", "/api/version", meta.version),

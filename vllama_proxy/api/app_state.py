@@ -44,3 +44,5 @@ ADMISSION = web.AppKey("admission", object)
 ROUTER_SESSIONS = web.AppKey("router_sessions", SessionRelease)
 #: The clients' own session keys in flight, scoped to their caller and bounded (``client_sessions.py``).
 CLIENT_SESSIONS = web.AppKey("client_sessions", ClientSessions)
+#: The settler (``settler.py``): charges each request once, at its end.
+SETTLER = web.AppKey("settler", object)

@@ -19,7 +19,7 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
   1, 1, 2, 4; ``benchmarks/RESULTS.md``, issue 38), because its prompts were charged as if
   prefill took a slot per prompt token. An embeddings, rerank or score request generates nothing and
   is one sequence per input, each in a slot for a step at least: it costs ``W_OUT`` per input
-  (``admission.py`` adds them to the prompt's estimate, ``api/inputs.py`` counts them; counted once,
+  (``admission.py`` adds them to the prompt's estimate, ``gate/bodies.py`` counts them; counted once,
   a key's thousands of inputs cost it nothing). Charged at dispatch as an estimate (the prompt from the
   body's size; the output as the key's recent average, or every key's for a key new to the
   server) and settled when the request ends with vLLM's counts (one lock at each end of a

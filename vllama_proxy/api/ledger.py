@@ -1,6 +1,6 @@
-"""The usage ledger (issue 39): one row per answered request that named a model, kept in a database.
+"""The usage ledger: one row per inference request of a known key (answered or refused), kept in a database.
 
-The request path only appends a :class:`~.ledger_store.Row` (a named tuple) to this process's list
+The settler (``settler.py``) only appends a :class:`~.ledger_store.Row` (a named tuple) to this process's list
 (:meth:`Ledger.record`: no lock, no I/O, no await); a task of each process writes the list in one
 transaction every ``--usage-flush-interval`` seconds, or sooner once ``--usage-flush-rows`` rows wait,
 in a worker thread that takes the GIL a few times per batch, not per row (``ledger_store.py``).
@@ -32,17 +32,12 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Literal
 
-from aiohttp import web
-
 from vllama_proxy.logs import get_logger
 from .ledger_store import Row, Store
-from .metrics import USAGE
 
 log = get_logger("vllama.ledger")
 
 Period = Literal["day", "month"]
-#: Request key: the error text of a request that failed (set by ``app.py``'s error middleware).
-ERROR = "vllama.error"
 
 
 #: Batches of rows kept while the database cannot be written (beyond, the oldest are dropped, logged).
@@ -247,19 +242,3 @@ class Ledger:
         finally:
             if self.store is not None:
                 await asyncio.to_thread(self.store.close)
-
-
-def record_request(ledger: Ledger | None, request: web.Request, key: str, model: str | None, route: str,
-                   status: int, duration_s: float) -> None:
-    """Queue the ledger row of ``request`` (once, when it was answered; nothing when it named no
-    model, as ``metrics.observe_key_usage``, whose counters the rows match). Tokens are those of
-    ``metrics.USAGE`` (0 when vLLM reported none)."""
-    if ledger is None or model is None:
-        return
-    usage = request.get(USAGE) or (0, 0)
-    error = request.get(ERROR)
-    stream_error = request.get("vllama.stream_error")
-    if stream_error is not None:
-        error = stream_error.message
-    ledger.record(Row(ledger.clock(), ledger.host, key, model, route, status, int(usage[0] or 0), int(usage[1] or 0),
-                      round(duration_s * 1000, 2), error[:300] if error else None))  # positional: the cheapest tuple

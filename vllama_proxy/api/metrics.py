@@ -62,25 +62,20 @@ STAGE = Histogram("vllama_request_stage_seconds",
 STAGES = ("handler", "parsed", "upstream_headers", "first_upstream_data", "first_client_write")
 #: The stage histogram's children, bound once (``labels`` per request would cost a dict lookup each).
 _STAGE_CHILDREN = tuple(STAGE.labels(s) for s in STAGES)
-#: Who used what (issue 27): per key name (never the secret; ``-`` on an open server) and served model.
-KEY_REQUESTS = Counter("vllama_key_requests", "Requests that named a model, by key name, model and status class.",
-                       ["key", "model", "status"])
-KEY_PROMPT_TOKENS = Counter("vllama_key_prompt_tokens", "Prompt tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
+#: Who used what: per key name (never the secret; ``-`` on an open server, ``(none)`` for no known key) and
+#: served model (``-`` before one was resolved: a refusal).
+KEY_REQUESTS = Counter("vllama_key_requests", "Inference requests, by key name, served model and status class "
+                       "(refused ones too: model '-' when refused before a model was resolved).", ["key", "model", "status"])
+KEY_PROMPT_TOKENS = Counter("vllama_key_prompt_tokens", "Prompt tokens of answered requests, by key name and model.",
                             ["key", "model"])
-KEY_OUTPUT_TOKENS = Counter("vllama_key_output_tokens", "Output tokens of answered requests (OpenAI routes: when vLLM reports usage), by key name and model.",
+KEY_OUTPUT_TOKENS = Counter("vllama_key_output_tokens", "Output tokens of answered requests, by key name and model.",
                             ["key", "model"])
-#: Request keys: the served model a request named, and its ``(prompt, output)`` tokens once answered.
-MODEL = "vllama.model"
-USAGE = "vllama.usage"
 
 
-def observe_key_usage(request: web.Request, key: str, status: int) -> None:
-    """Count the request under its key and model (once, at the end of the request)."""
-    model = request.get(MODEL)
-    if model is None:
-        return
+def observe_key_usage(key: str, model: str, status: int, usage: tuple[int, int] | None) -> None:
+    """Count one inference request under its key and model, with its ``(prompt, output)`` tokens
+    (once, by the settler: ``settler.py``)."""
     KEY_REQUESTS.labels(key, model, f"{status // 100}xx").inc()
-    usage = request.get(USAGE)
     if usage is not None:
         KEY_PROMPT_TOKENS.labels(key, model).inc(usage[0])
         KEY_OUTPUT_TOKENS.labels(key, model).inc(usage[1])
@@ -96,10 +91,8 @@ def observe_stages(accepted: int, t: Timings, first_write: int) -> None:
             child.observe((mark - accepted) / 1e9)
 
 
-def observe_tpot(request: web.Request, route: str, t: Timings, prompt_tokens: int, tokens: int) -> None:
-    """TPOT of one finished request: first to last token (``t``, ns) over its ``tokens`` output
-    tokens - 1; its ``(prompt_tokens, tokens)`` for the per-key counters (:func:`observe_key_usage`)."""
-    request[USAGE] = (prompt_tokens, tokens)
+def observe_tpot(route: str, t: Timings, tokens: int) -> None:
+    """TPOT of one finished request: first to last token (``t``, ns) over its ``tokens`` output tokens - 1."""
     if tokens > 1 and t.last > t.first:
         TPOT.labels(route).observe((t.last - t.first) / 1e9 / (tokens - 1))
 

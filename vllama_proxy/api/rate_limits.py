@@ -7,7 +7,12 @@ the current minute, gets 429 with ``Retry-After`` (seconds to the next minute) a
 (and the ``-tokens`` three) headers; an admitted request carries the same headers. The window is
 the wall-clock minute (a fixed window, as LiteLLM's): one counter pair per key in shared memory,
 reset by whoever first sees a new minute, under :class:`~vllama_proxy.supervisor.shared_lock.SharedLock`.
-Tokens are counted once per request, at its end (never per token).
+
+Tokens are reserved, then settled (as LiteLLM reserves spend per request): an admitted request of a key with
+``tpm`` adds its worst case (prompt estimate + its capped output, ``admission.py``) to the minute at once, and
+its end replaces that with what it used (never per token). A key is refused once the minute's tokens, those
+reserved by its requests in flight included, reach ``tpm``: requests sent at once can no longer each find the
+minute unspent, so the minute is overspent by at most one request's reservation.
 """
 
 from __future__ import annotations
@@ -53,24 +58,51 @@ class RateLimits:
         if self._minute[key] != minute:
             self._minute[key], self._requests[key], self._tokens[key] = minute, 0, 0
 
-    def admit(self, key: int, rpm: int | None, tpm: int | None) -> tuple[str | None, dict[str, str]]:
-        """Count one request of key counter ``key`` if it is within ``rpm`` and ``tpm``.
+    def admit(self, key: int, rpm: int | None, tpm: int | None, reserve: int = 0) -> tuple[str | None, dict[str, str], int]:
+        """Count one request of key counter ``key`` if it is within ``rpm`` and ``tpm``, and reserve its
+        ``reserve`` tokens (its worst case) in the minute when the key has ``tpm``.
 
         Returns:
-            ``(None, headers)`` when admitted, ``(what, headers)`` when refused (``what``: the limit
-            reached, ``"rpm"`` or ``"tpm"``); ``headers``: OpenAI's ``x-ratelimit-*`` for the limits
-            the key has, plus ``Retry-After`` when refused. Nothing is counted for a key without limits.
+            ``(None, headers, minute)`` when admitted, ``(what, headers, minute)`` when refused (``what``: the
+            limit reached, ``"rpm"`` or ``"tpm"``); ``headers``: OpenAI's ``x-ratelimit-*`` for the limits the
+            key has, plus ``Retry-After`` when refused; ``minute``: the window counted in (:meth:`settle`'s).
+            Nothing is counted for a key without limits.
         """
         if rpm is None and tpm is None:
-            return None, {}
+            return None, {}, 0
         now = self.clock()
+        minute = int(now // WINDOW)
         with self._lock.held():
             self._roll(key, now)
             used, spent = self._requests[key], self._tokens[key]
             refused = "rpm" if rpm is not None and used >= rpm else "tpm" if tpm is not None and spent >= tpm else None
             if refused is None:
                 used = self._requests[key] = used + 1
-        return refused, headers(rpm, tpm, used, spent, reset_in(now), refused)
+                if tpm is not None and reserve > 0:
+                    self._tokens[key] = spent + reserve
+        return refused, headers(rpm, tpm, used, spent, reset_in(now), refused), minute
+
+    def reserve(self, key: int, tokens: int) -> int:
+        """Reserve ``tokens`` of ``key``'s minute without checking (the shared store admitted the request and
+        reserved them there; this front's minute goes on beside it). Returns the minute."""
+        now = self.clock()
+        with self._lock.held():
+            self._roll(key, now)
+            if tokens > 0:
+                self._tokens[key] += tokens
+        return int(now // WINDOW)
+
+    def settle(self, key: int, reserved: int, minute: int, used: int) -> None:
+        """A request of ``key`` that reserved ``reserved`` tokens in ``minute`` ended having used ``used``:
+        the reservation becomes the use. In a later minute the use is counted there (the reservation went
+        with its minute)."""
+        now = self.clock()
+        with self._lock.held():
+            self._roll(key, now)
+            if int(now // WINDOW) == minute:
+                self._tokens[key] = max(self._tokens[key] + used - reserved, 0)
+            elif used > 0:
+                self._tokens[key] += used
 
     def count(self, key: int) -> None:
         """Count one request of ``key`` without checking it: the shared store (``shared_state.py``)

@@ -28,6 +28,8 @@ from aiohttp import web
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_json, read_some
 from .app_state import ACCEPTED
+from .call import call_of
+from .fair_queue import prompt_tokens_guess
 from .metrics import TTFT, observe_stages, observe_tpot
 from .ndjson import begin
 from .translate.to_ollama import Translator, response_chunk, unstreamed_timings
@@ -65,8 +67,14 @@ async def _unstreamed(request: web.Request, resp: Any, translator: Translator) -
     unstreamed_timings(t, data, end)
     observe_stages(request.get(ACCEPTED) or t.received, t, 0)
     final = translator.final()
-    observe_tpot(request, request.path, t, translator.prompt_eval_count, translator.output_tokens)
+    _charged(request, t, translator)
     return web.Response(body=orjson.dumps(final), content_type="application/json")
+
+
+def _charged(request: web.Request, t: Any, translator: Translator) -> None:
+    """A finished answer's TPOT observed and its ``(prompt, output)`` tokens left for the settler."""
+    call_of(request).usage = (translator.prompt_eval_count, translator.output_tokens)
+    observe_tpot(request.path, t, translator.output_tokens)
 
 
 async def relay(
@@ -123,7 +131,7 @@ async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, trans
     final = translator.final()
     if t.first:
         TTFT.labels(request.path).observe((t.first - t.received) / 1e9)
-    observe_tpot(request, request.path, t, translator.prompt_eval_count, translator.output_tokens)
+    _charged(request, t, translator)
     return web.Response(body=orjson.dumps(final), content_type="application/json")
 
 
@@ -158,11 +166,14 @@ async def _streamed(request: web.Request, upstream: Upstream, resp: Any, transla
         if not translator.finished:
             raise _unfinished()
         last = dumps(translator.final()) + b"\n"
-        observe_tpot(request, route, t, translator.prompt_eval_count, translator.output_tokens)
+        _charged(request, t, translator)
     except VllamaError as e:
         if out is None:
             raise  # nothing sent yet: the client gets the status and the error
-        request["vllama.stream_error"] = e
+        call = call_of(request)
+        call.stream_error = e
+        if translator.output_tokens:  # what was relayed before vLLM failed was made, and read
+            call.usage = (translator.prompt_eval_count or int(prompt_tokens_guess(call.body)), translator.output_tokens)
         last = error_line(e)
     finally:
         watch.close()

@@ -72,7 +72,8 @@ RETRY_AFTER_FAILURE = 5.0
 
 # KEYS: the key's rpm and tpm counters of this minute, the holders set, this holder's hash.
 # ARGV: key name, rpm, tpm ('' for none), rate ttl, max ('' for none), holder ttl, holder id, prefix,
-# rate ('1': count the request in the minute), count ('1': count it in flight).
+# rate ('1': count the request in the minute), count ('1': count it in flight), reserve (tokens reserved in the
+# minute for an admitted request of a key with tpm: its worst case, settled by _FINISH).
 # Returns {refused ('' | 'rpm' | 'tpm' | 'max_in_flight'), requests this minute (this one included
 # when counted), tokens this minute, the key's requests in flight over every live holder before it}.
 _ADMIT = """
@@ -84,6 +85,10 @@ if ARGV[9] ~= '' then
   if ARGV[3] ~= '' and spent >= tonumber(ARGV[3]) then return {'tpm', used, spent, 0} end
   used = redis.call('INCR', KEYS[1])
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
+  if ARGV[3] ~= '' and tonumber(ARGV[11]) > 0 then
+    redis.call('INCRBY', KEYS[2], ARGV[11])
+    redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
+  end
 end
 if ARGV[10] == '' then return {'', used, spent, 0} end
 local total = 0
@@ -103,15 +108,16 @@ return {'', used, spent, total}
 """
 
 # KEYS: this holder's in-flight hash, the key's tpm counter of this minute, the key's served hash.
-# ARGV: key name, places to give back, tokens, tpm ttl, service, front ('' for none), served ttl.
+# ARGV: key name, places to give back, tokens (a reservation's settling may be negative), tpm ttl, service,
+# front ('' for none), served ttl.
 # Returns the served hash (front, service, ...) when a front is given, else {}.
 _FINISH = """
 local back = tonumber(ARGV[2])
 if back > 0 then
   if redis.call('HINCRBY', KEYS[1], ARGV[1], -back) <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
 end
-if tonumber(ARGV[3]) > 0 then
-  redis.call('INCRBY', KEYS[2], ARGV[3])
+if tonumber(ARGV[3]) ~= 0 then
+  if redis.call('INCRBY', KEYS[2], ARGV[3]) < 0 then redis.call('SET', KEYS[2], 0) end
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
 end
 if ARGV[6] == '' then return {} end
@@ -144,15 +150,17 @@ class KeyState(Protocol):
     async def close(self) -> None: ...
 
     async def admit(self, key: str, rpm: int | None, tpm: int | None, max_in_flight: int | None,
-                    count: bool) -> Admission | None:
+                    count: bool, reserve: int = 0) -> Admission | None:
         """Count one request of ``key`` in this minute, unless it reached ``rpm`` or spent ``tpm``
-        (both ``None``: not counted there), then, with ``count``, in flight, unless it has
-        ``max_in_flight`` over every front. One round trip, atomic in the store. ``None`` when the
-        store did not answer (nothing counted there)."""
+        (both ``None``: not counted there), and reserve its ``reserve`` tokens in the minute (with ``tpm``);
+        then, with ``count``, count it in flight, unless it has ``max_in_flight`` over every front. One round
+        trip, atomic in the store. ``None`` when the store did not answer (nothing counted there)."""
 
-    async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None) -> float | None:
-        """A request of ``key`` ended: give back its place (``leave``: ``admit`` counted it), add its
-        ``tokens`` to the minute and, with ``served``, its service to this front's share of the key's.
+    async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None,
+                     reserved: int = 0, minute: int | None = None) -> float | None:
+        """A request of ``key`` ended: give back its place (``leave``: ``admit`` counted it), replace the
+        ``reserved`` tokens it reserved in ``minute`` with the ``tokens`` it used (in a later minute they count
+        there) and, with ``served``, add its service to this front's share of the key's.
 
         Returns the key's service on every other front (``served`` given and the store answered), else ``None``.
         """
@@ -227,7 +235,7 @@ class RedisKeyState:
         return True
 
     async def admit(self, key: str, rpm: int | None, tpm: int | None, max_in_flight: int | None,
-                    count: bool) -> Admission | None:
+                    count: bool, reserve: int = 0) -> Admission | None:
         now = self._clock()
         reset = max(WINDOW - now % WINDOW, 0.001)
         rate = rpm is not None or tpm is not None
@@ -240,22 +248,26 @@ class RedisKeyState:
             refused, used, spent, before = await self._admit(
                 keys=[f"{PREFIX}rpm:{key}:{minute}", f"{PREFIX}tpm:{key}:{minute}", self._holders, self._mine],
                 args=[key, _arg(rpm), _arg(tpm), 2 * WINDOW, _arg(max_in_flight), self._ttl, self.holder, PREFIX,
-                      "1" if rate else "", "1" if count else ""])
+                      "1" if rate else "", "1" if count else "", max(int(reserve), 0)])
         except Exception as e:  # noqa: BLE001 - no store: this front's own limits
             self._unreachable(e)
             return None
         what = refused.decode() if isinstance(refused, bytes) else str(refused)
         return Admission(what or None, int(used), int(spent), reset, int(before))
 
-    async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None) -> float | None:
+    async def finish(self, key: str, *, leave: bool = False, tokens: int = 0, served: float | None = None,
+                     reserved: int = 0, minute: int | None = None) -> float | None:
+        now_minute = int(self._clock() // WINDOW)
         tokens = max(tokens, 0)
+        if reserved and (minute is None or minute == now_minute):
+            tokens -= reserved  # the reservation becomes the use (it went with its minute otherwise)
         if not leave and not tokens and served is None:
             return None
         if not self._up():
             if leave:
                 self._owed[key] = self._owed.get(key, 0) + 1
             return None
-        tpm = f"{PREFIX}tpm:{key}:{int(self._clock() // WINDOW)}"
+        tpm = f"{PREFIX}tpm:{key}:{now_minute}"
         try:
             got = await self._finish(keys=[self._mine, tpm, f"{PREFIX}served:{key}"],
                                      args=[key, int(leave), tokens, 2 * WINDOW, repr(float(served or 0.0)),

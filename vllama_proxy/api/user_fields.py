@@ -1,10 +1,10 @@
 """What of a ``/v1`` body a key of role ``user`` may send to vLLM: an allow-list of top-level fields per route.
 
-The Ollama routes and the agents' (``/v1/messages``, ``/v1/responses``) are translated, so vLLM sees only
-fields vllama wrote. The ``/v1`` inference routes relay the client's JSON: there a field vLLM acts on reaches
-the engine that every tenant shares. vLLM 0.32's request models (``ChatCompletionRequest``,
-``CompletionRequest``, ``EmbeddingCompletionRequest``/``EmbeddingChatRequest``, ``RerankRequest`` and the
-``Score*Request`` models, read from its CPU build) take OpenAI's fields, its sampling extras, and fields for
+The Ollama routes are translated, so vLLM sees only fields vllama wrote. The ``/v1`` inference routes and the
+agents' (``/v1/messages``, ``/v1/responses``) relay the client's JSON: there a field vLLM acts on reaches the
+engine that every tenant shares. vLLM 0.32's request models (``ChatCompletionRequest``,
+``CompletionRequest``, ``EmbeddingCompletionRequest``/``EmbeddingChatRequest``, ``RerankRequest``, the
+``Score*Request`` models, ``ResponsesRequest`` and the Anthropic ones, read from its CPU build) take OpenAI's fields, its sampling extras, and fields for
 the operator's own machinery: disaggregated prefill's
 ``kv_transfer_params``, custom logits processors' ``vllm_xargs``, its internal ``request_id``, the
 multimodal processor's and media loader's arguments (a request's own ``max_pixels`` or video frames: GPU work
@@ -57,6 +57,23 @@ ALLOWED: dict[str, frozenset[str]] = {
     }),
     "/v1/rerank": _COMMON | _SCORING | frozenset({"query", "documents", "top_n"}),
     "/v1/score": _COMMON | _SCORING | frozenset({"text_1", "text_2", "data_1", "data_2", "queries", "documents", "items"}),
+    # the agents' routes (vLLM's ResponsesRequest, AnthropicMessagesRequest, AnthropicCountTokensRequest)
+    "/v1/responses": _COMMON | frozenset({
+        "input", "instructions", "max_output_tokens", "max_tool_calls", "metadata", "logit_bias", "parallel_tool_calls",
+        "prompt", "reasoning", "include_reasoning", "service_tier", "store", "stream", "temperature", "text",
+        "tool_choice", "tools", "top_logprobs", "top_p", "top_k", "min_p", "truncation", "skip_special_tokens",
+        "include_stop_str_in_output", "presence_penalty", "frequency_penalty", "prompt_cache_key", "watermarking",
+        "structured_outputs", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "include",
+        "chat_template_kwargs", "enable_response_messages", "previous_input_messages", "background",
+        "previous_response_id",
+    }),
+    "/v1/messages": frozenset({
+        "model", "messages", "max_tokens", "metadata", "output_config", "thinking", "stop_sequences", "stream", "system",
+        "temperature", "tool_choice", "tools", "top_k", "top_p", "cache_salt", "watermarking", "chat_template_kwargs",
+    }),
+    "/v1/messages/count_tokens": frozenset({
+        "model", "messages", "output_config", "system", "thinking", "tool_choice", "tools", "chat_template_kwargs",
+    }),
 }
 #: vLLM 0.32's own request fields for the operator's machinery: refused from a user key.
 OPERATORS = frozenset({
@@ -66,8 +83,8 @@ OPERATORS = frozenset({
 
 
 def user_body(path: str, data: dict[str, Any]) -> None:
-    """Keep of ``data`` (the JSON body of a user key's request to ``path``) the fields of :data:`ALLOWED`,
-    in place; a path not listed there is left as it is.
+    """Keep of ``data`` (the JSON body of a user key's request to ``path``, or the fields of it the gate does not
+    type: ``gate/gate.py``) the fields of :data:`ALLOWED`, in place; a path not listed there is left as it is.
 
     Raises:
         BadRequest: a field of :data:`OPERATORS`, named.

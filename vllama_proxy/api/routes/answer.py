@@ -3,7 +3,7 @@
 The handlers parse, resolve the model and build the body (``translate/to_openai.py``); from there
 the two are the same: a non-streamed request to a vLLM that reports per-request timings asks it
 for one unstreamed answer, the conversation's key goes upstream for a router, the model is held
-for the request, the output tokens are capped, and the answer is relayed back through the
+for the request, the body is finished (``finisher.py``), and the answer is relayed back through the
 route's translator (``relay.py``, ``translate/to_ollama.py``).
 """
 
@@ -15,22 +15,19 @@ from typing import Any
 from aiohttp import web
 
 from vllama_proxy.errors import UpstreamRejected
+from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
 from .. import session
-from ..admission import with_priority
-from ..api_keys import key_of
-from ..cache_salt import salted
 from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
+from ..call import call_of
 from ..fair_queue import prompt_tokens_guess
-from ..metrics import USAGE
-from ..request_body import BODY
+from ..finisher import finish
 from ..relay import relay
 from ..timestamps import Timings
 from ..translate.to_ollama import Translator
 from ..translate.to_openai import final_only, unstreamed
 from .model_use import model_in_use
-from .output_tokens import cap_output
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
@@ -53,15 +50,16 @@ async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str)
 
 async def answer(request: web.Request, name: str, model: ServedModel, backend: Backend, path: str, body: dict[str, Any],
                  translator: type[Translator], timings: Timings, *, stream: bool, keep_alive: Any,
-                 session_key: str | None) -> web.StreamResponse:
+                 session_key: str | None, made: CreatedModel | None = None) -> web.StreamResponse:
     """Send ``body`` to the model's vLLM at ``path`` (``/v1/chat/completions`` or ``/v1/completions``)
     and answer in Ollama's format: NDJSON when ``stream``, else one JSON object.
 
     Args:
         name: the model's name as the client sent it (echoed in every chunk).
         model, backend: the resolved model and its vLLM server (``model_use.resolve_model``).
-        body: vLLM's request body, completed here (``max_tokens``, ``priority``, the key's ``cache_salt``:
-            ``cache_salt.py``, and ``to_openai.unstreamed`` when vLLM reports timings: ``to_openai.final_only``).
+        body: vLLM's request body as translated, completed by the finisher (``finisher.py``: the model's
+            adapter, ``priority``, the key's ``cache_salt``, the output capped) once the model is held, and
+            asked unstreamed (``to_openai.unstreamed``) when vLLM reports timings (``to_openai.final_only``).
         translator: the route's ``to_ollama`` translator class, built with ``timings``.
         keep_alive: the request's ``keep_alive`` (``model_use.model_in_use``).
         session_key: the conversation's key for a router in front of several engines
@@ -69,32 +67,32 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
             its caller and bounded in flight: ``api/client_sessions.py``); ``None`` with
             ``--request-sessions on``: a one-request key, released at the router when the
             answer ends, however it ends (``router_sessions.py``).
+        made: the created model the client named (``None``: a served model).
 
-    Raises what ``model_in_use``, ``cap_output`` and ``relay`` raise before the first byte
+    Raises what ``model_in_use``, ``finish`` and ``relay`` raise before the first byte
     (the model cannot be loaded, the context is full, vLLM refused the request). A client that leaves
     mid-answer is charged the chunks it was sent (the translator's count: vLLM sends one a token) and
-    its prompt by the body's size, unless vLLM's usage came first: before, a key read all but the last
-    token and left for nothing against its budget, tpm and fair share.
+    its prompt by the body's size, unless vLLM's usage came first.
     """
     whole = not stream and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
     if whole:
         unstreamed(body)
-    salted(body, key_of(request).cache_salt)  # the key's own share of the prefix cache
     out = translator(name, timings, aggregate=not stream)
     settings = request.app[SETTINGS]
+    call = call_of(request)
     with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends
         sent, release = session.placement(settings.session_header, own, session_key, settings.request_sessions == "on")
         headers = {**session.JSON, **sent}
         async with model_in_use(request, backend, keep_alive):
             if path == "/v1/completions" and "max_tokens" not in body:
                 body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
-            await cap_output(request, backend.upstream, model, body, ("max_tokens",))  # num_predict within the context and the key's cap
+            await finish(request, call, body, path, served=model.name, model=model, upstream=backend.upstream, made=made)
             try:
-                return await relay(request, backend.upstream, path, with_priority(request, body), out, stream=stream, headers=headers,
+                return await relay(request, backend.upstream, path, body, out, stream=stream, headers=headers,
                                    final_only=whole)
             except (ConnectionError, asyncio.CancelledError):  # the client left mid-answer: vLLM's tokens so far were made
-                if USAGE not in request and out.output_tokens:
-                    request[USAGE] = (out.prompt_eval_count or int(prompt_tokens_guess(request.get(BODY))), out.output_tokens)
+                if call.usage is None and out.output_tokens:
+                    call.usage = (out.prompt_eval_count or int(prompt_tokens_guess(call.body)), out.output_tokens)
                 raise
             finally:
                 if release is not None:  # after the answer's last byte, or its error, or the client's leaving

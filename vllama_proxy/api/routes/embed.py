@@ -1,10 +1,9 @@
 """``POST /api/embed`` and legacy ``POST /api/embeddings`` -> vLLM ``/v1/embeddings``.
 
-Each answer's prompt tokens (vLLM's ``usage``) are the request's usage (``metrics.USAGE``): the key's
-``budget_tokens``, ``tpm``, fair share and ledger row count them, as they count a relayed
-``/v1/embeddings``'. Each request reaches vLLM with its vLLM ``priority`` (with fair sharing: a key's
-later requests after the other keys' in vLLM's queue). How many inputs a user key may send at once is
-admission's (``api/inputs.py``)."""
+Each answer's prompt tokens (vLLM's ``usage``) are the request's usage (``call.usage``): the settler charges
+them to the key's ``budget_tokens``, ``tpm``, fair share and ledger row, as it charges a relayed
+``/v1/embeddings``'. Each body is finished as every route's (``finisher.py``: its vLLM ``priority``, its key's
+``cache_salt``). How many inputs a user key may send at once is the gate's (``gate/gate.py``)."""
 
 from __future__ import annotations
 
@@ -15,14 +14,13 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
-from vllama_proxy.models.vllm_servers import Backend
+from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from .body import read_request
 from ..api_keys import key_of
-from ..cache_salt import salted
+from ..call import call_of
+from ..finisher import finish
 from .model_use import lookup_model, model_in_use, resolve_model
-from ..admission import with_priority
 from ..app_state import SETTINGS
-from ..metrics import USAGE
 from ..timestamps import now_ns
 from ..ollama_types import EmbedRequest, EmbeddingsRequest
 
@@ -33,16 +31,16 @@ def l2_normalize(vec: list[float]) -> list[float]:
     return [x / norm for x in vec] if norm else vec
 
 
-async def _embeddings(request: web.Request, backend: Backend, name: str, served: str, inputs: list[str],
+async def _embeddings(request: web.Request, backend: Backend, name: str, model: ServedModel, inputs: list[str],
                       truncate: bool) -> tuple[list[list[float]], int]:
-    """``(vectors, prompt tokens)`` of ``inputs`` from vLLM's ``/v1/embeddings``, sent with the request's vLLM
-    ``priority`` (``admission.with_priority``), as the other routes send theirs, and its key's ``cache_salt``.
+    """``(vectors, prompt tokens)`` of ``inputs`` from vLLM's ``/v1/embeddings``, the body finished as every
+    route's is (``finisher.py``: the request's vLLM ``priority``, its key's ``cache_salt``).
 
     Raises:
         UnsupportedCapability: a generation model (vLLM serves no ``/v1/embeddings`` for it: 404).
         UpstreamError: vLLM's other failures."""
-    body: dict[str, Any] = with_priority(request, {"model": served, "input": inputs, "encoding_format": "float"})
-    salted(body, key_of(request).cache_salt)  # the key's own share of the prefix cache (a causal last-token pooler uses it)
+    body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
+    await finish(request, call_of(request), body, "/v1/embeddings", served=model.name, model=model, upstream=backend.upstream)
     if truncate:
         body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
     try:
@@ -77,15 +75,15 @@ async def embed(request: web.Request) -> web.Response:
     if inputs:
         assert backend is not None
         # a user key's long list goes in parts of --max-inputs, one after another: Ollama takes any number, and vLLM
-        # never holds more of this request's inputs at once than the bound lets one request send (api/inputs.py)
+        # never holds more of this request's inputs at once than the bound lets one request send (api/gate/gate.py)
         most = len(inputs) if key_of(request).admin else request.app[SETTINGS].max_inputs
         async with model_in_use(request, backend, req.keep_alive):
             for start in range(0, len(inputs), most):
-                part, tokens = await _embeddings(request, backend, name, model.name, inputs[start:start + most],
+                part, tokens = await _embeddings(request, backend, name, model, inputs[start:start + most],
                                                  req.truncate is not False)
                 vectors += part
                 count += tokens
-        request[USAGE] = (count, 0)  # charged: without it an Ollama client's embeddings were free
+        call_of(request).usage = (count, 0)  # charged by the settler
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -108,7 +106,7 @@ async def embeddings(request: web.Request) -> web.Response:
     if req.prompt:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, count = await _embeddings(request, backend, name, model.name, [req.prompt], True)
-        request[USAGE] = (count, 0)
+            vectors, count = await _embeddings(request, backend, name, model, [req.prompt], True)
+        call_of(request).usage = (count, 0)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

@@ -35,6 +35,7 @@ from vllama_proxy.models.pull_room import PullLimits
 
 from ..app_state import CATALOG, SETTINGS
 from ..ollama_types import ModelRef, require_model
+from ..call import call_of
 from ..ndjson import NDJSON
 from .body import read_request
 from .create import unload_adapter
@@ -80,7 +81,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
         except VllamaError as e:
             if out is None:
                 raise
-            request["vllama.stream_error"] = e
+            call_of(request).stream_error = e
             await out.write_eof(error_line(e))
             return out
     if out is None:  # cannot happen: the last event is "success", after the manifest

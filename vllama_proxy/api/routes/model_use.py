@@ -29,7 +29,7 @@ from vllama_proxy.models.keep_alive import parse_keep_alive
 
 from ..app_state import CATALOG, SETTINGS, WORKER
 from ..api_keys import Key, key_of
-from ..metrics import MODEL
+from ..call import call_of
 from ..ollama_types import require_model
 from ..timestamps import CLOCK
 
@@ -54,7 +54,7 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
                             "this server starts models on demand for admin keys only (--on-demand-admin-only)")
         model = await catalog.resolve(name, claim=True)
         backend = catalog.backend_of(model)
-    request[MODEL] = model.name  # for the per-key counters (metrics.py)
+    call_of(request).model = model.name  # charged to it (settler.py)
     return name, model, backend
 
 

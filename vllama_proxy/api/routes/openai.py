@@ -1,9 +1,12 @@
-"""``/v1/*`` passed to vLLM unchanged (streaming included), with Ollama model names mapped.
+"""``/v1/*`` relayed to vLLM: the OpenAI-compatible routes as Copilot and every OpenAI client send them to
+Ollama's own OpenAI layer, and (through ``agents.py``) the agents' routes.
 
-Copilot and every OpenAI client send inference here, as they would to Ollama's
-own OpenAI-compatible surface. The ``model`` field of a JSON body picks the vLLM
-server and is rewritten (``qwen2.5:1.5b`` -> the served name); the answer is
-relayed byte for byte (but the usage chunk of a stream that did not ask for it: ``_ask_usage``).
+A JSON body reaches a handler typed and checked by the gate (``gate/gate.py``); what vLLM receives is built
+from it: the gate's checked fields, the model named as vLLM serves it, completed by the finisher
+(``finisher.py``: priority, the key's caches, the output cap, a stream's usage, a created model's defaults).
+The answer is relayed as vLLM writes it, but for the usage chunk of a stream that did not ask for it
+(``_Events``) and a created model's name where vLLM wrote its base's. The settler (``settler.py``) charges
+what the answer's usage says, or, for a stream its client left, what was relayed.
 ``GET /v1/models`` lists every model vllama launched. vllama's own refusals are raised into ``errors.py``'s tree
 (OpenAI's error shape on ``/v1``: ``api/app.py``); an upstream failure after the answer began ends an SSE stream with
 that object as its last event (``errors.error_event``), as vLLM ends its own.
@@ -12,33 +15,31 @@ that object as its last event (``errors.error_event``), as vLLM ends its own.
 from __future__ import annotations
 
 import asyncio
-import email.policy
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from email.parser import BytesParser
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import BadRequest, FormNotAccepted, ModelNotFound, NoSuchModel, TooManyChoices, UpstreamError, error_event, shape_of
+from vllama_proxy.errors import (BadRequest, ModelNotFound, NoSuchModel, UnsupportedCapability, UpstreamError, error_event,
+                                 shape_of)
+from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..relay import in_own_task
 from ..request_body import read_body
+from ..translate.to_openai import upstream_model
 from .model_use import check_model, may_list, model_in_use, refuse_outside
-from ..ollama_types import MAX_STOPS, check_depth
-from ..user_fields import user_body
-from ..cache_salt import own_caches
-from ..admission import with_priority
 from ..api_keys import key_of
-from ..metrics import MODEL, USAGE
+from ..call import Call, call_of
 from ..fair_queue import prompt_tokens_guess
+from ..finisher import finish
+from ..gate.bodies import Body
+from ..gate.gate import upstream_fields
 from ..app_state import CATALOG, CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from .. import session
 from ..client_sessions import ROUTER_HEADERS
-from ..translate.to_openai import OUTPUT_TOKEN_FIELDS
-from .output_tokens import cap_output
 
 _FORWARD_PLAIN = ("Content-Type", "Accept")
 #: ... and a router's session keys as the client sent them (vllm-router's hash_key.rs), where they are not
@@ -78,215 +79,72 @@ async def _models(request: web.Request) -> web.Response | None:
         raise NoSuchModel(wanted) from None
 
 
-async def _route(request: web.Request, body: bytes) -> tuple[Any, ServedModel | None, Backend]:
-    """``(parsed body, its model, the backend it goes to)``, decided from vllama's own parse of the body
-    (the parsed body is ``None`` for a form or no body; :func:`_forwarded` writes what is sent).
-
-    Every body is parsed here, once, strictly (orjson: no ``NaN``/``Infinity``, no lone surrogate,
-    nothing after the value), whatever its ``Content-Type`` (vLLM reads a body without one as JSON);
-    one that does not parse is a 400 and never forwarded, and what is
-    forwarded is the parsed body written again (``model`` mapped to the served name, the vLLM
-    ``priority``, the key's ``cache_salt`` and media uuids: ``cache_salt.py``, the output tokens capped:
-    :func:`translate.cap_output_tokens`), so vLLM reads
-    exactly what was checked (issue 38). A ``multipart/form-data`` body (audio) is checked by its
-    one ``model`` field and forwarded as sent; on any other route it is a 415 (:data:`_FORM_ROUTES`).
+async def _route(request: web.Request, call: Call) -> tuple[Any, ServedModel | None, Backend, CreatedModel | None]:
+    """``(what goes upstream, its model, the backend it goes to, the created model it names)``, from the gate's
+    typed request (``call.typed``; what goes upstream is ``None`` for a form or no body, forwarded as sent).
 
     The key is checked against the model before anything is claimed or loaded: the name is looked
-    up first, and only an allowed request for an on-demand model claims its slot. With one backend,
-    a request without a model (or naming one vllama does not know, which the key's patterns allow)
-    goes there and vLLM answers in its own words; with several that is answered here, no vLLM
-    woken for it: 400 without a model, 404 for an unknown one (in vLLM's words).
+    up first, and only an allowed request for an on-demand model claims its slot. With one backend, a
+    request without a model goes to the served default, and is charged to it; one naming a model vllama
+    does not know (which the key's patterns allow) goes there and vLLM answers in its own words. With
+    several that is answered here, no vLLM woken for it: 400 without a model, 404 for an unknown one.
 
     Raises:
-        BadRequest: a body that does not parse, nests too deep (``ollama_types.check_depth``), has too
-            many stop entries (:func:`check_stops`), gives a field a user key may not send
-            (``user_fields.user_body``) or a ``cache_salt`` vLLM would refuse; with several models,
-            none named (``param`` ``model``).
-        TooManyChoices: a user key's ``n`` x prompts over ``--max-choices``.
+        BadRequest: with several models, none named (``param`` ``model``).
         NoSuchModel: with several models, a name none of them has (404).
         Forbidden: the key may not use the model (403).
     """
     catalog = request.app[CATALOG]
     key = key_of(request)
     one = len(catalog.backends) == 1
-    form = request.content_type == "multipart/form-data"
-    data: Any = None
-    name: Any = None
-    if form and request.path not in _FORM_ROUTES:  # an allow-list: only the audio routes take a form
-        raise FormNotAccepted(f"{request.path} takes a JSON body, not multipart/form-data")
-    if body and form:
-        name = _form_model(request.headers.get("Content-Type", ""), body)
-    elif body:
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as e:
-            raise BadRequest(f"invalid JSON: {e}") from None
-        if isinstance(data, (dict, list)):
-            check_depth(data)
-        name = data.get("model") if isinstance(data, dict) else None
-        if isinstance(data, dict) and request.method == "POST":
-            if request.path in _STREAMED_USAGE:
-                check_stops(data)
-                if not key.admin:
-                    _check_choices(data, request.app[SETTINGS].max_choices)
-            if not key.admin:
-                user_body(request.path, data)  # an allow-list of fields: nothing of vLLM's own machinery
-            if request.path in _SALTED:
-                own_caches(data, key.cache_salt)  # the key's own prefix and media caches (a uuid names its key's item)
-    if not isinstance(name, str):
+    data = upstream_fields(call)
+    name = call.asked
+    if name is None:
         if not one:
             raise BadRequest("you must provide a model parameter", param="model")
         default = catalog.backends[0]
-        if default.model is not None:  # a key limited to some models may not reach this one unnamed
-            check_model(key, default.model.name, default.model)
-        return data, default.model, default
+        model = default.model
+        if model is None:  # --upstream: the first model that vLLM lists
+            model = next(iter(await catalog.models()), None)
+        if model is not None:  # a key limited to some models may not reach this one unnamed
+            check_model(key, model.name, model)
+            call.model = model.name
+            if isinstance(data, dict) and request.method == "POST":
+                data["model"] = model.name
+        return data, model, default, None
     try:
-        model = await catalog.resolve(name)  # a lookup: claims, loads and evicts nothing (issue 38)
+        made = catalog.created(name)
+        model = await catalog.resolve(name, made=made)  # a lookup: claims, loads and evicts nothing
     except ModelNotFound:
         refuse_outside(key, name)
         if one:
-            return data, None, catalog.backends[0]  # vLLM answers the 404 in its own words
+            return data, None, catalog.backends[0], None  # vLLM answers the 404 in its own words
         raise NoSuchModel(name) from None
-    check_model(key, name, model, catalog.created(name))
+    check_model(key, name, model, made)
     if request.method == "POST" and not catalog.is_configured(model):
         try:  # inference claims an on-demand slot, only now that the key may use it
-            model = await catalog.resolve(name, claim=True)
+            model = await catalog.resolve(name, claim=True, made=made)
         except ModelNotFound:
             raise NoSuchModel(name) from None
-    request[MODEL] = model.name
+    call.model = model.name
     backend = catalog.backend_of(model)
     if isinstance(data, dict):
         data["model"] = model.name
-    return data, model, backend
+    return data, model, backend, made
 
 
-def _check_choices(data: dict[str, Any], most: int) -> None:
-    """Refuse a request that would start more than ``most`` sequences in vLLM: its ``n`` (vLLM's
-    ``SamplingParams.n``, the beam width with ``use_beam_search``) times its prompts (a ``/v1/completions``
-    ``prompt`` may be a list of them, and so may its ``prompt_embeds``, with ``--enable-prompt-embeds``). vLLM bounds neither, and each of them holds a running slot and
-    generates up to ``max_tokens``, while vllama's admission bound and a key's share count the request
-    once: one user's ``n: 500`` took more of vLLM than 500 requests of its share would have.
-
-    Raises:
-        TooManyChoices: over ``most`` (``--max-choices``)."""
-    n = data.get("n")
-    n = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    prompts = max(_prompts(data.get("prompt")) + _prompts(data.get("prompt_embeds")), 1)
-    if n * prompts > most:
-        raise TooManyChoices(f"this request asks for {n * prompts} sequences at once (n {n} x {prompts} prompts); a key "
-                             f"of role user may ask for at most {most} (--max-choices): send several requests")
-
-
-def _prompts(value: Any) -> int:
-    """The prompts of a ``/v1/completions`` ``prompt`` or ``prompt_embeds`` (vLLM 0.32 ``CompletionRequest``:
-    a string, token ids or one base64 tensor is one; a list of them is each; absent or empty is none)."""
-    if isinstance(value, list):
-        return len(value) if value and not isinstance(value[0], int) else 1 if value else 0
-    return 1 if value else 0
-
-
-def check_stops(data: dict[str, Any], fields: tuple[str, ...] = ("stop", "stop_token_ids", "bad_words")) -> None:
-    """Refuse a ``stop``, ``stop_token_ids`` or ``bad_words`` list (Anthropic's ``stop_sequences``:
-    ``agents.py``) of more than ``ollama_types.MAX_STOPS`` entries: vLLM pays for each on every token,
-    in loops other users' requests share (its docstring).
-
-    Raises:
-        BadRequest: over the bound, naming the field."""
-    for field in fields:
-        value = data.get(field)
-        if isinstance(value, list) and len(value) > MAX_STOPS:
-            raise BadRequest(f"invalid {field}: at most {MAX_STOPS} entries, not {len(value)}")
-
-
-async def _forwarded(request: web.Request, body: bytes, data: Any, model: ServedModel | None, backend: Backend) -> bytes:
-    """What is forwarded: the parsed JSON ``data`` written again (for a POST with the priority, and
-    the output tokens capped: ``output_tokens.cap_output``), or ``body`` as sent when it was no
-    JSON (a form, or none). Runs with the model held (its ``/tokenize`` may be asked)."""
+async def _forwarded(request: web.Request, call: Call, body: bytes, data: Any, model: ServedModel | None, backend: Backend,
+                     made: CreatedModel | None) -> bytes:
+    """What is forwarded: for a typed body, the gate's fields finished (``finisher.finish``); for an admin's
+    untyped JSON, the parsed body written again with its model mapped; ``body`` as sent when it was no JSON
+    (a form, or none). Runs with the model held (its ``/tokenize`` may be asked)."""
     if data is None:
         return body
-    if isinstance(data, dict) and request.method == "POST":
-        with_priority(request, data)
-        fields = OUTPUT_TOKEN_FIELDS.get(request.path)
-        if fields is not None:
-            await cap_output(request, backend.upstream, model, data, fields)
-        if request.path in _STREAMED_USAGE and _ask_usage(data):
-            request[_DROP_USAGE] = True
+    if isinstance(call.typed, Body):
+        served = model.name if model is not None else data.get("model")
+        await finish(request, call, data, request.path, served=served, model=model, upstream=backend.upstream, made=made,
+                     relayed=True)
     return encode_json(data)
-
-
-#: The relayed routes that take a ``multipart/form-data`` body (an audio file): every other one takes JSON, and a
-#: form there would pass vllama's checks of the JSON body (fields, salt, stops, choices) unread.
-_FORM_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
-#: The relayed routes whose vLLM request model takes ``cache_salt`` (vLLM 0.32; ``cache_salt.py``).
-_SALTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/score"})
-#: The relayed routes whose streams carry their usage only when asked (``stream_options.include_usage``).
-_STREAMED_USAGE = ("/v1/chat/completions", "/v1/completions")
-#: Request key: vllama asked vLLM for a stream's usage the client did not ask for; its chunk is dropped.
-_DROP_USAGE = "vllama.drop_usage"
-
-
-def _ask_usage(data: dict[str, Any]) -> bool:
-    """Ask vLLM for the usage of a stream that did not ask for it (``stream_options.include_usage``,
-    without ``continuous_usage_stats``: one chunk, at the end); whether it was asked here.
-
-    Without it vLLM's stream says nothing of its tokens, and the key's ``budget_tokens``, ``tpm``, fair
-    share and ledger row counted none of them: a user key streaming from an OpenAI client that does not
-    ask (most do not) was never charged. The client still gets the stream it asked for (``_DropUsage``)."""
-    if data.get("stream") is not True:
-        return False
-    options = data.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return False
-    data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True,
-                              "continuous_usage_stats": False}
-    return True
-
-
-class _DropUsage:
-    """vLLM's SSE stream less its usage chunk (``"choices":[],"usage":{...}``, the one before
-    ``[DONE]``), which :func:`_ask_usage` asked for and the client did not. Whole events are passed on
-    as they come; the bytes of an event not yet ended wait for its end (vLLM writes one event a write, so
-    they rarely wait at all). One ``rfind`` and one ``find`` per read."""
-
-    __slots__ = ("held",)
-
-    def __init__(self) -> None:
-        self.held = b""
-
-    def feed(self, data: bytes) -> bytes:
-        """What of ``data`` (and the bytes held before it) the client gets now."""
-        if self.held:
-            data, self.held = self.held + data, b""
-        end = data.rfind(b"\n\n") + 2
-        if end < 2:
-            self.held = data
-            return b""
-        if end < len(data):
-            data, self.held = data[:end], data[end:]
-        at = data.find(b'"choices":[],"usage":')
-        if at >= 0:
-            start = data.rfind(b"data:", 0, at)
-            if start >= 0:
-                data = data[:start] + data[data.find(b"\n\n", at) + 2:]
-        return data
-
-
-def _form_model(content_type: str, body: bytes) -> str | None:
-    """The ``model`` field of a ``multipart/form-data`` body (stdlib ``email`` parser), if any.
-
-    Raises:
-        BadRequest: the body gives ``model`` more than once (which one vLLM reads is its
-            parser's choice, not the one checked here)."""
-    message = BytesParser(policy=email.policy.HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-    if not message.is_multipart():
-        return None
-    found = [part for part in message.iter_parts() if part.get_param("name", header="content-disposition") == "model"]
-    if len(found) > 1:
-        raise BadRequest("the form gives `model` more than once", param="model")
-    if not found:
-        return None
-    value = found[0].get_payload(decode=True)
-    return value.decode("utf-8", "replace").strip() if isinstance(value, bytes) else None
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -300,16 +158,27 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     listed = await _models(request)
     if listed is not None:
         return listed
-    body = await read_body(request)
-    data, model, backend = await _route(request, body)
+    call = call_of(request)
+    body = call.body if call.body is not None else await read_body(request)
+    data, model, backend, made = await _route(request, call)
+    rename = _rename(made, model, call.asked)
     with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends
         sent, release = _placement(request, data, own)
         try:
             return await relay(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
-                               ready_body=lambda: _forwarded(request, body, data, model, backend))
+                               ready_body=lambda: _forwarded(request, call, body, data, model, backend, made), rename=rename)
         finally:
             if release is not None:  # after the answer's last byte, or its error, or the client's leaving
                 request.app[ROUTER_SESSIONS].release(backend.upstream, release)
+
+
+def _rename(made: CreatedModel | None, model: ServedModel | None, asked: str | None) -> tuple[bytes, bytes] | None:
+    """For a created model: ``("model":<what vLLM answers with>, "model":<the name asked>)``, as JSON bytes (Ollama
+    answers with the model the client named); ``None`` otherwise."""
+    if made is None or model is None or asked is None:
+        return None
+    served = upstream_model(made, model.name)
+    return b'"model":' + orjson.dumps(served), b'"model":' + orjson.dumps(asked)
 
 
 #: The relayed inference routes a router places by load (``--request-sessions``).
@@ -338,16 +207,19 @@ def _placement(request: web.Request, data: Any, own: str | None) -> tuple[dict[s
 
 async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
                 session_headers: Mapping[str, str] | None = None,
-                ready_body: Callable[[], Awaitable[bytes]] | None = None) -> web.StreamResponse:
+                ready_body: Callable[[], Awaitable[bytes]] | None = None,
+                rename: tuple[bytes, bytes] | None = None) -> web.StreamResponse:
     """Send ``body`` to ``backend``'s vLLM at ``path`` and relay its answer back chunk by chunk, as it comes.
 
     The model is held for the request (``model_in_use``: woken or started first, counted in
-    flight); the usage of a 200 answer is read from its last bytes for the per-key counters
-    (``_usage``). ``session_headers`` (a conversation's key for a router) are added to the
-    client's own. ``ready_body``: what to send instead of ``body``, built once the model is held.
-    A body that is not a form goes as ``application/json``: vllama parsed it and wrote it again. An upstream failure after the answer began ends an SSE stream with
-    an error event in the route family's shape (``errors.error_event``: OpenAI's ``data: {"error": {...}}`` as vLLM
-    writes its own, Anthropic's ``event: error`` on ``/v1/messages``); a JSON body is cut off instead.
+    flight); the usage of a 200 answer is read from its last bytes for the settler (``call.usage``).
+    ``session_headers`` (a conversation's key for a router) are added to the client's own. ``ready_body``:
+    what to send instead of ``body``, built once the model is held. ``rename``: ``(bytes, bytes)`` replaced in
+    the answer (a created model's name where vLLM wrote its base's). A body that is not a form goes as
+    ``application/json``: vllama parsed it and wrote it again. An upstream failure after the answer began ends
+    an SSE stream with an error event in the route family's shape (``errors.error_event``: OpenAI's
+    ``data: {"error": {...}}`` as vLLM writes its own, Anthropic's ``event: error`` on ``/v1/messages``); a JSON
+    body is cut off instead.
 
     Raises:
         UpstreamError: vLLM failed before its answer began (mapped in ``api/app.py``).
@@ -363,67 +235,144 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
         async with backend.upstream.request(
             request.method, path, body=body or None, headers=headers, params=request.query, check=False
         ) as resp:
+            if resp.status == 404 and path in _CAPABILITY:  # vLLM's own 404, passed on as it wrote it but this one
+                data = await _refuse_missing_route(request, resp, path)
+                return web.Response(status=404, body=data, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
             out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
             await out.prepare(request)
-            return await in_own_task(_copied(request, backend, resp, out, body))  # its reads resume its own frames only
+            return await in_own_task(_copied(request, backend, resp, out, rename))  # its reads resume its own frames only
 
 
-async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse, body: bytes) -> web.StreamResponse:
+async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse,
+                  rename: tuple[bytes, bytes] | None) -> web.StreamResponse:
     """:func:`relay`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage
-    read (``body``, what was sent: a stream its client leaves is charged by it, :func:`_charge_cut`)."""
+    read for the settler (a stream its client leaves is charged what was relayed, :func:`_charge_cut`)."""
+    call = call_of(request)
     content_type = resp.headers.get("Content-Type", "")
-    kept: deque[bytes] = deque(maxlen=None if content_type.startswith("application/json") else 4)
+    whole = content_type.startswith("application/json")
+    kept: deque[bytes] = deque(maxlen=None if whole else 4)
     sse = content_type.startswith("text/event-stream")
-    drop = _DropUsage() if request.get(_DROP_USAGE) and sse else None
+    events_filter = _Events(call.drop_usage, rename) if sse and (call.drop_usage or rename) else None
+    hold = rename is not None and whole  # a JSON answer renamed once whole
     events = 0  # SSE events read: what a stream its client leaves is charged (_charge_cut)
     try:
         with backend.upstream.watch_body(resp):  # the idle-read timeout, without a timer per read
             while data := await read_raw(resp):
-                kept.append(data)  # the last chunks (all of a JSON body): its usage, for the per-key counters
+                kept.append(data)  # the last chunks (all of a JSON body): its usage, for the settler
                 if sse:
                     events += data.count(b"\n\n")
-                if drop is not None:  # the usage chunk vllama asked for, not the client (_ask_usage)
-                    data = drop.feed(data)
+                if events_filter is not None:  # whole events: the usage chunk vllama asked for dropped, renamed
+                    data = events_filter.feed(data)
+                elif hold:
+                    continue
                 if data:
                     await out.write(data)
-        if drop is not None and drop.held:
-            await out.write(drop.held)
+        if events_filter is not None and events_filter.held:
+            await out.write(events_filter.rest())
+        if hold and rename is not None:
+            await out.write(b"".join(kept).replace(*rename))
     except (ConnectionError, asyncio.CancelledError):  # the client left: vLLM's tokens so far were still made
         if sse and resp.status == 200 and request.method == "POST":
-            _charge_cut(request, body, kept, events)
+            _charge_cut(request, call, kept, events)
         raise
     except UpstreamError as e:
-        request["vllama.stream_error"] = e
+        call.stream_error = e
         if sse:
+            if resp.status == 200 and request.method == "POST":
+                _charge_cut(request, call, kept, events)  # what was relayed before vLLM failed was made, and read
             await out.write(error_event(e, shape_of(request.path)))
         else:
             raise  # the connection is dropped: a truncated non-SSE body must not look complete
     await out.write_eof()
     if resp.status == 200 and request.method == "POST":
-        usage = _usage(b"".join(kept))
+        usage = _usage(b"".join(kept), request.path)
         if usage is not None:
-            request[USAGE] = usage
+            call.usage = usage
     return out
 
 
-def _charge_cut(request: web.Request, body: bytes, kept: deque[bytes], events: int) -> None:
-    """The usage of a stream its client left before vLLM's usage chunk came: each SSE event relayed
-    counts as one output token (vLLM sends one a token: ``--stream-interval`` 1), the prompt by the
-    body's size (``fair_queue.prompt_tokens_guess``, as admission guesses it), unless the usage came after all.
-    Without it a key read all but the last token of a long answer and left, and its budget, tpm and
-    fair share were charged nothing."""
-    request[USAGE] = _usage(b"".join(kept)) or (int(prompt_tokens_guess(body)), events)
+#: The routes vLLM serves only for one kind of model (pooling or generation), and the capability each needs.
+_CAPABILITY = {"/v1/embeddings": "embeddings", "/v1/rerank": "embeddings", "/v1/score": "embeddings",
+               "/v1/chat/completions": "generate", "/v1/completions": "generate"}
 
 
-def _usage(tail: bytes) -> tuple[int, int] | None:
+async def _refuse_missing_route(request: web.Request, resp: Any, path: str) -> bytes:
+    """vLLM's 404 ``resp`` to ``path``; when it is FastAPI's ``{"detail": "Not Found"}`` (vLLM registers the route
+    only for models of the other kind: pooling or generation), the client gets Ollama's words for it in the route
+    family's shape instead. Returns the body of any other 404 (an unknown model, in vLLM's words).
+
+    Raises:
+        UnsupportedCapability: ``"X" does not support embeddings`` (or ``generate``), 400."""
+    data = await read_response(resp)
+    if b'"detail"' in data and b"Not Found" in data:
+        call = call_of(request)
+        raise UnsupportedCapability(call.asked or call.model or "the model", _CAPABILITY[path])
+    return data
+
+
+class _Events:
+    """vLLM's SSE stream passed on in whole events: less its usage chunk (``"choices":[],"usage":{...}``, the one
+    before ``[DONE]``) when vllama asked for it and the client did not (``drop``), and with ``rename``'s first bytes
+    replaced by its second (a created model's name). The bytes of an event not yet ended wait for its end (vLLM
+    writes one event a write, so they rarely wait at all). One ``rfind`` and one ``find`` per read."""
+
+    __slots__ = ("held", "drop", "rename")
+
+    def __init__(self, drop: bool, rename: tuple[bytes, bytes] | None) -> None:
+        self.held = b""
+        self.drop = drop
+        self.rename = rename
+
+    def feed(self, data: bytes) -> bytes:
+        """What of ``data`` (and the bytes held before it) the client gets now."""
+        if self.held:
+            data, self.held = self.held + data, b""
+        end = data.rfind(b"\n\n") + 2
+        if end < 2:
+            self.held = data
+            return b""
+        if end < len(data):
+            data, self.held = data[:end], data[end:]
+        if self.drop:
+            at = data.find(b'"choices":[],"usage":')
+            if at >= 0:
+                start = data.rfind(b"data:", 0, at)
+                if start >= 0:
+                    data = data[:start] + data[data.find(b"\n\n", at) + 2:]
+        return data.replace(*self.rename) if self.rename is not None else data
+
+    def rest(self) -> bytes:
+        """The bytes held at the stream's end (an event vLLM did not end)."""
+        held, self.held = self.held, b""
+        return held.replace(*self.rename) if self.rename is not None else held
+
+
+def _charge_cut(request: web.Request, call: Call, kept: deque[bytes], events: int) -> None:
+    """The usage of a stream cut before vLLM's usage chunk came (its client left, or vLLM failed): each SSE
+    event relayed counts as ``stream_interval`` output tokens (vLLM sends one event per that many tokens, 1 by
+    default), the prompt by the body's size (``fair_queue.prompt_tokens_guess``, as admission guesses it),
+    unless the usage came after all. Without it a key read all but the last token of a long answer and left,
+    and its budget, tpm and fair share were charged nothing."""
+    interval = getattr(call.typed, "stream_interval", None) or 1
+    call.usage = _usage(b"".join(kept), request.path) or (int(prompt_tokens_guess(call.body)), events * interval)
+
+
+def _usage(tail: bytes, path: str = "") -> tuple[int, int] | None:
     """``(prompt tokens, output tokens)`` of vLLM's answer from its last bytes: the ``usage`` of a
     JSON body, or of the last SSE event that has one (streams with ``stream_options.include_usage``);
-    ``None`` when there is none. Read once per request, after the answer was relayed.
+    ``count_tokens``' ``input_tokens`` (the prompt it rendered, charged as a prompt); ``None`` when there is
+    none. Read once per request, after the answer was relayed.
 
     Three shapes: OpenAI's ``prompt_tokens``/``completion_tokens``; Anthropic's and the Responses
     API's ``input_tokens``/``output_tokens`` (a Responses stream's ``response.completed`` event
     carries it as ``response.usage``; Anthropic's counts cached input apart, added back here).
     """
+    if path == "/v1/messages/count_tokens":
+        try:
+            counted = orjson.loads(tail).get("input_tokens")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return (counted, 0) if isinstance(counted, int) else None
     at = tail.rfind(b'"usage"')
     start = tail.find(b"{", at)
     if at < 0 or start < 0 or tail[at + 7:start].strip() != b":":  # "usage": null

@@ -16,8 +16,8 @@ from vllama_proxy.errors import UpstreamError
 from vllama_proxy.models.vllm_servers import ServedModel
 from vllama_proxy.upstream import Upstream
 
-from ..api_keys import key_of
-from ..translate.to_openai import cap_output_tokens, output_tokens_asked
+from .api_keys import key_of
+from .translate.to_openai import cap_output_tokens, output_tokens_asked
 
 
 async def prompt_tokens(upstream: Upstream, body: dict[str, Any]) -> int | None:
