@@ -299,3 +299,54 @@ async def test_the_other_fronts_service_counts_while_the_key_contends_here():
     q.absorb(1, 5000.0)
     assert q.counter(1) == again
     q.done(0, 1)
+
+
+RESERVING = """
+[[keys]]
+name = "thrifty"
+key = "sk-thrifty"
+budget_tokens = 100
+budget_period = "day"
+
+[[keys]]
+name = "minute"
+key = "sk-minute"
+tpm = 100
+"""
+
+
+@pytest.mark.parametrize("key", ["thrifty", "minute"])
+def test_requests_sent_at_once_to_two_fronts_cannot_overspend_a_budget_or_a_tpm(tmp_path, model_dir, redis_url, key):
+    """16 requests at once, 8 to each front, of a key with 100 tokens (a day's budget, or a minute's tpm), the
+    ledger in one database: each request reserves its worst case (its prompt by size + 100, more than the key
+    has) in Redis at admission, so one request is answered over both fronts, not one on each (before: all 16)."""
+    fake = start_fake(model_dir, env={"FAKE_VLLM_TOKEN_DELAY": "0.02"})
+    keys = tmp_path / "keys.toml"
+    keys.write_text(RESERVING)
+    db = tmp_path / "usage.sqlite3"
+    fronts = [start_proxy(fake.url, "--api-key-file", str(keys), "--state-url", redis_url, "--usage-db", str(db),
+                          log=tmp_path / f"front{i}.log") for i in range(2)]
+    body = {"model": ALIAS, "max_tokens": 100, "messages": [{"role": "user", "content": "hi [[tokens:100]]"}]}
+
+    async def at_once() -> list[int]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            rs = await asyncio.gather(*(c.post(fronts[i % 2].url + "/v1/chat/completions", json=body,
+                                               headers={"Authorization": f"Bearer sk-{key}"}) for i in range(16)))
+        return [r.status_code for r in rs]
+
+    try:
+        statuses = asyncio.run(at_once())
+        assert statuses.count(200) >= 1 and set(statuses) <= {200, 429}, statuses
+        deadline = time.monotonic() + 30
+        while True:  # every request's row, both fronts' (each writes its rows within its flush interval)
+            rows = httpx.get(fronts[0].url + "/api/usage", params={"key": key}, headers={"Authorization": f"Bearer sk-{key}"},
+                             timeout=10).json()["usage"]
+            if sum(u["requests"] for u in rows) == 16:
+                break
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.2)
+        used = sum(u["prompt_tokens"] + u["output_tokens"] for u in rows)
+        assert statuses.count(200) == 1 and 100 <= used <= 100 + 20, (used, statuses)
+    finally:
+        for s in (*fronts, fake):
+            stop(s.proc)

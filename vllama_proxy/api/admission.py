@@ -278,6 +278,11 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         ledger = request.app.get(LEDGER)
         if ledger is not None and key.budget_tokens is not None:
             held.budget = bound.budgets.reserve(ledger, key, reserve, retry_after)
+            if shared is not None:  # every front's requests in flight: one round trip
+                before = await shared.reserve_budget(key.name, reserve)
+                held.shared_budget = before is not None
+                if before is not None:
+                    bound.budgets.refuse_over(ledger, key, before, retry_after)
         store = None
         if shared is not None and (key.rpm is not None or key.tpm is not None or key.max_in_flight is not None):
             store = await shared.admit(key.name, key.rpm, key.tpm, key.max_in_flight, count=key.max_in_flight is not None,
@@ -314,7 +319,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
 
 def is_inference(request: web.Request) -> bool:
     """Whether ``request`` occupies vLLM: an Ollama inference route, or any POST under ``/v1/``."""
-    return request.path in _INFERENCE or (request.method == "POST" and request.path.startswith("/v1/"))
+    return request.method == "POST" and (request.path in _INFERENCE or request.path.startswith("/v1/"))
 
 
 #: Output tokens reserved for a request that gives no bound and whose model's context is not known yet.

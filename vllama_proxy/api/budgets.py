@@ -56,10 +56,21 @@ class Reservations:
                 refused = False
                 self._reserved[key.slot] = held + tokens
         if refused:
-            raise TooManyRequests(f"key '{key.name}' used {used} tokens of its budget of {key.budget_tokens} tokens and "
-                                  f"its requests in flight may use the other {key.budget_tokens - used}; retry when one "
-                                  "ends", retry_after=max(retry_after, 1))
+            raise _in_flight(key, used, retry_after)
         return tokens
+
+    def refuse_over(self, ledger: Ledger, key: Key, reserved: int, retry_after: int, now: float | None = None) -> None:
+        """Refuse ``key`` when its usage and ``reserved`` (what every front's requests in flight reserved before
+        this one, in the shared store) reach its budget.
+
+        Raises:
+            TooManyRequests: as :meth:`reserve`."""
+        if key.budget_tokens is None:
+            return
+        now = ledger.clock() if now is None else now
+        used = ledger.used(key.name, "day" if key.budget_period == "day" else "month", now)
+        if used + reserved >= key.budget_tokens:
+            raise _in_flight(key, used, retry_after)
 
     def release(self, key: Key, tokens: int) -> None:
         """A request of ``key`` that reserved ``tokens`` ended (its use is in the ledger now)."""
@@ -70,6 +81,12 @@ class Reservations:
     def held(self, key: Key) -> int:
         """Tokens ``key``'s requests in flight reserved."""
         return self._reserved[key.slot]
+
+
+def _in_flight(key: Key, used: int, retry_after: int) -> TooManyRequests:
+    return TooManyRequests(f"key '{key.name}' used {used} tokens of its budget of {key.budget_tokens} tokens and its "
+                           f"requests in flight may use the other {max(key.budget_tokens - used, 0)}; retry when one ends",
+                           retry_after=max(retry_after, 1))
 
 
 def refuse_over_budget(ledger: Ledger, key: Key, now: float | None = None) -> int:

@@ -29,7 +29,8 @@ class Held:
         worker: this process's index among the workers (its slot in the shared counts).
         key_slot: the key's per-key counter (``api_keys.Key.slot``).
         inputs: an embeddings, rerank or score request's inputs (each one output token's worth of cost).
-        budget: tokens reserved against the key's ``budget_tokens`` (``budgets.Reservations``).
+        budget: tokens reserved against the key's ``budget_tokens`` (``budgets.Reservations``; with
+            ``shared_budget``, in the shared store too).
         tpm: tokens reserved in the key's ``tpm`` minute ``minute`` (``rate_limits.py``; with ``shared_tpm``,
             in the shared store's minute too).
         entered: whether it holds a place in the server's in-flight bound.
@@ -42,6 +43,7 @@ class Held:
     key_slot: int
     inputs: int = 0
     budget: int = 0
+    shared_budget: bool = False
     tpm: int = 0
     minute: int = 0
     shared_tpm: bool = False

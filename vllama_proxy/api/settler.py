@@ -88,6 +88,8 @@ class Settler:
             bound.leave_key(held.worker, held.key_slot)
             IN_FLIGHT.dec()
         shared = self.shared
+        if shared is not None and held.shared_budget:
+            await shared.reserve_budget(key.name, -held.budget)
         if shared is not None and (held.counted_shared or held.shared_tpm or served is not None):
             elsewhere = await shared.finish(key.name, leave=held.counted_shared, tokens=used if held.shared_tpm else 0,
                                             reserved=held.tpm if held.shared_tpm else 0, minute=held.minute, served=served)

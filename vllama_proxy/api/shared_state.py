@@ -33,7 +33,10 @@ Data in Redis (``PREFIX`` ``vllama:``):
 - ``vllama:rpm:<key>:<minute>``, ``vllama:tpm:<key>:<minute>``: requests and tokens of a key in a
   wall-clock minute (the fixed window of ``rate_limits.py`` and LiteLLM), expiring after 2 minutes;
 - ``vllama:served:<key>``: a hash, front -> the service that front gave the key (VTC units),
-  expiring ``SERVED_TTL`` s after the key's last request anywhere.
+  expiring ``SERVED_TTL`` s after the key's last request anywhere;
+- ``vllama:budget_holders`` and ``vllama:budget:<holder>``: the tokens each process's requests in flight
+  reserved of each key's ``budget_tokens`` (``budgets.py``: reserve, then settle), expiring as the in-flight
+  hashes do; a key is refused once its usage and every front's reservations reach its budget.
 
 A store that cannot be reached fails open to each front's own limits: its own in-flight count,
 its own minute (counted all along, so it goes on from what this front admitted) and its own fair
@@ -126,6 +129,25 @@ redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
 return redis.call('HGETALL', KEYS[3])
 """
 
+# KEYS: the set of processes holding budget reservations, this process's hash of them.
+# ARGV: key name, tokens (negative: given back), holder ttl, holder id, prefix.
+# Returns the tokens every live holder had reserved for the key before this change.
+_RESERVE = """
+local total = 0
+for _, h in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local hk = ARGV[5] .. 'budget:' .. h
+  if redis.call('EXISTS', hk) == 1 then
+    total = total + tonumber(redis.call('HGET', hk, ARGV[1]) or '0')
+  else
+    redis.call('SREM', KEYS[1], h)
+  end
+end
+if redis.call('HINCRBY', KEYS[2], ARGV[1], ARGV[2]) <= 0 then redis.call('HDEL', KEYS[2], ARGV[1]) end
+redis.call('SADD', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+return total
+"""
+
 
 class Admission(NamedTuple):
     """A request of a key over every front, as :meth:`KeyState.admit` counted it."""
@@ -165,6 +187,10 @@ class KeyState(Protocol):
         Returns the key's service on every other front (``served`` given and the store answered), else ``None``.
         """
 
+    async def reserve_budget(self, key: str, tokens: int) -> int | None:
+        """Reserve ``tokens`` of ``key``'s budget (negative: give them back); returns what every front's requests
+        in flight had reserved before, ``None`` when the store did not answer (nothing reserved there)."""
+
 
 class RedisKeyState:
     """:class:`KeyState` in Redis (``redis.asyncio``, the optional extra ``vllama-proxy[redis]``).
@@ -192,6 +218,9 @@ class RedisKeyState:
         self._ttl = holder_ttl
         self._holders = PREFIX + "holders"
         self._mine = f"{PREFIX}inflight:{self.holder}"
+        self._budget_holders = PREFIX + "budget_holders"
+        self._budgets = f"{PREFIX}budget:{self.holder}"
+        self._reserve = self._redis.register_script(_RESERVE)
         self._admit = self._redis.register_script(_ADMIT)
         self._finish = self._redis.register_script(_FINISH)
         self._clock = clock
@@ -199,6 +228,7 @@ class RedisKeyState:
         self._warned = float("-inf")
         self._down_until = 0.0
         self._owed: dict[str, int] = {}  # places counted in the store, given back while it was down
+        self._owed_budget: dict[str, int] = {}  # budget reservations given back while it was down
 
     async def start(self) -> None:
         """Keep this process's counts alive (every ``holder_ttl / 3`` s) until :meth:`close`."""
@@ -210,8 +240,9 @@ class RedisKeyState:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         try:
-            await self._redis.delete(self._mine)
+            await self._redis.delete(self._mine, self._budgets)
             await self._redis.srem(self._holders, self.holder)
+            await self._redis.srem(self._budget_holders, self.holder)
         except Exception as e:  # noqa: BLE001 - closing: the TTL gives them back anyway
             self._unreachable(e)
         await self._redis.aclose()
@@ -220,10 +251,13 @@ class RedisKeyState:
         while True:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    await pipe.sadd(self._holders, self.holder).expire(self._mine, self._ttl).execute()
+                    await pipe.sadd(self._holders, self.holder).expire(self._mine, self._ttl).expire(self._budgets, self._ttl).execute()
                 for key, n in list(self._owed.items()):  # places given back while the store was down
                     await self._finish(keys=[self._mine, "-", "-"], args=[key, n, 0, 0, 0, "", 0])
                     self._owed.pop(key, None)
+                for key, n in list(self._owed_budget.items()):
+                    await self._reserve(keys=[self._budget_holders, self._budgets], args=[key, -n, self._ttl, self.holder, PREFIX])
+                    self._owed_budget.pop(key, None)
             except Exception as e:  # noqa: BLE001 - the next beat tries again
                 self._unreachable(e)
             await asyncio.sleep(self._ttl / 3)
@@ -281,6 +315,23 @@ class RedisKeyState:
             return None
         pairs = iter(got)
         return sum(float(v) for f, v in zip(pairs, pairs) if (f.decode() if isinstance(f, bytes) else f) != self.front)
+
+    async def reserve_budget(self, key: str, tokens: int) -> int | None:
+        if not tokens:
+            return None
+        if not self._up():
+            if tokens < 0:
+                self._owed_budget[key] = self._owed_budget.get(key, 0) - tokens
+            return None
+        try:
+            before = await self._reserve(keys=[self._budget_holders, self._budgets],
+                                         args=[key, int(tokens), self._ttl, self.holder, PREFIX])
+        except Exception as e:  # noqa: BLE001 - no store: this front's own reservations; given back by the heartbeat
+            self._unreachable(e)
+            if tokens < 0:
+                self._owed_budget[key] = self._owed_budget.get(key, 0) - tokens
+            return None
+        return int(before)
 
     def _unreachable(self, e: Exception) -> None:
         STATE_STORE_ERRORS.inc()

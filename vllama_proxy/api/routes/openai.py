@@ -30,7 +30,7 @@ from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..relay import in_own_task
 from ..request_body import read_body
 from ..translate.to_openai import upstream_model
-from .model_use import check_model, may_list, model_in_use, refuse_outside
+from .model_use import check_model, created_of, may_list, model_in_use, refuse_outside, resolve_model
 from ..api_keys import key_of
 from ..call import Call, call_of
 from ..fair_queue import prompt_tokens_guess
@@ -83,8 +83,9 @@ async def _route(request: web.Request, call: Call) -> tuple[Any, ServedModel | N
     """``(what goes upstream, its model, the backend it goes to, the created model it names)``, from the gate's
     typed request (``call.typed``; what goes upstream is ``None`` for a form or no body, forwarded as sent).
 
-    The key is checked against the model before anything is claimed or loaded: the name is looked
-    up first, and only an allowed request for an on-demand model claims its slot. With one backend, a
+    The model resolves as on every route (``model_use.resolve_model``: the key is checked against it before
+    anything is claimed or loaded, and only an allowed request for an on-demand model claims its slot, under
+    ``--on-demand-admin-only`` an admin's). With one backend, a
     request without a model goes to the served default, and is charged to it; one naming a model vllama
     does not know (which the key's patterns allow) goes there and vLLM answers in its own words. With
     several that is answered here, no vLLM woken for it: 400 without a model, 404 for an unknown one.
@@ -113,24 +114,14 @@ async def _route(request: web.Request, call: Call) -> tuple[Any, ServedModel | N
                 data["model"] = model.name
         return data, model, default, None
     try:
-        made = catalog.created(name)
-        model = await catalog.resolve(name, made=made)  # a lookup: claims, loads and evicts nothing
+        name, model, backend = await resolve_model(request, name)  # the key checked before anything is claimed
     except ModelNotFound:
-        refuse_outside(key, name)
         if one:
             return data, None, catalog.backends[0], None  # vLLM answers the 404 in its own words
         raise NoSuchModel(name) from None
-    check_model(key, name, model, made)
-    if request.method == "POST" and not catalog.is_configured(model):
-        try:  # inference claims an on-demand slot, only now that the key may use it
-            model = await catalog.resolve(name, claim=True, made=made)
-        except ModelNotFound:
-            raise NoSuchModel(name) from None
-    call.model = model.name
-    backend = catalog.backend_of(model)
     if isinstance(data, dict):
         data["model"] = model.name
-    return data, model, backend, made
+    return data, model, backend, created_of(request, name)
 
 
 async def _forwarded(request: web.Request, call: Call, body: bytes, data: Any, model: ServedModel | None, backend: Backend,
