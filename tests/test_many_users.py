@@ -255,6 +255,9 @@ def test_on_demand_admin_only_and_protected_models(serve, hub, tmp_path):
     with pytest.raises(ollama.ResponseError) as e:
         alice.generate(model="acme/tiny-a", prompt="x")
     assert e.value.status_code == 403 and "--on-demand-admin-only" in e.value.error
+    r = httpx.post(s.url + "/v1/chat/completions", headers={"Authorization": "Bearer sk-alice"},  # nor on /v1
+                   json={"model": "acme/tiny-a", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 403 and "--on-demand-admin-only" in r.json()["error"]["message"], r.text
     with pytest.raises(ollama.ResponseError) as e:
         root.generate(model="acme/tiny-a", prompt="x")  # even an admin's: prod is protected (--protect-models auto)
     assert e.value.status_code == 503
