@@ -11,8 +11,8 @@ adds ``r``, a bare aiohttp relay (``aiohttp_floor.py``) in front of it: the hop 
 
 A blocking client (``http.client``, one keep-alive connection per target) sends one request at a time,
 every target once per round in a shuffled order (seeded; ``--burst N``: N requests back to back each, as
-``c1split`` interleaves 8), ``--route`` ``generate`` (raw ``/api/generate``)
-or ``chat`` (``/api/chat``), ``--tokens`` tokens, ``--gap-ms`` between requests; TTFT is the send to the
+``c1split`` interleaves 8), ``--route`` ``generate`` (raw ``/api/generate``),
+``chat`` (``/api/chat``) or ``v1chat`` (a streamed ``/v1/chat/completions``, relayed), ``--tokens`` tokens, ``--gap-ms`` between requests; TTFT is the send to the
 first line that carries a token. The processes are started afresh ``--epochs`` times (rounds and blocks split evenly over them: one
 process's own layout shifts its TTFT by tens of µs, which one pair of processes would read as an effect).
 Rounds are grouped in ``--blocks`` blocks; per block and target the TTFT
@@ -20,7 +20,7 @@ p50, and per pair of targets the difference of those p50s over the blocks: mean 
 (Student's t over the blocks and a seeded bootstrap, ``hop_report.mean_ci``), and the pooled p50s.
 
     python benchmarks/c1_paired.py --code main=/tmp/main-code --code new=. [--rounds 600] [--blocks 20]
-        [--route generate|chat] [--mode supervised|upstream] [--workers 1] [--json OUT]
+        [--route generate|chat|v1chat] [--mode supervised|upstream] [--workers 1] [--json OUT]
 
 Always stops its subprocesses.
 """
@@ -117,7 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--code", action="append", required=True, help="LABEL=DIR: a folder holding a vllama_proxy (repeat)")
     ap.add_argument("--mode", choices=("supervised", "upstream"), default="supervised")
-    ap.add_argument("--route", choices=("generate", "chat"), default="generate")
+    ap.add_argument("--route", choices=("generate", "chat", "v1chat"), default="generate")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=600)
     ap.add_argument("--blocks", type=int, default=20)
@@ -140,6 +140,9 @@ def main() -> None:
     prompt = f"hello [[tokens:{a.tokens}]]"
     if a.route == "generate":
         path, body = "/api/generate", {"model": "fake-model", "prompt": prompt, "raw": True, "options": {"num_predict": a.tokens}}
+    elif a.route == "v1chat":
+        path, body = "/v1/chat/completions", {"model": "fake-model", "messages": [{"role": "user", "content": prompt}],
+                                              "max_tokens": a.tokens, "stream": True}
     else:
         path, body = "/api/chat", {"model": "fake-model", "messages": [{"role": "user", "content": prompt}],
                                    "options": {"num_predict": a.tokens}}

@@ -33,7 +33,7 @@ from .budgets import Reservations
 from .api_keys import KEY_SLOTS, Key, key_of
 from .app_state import CATALOG, LEDGER
 from .call import CALL, Call, Held, call_of
-from .gate.bodies import Body, ChatCompletions, Completions
+from .gate.bodies import Body, Completions
 from .gate.gate import gate
 from .metrics import IN_FLIGHT, QUEUE_REJECTIONS
 from .ollama_types import EmbeddingsRequest, EmbedRequest
@@ -333,7 +333,7 @@ def worst_case(request: web.Request, call: Call) -> int:
     prompt = int(prompt_tokens_guess(call.body)) + 1
     typed = call.typed
     if isinstance(typed, Body):
-        if typed.OUTPUT_FIELDS == () and not typed.streams() and not isinstance(typed, (ChatCompletions, Completions)):
+        if not typed.OUTPUT_FIELDS:
             return prompt  # a pooling request or count_tokens: no output
         asked = typed.output_asked()
         if asked is None and isinstance(typed, Completions):

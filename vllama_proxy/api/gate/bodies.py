@@ -10,6 +10,14 @@ naming the field (``gate.py``). Every other field is kept as sent, unchecked (``
 validates it, and for a user key the allow-list (``user_fields.py``) decides whether it goes at all.
 
 What goes upstream is :func:`fields` of the typed body: the checked values, never the client's dict.
+
+How many sequences a body starts in vLLM (:meth:`Body.sequences`, ``--max-choices``): ``n`` times a
+completion's prompts (a list of texts or of token-id lists, or of ``prompt_embeds``: each one). How many inputs
+a pooling body asks vLLM to encode (:meth:`Body.inputs`, ``--max-inputs`` and the fair queue's charge): vLLM
+0.32 makes one engine request of each entry (``entrypoints/pooling/base/serving.py``), so each is a sequence of
+its scheduler: ``/v1/embeddings``' ``input`` or ``messages`` (a list of texts, token-id lists or conversations:
+each one), ``/v1/rerank``'s ``documents``, ``/v1/score``'s longer list of its pair (1:1, 1:N or N:N). OpenAI's
+embeddings API takes at most 2,048 inputs a request, ``--max-inputs``' default.
 """
 
 from __future__ import annotations
@@ -70,9 +78,6 @@ class Body(BaseModel):
         """The most output tokens it asks for (``None``: none given)."""
         asked = [v for f in self.OUTPUT_FIELDS if isinstance(v := getattr(self, f, None), int)]
         return max(asked) if asked else None
-
-    def streams(self) -> bool:
-        return bool(getattr(self, "stream", False))
 
 
 class _Generation(Body):
