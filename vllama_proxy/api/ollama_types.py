@@ -140,6 +140,7 @@ class GenerateRequest(_Loose):
     options: Options | None = None
     think: Think | None = None
     truncate: StrictBool | None = None
+    shift: StrictBool | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
@@ -178,6 +179,8 @@ class ChatRequest(_Loose):
     stream: StrictBool | None = None
     think: Think | None = None
     keep_alive: KeepAlive | None = None
+    truncate: StrictBool | None = None
+    shift: StrictBool | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 

@@ -15,12 +15,14 @@ from typing import Any
 from aiohttp import web
 
 from vllama_proxy.errors import UpstreamRejected
+from vllama_proxy.logs import get_logger
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
 from .. import session
 from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
 from ..call import call_of
+from ..context_fit import fit, is_context_full, refusal
 from ..fair_queue import prompt_tokens_guess
 from ..finisher import finish
 from ..relay import relay
@@ -28,6 +30,8 @@ from ..timestamps import Timings
 from ..translate.to_ollama import Translator
 from ..translate.to_openai import final_only, unstreamed
 from .model_use import model_in_use
+
+log = get_logger("vllama.routes")
 
 
 async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str) -> int:
@@ -50,7 +54,8 @@ async def remaining_context(upstream: Upstream, model: ServedModel, prompt: str)
 
 async def answer(request: web.Request, name: str, model: ServedModel, backend: Backend, path: str, body: dict[str, Any],
                  translator: type[Translator], timings: Timings, *, stream: bool, keep_alive: Any,
-                 session_key: str | None, made: CreatedModel | None = None) -> web.StreamResponse:
+                 session_key: str | None, made: CreatedModel | None = None, truncate: bool = True,
+                 shift: bool = True) -> web.StreamResponse:
     """Send ``body`` to the model's vLLM at ``path`` (``/v1/chat/completions`` or ``/v1/completions``)
     and answer in Ollama's format: NDJSON when ``stream``, else one JSON object.
 
@@ -68,6 +73,8 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
             ``--request-sessions on``: a one-request key, released at the router when the
             answer ends, however it ends (``router_sessions.py``).
         made: the created model the client named (``None``: a served model).
+        truncate, shift: Ollama's: a request vLLM refuses for its context is made to fit (``context_fit.py``:
+            its oldest turns dropped, its output lowered to the room left) and sent again; false: refused.
 
     Raises what ``model_in_use``, ``finish`` and ``relay`` raise before the first byte
     (the model cannot be loaded, the context is full, vLLM refused the request). A client that leaves
@@ -88,8 +95,19 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
                 body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
             await finish(request, call, body, path, served=model.name, model=model, upstream=backend.upstream, made=made)
             try:
-                return await relay(request, backend.upstream, path, body, out, stream=stream, headers=headers,
-                                   final_only=whole)
+                try:
+                    return await relay(request, backend.upstream, path, body, out, stream=stream, headers=headers,
+                                       final_only=whole)
+                except UpstreamRejected as e:  # over the context: made to fit once, as Ollama's truncate and shift do
+                    if not is_context_full(e) or not model.max_model_len:
+                        raise
+                    before = len(body.get("messages") or ())
+                    if await fit(backend.upstream, body, model.max_model_len, truncate=truncate, shift=shift) is None:
+                        raise refusal(e) from None
+                    log.info("context_fit", messages_before=before, messages_after=len(body.get("messages") or ()),
+                             max_tokens=body.get("max_tokens"), truncate_prompt_tokens=body.get("truncate_prompt_tokens"))
+                    return await relay(request, backend.upstream, path, body, out, stream=stream, headers=headers,
+                                       final_only=whole)
             except (ConnectionError, asyncio.CancelledError):  # the client left mid-answer: vLLM's tokens so far were made
                 if call.usage is None and out.output_tokens:
                     call.usage = (out.prompt_eval_count or int(prompt_tokens_guess(call.body)), out.output_tokens)

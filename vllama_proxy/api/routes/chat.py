@@ -36,4 +36,5 @@ async def chat(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     key = session.chat_key(served, req.messages, settings.session_key, per_request=settings.request_sessions == "on")
     return await answer(request, name, model, backend, "/v1/chat/completions", body, ChatTranslator, timings,
-                        stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made)
+                        stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made,
+                        truncate=req.truncate is not False, shift=req.shift is not False)

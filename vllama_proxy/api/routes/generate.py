@@ -47,4 +47,5 @@ async def generate(request: web.Request) -> web.StreamResponse:
     log_ignored(ignored)
     key = session.generate_key(served, req.system)
     return await answer(request, name, model, backend, path, body, GenerateTranslator, timings,
-                        stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made)
+                        stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made,
+                        truncate=req.truncate is not False, shift=req.shift is not False)
