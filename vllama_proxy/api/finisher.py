@@ -38,6 +38,8 @@ _PRIORITY = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embedding
 #: The upstream routes whose vLLM request model takes ``cache_salt`` (vLLM 0.32; ``cache_salt.py``).
 _SALTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/score",
                      "/v1/responses", "/v1/messages"})
+#: The relayed routes a created model's layers apply to (what Ollama's Modelfile sets has a meaning there).
+_DEFAULTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"})
 #: The upstream routes whose streams carry their usage only when asked (``stream_options.include_usage``).
 _STREAMED_USAGE = frozenset({"/v1/chat/completions", "/v1/completions"})
 
@@ -59,7 +61,7 @@ async def finish(request: web.Request, call: Call, body: dict[str, Any], path: s
     """
     key = call.key
     body["model"] = upstream_model(made, served)
-    if relayed and made is not None:
+    if relayed and made is not None and path in _DEFAULTED:
         _defaults(body, path, made)
     if path in _PRIORITY:
         _priority(body, call.priority, key.admin)
