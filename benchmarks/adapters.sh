@@ -16,7 +16,7 @@
 #    compile-cache lines of every start go to summary.txt.
 # From the repo root, in phases; every phase that starts vllama stops it before it ends.
 #
-# Prerequisites as benchmarks/ttft_c1.sh: the vLLM wheel chunks stashed by earlier calls
+# Prerequisites as benchmarks/README.md ("On the lent GPU machine"): the vLLM wheel chunks stashed by earlier calls
 # (`$DEV/install-vllm.sh stash`, one chunk of .whl-cache/chunks each); the call with `install` carries
 # the last chunk, $DEV (a copy of shared/device) and .whl (vllama's deps the image lacks: ollama, ...).
 #

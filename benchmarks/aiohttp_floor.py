@@ -15,19 +15,14 @@ itself (another process and loopback connection on the path) from what vllama do
 
     python benchmarks/aiohttp_floor.py --upstream http://127.0.0.1:8000 --port 11435
 
-``--upstream unix:/path`` reaches the upstream over a Unix socket instead of loopback TCP;
-``--raw-client`` sends upstream through one kept-open asyncio stream with the request's bytes
-written by hand and the chunked answer read by hand, instead of aiohttp's client (one request at
-a time: ``hop_floor.py``'s c=1): what aiohttp's
-client costs the hop (a floor experiment only, not how vllama should talk to vLLM);
-``--spin`` keeps the event loop polling (``asyncio.sleep(0)``) while a request is in flight, so
-the process is awake when the answer comes (both for ``hop_floor.py``: what each saves).
+The hop without vLLM (a Unix socket, a loop kept awake, a hand-written upstream client; RESULTS.md,
+"the hop taken apart without vLLM") was measured with options this relay had then and
+bench-results:scripts/hop_floor.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 import aiohttp
 import orjson
@@ -61,51 +56,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return out
 
 
-async def _spin(app: web.Application) -> None:
-    while app["inflight"]:
-        await asyncio.sleep(0)
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
     session: aiohttp.ClientSession = request.app["session"]
-    app = request.app
-    if app["spin"]:
-        app["inflight"] += 1
-        if app["inflight"] == 1:
-            app["spinner"] = asyncio.ensure_future(_spin(app))
-    try:
-        if app["raw"]:
-            return await _raw_relay(request)
-        return await _relay(request, session)
-    finally:
-        if app["spin"]:
-            app["inflight"] -= 1
-
-
-async def _raw_relay(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    if app.get("raw_conn") is None:
-        up = app["raw_upstream"]
-        app["raw_conn"] = await (asyncio.open_unix_connection(up[5:]) if up.startswith("unix:")
-                                 else asyncio.open_connection(*up.split("//")[1].rsplit(":", 1)))
-    reader, writer = app["raw_conn"]
-    body = await request.read()
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: vllm\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body), body))
-    head = await reader.readuntil(b"\r\n\r\n")
-    out = web.StreamResponse(status=int(head[9:12]), headers={"Content-Type": "text/event-stream"})
-    await out.prepare(request)
-    while True:  # chunked transfer coding, as vLLM's uvicorn answers a stream
-        n = int((await reader.readline()).strip(), 16)
-        if n == 0:
-            await reader.readline()
-            break
-        await out.write((await reader.readexactly(n + 2))[:-2])
-    await out.write_eof()
-    return out
-
-
-async def _relay(request: web.Request, session: aiohttp.ClientSession) -> web.StreamResponse:
     async with session.post(request.app["upstream"] + "/v1/completions", data=await request.read(),
                             headers={"Content-Type": "application/json"}) as r:
         out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get("Content-Type", "application/json")})
@@ -116,16 +68,12 @@ async def _relay(request: web.Request, session: aiohttp.ClientSession) -> web.St
         return out
 
 
-async def make_app(upstream: str, spin: bool = False, raw: bool = False) -> web.Application:
+async def make_app(upstream: str) -> web.Application:
     app = web.Application()
-    app["upstream"], app["spin"], app["inflight"], app["raw"], app["raw_upstream"] = upstream, spin, 0, raw, upstream
-    connector = aiohttp.TCPConnector
-    if upstream.startswith("unix:"):
-        connector = lambda limit: aiohttp.UnixConnector(path=upstream[5:], limit=limit)
-        app["upstream"] = "http://localhost"
+    app["upstream"] = upstream
 
     async def session(app: web.Application):
-        app["session"] = aiohttp.ClientSession(connector=connector(limit=0),
+        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                                timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
         yield
         await app["session"].close()
@@ -141,11 +89,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--upstream", required=True)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--spin", action="store_true")
-    p.add_argument("--raw-client", action="store_true")
     args = p.parse_args()
     uvloop.install()
-    web.run_app(make_app(args.upstream.rstrip("/"), args.spin, args.raw_client), host="127.0.0.1", port=args.port, access_log=None, print=None)
+    web.run_app(make_app(args.upstream.rstrip("/")), host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

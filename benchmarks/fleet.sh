@@ -4,7 +4,7 @@
 # From the repo root, in phases (servers are started with setsid and outlive one device call while the
 # machine stays warm, so the phases may be split over calls).
 #
-# Prerequisites as benchmarks/ttft_c1.sh: the vLLM wheel chunks stashed by earlier calls; the call with
+# Prerequisites as benchmarks/README.md ("On the lent GPU machine"): the vLLM wheel chunks stashed by earlier calls; the call with
 # `install` carries the last chunk, $DEV (a copy of shared/device) and .whl (vllama's deps the image
 # lacks). vllm-router's wheel (23 MB, abi3, so Python 3.12 takes it) travels in a call of its own,
 # `router-wheel`, carrying .whl-router: `pip download vllm-router==0.1.17 --no-deps -d .whl-router`.

@@ -17,16 +17,15 @@
 #   burst     $BURST requests at once through (b)
 #   workers   vllama's proxy processes alone: `vllama serve --upstream (c) --workers 2` and `--workers 8`
 #             beside (b) (its automatic choice) and (c), c = $WLEVELS, 3 alternating rounds
-#   pintoggle (b)'s engine-core placement in turn on the running server (benchmarks/pin_engine.py):
-#             $PSTATES ("off on on2": unpinned, one CPU, two CPUs for the engine core), $PROUNDS
-#             rounds each; (b) and (c) at c = $WLEVELS in every round. With LG_CPUS=0-13 the load
-#             generator is kept off the CPUs an engine core may get (a remote client, as in production)
 #   interval  (a) stopped; (d) `vllm serve --api-server-count 4 --stream-interval 4` on :8001 vs (c)
 #   restart   SIGKILL one of (c)'s API servers: vllama restarts vLLM, no process left behind
 #   stop      SIGTERM everything; GPU memory and leftover processes reported
 #
 # DP=2 on two GPUs: SHARE=0.85 VLLAMA_ONLY=1 VLLM_EXTRA="--data-parallel-size 2" ... start checks sweep stop
-# (VLLAMA_ONLY skips (a); TARGETS picks the sweep's targets).
+# (VLLAMA_ONLY skips (a); TARGETS picks the sweep's targets). LG_CPUS=0-13 keeps the load generator off
+# the CPUs an engine core may get (a remote client, as in production). The phase pintoggle (the engine
+# core's placement toggled on the running server): `git show abcf5ef:benchmarks/front_end.sh`, its
+# pin_engine.py in bench-results:scripts/ (benchmarks/RESULTS.md says how to fetch it).
 # Usage: OUT=dir DEV=.devscripts benchmarks/front_end.sh setup start checks sweep ... stop
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=/tmp/gpu-logs
@@ -114,16 +113,6 @@ workers)
     --levels "${WLEVELS:-256,1024}" --rounds 3 --requests-per-level "min(max(16,4*c),2048)" --warmup 8 --cpu-by-kind \
     --json "$OUT/workers${TAG:-}.json"
   for w in 2 8; do kill -TERM "$(cat /tmp/w$w.pid)"; done
-  ;;
-pintoggle)
-  for r in $(seq "${PROUNDS:-3}"); do
-    for state in ${PSTATES:-off on}; do
-      n=${state#on}; [ "$state" = off ] && n=1; python3 benchmarks/pin_engine.py --under "$(cat /tmp/b.pid)" --state "${state%%[0-9]*}" --engine-cpus "${n:-1}"
-      loadgen --targets "b=ollama:$B,c=openai:$C" --levels "${WLEVELS:-256,1024}" --rounds 1 \
-        --requests-per-level "${RPL:-min(max(16,4*c),2048)}" --warmup 0 --cpu-by-kind --json "$OUT/pin-$state-$r.json" | grep -E "round|^\| (256|1024) \| [bc] \|"
-    done
-  done
-  python3 benchmarks/pin_engine.py --under "$(cat /tmp/b.pid)" --state on
   ;;
 interval)
   [ -f /tmp/a.pid ] && { kill -TERM -- -"$(cat /tmp/a.pid)" 2>/dev/null; sleep 8; }

@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
 # Issue 28 on the lent GPU: does the hop cost anything? vllama vs its own vLLM (alternating, 3 rounds)
-# at c = 1, 16, 64, 256, 1024 with vllama's stage timings and the spread over vLLM's API servers;
+# at c = 1, 16, 64, 256, 1024 with vllama's stage timings;
 # `vllama batch` with no concurrency flag vs vLLM's offline LLM.generate; a model's first answer
 # (cold start vs vanilla `vllm serve`, a second start with the compile cache kept, A -> B -> A of two
 # on-demand models with the defaults). From the repo root, in phases (servers run under setsid and
 # outlive one device call while the machine stays warm, so the phases may be split over calls).
 #
-# Prerequisites as benchmarks/ttft_c1.sh: the vLLM 0.26 wheel chunks stashed by two earlier calls
+# Prerequisites as benchmarks/README.md ("On the lent GPU machine"): the vLLM 0.26 wheel chunks stashed by two earlier calls
 # (`$DEV/install-vllm.sh stash`, carrying .whl-cache/chunks/{SHA256SUMS,wheels.tar.00}, then
 # .whl-cache/chunks/wheels.tar.01); the call with `install` carries the last chunk, $DEV (a copy of
 # shared/device) and .whl (vllama's deps the image lacks).
 #
 #   install  $DEV/install-vllm.sh install
 #   setup    .whl into /tmp/vsite; the random-weight 1.5 B Qwen2 at /tmp/model; versions
-#   wake     a loopback TCP round trip between two processes, back to back and after a 5 ms pause: what one
-#            more hop costs on this host when the process it wakes was idle (benchmarks/wake_latency.py)
 #   start    (b) `vllama serve --model /tmp/model` with vllama's defaults on :11434, its vLLM (c) on :8100,
 #            with a fresh compile cache (VLLM_CACHE_ROOT=$LOGS/cache-b): a cold start, timed from launch
 #            to the first generated token
 #   c1       c = 1, one client process, $ROUNDS (3) alternating rounds x $C1_REQUESTS (32); stage timings
-#   floor    (no vLLM needed) benchmarks/hop_floor.py: a bare aiohttp relay in front of a stub upstream, its request
-#            and answer paths timed apart, over loopback TCP and a Unix socket, with its loop kept awake, and with a hand-written upstream client instead of aiohttp's: floor.json
 #   c1fake   (before start) c1split's d r p g with vllama (its defaults) and the relay in front of the stand-in
 #            (tests/bin/vllm, FAKE_TOKEN_DELAY 0.02 s per token, FAKE_TOKENS 4, FAKE_ROUNDS 24 x 8): the hop on this
 #            host's CPUs without vLLM's own variance: c1fake.json. FAKE_VLLAMA_PATH: another vllama_proxy's parent
@@ -43,8 +39,6 @@
 #            About 7 minutes for 16 64 256 on the H100 (est. 1.2, 1.5, 4 s per block pair). The old 3 long rounds:
 #            SWEEP_BLOCKS=3 SWEEP_WAVES=4. Alone, on a machine where vllama already runs (`start` done):
 #              OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh sweep     (timeout_s 600; ~7 min + 1 min of warm-up)
-#   spread   c = 64 and 256 (SPREAD_LEVELS), each target alone: how the connections to vLLM spread over
-#            its API-server processes, and their CPU (benchmarks/api_spread.py)
 #   batch    $BATCH_N (5000) prompts of 128 words, 128 tokens (/v1/completions lines): `vllama batch` with
 #            no concurrency flag (it reads max_running from /api/version)
 #   batchalt (issue 42, after start) $BATCH_ALT (3) runs, each: `vllama batch` with no -c on its own $BATCH_N prompts,
@@ -89,8 +83,8 @@
 #
 # After the two stash calls, three calls back to back (the machine must stay warm: vllama keeps running
 # between them; timeout_s 600 each): the install call (with the last chunk), then two calls of measurements:
-#   0: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup wake start      (~3.5 min)
-#   1: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh c1 sweep spread batch stop offline   (~8 min)
+#   0: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start           (~3.5 min)
+#   1: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh c1 sweep batch stop offline   (~8 min)
 #   2: OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh vanilla warm ondemand          (~8 min)
 #   stop then run (issue 37.5), after the stash calls (~4 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh install setup start stop stoprun
@@ -112,12 +106,15 @@
 #   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh ondemand
 # (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
-# The second run (c1split, c1w1, more sweep rounds, batchvar, fair cold starts): benchmarks/results/PLAN-i28b.md.
+# The second run (c1split, c1w1, more sweep rounds, batchvar, fair cold starts): bench-results:PLAN-i28b.md
+# (benchmarks/RESULTS.md says how to fetch it). The phases wake, floor (the hop without vLLM, RESULTS.md's third
+# pass) and spread (connections over vLLM's API servers): `git show abcf5ef:benchmarks/hop_cost.sh`, their
+# scripts in bench-results:scripts/.
 # Outputs in $OUT (one call's; at most 8 files): summary.txt (every result, tables), c1.json and
-# sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), ci.jsonl (sweep's intervals), spread.json,
+# sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), ci.jsonl (sweep's intervals),
 # stages.jsonl, logs.tar.gz.
 # Dry run against the stand-in (tests/bin/vllm on PATH, no GPU): MODEL (a model dir), VLLAMA_EXTRA
-# (--no-gpu-check), NO_GPU=1 (skips nvidia-smi), C1_REQUESTS, SWEEP_LEVELS, SPREAD_LEVELS, BATCH_N,
+# (--no-gpu-check), NO_GPU=1 (skips nvidia-smi), C1_REQUESTS, SWEEP_LEVELS, BATCH_N,
 # TOKENS, PB / PC / PR ports, HUB, SPLIT_ROUNDS, SPLIT_REQUESTS, SPLIT_TOKENS, SWEEP_BLOCKS, SWEEP_WAVES, BATCH_VARIANTS.
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=${LOGS:-/tmp/gpu-logs} DEV=${DEV:-shared/device} MODEL=${MODEL:-/tmp/model}
@@ -182,11 +179,6 @@ setup)
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite .whl/*.whl
   [ -f "$MODEL/config.json" ] || python3 "$DEV/make_random_model.py" "$MODEL" > /dev/null || exit 1
   log "vllm $(python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null); $(nproc) CPUs; $(free -g | awk '/Mem/{print $2" GiB RAM, "$7" available"}'); GPU: $([ -n "${NO_GPU:-}" ] || nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader)"
-  ;;
-wake) python3 benchmarks/wake_latency.py --n 400 --pause-ms 5 | say ;;
-floor)
-  log "floor: a bare aiohttp relay's request and answer paths, over TCP and a Unix socket, with and without a loop kept awake (no vLLM)"
-  python3 benchmarks/hop_floor.py --n "${FLOOR_N:-400}" --spin --raw --json "$OUT/floor.json" | say
   ;;
 c1fake)
   # The same c=1 split with the stand-in for vLLM (tests/fake_vllm.py: each token FAKE_TOKEN_DELAY after the last,
@@ -263,24 +255,6 @@ sweep)
     report stages $LOGS/m0.txt $LOGS/m1.txt "c=$c" | tee -a "$OUT/summary.txt" | tail -1 >> "$OUT/stages.jsonl"
     report merge "$OUT/sweep.json" $LOGS/sweep-*.json  # one file of every level so far (files that come back: 8 at most)
   done
-  ;;
-spread)
-  echo "[" > $LOGS/spread.json; sep=""
-  for c in ${SPREAD_LEVELS:-64 256}; do
-    for t in b=ollama:$B c=openai:$C; do
-      sleep 4  # idle pooled connections retire (3 s) between the targets
-      python3 benchmarks/api_spread.py --port $PC --interval 0.25 --json $LOGS/spread-one.json > $LOGS/spread-one.txt & sp=$!
-      sleep 1
-      loadgen --targets "$t" --levels "$c" --rounds 1 --requests-per-level "$(( 4 * c ))" --procs 4 --warmup 0 \
-        --baseline "${t%%=*}" > $LOGS/spread-load.txt 2>&1
-      kill -INT $sp; wait $sp
-      log "spread c=$c target ${t%%=*} ($(grep -E "^\| $c " $LOGS/spread-load.txt | cut -d'|' -f7-8 | tr -s ' ' | head -1) req/s | tok/s):"
-      say < $LOGS/spread-one.txt
-      { echo "$sep{\"concurrency\": $c, \"target\": \"${t%%=*}\", \"spread\": "; cat $LOGS/spread-one.json; echo "}"; } >> $LOGS/spread.json
-      sep=","
-    done
-  done
-  echo "]" >> $LOGS/spread.json; cp $LOGS/spread.json "$OUT/spread.json"
   ;;
 batch)
   n=${BATCH_N:-5000}

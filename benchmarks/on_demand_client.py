@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The real ``ollama`` client against a vllama serving local models on demand (issue 22, ``on_demand.sh``).
+"""The real ``ollama`` client against a vllama serving local models on demand (issue 22; ``hop_cost.sh ondemand``).
 
 Usage: on_demand_client.py URL list | ask NAME... | tools NAME | refuse NAME | show NAME
   list     /api/tags and /api/ps, one line per model (name, family, parameter size, quantization, size)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Models for the on-demand GPU run (issue 22, ``benchmarks/on_demand.sh``), placed in a Hugging Face
+"""Models for the on-demand GPU run (issue 22; ``benchmarks/hop_cost.sh ondemand``), placed in a Hugging Face
 cache as ``vllama pull`` leaves them.
 
 Usage:

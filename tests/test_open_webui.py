@@ -20,8 +20,8 @@ Optional, skipped unless everything it needs is here (CI has none of it and inst
     VLLAMA_OPEN_WEBUI=/work/owui-venv/bin/open-webui scripts/test.sh -s tests/test_open_webui.py
 
 Measured with open-webui 0.12.4, Chromium 156, playwright 1.65: about 50 s.
-``VLLAMA_OPEN_WEBUI_SHOTS=DIR`` keeps the screenshots and the request table there (the committed
-ones are in ``benchmarks/results/open-webui/``); otherwise they go to the test's temporary directory.
+``VLLAMA_OPEN_WEBUI_SHOTS=DIR`` keeps the screenshots and the request table there (the recorded
+ones are in ``bench-results:open-webui/``, the branch of raw results); otherwise they go to the test's temporary directory.
 """
 
 from __future__ import annotations
