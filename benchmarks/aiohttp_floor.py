@@ -17,7 +17,7 @@ itself (another process and loopback connection on the path) from what vllama do
 
 The hop without vLLM (a Unix socket, a loop kept awake, a hand-written upstream client; RESULTS.md,
 "the hop taken apart without vLLM") was measured with options this relay had then and
-bench-results:scripts/hop_floor.py.
+abcf5ef:benchmarks/hop_floor.py.
 """
 
 from __future__ import annotations

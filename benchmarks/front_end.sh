@@ -25,7 +25,7 @@
 # (VLLAMA_ONLY skips (a); TARGETS picks the sweep's targets). LG_CPUS=0-13 keeps the load generator off
 # the CPUs an engine core may get (a remote client, as in production). The phase pintoggle (the engine
 # core's placement toggled on the running server): `git show abcf5ef:benchmarks/front_end.sh`, its
-# pin_engine.py in bench-results:scripts/ (benchmarks/RESULTS.md says how to fetch it).
+# pin_engine.py in abcf5ef:benchmarks/ (benchmarks/RESULTS.md says how to fetch it).
 # Usage: OUT=dir DEV=.devscripts benchmarks/front_end.sh setup start checks sweep ... stop
 set -u
 OUT=${OUT:-/tmp/gpu-out} LOGS=/tmp/gpu-logs

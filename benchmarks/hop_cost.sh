@@ -106,10 +106,10 @@
 #   ondemand alone (DEV carried: it makes the models a fresh machine lacks, ~1 min, then ~4-6 min):
 #      OUT=$OUT DEV=.devscripts benchmarks/hop_cost.sh ondemand
 # (`cold` adds ~2.5 min: vllama with a fresh compile cache right beside `vanilla`; `start` is the first.)
-# The second run (c1split, c1w1, more sweep rounds, batchvar, fair cold starts): bench-results:PLAN-i28b.md
+# The second run (c1split, c1w1, more sweep rounds, batchvar, fair cold starts): abcf5ef:benchmarks/results/PLAN-i28b.md
 # (benchmarks/RESULTS.md says how to fetch it). The phases wake, floor (the hop without vLLM, RESULTS.md's third
 # pass) and spread (connections over vLLM's API servers): `git show abcf5ef:benchmarks/hop_cost.sh`, their
-# scripts in bench-results:scripts/.
+# scripts in abcf5ef:benchmarks/.
 # Outputs in $OUT (one call's; at most 8 files): summary.txt (every result, tables), c1.json and
 # sweep.json (benchmarks/loadgen.py JSON; sweep.json has every level), ci.jsonl (sweep's intervals),
 # stages.jsonl, logs.tar.gz.

@@ -86,7 +86,7 @@ def test_agents_requests_reach_vllm_as_chats_do(proxy, upstream_requests):
 
 def test_claude_codes_32000_output_tokens_fit_what_the_prompt_leaves_of_the_context(proxy, upstream_requests):
     # Claude Code asks max_tokens 32000 (thinking budget 31999) of any model; vLLM 0.26 refused the context (4096)
-    # too, since the prompt leaves less (H200, bench-results:h200-session9/agents-run.txt): max_tokens is
+    # too, since the prompt leaves less (H200, abcf5ef:benchmarks/results/h200-session9/agents-run.txt): max_tokens is
     # what the prompt leaves, counted by vLLM's /v1/messages/count_tokens
     words = " ".join(["word"] * 300)
     claude = {"model": "fake:7b", "max_tokens": 32000, "thinking": {"type": "enabled", "budget_tokens": 31999},

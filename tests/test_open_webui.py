@@ -21,7 +21,7 @@ Optional, skipped unless everything it needs is here (CI has none of it and inst
 
 Measured with open-webui 0.12.4, Chromium 156, playwright 1.65: about 50 s.
 ``VLLAMA_OPEN_WEBUI_SHOTS=DIR`` keeps the screenshots and the request table there (the recorded
-ones are in ``bench-results:open-webui/``, the branch of raw results); otherwise they go to the test's temporary directory.
+ones are in ``abcf5ef:benchmarks/results/open-webui/``, in the repository's history); otherwise they go to the test's temporary directory.
 """
 
 from __future__ import annotations
