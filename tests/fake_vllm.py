@@ -62,6 +62,9 @@ FAKE_VLLM_HANG_AFTER       int N: from the N-th generation request on, generatio
                            (waits forever); /health stays 200, /metrics shows the requests running
                            while ``vllm:generation_tokens_total`` stops moving.
 FAKE_VLLM_UNHEALTHY_FILE   path: while it exists, /health answers 503.
+FAKE_VLLM_STALE_PENDING    int N (0): /metrics adds N to ``vllm:num_requests_running`` while generation works as
+                           ever: a gauge left stale (an H200 vLLM kept reporting 6 requests pending and no new
+                           token after a batch had ended).
 FAKE_VLLM_BACKLOG          int (1024): the listen backlog (Linux holds backlog + 1 connections not accepted yet
                            and drops a SYN beyond them; vLLM's uvicorn listens with 2048, vllm-router with 128).
 FAKE_VLLM_ACCEPT_EVERY     float s (0): accept one connection per this many seconds (a server too busy to
@@ -270,6 +273,7 @@ class Knobs:
         self.step_per_seq = _env_float("FAKE_VLLM_STEP_PER_SEQ", 0.0)
         self.lockstep = env.get("FAKE_VLLM_LOCKSTEP", "") not in ("", "0", "false")
         self.backlog = _env_int("FAKE_VLLM_BACKLOG") or 1024
+        self.stale_pending = _env_int("FAKE_VLLM_STALE_PENDING") or 0
         self.accept_every = _env_float("FAKE_VLLM_ACCEPT_EVERY", 0.0)
 
 
@@ -1380,7 +1384,7 @@ async def metrics(request: web.Request) -> web.Response:
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{lbl} {float(s.in_flight)}",
+        f"vllm:num_requests_running{lbl} {float(s.in_flight + s.knobs.stale_pending)}",
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
         f"vllm:num_requests_waiting{lbl} {float(s.sched.n_waiting)}",
