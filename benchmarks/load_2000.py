@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = Sampler(list(usages.values()), fake_url)
         drops0 = listen_drops()
         sampler.start()
-        loadgen.log(f"burst: {args.clients} streams x {args.tokens} tokens at {args.token_delay} s/token "
+        loadgen.log(f"burst: {args.clients} {'streams' if not args.no_stream else 'non-streamed requests'} x {args.tokens} tokens at {args.token_delay} s/token "
                     f"(offered {args.clients / args.token_delay:.0f} tokens/s)")
         try:
             results, wall, abandoned, client_cpu = run_loop(burst(args, target, wl))
