@@ -291,7 +291,8 @@ class Settings(BaseSettings):
     health_timeout: float = Field(10.0, gt=0, description="Seconds a single health or metrics probe may take.")
     unhealthy_threshold: int = Field(3, ge=1, description="Consecutive failed /health probes that trigger a restart.")
     hang_timeout: float = Field(
-        120.0, ge=0, description="Restart when requests are pending but no token was generated for this long (0: off)."
+        120.0, ge=0, description="Restart when vLLM reports requests pending but generated no token for this long and "
+        "vllama's own 1-token request, sent at half of it, got no answer (a gauge alone restarts nothing; 0: off)."
     )
     stop_grace: float = Field(30.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping vLLM's process group.")
     drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish; "
