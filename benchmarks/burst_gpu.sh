@@ -13,7 +13,8 @@
 #            (otherwise the rest get Ollama's 503 "server busy" at once, which is admission, not a failed burst).
 #   cycle    CYCLES (3) times: hop_cost.sh sweep (SWEEP_LEVELS "16 64 256", SWEEP_BLOCKS 6 to fit a call), c1split,
 #            batch (BATCH_N 5000, no -c); after each batch: vLLM's num_requests_running / waiting /
-#            generation_tokens_total on 16 fresh connections (each may land on another API server), again 10 s and
+#            generation_tokens_total on 16 fresh connections, and as each API server process last wrote them
+#            (benchmarks/vllm_gauges.py: value, age, process alive: a stale writer vs requests vLLM kept), again 10 s and
 #            130 s later (GAUGE_WAITS "10 120": past --hang-timeout 120 s), then `vllama stop` and the seconds until /readyz says sleeping
 #            (or unloaded), then one request to wake it. Pass: restarts unchanged, no "engine hung" in the log, the
 #            stop slept the model. The engine_gauge_stale / engine_gauge_ignored lines say when a gauge was stale.
@@ -47,7 +48,8 @@ gauges() {  # $1: label. 16 reads of vLLM's /metrics, each on a new connection (
     for _ in $(seq 16); do
       curl -s "$C/metrics" | grep -aE '^vllm:(num_requests_running|num_requests_waiting|generation_tokens_total)' \
         | awk '{split($1, n, "{"); v[n[1]] += $2} END {printf "running %s waiting %s tokens %s\n", v["vllm:num_requests_running"], v["vllm:num_requests_waiting"], v["vllm:generation_tokens_total"]}'
-    done | sort | uniq -c; } | tee "$OUT/gauges-$1.txt" | say
+    done | sort | uniq -c
+    python3 benchmarks/vllm_gauges.py; } | tee "$OUT/gauges-$1.txt" | say
 }
 
 for phase in "$@"; do case $phase in
