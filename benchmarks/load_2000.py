@@ -28,6 +28,7 @@ seconds (counted as unanswered); traffic only to 127.0.0.1; subprocesses always 
 
     python benchmarks/load_2000.py                      # --clients 2000 --tokens 64 --token-delay 0.05
     python benchmarks/load_2000.py --workers 2 --procs 2 --json load.json
+    python benchmarks/load_2000.py --clients 5000 --tokens 8 --no-stream --workers 2 --procs 2   # the 5,000 burst
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ def _mib(b: int) -> str:
 def table(out: dict[str, Any]) -> str:
     r = out["requests"]
     lines = [
-        f"### load_2000: {out['config']['clients']} concurrent streams x {out['config']['tokens']} tokens "
+        f"### load_2000: {out['config']['clients']} concurrent {'streams' if out['config']['stream'] else 'non-streamed requests'} "
+        f"x {out['config']['tokens']} tokens "
         f"({out['config']['token_delay']} s/token), {out['config']['workers']} proxy worker(s), "
         f"{out['config']['procs']} client process(es), {out['env']['cpu_count']} CPUs",
         "",
@@ -322,6 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=90.0, help="seconds after which unfinished requests are abandoned")
     p.add_argument("--proxy-arg", action="append", default=[], help="extra `vllama serve` argument (repeatable; --FLAG=VALUE)")
     p.add_argument("--keep-logs", action="store_true", help="keep the subprocess logs and print where they are")
+    p.add_argument("--no-stream", action="store_true", help="non-streamed requests (stream: false): one JSON answer each")
     p.add_argument("--no-uvloop", action="store_true", help="client on asyncio's default loop")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         loadgen.log(f"fake {fake_url} (pid {fake.pid}), proxy {proxy_url} (pid {proxy.pid}, flags {' '.join(flags)}); "
                     f"client RLIMIT_NOFILE {nofile[0]}/{nofile[1]}")
 
-        target = Target("proxy", "ollama", proxy_url)
+        target = Target("proxy", "ollama-nostream" if args.no_stream else "ollama", proxy_url)
         wl = Workload(MODEL, args.tokens, len(PROMPT.split()), 0.0, True)
         run_loop = lambda coro: loadgen.run_loop(coro, use_uvloop=not args.no_uvloop)  # noqa: E731
         run_loop(warmup(target, wl))
@@ -369,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = Sampler(list(usages.values()), fake_url)
         drops0 = listen_drops()
         sampler.start()
-        loadgen.log(f"burst: {args.clients} streams x {args.tokens} tokens at {args.token_delay} s/token "
+        loadgen.log(f"burst: {args.clients} {'streams' if not args.no_stream else 'non-streamed requests'} x {args.tokens} tokens at {args.token_delay} s/token "
                     f"(offered {args.clients / args.token_delay:.0f} tokens/s)")
         try:
             results, wall, abandoned, client_cpu = run_loop(burst(args, target, wl))
@@ -398,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         out: dict[str, Any] = {
             "env": loadgen.environment(),
             "config": {"clients": args.clients, "tokens": args.tokens, "token_delay": args.token_delay,
-                       "workers": args.workers, "procs": args.procs, "timeout": args.timeout, "proxy_flags": flags},
+                       "workers": args.workers, "procs": args.procs, "timeout": args.timeout, "proxy_flags": flags,
+                       "stream": not args.no_stream},
             "requests": {
                 "sent": args.clients,
                 "answered": sum(1 for r in results if r.status is not None),

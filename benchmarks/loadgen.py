@@ -7,6 +7,7 @@ output tokens thanks to ``ignore_eos``):
 * ``ollama``: ``POST {base}/api/generate`` with ``raw: true, stream: true`` and
   ``options.num_predict / ignore_eos / temperature``; NDJSON lines, the last one
   ``done: true`` with ``eval_count``.
+* ``ollama-nostream``: the same with ``stream: false``: one JSON body (``done: true``, ``eval_count``).
 * ``openai``: ``POST {base}/v1/completions`` with ``max_tokens / ignore_eos / stream`` and
   ``stream_options.include_usage``; SSE ``data:`` events ending with ``data: [DONE]``.
 * ``openai-nostream``: the same with ``stream: false``: one JSON body, no TTFT or ITL; what the
@@ -66,7 +67,7 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
-PROTOCOLS = ("ollama", "openai", "openai-nostream", "openai-vllama", "ollama-chat", "openai-chat")
+PROTOCOLS = ("ollama", "ollama-nostream", "openai", "openai-nostream", "openai-vllama", "ollama-chat", "openai-chat")
 
 # Common English words: each is one token (with its leading space) in the usual BPE
 # vocabularies, so N words is about N prompt tokens for any real model.
@@ -136,12 +137,12 @@ def request_for(target: Target, wl: Workload, prompt: str) -> tuple[str, bytes, 
     headers = {"Content-Type": "application/json"}
     if target.protocol == "openai-vllama":
         return target.base + "/v1/completions", vllama_upstream_body(model, prompt, wl), headers
-    if target.protocol == "ollama":
+    if target.protocol in ("ollama", "ollama-nostream"):
         body = {
             "model": model,
             "prompt": prompt,
             "raw": True,
-            "stream": True,
+            "stream": target.protocol == "ollama",
             "options": {"num_predict": wl.output_tokens, "ignore_eos": True, "temperature": wl.temperature},
         }
         url = target.base + "/api/generate"
@@ -304,7 +305,7 @@ def _openai_line(st: _StreamState, line: bytes, now: float) -> bool:
     return True
 
 
-_LINE_HANDLERS = {"ollama": _ollama_line, "ollama-chat": _ollama_chat_line}
+_LINE_HANDLERS = {"ollama": _ollama_line, "ollama-nostream": _ollama_line, "ollama-chat": _ollama_chat_line}
 
 
 async def one_request(

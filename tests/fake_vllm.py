@@ -62,6 +62,13 @@ FAKE_VLLM_HANG_AFTER       int N: from the N-th generation request on, generatio
                            (waits forever); /health stays 200, /metrics shows the requests running
                            while ``vllm:generation_tokens_total`` stops moving.
 FAKE_VLLM_UNHEALTHY_FILE   path: while it exists, /health answers 503.
+FAKE_VLLM_STALE_PENDING    int N (0): /metrics adds N to ``vllm:num_requests_running`` while generation works as
+                           ever: a gauge left stale (an H200 vLLM kept reporting 6 requests pending and no new
+                           token after a batch had ended).
+FAKE_VLLM_BACKLOG          int (1024): the listen backlog (Linux holds backlog + 1 connections not accepted yet
+                           and drops a SYN beyond them; vLLM's uvicorn listens with 2048, vllm-router with 128).
+FAKE_VLLM_ACCEPT_EVERY     float s (0): accept one connection per this many seconds (a server too busy to
+                           accept faster: its listen queue fills whatever the machine's load).
 FAKE_VLLM_METRICS_DELAY    float s (0): /metrics answers this long after it is asked (what it shows is read
                            then), as a busy vLLM's does; /_fake/stats ``metrics_asked``: those answers
                            not yet given.
@@ -265,6 +272,9 @@ class Knobs:
         self.max_num_seqs = _env_int("FAKE_VLLM_MAX_NUM_SEQS")
         self.step_per_seq = _env_float("FAKE_VLLM_STEP_PER_SEQ", 0.0)
         self.lockstep = env.get("FAKE_VLLM_LOCKSTEP", "") not in ("", "0", "false")
+        self.backlog = _env_int("FAKE_VLLM_BACKLOG") or 1024
+        self.stale_pending = _env_int("FAKE_VLLM_STALE_PENDING") or 0
+        self.accept_every = _env_float("FAKE_VLLM_ACCEPT_EVERY", 0.0)
 
 
 class Scheduler:
@@ -1374,7 +1384,7 @@ async def metrics(request: web.Request) -> web.Response:
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{lbl} {float(s.in_flight)}",
+        f"vllm:num_requests_running{lbl} {float(s.in_flight + s.knobs.stale_pending)}",
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
         f"vllm:num_requests_waiting{lbl} {float(s.sched.n_waiting)}",
@@ -1687,9 +1697,15 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
         await runner.setup()
         log("INFO", f"Starting vLLM API server on http://{args.host}:{args.port}",
             "launcher.py:37")
-        site = web.TCPSite(runner, args.host, args.port, reuse_address=True, backlog=1024)
         try:
-            await site.start()
+            if knobs.accept_every > 0:
+                accepting = asyncio.ensure_future(accept_slowly(runner, args.host, args.port, knobs))
+                await asyncio.sleep(0)  # bound (or failed) before the start line below
+                if accepting.done():
+                    accepting.result()
+            else:
+                site = web.TCPSite(runner, args.host, args.port, reuse_address=True, backlog=knobs.backlog)
+                await site.start()
         except OSError as e:
             log("ERROR", f"[Errno {e.errno}] error while attempting to bind on address "
                          f"({args.host!r}, {args.port}): {e.strerror}", "launcher.py:1")
@@ -1709,6 +1725,23 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
         grandchild.stop()
         if state_ledger[0] is not None:
             state_ledger[0].release(0, "exit")
+
+
+async def accept_slowly(runner: web.AppRunner, host: str, port: int, knobs: Knobs) -> None:
+    """FAKE_VLLM_ACCEPT_EVERY: one connection accepted per ``accept_every`` s, handed to aiohttp's server."""
+    import socket
+
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))  # an OSError here is raised before the first await
+    sock.listen(knobs.backlog)
+    sock.setblocking(False)
+    assert runner.server is not None
+    while True:
+        conn, _ = await loop.sock_accept(sock)
+        await loop.connect_accepted_socket(runner.server, conn)
+        await asyncio.sleep(knobs.accept_every)
 
 
 def _arg(args: list[str], name: str) -> str | None:

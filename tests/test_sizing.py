@@ -69,6 +69,28 @@ def test_explicit_flags_win():
     assert with_api_servers(spec, plan(16, "t", [spec], None)).vllm_args == ["--api-server-count=3"]  # not added again
 
 
+@pytest.mark.parametrize(
+    ("cpus", "args", "upstream", "connects"),
+    [
+        (16, (), None, 32),  # the H200 machine: 8 API servers x 32 = 256, capped at 128, over 4 workers
+        (2, (), None, 32),  # this machine: one API server, one worker
+        (8, ("--api-server-count", "1"), None, 16),  # one API server, 2 workers
+        (16, (), "http://127.0.0.1:8000", 16),  # a front: API servers not known, 128 over 8 workers
+        (128, (), "http://127.0.0.1:8000", 4),  # 128 over 64 workers would be 2: at least 4 each
+    ],
+)
+def test_connections_opened_at_once_follow_vllms_api_servers(cpus, args, upstream, connects):
+    """Each worker opens a bounded number of connections to one vLLM at once (``upstream.py``); a burst's
+    other requests wait in vllama: 32 per API server, at most 128 over the workers, at least 4 per worker."""
+    from vllama_proxy.settings import Settings
+
+    _, p = sizing.resolve(Settings(cpus=cpus, upstream=upstream), one(*args) if upstream is None else [])
+    assert p.connects == connects and p.connects_source.startswith("auto")
+    assert p.as_dict()["connects_per_worker"] == connects
+    _, p = sizing.resolve(Settings(cpus=cpus, upstream=upstream, connect_concurrency=7), [])
+    assert (p.connects, p.connects_source) == (7, "--connect-concurrency")
+
+
 @pytest.mark.parametrize("flag", [["--headless"], ["--data-parallel-rank", "0"], ["--data-parallel-external-lb"], ["--grpc"]])
 def test_vllm_decides_where_it_must(flag):
     p = plan(16, "test", one(*flag), None)

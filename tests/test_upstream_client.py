@@ -391,3 +391,44 @@ async def test_a_request_builds_no_aiohttp_trace(monkeypatch):
     finally:
         await up.close()
         await srv.stop()
+
+
+async def test_a_server_that_accepts_nothing_fails_its_connects_and_then_fails_fast():
+    """Connects wait while the server accepts some (``test_connect_burst.py``), not while it accepts none: after
+    ``connect_timeout`` with no connect made the request fails, and once one gave up, the next ones to that server
+    get one try each until a connect succeeds again (a dead server's queue of requests fails in fifths of a second,
+    not in ``connect_timeout`` each)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(3):  # the queue full, and nobody accepts: every later SYN is dropped
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(s)
+    up = Upstream(f"http://127.0.0.1:{port}", connect_timeout=1.0)
+    await up.start()
+    loop = asyncio.get_running_loop()
+    try:
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout):
+            await up.get_json("/health")
+        first = loop.time() - t0
+        assert 0.9 < first < 5, f"the first connect gave up after {first:.2f} s"
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout):
+            await up.get_json("/health")
+        second = loop.time() - t0
+        assert second < 0.7, f"the next connect to a server that accepted nothing took {second:.2f} s"
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
+        await up.close()

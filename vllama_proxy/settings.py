@@ -145,8 +145,17 @@ class Settings(BaseSettings):
     )
 
     # --- upstream connection -----------------------------------------------------
-    connect_timeout: float = Field(10.0, gt=0, description="Seconds to open a connection to vLLM (or the router), all tries "
-                                   "together: a try not answered within 0.2 s is made again on a new socket, each twice as long.")
+    connect_timeout: float = Field(10.0, gt=0, description="Seconds a connection to vLLM (or the router) may take to open while "
+                                   "this process opens none to it (all tries together: a try not answered within 0.2 s is made "
+                                   "again on a new socket, each twice as long); a request waiting for its turn to connect "
+                                   "(--connect-concurrency) is not counted.")
+    connect_concurrency: int | Literal["auto"] = Field(
+        "auto",
+        description="Connections each vllama process opens to one vLLM server at once; a burst's other requests wait "
+        "in vllama for their turn (or a connection given back). auto: 32 per vLLM API server, at most 128 over all "
+        "workers (the smallest listen queue met in front of vLLM: vllm-router's), at least 4 per worker; 128 over "
+        "all workers where the API servers are not known (--upstream, --router, models started on demand).",
+    )
     read_timeout: float = Field(
         600.0,
         gt=0,
@@ -282,7 +291,8 @@ class Settings(BaseSettings):
     health_timeout: float = Field(10.0, gt=0, description="Seconds a single health or metrics probe may take.")
     unhealthy_threshold: int = Field(3, ge=1, description="Consecutive failed /health probes that trigger a restart.")
     hang_timeout: float = Field(
-        120.0, ge=0, description="Restart when requests are pending but no token was generated for this long (0: off)."
+        120.0, ge=0, description="Restart when vLLM reports requests pending but generated no token for this long and "
+        "vllama's own 1-token request, sent at half of it, got no answer (a gauge alone restarts nothing; 0: off)."
     )
     stop_grace: float = Field(30.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping vLLM's process group.")
     drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish; "
@@ -515,6 +525,13 @@ class Settings(BaseSettings):
         """Whether keys share the admission bound and vLLM schedules by priority (``fair_share``)."""
         return self.fair_share == "on" or (self.fair_share == "auto" and self.api_key_file is not None)
 
+    @field_validator("connect_concurrency")
+    @classmethod
+    def _connects_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("connect_concurrency must be auto or >= 1")
+        return v
+
     @field_validator("workers")
     @classmethod
     def _workers_range(cls, v: int | str) -> int | str:
@@ -712,7 +729,7 @@ METAVARS = {
     "host": "HOST", "port": "PORT", "config": "FILE", "models": "JSON", "upstream": "URL", "model": "MODEL",
     "served_model_name": "NAME", "library": "FILE", "alias": "NAME=SERVED", "vllm_args": "ARG", "api_key_upstream": "KEY",
     "api_key": "KEY", "api_key_file": "FILE", "origins": "ORIGIN", "max_queue": "N", "max_running": "N", "fair_reserve": "N",
-    "fair_light_running": "N", "retry_after": "SECONDS", "workers": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION", "sleep_unload_after": "DURATION",
+    "fair_light_running": "N", "retry_after": "SECONDS", "workers": "N|auto", "connect_concurrency": "N|auto", "cpus": "N", "max_body_size": "BYTES", "keep_alive": "DURATION", "sleep_unload_after": "DURATION",
     "sleep_host_memory_reserve": "BYTES", "state_dir": "DIR", "allowed_media_domains": "HOST",
     "vllm_executable": "PATH", "vllm_port": "PORT", "unhealthy_threshold": "N", "crash_loop_limit": "N",
     "gpu_context_share": "FRACTION", "on_demand_models": "NAME", "max_on_demand": "N",

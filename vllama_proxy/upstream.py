@@ -21,11 +21,23 @@ release found no idle connection (the answers' own were still waiting for their 
 a burst of connects at a router whose listen queue holds 128, and a pool a quarter larger (81 against 65
 connections per 512 requests of 64 streams on the 2-core VM, issue 43).
 
+New connections open a bounded number at a time (``connect_concurrency`` per process, chosen by
+``supervisor/sizing.py`` from vLLM's API servers and logged as ``front_end``): a burst's requests beyond
+that wait here, in this process, for their turn to connect (or for a pooled connection another request
+gave back), not as SYNs in the kernel's listen queue. A request waiting for its turn has no deadline but
+its own (the client leaving cancels it). 5,000 connects at once beside a CPU hog overflowed the stand-in's
+listen queue and kept the proxy's loop too busy to see its own connects complete within a try: 4,996 of
+5,000 requests failed their connect budget in 22 s (``benchmarks/RESULTS.md``).
+
 A connect not answered within :data:`CONNECT_TRY_S` is tried again on a new socket, each try allowed twice
-the last one's time, until ``connect_timeout``: a server whose listen queue is full drops the SYN, and Linux
-sends it again only after 1 s, then 3 s (vllm-router 0.1.17 listens with a backlog of 128; a front opening
-~1,000 connections to it at once had 430-917 of its first 1,024 requests wait 1-3 s, issue 43). A slow link
-costs a few short tries: a 0.3 s round trip connects on the second.
+the last one's time: a server whose listen queue is full drops the SYN, and Linux sends it again only after
+1 s, then 3 s (vllm-router 0.1.17 listens with a backlog of 128; a front opening ~1,000 connections to it at
+once had 430-917 of its first 1,024 requests wait 1-3 s, issue 43). A slow link costs a few short tries: a
+0.3 s round trip connects on the second. A connect fails when ``connect_timeout`` passed both since it began
+and since this process last connected to that server: vLLM that accepts no connection at all for that long
+is gone or hung, while one that accepts slowly (its listen queue full of others' connections) is still
+working, and a request is never failed because others were connecting. Once one connect gave up, the next
+ones to that server get one try each until a connect succeeds again (a dead server fails its queue fast).
 
 A streamed body's idle-read timeout is :class:`BodyWatch`'s, not aiohttp's ``sock_read``: aiohttp
 re-arms a timer on every read (a few µs of each streamed token's CPU, issue 42); the watch looks
@@ -80,27 +92,78 @@ _REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("vllama_upstream_
 
 
 class _Connector(aiohttp.TCPConnector):
-    """aiohttp's connector, noting whether it handed the request a pooled connection (one it handed out
-    before): what the retry of a request whose pooled connection closed before the answer began asks.
+    """aiohttp's connector with three additions: it notes whether it handed the request a pooled connection
+    (one it handed out before), bounds the connections being opened at once, and tries a connect again on a
+    new socket within a connect budget (the module's docstring says why).
 
-    Instead of a ``TraceConfig``'s ``on_connection_reuseconn``: with any trace config aiohttp builds a
-    ``Trace`` per request and awaits its signals at each step (request start, headers sent, chunk sent,
-    request end: ~5 awaits and their parameter objects on every request; issue 42.4). ``connect`` is
-    aiohttp's documented ``BaseConnector.connect``; the connections handed out are known by their protocol
-    objects, held weakly (a closed one is forgotten with it)."""
+    The pooled-connection note is what the retry of a request whose pooled connection closed before the
+    answer began asks; instead of a ``TraceConfig``'s ``on_connection_reuseconn``: with any trace config
+    aiohttp builds a ``Trace`` per request and awaits its signals at each step (request start, headers
+    sent, chunk sent, request end: ~5 awaits and their parameter objects on every request; issue 42.4).
+    ``connect`` is aiohttp's documented ``BaseConnector.connect``; the connections handed out are known by
+    their protocol objects, held weakly (a closed one is forgotten with it).
 
-    def __init__(self, **kwargs: Any) -> None:
+    aiohttp's own ``limit`` bounds the connections held, not those being opened, and counts its wait in the
+    request's ``connect`` timeout; so the opening bound is a semaphore around ``connect`` when no idle pooled
+    connection waits (aiohttp's ``_conns``, the idle pool), and the tries are made in ``_create_connection``
+    (aiohttp's private step that opens one socket, under ``sock_connect``), which only runs inside the bound.
+
+    Args:
+        opening: connections opened at once to one server (0: no bound).
+        connect_budget: seconds a connect may go without any connect to that server succeeding
+            (``None``: one try, aiohttp's own ``sock_connect``).
+        kwargs: ``aiohttp.TCPConnector``'s.
+    """
+
+    def __init__(self, *, opening: int = 0, connect_budget: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._handed: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._opening = opening
+        self._openers: dict[Any, asyncio.Semaphore] = {}  # connection key (one server) -> its turns to connect
+        self._budget = connect_budget
+        #: connection key -> monotonic time of the last connect that succeeded, and of the last that gave up
+        self._connected: dict[Any, float] = {}
+        self._gave_up: dict[Any, float] = {}
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
-        conn = await super().connect(req, traces, timeout)
+        key = req.connection_key
+        if not self._opening or self._conns.get(key):
+            conn = await super().connect(req, traces, timeout)
+        else:
+            turns = self._openers.get(key)
+            if turns is None:
+                turns = self._openers[key] = asyncio.Semaphore(self._opening)
+            async with turns:  # aiohttp looks in the pool again first: one may have come back meanwhile
+                conn = await super().connect(req, traces, timeout)
         proto = conn.protocol
         if proto in self._handed:
             _REUSED.set(True)
         elif proto is not None:
             self._handed.add(proto)
         return conn
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
+        if self._budget is None:
+            return await super()._create_connection(req, traces, timeout)
+        key = req.connection_key
+        began = time.monotonic()
+        wait = CONNECT_TRY_S
+        while True:
+            try_timeout = aiohttp.ClientTimeout(total=timeout.total, connect=timeout.connect, sock_read=timeout.sock_read,
+                                                sock_connect=wait, ceil_threshold=timeout.ceil_threshold)
+            try:
+                proto = await super()._create_connection(req, traces, try_timeout)
+            except asyncio.TimeoutError:
+                now = time.monotonic()
+                connected = self._connected.get(key, 0.0)
+                left = self._budget - (now - max(began, connected))
+                if left <= 0 or self._gave_up.get(key, -1.0) > connected:
+                    self._gave_up[key] = now
+                    raise
+                wait = min(wait * 2, max(left, CONNECT_TRY_S))
+                continue
+            self._connected[key] = time.monotonic()
+            return proto
 
 
 #: A stale pooled connection fails as the request is written: a failure later than this is
@@ -149,8 +212,11 @@ def encode_json(obj: Any) -> bytes:
         raise BadRequest(f"request is nested too deeply to forward: {e}") from None
 _DONE = b"[DONE]"
 
-#: Seconds the first try of a TCP connect is given (then 2x, 4x ... up to ``connect_timeout`` in all).
+#: Seconds the first try of a TCP connect is given (then 2x, 4x ...: the module's docstring).
 CONNECT_TRY_S = 0.2
+
+#: Connections a client opens at once unless told (:class:`Upstream`'s ``connect_concurrency``).
+CONNECT_CONCURRENCY = 16
 
 #: Kept-alive connections per process for :meth:`Upstream.answer`'s control calls; more wait for one
 #: (vllm-router answers ``/finish_session`` in about a millisecond: 16 carry thousands a second).
@@ -162,9 +228,11 @@ class Upstream:
 
     Args:
         base_url: where vLLM listens.
-        connect_timeout: seconds to open a TCP connection.
+        connect_timeout: seconds a TCP connect may take, and go on without any connect to that server
+            succeeding (the module's docstring); waiting for a turn to connect is not counted.
         read_timeout: seconds without any byte from vLLM before the request fails.
         api_key: vLLM's ``--api-key``, sent as ``Authorization: Bearer``.
+        connect_concurrency: connections opened at once (``supervisor/sizing.py``: ``connect_concurrency``).
     """
 
     def __init__(
@@ -174,9 +242,13 @@ class Upstream:
         connect_timeout: float = 10.0,
         read_timeout: float = 600.0,
         api_key: str | None = None,
+        connect_concurrency: int = CONNECT_CONCURRENCY,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=CONNECT_TRY_S, sock_read=read_timeout)
+        self.connect_timeout = connect_timeout
+        self.connect_concurrency = connect_concurrency
+        # no connect timeout of aiohttp's: it would count the wait for a turn to connect (_Connector's budget)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=CONNECT_TRY_S, sock_read=read_timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # one connection per request: the retry's
@@ -190,6 +262,8 @@ class Upstream:
         other = Upstream.__new__(Upstream)
         other.base_url = base_url.rstrip("/")
         other._timeout = self._timeout
+        other.connect_timeout = self.connect_timeout
+        other.connect_concurrency = self.connect_concurrency
         other._headers = self._headers
         other._session = None
         other._fresh = None
@@ -206,13 +280,17 @@ class Upstream:
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
+        budget = self.connect_timeout
+        # limit=0: the connections held are bounded by admission (api/admission.py), the ones opening here
         self._session = aiohttp.ClientSession(
-            connector=_Connector(limit=0, limit_per_host=0, keepalive_timeout=idle_lifetime(), enable_cleanup_closed=True),
+            connector=_Connector(opening=self.connect_concurrency, connect_budget=budget, limit=0, limit_per_host=0,
+                                 keepalive_timeout=idle_lifetime(), enable_cleanup_closed=True),
             **common,
         )
-        self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True), **common)
+        self._fresh = aiohttp.ClientSession(
+            connector=_Connector(opening=self.connect_concurrency, connect_budget=budget, limit=0, force_close=True), **common)
         self._control = aiohttp.ClientSession(
-            connector=_Connector(limit=CONTROL_CONNECTIONS, keepalive_timeout=idle_lifetime()), **common)
+            connector=_Connector(connect_budget=budget, limit=CONTROL_CONNECTIONS, keepalive_timeout=idle_lifetime()), **common)
 
     async def close(self) -> None:
         """Close the sessions and every pooled connection."""
@@ -242,38 +320,14 @@ class Upstream:
         sent = time.monotonic()
         try:
             session = self._control_session if control else self.session
-            return await self._connecting(session, method, url, **kwargs)
+            return await session.request(method, url, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if not _REUSED.get() or isinstance(e, aiohttp.ClientConnectorError) or time.monotonic() - sent > _STALE_WITHIN_S:
                 raise
             log.info("upstream_retry", url=url, error=type(e).__name__, why="a pooled connection was closed before the answer began")
         owner = self._pool or self
         assert owner._fresh is not None
-        return await self._connecting(owner._fresh, method, url, **kwargs)
-
-    async def _connecting(self, session: aiohttp.ClientSession, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
-        """``session.request``, its TCP connect tried again on a new socket when not answered in time: within
-        :data:`CONNECT_TRY_S` (the sessions' own ``sock_connect``), then twice that, and so on, until
-        ``connect_timeout`` in all (a dropped SYN is otherwise sent again by the kernel only after 1 s)."""
-        try:
-            return await session.request(method, url, **kwargs)
-        except aiohttp.ConnectionTimeoutError as e:
-            last = e
-        budget = self._timeout.connect or 0.0
-        started, wait = time.monotonic() - CONNECT_TRY_S, CONNECT_TRY_S
-        while (left := budget - (time.monotonic() - started)) > 0:
-            wait *= 2
-            try:
-                return await session.request(method, url, timeout=self._timeout_with(sock_connect=min(wait, left), connect=left),
-                                             **kwargs)
-            except aiohttp.ConnectionTimeoutError as e:
-                last = e
-        raise last
-
-    def _timeout_with(self, **changes: float | None) -> aiohttp.ClientTimeout:
-        t = self._timeout
-        return aiohttp.ClientTimeout(**{"total": t.total, "connect": t.connect, "sock_connect": t.sock_connect,
-                                        "sock_read": t.sock_read, **changes})
+        return await owner._fresh.request(method, url, **kwargs)
 
     @asynccontextmanager
     async def request(

@@ -82,6 +82,27 @@ def test_two_api_servers_share_the_engine(ready, tiny_model):
     assert len(out) == 8 and all(r.eval_count == 20 for r in out)
 
 
+def test_the_hang_checks_own_request_is_one_the_real_vllm_answers(ready, tiny_model):
+    """The hang check restarts vLLM only when vllama's own smallest request gets no answer (``supervisor/probes.py``
+    ``answers``, on a stall of vLLM's gauges): the real vLLM, with two API servers, must answer it."""
+    from vllama_proxy.supervisor import probes
+    from vllama_proxy.upstream import Upstream
+
+    argv = [json.loads(x)["argv"] for x in ready.log.read_text(errors="replace").splitlines() if '"launched"' in x][-1]
+    port = argv[argv.index("--port") + 1]
+
+    async def ask() -> tuple[bool, str]:
+        up = Upstream(f"http://127.0.0.1:{port}", read_timeout=300)  # a bound only a failure reaches on 2 busy cores
+        await up.start()
+        try:
+            return await probes.answers(up, tiny_model.name, pooling=False)
+        finally:
+            await up.close()
+
+    works, said = asyncio.run(ask())
+    assert works and said == "/v1/completions answered HTTP 200", said
+
+
 def _streams_then_kill(url: str, model: str, engine: psutil.Process) -> tuple[dict[int, dict], str]:
     """Three streams of LONG; SIGKILL of ``engine`` once each has 2 chunks, or once one has and the others were
     given 60 s more (twice the ~30 s bursts of this tier's vLLM on 2 CPUs): one CI run's third stream got no byte

@@ -257,6 +257,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         api_key=settings.api_key_upstream,
+        connect_concurrency=front.connects,
     )
     live = [Backend(spec, pool if i == 0 else pool.at(spec.url)) for i, spec in enumerate(backends)]
     on_demand = None

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import psutil
 
 from vllama_proxy.models.adapters import LoraPlan, lora_plan
-from vllama_proxy.models.launch_spec import ModelConfig
+from vllama_proxy.models.launch_spec import ModelConfig, pooling
 from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
@@ -147,6 +147,9 @@ class Supervisor:
         self.config_error: str | None = None
         self._weights_bytes: int | None = None
         self._probe = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0, read_timeout=settings.health_timeout)
+        #: the hang check's own request (probes.answers), on a client that waits for its answer as long as the check does
+        self._asker = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0,
+                               read_timeout=max(settings.hang_timeout, settings.health_timeout))
         self._changed = asyncio.Event()
         #: what is wanted of the owner loop (``inbox.py``): requests from every process ring the board's bell
         self.inbox = Inbox(board.inbox_bell, on_message=self._told)
@@ -173,6 +176,7 @@ class Supervisor:
     async def start(self) -> None:
         """Begin supervising (returns at once; vLLM loads in the background)."""
         await self._probe.start()
+        await self._asker.start()
         self.inbox.open()
         if self.slot is None:  # an empty on-demand slot has nothing to say yet
             log.info("state", model=self.served_name, to=self.state.value,
@@ -192,6 +196,7 @@ class Supervisor:
         if self._task is not None:
             await self._task
         await self._probe.close()
+        await self._asker.close()
 
     @property
     def stopping(self) -> bool:
@@ -746,13 +751,26 @@ class Supervisor:
 
     async def _watch(self) -> WatchOutcome:
         """Watch a ready vLLM until it must restart, its keep_alive ended (or an eviction was asked)
-        with nothing running, a new adapter needs a restart (:meth:`_lora_outgrown`), or stop is asked."""
+        with nothing running, a new adapter needs a restart (:meth:`_lora_outgrown`), or stop is asked.
+
+        Hung means shown not to work, never a gauge alone (``probes.py``): requests pending (vLLM's
+        ``num_requests_running`` + ``_waiting``) with no token generated since the last look make a
+        stall; once it lasted half of ``--hang-timeout`` vLLM is asked vllama's own smallest request
+        (:func:`probes.answers`), and the engine is hung if that has no answer when the stall reaches
+        ``--hang-timeout`` (or fails). Answered, the gauge was stale: logged (``engine_gauge_stale``), the
+        stall counted again from then. And a model vllama's own requests no longer use sleeps (or stops) at
+        the end of its keep_alive (``vllama stop``) when vLLM's gauge says none pending, or says some but
+        generated no token for a ``--health-interval`` (an H200 vLLM's gauge stood at 6 after a batch).
+        """
         child = self.child
         assert child is not None
         exited = asyncio.ensure_future(child.wait())
         failed_polls = 0
-        tokens: float | None = None
-        stalled_since: float | None = None
+        tokens: float | None = None  # vLLM's generated tokens at the last look that saw them move
+        moved_at = time.monotonic()  # ... and when (the watch's start before the first look)
+        stalled_since: float | None = None  # when the current stall began (or was last shown not to be a hang)
+        asked: asyncio.Task[tuple[bool, str]] | None = None  # the hang check's request (probes.answers), while it runs
+        stale_seen = False  # this stall's gauge was shown stale once (logged as a warning once, then at info)
         if self.board.adapters_version != self._lora_version:
             self.inbox.post(Kind.ADAPTERS)  # an adapter created while it started or slept (its message unheard then): look now
         hearing = False
@@ -780,33 +798,64 @@ class Supervisor:
                 # An eviction asked during the probe below is weighed at the next look (its EVICT
                 # message ends the wait at once), never cleared unseen: nobody would tell the model
                 # waiting for room, which waited for --load-timeout (a CI hang under load).
-                asked = self._evict_reason
-                expired = asked is not None or time.time() >= self.board.expires_at
+                evict = self._evict_reason
+                expired = evict is not None or time.time() >= self.board.expires_at
                 if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)
+                    now = time.monotonic()
+                    if load is not None and load.generation_tokens != tokens:
+                        tokens, moved_at = load.generation_tokens, now
                     idle = not self.board.in_use
-                    if expired and load is not None and load.pending == 0 and idle:
+                    if expired and load is not None and idle and (load.pending == 0 or now - moved_at >= self.s.health_interval):
+                        if load.pending:
+                            log.info("engine_gauge_ignored", model=self.served_name, pending=load.pending,
+                                     still_s=round(now - moved_at, 1),
+                                     why="no request of vllama's in flight and no token generated since the last look")
                         return Idle()
-                    if asked is not None and self.board.in_flight + self.board.waiters > 0:
+                    if evict is not None and self.board.in_flight + self.board.waiters > 0:
                         # busy: declined; the pool looks for another model to evict when its requests
                         # end (IDLE). Idle here but not by vLLM's count (or /metrics unread): asked still.
-                        log.info("eviction_declined", model=self.served_name, reason=str(asked), in_flight=self.board.in_flight,
+                        log.info("eviction_declined", model=self.served_name, reason=str(evict), in_flight=self.board.in_flight,
                                  waiting=self.board.waiters)
                         self._evict_reason = None
                     if load is not None and self.s.hang_timeout > 0:
-                        now = time.monotonic()
-                        if load.pending > 0 and load.generation_tokens == tokens:
-                            stalled_since = stalled_since or now
-                            if now - stalled_since >= self.s.hang_timeout:
-                                return Crashed(f"engine hung: {load.pending:g} requests pending, no token generated for {now - stalled_since:.0f} s")
-                        else:
+                        stalled = load.pending > 0 and moved_at < now
+                        if asked is not None and asked.done():
+                            works, said = asked.result()
+                            asked = None
+                            if works:
+                                (log.info if stale_seen else log.warning)(
+                                    "engine_gauge_stale", model=self.served_name, pending=load.pending,
+                                    no_token_s=round(now - moved_at, 1), answer=said,
+                                    why="vLLM's gauge says requests are pending and no token came, but vllama's own request "
+                                    "was answered: not restarted")
+                                stale_seen, stalled_since = True, now
+                            elif stalled:
+                                return Crashed(f"engine hung: {load.pending:g} requests pending, no token generated for "
+                                               f"{now - moved_at:.0f} s, and vllama's own request failed: {said}")
+                        if load.pending == 0:
+                            stale_seen = False
+                        if not stalled:
                             stalled_since = None
-                        tokens = load.generation_tokens
+                            if asked is not None:
+                                asked.cancel()  # tokens came, or nothing is pending: the engine works
+                                asked = None
+                        else:
+                            stalled_since = stalled_since or now
+                            if asked is None and now - stalled_since >= self.s.hang_timeout / 2:
+                                asked = asyncio.ensure_future(probes.answers(
+                                    self._asker, self.served_name, pooling=pooling(self.spec.args())))
+                            elif asked is not None and now - stalled_since >= self.s.hang_timeout:
+                                return Crashed(f"engine hung: {load.pending:g} requests pending, no token generated for "
+                                               f"{now - moved_at:.0f} s, and vllama's own request got no answer in "
+                                               f"{now - stalled_since - self.s.hang_timeout / 2:.0f} s")
                 if told in (Kind.RELEASE, Kind.EXPIRED):  # asked to make room for a claim, and in use: declined
                     self.board.clear_release()
                     self.board.announce()  # the claim looks again
         finally:
             exited.cancel()
+            if asked is not None:
+                asked.cancel()
             if hearing:
                 self.board.listen_idle(False)
 

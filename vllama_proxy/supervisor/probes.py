@@ -1,8 +1,12 @@
-"""What the supervisor asks vLLM: ``/health``, ``/v1/models``, and progress in ``/metrics``.
+"""What the supervisor asks vLLM: ``/health``, ``/v1/models``, progress in ``/metrics``, and a request of its own.
 
 A hung engine still answers ``/health`` 200 (``shared/ollama-api.md`` "vLLM side"),
 so liveness of generation is read from Prometheus metrics: requests running or
-waiting while ``vllm:generation_tokens_total`` stands still means the engine is stuck.
+waiting while ``vllm:generation_tokens_total`` stands still makes the engine a suspect.
+The gauges alone are no evidence: an H200 vLLM kept reporting 6 requests pending and no
+new token after a batch had ended, and was restarted while it served fine
+(``benchmarks/RESULTS.md``). So a suspect engine is asked :func:`answers`, vllama's own
+smallest request, and only one that does not answer it is hung.
 """
 
 from __future__ import annotations
@@ -10,8 +14,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import orjson
+
 from ..errors import UpstreamError
 from ..upstream import Upstream, read_json, read_response
+
+#: The prompt of :func:`answers`' request (one token of any vocabulary).
+PROBE_PROMPT = "Hi"
 
 
 async def health(upstream: Upstream) -> int | None:
@@ -81,3 +90,23 @@ async def load(upstream: Upstream) -> Load | None:
     except ValueError:
         return None
     return Load(pending, tokens)
+
+
+async def answers(upstream: Upstream, name: str, *, pooling: bool) -> tuple[bool, str]:
+    """``(whether vLLM's engine answered, what came back)`` for vllama's own smallest request: a 1-token
+    completion (``/v1/completions``, ``max_tokens`` 1), or for a pooling model (``pooling``) an embedding of
+    one word. Waits as long as it takes (the caller bounds it, cancelling it: the connection then closes and
+    vLLM aborts the request). A 4xx answer counts as answered (the API server refused the request itself,
+    nothing says the engine does not work); a 5xx, a broken connection or no connection do not.
+    """
+    if pooling:
+        path, payload = "/v1/embeddings", {"model": name, "input": PROBE_PROMPT}
+    else:
+        path, payload = "/v1/completions", {"model": name, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
+    try:
+        async with upstream.request("POST", path, body=orjson.dumps(payload), check=False) as resp:
+            await read_response(resp)
+            status = resp.status
+    except UpstreamError as e:
+        return False, str(e)
+    return status < 500, f"{path} answered HTTP {status}"

@@ -21,6 +21,13 @@ fleet's front translates every token of every node) gives its workers half, 8 of
 network work and uneven load across processes. Explicit flags always win; every choice is
 logged and shown in ``/readyz``. The engine cores' own CPUs are chosen here too
 (``supervisor/placement.py``).
+
+How many connections each worker opens to one vLLM server at once (``upstream.py``; a burst's other
+requests wait in vllama for their turn) is chosen here as well (:func:`connects`): 32 per API server
+(each accepts in its own process), at most 128 over all workers, vllm-router 0.1.17's listen backlog and
+the smallest queue met in front of vLLM, so vllama alone never overflows one; at least 4 per worker.
+5,000 requests opening their connections at once beside a CPU hog failed 4,996 connects
+(``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,12 @@ from .placement import Placement, plan_placement
 MAX_API_SERVERS_PER_ENGINE = 8
 #: Most vllama workers chosen automatically.
 MAX_AUTO_WORKERS = 32
+#: Connections vllama's workers together open at once to one vLLM server, per API server of it ...
+CONNECTS_PER_API_SERVER = 32
+#: ... at most (vllm-router 0.1.17 listens with a backlog of 128: the smallest queue met in front of vLLM) ...
+MAX_CONNECTS = 128
+#: ... and at least this many per worker.
+MIN_CONNECTS_PER_WORKER = 4
 #: vLLM flags under which it decides its API servers itself (headless, external or hybrid
 #: load balancing, one server per rank, gRPC): vllama leaves ``--api-server-count`` alone.
 _VLLM_DECIDES = (
@@ -198,6 +211,8 @@ class Plan:
         workers: vllama proxy processes; ``workers_source`` ``"auto"`` or ``"--workers"``.
         api_servers: served name -> vLLM API servers, and for each how it was decided
             (``"auto"``, ``"vllm_args"``: given after ``--``, ``"vllm"``: vLLM's own default).
+        connects: connections each worker opens at once to one vLLM server (:func:`connects`);
+            ``connects_source``: ``"auto: ..."`` (the rule's inputs) or ``"--connect-concurrency"``.
     """
 
     cpus: float
@@ -207,6 +222,9 @@ class Plan:
     api_servers: dict[str, int] = field(default_factory=dict)
     api_servers_source: dict[str, str] = field(default_factory=dict)
     placement: Placement = field(default_factory=Placement)
+    #: connections each worker opens at once to one vLLM server (:func:`connects`), and how it was decided
+    connects: int = MAX_CONNECTS
+    connects_source: str = "auto"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -218,10 +236,13 @@ class Plan:
             "engine_cpus": self.placement.engine_cpus,
             "other_cpus": self.placement.other_cpus,
             "engine_cpus_source": self.placement.source,
+            "connects_per_worker": self.connects,
+            "connects_source": self.connects_source,
         }
 
 
-def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None, *, vllm_here: bool = True) -> Plan:
+def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int | None, *, vllm_here: bool = True,
+         connect_concurrency: int | None = None) -> Plan:
     """Choose vllama's workers and each model's vLLM API servers for ``cpus`` usable CPUs.
 
     Args:
@@ -233,6 +254,7 @@ def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int |
         vllm_here: whether this server runs vLLM at all (``False`` with ``--upstream``/``--router``:
             its workers get the half kept for vLLM's API servers). Not ``bool(specs)``: a server with
             no model configured launches vLLM on demand, with the API servers this rule gives it.
+        connect_concurrency: ``--connect-concurrency`` if given (it wins), else ``None`` (:func:`connects`).
     """
     reserved = sum(engine_cores(s) for s in specs)
     front = max(cpus - reserved, 0.0)
@@ -256,7 +278,26 @@ def plan(cpus: float, cpus_source: str, specs: list[ModelConfig], workers: int |
         chosen, wsource = min(max(round(share), 1), MAX_AUTO_WORKERS), "auto"
     else:
         chosen, wsource = workers, "--workers"
-    return Plan(cpus, cpus_source, chosen, wsource, api, source)
+    if connect_concurrency is not None:
+        opening, osource = connect_concurrency, "--connect-concurrency"
+    else:
+        opening, osource = connects(list(api.values()), chosen)
+    return Plan(cpus, cpus_source, chosen, wsource, api, source, connects=opening, connects_source=osource)
+
+
+def connects(api_servers: list[int], workers: int) -> tuple[int, str]:
+    """``(connections each worker opens at once to one vLLM server, why)``: :data:`CONNECTS_PER_API_SERVER`
+    per API server of the model with the fewest (each model is a server of its own), at most
+    :data:`MAX_CONNECTS` over the ``workers``, at least :data:`MIN_CONNECTS_PER_WORKER`; ``api_servers``
+    empty (not known: ``--upstream``, ``--router``, models started on demand): :data:`MAX_CONNECTS` over
+    the workers."""
+    if api_servers:
+        total = min(CONNECTS_PER_API_SERVER * min(api_servers), MAX_CONNECTS)
+        why = f"auto: {CONNECTS_PER_API_SERVER} per vLLM API server ({min(api_servers)}), at most {MAX_CONNECTS}, over {workers} worker(s)"
+    else:
+        total = MAX_CONNECTS
+        why = f"auto: vLLM's API servers not known here, {MAX_CONNECTS} over {workers} worker(s)"
+    return max(total // workers, MIN_CONNECTS_PER_WORKER), why
 
 
 def _multi_api_allowed() -> bool:
@@ -287,7 +328,8 @@ def resolve(settings: Settings, specs: list[ModelConfig]) -> tuple[Settings, Pla
     else:
         cpus, source = usable_cpus()
     p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers),
-             vllm_here=settings.upstream is None)
+             vllm_here=settings.upstream is None,
+             connect_concurrency=None if settings.connect_concurrency == "auto" else int(settings.connect_concurrency))
     try:
         affinity = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no affinity to set
