@@ -85,6 +85,19 @@ def test_show(proxy):
     assert r.returncode == 1 and r.stderr.startswith("Error: ") and "nope" in r.stderr
 
 
+def test_show_of_a_created_model_prints_its_system(proxy):
+    """Ollama's ``showInfo`` prints a System section (its first two lines) as it does License."""
+    r = httpx.post(proxy.url + "/api/create", json={"model": "sysmodel", "from": SERVED, "system": "You are Mario.\nAlways cheerful.\nThird.",
+                                                   "stream": False})
+    assert r.status_code == 200, r.text
+    try:
+        out = vllama(proxy, "show", "sysmodel").stdout
+        assert "  System\n" in out, out
+        assert out.split("  System\n")[1].split("\n\n")[0].split("\n") == ["    You are Mario.", "    Always cheerful.", "    ..."]
+    finally:
+        httpx.request("DELETE", proxy.url + "/api/delete", json={"model": "sysmodel"})
+
+
 def test_pull(proxy):
     r = vllama(proxy, "pull", ALIAS)
     assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "success"
