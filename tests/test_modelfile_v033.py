@@ -105,6 +105,8 @@ def test_a_draft_needs_a_vllm_that_vllama_launches(proxy):
     assert r.status_code == 400 and "--upstream" in r.json()["error"]
     r = _create(proxy.url, model="fast", modelfile=f"FROM {SERVED}\nPARAMETER draft_num_predict 4\n")
     assert r.status_code == 400 and "needs a DRAFT" in r.json()["error"]
+    r = _create(proxy.url, model="fast", **{"from": SERVED}, draft="ngram", draft_quantize="q4_K_M")
+    assert r.status_code == 400 and "draft_quantize is not supported" in r.json()["error"]
 
 
 def test_a_draft_model_restarts_its_base_with_the_speculative_config(vllama):

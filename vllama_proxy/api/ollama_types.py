@@ -252,6 +252,7 @@ class CreateRequest(_Loose):
     #: a Hugging Face repo id, ``ngram``), which Ollama's client sends as uploaded ``draft_files``
     draft: str | None = None
     draft_files: dict[str, str] | None = None
+    draft_quantize: str | None = None
     requires: str | None = None
     renderer: str | None = None
     parser: str | None = None

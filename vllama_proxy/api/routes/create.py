@@ -80,6 +80,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     if len(name) > 256 or not _NAME.fullmatch(name):
         raise BadRequest(f'model name "{name}" is invalid')
     template = req.template if req.template is not None else fields.get("template")
+    if getattr(req, "draft_quantize", None):
+        raise BadRequest("draft_quantize is not supported: vLLM loads the draft model as published; name a quantized draft instead")
     if req.quantize:
         raise BadRequest("quantize is not supported: vLLM serves published quantizations; "
                          "name one instead (a library tag such as qwen2.5:7b-q4_K_M, or an AWQ/GPTQ/FP8 repo)")
