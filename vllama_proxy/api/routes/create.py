@@ -70,7 +70,10 @@ async def create(request: web.Request) -> web.StreamResponse:
     served model or a configured alias, ``from`` missing, a ``template`` other than the base
     model's own chat template (Ollama's Go templates are not vLLM's Jinja: vllama always applies
     the base's own; its own, as ``show --modelfile`` prints it, is accepted so that a shown
-    Modelfile is created unchanged, issue 37.2), ``quantize``, unknown ``parameters``; 404 ``from`` unknown.
+    Modelfile is created unchanged, issue 37.2), ``quantize``, unknown ``parameters``, and Ollama 0.33's
+    commands where they have no meaning here (``models/modelfile_v033.py``: a ``REQUIRES`` above the level
+    vllama speaks, a ``RENDERER`` or ``PARSER`` that is not the base's, a ``DRAFT`` vllama cannot start the
+    base with: :func:`_v033_fields`); 404 ``from`` unknown. A ``DRAFT`` restarts the base (:func:`serve_draft`).
     """
     req = await read_request(request, CreateRequest)
     fields: dict[str, Any] = parse_modelfile(req.modelfile) if req.modelfile else {}
