@@ -252,8 +252,11 @@ def config_text(run: Launch, key: str | None) -> str:
 def choose_model(client: Client) -> str | None:
     """The model to launch with when none was named: the only one served, else one asked for on a
     terminal (tool-capable ones first and marked), else ``None`` after a line saying to name one."""
-    names = [m.get("name") or m.get("model") for m in client.json("GET", "/api/tags").get("models") or []]
-    names = [n for n in names if n]
+    listed = [m for m in client.json("GET", "/api/tags").get("models") or [] if m.get("name") or m.get("model")]
+    names = [m.get("name") or m.get("model") for m in listed]
+    # Ollama 0.33's tags say each model's capabilities (as Ollama's launch reads them: cmd/launch/model_inventory.go);
+    # an older server's do not: then /api/show is asked, per model
+    said = {m.get("name") or m.get("model"): m["capabilities"] for m in listed if isinstance(m.get("capabilities"), list)}
     if len(names) == 1:
         return names[0]
     if not names:
@@ -262,7 +265,7 @@ def choose_model(client: Client) -> str | None:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print(f"Error: name the model with --model (the server has: {', '.join(names)})", file=sys.stderr)
         return None
-    tools = {n for n in names if "tools" in (_capabilities(client, n))}
+    tools = {n for n in names if "tools" in (said[n] if n in said else _capabilities(client, n))}
     ordered = sorted(names, key=lambda n: (n not in tools, n))
     for i, n in enumerate(ordered, 1):
         print(f"{i:>3}. {n}{'  (tools)' if n in tools else ''}")
