@@ -68,9 +68,12 @@ def test_a_model_made_from_uploaded_files_runs_on_demand(tmp_path):
         files = _upload(s.client, write_model_dir(tmp_path / "weights"))
         progress = list(s.client.create(model="my-upload", files=files, system="be terse", stream=True))
         assert progress[-1].status == "success" and any("copying file" in (p.status or "") for p in progress)
-        assert "my-upload:latest" in {m.model for m in s.client.list().models}
+        # the model is its own base (created.json: "base": "my-upload"): listed once, as Ollama lists it
+        assert [m.model for m in s.client.list().models].count("my-upload:latest") == 1
         r = s.client.chat(model="my-upload", messages=[{"role": "user", "content": "hi"}], stream=False)
         assert r.done
+        assert [m.model for m in s.client.list().models].count("my-upload:latest") == 1  # loaded in its slot too
+        assert [m.model for m in s.client.ps().models].count("my-upload:latest") == 1
         argv = s.launched()[-1]
         served_from = argv[argv.index("serve") + 1]
         assert served_from.startswith(str(tmp_path / "state" / "models")), argv

@@ -25,6 +25,8 @@ from conftest import ALIAS, ROOT, SERVED, TESTS, free_port, get_json, stop, wait
 
 CODE = "import sys; from vllama_proxy.client.main import main; sys.exit(main(sys.argv[1], sys.argv[2:]))"
 TOKENS = "".join(f"tok{i} " for i in range(8))  # the fake's answer: "tok0 tok1 ... tok7 "
+#: what a thinking model's answer opens with, shown by default as Ollama's CLI shows it (the fake thinks 3 tokens)
+THOUGHT = "Thinking...\nthink0 think1 think2 \n...done thinking.\n\n"
 
 
 def env_for(host: str) -> dict[str, str]:
@@ -85,6 +87,19 @@ def test_show(proxy):
     assert r.returncode == 1 and r.stderr.startswith("Error: ") and "nope" in r.stderr
 
 
+def test_show_of_a_created_model_prints_its_system(proxy):
+    """Ollama's ``showInfo`` prints a System section (its first two lines) as it does License."""
+    r = httpx.post(proxy.url + "/api/create", json={"model": "sysmodel", "from": SERVED, "system": "You are Mario.\nAlways cheerful.\nThird.",
+                                                   "stream": False})
+    assert r.status_code == 200, r.text
+    try:
+        out = vllama(proxy, "show", "sysmodel").stdout
+        assert "  System\n" in out, out
+        assert out.split("  System\n")[1].split("\n\n")[0].split("\n") == ["    You are Mario.", "    Always cheerful.", "    ..."]
+    finally:
+        httpx.request("DELETE", proxy.url + "/api/delete", json={"model": "sysmodel"})
+
+
 def test_pull(proxy):
     r = vllama(proxy, "pull", ALIAS)
     assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "success"
@@ -133,7 +148,7 @@ def test_pull_progress_bar_on_a_terminal():
 def test_run_prompt(proxy, upstream_requests):
     r = vllama(proxy, "run", ALIAS, "why", "is", "the", "sky", "blue?")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == TOKENS + "\n"
+    assert r.stdout == THOUGHT + TOKENS + "\n"
     [req] = upstream_requests("/v1/chat/completions")
     assert req["body"]["messages"] == [{"role": "user", "content": "why is the sky blue?"}]
 
@@ -141,7 +156,7 @@ def test_run_prompt(proxy, upstream_requests):
 def test_run_stdin(proxy, upstream_requests):
     r = vllama(proxy, "run", ALIAS, stdin="from a pipe [[tokens:3]]\n")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "tok0 tok1 tok2 \n"
+    assert r.stdout == THOUGHT + "tok0 tok1 tok2 \n"
     assert upstream_requests("/v1/chat/completions")[0]["body"]["messages"][0]["content"].startswith("from a pipe")
     r = vllama(proxy, "run", ALIAS, stdin="")  # nothing piped: only loads the model
     assert (r.returncode, r.stdout) == (0, "")
@@ -151,12 +166,14 @@ def test_run_stdin(proxy, upstream_requests):
 def test_run_think_and_verbose(proxy):
     r = vllama(proxy, "run", "--think", ALIAS, "hi", "--verbose")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "Thinking...\nthink0 think1 think2 \n...done thinking.\n\n" + TOKENS + "\n"
+    assert r.stdout == THOUGHT + TOKENS + "\n"
     for label in ("total duration:", "prompt eval count:", "eval count:           11 token(s)", "eval duration:"):
         assert label in r.stderr
     assert re.search(r"^eval rate:\s+\d+\.\d\d tokens/s$", r.stderr, re.M)
-    # without --think the thinking is not asked for, so not shown
-    assert vllama(proxy, "run", ALIAS, "hi").stdout == TOKENS + "\n"
+    # without --think a thinking model thinks and its thinking is shown, as Ollama's CLI does (inferThinkingOption)
+    assert vllama(proxy, "run", ALIAS, "hi").stdout == THOUGHT + TOKENS + "\n"
+    assert vllama(proxy, "run", ALIAS, "hi", "--hidethinking").stdout == TOKENS + "\n"
+    assert vllama(proxy, "run", "--think=false", ALIAS, "hi").stdout == TOKENS + "\n"
 
 
 def test_run_errors(proxy):

@@ -144,6 +144,25 @@ def test_paths_resolve_against_the_modelfiles_directory_and_are_uploaded(proxy, 
     assert r.stderr.splitlines()[-1].startswith("Error: a model made from files runs on demand"), r.stderr
 
 
+def test_a_local_draft_directory_is_uploaded_as_draft_files(proxy, tmp_path):
+    """Ollama 0.33's ``DRAFT ./dir`` beside the Modelfile: uploaded (``draft_files``), as Ollama's client does,
+    not sent as a path the server cannot read; this server (``--upstream``) then says why it cannot start it."""
+    here = tmp_path / "m"
+    shutil.copytree(ROOT / "tests" / "assets" / "tool-model", here / "draft")
+    (here / "Modelfile").write_text("FROM fake-model\nDRAFT ./draft\nPARAMETER draft_num_predict 3\n")
+    done = vllama(proxy, "create", "fast", "-f", str(here / "Modelfile"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert re.search(f"copying file {DIGEST}", done.stderr), done.stderr  # uploaded
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: DRAFT needs vllama to launch the base model's vLLM"), done.stderr
+    done = vllama(proxy, "create", "fast", cwd=tmp_path, *["-f", str(_write(tmp_path / "M2", "FROM fake-model\nDRAFT ./nope\n"))])
+    assert done.returncode == 1 and "DRAFT ./nope: no such directory" in done.stderr
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def test_experimental_is_a_note_not_silence(proxy, created, tmp_path):
     (tmp_path / "Modelfile").write_text(f"FROM {SERVED}\nSYSTEM s\n")
     created.append("exp")

@@ -12,6 +12,7 @@ import os
 import select
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def tools(tmp_path) -> Path:
     """A folder holding stand-ins for every tool (put first on PATH by :func:`launch`)."""
     folder = tmp_path / "bin"
     folder.mkdir()
-    for name in ("claude", "codex", "opencode"):
+    for name in ("claude", "codex", "opencode", "copilot", "qwen", "kimi", "pool", "droid"):
         p = folder / name
         p.write_text(STAND_IN.format(python=sys.executable))
         p.chmod(0o755)
@@ -142,3 +143,84 @@ def test_on_a_terminal_it_asks_which_model_tool_capable_ones_marked(proxy, tools
     text = seen.decode()
     assert f"1. {SERVED}:latest  (tools)" in text and "2. fake:7b  (tools)" in text
     assert json.loads(out.read_text())["env"]["ANTHROPIC_MODEL"] == "fake:7b"
+
+
+def test_copilot_gets_its_provider_variables_and_the_responses_wire(proxy, tools, tmp_path):
+    done, got = launch(proxy.url, "copilot", "--model", SERVED, "--", "-p", "hi", path=f"{tools}:{os.environ['PATH']}", key="sk-3",
+                       out=tmp_path / "got.json")
+    assert done.returncode == 0, done.stderr
+    assert got["argv"][1:] == ["--model", SERVED, "-p", "hi"]
+    env = got["env"]
+    assert (env["COPILOT_PROVIDER_BASE_URL"], env["COPILOT_PROVIDER_API_KEY"], env["COPILOT_PROVIDER_WIRE_API"], env["COPILOT_MODEL"]) == (
+        f"{proxy.url}/v1", "sk-3", "responses", SERVED)
+
+
+def test_qwen_code_gets_the_openai_auth_type_and_variables(proxy, tools, tmp_path):
+    done, got = launch(proxy.url, "qwen", "--model", SERVED, path=f"{tools}:{os.environ['PATH']}", out=tmp_path / "got.json")
+    assert done.returncode == 0, done.stderr
+    assert got["argv"][1:] == ["--auth-type", "openai", "--model", SERVED]
+    env = got["env"]
+    assert (env["OPENAI_BASE_URL"], env["OPENAI_API_KEY"], env["OPENAI_MODEL"]) == (f"{proxy.url}/v1", "vllama", SERVED)
+
+
+def test_kimi_gets_its_whole_config_inline_with_the_models_context(proxy, tools, tmp_path):
+    done, got = launch(proxy.url, "kimi", "--model", SERVED, path=f"{tools}:{os.environ['PATH']}", key="sk-4", out=tmp_path / "got.json")
+    assert done.returncode == 0, done.stderr
+    assert got["argv"][1] == "--config"
+    config = json.loads(got["argv"][2])
+    assert config["default_model"] == "vllama"
+    assert config["providers"]["vllama"] == {"type": "openai_legacy", "base_url": f"{proxy.url}/v1", "api_key": "sk-4"}
+    model = config["models"]["vllama"]
+    assert model["provider"] == "vllama" and model["model"] == SERVED
+    with urllib.request.urlopen(f"{proxy.url}/api/show", json.dumps({"model": SERVED}).encode(), timeout=10) as r:
+        shown = json.loads(r.read())
+    assert model["max_context_size"] == shown["details"]["context_length"] > 0
+
+
+def test_pool_gets_the_standalone_variables(proxy, tools, tmp_path):
+    done, got = launch(proxy.url, "pool", "--model", SERVED, path=f"{tools}:{os.environ['PATH']}", out=tmp_path / "got.json")
+    assert done.returncode == 0, done.stderr
+    assert got["argv"][1:] == ["-m", SERVED]
+    assert (got["env"]["POOLSIDE_STANDALONE_BASE_URL"], got["env"]["POOLSIDE_API_KEY"]) == (f"{proxy.url}/v1", "vllama")
+
+
+def test_droid_gets_a_custom_model_in_its_settings_file_and_keeps_the_rest(proxy, tools, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    settings = home / ".factory" / "settings.json"
+    settings.parent.mkdir(parents=True)
+    theirs = {"model": "gpt-x", "displayName": "mine", "baseUrl": "https://elsewhere/v1", "apiKey": "k", "provider": "openai"}
+    settings.write_text(json.dumps({"customModels": [theirs], "sessionDefaultSettings": {"reasoningEffort": "high"}, "theme": "dark"}))
+    monkeypatch.setenv("HOME", str(home))
+    for _ in range(2):  # a second launch replaces vllama's entry, not adds one
+        done, got = launch(proxy.url, "droid", "--model", SERVED, "--", "exec", "hi", path=f"{tools}:{os.environ['PATH']}", key="sk-5",
+                           out=tmp_path / "got.json")
+        assert done.returncode == 0, done.stderr
+    assert got["argv"][1:] == ["exec", "hi"]
+    written = json.loads(settings.read_text())
+    ours = written["customModels"][0]
+    assert written["customModels"][1:] == [theirs] and written["theme"] == "dark"
+    assert (ours["model"], ours["baseUrl"], ours["apiKey"], ours["provider"]) == (SERVED, f"{proxy.url}/v1", "sk-5", "generic-chat-completion-api")
+    assert written["sessionDefaultSettings"] == {"reasoningEffort": "high", "model": ours["id"]}
+    assert oct(settings.stat().st_mode & 0o777) == "0o600"  # it holds the key
+    assert (settings.parent / "settings.json.vllama.bak").exists()
+
+
+def test_droid_config_prints_the_file_without_the_key_and_writes_nothing(proxy, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done, _ = launch(proxy.url, "droid", "--model", SERVED, "--config", path=str(empty), key="sk-secret")
+    assert done.returncode == 0, done.stderr
+    assert "sk-secret" not in done.stdout and '"apiKey": "$OLLAMA_API_KEY"' in done.stdout
+    assert not (tmp_path / ".factory").exists()
+
+
+@pytest.mark.parametrize("tool, line", [("copilot", "npm install -g @github/copilot"), ("qwen", "npm install -g @qwen-code/qwen-code"),
+                                        ("kimi", "uv tool install kimi-cli"), ("droid", "curl -fsSL https://app.factory.ai/cli | sh")])
+def test_each_missing_tool_is_one_line_saying_how_to_install_it(proxy, tmp_path, tool, line):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done, _ = launch(proxy.url, tool, "--model", SERVED, path=str(empty))
+    assert done.returncode == 1
+    [said] = done.stderr.strip().splitlines()
+    assert said.startswith(f"Error: {tool} is not installed; install it with: {line}")

@@ -137,12 +137,13 @@ class ModelfileError(ValueError):
     """A Modelfile that :func:`read_modelfile` cannot read; the message says which line and why."""
 
 
-_MODELFILE_COMMAND = re.compile(r"(?i)^\s*(FROM|ADAPTER|SYSTEM|TEMPLATE|PARAMETER|MESSAGE|LICENSE|REQUIRES)\s+(.*)$")
+_MODELFILE_COMMAND = re.compile(r"(?i)^\s*(FROM|ADAPTER|SYSTEM|TEMPLATE|PARAMETER|MESSAGE|LICENSE|REQUIRES|DRAFT|RENDERER|PARSER)\s+(.*)$")
 
 
 def read_modelfile(text: str) -> dict[str, Any]:
     """A Modelfile -> the fields of Ollama's create request (``from``, ``system``, ``template``,
-    ``parameters``, ``messages``, ``license``, ``adapters`` as a list of sources).
+    ``parameters``, ``messages``, ``license``, ``adapters`` as a list of sources; Ollama 0.33's ``draft``,
+    ``requires``, ``renderer``, ``parser`` as written).
 
     Ollama's ``parser/parser.go`` grammar: one command per line, ``\"\"\"`` for text over several
     lines, ``#`` comments; a ``PARAMETER``'s value typed (int, float, bool, else the text), each
@@ -189,6 +190,8 @@ def read_modelfile(text: str) -> dict[str, Any]:
             out.setdefault("license", []).append(value)
         elif cmd == "ADAPTER":
             out.setdefault("adapters", []).append(value)
+        elif cmd in ("DRAFT", "REQUIRES", "RENDERER", "PARSER"):  # Ollama 0.33's: one each, the last wins
+            out[cmd.lower()] = value
         elif cmd == "MESSAGE":
             if key not in ("system", "user", "assistant"):
                 raise ModelfileError(f'invalid Modelfile: MESSAGE role "{key}" is none of system, user, assistant')

@@ -250,6 +250,15 @@ class CreateRequest(_Loose):
     stream: StrictBool | None = None
     quantize: str | None = None
     modelfile: str | None = None
+    #: Ollama 0.33: ``draft_files`` (file name -> digest, as ``files``), ``requires``, ``renderer``, ``parser``;
+    #: ``draft`` is vllama's: a draft named as a Modelfile's ``DRAFT`` names one (a server directory,
+    #: a Hugging Face repo id, ``ngram``), which Ollama's client sends as uploaded ``draft_files``
+    draft: str | None = None
+    draft_files: dict[str, str] | None = None
+    draft_quantize: str | None = None
+    requires: str | None = None
+    renderer: str | None = None
+    parser: str | None = None
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -111,12 +111,15 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
     piped = not sys.stdin.isatty()
     if piped:  # like ollama: stdin first, then the arguments
         prompt = " ".join(p for p in (sys.stdin.read(), prompt) if p)
+    shown: dict = {}
     try:  # as `ollama run`: a model the server does not have is pulled first, with progress
-        client.json("POST", "/api/show", {"model": args.model})
+        shown = client.json("POST", "/api/show", {"model": args.model}) or {}
     except ApiError as e:
         if e.status == 404:
             cmd_pull(client, argparse.Namespace(model=args.model, insecure=False))
         # anything else (a model still loading: 503) is preload's to wait for or report
+    if getattr(args, "think", None) is None and "thinking" in (shown.get("capabilities") or []):
+        args.think = True  # Ollama's inferThinkingOption (cmd/cmd.go): a thinking model thinks, shown unless --hidethinking
     preload(client, args)
     if not piped and not prompt:
         return interactive(client, args)

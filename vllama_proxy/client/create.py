@@ -167,7 +167,7 @@ def create_request(name: str, base: Path, fields: dict[str, Any], client: Client
 
     Raises:
         CreateError: a local model or adapter directory with no safetensors, a file where a
-            directory belongs, a relative ``ADAPTER`` that is not there.
+            directory belongs, a relative ``ADAPTER`` or ``DRAFT`` that is not there.
         ApiError, ConnectError: an upload the server refused, or no server.
     """
     fields = dict(fields)
@@ -203,6 +203,17 @@ def create_request(name: str, base: Path, fields: dict[str, Any], client: Client
             remote.append(adapter)
     if remote:
         req["modelfile"] = "".join(f"ADAPTER {a}\n" for a in remote)
+    draft = fields.pop("draft", None)
+    if draft is not None:  # Ollama 0.33's DRAFT: a local directory is uploaded (draft_files), as Ollama's client does
+        path = expand(draft, base)
+        if path.is_dir():
+            req["draft_files"] = upload(client, model_files(path), progress)
+        elif path.exists():
+            raise CreateError(f"DRAFT {draft}: a file; name the draft model's directory (config.json, *.safetensors)")
+        elif draft.startswith((".", "~")):
+            raise CreateError(f"DRAFT {draft}: no such directory ({path})")
+        else:  # ngram, a Hugging Face repo id, or a directory on the server: the server reads it
+            req["draft"] = draft
     req.update(fields)  # system, template, parameters, messages, license
     return req
 

@@ -137,7 +137,8 @@ def processor(size: int, size_vram: int) -> str:
 
 
 def show_info(info: dict[str, Any]) -> str:
-    """``/api/show``'s answer as Ollama's ``showInfo`` prints it: Model, Capabilities, Parameters, License."""
+    """``/api/show``'s answer as Ollama's ``showInfo`` prints it (``cmd/cmd.go``): Model, Capabilities,
+    Parameters, System (a created model's, its first two lines), License."""
     details, model_info = info.get("details") or {}, info.get("model_info") or {}
     arch = model_info.get("general.architecture") or details.get("family", "")
     model_rows = [["architecture", arch]]
@@ -153,8 +154,9 @@ def show_info(info: dict[str, Any]) -> str:
     sections = [("Model", model_rows), ("Capabilities", [[c] for c in info.get("capabilities") or []])]
     params = [line.split(None, 1) for line in (info.get("parameters") or "").splitlines() if line.strip()]
     sections.append(("Parameters", [p + [""] * (2 - len(p)) for p in params]))
-    license_lines = [line for line in (info.get("license") or "").splitlines() if line.strip()]
-    sections.append(("License", [[line] for line in license_lines[:2]] + ([["..."]] if len(license_lines) > 2 else [])))
+    for title, key in (("System", "system"), ("License", "license")):
+        lines = [line for line in (info.get(key) or "").splitlines() if line.strip()]
+        sections.append((title, [[line] for line in lines[:2]] + ([["..."]] if len(lines) > 2 else [])))
     out = []
     for title, rows in sections:
         if rows:

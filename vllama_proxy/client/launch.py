@@ -18,6 +18,25 @@ Each tool is told the server's URL, the key and the model the way it reads them,
   config, applied over the user's files: opencode.ai/docs/config), an ``@ai-sdk/openai-compatible``
   provider ``vllama`` with the model, and ``model`` = ``vllama/MODEL``. Source: ollama/ollama
   ``cmd/config/opencode.go`` (the same provider block, written to ``~/.config/opencode/opencode.json``).
+- **copilot** (GitHub Copilot CLI, ``/v1/responses``): ``COPILOT_PROVIDER_BASE_URL``, ``COPILOT_PROVIDER_API_KEY``,
+  ``COPILOT_PROVIDER_WIRE_API=responses``, ``COPILOT_MODEL`` and ``--model``. Source: ollama/ollama
+  ``cmd/launch/copilot.go``.
+- **qwen** (Qwen Code, ``/v1/chat/completions``): ``--auth-type openai --model MODEL`` with ``OPENAI_BASE_URL``,
+  ``OPENAI_API_KEY``, ``OPENAI_MODEL``. Source: ollama/ollama ``cmd/launch/qwen.go`` (``qwenLaunchEnv``).
+- **kimi** (Kimi Code CLI, ``/v1/chat/completions``): its whole configuration inline in ``--config`` (an
+  ``openai_legacy`` provider ``vllama`` and a model of that provider whose ``max_context_size`` is the
+  model's context as ``/api/show`` reports it). Source: ollama/ollama ``cmd/launch/kimi.go``.
+- **pool** (Poolside's agent, ``/v1/chat/completions``): ``POOLSIDE_STANDALONE_BASE_URL``,
+  ``POOLSIDE_API_KEY`` and ``-m MODEL``. Source: ollama/ollama ``cmd/launch/poolside.go``.
+- **droid** (Factory's Droid, ``/v1/chat/completions``): the one tool configured only by its file:
+  ``~/.factory/settings.json`` gets a ``customModels`` entry (``provider``
+  ``generic-chat-completion-api``, ``baseUrl``, ``apiKey``, ``id`` ``custom:vllama-MODEL``) made the
+  session's default; the file's other entries and keys are kept, vllama's own earlier entries
+  (``displayName`` ending in ``(vllama)``) replaced. Source: ollama/ollama ``cmd/launch/droid.go``.
+
+Ollama's other integrations are not here: OpenClaw, Cline and VS Code speak Ollama's own API (point
+them at vllama as at Ollama), the desktop apps (Claude, ChatGPT/Codex) and Hermes, Pi, OMP, Muse and
+DeepSeek's harness keep their provider in the user's settings with no per-run form; docs/agents.md says how.
 
 The server is ``--host`` or ``OLLAMA_HOST``, the key ``OLLAMA_API_KEY`` (as every client command
 reads them: ``api_client.py``), so a remote vllama with keys works as a local one. No model given:
@@ -34,6 +53,8 @@ import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -46,11 +67,13 @@ NO_KEY = "vllama"
 
 @dataclass(frozen=True)
 class Launch:
-    """What one run of a tool gets: its executable, arguments and the environment variables set."""
+    """What one run of a tool gets: its executable, arguments, the environment variables set, and the
+    files written before it starts (path -> whole new content; only Droid has one)."""
 
     binary: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    files: dict[Path, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,8 +85,27 @@ class Tool:
     binary: str
     install: str
 
-    def launch(self, base: str, key: str | None, model: str, extra: list[str]) -> Launch:
-        """The run of this tool against vllama at ``base`` (no trailing ``/``) with ``model``."""
+    def launch(self, base: str, key: str | None, model: str, extra: list[str], show: dict[str, Any] | None = None) -> Launch:
+        """The run of this tool against vllama at ``base`` (no trailing ``/``) with ``model``; ``show`` is the
+        model's ``/api/show`` answer (Kimi's context size, Droid's image support)."""
+        show = show or {}
+        if self.name == "copilot":
+            env = {"COPILOT_PROVIDER_BASE_URL": f"{base}/v1", "COPILOT_PROVIDER_API_KEY": key or NO_KEY,
+                   "COPILOT_PROVIDER_WIRE_API": "responses", "COPILOT_MODEL": model}
+            return Launch(self.binary, ["--model", model, *extra], env)
+        if self.name == "qwen":
+            env = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": key or NO_KEY, "OPENAI_MODEL": model}
+            return Launch(self.binary, ["--auth-type", "openai", "--model", model, *extra], env)
+        if self.name == "pool":
+            return Launch(self.binary, ["-m", model, *extra], {"POOLSIDE_STANDALONE_BASE_URL": f"{base}/v1", "POOLSIDE_API_KEY": key or NO_KEY})
+        if self.name == "kimi":
+            config = {"default_model": "vllama",
+                      "providers": {"vllama": {"type": "openai_legacy", "base_url": f"{base}/v1", "api_key": key or NO_KEY}},
+                      "models": {"vllama": {"provider": "vllama", "model": model, "max_context_size": context_length(show)}}}
+            return Launch(self.binary, ["--config", orjson.dumps(config).decode(), *extra])
+        if self.name == "droid":
+            path = droid_settings_path()
+            return Launch(self.binary, list(extra), files={path: droid_settings(path, base, key, model, show)})
         if self.name == "claude":
             env = {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_AUTH_TOKEN": key or NO_KEY, "ANTHROPIC_API_KEY": "",
                    "ANTHROPIC_MODEL": model, "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
@@ -87,7 +129,59 @@ TOOLS = {t.name: t for t in (
     Tool("claude", "Claude Code", "claude", "npm install -g @anthropic-ai/claude-code (https://code.claude.com/docs/en/quickstart)"),
     Tool("codex", "Codex", "codex", "npm install -g @openai/codex"),
     Tool("opencode", "OpenCode", "opencode", "npm install -g opencode-ai (https://opencode.ai)"),
+    Tool("copilot", "GitHub Copilot CLI", "copilot", "npm install -g @github/copilot (https://github.com/features/copilot/cli/)"),
+    Tool("qwen", "Qwen Code", "qwen", "npm install -g @qwen-code/qwen-code (https://qwen.ai/qwencode)"),
+    Tool("kimi", "Kimi Code CLI", "kimi", "uv tool install kimi-cli (https://moonshotai.github.io/kimi-cli/en/guides/getting-started.html)"),
+    Tool("pool", "Poolside", "pool", "the instructions at https://github.com/poolsideai/pool"),
+    Tool("droid", "Droid", "droid", "curl -fsSL https://app.factory.ai/cli | sh (https://docs.factory.ai/cli/getting-started/quickstart)"),
 )}
+
+#: What marks Droid's ``customModels`` entries that ``vllama launch droid`` wrote (replaced on the next launch).
+DROID_MARK = " (vllama)"
+
+
+def context_length(show: dict[str, Any]) -> int:
+    """The model's context from its ``/api/show`` answer (``details.context_length``, else ``model_info``'s
+    ``<arch>.context_length``); 32768 when it says none."""
+    given = (show.get("details") or {}).get("context_length")
+    if isinstance(given, int) and given > 0:
+        return given
+    for k, v in (show.get("model_info") or {}).items():
+        if k.endswith(".context_length") and isinstance(v, int) and v > 0:
+            return v
+    return 32768
+
+
+def droid_settings_path() -> Path:
+    """``~/.factory/settings.json`` (Droid's settings; Ollama's ``cmd/launch/droid.go``)."""
+    return Path.home() / ".factory" / "settings.json"
+
+
+def droid_settings(path: Path, base: str, key: str | None, model: str, show: dict[str, Any]) -> str:
+    """Droid's settings file with ``model`` on vllama as its session's default: the file's own keys and
+    ``customModels`` kept, the entries an earlier ``vllama launch droid`` wrote replaced.
+
+    Raises:
+        SystemExit: the file is there and is not a JSON object (it is left as it is).
+    """
+    settings: dict[str, Any] = {}
+    if path.exists():
+        try:
+            settings = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError as e:
+            raise SystemExit(f"Error: {path} is not valid JSON ({e}); fix or move it, then launch again") from None
+        if not isinstance(settings, dict):
+            raise SystemExit(f"Error: {path} is not a JSON object; fix or move it, then launch again")
+    others = [m for m in settings.get("customModels") or []
+              if not (isinstance(m, dict) and str(m.get("displayName", "")).endswith(DROID_MARK))]
+    ident = f"custom:vllama-{model}"
+    entry = {"model": model, "displayName": model + DROID_MARK, "baseUrl": f"{base}/v1", "apiKey": key or NO_KEY,
+             "provider": "generic-chat-completion-api", "maxOutputTokens": min(64000, context_length(show)),
+             "supportsImages": "vision" in (show.get("capabilities") or []), "id": ident, "index": 0}
+    settings["customModels"] = [entry, *others]
+    session = settings.get("sessionDefaultSettings")
+    settings["sessionDefaultSettings"] = {**(session if isinstance(session, dict) else {}), "model": ident}
+    return orjson.dumps(settings, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,33 +211,52 @@ def cmd_launch(client: Client, args: argparse.Namespace) -> int:
     model = args.model or choose_model(client)
     if model is None:
         return 1
-    client.json("POST", "/api/show", {"model": model})  # 404 "model 'X' not found" before the tool starts
+    shown = client.json("POST", "/api/show", {"model": model})  # 404 "model 'X' not found" before the tool starts
     key = os.environ.get(KEY_VARIABLE) or None
-    run = tool.launch(client.url.rstrip("/"), key, model, extra)
+    run = tool.launch(client.url.rstrip("/"), key, model, extra, shown if isinstance(shown, dict) else {})
     if args.config:
         print(config_text(run, key))
         return 0
     assert path is not None
+    for file, text in run.files.items():
+        write_settings(file, text)
     os.execve(path, [tool.binary, *run.argv], {**os.environ, **run.env})
     return 0  # not reached
 
 
+def write_settings(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically, the earlier file kept as ``<name>.vllama.bak``; said on stderr."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        shutil.copy2(path, path.with_name(path.name + ".vllama.bak"))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)  # it holds the key
+    os.replace(tmp, path)
+    print(f"wrote {path}", file=sys.stderr)
+
+
 def config_text(run: Launch, key: str | None) -> str:
-    """``run`` as shell lines: one ``export`` per variable, then the command (the key as ``$OLLAMA_API_KEY``)."""
+    """``run`` as shell lines: each file it would write as a comment and a heredoc, one ``export`` per
+    variable, then the command (the key as ``$OLLAMA_API_KEY``)."""
     def shown(text: str) -> str:
         quoted = shlex.quote(text)
         if key and key in text:  # the secret stays in the variable it came from
             quoted = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace(key, f"${KEY_VARIABLE}") + '"'
         return quoted
+    files = [f"cat > {shlex.quote(str(p))} <<EOF\n{t.replace(key, '$' + KEY_VARIABLE) if key else t}EOF" for p, t in run.files.items()]
     lines = [f"export {k}={shown(v)}" for k, v in run.env.items()]
-    return "\n".join([*lines, " ".join([run.binary, *(shown(a) for a in run.argv)])])
+    return "\n".join([*files, *lines, " ".join([run.binary, *(shown(a) for a in run.argv)])])
 
 
 def choose_model(client: Client) -> str | None:
     """The model to launch with when none was named: the only one served, else one asked for on a
     terminal (tool-capable ones first and marked), else ``None`` after a line saying to name one."""
-    names = [m.get("name") or m.get("model") for m in client.json("GET", "/api/tags").get("models") or []]
-    names = [n for n in names if n]
+    listed = [m for m in client.json("GET", "/api/tags").get("models") or [] if m.get("name") or m.get("model")]
+    names = [m.get("name") or m.get("model") for m in listed]
+    # Ollama 0.33's tags say each model's capabilities (as Ollama's launch reads them: cmd/launch/model_inventory.go);
+    # an older server's do not: then /api/show is asked, per model
+    said = {m.get("name") or m.get("model"): m["capabilities"] for m in listed if isinstance(m.get("capabilities"), list)}
     if len(names) == 1:
         return names[0]
     if not names:
@@ -152,7 +265,7 @@ def choose_model(client: Client) -> str | None:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print(f"Error: name the model with --model (the server has: {', '.join(names)})", file=sys.stderr)
         return None
-    tools = {n for n in names if "tools" in (_capabilities(client, n))}
+    tools = {n for n in names if "tools" in (said[n] if n in said else _capabilities(client, n))}
     ordered = sorted(names, key=lambda n: (n not in tools, n))
     for i, n in enumerate(ordered, 1):
         print(f"{i:>3}. {n}{'  (tools)' if n in tools else ''}")

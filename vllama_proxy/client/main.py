@@ -114,7 +114,7 @@ def build_parser() -> CliParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the server's JSON answer")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
-    p = command("launch", launch.cmd_launch, "start a coding agent (claude, codex, opencode) pointed at vllama",
+    p = command("launch", launch.cmd_launch, "start a coding agent (claude, codex, opencode, copilot, qwen, kimi, pool, droid) pointed at vllama",
                 "Start a coding agent pointed at vllama: `vllama launch TOOL [--model M] [--config] [-- TOOL ARGS]`.")
     launch.add_arguments(p)
     return parser

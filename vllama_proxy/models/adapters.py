@@ -34,6 +34,7 @@ from vllama_proxy.errors import BadRequest
 from .created import CreatedModel
 from .launch_spec import vllm_arg
 from .model_files import read_safetensors_header
+from .modelfile_v033 import speculative_json
 
 #: The ranks vLLM's ``--max-lora-rank`` accepts (vLLM 0.2x ``LoRAConfig``).
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -47,27 +48,35 @@ _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 @dataclass(frozen=True)
 class LoraPlan:
-    """The LoRA arguments one base's vLLM runs with.
+    """The arguments the created models of one base ask its vLLM to run with: their LoRA adapters, and
+    a ``DRAFT``'s speculative decoding (``models/modelfile_v033.py``), both launch options of the base.
 
     Attributes:
         modules: adapter name -> its directory, loaded at start (``--lora-modules``).
         max_rank: ``--max-lora-rank``.
         max_loras: ``--max-loras`` (adapters in one batch).
+        speculative: ``--speculative-config``'s JSON, ``""`` for none; a change always restarts vLLM
+            (it has no run-time form).
     """
 
     modules: dict[str, str] = field(default_factory=dict)
     max_rank: int = 0
     max_loras: int = 0
+    speculative: str = ""
 
     def args(self) -> list[str]:
-        """``vllm serve`` arguments (none when no adapter is known)."""
+        """``vllm serve`` arguments (none when no adapter or draft is known)."""
+        spec = ["--speculative-config", self.speculative] if self.speculative else []
         if not self.modules:
-            return []
+            return spec
         return ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_rank),
-                "--lora-modules", *(f"{n}={p}" for n, p in sorted(self.modules.items()))]
+                "--lora-modules", *(f"{n}={p}" for n, p in sorted(self.modules.items())), *spec]
 
     def covers(self, other: LoraPlan) -> bool:
-        """Whether a vLLM started with this plan can load ``other``'s adapters at run time (no restart)."""
+        """Whether a vLLM started with this plan can load ``other``'s adapters at run time (no restart),
+        and runs with its draft."""
+        if self.speculative != other.speculative:
+            return False
         if not other.modules:
             return True
         return bool(self.modules) and other.max_rank <= self.max_rank and other.max_loras <= self.max_loras
@@ -90,17 +99,23 @@ def lora_plan(models: Iterable[CreatedModel], base: str, ranks: dict[str, int] |
     ``max_rank`` is the smallest vLLM rank at least the largest adapter's (16 at least, so most
     adapters made later fit without a restart); ``max_loras`` is the adapter count rounded up to a
     power of two, at least 4 (both are part of vLLM's compile cache key: they change in steps).
-    ``ranks`` (adapter name -> rank) spares reading each ``adapter_config.json``.
+    ``ranks`` (adapter name -> rank) spares reading each ``adapter_config.json``. ``speculative``: the
+    draft of the earliest created model of ``base`` that has one (create keeps one draft per base).
     """
     modules: dict[str, str] = {}
+    drafts: list[CreatedModel] = []
     for m in models:
         if m.base == base:
             modules.update(m.adapters)
+            if m.draft:
+                drafts.append(m)
+    first = min(drafts, key=lambda m: m.created_at, default=None)
+    spec = speculative_json(first.draft, first.draft_num_predict) if first is not None and first.draft else ""
     if not modules:
-        return LoraPlan()
+        return LoraPlan(speculative=spec)
     top = max((ranks or {}).get(n) or adapter_rank(Path(p)) for n, p in modules.items())
     rank = next((r for r in LORA_RANKS if r >= max(top, 16)), LORA_RANKS[-1])
-    return LoraPlan(modules, rank, max(MIN_MAX_LORAS, 1 << (len(modules) - 1).bit_length()))
+    return LoraPlan(modules, rank, max(MIN_MAX_LORAS, 1 << (len(modules) - 1).bit_length()), spec)
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,13 @@ def lora_mode(settings: Settings, spec: ModelConfig) -> AdapterMode:
 
 def vllm_argv(settings: Settings, spec: ModelConfig, port: int, lora: LoraPlan) -> list[str]:
     """``vllm serve``'s command line (no shell): vLLM bound to loopback on the private ``port``, media
-    fetching limited (:func:`media_args`); with LoRA adapters of created models, their arguments, and
+    fetching limited (:func:`media_args`); with LoRA adapters or a draft of created models, their arguments
+    (``LoraPlan.args``: ``--speculative-config`` for a ``DRAFT``), and with adapters
     in ``runtime`` mode (:func:`lora_mode`) one API server (vLLM refuses runtime adapter loading with
     several); in ``launch`` mode the API servers stay as chosen."""
     args = spec.args()
     lora_args = lora.args()
-    if lora_args and lora_mode(settings, spec).mode == "runtime":
+    if lora.modules and lora_mode(settings, spec).mode == "runtime":
         args = [a for i, a in enumerate(args) if a != "--api-server-count" and (i == 0 or args[i - 1] != "--api-server-count")
                 and not a.startswith("--api-server-count=")] + ["--api-server-count", "1"]
     return [

@@ -379,7 +379,8 @@ class Supervisor:
                 # closed to requests: stop, then start anew with the new adapter (or limits) when next wanted
                 await self._stop_child()
                 self.board.reopen()
-                self._set(State.UNLOADED, "restarting with a new adapter (--lora-modules, or larger LoRA limits)")
+                self._set(State.UNLOADED, "restarting with a new adapter or draft (--lora-modules, larger LoRA limits, "
+                                               "--speculative-config)")
                 self._failures = 0
             case Crashed(reason):
                 await self._crashed(reason)
@@ -716,6 +717,8 @@ class Supervisor:
             if self._lora.modules:
                 mode = lora_mode(self.s, self.spec)
                 log.info("lora_mode", model=self.served_name, mode=mode.mode, why=mode.why, adapters=sorted(self._lora.modules))
+            if self._lora.speculative:  # a created model's DRAFT (models/modelfile_v033.py)
+                log.info("speculative_decoding", model=self.served_name, config=self._lora.speculative)
             env = vllm_env(self.s, self.spec, sleep_mode=self.sleep_mode, lora=self._lora)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:

@@ -22,12 +22,17 @@ from pydantic import ValidationError
 
 from vllama_proxy.errors import BadRequest, ModelNotFound, UpstreamError, StorageFailed, UpstreamRejected
 from vllama_proxy.models.adapters import AdapterMode, adapter_mode, check_adapter, lora_plan
+from vllama_proxy.models.launch_spec import has_flag
+from vllama_proxy.models.model_files import ModelFiles, read_model_files
+from vllama_proxy.models.modelfile_v033 import check_draft, check_parser, check_renderer, check_requires, draft_tokens
+from vllama_proxy.models.vllm_servers import ServedModel
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.blobs import parse_digest
 from vllama_proxy.supervisor import probes
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.upstream import read_response
 from vllama_proxy.models.created import CreatedModel, parse_modelfile
+from vllama_proxy.models.family import detect_parsers
 from vllama_proxy.models.local import NAME_FILE, uploaded_dir
 from .body import read_request
 from .model_use import model_in_use
@@ -65,7 +70,10 @@ async def create(request: web.Request) -> web.StreamResponse:
     served model or a configured alias, ``from`` missing, a ``template`` other than the base
     model's own chat template (Ollama's Go templates are not vLLM's Jinja: vllama always applies
     the base's own; its own, as ``show --modelfile`` prints it, is accepted so that a shown
-    Modelfile is created unchanged, issue 37.2), ``quantize``, unknown ``parameters``; 404 ``from`` unknown.
+    Modelfile is created unchanged, issue 37.2), ``quantize``, unknown ``parameters``, and Ollama 0.33's
+    commands where they have no meaning here (``models/modelfile_v033.py``: a ``REQUIRES`` above the level
+    vllama speaks, a ``RENDERER`` or ``PARSER`` that is not the base's, a ``DRAFT`` vllama cannot start the
+    base with: :func:`_v033_fields`); 404 ``from`` unknown. A ``DRAFT`` restarts the base (:func:`serve_draft`).
     """
     req = await read_request(request, CreateRequest)
     fields: dict[str, Any] = parse_modelfile(req.modelfile) if req.modelfile else {}
@@ -75,6 +83,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     if len(name) > 256 or not _NAME.fullmatch(name):
         raise BadRequest(f'model name "{name}" is invalid')
     template = req.template if req.template is not None else fields.get("template")
+    if getattr(req, "draft_quantize", None):
+        raise BadRequest("draft_quantize is not supported: vLLM loads the draft model as published; name a quantized draft instead")
     if req.quantize:
         raise BadRequest("quantize is not supported: vLLM serves published quantizations; "
                          "name one instead (a library tag such as qwen2.5:7b-q4_K_M, or an AWQ/GPTQ/FP8 repo)")
@@ -86,6 +96,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         raise BadRequest(f"'{name}' is a served model or an alias; choose another name")
     parent = catalog.created(source) if source else None
     lines: list[dict[str, str]] = []
+    base: ServedModel | None = None
     if req.files:  # weights uploaded with /api/blobs: a model directory, run on demand under this name
         if source:
             raise BadRequest("give either 'from' or 'files', not both")
@@ -93,6 +104,8 @@ async def create(request: web.Request) -> web.StreamResponse:
             raise _template_refused()
         layers = await build_model_dir(request, strip_latest(name), req.files)
         base_name, source = strip_latest(name), ""
+        own_dir = uploaded_dir(request.app[SETTINGS].state_dir / "models", strip_latest(name))
+        base_files = await asyncio.to_thread(read_model_files, str(own_dir), base_name)
         lines += [{"status": f"copying file sha256:{d}"} for d in layers]
     else:
         try:
@@ -104,6 +117,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         if template and not same_template(template, base_files.chat_template):
             raise _template_refused()
         lines.append({"status": "using existing layer sha256:" + base_files.digest})
+    v033 = await _v033_fields(request, req, fields, parent, name, base, base_name, base_files)
     adapters = dict(parent.adapters) if parent else {}
     sources: list[str] = list(fields.get("adapters", []))
     if req.adapters or sources:
@@ -118,7 +132,9 @@ async def create(request: web.Request) -> web.StreamResponse:
         lines.append({"status": f"using adapter {path.name}"})
     system = req.system if req.system is not None else fields.get("system", parent.system if parent else None)
     params = dict(parent.parameters) if parent else {}
-    params.update(check_parameters({**fields.get("parameters", {}), **(req.parameters or {})}))
+    given = {**fields.get("parameters", {}), **(req.parameters or {})}
+    given.pop("draft_num_predict", None)  # a launch option of the draft (_v033_fields), not a request's
+    params.update(check_parameters(given))
     raw_msgs = [m.model_dump(exclude_none=True) for m in req.messages] if req.messages is not None else fields.get("messages")
     messages = [{"role": m["role"], "content": m.get("content") or ""} for m in raw_msgs] if raw_msgs is not None else (
         list(parent.messages) if parent else [])
@@ -130,20 +146,132 @@ async def create(request: web.Request) -> web.StreamResponse:
     made = CreatedModel(
         name=strip_latest(name), base=base_name, parent=parent.parent if parent and _same(source, name) else source,
         system=system, parameters=params, messages=messages, license=[lic] if isinstance(lic, str) else list(lic),
-        adapters=adapters,
+        adapters=adapters, **v033,
     )
+    others = [m for m in catalog.created_models() if m.name.casefold() != made.name.casefold()]
+    plan_before = await asyncio.to_thread(lora_plan, others, made.base)
+    if made.draft and plan_before.speculative and lora_plan([made], made.base).speculative != plan_before.speculative:
+        holder = next(m.name for m in others if m.base == made.base and m.draft)
+        raise BadRequest(f"the base model {made.base} already runs with another draft ({holder}'s): vLLM runs one draft "
+                         "per model; give the same DRAFT and draft_num_predict, or delete that model first")
     try:
         await asyncio.to_thread(catalog.created_store.put, made)
     except OSError as e:
         raise StorageFailed(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
     if made.adapters and not (parent is not None and parent.adapters == made.adapters):
         lines += await serve_adapter(request, made)
+    if made.draft and lora_plan([*others, made], made.base).speculative != plan_before.speculative:
+        lines += await serve_draft(request, made)
     lines += [{"status": f"creating new layer sha256:{digest}"} for _, digest in made.layers()]
     lines += [{"status": "writing manifest"}, {"status": "success"}]
     if req.stream is False:
         return web.Response(body=orjson.dumps(lines[-1]), content_type="application/json")
     body = b"".join(orjson.dumps(line) + b"\n" for line in lines)
     return web.Response(body=body, content_type="application/x-ndjson")
+
+
+async def _v033_fields(request: web.Request, req: CreateRequest, fields: dict[str, Any], parent: CreatedModel | None,
+                       name: str, base: ServedModel | None, base_name: str, base_files: ModelFiles) -> dict[str, Any]:
+    """Ollama 0.33's fields of a create (``models/modelfile_v033.py``), each the request's, else its
+    Modelfile's, else the parent's: ``draft``, ``draft_num_predict``, ``requires``, ``renderer``, ``parser``.
+
+    Raises:
+        BadRequest: a ``RENDERER`` or ``PARSER`` with no meaning for the base; a ``DRAFT`` that is no
+            directory, repo id or ``ngram``, on a base vllama does not launch (``--upstream``) or that
+            already has a ``--speculative-config`` of its own; a bad ``draft_num_predict``.
+    """
+    def pick(key: str) -> Any:
+        given = getattr(req, key)
+        return given if given is not None else fields.get(key, getattr(parent, key) if parent else None)
+
+    out: dict[str, Any] = {"requires": pick("requires")}
+    if out["requires"]:
+        out["requires"] = check_requires(out["requires"])
+    base_args = base.vllm_args if base is not None else ()
+    if pick("parser"):
+        parsers = ([] if base is not None else
+                   [a for flag, p in (("--tool-call-parser", detect_parsers(base_files).tool_call_parser),
+                                      ("--reasoning-parser", detect_parsers(base_files).reasoning_parser)) if p for a in (flag, p)])
+        out["parser"] = check_parser(pick("parser"), tuple(base_args) or tuple(parsers))
+    if pick("renderer"):
+        out["renderer"] = check_renderer(pick("renderer"), base_files)
+    draft = pick("draft")
+    if req.draft_files:
+        draft = str(await draft_dir(request, strip_latest(name), req.draft_files))
+    tokens = {**fields.get("parameters", {}), **(req.parameters or {})}.get("draft_num_predict")
+    out["draft_num_predict"] = draft_tokens(tokens) if tokens is not None else (parent.draft_num_predict if parent else None)
+    if draft:
+        out["draft"] = await asyncio.to_thread(check_draft, draft)
+        if has_flag(base_args, "--speculative-config"):
+            raise BadRequest(f"the base model {base_name} already runs with a --speculative-config of its own; leave DRAFT out")
+        if base is not None and catalog_backend_unsupervised(request, base):
+            raise BadRequest("DRAFT needs vllama to launch the base model's vLLM (it runs with --upstream here): "
+                             "give that vLLM --speculative-config instead")
+    elif out["draft_num_predict"] is not None:
+        raise BadRequest("draft_num_predict needs a DRAFT model")
+    return out
+
+
+def catalog_backend_unsupervised(request: web.Request, base: ServedModel) -> bool:
+    """Whether ``base``'s vLLM is one vllama does not launch (``--upstream``), so it cannot restart it."""
+    try:
+        return request.app[CATALOG].backend_of(base).board is None
+    except ModelNotFound:  # an on-demand model no slot holds: vllama launches it
+        return False
+
+
+async def draft_dir(request: web.Request, name: str, files: dict[str, str]) -> Path:
+    """``<state_dir>/drafts/<dir>`` holding a draft model's uploaded files (Ollama's ``draft_files``).
+
+    Raises:
+        BadRequest: a file name with a path part, a blob not uploaded, no ``config.json``.
+    """
+    blobs = request.app[BLOBS]
+    for fname, digest in files.items():
+        if not _FILE.fullmatch(fname) or fname.startswith("."):
+            raise BadRequest(f"invalid file name {fname!r}: files are named without a directory")
+        if not blobs.exists(digest):
+            raise BadRequest(f"blob {digest} not found: upload {fname} first (POST /api/blobs/{digest})")
+    if "config.json" not in files:
+        raise BadRequest("draft_files must hold a Hugging Face model directory: config.json and *.safetensors")
+    target = uploaded_dir(request.app[SETTINGS].state_dir / "drafts", name)
+    await asyncio.to_thread(_link_dir, target, {f: blobs.path(d) for f, d in files.items()}, name)
+    return target
+
+
+async def serve_draft(request: web.Request, made: CreatedModel) -> list[dict[str, str]]:
+    """Restart the base's vLLM with ``made``'s draft (``--speculative-config``, which vLLM takes only at
+    launch): the supervisor is told as for an adapter declared at launch (``StatusBoard.adapters_changed``)
+    and restarts it, draining its requests in flight (``--adapters launch``) or once idle (``runtime``);
+    this waits for the restart and the start after it. Progress lines for create's stream.
+
+    Raises:
+        BadRequest: vLLM did not start with the draft (its words); the model is not kept, and the base
+            is told again, so that it starts without it.
+    """
+    catalog = request.app[CATALOG]
+    base = await catalog.resolve(made.base)  # a lookup: creating a model starts no on-demand base
+    try:
+        backend = catalog.backend_of(base)
+    except ModelNotFound:
+        return [{"status": "the draft loads with the base model"}]
+    board = backend.board
+    if board is None or board.state is State.UNLOADED:
+        return [{"status": "the draft loads with the base model"}]
+    async with model_in_use(request, backend, None):
+        pass
+    board.adapters_changed()  # rings the owner loop: its plan's --speculative-config changed, it restarts
+    await board.wait_left_ready(3 * request.app[SETTINGS].health_interval + 30, request.app[WORKER])
+    if board.ready:  # the base stayed busy: its restart is tried again at each check
+        return [{"status": "speculative decoding starts once the base model restarts (when its requests end)"}]
+    try:
+        async with model_in_use(request, backend, None):  # waits for the start with the draft
+            pass
+    except UpstreamError as e:
+        await asyncio.to_thread(catalog.created_store.remove, made.name)
+        board.adapters_changed()
+        raise BadRequest(f"vLLM did not start with the draft: {e.message}") from None
+    return [{"status": "restarted the base model with speculative decoding (--speculative-config)"}]
 
 
 def same_template(template: str, own: str | None) -> bool:

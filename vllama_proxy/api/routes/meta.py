@@ -5,13 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from vllama_proxy import __version__
+from vllama_proxy.models.modelfile_v033 import OLLAMA_API_LEVEL
 from ..app_state import MAX_RUNNING
 
-#: The Ollama API level emulated. Clients parse it as numbers: VS Code Copilot
-#: refuses < 0.6.4, Open WebUI compares ints (``shared/ollama-api.md`` "Routes").
-#: 0.12.x is the level whose generate/chat/embed fields (think, tools, logprobs,
-#: dimensions) vllama implements.
-OLLAMA_API_VERSION = "0.12.0"
+#: The Ollama API level emulated (``models/modelfile_v033.py``, where ``REQUIRES`` is checked against it).
+#: Clients parse it as numbers: VS Code Copilot refuses < 0.6.4, Open WebUI compares ints
+#: (``shared/ollama-api.md`` "Routes"); docs/api.md "Contract" says what of 0.33 is served and what differs.
+OLLAMA_API_VERSION = OLLAMA_API_LEVEL
 
 
 async def root(request: web.Request) -> web.Response:

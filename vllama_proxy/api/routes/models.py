@@ -2,7 +2,10 @@
 
 Built from vLLM's ``/v1/models`` and the model's own files (``models/model_files.py``);
 shapes from ``shared/ollama-api.md`` "Responses" — ``details`` and ``model_info``
-always present, ``capabilities`` always a list (Copilot and Continue break otherwise).
+always present, ``capabilities`` always a list (Copilot and Continue break otherwise). Ollama 0.33's:
+``capabilities`` in every ``/api/tags`` entry too, ``details.context_length`` and ``details.embedding_length``
+everywhere ``details`` is (Ollama's ``launch`` picks models by them: ``cmd/launch/model_inventory.go``),
+and a created model's ``requires``, ``renderer`` and ``parser`` in ``/api/show``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import UpstreamError
+from vllama_proxy.errors import UpstreamError, VllamaError
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.models.catalog import ollama_name
 from vllama_proxy.models.created import CreatedModel, parameter_lines, render_modelfile
@@ -33,10 +36,12 @@ from ..timestamps import rfc3339
 _FOREVER_S = 292 * 365 * 24 * 3600
 
 
-def details(files: ModelFiles) -> dict[str, Any]:
-    """Ollama's ``details`` object."""
+def details(files: ModelFiles, model: ServedModel | None = None) -> dict[str, Any]:
+    """Ollama's ``details`` object; ``context_length`` (what vLLM accepts: ``max_model_len``, else the
+    config's ``max_position_embeddings``) and ``embedding_length`` (``hidden_size``) left out where unknown,
+    as Ollama's ``omitempty`` does."""
     family = files.architecture
-    return {
+    out: dict[str, Any] = {
         "parent_model": "",
         "format": "safetensors",
         "family": family,
@@ -44,6 +49,13 @@ def details(files: ModelFiles) -> dict[str, Any]:
         "parameter_size": format_parameter_size(files.parameter_count),
         "quantization_level": files.quantization_level,
     }
+    cfg = files.config.get("text_config") or files.config
+    context = (model.max_model_len if model is not None else None) or cfg.get("max_position_embeddings")
+    if isinstance(context, int) and context > 0:
+        out["context_length"] = context
+    if isinstance(cfg.get("hidden_size"), int):
+        out["embedding_length"] = cfg["hidden_size"]
+    return out
 
 
 def _modified_at(model: ServedModel, files: ModelFiles) -> str:
@@ -112,13 +124,17 @@ async def tags(request: web.Request) -> web.Response:
     """``{"models": [{name, model, modified_at, size, digest, details}]}``; aliases are listed as their own entries."""
     catalog = request.app[CATALOG]
     out = []
+    served_caps: dict[str, tuple[ServedModel, list[str]]] = {}
     for model in await catalog.models():
         if model.root.startswith("/") and not Path(model.root).exists():
             continue  # an on-demand slot still holds a model whose uploaded files were deleted (/api/delete)
+        caps = await catalog.capabilities(model)
+        served_caps[model.name] = (model, caps)  # a created model of a base this key may not list has them too
         if not may_list(request, model, catalog.names_for(model)):
             continue
         files = await catalog.files(model)
-        entry = {"modified_at": _modified_at(model, files), "size": files.size, "digest": files.digest, "details": details(files)}
+        entry = {"modified_at": _modified_at(model, files), "size": files.size, "digest": files.digest,
+                 "details": details(files, model), "capabilities": caps}
         out += [{"name": n, "model": n, **entry} for n in catalog.names_for(model)]
     if catalog.on_demand is not None:  # pulled models, which start when a request names them (Ollama lists them all)
         listed = {e["name"].casefold() for e in out}
@@ -127,18 +143,26 @@ async def tags(request: web.Request) -> web.Response:
             name = ollama_name(lm.name)
             if name.casefold() in listed or lm.repo.casefold() in roots or not key_of(request).may_use(name, lm.repo):
                 continue
-            files = await catalog.files(ServedModel(name=lm.name, root=str(lm.path), max_model_len=None, created=int(lm.modified)))
+            try:  # as it would be served (its parsers told by its files), without loading it
+                as_served = await catalog.on_demand.lookup(name) or _unserved(lm)
+            except VllamaError:
+                as_served = _unserved(lm)
+            files = await catalog.files(as_served)
+            caps = await catalog.capabilities(as_served)
+            served_caps[as_served.name] = (as_served, caps)
             out.append({"name": name, "model": name, "modified_at": rfc3339(lm.modified), "size": files.size or lm.size,
-                        "digest": files.digest, "details": details(files)})
-    served = {m.name: m for m in await catalog.models()}
+                        "digest": files.digest, "details": details(files, as_served), "capabilities": caps})
+    listed = {e["name"].casefold() for e in out}
     for made in catalog.created_models():  # made with /api/create: the base's weights, their own digest
         if not may_list_created(request, made):
             continue
-        base = served.get(made.base)
-        files = await catalog.files(base) if base is not None else ModelFiles()
         name = ollama_name(made.name)
+        if name.casefold() in listed and _folded(made.name) == _folded(made.base):
+            continue  # made from uploaded files: it is its own base, listed already (once, as Ollama lists it)
+        base, caps = served_caps.get(made.base, (None, ["completion"]))
+        files = await catalog.files(base) if base is not None else ModelFiles()
         out.append({"name": name, "model": name, "modified_at": rfc3339(made.created_at), "size": files.size,
-                    "digest": made.digest, "details": created_details(made, files)})
+                    "digest": made.digest, "details": created_details(made, files, base), "capabilities": caps})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
 
 
@@ -155,7 +179,7 @@ async def show(request: web.Request) -> web.Response:
         "modelfile": _modelfile(name, model, files, params),
         "parameters": params,
         "template": files.chat_template or "",
-        "details": details(files),
+        "details": details(files, model),
         "model_info": model_info(model, files),
         "capabilities": await catalog.capabilities(model),
         "modified_at": _modified_at(model, files),
@@ -169,15 +193,25 @@ async def show(request: web.Request) -> web.Response:
             system=made.system or "",
             license="\n".join(made.license),
             messages=made.messages,
-            details=created_details(made, files),
+            details=created_details(made, files, model),
             modified_at=rfc3339(made.created_at),
         )
+        body.update({k: v for k in ("requires", "renderer", "parser") if (v := getattr(made, k))})
     return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
-def created_details(made: CreatedModel, files: ModelFiles) -> dict[str, Any]:
+def created_details(made: CreatedModel, files: ModelFiles, base: ServedModel | None = None) -> dict[str, Any]:
     """``details`` of a model made with ``/api/create``: its base's, with ``parent_model`` the ``from`` it was made of."""
-    return {**details(files), "parent_model": made.parent}
+    return {**details(files, base), "parent_model": made.parent}
+
+
+def _unserved(lm: Any) -> ServedModel:
+    """A pulled model no slot holds, as its files say (``/api/tags``' fallback)."""
+    return ServedModel(name=lm.name, root=str(lm.path), max_model_len=None, created=int(lm.modified))
+
+
+def _folded(name: str) -> str:
+    return ollama_name(name).casefold()
 
 
 async def ps(request: web.Request) -> web.Response:
@@ -213,7 +247,7 @@ async def ps(request: web.Request) -> web.Response:
             "model": name,
             "size": files.size,
             "digest": files.digest,
-            "details": details(files),
+            "details": details(files, model),
             "expires_at": rfc3339(time.time() + _FOREVER_S if math.isinf(until) else until),
             "size_vram": vram or (0 if board is not None and no_gpu else files.size),
             "context_length": context,
@@ -223,7 +257,9 @@ async def ps(request: web.Request) -> web.Response:
         for made in catalog.created_models():  # loaded with their base: the same vLLM serves them
             if made.base == model.name and may_list_created(request, made):
                 own = ollama_name(made.name)
-                out.append({**entry, "name": own, "model": own, "digest": made.digest, "details": created_details(made, files)})
+                if _folded(made.name) == _folded(made.base) and may_list(request, model, catalog.names_for(model)):
+                    continue  # its own base, listed already
+                out.append({**entry, "name": own, "model": own, "digest": made.digest, "details": created_details(made, files, model)})
     return web.Response(body=orjson.dumps({"models": out}), content_type="application/json")
 
 
