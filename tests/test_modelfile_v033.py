@@ -91,6 +91,7 @@ def test_requires_renderer_and_parser_over_http(proxy):
     shown = httpx.post(proxy.url + "/api/show", json={"model": "parsed"}).json()
     assert (shown["requires"], shown["parser"]) == ("0.20.0", "qwen3")
     assert "REQUIRES 0.20.0" in shown["modelfile"] and "PARSER qwen3" in shown["modelfile"]
+    httpx.request("DELETE", proxy.url + "/api/delete", json={"model": "parsed"}).raise_for_status()  # the proxy is shared
     # its chat template has no tool or thinking markers: no renderer's family
     r = _create(proxy.url, model="rendered", **{"from": SERVED}, renderer="qwen3")
     assert r.status_code == 400 and "vLLM renders this model with its own chat template" in r.json()["error"]
