@@ -287,7 +287,8 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if shared is not None and (key.rpm is not None or key.tpm is not None or key.max_in_flight is not None):
             store = await shared.admit(key.name, key.rpm, key.tpm, key.max_in_flight, count=key.max_in_flight is not None,
                                        reserve=reserve if key.tpm is not None else 0)
-            held.shared_tpm = store is not None and store.refused is None and key.tpm is not None
+            # (a refusal for max_in_flight comes after the minute counted the request and reserved its tokens)
+            held.shared_tpm = store is not None and store.refused in (None, "max_in_flight") and key.tpm is not None
         refused, headers = _rate(bound, key, store, reserve if key.tpm is not None else 0, held)
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)
