@@ -167,10 +167,14 @@ OPEN = Key(name="-", role="admin")
 
 
 def slot_of(name: str, taken: set[int]) -> int:
-    """A stable counter slot for ``name``: CRC-32 of the name, the next free one on a collision."""
-    i = zlib.crc32(name.encode()) % KEY_SLOTS
+    """A stable counter slot for ``name``: CRC-32 of the name, the next free one on a collision; once every slot
+    is taken (more keys than :data:`KEY_SLOTS`), the hashed one, shared with the key already there: two keys
+    sharing counters count their requests and tokens together, so their limits only hold tighter."""
+    first = i = zlib.crc32(name.encode()) % KEY_SLOTS
     while i in taken:
         i = (i + 1) % KEY_SLOTS
+        if i == first:
+            return first
     return i
 
 
@@ -268,6 +272,10 @@ class KeyRing:
             salt = cache_salt.of_key(key.name, digest) if self.cache_isolation == "key" else None
             by_digest[digest] = dataclasses.replace(key, slot=s, cache_salt=salt, _cache={})
         self._by_digest = by_digest
+        if len(by_digest) > KEY_SLOTS:
+            log.warning("keys_share_counters", keys=len(by_digest), counters=KEY_SLOTS,
+                        effect="keys beyond the counters' number share one with another key: their in-flight, rpm/tpm, "
+                               "budget reservations and fair share count together")
 
     def reload(self) -> bool:
         """Read the keys again (``SIGHUP``); a file that cannot be read or parsed keeps the old keys.
