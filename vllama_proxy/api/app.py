@@ -271,6 +271,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         aliases.update({a: spec.served_name for a in spec.aliases})
     app[SETTINGS] = settings
     app[BLOBS] = BlobStore(settings.state_dir / "blobs", settings.max_blob_size)
+    app[admin.SIGN_OUTS] = admin.SignOuts(settings.state_dir / "admin-signouts")
     app[KEYS] = ring
     app[WORKER] = worker
     app[FRONT_END] = front

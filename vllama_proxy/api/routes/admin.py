@@ -9,8 +9,10 @@ browser sends the key once: ``GET /admin`` without one answers a sign-in form, w
 to ``POST /admin/login``; an admin key gets a cookie ``vllama_admin`` (HttpOnly, SameSite=Strict,
 Path=/admin, Secure on HTTPS, 8 hours), a user key 403, an unknown one 401. The key never goes in a
 URL. The cookie holds the key's name, an expiry and an HMAC-SHA-256 of both keyed by the key's
-SHA-256 digest, which every worker knows from the keys file: no session store, valid on any
-worker, and void once the key leaves the keys file (SIGHUP). CSRF: the cookie is SameSite=Strict, the
+SHA-256 digest, which every worker knows from the keys file: valid on any worker, void once the key leaves
+the keys file (SIGHUP), and ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file in the state
+directory every worker reads). The sign-in form's body is read within 4 KB and ``--body-timeout``
+(``request_body.py``): anyone may post it. CSRF: the cookie is SameSite=Strict, the
 page only reads, and the two POSTs refuse an ``Origin`` other than the page's own. Clickjacking and
 injection: ``frame-ancestors 'none'`` and a CSP without scripts; every value is HTML-escaped.
 Scripts and ``curl`` may send ``Authorization: Bearer <key>`` instead.
@@ -19,10 +21,14 @@ Scripts and ``curl`` may send ``Authorization: Bearer <key>`` instead.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import hmac
 import html
+import os
 import time
+import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -33,8 +39,11 @@ from ..app_state import ADMISSION, CATALOG, KEYS, LEDGER, SETTINGS
 from ..budgets import budget_of
 from ..api_keys import KEY, OPEN, Key, KeyRing
 from ..ledger import iso, period_bounds
+from ..request_body import read_body
 
 COOKIE = "vllama_admin"
+#: The app's sign-outs (:class:`SignOuts`, ``api/app.py`` makes it).
+SIGN_OUTS = web.AppKey("admin_sign_outs", object)
 #: Seconds a sign-in lasts.
 COOKIE_AGE = 8 * 3600
 _HEADERS = {
@@ -51,15 +60,61 @@ def _sign(digest: str, name: str, expires: int) -> str:
     return hmac.new(bytes.fromhex(digest), f"{name}.{expires}".encode(), hashlib.sha256).hexdigest()
 
 
-def cookie_key(ring: KeyRing, value: str, now: float) -> Key | None:
-    """The key a ``vllama_admin`` cookie was issued to, if it is signed, unexpired and the key still exists."""
+def cookie_key(ring: KeyRing, value: str, now: float, signed_out: SignOuts | None = None) -> Key | None:
+    """The key a ``vllama_admin`` cookie was issued to, if it is signed, unexpired, not signed out and the key
+    still exists."""
     name, _, rest = value.partition(".")
     expires, _, sig = rest.partition(".")
     found = ring.named(name)
     if found is None or not expires.isdigit() or int(expires) < now:
         return None
     digest, key = found
-    return key if hmac.compare_digest(sig, _sign(digest, name, int(expires))) else None
+    if not hmac.compare_digest(sig, _sign(digest, name, int(expires))):
+        return None
+    return None if signed_out is not None and signed_out.revoked(sig) else key
+
+
+class SignOuts:
+    """The sign-ins ended by ``POST /admin/logout``, kept in ``<state dir>/admin-signouts`` (one signature and
+    its expiry a line, written under a lock, pruned as they expire): every worker and every later start reads
+    them, so a cookie signed out is refused everywhere, not only by the browser that dropped it. The file is read
+    again when it changed (one ``stat`` per ``/admin`` request)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[float, int] | None = None
+        self._revoked: frozenset[str] = frozenset()
+
+    def revoked(self, sig: str) -> bool:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return False
+        if self._seen != (st.st_mtime, st.st_size):
+            self._seen, self._revoked = (st.st_mtime, st.st_size), frozenset(self._lines())
+        return sig in self._revoked
+
+    def _lines(self) -> list[str]:
+        try:
+            return [line.split()[0] for line in self.path.read_text().splitlines() if line.strip()]
+        except OSError:
+            return []
+
+    def add(self, sig: str, expires: int, now: float) -> None:
+        """End the sign-in whose cookie carries ``sig`` (until ``expires``, when the cookie is void anyway)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            kept = []
+            if self.path.exists():
+                for line in self.path.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 2 and parts[1].isdigit() and int(parts[1]) >= now:
+                        kept.append(line)
+            kept.append(f"{sig} {expires}")
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("\n".join(kept) + "\n")
+            os.replace(tmp, self.path)
 
 
 def _caller(request: web.Request) -> Key | None:
@@ -69,7 +124,11 @@ def _caller(request: web.Request) -> Key | None:
     if KEY in request:  # Authorization: Bearer (api/api_keys.py found it)
         return request[KEY]
     value = request.cookies.get(COOKIE)
-    return cookie_key(ring, value, time.time()) if value else None
+    return cookie_key(ring, value, time.time(), _sign_outs(request)) if value else None
+
+
+def _sign_outs(request: web.Request) -> SignOuts | None:
+    return request.app.get(SIGN_OUTS)  # type: ignore[return-value]
 
 
 def _same_origin(request: web.Request) -> None:
@@ -91,8 +150,9 @@ async def login(request: web.Request) -> web.StreamResponse:
         Forbidden: a user key, or a post from another origin.
     """
     _same_origin(request)
-    form = await request.post()
-    token = str(form.get("key", "")).strip()
+    body = await read_body(request)  # a few KB at most, within --body-timeout: anyone may post here
+    form = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+    token = (form.get("key") or [""])[0].strip()
     ring = request.app[KEYS]
     key = ring.find(token.encode("utf-8", "surrogateescape")) if token else None
     if key is None:
@@ -108,8 +168,16 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    """``POST /admin/logout``: the cookie is cleared, 303 to ``/admin``."""
+    """``POST /admin/logout``: the sign-in ends (its cookie refused by every worker from now on: :class:`SignOuts`)
+    and the cookie is cleared, 303 to ``/admin``."""
     _same_origin(request)
+    await read_body(request)
+    value = request.cookies.get(COOKIE)
+    if value and cookie_key(request.app[KEYS], value, time.time()) is not None:
+        expires, _, sig = value.partition(".")[2].partition(".")
+        sign_outs = _sign_outs(request)
+        if sign_outs is not None:
+            await asyncio.to_thread(sign_outs.add, sig, int(expires), time.time())
     resp = web.HTTPSeeOther("/admin")
     resp.del_cookie(COOKIE, path="/admin")
     raise resp
