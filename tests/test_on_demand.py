@@ -164,3 +164,24 @@ def test_slot_state_is_the_same_in_every_worker(serve, hub):
         with httpx.Client() as c:
             assert [m["model"] for m in c.get(s.url + "/api/ps").json()["models"]] == ["acme/tiny-w:latest"]
     assert len(s.launched()) == 1
+
+
+def test_a_user_keys_load_never_ends_another_models_keep_alive(serve, hub, tmp_path):
+    """One on-demand slot: a model loaded and used within its keep_alive stays when a user key names another
+    (503 with ``Retry-After`` until the keep_alive ends), where before the user's load unloaded it at will (six
+    forced reloads in a row by one tenant); an admin key still makes room."""
+    for repo in ("acme/tiny-a", "acme/tiny-b"):
+        place(hub, repo)
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "ops"\nkey = "sk-ops"\nrole = "admin"\n\n[[keys]]\nname = "bob"\nkey = "sk-bob"\n')
+    s = serve("--max-on-demand", "1", "--keep-alive", "10m", "--api-key-file", str(keys), "--", "--gpu-memory-utilization", "0.3")
+    bob = ollama.Client(host=s.url, timeout=60, headers={"Authorization": "Bearer sk-bob"})
+    ops = ollama.Client(host=s.url, timeout=60, headers={"Authorization": "Bearer sk-ops"})
+    assert bob.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    r = httpx.post(s.url + "/api/generate", headers={"Authorization": "Bearer sk-bob"}, timeout=60,
+                   json={"model": "acme/tiny-b", "prompt": "x", "stream": False, "options": {"num_predict": 1}})
+    assert r.status_code == 503 and "keep_alive" in r.json()["error"], r.text
+    assert 500 <= int(r.headers["Retry-After"]) <= 600
+    assert [m.model for m in ops.ps().models] == ["acme/tiny-a:latest"]
+    assert ops.generate(model="acme/tiny-b", prompt="x", options={"num_predict": 1}).done  # an admin makes room
+    assert [m.model for m in ops.ps().models] == ["acme/tiny-b:latest"]

@@ -368,6 +368,15 @@ class SlotsFull(UpstreamUnavailable):
     """Every on-demand slot holds a model that is loaded, loading or in use (503; ``supervisor/slots.py``)."""
 
 
+class SlotsKept(SlotsFull):
+    """A user key's on-demand load finds every slot held by a model within its keep_alive, which it may not end
+    (``models/on_demand.py``): 503 with ``Retry-After`` until the first keep_alive ends."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}  # type: ignore[misc]
+
+
 class UpstreamTimeout(UpstreamError):
     """vLLM sent nothing within the idle-read timeout (504)."""
 

@@ -133,7 +133,8 @@ class Catalog:
     def on_demand(self) -> OnDemand | None:
         return self._on_demand
 
-    async def resolve(self, name: str, *, claim: bool = False, made: CreatedModel | None | object = _UNREAD) -> ServedModel:
+    async def resolve(self, name: str, *, claim: bool = False, made: CreatedModel | None | object = _UNREAD,
+                      evict_kept: bool = True) -> ServedModel:
         """The served model an Ollama name refers to (for a model made with ``/api/create``: its base).
 
         ``claim``: a local model no on-demand slot holds claims one (it will load) — only inference
@@ -146,14 +147,16 @@ class Catalog:
                 says what is close and how to name a Hugging Face model.
             UpstreamUnavailable: no list is cached and vLLM cannot be asked.
 
+        ``evict_kept``: a claim may end another model's keep_alive for its slot (false for a user key's).
+
         ``made``: what :meth:`created` said of ``name`` when the caller already asked (one look at the
         created models' file per request, not one per step).
         """
         if made is _UNREAD:
             made = self.created(name)
         if made is not None:
-            return await self._resolve(made.base, claim)  # a served name: created models never stand on created ones
-        return await self._resolve(name, claim)
+            return await self._resolve(made.base, claim, evict_kept)  # a served name: created models never stand on created ones
+        return await self._resolve(name, claim, evict_kept)
 
     def is_served_name(self, name: str) -> bool:
         """Whether ``name`` names a served model or an alias in the list cached now (no fetch, no
@@ -177,12 +180,13 @@ class Catalog:
         """
         return _given(self._created, "created-model store")
 
-    async def _resolve(self, name: str, claim: bool) -> ServedModel:
+    async def _resolve(self, name: str, claim: bool, evict_kept: bool = True) -> ServedModel:
         models = await self._current() if self._backends else {}
         found = self._lookup(models, name)
         if found is None and self._on_demand is not None:
             target = self.names.alias_target(name) or name  # an alias made with /api/copy of an on-demand model
-            found = self._on_demand.held(target) or await (self._on_demand.claim if claim else self._on_demand.lookup)(target)
+            found = self._on_demand.held(target) or (await self._on_demand.claim(target, evict_kept=evict_kept) if claim
+                                                     else await self._on_demand.lookup(target))
         if found is None and self._backends and time.monotonic() - self._fetched_at > 1.0:
             found = self._lookup(await self._fetch(), name)
         if found is None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllama_proxy.errors import ModelNotAllowed, SlotsFull
+from vllama_proxy.errors import ModelNotAllowed, SlotsFull, SlotsKept
 from vllama_proxy.logs import get_logger
 from . import local
 from .vllm_servers import ServedModel
@@ -176,19 +176,20 @@ class OnDemand:
                 return True
         return False
 
-    async def claim(self, name: str) -> ServedModel | None:
+    async def claim(self, name: str, *, evict_kept: bool = True) -> ServedModel | None:
         """The slot's model for ``name`` when it names a local model (claiming a slot for it); ``None``
         when it names none. Only inference and an explicit load (an empty-prompt generate) claim.
 
         Raises:
             ModelNotAllowed: a local model the allow-list does not admit.
             SlotsFull: every slot holds a model in use (``SlotTable.claim``), and none became free
-                within ``load_timeout``.
+                within ``load_timeout``; with ``evict_kept`` false (a user key's claim), every slot holds a model
+                within its keep_alive: 503 with ``Retry-After`` until the first one ends.
         """
         spec = await self._spec(name)
         if spec is None:
             return None
-        i = await self._claim(spec)
+        i = await self._claim(spec, evict_kept)
         log.info("on_demand_claim", model=spec.served_name, repo=spec.model, slot=i)
         return self._served(i)
 
@@ -215,7 +216,7 @@ class OnDemand:
             spec = await asyncio.to_thread(with_detected_parsers, spec)  # its chat template tells its parsers
         return spec
 
-    async def _claim(self, spec: ModelConfig) -> int:
+    async def _claim(self, spec: ModelConfig, evict_kept: bool = True) -> int:
         """A slot for ``spec``; when all hold loaded models, the least recently used idle one is
         unloaded (``SlotTable.evict_idle``, a message to its supervisor) and the claim retried when a
         slot's supervisor answers, up to ``load_timeout``."""
@@ -227,7 +228,12 @@ class OnDemand:
                 if time.monotonic() > deadline:
                     raise
                 if not self.slots.leaving():
-                    victim = self.slots.evict_idle()
+                    victim = self.slots.evict_idle(kept=evict_kept)
+                    if victim is None and not evict_kept:
+                        wait = self.slots.kept_until() - time.time()
+                        raise SlotsKept(f"every on-demand slot holds a model another request used within its keep_alive; "
+                                        f"'{spec.served_name}' can load once one ends (an admin key may unload one)",
+                                        retry_after=max(1, int(wait + 0.999)) if wait < 86400 else 60) from None
                     if victim is None:
                         raise
                     log.info("on_demand_unload", model=victim, for_model=spec.served_name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import math
 import time
 from typing import Any
 
@@ -104,16 +105,19 @@ class SlotTable:
                    and ((b.state is State.READY and b.expires_at <= now) or (b.state is State.SLEEPING and b.release_asked))
                    for b in self.boards)
 
-    def evict_idle(self) -> str | None:
+    def evict_idle(self, *, kept: bool = True) -> str | None:
         """Free the least recently used slot whose model is loaded (ready, or asleep with vLLM's sleep
         mode) and idle: no request in flight, waiting for or asking for it; its name, or ``None`` when
         none is idle. As Ollama unloads the least recently used runner for a new model: a ready one's
         keep_alive ends now (:meth:`StatusBoard.expire`; with sleep mode it goes to sleep first), and
         either is asked to stop (:meth:`StatusBoard.request_release`, which also names the reason in
-        its supervisor's log)."""
+        its supervisor's log). ``kept`` false: a ready model within its keep_alive is not evicted (a user key's
+        claim: it does not end another key's keep_alive)."""
         held = {State.READY: Held.LOADED, State.SLEEPING: Held.ASLEEP}
+        now = time.time()
         seen = [(b, b.state) for b in self.boards if b.served_name]  # each state read once: it may change meanwhile
-        victim = eviction.victim(Need.SLOT, [Candidate(b, held[state], b.last_used, busy=b.in_use)
+        victim = eviction.victim(Need.SLOT, [Candidate(b, held[state], b.last_used, busy=b.in_use,
+                                                       protected=not kept and state is State.READY and b.expires_at > now)
                                              for b, state in seen if state in held])
         if victim is None:
             return None
@@ -121,6 +125,10 @@ class SlotTable:
             victim.expire()
         victim.request_release()  # its supervisor logs why: the slot is wanted, not a keep_alive that ended
         return victim.served_name
+
+    def kept_until(self) -> float:
+        """Epoch seconds when the first ready slot model's keep_alive ends (inf: none ends)."""
+        return min((b.expires_at for b in self.boards if b.served_name and b.state is State.READY), default=math.inf)
 
     def hurry_leaving(self) -> None:
         """Ask the supervisors of the ready models :meth:`leaving` counts to look at their keep_alive now

@@ -52,7 +52,7 @@ async def resolve_model(request: web.Request, name: str | None) -> tuple[str, Se
         if not key.admin and request.app[SETTINGS].on_demand_admin_only:
             raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
                             "this server starts models on demand for admin keys only (--on-demand-admin-only)")
-        model = await catalog.resolve(name, claim=True)
+        model = await catalog.resolve(name, claim=True, evict_kept=key.admin)  # a user ends no other's keep_alive
         backend = catalog.backend_of(model)
     call_of(request).model = model.name  # charged to it (settler.py)
     return name, model, backend
