@@ -306,7 +306,7 @@ def bodies(draw, path: str) -> dict:
 
 
 @pytest.mark.parametrize("path", list(ROUTES))
-@settings(max_examples=15, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
+@settings(max_examples=8, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
           print_blob=True)
 @given(data=st.data())
 def test_any_spelling_of_a_policy_field_stays_within_the_caps_and_every_answer_is_charged(server, path, data):
