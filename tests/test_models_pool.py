@@ -286,6 +286,7 @@ def test_two_models_wanted_at_once_swap_once_each_way(vllama, tmp_path, ledger):
     assert v.stop() == 0
 
 
+@pytest.mark.timeout(400)  # at load 10 its waits (worker, wake, the dead worker's respawn, the drain) summed past 120 s
 def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):
     import psutil
 
