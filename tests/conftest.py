@@ -351,7 +351,9 @@ class Vllama:
     def grandchild_pid(self) -> int:
         return int(self.pidfile.read_text())
 
-    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+    def stop(self, sig=signal.SIGTERM, timeout: float = 120) -> int:
+        """Signal vllama and return its exit status; ``timeout`` is a failure's bound (a drain and the
+        stop of vLLM and the workers took over 30 s at load 4-8 on the 2-core machine)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout)

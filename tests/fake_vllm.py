@@ -139,7 +139,8 @@ Fault markers anywhere in the prompt / message contents:
 ``[[fault:http400]]`` (context-length 400), ``[[fault:http500]]``, ``[[fault:reset]]`` (2 tokens then
 the connection is closed without ending the body), ``[[fault:garbage]]`` (2 tokens, then
 ``data: {not json`` and the body ends without [DONE]), ``[[fault:hang]]`` (2 tokens then nothing until
-the client leaves), ``[[fault:slow]]`` (0.2 s per token), ``[[fault:nullevent]]`` (2 tokens, then
+the client leaves), ``[[fault:hangatend]]`` (every token, then nothing until the
+client leaves), ``[[fault:slow]]`` (0.2 s per token), ``[[fault:nullevent]]`` (2 tokens, then
 ``data: null``, valid JSON but not an object; streamed only), ``[[fault:nofinish]]`` (2 tokens, then
 ``data: [DONE]`` with no finish reason before it; streamed only).
 
@@ -822,6 +823,8 @@ async def produce(state: State, plan: Plan, seq: int):
     fault = next((f for f in ("reset", "garbage", "hang", "nullevent", "nofinish") if f in plan.faults), None)
     crash = knobs.crash_after is not None and seq == knobs.crash_after
     cut = min(2, len(plan.events))
+    if "hangatend" in plan.faults:  # every token, then nothing until the client leaves (no finish, no [DONE])
+        fault, cut = "hang", len(plan.events)
     last_tick = 0  # lockstep: one token per step (a timer may fire a little early, inside the step it waited for)
     for i, ev in enumerate(plan.events):
         if i == cut:

