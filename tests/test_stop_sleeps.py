@@ -14,10 +14,9 @@ import os
 import subprocess
 import sys
 import time
-
-import pytest
 from datetime import datetime
 
+import pytest
 from ollama import Client
 
 from conftest import ROOT, TESTS, alive, get_json, log_events
