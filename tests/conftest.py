@@ -51,6 +51,15 @@ os.environ.setdefault("VLLAMA_VLLM_EXECUTABLE", str(TESTS / "bin" / "vllm"))
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 
+def write_keys(path: Path, *keys: dict) -> Path:
+    """Write a keys file (``--keys``, docs/configuration.md) at ``path``: one ``[[keys]]`` table per dict, in order,
+    e.g. ``write_keys(p, {"name": "root", "key": "sk-root", "role": "admin"})``. Values are str, int, float,
+    bool or lists of str (JSON's spelling of them is TOML's). Returns ``path``."""
+    tables = ("[[keys]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in key.items()) for key in keys)
+    path.write_text("\n".join(tables))
+    return path
+
+
 def free_port() -> int:
     """A loopback port no one listens on, for a server a test starts: vllama's own pick for its vLLMs,
     below the kernel's ephemeral range, so no client socket of the suite (thousands, two xdist workers,

@@ -16,7 +16,7 @@ import httpx
 import ollama
 import pytest
 
-from conftest import SERVED, start_proxy, stop
+from conftest import SERVED, start_proxy, stop, write_keys
 
 CHROMIUM = os.environ.get("VLLAMA_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -27,23 +27,16 @@ pytestmark = [
                        reason="no playwright in this venv (pip install playwright; the browser is Debian's chromium)"),
 ]
 ADMIN, ALICE = "sk-admin-page", "sk-alice-page"
-KEYS = f"""
-[[keys]]
-name = "ops"
-key = "{ADMIN}"
-role = "admin"
-
-[[keys]]
-name = "alice"
-key = "{ALICE}"
-budget_tokens = 1000
-"""
+KEYS = [
+    {"name": "ops", "key": ADMIN, "role": "admin"},
+    {"name": "alice", "key": ALICE, "budget_tokens": 1000},
+]
 
 
 def test_the_admin_page_in_a_browser(fake, tmp_path):
     from playwright import sync_api
 
-    (tmp_path / "keys.toml").write_text(KEYS)
+    write_keys(tmp_path / "keys.toml", *KEYS)
     p = start_proxy(fake.url, "--api-key-file", str(tmp_path / "keys.toml"), "--workers", "1",
                     env={"VLLAMA_STATE_DIR": str(tmp_path / "state")}, log=tmp_path / "vllama.log")
     try:

@@ -18,23 +18,14 @@ import re
 import httpx
 import pytest
 
-from conftest import SERVED, log_events, metric, start_proxy, stop
+from conftest import SERVED, log_events, metric, start_proxy, stop, write_keys
 from vllama_proxy.api import cache_salt
 
-KEYS = """
-[[keys]]
-name = "root"
-key = "sk-root"
-role = "admin"
-
-[[keys]]
-name = "alice"
-key = "sk-alice"
-
-[[keys]]
-name = "bob"
-sha256 = "%s"
-""" % hashlib.sha256(b"sk-bob").hexdigest()
+KEYS = [
+    {"name": "root", "key": "sk-root", "role": "admin"},
+    {"name": "alice", "key": "sk-alice"},
+    {"name": "bob", "sha256": hashlib.sha256(b"sk-bob").hexdigest()},
+]
 #: Each key's salt as vllama must derive it: from its name, keyed with the SHA-256 of its secret.
 SALTS = {k: cache_salt.of_key(k, hashlib.sha256(f"sk-{k}".encode()).hexdigest()) for k in ("root", "alice", "bob")}
 CHAT = {"model": SERVED, "max_tokens": 2, "messages": [{"role": "user", "content": "hello there"}]}
@@ -47,7 +38,7 @@ def _auth(key: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def keys_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("keys") / "keys.toml"
-    p.write_text(KEYS)
+    write_keys(p, *KEYS)
     return p
 
 

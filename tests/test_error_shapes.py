@@ -21,27 +21,13 @@ import ollama
 import openai
 import pytest
 
-from conftest import Vllama, shown_on_failure, stop
+from conftest import Vllama, shown_on_failure, stop, write_keys
 
-KEYS = """
-[[keys]]
-name = "root"
-key = "sk-root"
-role = "admin"
-
-[[keys]]
-name = "bob"
-key = "sk-bob"
-role = "user"
-models = ["alpha"]
-
-[[keys]]
-name = "rl"
-key = "sk-rl"
-role = "user"
-models = ["alpha"]
-rpm = 1
-"""
+KEYS = [
+    {"name": "root", "key": "sk-root", "role": "admin"},
+    {"name": "bob", "key": "sk-bob", "role": "user", "models": ["alpha"]},
+    {"name": "rl", "key": "sk-rl", "role": "user", "models": ["alpha"], "rpm": 1},
+]
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -55,7 +41,7 @@ def _nested(depth: int) -> dict:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Vllama]:
     tmp = tmp_path_factory.mktemp("shapes")
-    (tmp / "keys.toml").write_text(KEYS)
+    write_keys(tmp / "keys.toml", *KEYS)
     blocks = []
     for name in ("alpha", "beta"):
         (tmp / name).mkdir()

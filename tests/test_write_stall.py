@@ -22,19 +22,12 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from conftest import ALIAS, get_json, start_fake, start_proxy, stop, wait_events
+from conftest import ALIAS, get_json, start_fake, start_proxy, stop, wait_events, write_keys
 
-KEYS = """
-[[keys]]
-name = "root"
-key = "sk-root"
-role = "admin"
-
-[[keys]]
-name = "bob"
-key = "sk-bob"
-max_in_flight = 1
-"""
+KEYS = [
+    {"name": "root", "key": "sk-root", "role": "admin"},
+    {"name": "bob", "key": "sk-bob", "max_in_flight": 1},
+]
 
 #: A stream far longer than the socket buffers on both sides (about 10 MB of NDJSON).
 LONG = "x [[tokens:100000]] [[fault:hangatend]]"  # cannot complete before the stall is seen, on any load
@@ -44,7 +37,7 @@ LONG = "x [[tokens:100000]] [[fault:hangatend]]"  # cannot complete before the s
 def served(model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stall")
     keys = tmp / "keys.toml"
-    keys.write_text(KEYS)
+    write_keys(keys, *KEYS)
     fake = start_fake(model_dir, extra=["--max-model-len", "1000000"])
     try:
         log = tmp / "vllama.log"
