@@ -29,6 +29,10 @@ budget_period = "day"
 name = "wideminute"
 key = "sk-review-wideminute"
 tpm = 100
+
+[[keys]]
+name = "plain"
+key = "sk-review-plain"
 """
 
 
@@ -63,3 +67,44 @@ def test_a_reservation_counts_every_sequence_the_request_starts(proxy, key):
     statuses = asyncio.run(_at_once(proxy.url, key, body, 8))
     assert set(statuses) <= {200, 429}, statuses
     assert statuses.count(200) <= 2, statuses
+
+
+async def _leave_when_generated(proxy_url: str, fake_url: str, path: str, body: dict, tokens: int) -> None:
+    """Post ``body`` without streaming and leave once the stand-in has generated ``tokens`` for it."""
+    async with httpx.AsyncClient(timeout=60) as c:
+        before = (await c.get(fake_url + "/_fake/stats")).json()["generation_tokens_total"]
+        task = asyncio.ensure_future(c.post(proxy_url + path, json=body, headers={"Authorization": "Bearer sk-review-plain"}))
+        for _ in range(600):
+            if (await c.get(fake_url + "/_fake/stats")).json()["generation_tokens_total"] - before >= tokens:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the stand-in never generated the tokens")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def _rows(url: str, name: str) -> list[dict]:
+    r = httpx.get(url + "/api/usage", params={"key": name}, headers={"Authorization": "Bearer sk-review-admin"}, timeout=10)
+    return r.json()["usage"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_client_that_leaves_a_non_streamed_v1_answer_is_charged_what_vllm_ran(proxy, fake, path):
+    """A ``/v1`` request without ``stream`` whose client leaves before vLLM answers was charged nothing: the
+    ledger's row says 0 prompt and 0 output tokens (so the key's budget and tpm never move), though vLLM read its
+    prompt and generated until the proxy aborted it. A tenant that posts long prompts and hangs up before the
+    answer is served prefill and decode for free, again and again (the Ollama routes, which stream from vLLM,
+    charge what was generated: 39 tokens for the same probe on ``/api/chat``)."""
+    content = "hello " * 200 + "[[tokens:20]] [[fault:hangatend]]"
+    body = ({"model": SERVED, "max_tokens": 20, "messages": [{"role": "user", "content": content}]} if path.endswith("chat/completions")
+            else {"model": SERVED, "max_tokens": 20, "prompt": content})
+    asyncio.run(_leave_when_generated(proxy.url, fake.url, path, body, 20))
+    for _ in range(200):
+        rows = _rows(proxy.url, "plain")
+        if rows and sum(r["requests"] for r in rows) >= 1:
+            break
+        asyncio.run(asyncio.sleep(0.05))
+    [row] = rows
+    assert row["prompt_tokens"] >= 200 and row["output_tokens"] >= 1, row
