@@ -50,6 +50,7 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
         ├── UpstreamUnavailable       503  refused/reset connection, vLLM starting or gone
         │   ├── ModelLoading          503 + Retry-After: 1  the model is loading: retrying will help
         │   └── SlotsFull             503  every on-demand slot holds a model in use
+        │       └── SlotsKept         503  ... each within its keep_alive, for a user key (Retry-After)
         ├── UpstreamTimeout           504  no byte from vLLM within the idle-read timeout
         └── UpstreamProtocolError     502  vLLM answered something we cannot parse
 

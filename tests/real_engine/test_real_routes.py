@@ -166,11 +166,12 @@ def test_tools_go_through_vllms_hermes_parser(client):
 # --- errors vLLM raises, as Ollama errors --------------------------------------------------------------
 
 
-def test_context_too_long_is_a_400_with_vllms_reason(client):
-    with pytest.raises(ollama.ResponseError) as e:
-        client.generate(model=CHAT, prompt="def f(x): return x " * 1500)
-    assert _status(e) == 400
-    assert "maximum context length is 2048" in str(e.value.error)
+def test_context_too_long_is_cut_as_ollama_does_and_a_400_with_vllms_reason_without_truncate(client, server):
+    r = client.generate(model=CHAT, prompt="def f(x): return x " * 1500, options={"num_predict": 4})  # truncate: Ollama's default
+    assert r.done and r.prompt_eval_count <= 2048
+    r = httpx.post(server.url + "/api/generate", json={"model": CHAT, "prompt": "def f(x): return x " * 1500, "stream": False,
+                                                       "truncate": False}, timeout=60)
+    assert r.status_code == 400 and "maximum context length is 2048" in r.json()["error"], r.text
 
 
 def test_bad_schema_is_a_400_with_vllms_grammar_error(client):
@@ -187,7 +188,8 @@ def test_unknown_model_is_a_404(client):
 
 
 def test_error_body_is_ollamas_shape(server):
-    r = httpx.post(server.url + "/api/generate", json={"model": CHAT, "prompt": "a " * 3000, "stream": False}, timeout=60)
+    r = httpx.post(server.url + "/api/generate", json={"model": CHAT, "prompt": "a " * 3000, "stream": False, "truncate": False},
+                   timeout=60)
     assert r.status_code == 400
     assert set(r.json()) == {"error"} and isinstance(r.json()["error"], str)
 

@@ -344,8 +344,9 @@ UNKNOWN_CONTEXT = 32768
 
 def worst_case(request: web.Request, call: Call) -> int:
     """The most tokens ``call`` may use, for its key's reservations: its prompt estimated by its body's size
-    (``fair_queue.prompt_tokens_guess``) and its output as capped: the tokens it asks for, the key's
-    ``max_tokens``, or the largest context of the models vllama knows (:data:`UNKNOWN_CONTEXT` when none)."""
+    (``fair_queue.prompt_tokens_guess``) and its output as capped, for each sequence it starts (``n`` x prompts):
+    the tokens it asks for, the key's ``max_tokens``, or the largest context of the models vllama knows
+    (:data:`UNKNOWN_CONTEXT` when none)."""
     prompt = int(prompt_tokens_guess(call.body)) + 1
     typed = call.typed
     if isinstance(typed, Body):
@@ -360,11 +361,12 @@ def worst_case(request: web.Request, call: Call) -> int:
         options = getattr(typed, "options", None) or {}
         predict = options.get("num_predict")
         asked = predict if isinstance(predict, int) and predict > 0 else None
+    sequences = typed.sequences() if isinstance(typed, Body) else 1  # n x prompts: each generates its own output
     caps = [x for x in (asked, call.key.max_tokens) if x is not None and x > 0]
     if caps:
-        return prompt + min(caps)
+        return prompt + sequences * min(caps)
     contexts = [b.model.max_model_len for b in request.app[CATALOG].backends if b.model is not None and b.model.max_model_len]
-    return prompt + (max(contexts) if contexts else UNKNOWN_CONTEXT)
+    return prompt + sequences * (max(contexts) if contexts else UNKNOWN_CONTEXT)
 
 
 def inputs_of(typed: Any) -> int:

@@ -223,15 +223,27 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
             body = await ready_body()  # built with the model held: its /tokenize may be asked (output_tokens.py)
         if body and request.content_type != "multipart/form-data":
             headers["Content-Type"] = "application/json"  # the body vllama parsed and wrote again, whatever was sent
-        async with backend.upstream.request(
-            request.method, path, body=body or None, headers=headers, params=request.query, check=False
-        ) as resp:
-            if resp.status == 404 and path in _CAPABILITY:  # vLLM's own 404, passed on as it wrote it but this one
-                data = await _refuse_missing_route(request, resp, path)
-                return web.Response(status=404, body=data, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
-            out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
-            await out.prepare(request)
-            return await in_own_task(_copied(request, backend, resp, out, rename))  # its reads resume its own frames only
+        try:
+            return await _sent(request, backend, path, body, headers, rename)
+        except (ConnectionError, asyncio.CancelledError):  # the client left
+            call = call_of(request)
+            if call.usage is None and request.method == "POST" and call.model is not None:
+                _charge_left(request, call)  # before any of vLLM's answer came (a whole answer comes at its end)
+            raise
+
+
+async def _sent(request: web.Request, backend: Backend, path: str, body: bytes, headers: dict[str, str],
+                rename: tuple[bytes, bytes] | None) -> web.StreamResponse:
+    """:func:`relay`'s request to vLLM and its answer copied back."""
+    async with backend.upstream.request(
+        request.method, path, body=body or None, headers=headers, params=request.query, check=False
+    ) as resp:
+        if resp.status == 404 and path in _CAPABILITY:  # vLLM's own 404, passed on as it wrote it but this one
+            data = await _refuse_missing_route(request, resp, path)
+            return web.Response(status=404, body=data, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
+        out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
+        await out.prepare(request)
+        return await in_own_task(_copied(request, backend, resp, out, rename))  # its reads resume its own frames only
 
 
 async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse,
@@ -263,8 +275,11 @@ async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.St
         if hold and rename is not None:
             await out.write(b"".join(kept).replace(*rename))
     except (ConnectionError, asyncio.CancelledError):  # the client left: vLLM's tokens so far were still made
-        if sse and resp.status == 200 and request.method == "POST":
-            _charge_cut(request, call, kept, events)
+        if resp.status == 200 and request.method == "POST":
+            if sse:
+                _charge_cut(request, call, kept, events)
+            else:  # an answer vLLM sends whole: what it made before its abort is not known; the worst case is charged
+                _charge_left(request, call)
         raise
     except UpstreamError as e:
         call.stream_error = e
@@ -336,6 +351,19 @@ class _Events:
         """The bytes held at the stream's end (an event vLLM did not end)."""
         held, self.held = self.held, b""
         return held.replace(*self.rename) if self.rename is not None else held
+
+
+def _charge_left(request: web.Request, call: Call) -> None:
+    """The usage of a non-streamed answer its client left before it came: its prompt by the body's size and the
+    output it asked for (capped, per sequence), as admission reserved it (``admission.worst_case``): vLLM read the
+    prompt and generated until the abort, and says nothing of it. Without it a key sent long prompts, hung up
+    before the answer and was charged nothing."""
+    typed = call.typed
+    output = 0
+    if isinstance(typed, Body) and typed.OUTPUT_FIELDS:
+        asked = [x for x in (typed.output_asked(), call.key.max_tokens) if x]
+        output = (min(asked) if asked else 16 if request.path == "/v1/completions" else 0) * typed.sequences()
+    call.usage = (int(prompt_tokens_guess(call.body)), output)
 
 
 def _charge_cut(request: web.Request, call: Call, kept: deque[bytes], events: int) -> None:
