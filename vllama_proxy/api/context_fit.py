@@ -24,6 +24,8 @@ from typing import Any
 from vllama_proxy.errors import BadRequest, UpstreamError, UpstreamRejected
 from vllama_proxy.upstream import Upstream
 
+from .output_tokens import prompt_tokens
+
 #: The share of the context kept for the answer when a request asks for no more (Ollama shifts instead).
 ANSWER_SHARE = 4
 
@@ -103,20 +105,5 @@ def _block_start(messages: list[Any], i: int) -> int:
 
 
 async def _count(upstream: Upstream, body: dict[str, Any]) -> int | None:
-    """The prompt's tokens as vLLM counts them (``/tokenize``: the chat template with the body's tools), or
-    ``None`` when vLLM cannot say."""
-    ask: dict[str, Any] = {"model": body.get("model")}
-    if isinstance(body.get("messages"), list):
-        ask["messages"] = body["messages"]
-        for field in ("tools", "chat_template_kwargs"):
-            if body.get(field) is not None:
-                ask[field] = body[field]
-    elif isinstance(body.get("prompt"), str):
-        ask["prompt"] = body["prompt"]
-    else:
-        return None
-    try:
-        count = (await upstream.post_json("/tokenize", ask))["count"]
-    except (UpstreamError, KeyError, TypeError):
-        return None
-    return count if isinstance(count, int) else None
+    """The prompt's tokens as vLLM counts them, the chat template given the body's tools."""
+    return await prompt_tokens(upstream, body, ("tools", "chat_template_kwargs"))

@@ -20,12 +20,14 @@ from .api_keys import key_of
 from .translate.to_openai import cap_output_tokens, output_tokens_asked
 
 
-async def prompt_tokens(upstream: Upstream, body: dict[str, Any]) -> int | None:
+async def prompt_tokens(upstream: Upstream, body: dict[str, Any], template: tuple[str, ...] = ()) -> int | None:
     """The prompt's tokens as vLLM counts them (``/tokenize`` with the body's ``messages`` or
-    ``prompt``), ``None`` when vLLM cannot say (a prompt of token ids, images, an error)."""
+    ``prompt``, and its ``template`` fields the chat template reads, such as ``tools``), ``None`` when vLLM
+    cannot say (a prompt of token ids, images, an error)."""
     ask: dict[str, Any] = {"model": body.get("model")}
     if isinstance(body.get("messages"), list):
         ask["messages"] = body["messages"]
+        ask.update((f, body[f]) for f in template if body.get(f) is not None)
     elif isinstance(body.get("prompt"), str):
         ask["prompt"] = body["prompt"]
     else:

@@ -112,15 +112,6 @@ class RateLimits:
             self._roll(key, now)
             self._requests[key] += 1
 
-    def spend(self, key: int, tokens: int) -> None:
-        """Count ``tokens`` (prompt + output) of a request of ``key`` that ended."""
-        if tokens <= 0:
-            return
-        now = self.clock()
-        with self._lock.held():
-            self._roll(key, now)
-            self._tokens[key] += tokens
-
     def used(self, key: int) -> tuple[int, int]:
         """``(requests, tokens)`` of ``key`` in the current minute."""
         with self._lock.held():
