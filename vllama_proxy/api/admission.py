@@ -24,13 +24,16 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import RateLimited, ServerBusy, TooManyRequests, error_response, shape_of
+from vllama_proxy.errors import BudgetExhausted, RateLimited, ServerBusy, TooManyRequests, error_response, shape_of
 from vllama_proxy.models.launch_spec import ModelConfig, vllm_arg
 from vllama_proxy.supervisor.inbox import bells
 from vllama_proxy.supervisor.shared_lock import SharedLock
 from .fair_queue import W_IN, W_OUT, FairQueue, prompt_tokens_guess
 from .budgets import Reservations
 from .api_keys import KEY_SLOTS, Key, key_of
+from .end_users import USER_SLOTS, slot_of as user_slot_of
+from .ledger import Ledger, iso, period_bounds
+from .ledger_store import user_total
 from .app_state import CATALOG, LEDGER
 from .call import CALL, Call, Held, call_of
 from .gate.bodies import Body, Completions
@@ -43,6 +46,8 @@ from .shared_state import Admission, KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: Counters in shared memory: every key's (``api_keys.KEY_SLOTS``), then every end user's (``end_users.USER_SLOTS``).
+SLOTS = KEY_SLOTS + USER_SLOTS
 #: :meth:`AdmissionBound.enter`'s refusals: the server is full, the key is at its own limit, or over its share.
 FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 #: Routes whose requests occupy vLLM (plus every POST under /v1/).
@@ -126,15 +131,15 @@ class AdmissionBound:
         self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)
         self._slots = ctx.RawArray("i", max(slots, 1))
-        self._keys = ctx.RawArray("i", KEY_SLOTS)  # requests in flight per key (api_keys.py: a slot per key name)
-        self._worker_keys = ctx.RawArray("i", max(slots, 1) * KEY_SLOTS)  # the same per worker: a dead one's are given back
+        self._keys = ctx.RawArray("i", SLOTS)  # requests in flight per key (api_keys.py: a slot per key name), per end user
+        self._worker_keys = ctx.RawArray("i", max(slots, 1) * SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
         (self._drained,) = bells(1, prefix="vllama-drain-")  # rung by the last request to end while draining
-        self.queue = FairQueue(queue, max(slots, 1), KEY_SLOTS, ctx, reserve=reserve, light_running=light_running,
+        self.queue = FairQueue(queue, max(slots, 1), SLOTS, ctx, reserve=reserve, light_running=light_running,
                                 prompt_weight=prompt_weight) if queue else None
-        self.limits = RateLimits(KEY_SLOTS, ctx)
-        self.budgets = Reservations(KEY_SLOTS, ctx)
+        self.limits = RateLimits(SLOTS, ctx)
+        self.budgets = Reservations(SLOTS, ctx)
         self.front = uuid.uuid4().hex
 
     def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
@@ -165,7 +170,7 @@ class AdmissionBound:
             self._total.value += 1
             self._slots[slot] += 1
             self._keys[key] = mine + 1
-            self._worker_keys[slot * KEY_SLOTS + key] += 1
+            self._worker_keys[slot * SLOTS + key] += 1
             if mine == 0:
                 self._active.value += 1
             return mine
@@ -176,10 +181,28 @@ class AdmissionBound:
             self._total.value -= 1
             self._slots[slot] -= 1
             self._keys[key] -= 1
-            self._worker_keys[slot * KEY_SLOTS + key] -= 1
+            self._worker_keys[slot * SLOTS + key] -= 1
             if self._keys[key] == 0:
                 self._active.value -= 1
         self._ring_if_drained()
+
+    def enter_user(self, slot: int, user: int, most: int | None) -> int:
+        """Count one more request of worker ``slot`` for the end user whose counter is ``user``
+        (``end_users.slot_of``), unless it has ``most`` in flight (``user_max_in_flight``): then -1. Returns
+        its requests in flight before this one. Given back by :meth:`leave_user`."""
+        with self._lock.held():
+            mine = self._keys[user]
+            if most is not None and mine >= most:
+                return -1
+            self._keys[user] = mine + 1
+            self._worker_keys[slot * SLOTS + user] += 1
+            return mine
+
+    def leave_user(self, slot: int, user: int) -> None:
+        """That end user's request (counted by :meth:`enter_user`) finished."""
+        with self._lock.held():
+            self._keys[user] -= 1
+            self._worker_keys[slot * SLOTS + user] -= 1
 
     def key_in_flight(self, key: int) -> int:
         """Requests in flight of the key whose counter is ``key``."""
@@ -190,13 +213,13 @@ class AdmissionBound:
         with self._lock.held():
             self._total.value -= self._slots[slot]
             self._slots[slot] = 0
-            base = slot * KEY_SLOTS
-            for key in range(KEY_SLOTS):
+            base = slot * SLOTS
+            for key in range(SLOTS):
                 n = self._worker_keys[base + key]
                 if n:
                     self._worker_keys[base + key] = 0
                     self._keys[key] -= n
-                    if self._keys[key] == 0:
+                    if self._keys[key] == 0 and key < KEY_SLOTS:  # (an end user's count is not a key's)
                         self._active.value -= 1
         if self.queue is not None:
             self.queue.reset_slot(slot)
@@ -308,6 +331,11 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         if refused is not None:
             raise RateLimited(_rate_refusal(refused, key), headers)
         call.rate_headers = headers
+        user = call.end_user
+        if user is not None:  # an end user of a trusted front (end_users.py): its own limits, then its own place
+            held.user_slot = user_slot_of(key, user)
+            _user_limits(bound, ledger, key, user, held, worst_case(request, call) if key.user_tpm is not None or
+                         key.user_budget_tokens is not None else 0, retry_after, slot)
         held.counted_shared = store is not None and key.max_in_flight is not None and store.refused is None
         got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
         if got < 0:
@@ -326,7 +354,11 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             call.priority = got - 1_000_000 * key.priority
         if queue is not None:
             held.estimate = queue.prompt_weight * prompt_tokens_guess(body)
-            await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=held.estimate + W_OUT * inputs)
+            if held.user_slot >= 0:  # the key's weight split between its active end users (fair_queue.py)
+                await queue.turn(slot, held.user_slot, weight=key.weight, priority=key.priority,
+                                 cost=held.estimate + W_OUT * inputs, parent=key.slot)
+            else:
+                await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=held.estimate + W_OUT * inputs)
             held.dispatched = True
         return await handler(request)
 
@@ -405,6 +437,45 @@ async def add_rate_headers(request: web.Request, response: web.StreamResponse) -
     call = request.get(CALL)
     if call is not None and call.rate_headers:
         response.headers.update(call.rate_headers)
+
+
+def _user_limits(bound: AdmissionBound, ledger: Ledger | None, key: Key, user: str, held: Held, reserve: int,
+                 retry_after: int, slot: int) -> None:
+    """An end user's own limits (the key's ``user_budget_tokens``, ``user_rpm``/``user_tpm``, ``user_max_in_flight``),
+    in the key's order, each refused as the key's own limit is (429, ``Retry-After``), naming the user-level limit.
+    What each takes is in ``held`` (given back by the settler). This front's counts only (not ``--state-url``'s)."""
+    who = f"end user '{user}' of key '{key.name}'"
+    if key.user_budget_tokens is not None and ledger is not None:
+        period = "day" if key.budget_period == "day" else "month"
+        now = ledger.clock()
+        used = ledger.used(user_total(key.name, user), period, now)
+        if used >= key.user_budget_tokens:
+            resets = period_bounds(period, now)[1]
+            raise BudgetExhausted(f"{who} used {used} tokens of its user_budget_tokens of {key.user_budget_tokens} tokens "
+                                  f"per {period}; the budget resets at {iso(resets)}",
+                                  retry_after=max(1, int(resets - now + 0.999)))
+        if not bound.budgets.take(held.user_slot, used, key.user_budget_tokens, reserve):
+            raise TooManyRequests(f"{who} used {used} tokens of its user_budget_tokens of {key.user_budget_tokens} tokens "
+                                  f"and its requests in flight may use the other {max(key.user_budget_tokens - used, 0)}; "
+                                  "retry when one ends", retry_after=max(retry_after, 1))
+        held.user_budget = reserve
+    if key.user_rpm is not None or key.user_tpm is not None:
+        tpm = reserve if key.user_tpm is not None else 0
+        refused, headers, minute = bound.limits.admit(held.user_slot, key.user_rpm, key.user_tpm, tpm)
+        if refused is not None:
+            what = "user_rpm" if refused == "rpm" else "user_tpm"
+            limit = key.user_rpm if refused == "rpm" else key.user_tpm
+            unit = "requests" if refused == "rpm" else "tokens"
+            raise RateLimited(f"{who} reached its {what} of {limit} {unit} per minute; retry after the minute ends", headers)
+        if key.user_tpm is not None:
+            held.user_tpm, held.user_minute = tpm, minute
+    if key.user_max_in_flight is not None:
+        before = bound.enter_user(slot, held.user_slot, key.user_max_in_flight)
+        if before < 0:
+            QUEUE_REJECTIONS.inc()
+            raise TooManyRequests(f"{who} has {key.user_max_in_flight} requests in flight, its user_max_in_flight; "
+                                  "retry when one ends", retry_after=max(retry_after, 1))
+        held.user_entered = True
 
 
 def _rate_refusal(what: str, key: Key) -> str:

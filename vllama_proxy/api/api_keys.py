@@ -18,6 +18,14 @@ either one key a line (``#`` comments; each an admin key) or, when it parses as 
     tpm = 100000              # prompt + output tokens per minute (429 once spent; default: no limit)
     budget_tokens = 2000000   # prompt + output tokens it may use per budget_period (429 beyond it)
     budget_period = "month"   # "day" or "month" (UTC; default month)
+    trusted_front = false     # a front end (Open WebUI) that names the end user of each request (end_users.py)
+    user_header = "X-OpenWebUI-User-Id"  # where a trusted front names it ("" : no header); then the body's
+    user_body = true          # OpenAI `user` / `safety_identifier`, Anthropic `metadata.user_id`
+    user_max_in_flight = 2    # each end user's own limits (429 beyond, naming the user-level limit)
+    user_rpm = 60
+    user_tpm = 20000
+    user_budget_tokens = 500000   # per budget_period, from the ledger's end_user column
+    hash_end_users = false    # the access log shows a keyed BLAKE2b of the end user, not its id
 
 Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
 an admin's): a **user** runs inference on the models it may use, lists and shows those, and
@@ -96,6 +104,14 @@ class KeyEntry(BaseModel):
     tpm: int | None = Field(None, ge=1)
     budget_tokens: int | None = Field(None, ge=0)
     budget_period: Literal["day", "month"] = "month"
+    trusted_front: bool = False
+    user_header: str = Field("X-OpenWebUI-User-Id", max_length=128, pattern=r"^[A-Za-z0-9-]*$")
+    user_body: bool = True
+    user_max_in_flight: int | None = Field(None, ge=1)
+    user_rpm: int | None = Field(None, ge=1)
+    user_tpm: int | None = Field(None, ge=1)
+    user_budget_tokens: int | None = Field(None, ge=0)
+    hash_end_users: bool = False
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
@@ -124,6 +140,13 @@ class Key:
         cache_salt: the ``cache_salt`` its requests carry to vLLM, its own share of the prefix cache
             (``cache_salt.of_key``, computed once when the keys are read); ``None`` with ``--cache-isolation
             off`` and for :data:`OPEN`.
+        trusted_front: its requests name their end user (``end_users.py``): a sub-tenant of the key in the
+            fair queue, the per-user limits, the ledger and the access log. Any other key's naming is ignored.
+        user_header: the header a trusted front names the end user in (``""``: none).
+        user_body: whether a trusted front's body may name it (OpenAI ``user``/``safety_identifier``,
+            Anthropic ``metadata.user_id``), read when the header is absent.
+        user_max_in_flight, user_rpm, user_tpm, user_budget_tokens: each end user's own limits (``None``: none).
+        hash_end_users: the access log shows the end user hashed (``end_users.log_name``).
     """
 
     name: str
@@ -139,6 +162,15 @@ class Key:
     budget_tokens: int | None = None
     budget_period: str = "month"
     cache_salt: str | None = field(default=None, compare=False, repr=False)
+    trusted_front: bool = False
+    user_header: str = ""
+    user_body: bool = True
+    user_max_in_flight: int | None = None
+    user_rpm: int | None = None
+    user_tpm: int | None = None
+    user_budget_tokens: int | None = None
+    hash_end_users: bool = False
+    user_hash_key: bytes = field(default=b"", compare=False, repr=False)
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -213,7 +245,10 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
         out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
                                 max_tokens=e.max_tokens, weight=e.weight, rpm=e.rpm, tpm=e.tpm,
-                                budget_tokens=e.budget_tokens, budget_period=e.budget_period)))
+                                budget_tokens=e.budget_tokens, budget_period=e.budget_period,
+                                trusted_front=e.trusted_front, user_header=e.user_header, user_body=e.user_body,
+                                user_max_in_flight=e.user_max_in_flight, user_rpm=e.user_rpm, user_tpm=e.user_tpm,
+                                user_budget_tokens=e.user_budget_tokens, hash_end_users=e.hash_end_users)))
     return out
 
 
@@ -270,7 +305,9 @@ class KeyRing:
             s = slot_of(key.name, taken)
             taken.add(s)
             salt = cache_salt.of_key(key.name, digest) if self.cache_isolation == "key" else None
-            by_digest[digest] = dataclasses.replace(key, slot=s, cache_salt=salt, _cache={})
+            users = hashlib.blake2b(key.name.encode(), key=bytes.fromhex(digest), digest_size=32,
+                                    person=b"vllama-user").digest()  # end_users.log_name's key: secret-derived
+            by_digest[digest] = dataclasses.replace(key, slot=s, cache_salt=salt, user_hash_key=users, _cache={})
         self._by_digest = by_digest
         if len(by_digest) > KEY_SLOTS:
             log.warning("keys_share_counters", keys=len(by_digest), counters=KEY_SLOTS,

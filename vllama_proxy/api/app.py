@@ -35,7 +35,7 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.supervisor.status import StatusBoard
 from vllama_proxy.upstream import Upstream
-from . import access, admission, api_keys, route_roles
+from . import access, admission, api_keys, end_users, route_roles
 from .call import CALL, Call
 from .ledger import Ledger
 from .settler import Settler
@@ -131,6 +131,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
             await settler.settle(request, call, status, time.perf_counter() - start, route)
         if request.app[SETTINGS].access_log:
             extra = {"stream_error": stream_error.message} if stream_error is not None else {}
+            if call.end_user is not None:  # a trusted front's end user (end_users.py), hashed where the key asks
+                extra["end_user"] = end_users.log_name(call.key, call.end_user)
             log.info("request", method=request.method, path=request.path, status=status, duration_ms=round((time.perf_counter() - start) * 1000, 2),
                      key=api_keys.key_of(request).name, client=request.remote, **extra)
 

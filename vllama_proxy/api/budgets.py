@@ -78,6 +78,22 @@ class Reservations:
             with self._lock.held():
                 self._reserved[key.slot] = max(self._reserved[key.slot] - tokens, 0)
 
+    def take(self, slot: int, used: int, most: int, tokens: int) -> bool:
+        """Reserve ``tokens`` at counter ``slot`` (an end user's: ``end_users.slot_of``) unless ``used`` and what is
+        reserved there reach ``most``; whether it was reserved. Given back by :meth:`give`."""
+        with self._lock.held():
+            held = self._reserved[slot]
+            if used + held >= most:
+                return False
+            self._reserved[slot] = held + tokens
+            return True
+
+    def give(self, slot: int, tokens: int) -> None:
+        """Give back what :meth:`take` reserved at ``slot``."""
+        if tokens:
+            with self._lock.held():
+                self._reserved[slot] = max(self._reserved[slot] - tokens, 0)
+
     def held(self, key: Key) -> int:
         """Tokens ``key``'s requests in flight reserved."""
         return self._reserved[key.slot]

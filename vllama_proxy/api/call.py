@@ -28,6 +28,9 @@ class Held:
     Attributes:
         worker: this process's index among the workers (its slot in the shared counts).
         key_slot: the key's per-key counter (``api_keys.Key.slot``).
+        user_slot: an end user's counter (``end_users.slot_of``; -1: the request is its key's own).
+        user_tpm, user_budget, user_entered: what the end user's own limits hold (as ``tpm``, ``budget`` and
+            ``entered`` for the key).
         inputs: an embeddings, rerank or score request's inputs (each one output token's worth of cost).
         budget: tokens reserved against the key's ``budget_tokens`` (``budgets.Reservations``; with
             ``shared_budget``, in the shared store too).
@@ -41,6 +44,11 @@ class Held:
 
     worker: int
     key_slot: int
+    user_slot: int = -1
+    user_tpm: int = 0
+    user_minute: int = 0
+    user_budget: int = 0
+    user_entered: bool = False
     inputs: int = 0
     budget: int = 0
     shared_budget: bool = False
@@ -62,6 +70,8 @@ class Call:
         body: its raw body, once read within its limits (``request_body.read_body``).
         typed: the gate's typed request (a model of ``ollama_types`` or ``gate/bodies.py``), ``None`` for a
             route without one (a form, a route the gate does not parse).
+        end_user: the end user a trusted front named (``end_users.py``, read once by the gate; ``None``: the
+            key is not a trusted front, the request is the key's own).
         asked: the model as the client named it (``None``: none named).
         model: the served model the request is charged to (resolved by the route; the default model
             for a relayed body that named none).
@@ -79,6 +89,7 @@ class Call:
     key: Key = OPEN
     body: bytes | None = None
     typed: Any = None
+    end_user: str | None = None
     asked: str | None = None
     model: str | None = None
     usage: tuple[int, int] | None = None

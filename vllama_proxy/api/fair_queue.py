@@ -139,6 +139,8 @@ class FairQueue:
         self._expect_all = ctx.RawValue("d", 0.0)   # every key's expected output tokens: a new key's until its own is known
         self._seen_all = ctx.RawValue("b", 0)       # whether any request has ended (the first output seeds that average)
         self._weight = ctx.RawArray("d", [1.0] * keys)
+        self._parent = ctx.RawArray("i", [-1] * keys)  # an end user's key (end_users.py), -1 for a key's own counter
+        self._kids = ctx.RawArray("i", keys)       # a key's active end users: its weight is split between them
         self._priority = ctx.RawArray("i", keys)
         self._backlog = ctx.RawArray("i", keys)    # the keys with requests waiting, unordered ...
         self._backlog_n = ctx.RawValue("i", 0)     # ... and how many
@@ -176,7 +178,8 @@ class FairQueue:
 
     # -- the request's side -------------------------------------------------------------------
 
-    async def turn(self, slot: int, key: int, *, weight: float = 1.0, priority: int = 0, cost: float = 0.0) -> None:
+    async def turn(self, slot: int, key: int, *, weight: float = 1.0, priority: int = 0, cost: float = 0.0,
+                   parent: int = -1) -> None:
         """Wait until this request of worker ``slot`` and key counter ``key`` may go upstream.
 
         Args:
@@ -184,6 +187,10 @@ class FairQueue:
             priority: higher goes first, whatever the counters.
             cost: the prompt's estimated cost (``prompt_weight`` x tokens; + ``W_OUT`` per input of an
                 embeddings, rerank or score request), charged when dispatched.
+            parent: for an end user of a trusted front (``end_users.py``: ``key`` is then the user's counter),
+                the key's counter: ``weight`` (the key's) is split evenly between the key's active users, so
+                the key as a whole keeps its share against other keys and its users share it by VTC
+                (hierarchical fair share, one level). ``-1``: ``key`` is a key's own counter.
 
         Returns at once while there is room and no key waits ahead of it (one lock). Cancelled
         (the client left) while waiting, its place in the queue, or a place granted meanwhile,
@@ -195,6 +202,7 @@ class FairQueue:
         with self._lock.held():
             self._weight[key] = weight
             self._priority[key] = priority
+            self._parent[key] = parent
             self._enqueue(slot, key, cost)
             wake = self._fill()
             mine = not local and self._grants[i] > 0  # no older waiter of this key here: the place is this one's
@@ -267,13 +275,18 @@ class FairQueue:
 
     # -- under the lock -----------------------------------------------------------------------
 
+    def _w(self, key: int) -> float:
+        """The counter's weight: a key's own, or an end user's share of its key's (split between its active users)."""
+        parent = self._parent[key]
+        return self._weight[key] / max(self._kids[parent], 1) if parent >= 0 else self._weight[key]
+
     def _dispatch(self, slot: int, key: int, cost: float) -> None:
         self._upstream.value += 1
         self._key_up[key] += 1
         self._worker_up[slot * self.keys + key] += 1
         expected = self._expect_out[key] if self._seen[key] else self._expect_all.value  # a new key: everyone's usual
         self._out_charged[key] += expected
-        self._vtc[key] += (cost + W_OUT * expected) / self._weight[key]
+        self._vtc[key] += (cost + W_OUT * expected) / self._w(key)
         self._floor.value = self._vtc[key]
         self._dispatched.value += 1
 
@@ -282,6 +295,8 @@ class FairQueue:
             self._fresh[key] = 1
         if not self._is_active[key]:
             self._is_active[key] = 1
+            if self._parent[key] >= 0:
+                self._kids[self._parent[key]] += 1
             self._active[self._active_n.value] = key
             self._active_n.value += 1
         if self._key_wait[key] == 0:  # newly backlogged: no credit for having been idle
@@ -325,7 +340,7 @@ class FairQueue:
             self._expect_all.value = everyone + EXPECT_ALPHA * (output - everyone)
             self._seen_all.value = 1
         if correction:
-            self._vtc[key] += self._bounded(key, correction / self._weight[key], output)
+            self._vtc[key] += self._bounded(key, correction / self._w(key), output)
         if self._key_up[key] == 0:
             self._out_charged[key] = 0.0
             if self._key_wait[key] == 0:
@@ -344,7 +359,7 @@ class FairQueue:
         if not others:
             return add
         request = (W_OUT * (output if output is not None else self._expect_out[key]) + self._wait_cost[key]
-                   / max(self._key_wait[key], 1)) / self._weight[key]
+                   / max(self._key_wait[key], 1)) / self._w(key)
         cap = min(others) + 2 * request
         now = self._vtc[key]
         return max(min(now + add, cap) - now, 0.0) if now + add > cap else add
@@ -378,7 +393,7 @@ class FairQueue:
         two are active (a key alone takes every place). A scan of the active keys, under the lock
         (each shared array read once per key: ~0.3 µs a key)."""
         now, linger = time.monotonic(), self.linger
-        active, up, wait, last, weight = self._active, self._key_up, self._key_wait, self._last_end, self._weight
+        active, up, wait, last = self._active, self._key_up, self._key_wait, self._last_end
         n, j, weights, until = self._active_n.value, 0, 0.0, None
         seen: list[tuple[int, int, float]] = []  # (key, requests upstream + waiting, weight)
         while j < n:
@@ -388,12 +403,14 @@ class FairQueue:
                 leaves = last[k] + linger
                 if leaves <= now:
                     self._is_active[k] = 0
+                    if self._parent[k] >= 0:
+                        self._kids[self._parent[k]] -= 1
                     n -= 1
                     active[j] = active[n]
                     continue
                 if until is None or leaves < until:
                     until = leaves
-            w = weight[k]
+            w = self._w(k)
             weights += w
             seen.append((k, asks, w))
             j += 1

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from typing import Literal
 
 from vllama_proxy.logs import get_logger
-from .ledger_store import Row, Store
+from .ledger_store import Row, Store, user_total
 
 log = get_logger("vllama.ledger")
 
@@ -109,9 +109,10 @@ class Ledger:
         self._pending.append(row)
         tokens = row.prompt_tokens + row.output_tokens
         if tokens:
-            for period in ("day", "month"):
-                k = (row.key, period, self._start(period, row.ts))
-                self._queued[k] = self._queued.get(k, 0) + tokens
+            for name in (row.key, user_total(row.key, row.end_user)) if row.end_user is not None else (row.key,):
+                for period in ("day", "month"):
+                    k = (name, period, self._start(period, row.ts))
+                    self._queued[k] = self._queued.get(k, 0) + tokens
         if len(self._pending) >= self._rows:
             self._wake.set()
 

@@ -30,7 +30,9 @@ from typing import Any, Literal, NamedTuple
 import orjson
 
 #: One answered request. Never the prompt, the answer or the key's secret: its name only.
-COLUMNS = ("ts", "host", "key", "model", "route", "status", "prompt_tokens", "output_tokens", "duration_ms", "error")
+#: ``end_user``: the end user a trusted front named (``end_users.py``), NULL for a key's own request.
+COLUMNS = ("ts", "host", "key", "model", "route", "status", "prompt_tokens", "output_tokens", "duration_ms", "error",
+           "end_user")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS vllama_usage (
@@ -44,10 +46,20 @@ CREATE TABLE IF NOT EXISTS vllama_usage (
     prompt_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
     duration_ms DOUBLE PRECISION NOT NULL,
-    error TEXT
+    error TEXT,
+    end_user TEXT
 )"""
+#: A ledger made before the ``end_user`` column gets it, NULL in its old rows (SQLite: when missing; PostgreSQL:
+#: ``IF NOT EXISTS``).
+_ADD_END_USER = "ALTER TABLE vllama_usage ADD COLUMN {if_not} end_user TEXT"
 _INDEXES = ("CREATE INDEX IF NOT EXISTS vllama_usage_ts ON vllama_usage (ts)",
             "CREATE INDEX IF NOT EXISTS vllama_usage_key_ts ON vllama_usage (key, ts)")
+
+
+def user_total(key: str, end_user: str) -> str:
+    """The name the ledger's running totals (``ledger.Ledger.used``) keep an end user's tokens under: no key's name
+    has a NUL (``api_keys.KeyEntry``), so it is no key's."""
+    return f"{key}\0{end_user}"
 
 
 class Row(NamedTuple):
@@ -66,6 +78,7 @@ class Row(NamedTuple):
     output_tokens: int
     duration_ms: float
     error: str | None = None
+    end_user: str | None = None
 
 
 class Store:
@@ -110,7 +123,7 @@ class Store:
             self._conn.commit()
 
     def tokens(self, day: float, month: float, after_id: int) -> tuple[dict[str, int], dict[str, int], int]:
-        """Prompt + output tokens per key of the rows with an ``id`` above ``after_id``: ``(since
+        """Prompt + output tokens per key (and per end user of a key, under :func:`user_total`'s name) of the rows with an ``id`` above ``after_id``: ``(since
         month, since day, the highest id read)``, both sums from one scan (``day`` >= ``month``).
         ``after_id`` 0 counts them all; the budgets' refresh passes the last id it read, so it reads
         only the rows written since (``ledger.py``)."""
@@ -119,34 +132,55 @@ class Store:
             cur = self._conn.cursor()
             cur.execute("SELECT COALESCE(MAX(id), 0) FROM vllama_usage")
             hi = int(cur.fetchone()[0])
-            cur.execute(f"SELECT key, SUM(prompt_tokens + output_tokens), "
+            cur.execute(f"SELECT key, end_user, SUM(prompt_tokens + output_tokens), "
                         f"SUM(CASE WHEN ts >= {p} THEN prompt_tokens + output_tokens ELSE 0 END) FROM vllama_usage "
-                        f"WHERE id > {p} AND id <= {p} AND ts >= {p} GROUP BY key", (day, after_id, hi, month))
+                        f"WHERE id > {p} AND id <= {p} AND ts >= {p} GROUP BY key, end_user", (day, after_id, hi, month))
             rows = cur.fetchall()
             self._conn.commit()
-        return ({k: int(m or 0) for k, m, _ in rows if m}, {k: int(d or 0) for k, _, d in rows if d}, hi)
+        by_month: dict[str, int] = {}
+        by_day: dict[str, int] = {}
+        for k, user, m, d in rows:
+            for name in (k, user_total(k, user)) if user is not None else (k,):
+                if m:
+                    by_month[name] = by_month.get(name, 0) + int(m)
+                if d:
+                    by_day[name] = by_day.get(name, 0) + int(d)
+        return by_month, by_day, hi
 
-    def summary(self, since: float, by: Literal["day", "month"], key: str | None = None) -> list[dict[str, Any]]:
+    def summary(self, since: float, by: Literal["day", "month"], key: str | None = None, *, user: str | None = None,
+                by_user: bool = False) -> list[dict[str, Any]]:
         """Per key, model and ``by`` period from ``since`` on: ``requests``, ``errors`` (status >= 400
         or a stream that failed), ``prompt_tokens``, ``output_tokens``, ``duration_ms`` (their sum);
-        only ``key``'s rows when given. Sorted by period, key, model."""
+        only ``key``'s rows when given, only end user ``user``'s when given. With ``by_user`` (or ``user``) per
+        end user too (``end_user``: ``None`` for a key's own requests). Sorted by period, key, end user, model."""
         period = self._period[by]
         args: list[Any] = [since]
         where = f"ts >= {self._p}"
         if key is not None:
             where += f" AND key = {self._p}"
             args.append(key)
-        sql = (f"SELECT {period} AS period, key, model, COUNT(*), "
+        if user is not None:
+            where += f" AND end_user = {self._p}"
+            args.append(user)
+        per_user = by_user or user is not None
+        sql = (f"SELECT {period} AS period, key, model, {'end_user' if per_user else 'NULL'}, COUNT(*), "
                "SUM(CASE WHEN status >= 400 OR error IS NOT NULL THEN 1 ELSE 0 END), "
                "SUM(prompt_tokens), SUM(output_tokens), SUM(duration_ms) "
-               f"FROM vllama_usage WHERE {where} GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+               f"FROM vllama_usage WHERE {where} GROUP BY 1, 2, 3{', 4' if per_user else ''} "
+               f"ORDER BY 1, 2, {'4, ' if per_user else ''}3")
         with self._lock:
             cur = self._conn.cursor()
             cur.execute(sql, args)
             rows = cur.fetchall()
             self._conn.commit()
-        return [{"period": p, "key": k, "model": m, "requests": int(n), "errors": int(e or 0), "prompt_tokens": int(pt or 0),
-                 "output_tokens": int(ot or 0), "duration_ms": round(float(d or 0), 1)} for p, k, m, n, e, pt, ot, d in rows]
+        out = []
+        for p, k, m, u, n, e, pt, ot, d in rows:
+            row = {"period": p, "key": k, "model": m, "requests": int(n), "errors": int(e or 0), "prompt_tokens": int(pt or 0),
+                   "output_tokens": int(ot or 0), "duration_ms": round(float(d or 0), 1)}
+            if per_user:
+                row["end_user"] = u
+            out.append(row)
+        return out
 
     def recent_errors(self, limit: int, key: str | None = None) -> list[dict[str, Any]]:
         """The last ``limit`` rows that failed (status >= 400, or a stream that failed), newest first."""
@@ -197,6 +231,8 @@ def _sqlite(path: Path) -> Store:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute(_SCHEMA.format(id="INTEGER PRIMARY KEY"))
+    if "end_user" not in {r[1] for r in conn.execute("PRAGMA table_info(vllama_usage)")}:
+        conn.execute(_ADD_END_USER.format(if_not=""))
     for sql in _INDEXES:
         conn.execute(sql)
     conn.commit()
@@ -214,6 +250,7 @@ def _postgres(url: str) -> Store:
     with conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(398639)")  # several fronts may create the table at once
         cur.execute(_SCHEMA.format(id="BIGSERIAL PRIMARY KEY"))
+        cur.execute(_ADD_END_USER.format(if_not="IF NOT EXISTS"))
         for sql in _INDEXES:
             cur.execute(sql)
     conn.commit()

@@ -67,7 +67,7 @@ class Settler:
                 prompt, output = usage or (0, 0)
                 self.ledger.record(Row(self.ledger.clock(), self.ledger.host, key.name, call.model or "-", route, status,
                                        int(prompt or 0), int(output or 0), round(duration_s * 1000, 2),
-                                       error[:300] if error else None))  # positional: the cheapest tuple
+                                       error[:300] if error else None, call.end_user))  # positional: the cheapest tuple
         held = call.held
         if held is None:
             return
@@ -77,13 +77,19 @@ class Settler:
         queue = self.queue
         if held.dispatched and queue is not None:
             # the inputs' charge stays: only the prompt's estimate is settled by vLLM's count
-            queue.done(held.worker, held.key_slot, queue.prompt_weight * usage[0] - held.estimate if usage else 0.0,
+            queue.done(held.worker, held.user_slot if held.user_slot >= 0 else held.key_slot, queue.prompt_weight * usage[0] - held.estimate if usage else 0.0,
                        usage[1] if usage else None)
             prompt, output = usage or (prompt_tokens_guess(call.body), 0)
             served = queue.service(prompt, output + held.inputs, key.weight)
         if held.tpm:
             bound.limits.settle(held.key_slot, held.tpm, held.minute, used)
         bound.budgets.release(key, held.budget)  # after the ledger's row: never neither counted
+        if held.user_slot >= 0:  # an end user's own limits (end_users.py)
+            if held.user_tpm:
+                bound.limits.settle(held.user_slot, held.user_tpm, held.user_minute, used)
+            bound.budgets.give(held.user_slot, held.user_budget)
+            if held.user_entered:
+                bound.leave_user(held.worker, held.user_slot)
         if held.entered:
             bound.leave_key(held.worker, held.key_slot)
             IN_FLIGHT.dec()

@@ -109,8 +109,10 @@ def build_parser() -> CliParser:
                 "Tokens and requests by key, model and day or month, from the server's usage ledger (GET /api/usage): "
                 "every key's with an admin key (OLLAMA_API_KEY), a user key's own.")
     p.add_argument("--since", help="from this UTC date, YYYY-MM-DD or YYYY-MM (default: this month; with --by month, this year)")
-    p.add_argument("--by", choices=("day", "month"), default="day", help="one row per key, model and day (default) or month")
+    p.add_argument("--by", choices=("day", "month", "user"), default="day",
+                   help="one row per key, model and day (default) or month; user: per month and end user of a trusted front")
     p.add_argument("--key", help="only this key's usage (an admin's choice)")
+    p.add_argument("--user", help="only this end user's usage (a trusted front's, api/end_users.py)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the server's JSON answer")
     fmt.add_argument("--csv", action="store_true", help="print CSV")

@@ -18,6 +18,8 @@ from .api_client import Client
 from .formatting import table
 
 COLUMNS = ("period", "key", "model", "requests", "errors", "prompt_tokens", "output_tokens")
+#: ``--by user``: the same by month, with each trusted front's end user (``api/end_users.py``).
+USER_COLUMNS = ("period", "key", "end_user", "model", "requests", "errors", "prompt_tokens", "output_tokens")
 
 
 def cmd_usage(client: Client, args: argparse.Namespace) -> int:
@@ -27,6 +29,9 @@ def cmd_usage(client: Client, args: argparse.Namespace) -> int:
         query["since"] = args.since
     if args.key:
         query["key"] = args.key
+    if getattr(args, "user", None):
+        query["user"] = args.user
+    columns = USER_COLUMNS if args.by == "user" or "user" in query else COLUMNS
     body = client.json("GET", "/api/usage?" + urllib.parse.urlencode(query))
     if args.json:
         sys.stdout.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -34,12 +39,13 @@ def cmd_usage(client: Client, args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = body.get("usage") or []
     if args.csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(COLUMNS)
+        writer.writerow(columns)
         for r in rows:
-            writer.writerow([r.get(c, "") for c in COLUMNS])
+            writer.writerow(["" if r.get(c) is None else r[c] for c in columns])
         return 0
-    head = [args.by.upper(), "KEY", "MODEL", "REQUESTS", "ERRORS", "PROMPT TOKENS", "OUTPUT TOKENS"]
-    sys.stdout.write(table([head, *[[str(r.get(c, "")) for c in COLUMNS] for r in rows]]))
+    head = [("MONTH" if args.by == "user" else args.by.upper()), "KEY", *(["END USER"] if columns is USER_COLUMNS else []),
+            "MODEL", "REQUESTS", "ERRORS", "PROMPT TOKENS", "OUTPUT TOKENS"]
+    sys.stdout.write(table([head, *[["-" if r.get(c) is None else str(r[c]) for c in columns] for r in rows]]))
     budgets = body.get("budgets") or []
     if budgets:
         sys.stdout.write("\n" + table([["KEY", "BUDGET", "USED", "RESETS"],

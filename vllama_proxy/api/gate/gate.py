@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from vllama_proxy.errors import BadRequest, FormNotAccepted, TooManyChoices, TooManyInputs
 from ..call import Call
+from ..end_users import end_user
 from ..ollama_types import (ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, check_depth, json_object,
                             parse_body, validation_message)
 from ..user_fields import user_body
@@ -50,7 +51,8 @@ SPLIT = frozenset({"/api/embed"})
 
 def gate(request: web.Request, call: Call, body: bytes, *, max_choices: int, max_inputs: int | None) -> None:
     """Parse ``body`` (the request's, read within its limits) into ``call.typed`` and check it for
-    ``call.key``; ``call.asked`` is the model it names.
+    ``call.key``; ``call.asked`` is the model it names, ``call.end_user`` the end user a trusted front names
+    (``end_users.py``: read here once, for every route).
 
     Raises:
         MissingBody: an Ollama route's body is empty.
@@ -61,6 +63,11 @@ def gate(request: web.Request, call: Call, body: bytes, *, max_choices: int, max
         TooManyChoices: a user key's ``n`` x prompts over ``max_choices``.
         TooManyInputs: a user key's inputs over ``max_inputs`` (but ``/api/embed``'s, sent in parts).
     """
+    _gate(request, call, body, max_choices=max_choices, max_inputs=max_inputs)
+    call.end_user = end_user(request, call.key, call.typed)
+
+
+def _gate(request: web.Request, call: Call, body: bytes, *, max_choices: int, max_inputs: int | None) -> None:
     path = request.path
     call.body = body
     admin = call.key.admin

@@ -36,7 +36,10 @@ def parse_since(text: str, by: str, now: float) -> float:
 
 
 async def usage(request: web.Request) -> web.Response:
-    """``GET /api/usage?since=YYYY-MM-DD&by=day|month&key=NAME``.
+    """``GET /api/usage?since=YYYY-MM-DD&by=day|month|user&key=NAME&user=END_USER``.
+
+    ``by=user``: by month and end user (each row's ``end_user``: the end user a trusted front named,
+    ``end_users.py``; ``null`` for a key's own requests); ``user``: only that end user's rows (by ``by``'s period).
 
     Returns ``{"since": "2026-11-01", "by": "day", "usage": [{"period", "key", "model", "requests",
     "errors", "prompt_tokens", "output_tokens", "duration_ms"}], "budgets": [{"key", "budget_tokens",
@@ -53,8 +56,12 @@ async def usage(request: web.Request) -> web.Response:
     if ledger is None or ledger.store is None:
         raise NotSupported("the usage ledger is off on this server (--usage-db off)")
     by = request.query.get("by", "day")
-    if by not in ("day", "month"):
-        raise BadRequest(f"by: '{by}' is not one of day, month")
+    if by not in ("day", "month", "user"):
+        raise BadRequest(f"by: '{by}' is not one of day, month, user")
+    by_user = by == "user"
+    if by_user:
+        by = "month"
+    user = request.query.get("user") or None
     since = parse_since(request.query.get("since", ""), by, ledger.clock())
     caller = key_of(request)
     wanted = request.query.get("key") or None
@@ -63,10 +70,10 @@ async def usage(request: web.Request) -> web.Response:
             raise Forbidden(f"key '{caller.name}' (role {caller.role}) may only see its own usage: that needs an admin key")
         wanted = caller.name
     await ledger.flush()
-    rows = await asyncio.to_thread(ledger.store.summary, since, by, wanted)
+    rows = await asyncio.to_thread(lambda: ledger.store.summary(since, by, wanted, user=user, by_user=by_user))
     ring = request.app[KEYS]
     visible = [k for k in ring.keys if wanted is None or k.name == wanted]
     budgets = [{"key": k.name, **b} for k in visible if (b := budget_of(ledger, k)) is not None]
-    body: dict[str, Any] = {"since": time.strftime("%Y-%m-%d", time.gmtime(since)), "by": by, "usage": rows, "budgets": budgets}
+    body: dict[str, Any] = {"since": time.strftime("%Y-%m-%d", time.gmtime(since)), "by": "user" if by_user else by, "usage": rows, "budgets": budgets}
     return web.Response(body=orjson.dumps(body), content_type="application/json")
 
