@@ -1,0 +1,190 @@
+"""End users as sub-tenants of a trusted front's key (``api/end_users.py``), through ``vllama serve`` on the
+stand-in vLLM, and the ledger's migration to its ``end_user`` column.
+
+The fair-share test uses the stand-in for what the real vLLM on CPU cannot show quickly: a flood that holds every one of
+vLLM's running slots (``FAKE_VLLM_MAX_NUM_SEQS``) while the order in which requests reach it (``/_fake/requests``) is
+the order vllama's fair queue let them go.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import sqlite3
+import time
+
+import httpx
+from conftest import place
+
+from vllama_proxy.api.ledger_store import Row, open_store
+
+FRONT = """
+[[keys]]
+name = "webui"
+key = "sk-webui"
+trusted_front = {trusted}
+{extra}
+
+[[keys]]
+name = "plain"
+key = "sk-plain"
+{extra}
+
+[[keys]]
+name = "boss"
+key = "sk-boss"
+role = "admin"
+"""
+
+
+def _keys(tmp_path, *, trusted: bool = True, extra: str = ""):
+    keys = tmp_path / "keys.toml"
+    keys.write_text(FRONT.format(trusted="true" if trusted else "false", extra=extra))
+    return keys
+
+
+def _port(s) -> str:
+    argv = s.launched()[0]
+    return argv[argv.index("--port") + 1]
+
+
+def _sent(s) -> list[dict]:
+    return [r for r in httpx.get(f"http://127.0.0.1:{_port(s)}/_fake/requests").json() if isinstance(r.get("body"), dict)]
+
+
+def _stats(s) -> dict:
+    return httpx.get(f"http://127.0.0.1:{_port(s)}/_fake/stats").json()
+
+
+def _wait(cond, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _ask(s, user: str | None, prompt: str, n: int, key: str = "sk-webui") -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"}
+    if user is not None:
+        headers["X-OpenWebUI-User-Id"] = user  # as Open WebUI sends it with ENABLE_FORWARD_USER_INFO_HEADERS=true
+    return httpx.post(s.url + "/api/generate", headers=headers, timeout=120,
+                      json={"model": "prod", "prompt": prompt, "stream": False, "options": {"num_predict": n}})
+
+
+def _serve(serve, hub, tmp_path, keys, places: int = 4, *more: str):
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys),
+              "--max-running", str(places), "--max-queue", "64", *more,
+              env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_MAX_NUM_SEQS": str(places)})
+    s.wait_ready()
+    return s
+
+
+def _flood_then_other(s) -> tuple[int, int, float]:
+    """alice floods the key with 10 requests (3 to 7.5 s each) over 4 places; once they fill every place, bob asks
+    once. Returns (bob's place in the order vLLM got the requests, the requests that had ended when bob asked, bob's
+    wait in seconds)."""
+    with cf.ThreadPoolExecutor(16) as ex:
+        flood = [ex.submit(_ask, s, "alice", f"flood{i} [[tokens:{60 + 10 * i}]]", 60 + 10 * i) for i in range(10)]
+        _wait(lambda: _stats(s)["running"] == 4, "alice's flood did not fill the 4 running slots")
+        ended = _stats(s)["completed"]
+        t0 = time.monotonic()
+        other = _ask(s, "bob", "bob [[tokens:2]]", 2)
+        waited = time.monotonic() - t0
+        assert other.status_code == 200, other.text
+        assert all(f.result().status_code == 200 for f in flood)
+    order = [r["body"]["messages"][0]["content"].split()[0] for r in _sent(s)]
+    return order.index("bob"), ended, waited
+
+
+def test_one_end_users_flood_does_not_stall_another_users_request_behind_one_key(serve, hub, tmp_path):
+    """Two end users behind one trusted front's key: bob's one request goes upstream at the first place alice's flood
+    frees, ahead of her 6 waiting requests (the key's FIFO put it last, after all 10); the ledger names both."""
+    s = _serve(serve, hub, tmp_path, _keys(tmp_path))
+    place_of_bob, ended, waited = _flood_then_other(s)
+    print(f"bob's wait behind alice's flood, one key as a trusted front: {waited:.2f} s, place {place_of_bob}")
+    assert place_of_bob <= 4 + ended, (place_of_bob, ended)
+    usage = httpx.get(s.url + "/api/usage?by=user", headers={"Authorization": "Bearer sk-boss"}).json()["usage"]
+    by_user = {(r["key"], r["end_user"]): r["requests"] for r in usage}
+    assert by_user == {("webui", "alice"): 10, ("webui", "bob"): 1}, usage
+    only_bob = httpx.get(s.url + "/api/usage?user=bob", headers={"Authorization": "Bearer sk-webui"}).json()["usage"]
+    assert [(r["end_user"], r["requests"]) for r in only_bob] == [("bob", 1)]
+    assert '"end_user": "bob"' in s.log.read_text() or '"end_user":"bob"' in s.log.read_text()
+
+
+def test_an_untrusted_keys_user_header_is_ignored_its_users_are_one_tenant(serve, hub, tmp_path):
+    """The same flood through a key that is not a trusted front: the header names nobody (no end user in the ledger or
+    the access log) and bob's request waits in the key's FIFO behind alice's, as every request of one key does. Its
+    wait is the measurement to set beside the trusted front's."""
+    s = _serve(serve, hub, tmp_path, _keys(tmp_path, trusted=False))
+    place_of_bob, ended, waited = _flood_then_other(s)
+    print(f"bob's wait behind alice's flood, one key not a trusted front: {waited:.2f} s, place {place_of_bob}")
+    assert place_of_bob == 10, place_of_bob  # last: the key's own queue is first come, first served
+    usage = httpx.get(s.url + "/api/usage?by=user", headers={"Authorization": "Bearer sk-boss"}).json()["usage"]
+    assert {(r["key"], r["end_user"]) for r in usage} == {("webui", None)}, usage
+    assert "end_user" not in s.log.read_text()
+
+
+def test_per_user_limits_refuse_one_user_naming_the_user_limit_and_not_the_other(serve, hub, tmp_path):
+    extra = "user_rpm = 2\nuser_max_in_flight = 1"
+    s = _serve(serve, hub, tmp_path, _keys(tmp_path, extra=extra))
+    assert _ask(s, "alice", "one [[tokens:2]]", 2).status_code == 200
+    assert _ask(s, "alice", "two [[tokens:2]]", 2).status_code == 200
+    third = _ask(s, "alice", "three [[tokens:2]]", 2)
+    assert third.status_code == 429 and "user_rpm of 2" in third.json()["error"] and "end user 'alice'" in third.json()["error"]
+    assert int(third.headers["Retry-After"]) >= 1
+    assert _ask(s, "bob", "bob [[tokens:2]]", 2).status_code == 200  # bob's own minute
+    # a key not a trusted front has no end users: its header changes nothing, the user limits do not apply
+    assert all(_ask(s, "alice", f"p{i} [[tokens:2]]", 2, key="sk-plain").status_code == 200 for i in range(3))
+    # user_max_in_flight: carol's second request while her first still runs
+    with cf.ThreadPoolExecutor(2) as ex:
+        long = ex.submit(_ask, s, "carol", "long [[tokens:400]]", 400)
+        _wait(lambda: _stats(s)["running"] == 1, "carol's first request did not start")
+        second = _ask(s, "carol", "again [[tokens:2]]", 2)
+        assert second.status_code == 429 and "user_max_in_flight" in second.json()["error"], second.text
+        assert _ask(s, "dave", "dave [[tokens:2]]", 2).status_code == 200
+        assert long.result().status_code == 200
+
+
+def test_a_users_budget_refuses_that_user_once_spent(serve, hub, tmp_path):
+    s = _serve(serve, hub, tmp_path, _keys(tmp_path, extra="user_budget_tokens = 20"))
+    assert _ask(s, "alice", "spend [[tokens:30]]", 30).status_code == 200  # 30 output tokens: over alice's 20
+    refused = _ask(s, "alice", "more [[tokens:2]]", 2)
+    assert refused.status_code == 429 and "user_budget_tokens of 20" in refused.json()["error"], refused.text
+    assert _ask(s, "bob", "bob [[tokens:2]]", 2).status_code == 200
+
+
+def test_the_access_log_hashes_end_users_where_the_key_asks(serve, hub, tmp_path):
+    s = _serve(serve, hub, tmp_path, _keys(tmp_path, extra="hash_end_users = true"))
+    assert _ask(s, "alice@example.com", "hi [[tokens:2]]", 2).status_code == 200
+    # the OpenAI body's `user` names the end user on /v1 when no header does
+    r = httpx.post(s.url + "/v1/chat/completions", headers={"Authorization": "Bearer sk-webui"}, timeout=60,
+                   json={"model": "prod", "messages": [{"role": "user", "content": "x [[tokens:2]]"}], "max_tokens": 2,
+                         "user": "bob@example.com"})
+    assert r.status_code == 200, r.text
+    log = s.log.read_text()
+    assert "alice@example.com" not in log and "bob@example.com" not in log
+    hashed = [line for line in log.splitlines() if '"end_user"' in line]
+    assert len(hashed) == 2, hashed
+    usage = httpx.get(s.url + "/api/usage?by=user", headers={"Authorization": "Bearer sk-boss"}).json()["usage"]
+    assert {r["end_user"] for r in usage} == {"alice@example.com", "bob@example.com"}  # the ledger keeps the id
+
+
+def test_a_ledger_made_before_end_users_gets_the_column_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "usage.sqlite3"
+    conn = sqlite3.connect(path)  # the table as vllama made it before the end_user column
+    conn.execute("CREATE TABLE vllama_usage (id INTEGER PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, host TEXT NOT NULL, "
+                 "key TEXT NOT NULL, model TEXT NOT NULL, route TEXT NOT NULL, status INTEGER NOT NULL, "
+                 "prompt_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, duration_ms DOUBLE PRECISION NOT NULL, "
+                 "error TEXT)")
+    conn.execute("INSERT INTO vllama_usage (ts, host, key, model, route, status, prompt_tokens, output_tokens, duration_ms) "
+                 "VALUES (1000, 'h', 'old', 'm', '/api/chat', 200, 3, 4, 1.0)")
+    conn.commit()
+    conn.close()
+    store = open_store(str(path), tmp_path)
+    store.write([Row(2000, "h", "webui", "m", "/api/chat", 200, 5, 6, 1.0, None, "alice")])
+    rows = {(r["key"], r["end_user"]): r["prompt_tokens"] + r["output_tokens"] for r in store.summary(0, "month", by_user=True)}
+    assert rows == {("old", None): 7, ("webui", "alice"): 11}
+    month, _, _ = store.tokens(0, 0, 0)
+    assert month == {"old": 7, "webui": 11, "webui\0alice": 11}
+    store.close()
+    open_store(str(path), tmp_path).close()  # opened again: the column is there, nothing to add
