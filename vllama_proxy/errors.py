@@ -3,7 +3,7 @@
 Every failure a client can see is one of these exceptions, raised where it is detected
 (named by what went wrong, never given a status at the raise site) and turned into the
 error body of its route's family (:func:`shape_of`) in exactly one place: the error middleware
-of ``api/app.py`` calls :func:`error_response` before a response began (``api/admission.py`` answers its
+of ``api/app.py`` calls :func:`error_response` before a response began (``api/request/admission.py`` answers its
 :class:`ServerBusy` through it directly: a full server is not logged as a failure), a
 streaming handler writes :func:`error_line` (NDJSON) or :func:`error_event` (SSE) after it began.
 Each class carries its HTTP status (and any headers)
@@ -143,7 +143,7 @@ class TooManyChoices(BadRequest):
 
 class TooManyInputs(BadRequest):
     """A non-admin key's embeddings, rerank or score request sends vLLM more inputs than ``--max-inputs``
-    (``api/gate/bodies.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
+    (``api/request/bodies.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
     admission bound and the key's share (400)."""
 
 
@@ -233,7 +233,7 @@ class TooManyPulls(TooManyRequests):
 
 
 class RateLimited(TooManyRequests):
-    """A key over its ``rpm`` or with its ``tpm`` spent this minute (429, ``api/rate_limits.py``):
+    """A key over its ``rpm`` or with its ``tpm`` spent this minute (429, ``api/policy/rate_limits.py``):
     ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, as LiteLLM sends them."""
 
     def __init__(self, message: str, headers: Mapping[str, str]) -> None:
@@ -242,7 +242,7 @@ class RateLimited(TooManyRequests):
 
 
 class BudgetExhausted(TooManyRequests):
-    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/budgets.py``): 429, the message
+    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/policy/budgets.py``): 429, the message
     naming the budget and when it resets, ``Retry-After`` the seconds until then (OpenAI's code for a
     spent quota, ``insufficient_quota``)."""
 
@@ -261,7 +261,7 @@ class NotSupported(VllamaError):
 
 
 class ServerBusy(VllamaError):
-    """The server-wide bound on requests at once is full (``api/admission.py``): Ollama's
+    """The server-wide bound on requests at once is full (``api/request/admission.py``): Ollama's
     503 ``server busy``, with ``Retry-After`` seconds (``--retry-after``)."""
 
     status = 503

@@ -281,7 +281,7 @@ class Upstream:
             skip_auto_headers=("User-Agent",),
         )
         budget = self.connect_timeout
-        # limit=0: the connections held are bounded by admission (api/admission.py), the ones opening here
+        # limit=0: the connections held are bounded by admission (api/request/admission.py), the ones opening here
         self._session = aiohttp.ClientSession(
             connector=_Connector(opening=self.connect_concurrency, connect_budget=budget, limit=0, limit_per_host=0,
                                  keepalive_timeout=idle_lifetime(), enable_cleanup_closed=True),

@@ -15,6 +15,8 @@ multiprocess mode.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import os
 
 from aiohttp import web
@@ -23,10 +25,10 @@ from prometheus_client import values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from vllama_proxy.supervisor.shared_lock import this_pid
+from vllama_proxy.ipc.lock import this_pid
 from vllama_proxy.supervisor.states import State
-from vllama_proxy.supervisor.status import StatusBoard
-from .timestamps import Timings
+from vllama_proxy.models.boards import EngineBoard
+from .ollama.timestamps import Timings
 
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     # prometheus-client's multiprocess values ask os.getpid() on every inc/observe, a system call
@@ -101,7 +103,7 @@ class SupervisorCollector:
     """Per model: ``vllama_supervisor_state{model,state}`` (1 for the current state),
     ``vllama_supervisor_restarts_total{model}`` and ``vllama_model_requests_in_flight{model}``."""
 
-    def __init__(self, boards: list[StatusBoard]) -> None:
+    def __init__(self, boards: Sequence[EngineBoard]) -> None:
         self._boards = boards
 
     def collect(self):
@@ -121,7 +123,7 @@ class SupervisorCollector:
         yield in_flight
 
 
-def make_handler(boards: list[StatusBoard]):
+def make_handler(boards: Sequence[EngineBoard]):
     """The ``GET /metrics`` handler: this process's (or all workers') metrics plus the supervisor's."""
     extra = CollectorRegistry(auto_describe=True)
     if boards:

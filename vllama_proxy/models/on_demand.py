@@ -17,13 +17,14 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllama_proxy.errors import ModelNotAllowed, SlotsFull, SlotsKept
 from vllama_proxy.logs import get_logger
 from . import local
 from .vllm_servers import ServedModel
 from .family import with_detected_parsers
+from .boards import SlotBoard
 from .launch_spec import ModelConfig
 from .library import Library, resolve_spec
 
@@ -99,7 +100,7 @@ class OnDemand:
         detect_parsers: a model no library name lists gets the parsers its chat template tells (``family.py``).
     """
 
-    def __init__(self, slots: Any, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
+    def __init__(self, slots: SlotBoard, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
                  vllm_args: list[str], keep_alive: str | None = None, load_timeout: float = 600.0, ttl: float = 2.0,
                  uploaded: Path | None = None, detect_parsers: bool = True, worker: int = 0) -> None:
         self.worker = worker

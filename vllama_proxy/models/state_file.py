@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import multiprocessing
 import os
 import tempfile
 from collections.abc import Callable
@@ -24,6 +23,8 @@ from time import monotonic
 from typing import Any, Generic, TypeVar
 
 from structlog.typing import FilteringBoundLogger
+
+from vllama_proxy.ipc.arrays import spawn_context
 
 T = TypeVar("T")
 
@@ -67,7 +68,7 @@ class Changes:
     """
 
     def __init__(self, ctx: Any = None) -> None:
-        ctx = ctx or multiprocessing.get_context("spawn")
+        ctx = spawn_context(ctx)
         self._count = ctx.RawValue("Q", 0)
 
     @property

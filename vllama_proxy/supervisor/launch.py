@@ -78,7 +78,7 @@ def vllm_argv(settings: Settings, spec: ModelConfig, port: int, lora: LoraPlan) 
 
 
 #: ``VLLM_MAX_STOP_STRINGS`` for every vLLM vllama launches: the bound vllama checks itself on every route
-#: (``api/ollama_types.MAX_STOPS``, the same number; a test holds them equal).
+#: (``api/ollama/types.py``'s ``MAX_STOPS``, the same number; a test holds them equal).
 MAX_STOP_STRINGS = 64
 
 

@@ -37,7 +37,7 @@ from vllama_proxy.models.local import NAME_FILE, uploaded_dir
 from .body import read_request
 from .model_use import model_in_use
 from .manage import _NAME
-from ..ollama_types import OPTIONS, CreateRequest, Message, Options, validation_message
+from ..ollama.types import OPTIONS, CreateRequest, Message, Options, validation_message
 from ..app_state import BLOBS, CATALOG, SETTINGS, WORKER
 
 #: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.

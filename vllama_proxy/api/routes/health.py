@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.supervisor import probes
-from ..api_keys import KEY
+from ..policy.keys import KEY
 from ..app_state import CATALOG, DRAINING, FRONT_END, KEYS
 
 

@@ -34,9 +34,9 @@ from vllama_proxy.models.local import uploaded_dir
 from vllama_proxy.models.pull_room import PullLimits
 
 from ..app_state import CATALOG, SETTINGS
-from ..ollama_types import ModelRef, require_model
-from ..call import call_of
-from ..ndjson import NDJSON
+from ..ollama.types import ModelRef, require_model
+from ..request.call import call_of
+from ..ollama.ndjson import NDJSON
 from .body import read_request
 from .create import unload_adapter
 

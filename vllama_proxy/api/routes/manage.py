@@ -20,7 +20,7 @@ from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .body import read_request
 from .model_use import where_models_change
-from ..ollama_types import CopyRequest
+from ..ollama.types import CopyRequest
 from ..app_state import CATALOG, SETTINGS
 
 #: Ollama's model name shape: ``[host/][namespace/]model[:tag]``, letters, digits, ``._-``.

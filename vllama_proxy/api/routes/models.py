@@ -27,10 +27,10 @@ from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from vllama_proxy.supervisor import gpu
 from .body import read_request
 from .model_use import lookup_model, may_list, may_list_created
-from ..api_keys import key_of
-from ..ollama_types import ModelRef
+from ..policy.keys import key_of
+from ..ollama.types import ModelRef
 from ..app_state import CATALOG
-from ..timestamps import rfc3339
+from ..ollama.timestamps import rfc3339
 
 #: ``expires_at`` of a model that never unloads: Ollama's "forever" is ~292 years ahead.
 _FOREVER_S = 292 * 365 * 24 * 3600

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from vllama_proxy.errors import BadRequest, Forbidden, NotSupported
 from ..app_state import KEYS, LEDGER
-from ..budgets import budget_of
-from ..api_keys import key_of
+from ..policy.budgets import budget_of
+from ..policy.keys import key_of
 
 
 def parse_since(text: str, by: str, now: float) -> float:
