@@ -57,7 +57,7 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
 The same error has one shape per route family (:func:`shape_of`), whichever layer refused it (the
 API key, admission, the readiness gate, the route), with the same status and headers:
 
-- Ollama's routes (``/api/*`` and the rest): ``{"error": msg}``. Source: ``shared/ollama-api.md``
+- Ollama's routes (``/api/*`` and the rest): ``{"error": msg}``. Source: ``docs/wire.md``
   "Errors" (Ollama ``server/routes.go``): non-streaming errors are ``application/json``
   ``{"error": msg}`` with the status; once a stream started the status stays 200 and the last
   NDJSON line is ``{"error": msg}``.
@@ -71,7 +71,7 @@ API key, admission, the readiness gate, the route), with the same status and hea
   the status as vLLM sends it. After an SSE stream began: one ``data:`` event of that object.
   vLLM's own refusals are relayed as vLLM wrote them: the same envelope, vLLM's type names
   (``BadRequestError``).
-- Anthropic's Messages routes (``/v1/messages*``, issue 40): ``{"type": "error", "error": {"type":
+- Anthropic's Messages routes (``/v1/messages*``): ``{"type": "error", "error": {"type":
   "invalid_request_error", "message": msg}}`` (docs.anthropic.com "Errors": the type named by the
   status), which the ``anthropic`` SDK and Claude Code read; after a stream began, an ``event: error``.
 
@@ -133,7 +133,7 @@ class UnsupportedCapability(BadRequest):
 
 
 class ModelInUse(BadRequest):
-    """``/api/delete`` of a model that is being served: its weights must stay under it (400, issue 27)."""
+    """``/api/delete`` of a model that is being served: its weights must stay under it (400)."""
 
 
 class TooManyChoices(BadRequest):
@@ -360,7 +360,7 @@ class UpstreamUnavailable(UpstreamError):
 class ModelLoading(UpstreamUnavailable):
     """The model is loading (starting, restarting, waking): 503 with ``Retry-After``, the HTTP way
     (RFC 9110 §10.2.3) to say that retrying helps. A 503 without it (a model that failed to load)
-    is final: ``vllama run`` stops waiting at once (issue 26.2)."""
+    is final: ``vllama run`` stops waiting at once."""
 
     headers: ClassVar[Mapping[str, str]] = {"Retry-After": "1"}
 

@@ -69,8 +69,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     structlog.contextvars.clear_contextvars()
     call = request[CALL] = Call()  # the request's own record: filled on its way, charged once by the settler
     given = request.headers.get("X-Request-ID", "")
-    # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead (issue 27)
-    own = os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] was, without building a UUID (issue 42)
+    # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead
+    own = os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] was, without building a UUID
     if _REQUEST_ID.fullmatch(given):
         structlog.contextvars.bind_contextvars(request_id=own, client_request_id=given)
     else:
@@ -111,7 +111,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         if isinstance(e, ConnectionResetError) and (request.transport is None or request.transport.is_closing()):
             # A write to a client that left before its cancellation arrived (aiohttp's
             # ClientConnectionResetError "Cannot write to closing transport": 154 of them, each logged as an
-            # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200, issue 38's
+            # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200 in a
             # flood). The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
             # handler closed the upstream request, so vLLM aborts it. A reset with the client still there
             # is an error like any other.

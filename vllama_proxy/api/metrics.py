@@ -32,7 +32,7 @@ from .ollama.timestamps import Timings
 
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     # prometheus-client's multiprocess values ask os.getpid() on every inc/observe, a system call
-    # each (22 per request with --workers 2, issue 42); its documented process_identifier reads it once.
+    # each (22 per request with --workers 2); its documented process_identifier reads it once.
     values.ValueClass = values.MultiProcessValue(process_identifier=this_pid)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -53,7 +53,7 @@ TPOT = Histogram("vllama_time_per_output_token_seconds",
                  ["route"], buckets=_TPOT_BUCKETS)
 
 _STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
-#: Where a request's time goes inside vllama (issue 28): seconds from the moment the outermost
+#: Where a request's time goes inside vllama: seconds from the moment the outermost
 #: middleware saw it to the end of each stage, once per Ollama generate/chat request.
 STAGE = Histogram("vllama_request_stage_seconds",
                   "Per request: seconds from accepted (outermost middleware) to the end of each stage: handler (the "

@@ -4,7 +4,7 @@ Each critical section is a few loads and stores in shared memory, taken once per
 (never per token). Counters that several processes read and write decide things (admit a
 request, put a model to sleep), so they change only under this lock: a check and the update
 it allows are one atomic step, with the lock's memory fences, instead of a handshake of
-flags whose order the CPU may reorder (issue 12).
+flags whose order the CPU may reorder.
 
 The lock is ``flock(2)`` on a file made by the process that creates it: the kernel releases
 it when its holder dies, so a worker killed inside a section (OOM, SIGKILL) cannot leave
@@ -26,7 +26,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 #: This process's id, kept by a fork hook: ``os.getpid()`` is a system call, and sections are
-#: taken twice per request (issue 42).
+#: taken twice per request.
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 

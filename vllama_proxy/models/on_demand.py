@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = get_logger("vllama.on_demand")
 
 
-#: The operator's ``--`` arguments an on-demand model gets (issue 27): those that size, place and
+#: The operator's ``--`` arguments an on-demand model gets: those that size, place and
 #: tune the engine, safe for any repository a user may pull. Flag -> whether it takes a value.
 #: Everything else is left out: ``--trust-remote-code`` (runs the repo's own Python),
 #: ``--load-format`` (``pt`` unpickles), ``--hf-overrides``, ``--tokenizer``, ``--chat-template``,
@@ -111,7 +111,7 @@ class OnDemand:
         self.backends = list(backends)
         self.library = library
         self.allow = list(allow)
-        self.vllm_args, _ = safe_args(vllm_args)  # never --trust-remote-code and its kin (issue 27)
+        self.vllm_args, _ = safe_args(vllm_args)  # never --trust-remote-code and its kin
         self.keep_alive = keep_alive
         self.ttl = ttl
         self._scan: list[local.LocalModel] = []
@@ -153,7 +153,7 @@ class OnDemand:
         """The model ``name`` names, as it would be served, without claiming a slot or loading it:
         the slot's model when one holds it, else the local model's (``None``: no local model).
         What ``/api/show``, ``/api/copy``, ``/api/pull``, ``/api/delete`` and ``GET /v1/models/<name>``
-        read (issue 27: looking a model up never loads it).
+        read (looking a model up never loads it).
 
         Raises:
             ModelNotAllowed: a local model the allow-list does not admit.

@@ -64,7 +64,7 @@ class Changes:
     (create it before spawning the workers; it is pickled to them, as ``supervisor/status.py``'s
     boards are). Raised by the writer under the file's lock, after the file was replaced; read
     with a plain load, so a reader learns of a change made in any worker without a system call
-    (issue 42.4: a ``stat`` per request, which raised ``FileNotFoundError`` while no model was created).
+    (a ``stat`` per request, which raised ``FileNotFoundError`` while no model was created).
     """
 
     def __init__(self, ctx: Any = None) -> None:

@@ -6,7 +6,7 @@ as the one process that owns vLLM. Reads are plain loads from shared memory. The
 counts that decide whether vLLM may be put to sleep or evicted (requests in flight and
 waiting, the closing flag) change only under one lock (``ipc/lock.py``), once per request:
 a request begins only if the model is ready and not closing, and the supervisor closes
-it only if nothing is in flight or waiting, each as one atomic step (issue 12).
+it only if nothing is in flight or waiting, each as one atomic step.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ class StatusBoard:
         """The owner's side (the main process): one more (``on``) or one fewer wait for the end of the
         last request in flight. Only while some wait hears it does that end ring ``IDLE``: otherwise no
         one acts on it, and the message woke the owner loop after every lone request (inbox, lifecycle
-        and the pool's ``moved``: ~130 µs of the main process per request at c=1, issue 42.4). Set under
+        and the pool's ``moved``: ~130 µs of the main process per request at c=1). Set under
         the lock, so a request's end either comes before (the waiter then sees nothing in flight) or
         rings."""
         with self._lock.held():

@@ -16,7 +16,7 @@ a request that has no key to share gets a key of its own (:func:`placement`), wh
 releases at the router when the request ends (``api/fleet/router_release.py``): that policy places a
 new key on the engine holding the fewest live keys (vllm-project/router,
 ``src/policies/sticky_least_loaded.rs``), so its count becomes the requests in flight per engine
-plus the live shared-prefix keys, and distinct prompts go to the least loaded engine (issue 43).
+plus the live shared-prefix keys, and distinct prompts go to the least loaded engine.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Before a router, the front sends each request under a key of its own making (``a
 conversation's, a shared system prompt's, or a one-request key placed by load). A client may send
 its own value of the session header (``--session-header``, default ``X-Session-ID``), or of
 ``X-User-ID`` (which vllm-router reads next: ``src/policies/hash_key.rs``), to keep its requests on
-one engine. Passed on as it came (issue 43 follow-up, session 12), that value let one tenant harm the
+one engine. Passed on as it came, that value let one tenant harm the
 others: a flood under one constant value went to one engine, which ``sticky_least_loaded`` counts as
 holding *one* session, so it kept placing the other tenants' requests there too; and every tenant
 shared one namespace of unbounded strings, so a client could name another tenant's key and land on

@@ -1,4 +1,4 @@
-"""One-request sessions released at the router (``--request-sessions``, issue 43).
+"""One-request sessions released at the router (``--request-sessions``).
 
 vllm-router's ``sticky_least_loaded`` places a new session key on the healthy worker with the
 fewest live keys and counts a key until ``POST /finish_session?session_id=KEY`` releases it, or

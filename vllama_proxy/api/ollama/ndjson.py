@@ -1,7 +1,7 @@
 """Ollama's streamed answers are NDJSON (one JSON object a line, ``application/x-ndjson``): the
 content type, and the aiohttp response a stream begins with.
 
-Source: ``shared/ollama-api.md`` "Responses" (streaming: one object a line, no blank lines); Ollama's ``server/routes.go``
+Source: ``docs/wire.md`` "Responses" (streaming: one object a line, no blank lines); Ollama's ``server/routes.go``
 ``streamResponse`` (the headers leave with the first chunk).
 """
 

@@ -10,7 +10,7 @@ per-request timings (``--enable-per-request-metrics``): then upstream is not str
 ``metrics`` (``to_ollama.unstreamed_timings``). The request's metrics (TTFT, TPOT, stage
 timings) are observed once per request (``metrics.py``).
 
-Source: ``shared/ollama-api.md`` "Responses" (exactly one final chunk) and Ollama's
+Source: ``docs/wire.md`` "Responses" (exactly one final chunk) and Ollama's
 ``server/routes.go`` ``streamResponse`` (an error after the stream began is the last NDJSON
 line).
 """
@@ -44,7 +44,7 @@ async def in_own_task(loop: Coroutine[Any, Any, _T]) -> _T:
     with it: a read inside a handler went back through aiohttp's request task (``_handle_request``),
     ``Application._handle``, its ``_fix_request_current_app``, each of vllama's middlewares
     (``api/app.py``), the route and ``answer.py``: 10 to 12 frames resumed for every token a stream
-    relays (issue 42; ``tests/test_token_path.py``). In its own task a read resumes the loop's frames
+    relays (``tests/test_token_path.py``). In its own task a read resumes the loop's frames
     only: 4-7 % less CPU per token at 16 and 64 streams (``benchmarks/RESULTS.md``, "A token's read
     off the middlewares' chain"), for ~2.6 µs per request. The handler awaits the task, so the task's result, its errors and a
     cancellation pass as before: the client gone, aiohttp cancels the handler's task, which cancels

@@ -3,7 +3,7 @@ and one request's marks on it (:class:`Timings`).
 
 Ollama writes times as RFC 3339 in UTC with nanosecond digits (Go's ``time.Time`` in JSON,
 ``2024-07-22T20:38:48.123456789Z``) and durations as integer nanoseconds
-(``shared/ollama-api.md`` "Responses").
+(``docs/wire.md`` "Responses").
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ A non-streamed vLLM answer is read as the one chunk that says the same
 ``api/ollama/relay.py`` drives the translators; ``to_openai.py`` is the other direction.
 
 Per-chunk work is kept to a dict lookup or two: this is the hot path at thousands of tokens
-per second (issue 4 measures its CPU cost).
+per second (``benchmarks/token_cpu.py`` measures its CPU cost).
 
-Source: ``shared/ollama-api.md`` "Responses" (chunk shapes, exactly one final chunk, durations
+Source: ``docs/wire.md`` "Responses" (chunk shapes, exactly one final chunk, durations
 in nanoseconds and non-zero when counts are); Ollama's ``openai/openai.go`` (pure translation
 functions, by direction).
 """
@@ -60,8 +60,7 @@ class Translator:
     def _eat_whitespace(self, text: str | None, thinking: str | None) -> tuple[str | None, str | None]:
         """Whitespace right after ``<think>`` and right after ``</think>`` is dropped, as Ollama's
         thinking parser does (``thinking/parser.go``): vLLM's reasoning parsers pass on the model's
-        ``"\n"`` after ``<think>`` and ``"\n\n"`` after ``</think>`` (seen with qwen3 on vLLM 0.26,
-        issue 13), which Ollama clients would show as blank lines."""
+        ``"\n"`` after ``<think>`` and ``"\n\n"`` after ``</think>`` (seen with qwen3 on vLLM 0.26), which Ollama clients would show as blank lines."""
         if thinking:
             self._reasoned = True
             if not self._thought:

@@ -3,7 +3,7 @@
 The reverse direction (vLLM's streamed chunks into Ollama's chunks) lives in
 ``to_ollama.py``. Field names follow each side: Ollama's on the way in
 (``num_predict``, ``repeat_penalty``), vLLM's on the way out (``max_tokens``,
-``repetition_penalty``). Sources: ``shared/ollama-api.md`` (Ollama), vLLM's
+``repetition_penalty``). Sources: ``docs/wire.md`` (Ollama), vLLM's
 "OpenAI-Compatible Server" docs (extra sampling parameters, ``chat_template_kwargs``,
 ``response_format``, ``stream_options``).
 
@@ -410,7 +410,7 @@ OUTPUT_TOKEN_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def cap_output_tokens(body: dict[str, Any], fields: tuple[str, ...], room: int | None, key_cap: int | None) -> dict[str, Any]:
-    """Clamp ``body``'s output-token ``fields`` to what the model can hold and the key may take (issue 38).
+    """Clamp ``body``'s output-token ``fields`` to what the model can hold and the key may take.
 
     Each integer field above ``room`` (tokens the context holds after the prompt: the model's
     ``max_model_len`` less the prompt's tokens when counted, else ``max_model_len``; vLLM answers

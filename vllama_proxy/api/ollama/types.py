@@ -1,7 +1,7 @@
 """Ollama's request types: loose in (unknown fields accepted), exact types checked.
 
 Mirrors ``api/types.go`` of ollama/ollama and ``_types.py`` of ollama-python
-(``shared/ollama-api.md`` "Generate and chat requests"). A field's ``None`` means
+(``docs/wire.md`` "Generate and chat requests"). A field's ``None`` means
 "not sent": Ollama uses pointers where unset differs from false (``stream``, ``think``).
 
 Responses are not modelled here: the hot path builds them as plain dicts and
@@ -56,7 +56,7 @@ class Options(TypedDict, total=False):
     A ``TypedDict``, not a model: pydantic checks only the keys sent and builds no 36-field
     instance, and ``translate`` reads what was sent without dumping every field (pydantic's
     "Performance" docs, "Use TypedDict over nested models"; on the 2-core VM the body's cold
-    validation ~24 -> ~17 µs and ``sampling_params`` ~15 -> ~7 µs, issue 42.4). A sent ``null`` is
+    validation ~24 -> ~17 µs and ``sampling_params`` ~15 -> ~7 µs). A sent ``null`` is
     kept as ``None``: readers skip it as unset.
 
     Sampling keys map onto vLLM's sampling parameters; runner keys (``num_ctx``,

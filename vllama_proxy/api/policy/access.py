@@ -1,6 +1,6 @@
 """Who may talk to the proxy: CORS, the Host-header guard, API keys.
 
-All three follow Ollama (``shared/ollama-api.md`` "Serving environment";
+All three follow Ollama (``docs/wire.md`` "Serving environment";
 ``server/routes.go`` ``allowedHostsMiddleware`` and its gin CORS config):
 
 - **CORS**: default origins ``http(s)://localhost|127.0.0.1|0.0.0.0[:*]``, ``app://*``,
@@ -66,7 +66,7 @@ def cors(extra_origins: Iterable[str]) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
         if origin is None:
-            request[CORS] = None  # read by add_cors_headers as the response starts: a hit, not a KeyError (issue 42)
+            request[CORS] = None  # read by add_cors_headers as the response starts: a hit, not a KeyError
             return await handler(request)
         if not allowed(origin):
             raise Forbidden(f"origin {origin!r} is not allowed (set OLLAMA_ORIGINS)")

@@ -1,4 +1,4 @@
-"""Token budgets per key (issue 39): ``budget_tokens`` per ``budget_period`` (``day`` or ``month``,
+"""Token budgets per key: ``budget_tokens`` per ``budget_period`` (``day`` or ``month``,
 UTC) in the keys file (``api/policy/keys.py``), checked when a request is admitted (``admission.py``).
 
 The usage comes from the ledger's running totals (``ledger.py``: the database's totals, read every

@@ -1,4 +1,4 @@
-"""A weighted fair queue in front of vLLM's running slots, shared by every worker (issue 38).
+"""A weighted fair queue in front of vLLM's running slots, shared by every worker.
 
 vLLM's ``priority`` orders only its own waiting queue: a request it already runs is preempted only
 under KV-cache pressure, so one key's flood holds every running slot and a light key's request
@@ -16,7 +16,7 @@ rest wait here, one queue per key, and each freed place goes to the next key in 
   its slot for about as many steps as it has output tokens, and a key's output tokens per second
   are its share of the running slots. VTC's own cost (prompt + 2 x output) gave a key of long
   prompts and short answers 0.30x its weighted share of the output tokens on the H200 (weights
-  1, 1, 2, 4; ``benchmarks/RESULTS.md``, issue 38), because its prompts were charged as if
+  1, 1, 2, 4; ``benchmarks/RESULTS.md``), because its prompts were charged as if
   prefill took a slot per prompt token. An embeddings, rerank or score request generates nothing and
   is one sequence per input, each in a slot for a step at least: it costs ``W_OUT`` per input
   (``admission.py`` adds them to the prompt's estimate, ``request/bodies.py`` counts them; counted once,
@@ -73,7 +73,7 @@ from vllama_proxy.ipc.lock import SharedLock, this_pid
 
 #: The cost of an output token (the unit: one running slot for one decode step), and the default cost
 #: of a prompt token (``--fair-prompt-weight``): prefill takes a slot for a step or a few, however
-#: long the prompt, so 0 gives every key its weighted share of the output tokens (issue 38). VTC's
+#: long the prompt, so 0 gives every key its weighted share of the output tokens. VTC's
 #: paper weighs them w_p = 1, w_q = 2 (0.5 here): it counts the prompt as work, not slot time.
 W_IN, W_OUT = 0.0, 1.0
 #: Weight of the last request in a key's expected output tokens (an exponential moving average).

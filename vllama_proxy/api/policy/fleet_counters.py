@@ -1,4 +1,4 @@
-"""Per-key counters shared by every front of a fleet (``--state-url redis://...``, issue 43).
+"""Per-key counters shared by every front of a fleet (``--state-url redis://...``).
 
 One front counts its keys' requests in shared memory (``admission.py``: every worker of the
 process sees one count). Several fronts (a Kubernetes Deployment with ``replicas: 2``) would each

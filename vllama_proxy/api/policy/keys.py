@@ -1,4 +1,4 @@
-"""The clients' API keys with roles: who may do what, and whose share a request counts in (issue 27).
+"""The clients' API keys with roles: who may do what, and whose share a request counts in.
 (The aiohttp app's own typed keys are ``app_state.py``'s.)
 
 Keys come from ``--api-key`` (each an admin key, as before) and ``--api-key-file``. The file is
@@ -72,7 +72,7 @@ KEY = "vllama.key"
 #: Request key: the :class:`Key` a request is served as, :data:`OPEN` when it came with none, set for every
 #: request the key check lets through: what :func:`key_of` reads. A request is asked ~9 times for its key;
 #: on an open server each read of the absent :data:`KEY` raised a ``KeyError`` inside ``Mapping.get`` (~1 µs
-#: each, issue 42).
+#: each).
 SERVED_AS = "vllama.served_as"
 #: Per-key counters in shared memory (``admission.py``): a key's slot is a hash of its name.
 KEY_SLOTS = 1024

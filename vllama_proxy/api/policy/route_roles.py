@@ -1,4 +1,4 @@
-"""Which role may reach which route: the one allow-list every request is decided by (issue 38).
+"""Which role may reach which route: the one allow-list every request is decided by.
 
 :data:`ROUTES` names every route vllama answers or relays, with the roles that may call it. A
 route that is not in it is answered 404 by vllama and never relayed, whatever the key: vLLM's

@@ -9,7 +9,7 @@ and only bounds how many it holds: vLLM's running capacity (the sum over models 
 
 The count lives in shared memory under one lock (:mod:`vllama_proxy.ipc.lock`), so the bound is the
 server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
-per-worker split turned away requests while other workers had room (issue 12: 1,791 of
+per-worker split turned away requests while other workers had room (1,791 of
 4,096 rejected at 1,024 streams with data parallel 2). A waiting request costs a socket
 and a coroutine here, a few tens of kB (``benchmarks/RESULTS.md``).
 """
@@ -145,7 +145,7 @@ class AdmissionBound:
         want theirs (:data:`OVER_SHARE`): the share is the bound less a reserve of 1/8 kept for
         keys with nothing in flight, split evenly over the keys with requests in flight (this one
         counted). So a key alone may use 7/8 of the bound, two keys up to half of that each, and a
-        newcomer always finds room (issue 27: one user's 200 streams took all 128 places).
+        newcomer always finds room (one user's 200 streams took all 128 places).
 
         Returns:
             the key's requests in flight before this one (>= 0, for its vLLM priority), or a

@@ -1,6 +1,6 @@
 """A request's body, read once within its route's size and time limits: by admission (``admission.py``,
 before a request takes a place) and by the route that parses it (``routes/body.py``). It stands
-below both, so admission needs nothing of ``routes/`` (issue 41.5: that import pointed upward)."""
+below both, so admission needs nothing of ``routes/`` (that import pointed upward)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """How many tokens an answer may take: a request's output-token fields clamped before it goes
-upstream (issue 38: ``num_predict: 1000000`` went to vLLM as ``max_tokens`` unclamped).
+upstream (``num_predict: 1000000`` went to vLLM as ``max_tokens`` unclamped).
 
 The clamp is ``translate.cap_output_tokens`` (pure); this module adds the one fact it may need from
 vLLM, the prompt's length, asked of vLLM's ``/tokenize`` only when a request asks for at least the

@@ -1,4 +1,4 @@
-"""``/admin``: the operator's page (issue 39), server-rendered HTML with no script and no build step.
+"""``/admin``: the operator's page, server-rendered HTML with no script and no build step.
 
 What it shows: each model and its state, GPU memory (NVML), requests in flight per key, each key's
 tokens this day and month with a bar of its budget, the requests answered today by key and model,

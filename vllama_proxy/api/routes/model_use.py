@@ -36,7 +36,7 @@ from ..ollama.timestamps import CLOCK
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
     """``(name as sent, served model, its backend)`` for inference or an explicit load: a local model
-    no on-demand slot holds claims one, only once the key may use it (issue 38: the name is looked
+    no on-demand slot holds claims one, only once the key may use it (the name is looked
     up and the key checked first, so a refused request claims, loads and evicts nothing).
 
     Raises:
@@ -112,7 +112,7 @@ def created_of(request: web.Request, name: str) -> CreatedModel | None:
 
 async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
     """``(name as sent, served model, its backend or None)`` without loading anything: an on-demand
-    model no slot holds has no backend (issue 27: looking a model up never loads it)."""
+    model no slot holds has no backend (looking a model up never loads it)."""
     name = require_model(name)
     catalog = request.app[CATALOG]
     made = catalog.created(name)  # read once per request (a stat of its file each time): see created_of
@@ -216,7 +216,7 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     if not (board.available or board.waking or board.loading):
         raise board.unavailable()
     # A model serving now is counted in flight at once: one lock section instead of the wait's three
-    # (begin waiting, ready, stop waiting: ~50 µs of a lone request's way in on the 2-core VM, issue 42)
+    # (begin waiting, ready, stop waiting: ~50 µs of a lone request's way in on the 2-core VM)
     if not board.try_begin(slot):
         board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
         try:

@@ -71,7 +71,7 @@ async def _models(request: web.Request) -> web.Response | None:
         return web.json_response({"object": "list", "data": [_model_entry(m) for m in shown]}, dumps=_dumps)
     wanted = tail.removeprefix("models/")
     try:
-        model = await catalog.resolve(wanted)  # a lookup: loads nothing (issue 27)
+        model = await catalog.resolve(wanted)  # a lookup: loads nothing
         check_model(key_of(request), wanted, model, catalog.created(wanted))
         return web.json_response(_model_entry(model), dumps=_dumps)
     except ModelNotFound:

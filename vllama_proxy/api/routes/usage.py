@@ -1,4 +1,4 @@
-"""``GET /api/usage``: the usage ledger, summed by key, model and day or month (issue 39; vllama's own
+"""``GET /api/usage``: the usage ledger, summed by key, model and day or month (vllama's own
 route, beside Ollama's). An admin key sees every key's usage; a user key its own only."""
 
 from __future__ import annotations

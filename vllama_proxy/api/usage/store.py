@@ -8,7 +8,7 @@ A batch goes to SQLite as one JSON array in one ``INSERT ... SELECT ... FROM jso
 writer thread holds the GIL for orjson's serialisation (~0.2 ms per 1,000 rows) and a few calls, and
 SQLite inserts the whole batch with the GIL released. ``executemany`` released and took back the GIL
 around every row's reset and step, each a moment where the event loop, busy with a burst of
-requests, could wait on the writer (issue 39; benchmarks/RESULTS.md has what was and was not
+requests, could wait on the writer (benchmarks/RESULTS.md has what was and was not
 measured). PostgreSQL keeps ``executemany`` (psycopg pipelines it, one round trip).
 
 SQLite (stdlib ``sqlite3``): WAL journal, so every ``--workers`` process writes the same file with
