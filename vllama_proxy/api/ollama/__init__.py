@@ -1,1 +1,1 @@
-"""The Ollama wire: its typed requests, NDJSON and times, the translation to vLLM's OpenAI bodies and back, and the relay that streams an answer through."""
+"""The Ollama wire, pure (no I/O): its typed requests, NDJSON and times, and the translation to vLLM's OpenAI bodies and back."""

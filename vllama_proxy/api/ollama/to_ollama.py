@@ -8,7 +8,7 @@ counts (from vLLM's ``usage``) and nanosecond durations from the request's
 Ollama's whole calls) and logprobs (OpenAI's two shapes, into Ollama's one) are shaped here.
 A non-streamed vLLM answer is read as the one chunk that says the same
 (:func:`response_chunk`), its durations from vLLM's ``metrics`` (:func:`unstreamed_timings`).
-``api/ollama/relay.py`` drives the translators; ``to_openai.py`` is the other direction.
+``api/request/relay.py`` drives the translators; ``to_openai.py`` is the other direction.
 
 Per-chunk work is kept to a dict lookup or two: this is the hot path at thousands of tokens
 per second (``benchmarks/token_cpu.py`` measures its CPU cost).
@@ -35,7 +35,7 @@ class Translator:
 
     Args:
         model: the model name as the client sent it (echoed in every chunk).
-        timings: marks shared with ``api/ollama/relay.py``'s ``relay``.
+        timings: marks shared with ``api/request/relay.py``'s ``relay``.
         aggregate: keep text and tool calls for a non-streaming answer.
     """
 

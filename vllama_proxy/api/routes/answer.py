@@ -22,10 +22,10 @@ from vllama_proxy.upstream import Upstream
 from ..fleet import affinity
 from ..app_state import CLIENT_AFFINITY, ROUTER_RELEASE, SETTINGS
 from ..request.call import call_of
-from ..ollama.context_fit import fit, is_context_full, refusal
+from ..request.context_fit import fit, is_context_full, refusal
 from ..policy.fair_queue import prompt_tokens_guess
 from ..request.finisher import finish
-from ..ollama.relay import relay
+from ..request.relay import relay
 from ..ollama.timestamps import Timings
 from ..ollama.to_ollama import Translator
 from ..ollama.to_openai import final_only, unstreamed

@@ -27,7 +27,7 @@ from vllama_proxy.errors import (BadRequest, ModelNotFound, NoSuchModel, Unsuppo
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
-from ..ollama.relay import in_own_task
+from ..request.relay import in_own_task
 from ..request.body_reader import read_body
 from ..ollama.to_openai import upstream_model
 from .model_use import check_model, created_of, may_list, model_in_use, refuse_outside, resolve_model

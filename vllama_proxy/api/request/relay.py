@@ -28,11 +28,11 @@ from aiohttp import web
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_json, read_some
 from ..app_state import ACCEPTED
-from ..request.call import call_of
+from .call import call_of
 from ..policy.fair_queue import prompt_tokens_guess
 from ..metrics import TTFT, observe_stages, observe_tpot
-from .ndjson import begin
-from .to_ollama import Translator, response_chunk, unstreamed_timings
+from ..ollama.ndjson import begin
+from ..ollama.to_ollama import Translator, response_chunk, unstreamed_timings
 
 _T = TypeVar("_T")
 

@@ -24,7 +24,7 @@ from typing import Any
 from vllama_proxy.errors import BadRequest, UpstreamError, UpstreamRejected
 from vllama_proxy.upstream import Upstream
 
-from ..request.output_tokens import prompt_tokens
+from .output_tokens import prompt_tokens
 
 #: The share of the context kept for the answer when a request asks for no more (Ollama shifts instead).
 ANSWER_SHARE = 4
