@@ -440,7 +440,7 @@ def test_router_needs_no_upstream():
     from vllama_proxy.settings import Settings
 
     s = Settings(router="sticky_least_loaded", router_port=30001)
-    assert s.upstream == "http://127.0.0.1:30001"
+    assert s.upstream_url == "http://127.0.0.1:30001" and s.upstream is None  # derived, --upstream not rewritten
     with pytest.raises(ValueError, match="without --model"):
         Settings(router="round_robin", model="m")
     with pytest.raises(ValueError, match="without --upstream"):

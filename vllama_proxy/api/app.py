@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import sys
 import time
 from collections.abc import Sequence, AsyncIterator, Awaitable, Callable
 
@@ -43,7 +42,7 @@ from .request.settler import Settler
 from .usage.store import open_store
 from .fleet.client_affinity import ClientAffinity
 from .fleet.router_release import RouterRelease
-from .policy.fleet_counters import RedisKeyState
+from .policy.fleet_counters import RedisKeyState, redis_client
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
 from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_AFFINITY, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING,
@@ -206,6 +205,27 @@ async def usage_ledger(app: web.Application) -> AsyncIterator[None]:
     await ledger.close()
 
 
+def check_config(settings: Settings) -> None:
+    """Refuse, before anything is built or started, what ``build_app`` could not serve with: a keys
+    file that cannot be read or parsed, ``--state-url`` without the redis package, budgets in the keys
+    file with ``--usage-db off``. ``vllama serve`` prints the one line and exits 2 (``cli.py``).
+
+    Raises:
+        ValueError: the one line saying what is wrong.
+    """
+    try:
+        ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--api-key-file: {e}") from None
+    if settings.state_url:
+        try:
+            redis_client()
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+    if settings.usage_db == "off" and any(k.budget_tokens is not None for k in ring.keys):
+        raise ValueError("--usage-db off: the keys file gives budget_tokens, which need the usage ledger")
+
+
 def build_app(settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
               bound: admission.AdmissionBound, slots: SlotBoard | None = None, changes: StoreChanges | None = None) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
@@ -226,12 +246,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
-    try:
-        ring = api_keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file,
-                                cache_isolation=settings.cache_isolation)
-    except (OSError, ValueError) as e:  # a configuration error: say so and stop, as for a bad flag
-        print(f"vllama serve: --api-key-file: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)
     if worker == 0:  # the prefix cache's tenants, decided once (api/policy/cache_salt.py)
         log.info("cache_isolation", mode=settings.cache_isolation if ring.configured else "off",
                  reason=("no API key: one tenant" if not ring.configured else
@@ -242,11 +257,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     if configured:  # on-demand models are gated per request (routes/model_use.py), not here
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
-    try:
-        shared = RedisKeyState(settings.state_url, front=bound.front) if settings.state_url else None  # limits across fronts
-    except RuntimeError as e:  # no redis package: a configuration error, as for a bad flag
-        print(f"vllama serve: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    shared = RedisKeyState(settings.state_url, front=bound.front) if settings.state_url else None  # limits across fronts
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
                                             priority=settings.fair() and supervised, shared=shared,
                                             max_inputs=settings.max_inputs, max_choices=settings.max_choices))
@@ -257,7 +268,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         backends[0].url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
-        api_key=settings.api_key_upstream,
+        api_key=settings.upstream_bearer,
         connect_concurrency=front.connects,
     )
     live = [Backend(spec, pool if i == 0 else pool.at(spec.url)) for i, spec in enumerate(backends)]
@@ -294,7 +305,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
 
     app[ROUTER_RELEASE] = releases = RouterRelease()
     # a client's own key is scoped and bounded where a router may read it (a front: --upstream)
-    app[CLIENT_AFFINITY] = ClientAffinity(settings.session_header, scoped=settings.upstream is not None)
+    app[CLIENT_AFFINITY] = ClientAffinity(settings.session_header, scoped=settings.upstream_url is not None)
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         await pool.start()  # the one session and connection pool every backend uses
@@ -309,9 +320,6 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
                              flush_rows=settings.usage_flush_rows, refresh_interval=settings.usage_refresh_interval,
                              retention_days=settings.usage_retention_days, prunes=worker == 0)
         app.cleanup_ctx.append(usage_ledger)
-    elif any(k.budget_tokens is not None for k in ring.keys):
-        print("vllama serve: --usage-db off: the keys file gives budget_tokens, which need the usage ledger", file=sys.stderr)
-        raise SystemExit(2)
     app[SETTLER] = Settler(bound, bound.queue if settings.fair() else None, shared, app.get(LEDGER), ring)
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD

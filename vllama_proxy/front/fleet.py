@@ -54,7 +54,7 @@ class Registration:
         assert settings.register_with
         self.url = advertise_url(settings)
         self._router = Upstream(settings.register_with, connect_timeout=5.0, read_timeout=settings.startup_timeout,
-                                api_key=settings.api_key_upstream)
+                                api_key=settings.upstream_bearer)
         self._interval = settings.register_interval
         self._serving = serving
         self._poke = asyncio.Event()
@@ -146,7 +146,7 @@ async def resolve_request_sessions(settings: Settings) -> Settings:
     """
     chosen = settings.request_sessions
     warn = False
-    if not settings.upstream:
+    if not settings.upstream_url:
         on, source = False, "no --upstream: vllama sends to its own vLLM, no router reads the keys"
         warn = chosen == "on"
     elif not settings.session_header:
@@ -169,8 +169,8 @@ async def resolve_request_sessions(settings: Settings) -> Settings:
 
 async def _is_router(settings: Settings) -> tuple[bool, str, bool]:
     """``(whether the upstream is a vllm-router, why, whether it could not be reached)``."""
-    assert settings.upstream
-    probe = Upstream(settings.upstream, connect_timeout=2.0, read_timeout=5.0, api_key=settings.api_key_upstream)
+    assert settings.upstream_url
+    probe = Upstream(settings.upstream_url, connect_timeout=2.0, read_timeout=5.0, api_key=settings.upstream_bearer)
     await probe.start()
     deadline = time.monotonic() + ROUTER_PROBE_S
     try:

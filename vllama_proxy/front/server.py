@@ -118,7 +118,7 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     else:
         seqs_source = f"vLLM's largest GPU default ({default_seqs}; its GPU is not known here) where --max-num-seqs is not given"
     # what clients are told (/api/version max_running): a guess for an --upstream server is not told
-    known = running if settings.max_running or settings.upstream is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
+    known = running if settings.max_running or settings.upstream_url is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
     limit = running + settings.max_queue
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
@@ -143,7 +143,7 @@ def log_front_end(front: Plan) -> None:
 async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Plan) -> None:
     """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal
     (``resolved``: the library, for names; nothing is launched)."""
-    assert settings.upstream is not None
+    assert settings.upstream_url is not None
     library.log_user_file(resolved.library)
     notifier = Notifier()
     nofile = raise_nofile_limit()
@@ -158,7 +158,7 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
             await router.stop()
             raise SystemExit(1) from None
     settings = await resolve_request_sessions(settings)  # a router's load-placed sessions (front/fleet.py)
-    backends = [BackendSpec(url=settings.upstream)]
+    backends = [BackendSpec(url=settings.upstream_url)]
     changes = StoreChanges()  # before the workers spawn: every process learns of a create or copy at once
     app = build_app(settings, resolved, backends, front=front, bound=bound, changes=changes)
     workers = WorkerPool(settings, resolved, backends, front, bound, changes=changes)
@@ -168,8 +168,8 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
                              idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
                              **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     await workers.start(settings.workers - 1)
-    log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
-    notifier.status(f"ready: proxying {settings.upstream}")
+    log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream_url, nofile=nofile, workers=settings.workers)
+    notifier.status(f"ready: proxying {settings.upstream_url}")
     notifier.ready()
     watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
     try:

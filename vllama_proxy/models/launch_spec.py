@@ -1,6 +1,6 @@
 """A served model's launch spec: one ``[[models]]`` table of the config file, or ``--model``.
 
-(Not vllama's own settings, which are ``settings.py``.) :meth:`ModelConfig.args` is the one
+(Not vllama's own settings, which are ``settings/``.) :meth:`ModelConfig.args` is the one
 builder of a model's ``vllm serve`` flags; a library name's flags reach it as fields and
 ``vllm_args`` of the spec (``models/library.py``).
 

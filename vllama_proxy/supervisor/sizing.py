@@ -328,7 +328,7 @@ def resolve(settings: Settings, specs: list[ModelConfig]) -> tuple[Settings, Pla
     else:
         cpus, source = usable_cpus()
     p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers),
-             vllm_here=settings.upstream is None,
+             vllm_here=settings.upstream_url is None,
              connect_concurrency=None if settings.connect_concurrency == "auto" else int(settings.connect_concurrency))
     try:
         affinity = sorted(os.sched_getaffinity(0))

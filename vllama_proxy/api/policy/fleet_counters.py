@@ -192,6 +192,19 @@ class KeyState(Protocol):
         in flight had reserved before, ``None`` when the store did not answer (nothing reserved there)."""
 
 
+def redis_client() -> Any:
+    """``redis.asyncio``, the client ``--state-url`` needs.
+
+    Raises:
+        RuntimeError: the redis package is not installed (the line ``vllama serve`` prints).
+    """
+    try:
+        import redis.asyncio as aioredis
+    except ImportError:
+        raise RuntimeError("--state-url needs the redis package: pip install 'vllama-proxy[redis]'") from None
+    return aioredis
+
+
 class RedisKeyState:
     """:class:`KeyState` in Redis (``redis.asyncio``, the optional extra ``vllama-proxy[redis]``).
 
@@ -207,11 +220,7 @@ class RedisKeyState:
     """
 
     def __init__(self, url: str, front: str = "", holder_ttl: int = HOLDER_TTL, clock: Any = time.time) -> None:
-        try:
-            import redis.asyncio as aioredis
-        except ImportError:
-            raise RuntimeError("--state-url needs the redis package: pip install 'vllama-proxy[redis]'") from None
-        self._redis = aioredis.from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
+        self._redis = redis_client().from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
         self.url = url
         self.front = front or uuid.uuid4().hex
         self.holder = uuid.uuid4().hex

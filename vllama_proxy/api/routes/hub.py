@@ -54,7 +54,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
         return _success(req.stream)  # served (or pulled) already
     model = hub.parse_model(name) or await _from_library(request, name)
     settings = request.app[SETTINGS]
-    upstream = settings.upstream
+    upstream = settings.upstream_url
     if upstream:  # vllama starts no model in this mode: the download could never serve
         raise NotSupported(f"model '{name}' is not served by the vLLM at {upstream}, and vllama serve --upstream "
                            f"cannot start models: pulling it would not make it runnable (serve it with vllama serve "
