@@ -11,8 +11,10 @@
 #            engine_gauge_* lines of its log. 20,000 is beyond the default admission bound (max_running 1,024 +
 #            --max-queue 8,192): start vllama with VLLAMA_EXTRA="--max-queue 20000" to have every request admitted
 #            (otherwise the rest get Ollama's 503 "server busy" at once, which is admission, not a failed burst).
-#            BURST_NOFILE (e.g. 1048576): the load generator's RLIMIT_NOFILE, soft and hard, raised to that (root may
-#            raise the hard limit up to fs.nr_open) for its processes alone; vllama keeps the limit it started with.
+#            BURST_NOFILE (e.g. 1048576): the load generator's RLIMIT_NOFILE, soft and hard, raised to that for its
+#            processes alone where the kernel lets it (not on the lent H200: its hard limit of 20,000 stands, even for
+#            root); vllama keeps the limit it started with, and its --max-connections-per-address (a quarter of that
+#            limit per process) closes a single client's connections beyond it: a 20,000 burst from one address needs it raised.
 #            Per burst also: the kernel's TCP counters that tell a dropped or reset connect (listen overflows and
 #            drops, resets sent, aborts, SYN cookies: /proc/net/netstat and snmp, after minus before), the listen
 #            sockets of :PB with their backlog, and the most descriptors each client and vllama process held
