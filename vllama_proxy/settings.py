@@ -354,7 +354,7 @@ class Settings(BaseSettings):
         "/api/generate or /v1 completion without one) goes upstream under a one-request session key, and the front "
         "releases it at the router when the request ends (POST /finish_session), so that vllm-router's "
         "sticky_least_loaded counts the requests in flight per engine and places the next one on the least loaded "
-        "(issue 43). auto: on with --router sticky_least_loaded, or when the --upstream answers a vllm-router's "
+        ". auto: on with --router sticky_least_loaded, or when the --upstream answers a vllm-router's "
         "GET /list_workers (checked once at start); off otherwise. Off even when on, with a warning, where no router reads "
         "the keys: without --upstream (a node) or with --session-header ''.",
     )
@@ -387,7 +387,7 @@ class Settings(BaseSettings):
         description="More vllm-router flags for --router, one string (shell words), e.g. '--prometheus-port 29000'.",
     )
 
-    # --- many users (issue 27; docs/configuration.md "Many users") -----------------------
+    # --- many users (docs/configuration.md "Many users") -----------------------
     max_aliases: int = Field(
         256, ge=0, description="Most aliases /api/copy may make (each is listed in every /api/tags).",
     )
@@ -517,7 +517,7 @@ class Settings(BaseSettings):
         running capacity of ``running`` (``fair_light_running``, else half of it; 0: none). Half: on the
         H100 (``--max-num-seqs 256``, one key's 1,000 streams) 128 running gave the other key's first
         token after 39 ms instead of 57 (alone: 18), and the flooding key 1.11x the tok/s it had with fair
-        share off (``benchmarks/RESULTS.md``, issue 38)."""
+        share off (``benchmarks/RESULTS.md``)."""
         if self.fair_light_running is not None:
             return self.fair_light_running
         return running // 2 if running > 1 else 0
@@ -543,7 +543,7 @@ class Settings(BaseSettings):
     @field_validator("keep_alive", "sleep_unload_after")
     @classmethod
     def _keep_alive_duration(cls, v: str) -> str:
-        # checked at start: a typo was a traceback (supervised) or ignored (--upstream) (issue 26.7)
+        # checked at start: a typo was a traceback (supervised) or ignored (--upstream)
         return _duration(v)
 
     @field_validator("log_level", mode="before")
@@ -610,7 +610,7 @@ class Settings(BaseSettings):
             raise ValueError("give either --model or [[models]] in the config file, not both")
         if self.models and self.upstream:
             raise ValueError("--upstream proxies a running vLLM; [[models]] are launched by vllama: choose one")
-        if self.model and self.upstream:  # --model was ignored silently (issue 26.6)
+        if self.model and self.upstream:  # --model was ignored silently
             raise ValueError("--upstream proxies a running vLLM; --model launches one: choose one (the arguments "
                              "after -- describe the upstream's vLLM)")
         if self.models and self.vllm_args:
