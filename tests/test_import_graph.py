@@ -222,6 +222,30 @@ def test_the_translators_do_no_io() -> None:
     assert not wrong, "the translators import what does I/O or stands above them:\n" + "\n".join(wrong)
 
 
+#: The supervisor's pure deciders, which ``supervisor/lifecycle.py``'s owner loop calls: what a look at
+#: vLLM's load means (``hang.py``), when a new adapter needs a restart (``lora_restart.py``), an on-demand
+#: slot's new model (``respec.py``). What of the package they may import: plain data only.
+DECIDERS = ("hang.py", "lora_restart.py", "respec.py")
+DECIDERS_MAY_IMPORT = (f"{PKG}.models.adapters", f"{PKG}.models.launch_spec", f"{PKG}.supervisor.hang")
+#: The standard library's modules a decider may not import: a clock, the loop, processes, files, sockets.
+IO_MODULES = {"asyncio", "os", "time", "subprocess", "socket", "threading", "multiprocessing", "signal", "shutil", "pathlib"}
+
+
+def test_the_supervisors_deciders_do_no_io() -> None:
+    """Each decider takes the state it decides on and returns the decision: no clock, loop, process or
+    file of its own, nothing of the supervisor that acts on it, no library but the standard one."""
+    folder = ROOT / PKG / "supervisor"
+    graph = import_graph()
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for name in DECIDERS:
+        path = folder / name
+        mod, _ = _module_of(path, ROOT)
+        wrong += [f"  {mod} -> {t}" for t in sorted(graph[mod]) if not any(t == ok or t.startswith(ok + ".") for ok in DECIDERS_MAY_IMPORT)]
+        wrong += [f"  {mod}: {n}" for n in sorted(_libraries(path) - {PKG}) if n not in stdlib or n in IO_MODULES]
+    assert not wrong, "the supervisor's deciders import what does I/O or acts:\n" + "\n".join(wrong)
+
+
 def test_every_module_has_a_layer() -> None:
     lost = sorted(m for m in import_graph() if layer_of(m) is None)
     assert not lost, f"modules on no layer (add them to LAYERS): {lost}"
