@@ -195,7 +195,7 @@ def test_only_the_app_reaches_into_the_routes() -> None:
 
 
 #: What the translators (``api/translate/``) may import of the package: the error tree, what a model
-#: is, the Ollama wire types and the clock of durations; of ``upstream.py`` only its body encoder.
+#: is, the Ollama wire types and the clock of durations; of ``upstream/`` only its body encoder.
 TRANSLATE_MAY_IMPORT = (f"{PKG}.errors", f"{PKG}.models", f"{PKG}.api.ollama_types", f"{PKG}.api.timestamps", f"{PKG}.api.translate")
 #: What they may import from outside beside the standard library.
 TRANSLATE_LIBRARIES = {"orjson"}
