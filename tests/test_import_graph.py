@@ -224,8 +224,9 @@ def test_the_translators_do_no_io() -> None:
 
 #: The supervisor's pure deciders, which ``supervisor/lifecycle.py``'s owner loop calls: what a look at
 #: vLLM's load means (``hang.py``), when a new adapter needs a restart (``lora_restart.py``), an on-demand
-#: slot's new model (``respec.py``). What of the package they may import: plain data only.
-DECIDERS = ("hang.py", "lora_restart.py", "respec.py")
+#: slot's new model (``respec.py``), the wait after a failure (``restarts.py``). What of the package they
+#: may import: plain data only.
+DECIDERS = ("hang.py", "lora_restart.py", "respec.py", "restarts.py")
 DECIDERS_MAY_IMPORT = (f"{PKG}.models.adapters", f"{PKG}.models.launch_spec", f"{PKG}.supervisor.hang")
 #: The standard library's modules a decider may not import: a clock, the loop, processes, files, sockets.
 IO_MODULES = {"asyncio", "os", "time", "subprocess", "socket", "threading", "multiprocessing", "signal", "shutil", "pathlib"}

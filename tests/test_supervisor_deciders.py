@@ -78,3 +78,23 @@ def test_why_an_idle_model_stops_rather_than_sleeps():
     assert why_not_asleep(True, True, None, None, 0) == SLEEP_FAILED
     assert why_not_asleep(True, False, 10, 13, 4) == HOST_RAM_SHORT
     assert why_not_asleep(True, False, 10, 14, 4) is None
+
+
+def test_a_sleeping_model_is_stopped_for_an_eviction_its_slot_or_its_time_asleep():
+    from vllama_proxy.supervisor.room import MakeRoom, SleepOver, SlotWanted
+    from vllama_proxy.supervisor.warm import leave_sleep
+
+    asked = MakeRoom("other")
+    assert leave_sleep(asked, True, 0, 99) is asked  # what was asked first stays the reason
+    assert leave_sleep(None, True, 60, 0) == SlotWanted()
+    assert leave_sleep(None, False, 60, 59.9) is None and leave_sleep(None, False, 60, 60) == SleepOver(60)
+    assert leave_sleep(None, False, -1, 10**9) is None  # --sleep-unload-after negative: never
+
+
+def test_restarts_back_off_then_a_crash_loop_retries_slowly():
+    from vllama_proxy.supervisor.restarts import Backoff, backoff, failures_before
+
+    knobs = dict(crash_loop_limit=4, initial=1.0, cap=3.0, failed_retry=300.0)
+    assert [backoff(n, **knobs) for n in (1, 2, 3, 4, 9)] == [
+        Backoff(False, 1.0), Backoff(False, 2.0), Backoff(False, 3.0), Backoff(True, 300.0), Backoff(True, 300.0)]
+    assert failures_before(3, ran=299.9, reset_after=300) == 3 and failures_before(3, ran=300, reset_after=300) == 0

@@ -8,13 +8,13 @@ the GPUs is the pool's to give (``pool.py``, answering with a ``room.py`` verdic
 supervisor does with the answer, and its status, are written here alone. What is wanted of it
 (a request waiting, a neighbour needing its room, its on-demand slot claimed, stop) arrives as
 messages on its one inbox (``inbox.py``), which each step waits on: nothing polls a flag. Callers,
-in any process, wait on the status board (``StatusBoard.wait_ready``). The decisions that need no
-I/O are pure deciders beside it: when a new adapter needs a restart (``lora_restart.py``), what an
-on-demand slot's new model is (``respec.py``), whether an idle model sleeps or stops (``warm.py``),
-whether a stall is a hang (``hang.py``). Patterns from Ollama's
-``llm/server.go`` ``WaitUntilRunning`` (startup deadline pushed back while loading progresses; the
-child's last output shown on failure) and llama-swap's process owner loop
-(``internal/process/process.go``: one state enum, one loop that alone changes it).
+in any process, wait on the status board (``StatusBoard.wait_ready``). What needs no I/O is decided
+by pure deciders beside it: whether a stall is a hang (``hang.py``), when a new adapter needs a
+restart (``lora_restart.py``), an on-demand slot's new model (``respec.py``), the wait after a failure
+(``restarts.py``), whether an idle model sleeps or stops and a sleeping one is stopped for real
+(``warm.py``). Patterns from Ollama's ``llm/server.go`` ``WaitUntilRunning`` (startup deadline
+pushed back while loading progresses; the child's last output shown on failure) and llama-swap's
+process owner loop (``internal/process/process.go``: one state enum, one loop that alone changes it).
 """
 
 from __future__ import annotations
@@ -42,14 +42,15 @@ from ..errors import UpstreamError
 from ..logs import get_logger
 from .placement import pin_engine_cores
 from .respec import respec
-from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SleepOver, SlotWanted, Verdict, Waiting
+from .restarts import backoff, failures_before
+from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SlotWanted, Verdict, Waiting
 from ..settings import Settings
 from .slots import SlotTable
 from .states import (TRANSITIONS, Crashed, Evicted, Healthy, Idle, InvalidTransition, LoraOutgrown, Misconfigured, StartOutcome, State,
                      StopAsked, Wanted, WakeOutcome, WatchOutcome)
 from .status import StatusBoard
 from ..upstream import Upstream, read_response
-from .warm import why_not_asleep
+from .warm import leave_sleep, why_not_asleep
 
 log = get_logger("vllama.supervisor")
 
@@ -519,8 +520,7 @@ class Supervisor:
         """A ready or sleeping vLLM failed: ``unhealthy``, then restarted (:meth:`_fail`)."""
         self._loading = False
         self._set(State.UNHEALTHY, reason)
-        if time.monotonic() - self._ready_at >= self.s.restart_reset_after:
-            self._failures = 0  # it ran long enough: not part of a crash loop
+        self._failures = failures_before(self._failures, time.monotonic() - self._ready_at, self.s.restart_reset_after)
         await self._fail(reason)
 
     async def _fail(self, reason: str) -> None:
@@ -532,13 +532,10 @@ class Supervisor:
         self.last_output = self.child.tail() if self.child else ""
         log.warning("vllm_failed", model=self.served_name, reason=reason, failures=self._failures, last_output=self.last_output)
         await self._stop_child()
-        if self._failures >= self.s.crash_loop_limit:
-            self._set(State.FAILED, reason)
-            delay = self.s.failed_retry_interval
-        else:
-            self._set(State.RESTARTING, reason)
-            delay = min(self.s.restart_backoff_initial * 2 ** (self._failures - 1), self.s.restart_backoff_max)
-        if not await self._sleep_or_stop(delay):
+        wait = backoff(self._failures, crash_loop_limit=self.s.crash_loop_limit, initial=self.s.restart_backoff_initial,
+                       cap=self.s.restart_backoff_max, failed_retry=self.s.failed_retry_interval)
+        self._set(State.FAILED if wait.crash_loop else State.RESTARTING, reason)
+        if not await self._sleep_or_stop(wait.delay):
             self.restarts += 1
 
     def _respec(self) -> bool:
@@ -667,10 +664,7 @@ class Supervisor:
             if exited is not None:
                 if exited.done():
                     return Crashed(f"vLLM exited with code {exited.result()} while asleep")
-                if self._evict_reason is None and self.board.release_asked:
-                    self._evict_reason = SlotWanted()
-                if self._evict_reason is None and 0 <= unload_after <= time.time() - self.since:
-                    self._evict_reason = SleepOver(unload_after)
+                self._evict_reason = leave_sleep(self._evict_reason, self.board.release_asked, unload_after, time.time() - self.since)
                 if self._evict_reason is not None:
                     return Evicted(self._evict_reason)
                 if unload_after >= 0:

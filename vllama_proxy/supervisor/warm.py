@@ -40,6 +40,8 @@ from vllama_proxy.logs import get_logger
 from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.models.model_files import read_model_files
 
+from .room import Eviction, SleepOver, SlotWanted
+
 log = get_logger("vllama.supervisor")
 
 #: Where vllama keeps vLLM's cache when vLLM's default is not writable (under the state directory).
@@ -145,3 +147,14 @@ def why_not_asleep(sleep_mode: bool, sleep_failed: bool, weights: int | None, av
     if weights is None or available is None or available < weights + reserve:
         return HOST_RAM_SHORT
     return None
+
+
+def leave_sleep(asked: Eviction | None, slot_wanted: bool, unload_after: float, slept: float) -> Eviction | None:
+    """Why a sleeping model is stopped for real now, ``None`` while it sleeps on: an eviction ``asked``
+    (a neighbour wants its room), its on-demand slot claimed for another model (``slot_wanted``), or
+    asleep ``slept`` seconds of ``unload_after`` (``--sleep-unload-after``; negative: never)."""
+    if asked is None and slot_wanted:
+        asked = SlotWanted()
+    if asked is None and 0 <= unload_after <= slept:
+        asked = SleepOver(unload_after)
+    return asked
