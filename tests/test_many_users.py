@@ -514,7 +514,7 @@ def test_concurrent_pulls_are_capped_and_reserve_their_bytes(serve, hub, slow_hu
 
 def test_the_example_keys_file_parses():
     from conftest import ROOT
-    from vllama_proxy.api.api_keys import parse_keys_file
+    from vllama_proxy.api.policy.keys import parse_keys_file
     keys = {k.name: k for _, k in parse_keys_file(ROOT / "deploy" / "keys.example.toml")}
     assert keys["ops"].admin and not keys["batch"].admin and keys["batch"].max_in_flight == 256
     assert keys["batch"].may_use("qwen2.5:7b") and not keys["batch"].may_use("llama3.2")

@@ -302,7 +302,7 @@ async def test_a_create_waits_for_the_owners_news_that_its_model_left_ready_not_
 def test_vllm_takes_as_many_stop_strings_as_vllama_lets_through(monkeypatch, tmp_path):
     """vLLM 0.32 refuses more than VLLM_MAX_STOP_STRINGS (4) stop strings; vllama bounds them itself
     (ollama_types.MAX_STOPS) and launches vLLM with the same bound; an operator's own value wins."""
-    from vllama_proxy.api.ollama_types import MAX_STOPS
+    from vllama_proxy.api.ollama.types import MAX_STOPS
     from vllama_proxy.models.adapters import LoraPlan
     from vllama_proxy.supervisor.launch import MAX_STOP_STRINGS, vllm_env
     assert MAX_STOP_STRINGS == MAX_STOPS

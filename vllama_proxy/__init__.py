@@ -118,7 +118,7 @@ def error_message(raw: bytes, fallback: str) -> str:
 
 class CliParser(argparse.ArgumentParser):
     """The parser of ``vllama serve`` and the client commands: a mistyped option gets one line and
-    a "did you mean", not the 30 lines of usage argparse prints first (issue 26.8)."""
+    a "did you mean", not the 30 lines of usage argparse prints first."""
 
     def error(self, message: str) -> NoReturn:
         import difflib

@@ -3,7 +3,7 @@
 Every failure a client can see is one of these exceptions, raised where it is detected
 (named by what went wrong, never given a status at the raise site) and turned into the
 error body of its route's family (:func:`shape_of`) in exactly one place: the error middleware
-of ``api/app.py`` calls :func:`error_response` before a response began (``api/admission.py`` answers its
+of ``api/app.py`` calls :func:`error_response` before a response began (``api/request/admission.py`` answers its
 :class:`ServerBusy` through it directly: a full server is not logged as a failure), a
 streaming handler writes :func:`error_line` (NDJSON) or :func:`error_event` (SSE) after it began.
 Each class carries its HTTP status (and any headers)
@@ -57,7 +57,7 @@ in ``upstream/mapping.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hu
 The same error has one shape per route family (:func:`shape_of`), whichever layer refused it (the
 API key, admission, the readiness gate, the route), with the same status and headers:
 
-- Ollama's routes (``/api/*`` and the rest): ``{"error": msg}``. Source: ``shared/ollama-api.md``
+- Ollama's routes (``/api/*`` and the rest): ``{"error": msg}``. Source: ``docs/wire.md``
   "Errors" (Ollama ``server/routes.go``): non-streaming errors are ``application/json``
   ``{"error": msg}`` with the status; once a stream started the status stays 200 and the last
   NDJSON line is ``{"error": msg}``.
@@ -71,7 +71,7 @@ API key, admission, the readiness gate, the route), with the same status and hea
   the status as vLLM sends it. After an SSE stream began: one ``data:`` event of that object.
   vLLM's own refusals are relayed as vLLM wrote them: the same envelope, vLLM's type names
   (``BadRequestError``).
-- Anthropic's Messages routes (``/v1/messages*``, issue 40): ``{"type": "error", "error": {"type":
+- Anthropic's Messages routes (``/v1/messages*``): ``{"type": "error", "error": {"type":
   "invalid_request_error", "message": msg}}`` (docs.anthropic.com "Errors": the type named by the
   status), which the ``anthropic`` SDK and Claude Code read; after a stream began, an ``event: error``.
 
@@ -133,7 +133,7 @@ class UnsupportedCapability(BadRequest):
 
 
 class ModelInUse(BadRequest):
-    """``/api/delete`` of a model that is being served: its weights must stay under it (400, issue 27)."""
+    """``/api/delete`` of a model that is being served: its weights must stay under it (400)."""
 
 
 class TooManyChoices(BadRequest):
@@ -143,7 +143,7 @@ class TooManyChoices(BadRequest):
 
 class TooManyInputs(BadRequest):
     """A non-admin key's embeddings, rerank or score request sends vLLM more inputs than ``--max-inputs``
-    (``api/gate/bodies.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
+    (``api/request/bodies.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
     admission bound and the key's share (400)."""
 
 
@@ -233,7 +233,7 @@ class TooManyPulls(TooManyRequests):
 
 
 class RateLimited(TooManyRequests):
-    """A key over its ``rpm`` or with its ``tpm`` spent this minute (429, ``api/rate_limits.py``):
+    """A key over its ``rpm`` or with its ``tpm`` spent this minute (429, ``api/policy/rate_limits.py``):
     ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, as LiteLLM sends them."""
 
     def __init__(self, message: str, headers: Mapping[str, str]) -> None:
@@ -242,7 +242,7 @@ class RateLimited(TooManyRequests):
 
 
 class BudgetExhausted(TooManyRequests):
-    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/budgets.py``): 429, the message
+    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/policy/budgets.py``): 429, the message
     naming the budget and when it resets, ``Retry-After`` the seconds until then (OpenAI's code for a
     spent quota, ``insufficient_quota``)."""
 
@@ -261,7 +261,7 @@ class NotSupported(VllamaError):
 
 
 class ServerBusy(VllamaError):
-    """The server-wide bound on requests at once is full (``api/admission.py``): Ollama's
+    """The server-wide bound on requests at once is full (``api/request/admission.py``): Ollama's
     503 ``server busy``, with ``Retry-After`` seconds (``--retry-after``)."""
 
     status = 503
@@ -360,7 +360,7 @@ class UpstreamUnavailable(UpstreamError):
 class ModelLoading(UpstreamUnavailable):
     """The model is loading (starting, restarting, waking): 503 with ``Retry-After``, the HTTP way
     (RFC 9110 §10.2.3) to say that retrying helps. A 503 without it (a model that failed to load)
-    is final: ``vllama run`` stops waiting at once (issue 26.2)."""
+    is final: ``vllama run`` stops waiting at once."""
 
     headers: ClassVar[Mapping[str, str]] = {"Retry-After": "1"}
 

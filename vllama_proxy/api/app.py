@@ -3,9 +3,9 @@
 Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
 the route family's error shape + access log + metrics; CORS, Host guard and API keys from
 ``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
-parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate/to_openai.py`` (Ollama ->
+parses, ``routes/model_use.py`` resolves and holds the model) -> ``ollama/to_openai.py`` (Ollama ->
 OpenAI body) -> ``relay.py`` (sends it through ``upstream/``, the shared vLLM client, and streams
-the answer back through ``translate/to_ollama.py``: vLLM chunks -> Ollama NDJSON).
+the answer back through ``ollama/to_ollama.py``: vLLM chunks -> Ollama NDJSON).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Sequence, AsyncIterator, Awaitable, Callable
 
 import structlog
 from aiohttp import web
 
 from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, error_response, shape_of, shaped_body
 from vllama_proxy.logs import get_logger
+from vllama_proxy.models.boards import SlotBoard
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.vllm_servers import Backend, BackendSpec
 from vllama_proxy.models.blobs import BlobStore
@@ -32,20 +32,21 @@ from vllama_proxy.models.on_demand import OnDemand
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
-from vllama_proxy.supervisor.status import StatusBoard
+from vllama_proxy.models.boards import EngineBoard
 from vllama_proxy.upstream import Upstream
-from . import access, admission, api_keys, route_roles
-from .call import CALL, Call
-from .ledger import Ledger
-from .settler import Settler
-from .ledger_store import open_store
-from .client_sessions import ClientSessions
-from .router_sessions import SessionRelease
-from .shared_state import RedisKeyState, redis_client
+from .policy import access, keys as api_keys, route_roles
+from .request import admission
+from .request.call import CALL, Call
+from .usage.ledger import Ledger
+from .request.settler import Settler
+from .usage.store import open_store
+from .fleet.client_affinity import ClientAffinity
+from .fleet.router_release import RouterRelease
+from .policy.fleet_counters import RedisKeyState, redis_client
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_SESSIONS, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING,
-                        ROUTER_SESSIONS, SETTINGS, SETTLER, WORKER)
+from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_AFFINITY, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING,
+                        ROUTER_RELEASE, SETTINGS, SETTLER, WORKER)
 
 log = get_logger("vllama.http")
 
@@ -67,8 +68,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     structlog.contextvars.clear_contextvars()
     call = request[CALL] = Call()  # the request's own record: filled on its way, charged once by the settler
     given = request.headers.get("X-Request-ID", "")
-    # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead (issue 27)
-    own = os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] was, without building a UUID (issue 42)
+    # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead
+    own = os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] was, without building a UUID
     if _REQUEST_ID.fullmatch(given):
         structlog.contextvars.bind_contextvars(request_id=own, client_request_id=given)
     else:
@@ -109,7 +110,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
         if isinstance(e, ConnectionResetError) and (request.transport is None or request.transport.is_closing()):
             # A write to a client that left before its cancellation arrived (aiohttp's
             # ClientConnectionResetError "Cannot write to closing transport": 154 of them, each logged as an
-            # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200, issue 38's
+            # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200 in a
             # flood). The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
             # handler closed the upstream request, so vLLM aborts it. A reset with the client still there
             # is an error like any other.
@@ -139,7 +140,7 @@ _UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "
                       "/admin/login", "/admin/logout"})
 
 
-def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
+def ready_gate(boards: Sequence[EngineBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Middleware answering 503 (in the route family's error shape) on the API while no model can serve.
 
     While vLLM starts the proxy already listens, so clients get a clear "loading"
@@ -147,7 +148,7 @@ def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamR
     each model is gated again on its own when a request uses it (``routes/model_use.py``).
     """
 
-    def open_(board: StatusBoard) -> bool:
+    def open_(board: EngineBoard) -> bool:
         # A sleeping or unloaded model (keep_alive ended) is loaded on demand by the handler.
         return board.available or board.waking or board.loading
 
@@ -226,7 +227,7 @@ def check_config(settings: Settings) -> None:
 
 
 def build_app(settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
-              bound: admission.AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> web.Application:
+              bound: admission.AdmissionBound, slots: SlotBoard | None = None, changes: StoreChanges | None = None) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
 
     Args:
@@ -245,12 +246,12 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
-    ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)
-    if worker == 0:  # the prefix cache's tenants, decided once (api/cache_salt.py)
+    ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)  # check_config read it
+    if worker == 0:  # the prefix cache's tenants, decided once (api/policy/cache_salt.py)
         log.info("cache_isolation", mode=settings.cache_isolation if ring.configured else "off",
                  reason=("no API key: one tenant" if not ring.configured else
                          "each key its own cache_salt" if settings.cache_isolation == "key" else "--cache-isolation off"))
-    middlewares.append(api_keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: api_keys.py
+    middlewares.append(api_keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: api/policy/keys.py
     boards = [b.board for b in backends if b.board is not None]
     configured = [b.board for b in backends if b.board is not None and b.slot is None]
     if configured:  # on-demand models are gated per request (routes/model_use.py), not here
@@ -302,9 +303,9 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         created=CreatedStore(settings.state_dir / "created.json", changes.created if changes else None),
     )
 
-    app[ROUTER_SESSIONS] = releases = SessionRelease()
+    app[ROUTER_RELEASE] = releases = RouterRelease()
     # a client's own key is scoped and bounded where a router may read it (a front: --upstream)
-    app[CLIENT_SESSIONS] = ClientSessions(settings.session_header, scoped=settings.upstream_url is not None)
+    app[CLIENT_AFFINITY] = ClientAffinity(settings.session_header, scoped=settings.upstream_url is not None)
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         await pool.start()  # the one session and connection pool every backend uses
@@ -354,7 +355,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     for method, path, handler in routes:
         # every route is decided by route_roles.ROUTES (a relayed /v1 route by its own line there)
         if path != "/v1/{tail:.*}" and not route_roles.listed(method, path):
-            raise RuntimeError(f"{method} {path} has no line in api/route_roles.py ROUTES: say which roles may reach it")
+            raise RuntimeError(f"{method} {path} has no line in api/policy/route_roles.py ROUTES: say which roles may reach it")
         if method == "GET":
             app.router.add_get(path, handler, expect_handler=expect_continue)
         else:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
+from vllama_proxy.api.request.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.api.app import build_app
 from vllama_proxy.api.app_state import KEYS
 from vllama_proxy.logs import get_logger
@@ -39,7 +39,7 @@ log = get_logger("vllama.server")
 
 def with_priority_policy(spec: ModelConfig, settings: Settings) -> ModelConfig:
     """With fair sharing (``--fair-share``), vLLM serves its waiting requests by the ``priority``
-    vllama sets on each (``api/admission.py``): ``--scheduling-policy priority`` (vLLM's
+    vllama sets on each (``api/request/admission.py``): ``--scheduling-policy priority`` (vLLM's
     ``SchedulerConfig.policy``; lower first, arrival breaking ties), last so that it wins over an
     operator's ``--scheduling-policy`` (logged). Without it, ``spec`` unchanged."""
     if not settings.fair():
@@ -55,7 +55,7 @@ def with_priority_policy(spec: ModelConfig, settings: Settings) -> ModelConfig:
 
 def reloader(app: web.Application, settings: Settings, workers: WorkerPool) -> Callable[[], None] | None:
     """SIGHUP with an ``--api-key-file``: this process reads the keys again and each worker is told
-    to (``api/api_keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
+    to (``api/policy/keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
     if settings.api_key_file is None:
         return None
 
@@ -123,7 +123,7 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
-    queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/fair_queue.py)
+    queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/policy/fair_queue.py)
     reserve = settings.fair_reserve_for(running) if queue else 0
     light_running = settings.fair_light_running_for(running) if queue else 0
     log.info("admission", running=running, max_num_seqs_default=default_seqs, max_num_seqs_source=seqs_source, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
@@ -328,7 +328,7 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
                              **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     # vLLM first: its start (a minute or more) is the long pole, and each spawned worker takes
     # about a second to import before it reads its arguments; 4 workers spawned one after the
-    # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md, issue 28)
+    # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md)
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
     await workers.start(settings.workers - 1)

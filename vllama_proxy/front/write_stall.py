@@ -2,8 +2,8 @@
 
 A streaming client that stops reading (a stalled or hostile client, a laptop asleep with its TCP
 connection open) fills its socket's buffers; aiohttp's next ``write`` then waits on ``drain()``
-with no bound, and the request keeps its admission place (``api/admission.py``: the server's bound
-and the key's ``max_in_flight``), its fair-share running slot (``api/fair_queue.py``), its
+with no bound, and the request keeps its admission place (``api/request/admission.py``: the server's bound
+and the key's ``max_in_flight``), its fair-share running slot (``api/policy/fair_queue.py``), its
 connection to vLLM, and vLLM the output it made. Many such connections from one key held places
 others need.
 
@@ -38,7 +38,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from vllama_proxy.api import api_keys
+from vllama_proxy.api.policy import keys as api_keys
 from vllama_proxy.api.metrics import CLIENT_WRITE_STALLS, route_of
 from vllama_proxy.logs import get_logger
 

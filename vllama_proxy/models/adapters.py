@@ -8,7 +8,7 @@ the adapter as vLLM's ``model``.
 
 The limits vLLM starts with are derived from the adapters vllama knows (``created.json``):
 :func:`lora_plan`; every known adapter is a ``--lora-modules`` entry. How an adapter created
-later reaches the running vLLM is the mode (:func:`adapter_mode`, ``--adapters``, issue 42.3):
+later reaches the running vLLM is the mode (:func:`adapter_mode`, ``--adapters``):
 
 - ``launch``: vLLM keeps the API servers vllama chose for it (``supervisor/sizing.py``) and is
   restarted, its requests drained, with the new adapter declared (:meth:`LoraPlan.declares`). vLLM's compile
@@ -18,7 +18,7 @@ later reaches the running vLLM is the mode (:func:`adapter_mode`, ``--adapters``
 - ``runtime``: loaded into the running vLLM (``/v1/load_lora_adapter``), restarted only when a
   limit must grow (:meth:`LoraPlan.covers`); that needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``,
   which vLLM refuses with more than one API server (``vllm/entrypoints/cli/serve.py``): one API
-  server caps a GPU's streamed tokens/s (``benchmarks/RESULTS.md``, issues 11 and 30).
+  server caps a GPU's streamed tokens/s (``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -138,8 +138,8 @@ def adapter_mode(setting: str, vllm_args: Iterable[str]) -> AdapterMode:
 
     ``auto``: ``launch`` when vLLM runs more than one API server, since runtime loading would cut them
     to one (on the H200, one API server streamed ~16k tok/s at 256 streams, eight ~29k:
-    ``benchmarks/RESULTS.md``, issue 11); else ``runtime``, which costs nothing then and makes a create
-    answer at once instead of after a restart (0.08 s against 113 s for LoRA's first start, issue 30).
+    ``benchmarks/RESULTS.md``); else ``runtime``, which costs nothing then and makes a create
+    answer at once instead of after a restart (0.08 s against 113 s for LoRA's first start).
     """
     if setting in ADAPTER_MODES:
         return AdapterMode(setting, f"--adapters {setting}")

@@ -10,7 +10,7 @@ Resolving a name also chooses where its requests go: :meth:`Catalog.backend_of`.
 Names follow Ollama: every served model is listed as ``<served>:latest``;
 requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
 ``Qwen/Qwen2.5-1.5B-Instruct``) and those made with ``/api/copy`` resolve to the
-served name (``shared/ollama-api.md``). A library name (``qwen2.5:7b``, ``models/library.py``)
+served name (``docs/wire.md``). A library name (``qwen2.5:7b``, ``models/library.py``)
 that is not a served name resolves to the model served from its repo (``--model
 Qwen/Qwen2.5-7B-Instruct``); an unknown one is a 404 that names the closest known names.
 The order in which every kind of name is tried is ``models/names.py``'s, which owns it; the
@@ -139,7 +139,7 @@ class Catalog:
 
         ``claim``: a local model no on-demand slot holds claims one (it will load) — only inference
         and an explicit load ask for that; a lookup (show, copy, pull, delete, ``GET /v1/models/X``)
-        gets the model as it would be served and changes nothing of what is loaded (issue 27).
+        gets the model as it would be served and changes nothing of what is loaded.
 
         Raises:
             ModelNotFound: neither a served name (with or without ``:latest``, any case), an alias,

@@ -3,7 +3,7 @@
 A created model (Ollama: ``FROM base`` + ``SYSTEM``, ``PARAMETER``, ``MESSAGE``, ``LICENSE``,
 ``ADAPTER``) is served by its base model's vLLM: no weights are copied, no GPU memory is added.
 Its system prompt, pre-messages and default options are applied per request
-(``api/translate/to_openai.py`` :func:`with_model_defaults`). They are kept in ``<state_dir>/created.json``,
+(``api/ollama/to_openai.py`` :func:`with_model_defaults`). They are kept in ``<state_dir>/created.json``,
 ``{"name": {...}}``, which every worker and later runs read; writers take an ``flock`` on a lock
 file beside it and replace the file atomically, as ``aliases.py`` does for ``/api/copy``.
 

@@ -1,4 +1,4 @@
-"""vLLM's tool and reasoning parsers for a local model, told from its own files (issue 40).
+"""vLLM's tool and reasoning parsers for a local model, told from its own files.
 
 A library name gets its parsers from ``library.toml``; a model given as a directory (or a hub id
 already in the Hugging Face cache) has no row, and without ``--tool-call-parser`` vLLM refuses

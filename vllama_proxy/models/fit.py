@@ -1,4 +1,4 @@
-"""Fit before start: will a model's vLLM fit in the GPU memory it would get? (issue 22.4)
+"""Fit before start: will a model's vLLM fit in the GPU memory it would get?
 
 vLLM takes ``--gpu-memory-utilization`` × the GPU's total memory at start (it exits at once,
 "Free memory on device ... is less than desired GPU memory utilization", when less is free),

@@ -2,7 +2,7 @@
 
 The table is data, ``library.toml`` beside this module (its header documents the schema, each
 row cites its sources; ``library_schema.py`` reads it, ``library_check.py`` checks it,
-``library_advice.py`` words a 404). This module resolves names (issue 22):
+``library_advice.py`` words a 404). This module resolves names:
 
     name            -> the name's ``default_tag`` (what Ollama's ``latest`` points at)
     name:latest     -> the same

@@ -12,7 +12,7 @@ compared without ``:latest`` and without case, as Ollama's are):
 5. a library name (``library.py``: ``qwen2.5:7b``) whose repo a served model was loaded from;
    then a Hugging Face repo id (``acme/tiny-prod``, any case, any ``:revision``, an ``hf.co/``
    prefix) of a served model's repo: the operator's instance answers it, and no on-demand slot
-   starts a second copy of the same weights (issue 38);
+   starts a second copy of the same weights;
 6. a local model that starts on demand (``on_demand.py`` over ``local.py``: the Hugging Face
    cache and the models built from uploaded files) — asked by ``catalog.py`` after 1-5, because
    it may start a model; an alias of step 3 or 4 is asked there by its target (:meth:`Names.alias_target`).

@@ -30,7 +30,7 @@ class Fleet(BaseModel):
         "/api/generate or /v1 completion without one) goes upstream under a one-request session key, and the front "
         "releases it at the router when the request ends (POST /finish_session), so that vllm-router's "
         "sticky_least_loaded counts the requests in flight per engine and places the next one on the least loaded "
-        "(issue 43). auto: on with --router sticky_least_loaded, or when the --upstream answers a vllm-router's "
+        ". auto: on with --router sticky_least_loaded, or when the --upstream answers a vllm-router's "
         "GET /list_workers (checked once at start); off otherwise. Off even when on, with a warning, where no router reads "
         "the keys: without --upstream (a node) or with --session-header ''.",
     )

@@ -57,7 +57,7 @@ class Candidate(Generic[M]):
         busy: a request is in flight, waiting for it, or asked it to wake (``StatusBoard``:
             ``in_flight``, ``waiters``, ``waking``).
         protected: never evicted for this target (``pin``; an operator's model for an on-demand
-            target with ``--protect-models``: issue 27).
+            target with ``--protect-models``).
         in_the_way: evicting it frees some of what the target lacks (shares a GPU it is short on;
             any slot for a slot).
     """

@@ -1,5 +1,5 @@
 """What ``vllm serve`` is launched with: its command line and its environment, built in one place
-(issue 41.4: these were steps of ``lifecycle.py``, which owns the child's life, not its launch).
+(these were steps of ``lifecycle.py``, which owns the child's life, not its launch).
 
 The model's own flags come from its launch spec (``models/launch_spec.py``: ``ModelConfig.args``);
 this module adds what vllama decides around them: loopback on a private port, the served name,
@@ -78,7 +78,7 @@ def vllm_argv(settings: Settings, spec: ModelConfig, port: int, lora: LoraPlan) 
 
 
 #: ``VLLM_MAX_STOP_STRINGS`` for every vLLM vllama launches: the bound vllama checks itself on every route
-#: (``api/ollama_types.MAX_STOPS``, the same number; a test holds them equal).
+#: (``api/ollama/types.py``'s ``MAX_STOPS``, the same number; a test holds them equal).
 MAX_STOP_STRINGS = 64
 
 

@@ -150,7 +150,7 @@ class Supervisor:
         self._failures = 0  # failures in a row (the backoff's exponent; a crash loop at crash_loop_limit)
         self._ready_at = 0.0  # when the last start became ready (monotonic)
         self._evict_reason: Eviction | None = None
-        self._sleep_fails = False  # its first sleep and wake failed (issue 28): stopped, never put to sleep
+        self._sleep_fails = False  # its first sleep and wake failed: stopped, never put to sleep
         #: vLLM's own message when it rejected its arguments (a usage error): a configuration error.
         self.config_error: str | None = None
         self._weights_bytes: int | None = None
@@ -328,7 +328,7 @@ class Supervisor:
         match outcome:
             case Misconfigured(reason):
                 # vLLM's argparse refused its command line: no restart can fix that, only a new
-                # configuration does. Failed at once, with vLLM's own message (issue 19.9).
+                # configuration does. Failed at once, with vLLM's own message.
                 self._loading = False
                 self.last_error = reason
                 self.last_output = self.child.tail() if self.child else ""
@@ -397,7 +397,7 @@ class Supervisor:
         Closes the model to new requests only if none is in flight or waiting (one atomic step
         with the requests' own check, ``status.py``); a request that renewed keep_alive keeps it serving.
         """
-        # a slot claimed for another model ended this keep_alive early (slots.evict_idle): say so (issue 38)
+        # a slot claimed for another model ended this keep_alive early (slots.evict_idle): say so
         why: Eviction | KeepAliveExpired = self._evict_reason or (SlotWanted() if self.board.release_asked else KEEP_ALIVE)
         renewed = self._evict_reason is None and time.time() < self.board.expires_at
         if renewed or not self.board.try_close():
@@ -486,9 +486,9 @@ class Supervisor:
 
     async def _warm_sleep(self) -> Crashed | None:
         """One sleep and wake of a freshly started on-demand model that will sleep, before it is
-        ready (issue 28): vLLM's first sleep of a model is slow (2.0 s on the H200, pinning host
-        memory for the weights' backup; later ones 0.15 s: ``benchmarks/RESULTS.md``, "Issue 28 on
-        the H200"), so it is paid now, while requests wait for the start anyway, rather than by the
+        ready: vLLM's first sleep of a model is slow (2.0 s on the H200, pinning host
+        memory for the weights' backup; later ones 0.15 s: ``benchmarks/RESULTS.md``, sleep and
+        wake on the H200), so it is paid now, while requests wait for the start anyway, rather than by the
         first request for another model that evicts it. Both durations are logged (``sleep_warmed``).
 
         Its status says so meanwhile (its note). A failed sleep is logged and the model serves on,
@@ -692,7 +692,7 @@ class Supervisor:
             env = vllm_env(self.s, self.spec, sleep_mode=self.sleep_mode, lora=self._lora)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
-            # not there or not executable: no restart can fix it, only a new configuration (issue 26.1)
+            # not there or not executable: no restart can fix it, only a new configuration
             self.config_error = f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
             return Misconfigured(self.config_error)
         child = self.child
@@ -813,7 +813,7 @@ class Supervisor:
         ``LoraPlan.needs_restart``: not declared at launch, or larger LoRA limits).
 
         The created models are read only when the board's adapter count moved (a create's ``ADAPTERS``
-        message, ``StatusBoard.adapters_changed``), never on the health probe's clock (issue 42.3: the
+        message, ``StatusBoard.adapters_changed``), never on the health probe's clock (the
         create waited for that clock, 5 s, and every model read ``created.json`` and its adapters'
         configs every 5 s). In ``launch`` mode the restart is due at once (busy or not: it drains,
         :meth:`_drain`); in ``runtime`` mode, where only the LoRA limits can ask for it, once vLLM is

@@ -1,7 +1,7 @@
 """Children that die with vllama: the parent-death signal and the launch record.
 
 A ``vllm serve`` tree that outlives vllama holds its GPU memory (~120 GB on an H200)
-and makes the next start fail (issue 19). Three layers make that impossible:
+and makes the next start fail. Three layers make that impossible:
 
 1. **Parent-death signal.** Each launched child (vLLM's API server, vllama's own
    ``--workers``) asks the kernel for SIGTERM when its parent dies

@@ -4,7 +4,7 @@ vLLM's engine core (``VLLM::EngineCore``, one process per data-parallel rank) sc
 every step of every sequence in one busy Python thread. Under many streams that thread, not
 the GPU, sets the pace (TPOT), and the kernel's scheduler makes it share CPUs with vLLM's API
 servers, vllama's workers and the clients: it is preempted and migrated. Measured on the
-lent 16-CPU H200 (issue 11, ``benchmarks/RESULTS.md``), the same vLLM with its engine core
+lent 16-CPU H200 (``benchmarks/RESULTS.md``), the same vLLM with its engine core
 alone on one CPU streamed +25 % tokens/s at 256 streams and +27 % at 1,024 in a first,
 sequential run (36.9k vs 29.6k, 30.2k vs 23.8k), and +6 % / +11 % switched on and off in turn
 on one running server (33.4k vs 31.6k, 29.8k vs 26.8k; two CPUs for it were not clearly

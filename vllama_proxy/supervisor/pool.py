@@ -1,6 +1,6 @@
 """The models vllama runs: one :class:`Supervisor` per model, and who gets GPU memory.
 
-The pool decides and the supervisors act (issue 29): a model asks :meth:`ModelPool.admit` for room
+The pool decides and the supervisors act: a model asks :meth:`ModelPool.admit` for room
 before each start or wake and gets a verdict (``room.py``: admitted, refused with the fit report,
 or waiting with a note and the neighbour to evict); the pool's own record (:attr:`ModelPool.holds`)
 says which model holds its share of which GPUs, or only its CUDA context (asleep). The pool never
@@ -207,7 +207,7 @@ class ModelPool:
 
     def _protected(self, o: Supervisor, sup: Supervisor) -> bool:
         """Whether ``o`` may not be evicted for ``sup``: pinned, or an operator's model when ``sup`` is
-        an on-demand one and ``--protect-models`` is on (issue 27: one user's pulls took the
+        an on-demand one and ``--protect-models`` is on (one user's pulls took the
         production model off the GPU). An admin still unloads it with keep_alive 0."""
         return o.spec.pin or (sup.slot is not None and o.slot is None and self.s.protects_models())
 
@@ -275,7 +275,7 @@ class ModelPool:
         """While inside (``sup`` asks for room and may wait for it), the end of the last request of each
         model sharing a GPU with ``sup`` rings its ``IDLE`` (``StatusBoard.hearing_idle``), which
         :meth:`moved` turns into ``ROOM`` for ``sup``. Outside such a wait no request's end wakes an
-        owner loop (issue 42.4). The neighbours are those of the wait's start."""
+        owner loop. The neighbours are those of the wait's start."""
         with contextlib.ExitStack() as heard:
             for o in self._neighbours(sup):
                 heard.enter_context(o.board.hearing_idle())
@@ -296,7 +296,7 @@ class ModelPool:
                 return None
             self._shapes[sup.served_name] = shape
         # NVML numbers every GPU of the host and ignores CUDA_VISIBLE_DEVICES: a node given GPU 3
-        # that way reads GPU 3, not NVML's GPU 0 (another node's: issue 43's four-GPU run refused
+        # that way reads GPU 3, not NVML's GPU 0 (another node's: a four-GPU fleet run refused
         # a restarted node for the memory its neighbour held)
         ids = self._gpus(sup)
         memory = await asyncio.to_thread(gpu.memory, ids)

@@ -1,6 +1,6 @@
 """What the supervisor asks vLLM: ``/health``, ``/v1/models``, progress in ``/metrics``, and a request of its own.
 
-A hung engine still answers ``/health`` 200 (``shared/ollama-api.md`` "vLLM side"),
+A hung engine still answers ``/health`` 200 (``docs/wire.md`` "The upstream: what vLLM's server does"),
 so liveness of generation is read from Prometheus metrics: requests running or
 waiting while ``vllm:generation_tokens_total`` stands still makes the engine a suspect.
 The gauges alone are no evidence: an H200 vLLM kept reporting 6 requests pending and no
@@ -65,7 +65,7 @@ async def load(upstream: Upstream) -> Load | None:
     Only the three samples' lines are read (one regular expression over the text, in C): the
     supervisor runs in worker 0, which also serves requests, and prometheus_client's full parser
     took ~8 ms of its event loop per check on the H100 host (vLLM's text is hundreds of histogram
-    lines), stalling any request that arrived meanwhile (``benchmarks/RESULTS.md``, issue 28).
+    lines), stalling any request that arrived meanwhile (``benchmarks/RESULTS.md``).
     """
     try:
         async with upstream.request("GET", "/metrics") as resp:

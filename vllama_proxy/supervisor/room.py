@@ -2,7 +2,7 @@
 
 Plain values, no I/O. A supervisor (``lifecycle.py``) asks its pool (``pool.py``) for room before
 each start or wake; the pool answers with one verdict and keeps its own record of who holds which
-GPU, and only the supervisor writes its own state and status from the answer (issue 29, after
+GPU, and only the supervisor writes its own state and status from the answer (after
 llama-swap's ``Swapper``: the pool decides, the process's owner loop acts)::
 
     Admitted()                      its share is counted as taken: start or wake it now

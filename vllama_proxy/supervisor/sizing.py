@@ -2,7 +2,7 @@
 
 vLLM streams through its API-server process: with one (vLLM's default), detokenizing
 and writing SSE caps a 1.4 B model on an H200 at ~13-15k output tokens/s while the GPU
-does ~37-40k (issue 11, ``benchmarks/RESULTS.md``). vLLM's ``--api-server-count N`` (RFC
+does ~37-40k (``benchmarks/RESULTS.md``). vLLM's ``--api-server-count N`` (RFC
 #12705, PR #17546) runs N API-server processes on one port; vllama's ``--workers N`` does
 the same for the proxy. Both cost cores that the engine core (one busy core per GPU
 process) and the clients also need, and oversubscribing the cores starves the engine
@@ -10,7 +10,7 @@ core's scheduling loop, which idles the GPU. So the split is read from what this
 may really use: its CPU affinity and its cgroup's CPU quota (a container's ``--cpus``,
 a Kubernetes limit), not the host's core count.
 
-The rule (measured on the lent 16-core H200 machine, ``benchmarks/RESULTS.md``, issue 11):
+The rule (measured on the lent 16-core H200 machine, ``benchmarks/RESULTS.md``):
 one core per GPU process is kept for vLLM's engine; of the rest, half goes to vLLM's API
 servers (at least the data-parallel size, vLLM's own default; at most 8 per engine) and a
 quarter to vllama's workers (1 to 32): an API server spends several times the proxy's CPU
@@ -43,7 +43,7 @@ from vllama_proxy.settings import Settings
 from .gpu import host_numbers
 from .placement import Placement, plan_placement
 
-#: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200 (issue 11).
+#: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200.
 MAX_API_SERVERS_PER_ENGINE = 8
 #: Most vllama workers chosen automatically.
 MAX_AUTO_WORKERS = 32

@@ -16,17 +16,17 @@ request for another model gets a 503 naming them.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import math
 import time
 from typing import Any
 
+from vllama_proxy.ipc.arrays import spawn_context
 from vllama_proxy.errors import SlotsFull, UpstreamUnavailable
 from vllama_proxy.models.launch_spec import ModelConfig
 from . import eviction
 from .eviction import Candidate, Held, Need
 from .inbox import Kind
-from .shared_lock import SharedLock
+from vllama_proxy.ipc.lock import SharedLock
 from .states import State
 from .status import StatusBoard
 
@@ -45,7 +45,7 @@ class SlotTable:
     """
 
     def __init__(self, count: int, ports: list[int], *, workers: int, keep_alive: float, ctx: Any = None) -> None:
-        ctx = ctx or multiprocessing.get_context("spawn")
+        ctx = spawn_context(ctx)
         assert len(ports) == count
         self.ports = list(ports)
         self.boards = [StatusBoard("", ctx, slots=workers, keep_alive=keep_alive, initial=State.UNLOADED) for _ in range(count)]

@@ -13,18 +13,18 @@ Triton's ``TRITON_CACHE_DIR`` beside it unless set (not a ``VLLM_*`` variable: n
 compile cache's key).
 
 A model that sleeps (vLLM's sleep mode level 1: weights copied to CPU RAM, KV cache freed)
-answers again in about a second (0.6 s on an H100, issue 22) where a stopped one starts cold
+answers again in about a second (0.6 s on an H100) where a stopped one starts cold
 (100+ s). On-demand models (``--on-demand-sleep``), and the models configured with ``--model``
 or ``[[models]]`` whose ``sleep_mode`` is unset (``--sleep-on-stop``: ``vllama stop`` then run is a
-wake, issue 37), therefore run with ``--enable-sleep-mode`` by default when vLLM
+wake), therefore run with ``--enable-sleep-mode`` by default when vLLM
 runs on a GPU (vLLM has no sleep mode on CPU: ``Platform.is_sleep_mode_available``) and free
 host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
 supervisor checks RAM again when the model is put to sleep and stops it instead when it has
 become short (``why_not_asleep``). ``--no-on-demand-sleep`` and ``--no-sleep-on-stop`` turn it
 off; a model asleep for ``--sleep-unload-after`` is stopped for real.
 vLLM's first sleep of a model takes much longer than the next ones (2.0 s against 0.15 s on the
-H200, pinning host memory for the weights' backup: ``benchmarks/RESULTS.md``, "Issue 28 on the
-H200"), so such a model sleeps and wakes once as it starts, before it serves
+H200, pinning host memory for the weights' backup: ``benchmarks/RESULTS.md``, sleep
+and wake on the H200), so such a model sleeps and wakes once as it starts, before it serves
 (``lifecycle.Supervisor._warm_sleep``).
 """
 

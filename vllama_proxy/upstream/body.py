@@ -3,7 +3,7 @@ timeout (:class:`BodyWatch`), server-sent events (:class:`SSEDecoder`, :func:`it
 encoder of the bodies sent (:func:`encode_json`). Client errors are mapped by ``mapping.py``.
 
 A streamed body's idle-read timeout is :class:`BodyWatch`'s, not aiohttp's ``sock_read``: aiohttp
-re-arms a timer on every read (a few µs of each streamed token's CPU, issue 42); the watch looks
+re-arms a timer on every read (a few µs of each streamed token's CPU); the watch looks
 at the bytes received a few times per timeout instead.
 """
 
@@ -44,7 +44,7 @@ class BodyWatch:
 
     aiohttp's ``sock_read`` timeout cancels and re-arms a loop timer on every read from the
     socket (``ResponseHandler._reschedule_timeout``): ~2.5 µs of CPU per streamed token on
-    uvloop, each token being one read (issue 42). While the watch is on, the connection's
+    uvloop, each token being one read. While the watch is on, the connection's
     ``read_timeout`` is off (the public setter aiohttp itself uses for websockets) and one timer
     per stream fires every quarter of ``timeout``, comparing the body's ``total_bytes`` with the
     last look: four looks in a row with no new byte fail the body with aiohttp's own

@@ -3,8 +3,8 @@
 One ``aiohttp.ClientSession`` per app, with an unlimited connection pool and no
 total timeout: vLLM batches continuously, so a request may legitimately queue
 for minutes under load, and aiohttp's defaults (100 connections, 300 s total)
-would cap concurrency and kill queued requests (``shared/ollama-api.md``,
-"vLLM side"). Instead a connect timeout and an idle-read timeout apply.
+would cap concurrency and kill queued requests (``docs/wire.md``,
+"The upstream"). Instead a connect timeout and an idle-read timeout apply.
 
 Idle pooled connections retire after :func:`idle_lifetime` seconds, before vLLM's
 uvicorn closes them (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s): otherwise a request can be
@@ -12,14 +12,14 @@ written into a connection the server is closing. That race remains at the edge, 
 request that fails on a reused connection before any byte of the answer arrived is sent
 once more on a fresh connection (RFC 9112 section 9.3.1 allows retrying a request on a
 connection closed before its answer began; aiohttp does it only for idempotent methods,
-and every vLLM generation is a POST). Issue 12 lost 2 of 4,096 requests this way.
+and every vLLM generation is a POST). A 4,096-request run lost 2 this way before.
 
 A router's control calls (:meth:`Upstream.answer`: vllm-router's ``/finish_session`` after each request
 under ``--request-sessions``, ``/add_worker``, ``/remove_worker``) go on a few kept-alive connections of
 their own (:data:`CONTROL_CONNECTIONS`), not the requests' pool: at a wave of answers ending together each
 release found no idle connection (the answers' own were still waiting for their body's end) and opened one:
 a burst of connects at a router whose listen queue holds 128, and a pool a quarter larger (81 against 65
-connections per 512 requests of 64 streams on the 2-core VM, issue 43).
+connections per 512 requests of 64 streams on the 2-core VM).
 
 New connections open a bounded number at a time (``connect_concurrency`` per process, chosen by
 ``supervisor/sizing.py`` from vLLM's API servers and logged as ``front_end``): a burst's requests beyond
@@ -32,7 +32,7 @@ listen queue and kept the proxy's loop too busy to see its own connects complete
 A connect not answered within :data:`CONNECT_TRY_S` is tried again on a new socket, each try allowed twice
 the last one's time: a server whose listen queue is full drops the SYN, and Linux sends it again only after
 1 s, then 3 s (vllm-router 0.1.17 listens with a backlog of 128; a front opening ~1,000 connections to it at
-once had 430-917 of its first 1,024 requests wait 1-3 s, issue 43). A slow link costs a few short tries: a
+once had 430-917 of its first 1,024 requests wait 1-3 s). A slow link costs a few short tries: a
 0.3 s round trip connects on the second. A connect fails when ``connect_timeout`` passed both since it began
 and since this process last connected to that server: vLLM that accepts no connection at all for that long
 is gone or hung, while one that accepts slowly (its listen queue full of others' connections) is still
@@ -89,7 +89,7 @@ class Connector(aiohttp.TCPConnector):
     The pooled-connection note is what the retry of a request whose pooled connection closed before the
     answer began asks; instead of a ``TraceConfig``'s ``on_connection_reuseconn``: with any trace config
     aiohttp builds a ``Trace`` per request and awaits its signals at each step (request start, headers
-    sent, chunk sent, request end: ~5 awaits and their parameter objects on every request; issue 42.4).
+    sent, chunk sent, request end: ~5 awaits and their parameter objects on every request).
     ``connect`` is aiohttp's documented ``BaseConnector.connect``; the connections handed out are known by
     their protocol objects, held weakly (a closed one is forgotten with it).
 
@@ -170,7 +170,7 @@ async def _release_at_end(resp: aiohttp.ClientResponse) -> None:
     vLLM's uvicorn writes ``data: [DONE]`` and the chunked body's last chunk separately, and
     readers stop at ``[DONE]``; aiohttp closes a connection released before its body's end,
     so about every second request at low load paid a new connection to vLLM, landing on any
-    of its API servers (issue 19, item 10). Anything but the end within ``_END_WITHIN_S``
+    of its API servers (item 10). Anything but the end within ``_END_WITHIN_S``
     closes it, as before (vLLM then sees a disconnect).
     """
     try:
@@ -192,7 +192,7 @@ class Pool:
     (``client.Upstream`` per server, sharing it), started and closed once.
 
     Three sessions share the settings: the requests' (kept-alive, unbounded: admission bounds the
-    requests, ``api/admission.py``), the fresh one a request is sent again on when its pooled connection
+    requests, ``api/request/admission.py``), the fresh one a request is sent again on when its pooled connection
     was closed before the answer began (:meth:`send`), and the control calls' few kept-alive connections
     (:data:`CONTROL_CONNECTIONS`).
 
@@ -226,7 +226,7 @@ class Pool:
             skip_auto_headers=("User-Agent",),
         )
         budget = self.connect_timeout
-        # limit=0: the connections held are bounded by admission (api/admission.py), the ones opening here
+        # limit=0: the connections held are bounded by admission (api/request/admission.py), the ones opening here
         self._session = aiohttp.ClientSession(
             connector=Connector(opening=self.connect_concurrency, connect_budget=budget, limit=0, limit_per_host=0,
                                 keepalive_timeout=idle_lifetime(), enable_cleanup_closed=True),

@@ -1,4 +1,4 @@
-"""``/admin``: the operator's page (issue 39), server-rendered HTML with no script and no build step.
+"""``/admin``: the operator's page, server-rendered HTML with no script and no build step.
 
 What it shows: each model and its state, GPU memory (NVML), requests in flight per key, each key's
 tokens this day and month with a bar of its budget, the requests answered today by key and model,
@@ -12,7 +12,7 @@ URL. The cookie holds the key's name, an expiry and an HMAC-SHA-256 of both keye
 SHA-256 digest, which every worker knows from the keys file: valid on any worker, void once the key leaves
 the keys file (SIGHUP), and ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file in the state
 directory every worker reads). The sign-in form's body is read within 4 KB and ``--body-timeout``
-(``request_body.py``): anyone may post it. CSRF: the cookie is SameSite=Strict, the
+(``api/request/body_reader.py``): anyone may post it. CSRF: the cookie is SameSite=Strict, the
 page only reads, and the two POSTs refuse an ``Origin`` other than the page's own. Clickjacking and
 injection: ``frame-ancestors 'none'`` and a CSP without scripts; every value is HTML-escaped.
 Scripts and ``curl`` may send ``Authorization: Bearer <key>`` instead.
@@ -36,10 +36,10 @@ from aiohttp import web
 from vllama_proxy.errors import Forbidden, Unauthorized
 from vllama_proxy.supervisor import gpu
 from ..app_state import ADMISSION, CATALOG, KEYS, LEDGER, SETTINGS
-from ..budgets import budget_of
-from ..api_keys import KEY, OPEN, Key, KeyRing
-from ..ledger import iso, period_bounds
-from ..request_body import read_body
+from ..policy.budgets import budget_of
+from ..policy.keys import KEY, OPEN, Key, KeyRing
+from ..usage.ledger import iso, period_bounds
+from ..request.body_reader import read_body
 
 COOKIE = "vllama_admin"
 #: The app's sign-outs (:class:`SignOuts`, ``api/app.py`` makes it).
@@ -121,7 +121,7 @@ def _caller(request: web.Request) -> Key | None:
     ring = request.app[KEYS]
     if not ring.configured:
         return OPEN
-    if KEY in request:  # Authorization: Bearer (api/api_keys.py found it)
+    if KEY in request:  # Authorization: Bearer (api/policy/keys.py found it)
         return request[KEY]
     value = request.cookies.get(COOKIE)
     return cookie_key(ring, value, time.time(), _sign_outs(request)) if value else None

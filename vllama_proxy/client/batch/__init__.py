@@ -67,7 +67,7 @@ flight (``concurrency.QUEUE_FACTOR``), so vLLM's waiting queue is as deep as its
 batch, as offline ``LLM.generate`` keeps it: when a wave of requests of one length ends,
 every freed slot is refilled from vLLM's own queue, not after a round trip through the
 client (a lone client at 64 in flight streamed 0.78x of vLLM's offline ``LLM.generate`` on
-an H100, issue 28; a quarter more than ``max_running`` was the choice until issue 42). A
+an H100; a quarter more than ``max_running`` was an earlier choice). A
 server that does not say (another Ollama-API server, ``vllama serve --upstream`` without
 ``--max-running``) gets ``FALLBACK_CONCURRENCY``. The choice is printed. The open-file
 limit is raised to its hard limit when the connections need it.
