@@ -246,7 +246,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
-    ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)  # check_config read it
+    ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)
     if worker == 0:  # the prefix cache's tenants, decided once (api/policy/cache_salt.py)
         log.info("cache_isolation", mode=settings.cache_isolation if ring.configured else "off",
                  reason=("no API key: one tenant" if not ring.configured else
