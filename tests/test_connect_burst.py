@@ -9,6 +9,7 @@ is 0.8 s, under the kernel's 1 s before it sends a dropped SYN again (the code b
 400): 400 requests cannot all connect within it (4 s of accepts), and each must still be answered. With 0.5 s a CPU
 hog beside the suite starved the stand-in's accepts or vllama's loop past the budget (40 of 400 failed beside
 ``stress-ng --cpu 2``): a test of the machine, not of vllama.
+"""
 
 from __future__ import annotations
 
