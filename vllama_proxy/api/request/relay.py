@@ -1,18 +1,13 @@
 """vLLM's answer relayed to an Ollama client: the request goes upstream at once and the answer
 streams straight through a translator (``ollama/to_ollama.py``).
 
-:func:`relay` sends the body, feeds every decoded SSE chunk to the response's translator and
-writes what it returns: NDJSON out when the client streams (``ndjson.py``), one aggregated JSON
-object when it does not. Upstream is streamed, so TTFT (``prompt_eval_duration``) is measured
-the same way in both modes, except for a non-streamed request to a vLLM that reports
-per-request timings (``--enable-per-request-metrics``): then upstream is not streamed either
-(vLLM sends the answer once instead of an event per token) and the durations come from vLLM's
-``metrics`` (``to_ollama.unstreamed_timings``). The request's metrics (TTFT, TPOT, stage
-timings) are observed once per request (``metrics.py``).
-
-Source: ``docs/wire.md`` "Responses" (exactly one final chunk) and Ollama's
-``server/routes.go`` ``streamResponse`` (an error after the stream began is the last NDJSON
-line).
+:func:`relay` sends the body, feeds each decoded SSE chunk to the translator and writes what it
+returns: NDJSON when the client streams, one JSON object when not. Upstream is streamed in both modes,
+so TTFT is measured alike, except a non-streamed request to a vLLM with
+``--enable-per-request-metrics``, whose durations come from vLLM's ``metrics``
+(``to_ollama.unstreamed_timings``). Metrics are observed once per request. Source: ``docs/wire.md``
+"Responses" (exactly one final chunk) and Ollama's ``server/routes.go`` ``streamResponse`` (an error
+after the stream began is the last NDJSON line).
 """
 
 from __future__ import annotations
