@@ -5,6 +5,6 @@ only this package and the package root's wire helpers (``tests/test_import_graph
 list`` starts without pydantic-settings, structlog or aiohttp. ``main.py`` parses the command line
 and maps failures to a line and an exit status; ``commands.py`` has the handlers; ``api_client.py``
 is the blocking HTTP client; ``formatting.py`` prints as Ollama's CLI does; ``chat.py`` and
-``repl.py`` are ``vllama run``; ``create.py``, ``launch.py`` and ``usage.py`` their commands;
+``repl.py`` are ``vllama run``; ``create.py``, ``launch.py`` and ``usage.py`` the commands so named;
 ``batch/`` is ``vllama batch``.
 """
