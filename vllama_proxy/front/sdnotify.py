@@ -1,15 +1,13 @@
 """systemd service notifications (``sd_notify(3)``) for ``vllama serve`` under ``Type=notify``.
 
-What vllama tells systemd (``deploy/systemd/vllama.service``): ``STATUS=<state>: <reason>`` on
-every supervisor transition; ``READY=1`` once every model has settled (the proxy listens before
-vLLM is launched, so ``systemctl start`` returns when requests can be served); ``STOPPING=1`` once
-when shutdown begins; ``WATCHDOG=1`` every ``WatchdogSec/2`` from :func:`run_watchdog` while the
-supervisor's task is alive (``WATCHDOG=trigger`` when it died of an exception). The protocol is one
-``KEY=VALUE`` datagram to ``$NOTIFY_SOCKET`` (``@``: abstract namespace), written after systemd's
-reference implementation in the sd_notify(3) man page, "Notes"; why not a package:
-``docs/decisions.md``. Invariants: without ``$NOTIFY_SOCKET`` everything is a no-op, a failed send
-is logged, never raised; like ``sd_notify(unset_environment=1)``, :class:`Notifier` removes the
-``NOTIFY_SOCKET``/``WATCHDOG_*`` variables once read, so vLLM and the workers do not inherit them.
+vllama tells systemd (``deploy/systemd/vllama.service``) ``STATUS=<state>: <reason>`` on every
+supervisor transition; ``READY=1`` once every model has settled (the proxy listens before vLLM is
+launched); ``STOPPING=1`` once at shutdown; ``WATCHDOG=1`` every ``WatchdogSec/2`` from
+:func:`run_watchdog` while the supervisor's task lives (``WATCHDOG=trigger`` if it died). One
+``KEY=VALUE`` datagram to ``$NOTIFY_SOCKET``, after the reference implementation in sd_notify(3),
+"Notes" (why not a package: ``docs/decisions.md``). Invariants: without ``$NOTIFY_SOCKET`` all is a
+no-op; a failed send is logged, never raised; like ``sd_notify(unset_environment=1)``,
+:class:`Notifier` removes ``NOTIFY_SOCKET``/``WATCHDOG_*`` once read, so no child inherits them.
 """
 
 from __future__ import annotations

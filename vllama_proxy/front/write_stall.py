@@ -1,17 +1,14 @@
 """A client that stops reading does not keep its request forever (``--client-write-timeout``).
 
 A streaming client that stops reading fills its socket's buffers, and aiohttp's next ``write`` waits
-on ``drain()`` with no bound while the request keeps its admission place, its fair-share slot, its
-connection to vLLM and vLLM's work. The bound is kept by the connection's protocol, not by the
-writes: asyncio calls ``pause_writing()`` above the transport's high-water mark (64 KiB) and
-``resume_writing()`` below the low one; a :class:`WriteStall` lives between the two, a timer every
-quarter of the timeout checking whether the buffer shrank, and aborts the connection once it sat
-still for a whole timeout. Streamed tokens to a client that reads pass no timer and no check, so
-every write to a client (NDJSON, relayed SSE, a long body, pull progress) is bounded alike. The abort
-is a client disconnect to aiohttp: the handler is cancelled, the answer charged what was sent, the
-upstream request closed (vLLM aborts it), places given back; logged once (``client_write_stalled``)
-and counted (``vllama_client_write_stalls_total{route}``). Invariant: a stall, not a slow stream,
-as nginx's ``send_timeout``: a client that reads, however slowly, keeps its stream.
+with no bound while the request keeps its admission place, fair-share slot, vLLM connection and
+vLLM's work. The bound is kept by the protocol, not the writes: between asyncio's ``pause_writing()``
+(write buffer above 64 KiB) and ``resume_writing()``, a :class:`WriteStall` timer checks every quarter
+timeout whether the buffer shrank, and aborts once it sat still a whole timeout; tokens to a client
+that reads pass no timer. So every write to a client is bounded alike. The abort is a disconnect to
+aiohttp (handler cancelled, answer charged what was sent, upstream closed, places given back), logged
+once (``client_write_stalled``) and counted (``vllama_client_write_stalls_total{route}``). Invariant:
+a stall, not a slow stream, as nginx's ``send_timeout``: a client that reads, however slowly, keeps it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """Hugging Face models in the local cache: pull them (Ollama's ``/api/pull``) and delete them (``/api/delete``).
 
-A pull fills the Hugging Face cache vLLM loads from (``HF_HOME``/``HF_HUB_CACHE``) and reports it in
-Ollama's words: ``pulling manifest`` (``model_info`` + ``list_repo_tree``), ``pulling
-<sha256[:12]>`` per file (``digest``, ``total``, ``completed``; at most every 100 ms), ``verifying
-sha256 digest``, ``writing manifest`` (``refs/<revision>``, so the name resolves offline),
-``success``. A file's digest is the Hub's LFS sha256; a small git file is downloaded first and
-announced once, complete. Files go through ``hf_hub_download`` with a byte-counting ``tqdm_class``,
-so cache layout, locks, Xet transfers and ``HF_ENDPOINT``/``HF_TOKEN``/``HF_HUB_OFFLINE`` are the
-library's own; with safetensors present, weights vLLM never reads and ``original/`` are skipped.
-Invariants: a pull runs in a daemon thread of its own (not the default executor: a multi-GB
-download must neither starve ``to_thread`` work nor hold up shutdown), its events reach the loop
-through ``call_soon_threadsafe``, a consumer gone stops it at its next report, and every failure
-becomes a vllama error in one place, :func:`hub_error`.
+A pull fills the Hugging Face cache vLLM loads from and reports it in Ollama's words: ``pulling
+manifest``, ``pulling <sha256[:12]>`` per file (``digest``, ``total``, ``completed``, at most every
+100 ms; a small git file announced once, complete), ``verifying sha256 digest``, ``writing manifest``
+(``refs/<revision>``, so the name resolves offline), ``success``. Files go through ``hf_hub_download``
+with a byte-counting ``tqdm_class``, so cache layout, locks, Xet and ``HF_*`` variables are the
+library's own; with safetensors present, weights vLLM never reads are skipped. Invariants: a pull runs
+in a daemon thread of its own (a multi-GB download must neither starve ``to_thread`` work nor hold up
+shutdown), its events reach the loop by ``call_soon_threadsafe``, a consumer gone stops it at its next
+report, and every failure becomes a vllama error in one place, :func:`hub_error`.
 """
 
 from __future__ import annotations

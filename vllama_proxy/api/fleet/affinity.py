@@ -5,11 +5,10 @@ stays the same across turns: the model, the system messages and the first user m
 (``/api/chat``; the system messages alone with ``--session-key system``), the model and ``system``
 (``/api/generate``), or the agent's own conversation id (:func:`agent_key`). vllm-router's
 ``consistent_hash`` reads it from ``X-Session-ID`` (then ``X-User-ID``, then the body's ``user``:
-vllm-project/router ``src/policies/consistent_hash.rs``); a plain vLLM ignores it. A client's own key
-is scoped, hashed and bounded (:func:`client_key`, ``client_affinity.py``). With
-``--request-sessions`` a request with no key to share gets one of its own (:func:`placement`),
-released at its end (``router_release.py``), so ``sticky_least_loaded`` sends distinct prompts to the
-least loaded engine.
+``src/policies/consistent_hash.rs``). A client's own key is scoped, hashed and bounded
+(:func:`client_key`, ``client_affinity.py``). With ``--request-sessions`` a request with nothing to
+share gets a key of its own (:func:`placement`), released at its end (``router_release.py``), so
+``sticky_least_loaded`` sends distinct prompts to the least loaded engine.
 """
 
 from __future__ import annotations

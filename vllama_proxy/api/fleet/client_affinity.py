@@ -1,15 +1,14 @@
 """A client's own router key (its ``X-Session-ID``), scoped to its caller and bounded in flight.
 
-Before a router (``--upstream`` and a ``--session-header`` to send), the front sends each request
-under a key of its own (``affinity.py``); a client may send its own value of the session header or
-of ``X-User-ID`` (which vllm-router reads next: ``src/policies/hash_key.rs``) to keep its requests
-on one engine. Invariants: that value is **scoped to its caller** and hashed
-(:func:`~vllama_proxy.api.fleet.affinity.client_key`, its own BLAKE2b personalisation; the caller is
-the API key's name, ``-`` on an open server), so the router never sees a client's string and no
-caller can name another's key; and it is **bounded**: beyond :data:`IN_FLIGHT` requests per (caller,
-value) in flight at this process, one more is placed as if no value was sent. A node and
+Before a router (``--upstream`` and a ``--session-header``), the front sends each request under a key
+of its own (``affinity.py``); a client may send its own value of that header or of ``X-User-ID``
+(vllm-router's next: ``src/policies/hash_key.rs``) to keep its requests on one engine. Invariants: the
+value is **scoped to its caller** and hashed (:func:`~vllama_proxy.api.fleet.affinity.client_key`; the
+caller is the API key's name, ``-`` on an open server), so the router never sees a client's string and
+no caller can name another's key; and it is **bounded**: beyond :data:`IN_FLIGHT` requests per
+(caller, value) in flight here, one more is placed as if it had sent none. A node and
 ``--session-header ''`` pass the header as it came. O(1) per request, no lock (one dict per process,
-touched only on the event loop). Why: ``docs/decisions.md``.
+on the event loop). Why: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

@@ -2,14 +2,13 @@
 
 vllm-router's ``sticky_least_loaded`` places a new session key on the worker with the fewest live keys
 and counts it until ``POST /finish_session?session_id=KEY`` (vllm-project/router 0.1.17,
-``src/policies/sticky_least_loaded.rs``, ``src/server.rs``) or until it idles out. A request sent
-under a key of its own (``affinity.placement``) is released here when it ends, however it ends, so
-the router's count per worker is its requests in flight: join the shortest queue.
-Invariants: off the per-token path (a task after the answer ended, on the upstream's few kept-alive
-control connections, ``Upstream.answer``), bounded by :data:`RELEASE_TIMEOUT_S` and
-:data:`MAX_PENDING` per process (beyond, or after :meth:`RouterRelease.close`, not sent); a failure
-never reaches the client (the key then expires at the router) and is logged at warning once.
-Why the bounds: ``docs/decisions.md``.
+``src/policies/sticky_least_loaded.rs``, ``src/server.rs``) or until it idles out. A request sent under
+a key of its own (``affinity.placement``) is released here when it ends, however it ends, so the
+router's count per worker is its requests in flight: join the shortest queue. Invariants: off the
+per-token path (a task after the answer, on the upstream's kept-alive control connections,
+``Upstream.answer``), bounded by :data:`RELEASE_TIMEOUT_S` and :data:`MAX_PENDING` per process (beyond,
+or after :meth:`RouterRelease.close`, not sent); a failure never reaches the client (the key then
+expires at the router), logged at warning once. Why the bounds: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

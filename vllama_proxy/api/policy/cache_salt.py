@@ -1,17 +1,14 @@
 """Each API key's own share of vLLM's prefix cache: vLLM's ``cache_salt``, set per key (``--cache-isolation``).
 
-A tenant timing its own TTFT learns whether a prefix is cached, i.e. whether someone else sent it;
-vLLM's ``cache_salt`` enters the hash of a prompt's first block, so different salts share no block
-(vLLM docs "Automatic Prefix Caching", "Security"; ``vllm/v1/core/kv_cache_utils.py``). With
-``--cache-isolation key`` (the default) every request made with a key carries its key's salt:
-:func:`of_key` (BLAKE2b-256 of the name keyed with the secret's SHA-256: the same on every worker,
-front and restart, computed once per key in ``KeyRing.load``), :func:`salted` (a client's own salt
-combined with the key's, checked first as vLLM 0.30+ ``validate_cache_salt`` does), :func:`own_media`
-(media ``uuid``s hashed with the key's salt: vLLM uses them as its multimodal cache keys, which the
-salt does not enter). Invariant: a client may split its own cache further but can neither pick
-another key's salt nor opt out. ``off`` and a server without keys send none. Salted routes (vLLM
-0.32): chat and completions, responses, messages, embeddings, rerank, score; not ``count_tokens``
-nor the audio forms. Why the uuids too: ``docs/decisions.md``.
+A tenant timing its TTFT learns whether a prefix is cached, i.e. whether someone else sent it; vLLM's
+``cache_salt`` enters the hash of a prompt's first block (vLLM docs "Automatic Prefix Caching",
+"Security"; ``vllm/v1/core/kv_cache_utils.py``). With ``key`` (the default) every request of a key
+carries its key's salt: :func:`of_key` (BLAKE2b-256 of the name keyed with the secret's SHA-256,
+computed once per key in ``KeyRing.load``), :func:`salted` (a client's own salt combined with it, first
+checked as vLLM 0.30+ ``validate_cache_salt`` does), :func:`own_media` (media ``uuid``s, vLLM's
+multimodal cache keys, hashed with it). Invariant: a client may split its own cache further but can
+neither pick another key's salt nor opt out. ``off`` and a server without keys send none. Salted: the
+chat, completions, responses, messages and pooling routes (vLLM 0.32). Why: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

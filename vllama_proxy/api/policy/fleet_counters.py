@@ -1,17 +1,14 @@
 """Per-key counters shared by every front of a fleet (``--state-url redis://...``).
 
-Without it each front counts alone (``admission.py``, ``rate_limits.py``, ``fair_queue.py``), so
-a key gets its ``max_in_flight``, ``rpm`` and ``tpm`` once per front. With it, :class:`KeyState`
-(:class:`RedisKeyState`) also counts in Redis: :meth:`KeyState.admit` (one Lua script: the minute,
-then the requests in flight) and :meth:`KeyState.finish` (one script: the place back, tokens to the
-minute, the VTC service to the key's counter, the other fronts' service read); never per token.
-Keys under ``PREFIX``: ``holders`` (live counting processes), ``inflight:<holder>`` (expires
-``HOLDER_TTL`` s after its process's last heartbeat), ``rpm|tpm:<key>:<minute>`` (2 minutes),
-``served:<key>`` (front -> service, ``SERVED_TTL``), ``budget_holders`` / ``budget:<holder>``
-(``budgets.py``'s reservations). Invariant: a store that cannot be reached fails open to the
-front's own counts (kept all along), asked again after ``RETRY_AFTER_FAILURE`` s; a place given back
-meanwhile is given back there later. Behaviour and measurements: ``docs/fleet.md`` "Limits that
-hold across fronts".
+Without it each front counts alone (``admission.py``, ``rate_limits.py``, ``fair_queue.py``), so a key
+gets its limits once per front. With it :class:`RedisKeyState` also counts in Redis, one Lua script at
+admission (:meth:`KeyState.admit`: the minute, then the requests in flight) and one at the end
+(:meth:`KeyState.finish`: place back, tokens, VTC service, the other fronts' service read), never per
+token. Keys under ``PREFIX``: ``holders``, ``inflight:<holder>`` (``HOLDER_TTL`` after the last
+heartbeat), ``rpm|tpm:<key>:<minute>``, ``served:<key>`` (``SERVED_TTL``), ``budget_holders`` /
+``budget:<holder>`` (``budgets.py``'s reservations). Invariant: an unreachable store fails open to the
+front's own counts (kept all along), is asked again after ``RETRY_AFTER_FAILURE`` s, and gets back a
+place given back meanwhile. Behaviour and numbers: ``docs/fleet.md`` "Limits that hold across fronts".
 """
 
 from __future__ import annotations

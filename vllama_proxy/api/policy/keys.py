@@ -1,17 +1,14 @@
 """The clients' API keys with roles: who may do what, and whose share a request counts in.
 (The aiohttp app's own typed keys are ``app_state.py``'s.)
 
-Keys come from ``--api-key`` (each an admin key) and ``--api-key-file``: one key a line (each an
-admin key), or TOML ``[[keys]]`` tables (:class:`KeyEntry`: name, key or sha256, role, models and
-the key's limits; the format: ``docs/configuration.md`` "The keys file"). Roles, after LiteLLM's
-admin and virtual keys and Open WebUI: a **user** runs, lists, shows and loads the models it may
-use; an **admin** also manages models and the server; a **metrics** key reads only the metrics.
-Which role reaches which route is ``route_roles.py``'s one table, checked by :func:`middleware`
-before anything else (a route not in it is 404, never relayed).
+Keys come from ``--api-key`` (admin keys) and ``--api-key-file``: one key a line (admin keys), or TOML
+``[[keys]]`` tables (:class:`KeyEntry`; the format: ``docs/configuration.md`` "The keys file"). Roles,
+after LiteLLM's admin and virtual keys and Open WebUI: a **user** runs, lists, shows and loads the
+models it may use; an **admin** also manages models and the server; **metrics** reads the metrics.
+Which role reaches which route is ``route_roles.py``'s table, checked by :func:`middleware` first.
 Invariants: a key is found by the SHA-256 of what the client sends (one hash, one dict lookup, no
-early-exit comparison); ``SIGHUP`` rereads the file in every worker, and a file that no longer
-parses leaves the keys as they were; with no key the server is open and every caller an admin, as
-Ollama is. Refusals: 401, 403 naming what the role may not do, 429 over a key's own limit.
+early-exit comparison); ``SIGHUP`` rereads the file in every worker, and a file that no longer parses
+leaves the keys as they were; with no key the server is open and every caller an admin, as Ollama.
 """
 
 from __future__ import annotations

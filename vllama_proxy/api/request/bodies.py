@@ -2,15 +2,13 @@
 ``/v1/embeddings``, ``/v1/rerank``, ``/v1/score``, ``/v1/responses``) and Anthropic's (``/v1/messages``,
 ``/v1/messages/count_tokens``), as vLLM 0.32's ``protocol.py`` of each endpoint names their fields.
 
-Invariants: every field a policy of vllama's reads (model, streaming and its usage, sequences, tokens,
-stops, logprobs, inputs, priority, cache salt) has exactly one JSON type here, strictly, because
-vLLM's pydantic models are lax (``"n": "8"`` and ``8.0`` are 8, ``"stream": 1`` is true) and a check of
-one spelling while vLLM reads another would be a hole: another spelling is a 400 naming the field
-(``gate.py``). Other fields are kept unchecked (``extra="allow"``; ``user_fields.py`` decides for user
-keys). What goes upstream is :func:`fields` of the typed body, never the client's dict.
-:meth:`Body.sequences` (``--max-choices``) is ``n`` x a completion's prompts; :meth:`Body.inputs`
-(``--max-inputs``, the fair queue's charge) counts each entry vLLM makes an engine request of
-(``entrypoints/pooling/base/serving.py``); OpenAI's embeddings API takes at most 2,048 inputs.
+Invariants: every field a policy reads has exactly one JSON type here, strictly, because vLLM's
+pydantic models are lax (``"n": "8"`` is 8, ``"stream": 1`` true) and a check of one spelling while
+vLLM reads another would be a hole: another spelling is a 400 naming the field (``gate.py``). Other
+fields are kept unchecked (``extra="allow"``; ``user_fields.py`` decides for user keys); what goes
+upstream is :func:`fields` of the typed body, never the client's dict. :meth:`Body.sequences` is ``n``
+x the prompts; :meth:`Body.inputs` counts each entry vLLM makes an engine request of
+(``entrypoints/pooling/base/serving.py``; OpenAI's embeddings API takes at most 2,048).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The usage ledger: one row per inference request of a known key (answered or refused), kept in a database.
 
-The settler (``settler.py``) appends a :class:`~vllama_proxy.api.usage.store.Row` to this process's
-list (:meth:`Ledger.record`: no lock, no I/O, no await); a task of each process writes the list in one
-transaction every ``--usage-flush-interval`` s or ``--usage-flush-rows`` rows, in a worker thread
-(``api/usage/store.py``). Each ``--workers`` process has its own ledger and connection to the shared
-database. A clean stop writes every row first; a ``kill -9`` loses at most the last flush interval's
-rows. Budgets read usage without a round trip per request (:meth:`Ledger.used`): running totals per
-key for the day and month, refreshed every ``--usage-refresh-interval`` s from the rows written since
-the last refresh (by row id), plus this process's unwritten rows; the whole period is recounted at
-start, when a day or month begins, and with PostgreSQL every :data:`RECOUNT_INTERVAL` s, because a
-row whose transaction began first may become visible after rows with higher ids.
+The settler appends a :class:`~vllama_proxy.api.usage.store.Row` to this process's list
+(:meth:`Ledger.record`: no lock, no I/O, no await); a task writes the list in one transaction every
+``--usage-flush-interval`` s or ``--usage-flush-rows`` rows, in a worker thread (``store.py``). Each
+worker has its own ledger and connection to the shared database. A clean stop writes every row first;
+a ``kill -9`` loses at most the last flush interval's rows. Budgets read usage with no round trip
+(:meth:`Ledger.used`): per-key day and month totals refreshed every ``--usage-refresh-interval`` s from
+the rows since the last (by row id), plus unwritten rows; recounted whole at start, when a period
+begins, and with PostgreSQL every :data:`RECOUNT_INTERVAL` s (a row may become visible after higher ids).
 """
 
 from __future__ import annotations

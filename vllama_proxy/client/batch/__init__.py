@@ -5,11 +5,10 @@
     vllama batch requests.jsonl -o results.jsonl [--concurrency N] [--host URL] [--api-key KEY]
                  [--retries 5] [--retry-backoff 1.0] [--read-timeout 3600] [--restart | --retry-failed]
 
-Invariant: every input line ends up exactly once in the output, across crashes and resumed runs:
-each result is appended as one ``write`` when it finishes, a torn last line is truncated on start,
-and lines already answered are skipped. Input, output, retries, exit codes and the default
-concurrency (twice the server's ``max_running``, ``concurrency.QUEUE_FACTOR``) are specified in
-``docs/api.md`` "Batch jobs"; why twice: ``docs/decisions.md``.
+Invariant: every input line ends up exactly once in the output, across crashes and resumed runs: each
+result is appended as one ``write`` when it finishes, a torn last line is truncated on start, lines
+already answered are skipped. Input, output, retries, exit codes and the default concurrency (twice
+the server's ``max_running``; why: ``docs/decisions.md``) are in ``docs/api.md`` "Batch jobs".
 """
 
 from .cli import build_parser, main
