@@ -1,24 +1,17 @@
 """Fit before start: will a model's vLLM fit in the GPU memory it would get?
 
-vLLM exits at start when less than ``--gpu-memory-utilization`` x the GPU's memory is free, or
-when its KV cache cannot hold one request of ``--max-model-len``; under a supervisor either exit
-is a crash loop. This module computes the same sums from the model's own files first:
+vLLM exits at start when less than ``--gpu-memory-utilization`` x the GPU is free, or when its KV cache
+cannot hold one request of ``--max-model-len``; under a supervisor either is a crash loop. This module
+computes the same sums from the model's own files first:
 
     needed per GPU = weights / (tp x pp) + KV bytes per token / (tp x pp) x context + overhead
 
-weights from the safetensors headers (floating-point tensors in the dtype vLLM runs, quantized
-ones as stored; ``.bin``/``.pt`` by file size), KV per token = 2 x layers x KV heads x head_dim x
-KV dtype bytes (tp splits the KV heads, at least one per GPU; pp the layers), context from
-``--max-model-len`` or as vLLM derives it from ``config.json`` (``rope_scaling`` included),
-overhead :data:`OVERHEAD_BYTES`.
-
-Invariant: **the estimate is a floor.** A model refused here cannot start with its arguments; where
-the files leave the sum open (MLA latents, sliding windows, hybrid Mamba layers, activations) the
-smaller reading is taken and said in :attr:`Estimate.notes`; draft models, LoRA adapters and
-multi-modal caches are not counted, and ``--kv-cache-memory`` or ``--max-model-len auto`` leave the
-context out. How each case is read, and why the overhead is the small end: ``docs/decisions.md``.
-Pure functions: the only I/O is reading ``config.json`` and safetensors headers (:func:`read_shape`);
-GPU numbers are passed in (``supervisor/pool.py``).
+(weights from the safetensors headers, KV per token = 2 x layers x KV heads x head_dim x dtype bytes,
+context as vLLM derives it, overhead :data:`OVERHEAD_BYTES`). Invariant: **the estimate is a floor**:
+a model refused here cannot start with its arguments; where the files leave the sum open (MLA, sliding
+windows, hybrid layers, activations) the smaller reading is taken and said in :attr:`Estimate.notes`.
+Each reading and the overhead's measurement: ``docs/decisions.md``. Pure functions: the only I/O is
+``config.json`` and safetensors headers (:func:`read_shape`); GPU numbers are passed in (``supervisor/pool.py``).
 """
 
 from __future__ import annotations
@@ -36,11 +29,9 @@ from .model_files import _load_json, read_safetensors_header
 GiB = 1 << 30
 
 #: vLLM's memory beyond weights and KV cache on one GPU: peak activations of its profiling run,
-#: CUDA graphs, and "non-torch" memory (NCCL, cuBLAS workspaces). Measured in this project
-#: (``benchmarks/RESULTS.md``, "Several models on one GPU", run 2, vLLM 0.26.0 on an H200):
-#: ``--gpu-memory-utilization 0.4`` × 139.8 GiB = 55.92 GiB requested, 52.49 GiB of KV cache,
-#: 1.359 B bf16 parameters = 2.53 GiB of weights, leaving 0.90 GiB. The CUDA context itself
-#: is outside the utilization (the pool's ``--gpu-context-share``).
+#: CUDA graphs, and "non-torch" memory (NCCL, cuBLAS workspaces), as measured on an H200
+#: (``docs/decisions.md``, "The fit check is a floor"). The CUDA context itself is outside the
+#: utilization (the pool's ``--gpu-context-share``).
 OVERHEAD_BYTES = int(0.9 * GiB)
 
 #: Bits per weight of a 4-bit AWQ/GPTQ checkpoint with group size 128: 4 bits, plus a 16-bit

@@ -37,8 +37,8 @@ from .status import StatusBoard
 
 log = get_logger("vllama.pool")
 
-#: The CUDA context of a loaded vLLM, outside its ``--gpu-memory-utilization`` (H200, vLLM 0.26:
-#: 0.5 of the GPU + 0.6 GiB held; ``benchmarks/RESULTS.md``, "Why the pool counts a CUDA context").
+#: The CUDA context of a loaded vLLM, outside its ``--gpu-memory-utilization`` (as measured:
+#: ``docs/decisions.md``, "GPU memory is shared in vLLM's own terms").
 START_CONTEXT_BYTES = int(0.6 * fit.GiB)
 
 #: A GPU's whole memory, in shares; a hair over 1 so that 0.3 + 0.7 fits despite float rounding.
@@ -219,7 +219,7 @@ class ModelPool:
         if loading:
             # vLLM sizes its KV cache from the GPU memory it sees free while it starts: two
             # starting at once on one GPU each count the other's allocations as their own
-            # (measured on the H200: the second got 5.9 of its 56 GB). One start at a time.
+            # (docs/decisions.md). One start at a time.
             where = "the same GPU" if self.device == "GPU" else f"the {self.device}"
             return Waiting(f"waiting for {', '.join(loading)} to finish loading on {where}", neighbour_loading=True)
         if self.fits(sup):
@@ -306,8 +306,8 @@ class ModelPool:
                 else:
                     reclaimable += held
             # its own CUDA context, made before vLLM reads the free memory: the pool's share for it,
-            # at most the 0.6 GiB a loaded vLLM held on the H200 (benchmarks/RESULTS.md; the share's
-            # 0.01 covers the 1.4 GiB of a sleeping one), so that the check refuses no start vLLM allows
+            # at most START_CONTEXT_BYTES (the share's 0.01 covers a sleeping one's; docs/decisions.md),
+            # so that the check refuses no start vLLM allows
             context = 0 if asleep_self else min(int(self.s.gpu_context_share * total), START_CONTEXT_BYTES)
             rooms.append(fit.GpuRoom(i, total, free, reclaimable, context))
         return rooms, list(pinned.items())

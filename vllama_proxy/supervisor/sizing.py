@@ -30,7 +30,7 @@ from vllama_proxy.settings import Settings
 from .gpu import host_numbers
 from .placement import Placement, plan_placement
 
-#: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200.
+#: Most vLLM API servers per engine (data-parallel rank; docs/decisions.md).
 MAX_API_SERVERS_PER_ENGINE = 8
 #: Most vllama workers chosen automatically.
 MAX_AUTO_WORKERS = 32

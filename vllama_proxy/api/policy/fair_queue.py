@@ -1,20 +1,16 @@
 """A weighted fair queue in front of vLLM's running slots, shared by every worker.
 
-At most ``capacity`` requests (vLLM's running capacity, ``--max-num-seqs`` x data-parallel size summed
-over models) are upstream at once; the rest wait here, one queue per key, and each freed place goes
-to the backlogged key with the highest ``priority``, then the smallest virtual token counter, then
-the fewest requests upstream (VTC, "Fairness in Serving Large Language Models", Sheng et al.,
-OSDI'24). A request costs ``W_OUT`` per output token + ``prompt_weight`` x prompt tokens
-(``--fair-prompt-weight``, default :data:`W_IN` = 0; an embeddings/rerank/score input ``W_OUT``
-each), divided by the key's ``weight``, charged at dispatch as an estimate and settled at the end
-(:meth:`_bounded` keeps a key at most two requests' cost ahead). A key that becomes backlogged is
-lifted to the smallest backlogged counter: idling earns no credit. While two keys are active (within
-``linger``), heavy keys leave the last ``reserve`` places free (``--fair-reserve``) and, while a light
-key is active, run at most ``light_running`` (``--fair-light-running``). The rules in full:
-``docs/configuration.md`` "Fair share"; why each, with its numbers: ``docs/decisions.md``.
-Invariant: the state lives in shared memory under :class:`~vllama_proxy.ipc.lock.SharedLock`
-(one lock at each end of a request, none per token), so the order is the server's, not a worker's;
-the process that frees a place grants it and rings the waiter's worker's
+At most ``capacity`` requests (vLLM's running capacity) are upstream at once; the rest wait here, one
+queue per key, and each freed place goes to the backlogged key with the highest ``priority``, then the
+smallest virtual token counter, then the fewest upstream (VTC, Sheng et al., OSDI'24). A request costs
+``W_OUT`` per output token + ``--fair-prompt-weight`` (:data:`W_IN`) per prompt token (a pooling input
+``W_OUT``), over the key's ``weight``: estimated at dispatch, settled at the end (:meth:`_bounded`). A
+newly backlogged key is lifted to the smallest backlogged counter: idling earns no credit. Heavy keys
+leave ``--fair-reserve`` places free and, while a light key is active, run at most
+``--fair-light-running``. Rules: ``docs/configuration.md`` "Fair share"; why, with numbers:
+``docs/decisions.md``. Invariant: the state is in shared memory under
+:class:`~vllama_proxy.ipc.lock.SharedLock` (once at each end of a request, never per token), so the
+order is the server's; the process that frees a place rings the waiter's worker's
 :class:`~vllama_proxy.ipc.bells.Bell`: no polling, no sleep.
 """
 
