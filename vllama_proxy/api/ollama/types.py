@@ -24,11 +24,12 @@ StrOrList = Union[str, list[str]]
 
 #: Most entries of a request's ``stop`` (strings), ``stop_token_ids`` and ``bad_words`` (``/v1``). vLLM pays for
 #: each on every token, in loops every request shares: its API server checks each stop string against the new
-#: text (``check_stop_strings``; the costs measured: ``docs/decisions.md``), its scheduler looks a token up
-#: in the stop-token list, its sampler walks the bad words, each step of the whole batch. vLLM 0.32 bounds
-#: them itself, in its own words (checked on the CPU build): ``stop`` at ``VLLM_MAX_STOP_STRINGS`` (4 by default: vllama launches it with this bound,
-#: ``supervisor/launch.py``, since Ollama's clients send more), ``bad_words`` at 128 tokens,
-#: ``stop_token_ids`` to the vocabulary; an older vLLM may not. OpenAI's API takes 4 stop strings.
+#: text (``check_stop_strings``), its scheduler looks a token up in the stop-token list, its sampler walks the
+#: bad words, each step of the whole batch (the costs measured: ``docs/decisions.md``). vLLM 0.32 bounds them
+#: itself, in its own words (checked on the CPU build): ``stop`` at ``VLLM_MAX_STOP_STRINGS`` (4 by default:
+#: vllama launches it with this bound, ``supervisor/launch.py``, since Ollama's clients send more),
+#: ``bad_words`` at 128 tokens, ``stop_token_ids`` to the vocabulary; an older vLLM may not. OpenAI's API
+#: takes 4 stop strings.
 MAX_STOPS = 64
 
 
