@@ -127,9 +127,8 @@ def adapter_mode(setting: str, vllm_args: Iterable[str]) -> AdapterMode:
     ``runtime``).
 
     ``auto``: ``launch`` when vLLM runs more than one API server, since runtime loading would cut them
-    to one (on the H200, one API server streamed ~16k tok/s at 256 streams, eight ~29k:
-    ``benchmarks/RESULTS.md``); else ``runtime``, which costs nothing then and makes a create
-    answer at once instead of after a restart (0.08 s against 113 s for LoRA's first start).
+    to one; else ``runtime``, which costs nothing then and makes a create answer at once instead of
+    after a restart (the numbers: ``docs/decisions.md``).
     """
     if setting in ADAPTER_MODES:
         return AdapterMode(setting, f"--adapters {setting}")

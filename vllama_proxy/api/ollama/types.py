@@ -54,9 +54,8 @@ class Options(TypedDict, total=False):
 
     A ``TypedDict``, not a model: pydantic checks only the keys sent and builds no 36-field
     instance, and ``translate`` reads what was sent without dumping every field (pydantic's
-    "Performance" docs, "Use TypedDict over nested models"; on the 2-core VM the body's cold
-    validation ~24 -> ~17 µs and ``sampling_params`` ~15 -> ~7 µs). A sent ``null`` is
-    kept as ``None``: readers skip it as unset.
+    "Performance" docs, "Use TypedDict over nested models"; measured: ``docs/decisions.md``). A sent
+    ``null`` is kept as ``None``: readers skip it as unset.
 
     Sampling keys map onto vLLM's sampling parameters; runner keys (``num_ctx``,
     ``num_gpu``, ``num_thread``, ...) have no per-request meaning in vLLM and are

@@ -76,8 +76,7 @@ def own_media(body: dict[str, Any], salt: str | None) -> None:
     keyed with ``salt`` (personalisation ``vllama-media``). ``salt`` ``None``: left as sent.
 
     Per request, never per token: two dictionary looks a message or part, none into text or anything
-    beside ``content`` (100 text messages: 22 us on the loaded 2-core machine, about an ``orjson.loads``
-    of their 27 kB; a scan of the body for ``uuid`` first cost as much as the walk it would save).
+    beside ``content`` (its cost: ``docs/decisions.md``).
     """
     if salt is None:
         return

@@ -40,8 +40,7 @@ async def in_own_task(loop: Coroutine[Any, Any, _T]) -> _T:
     ``Application._handle``, its ``_fix_request_current_app``, each of vllama's middlewares
     (``api/app.py``), the route and ``answer.py``: 10 to 12 frames resumed for every token a stream
     relays (``tests/test_token_path.py``). In its own task a read resumes the loop's frames
-    only: 4-7 % less CPU per token at 16 and 64 streams (``benchmarks/RESULTS.md``, "A token's read
-    off the middlewares' chain"), for ~2.6 µs per request. The handler awaits the task, so the task's result, its errors and a
+    only, for less CPU per token at a small cost per request (``docs/decisions.md``). The handler awaits the task, so the task's result, its errors and a
     cancellation pass as before: the client gone, aiohttp cancels the handler's task, which cancels
     the task it waits for. The task runs in a copy of the request's context (``request_id`` in the
     log lines); it costs one task per request.
