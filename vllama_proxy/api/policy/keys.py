@@ -1,14 +1,16 @@
 """The clients' API keys with roles: who may do what, and whose share a request counts in.
 (The aiohttp app's own typed keys are ``app_state.py``'s.)
 
-Keys come from ``--api-key`` (admin keys) and ``--api-key-file``: one key a line (admin keys), or TOML
-``[[keys]]`` tables (:class:`KeyEntry`; the format: ``docs/configuration.md`` "The keys file"). Roles,
-after LiteLLM's admin and virtual keys and Open WebUI: a **user** runs, lists, shows and loads the
-models it may use; an **admin** also manages models and the server; **metrics** reads the metrics.
-Which role reaches which route is ``route_roles.py``'s table, checked by :func:`middleware` first.
-Invariants: a key is found by the SHA-256 of what the client sends (one hash, one dict lookup, no
-early-exit comparison); ``SIGHUP`` rereads the file in every worker, and a file that no longer parses
-leaves the keys as they were; with no key the server is open and every caller an admin, as Ollama.
+Keys come from ``--api-key`` (admin keys) and ``--api-key-file`` (one key a line, or TOML ``[[keys]]``
+tables, :class:`KeyEntry`: ``docs/configuration.md`` "The keys file"). Roles, after LiteLLM and Open
+WebUI: **user** (its models), **admin** (also models and the server), **metrics**. Invariants: a key is
+found by the SHA-256 of what the client sends (one hash, one dict lookup, no early-exit comparison);
+``SIGHUP`` rereads the file in every worker, one that no longer parses leaves the keys as they were;
+with no key every caller is an admin, as in Ollama.
+
+Which role reaches which route is ``route_roles.py``'s one table (checked by :func:`middleware`
+before anything else runs: a route not in it is 404 and never relayed); a check inside a handler
+uses :func:`require_admin`.
 """
 
 from __future__ import annotations
