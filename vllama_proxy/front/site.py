@@ -247,10 +247,16 @@ def catch_stop_signals(hurry: asyncio.Event | None = None, reload: Callable[[], 
     return got
 
 
-def per_address_cap(given: int | None, nofile: int) -> int:
-    """``--max-connections-per-address``, else a quarter of the open-file limit: one client may
-    never take every file of a process (each stream holds two sockets)."""
-    return given if given is not None else max(nofile // 4, 64)
+def per_address_cap(given: int | None, nofile: int, total: int | None = None) -> int:
+    """``--max-connections-per-address``, else three quarters of the process's connection cap
+    (``total``, :func:`total_cap` of ``nofile`` when not given): one client may never take every
+    connection of a process, and others always keep a quarter of them. A lone client (a load
+    balancer, a front end, a batch job) is not refused while three quarters are free: a quarter of
+    the open-file limit, the cap before, closed 80 of a 20,000-request burst from one address on a
+    host whose limit was 20,000 (``docs/decisions.md``)."""
+    if given is not None:
+        return given
+    return max((total if total is not None else total_cap(None, nofile)) * 3 // 4, 64)
 
 
 def total_cap(given: int | None, nofile: int) -> int:
@@ -263,8 +269,9 @@ def total_cap(given: int | None, nofile: int) -> int:
 def connection_caps(settings_per_address: int | None, settings_total: int | None, nofile: int) -> dict[str, int]:
     """``per_address`` and ``total`` for :func:`start_site`, chosen from the open-file limit unless
     given, and logged once with where each came from."""
-    caps = {"per_address": per_address_cap(settings_per_address, nofile), "total": total_cap(settings_total, nofile)}
+    total = total_cap(settings_total, nofile)
+    caps = {"per_address": per_address_cap(settings_per_address, nofile, total), "total": total}
     log.info("connection_caps", open_files=nofile, **caps,
-             per_address_from="--max-connections-per-address" if settings_per_address is not None else "open-file limit / 4",
+             per_address_from="--max-connections-per-address" if settings_per_address is not None else "3/4 of the total cap",
              total_from="--max-connections" if settings_total is not None else "open-file limit / 2 - 256")
     return caps

@@ -142,7 +142,7 @@ class ClientConnections(BaseModel):
     max_connections_per_address: int | None = Field(
         None, ge=1,
         description="Open connections one client may hold in each vllama process, an IPv4 address or an IPv6 /64 "
-        "(default: a quarter of the process's open-file limit); more are closed at once.",
+        "(default: three quarters of --max-connections, so others keep a quarter); more are closed at once.",
     )
     max_connections: int | None = Field(
         None, ge=1,
