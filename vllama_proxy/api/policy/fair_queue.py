@@ -3,15 +3,12 @@
 At most ``capacity`` requests (vLLM's running capacity) are upstream at once; the rest wait here, one
 queue per key, and each freed place goes to the backlogged key with the highest ``priority``, then the
 smallest virtual token counter, then the fewest upstream (VTC, Sheng et al., OSDI'24). A request costs
-``W_OUT`` per output token + ``--fair-prompt-weight`` (:data:`W_IN`) per prompt token (a pooling input
-``W_OUT``), over the key's ``weight``: estimated at dispatch, settled at the end (:meth:`_bounded`). A
-newly backlogged key is lifted to the smallest backlogged counter: idling earns no credit. Heavy keys
-leave ``--fair-reserve`` places free and, while a light key is active, run at most
-``--fair-light-running``. Rules: ``docs/configuration.md`` "Fair share"; why, with numbers:
-``docs/decisions.md``. Invariant: the state is in shared memory under
-:class:`~vllama_proxy.ipc.lock.SharedLock` (once at each end of a request, never per token), so the
-order is the server's; the process that frees a place rings the waiter's worker's
-:class:`~vllama_proxy.ipc.bells.Bell`: no polling, no sleep.
+``W_OUT`` per output token + ``--fair-prompt-weight`` (:data:`W_IN`) per prompt token over the key's
+``weight``, estimated at dispatch and settled at the end (:meth:`_bounded`); a newly backlogged key is
+lifted to the smallest backlogged counter. Heavy keys leave ``--fair-reserve`` places free and, while a
+light key is active, run at most ``--fair-light-running``. Rules: ``docs/configuration.md`` "Fair
+share"; why: ``docs/decisions.md``. Invariant: the state is in shared memory under ``ipc/lock.py``'s
+lock (once at each end of a request), and the freer of a place rings the waiter's ``ipc/bells.py`` bell.
 """
 
 from __future__ import annotations
