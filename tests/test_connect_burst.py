@@ -1,5 +1,5 @@
 """A burst is held, not failed: more requests at once than vLLM's listen queue takes wait in vllama for their
-turn to connect (``upstream.py``, ``--connect-concurrency``), and a connect fails only when vLLM accepted none of
+turn to connect (``upstream/pool.py``, ``--connect-concurrency``), and a connect fails only when vLLM accepted none of
 them for ``--connect-timeout``.
 
 5,000 non-streamed requests at once through ``vllama serve --upstream`` beside a CPU hog answered 4 of 5,000: the

@@ -231,7 +231,7 @@ def test_only_the_app_reaches_into_the_routes() -> None:
 
 
 #: What the translators (``api/ollama/to_openai.py``, ``to_ollama.py``) may import of the package: the error tree, what a model
-#: is, the Ollama wire types and the clock of durations; of ``upstream.py`` only its body encoder.
+#: is, the Ollama wire types and the clock of durations; of ``upstream/`` only its body encoder.
 TRANSLATE_MAY_IMPORT = (f"{PKG}.errors", f"{PKG}.models", f"{PKG}.api.ollama.types", f"{PKG}.api.ollama.timestamps",
                         f"{PKG}.api.ollama.to_openai", f"{PKG}.api.ollama.to_ollama")
 #: What they may import from outside beside the standard library.
@@ -257,6 +257,31 @@ def test_the_translators_do_no_io() -> None:
             if isinstance(node, ast.ImportFrom) and node.module == f"{PKG}.upstream":
                 wrong += [f"  {mod}: upstream.{a.name}" for a in node.names if a.name != "encode_json"]
     assert not wrong, "the translators import what does I/O or stands above them:\n" + "\n".join(wrong)
+
+
+#: The supervisor's pure deciders, which ``supervisor/lifecycle.py``'s owner loop calls: what a look at
+#: vLLM's load means (``hang.py``), when a new adapter needs a restart (``lora_restart.py``), an on-demand
+#: slot's new model (``respec.py``), the wait after a failure (``restarts.py``). What of the package they
+#: may import: plain data only.
+DECIDERS = ("hang.py", "lora_restart.py", "respec.py", "restarts.py")
+DECIDERS_MAY_IMPORT = (f"{PKG}.models.adapters", f"{PKG}.models.launch_spec", f"{PKG}.supervisor.hang")
+#: The standard library's modules a decider may not import: a clock, the loop, processes, files, sockets.
+IO_MODULES = {"asyncio", "os", "time", "subprocess", "socket", "threading", "multiprocessing", "signal", "shutil", "pathlib"}
+
+
+def test_the_supervisors_deciders_do_no_io() -> None:
+    """Each decider takes the state it decides on and returns the decision: no clock, loop, process or
+    file of its own, nothing of the supervisor that acts on it, no library but the standard one."""
+    folder = ROOT / PKG / "supervisor"
+    graph = import_graph()
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for name in DECIDERS:
+        path = folder / name
+        mod, _ = _module_of(path, ROOT)
+        wrong += [f"  {mod} -> {t}" for t in sorted(graph[mod]) if not any(t == ok or t.startswith(ok + ".") for ok in DECIDERS_MAY_IMPORT)]
+        wrong += [f"  {mod}: {n}" for n in sorted(_libraries(path) - {PKG}) if n not in stdlib or n in IO_MODULES]
+    assert not wrong, "the supervisor's deciders import what does I/O or acts:\n" + "\n".join(wrong)
 
 
 def test_every_module_has_a_layer() -> None:

@@ -1,7 +1,7 @@
 """vllama: the Ollama API in front of vLLM's OpenAI-compatible server.
 
 The package root is the one module both sides share: the server (``settings/``,
-``upstream.py``) and the client (``client/``, which imports nothing else of the package,
+``upstream/``) and the client (``client/``, which imports nothing else of the package,
 ``tests/test_import_graph.py``). It holds what both read off the wire the same way, and
 imports only the standard library and orjson:
 

@@ -9,7 +9,7 @@ Each class carries its HTTP status (and any headers)
 as class attributes, so the status of every error is read here, in this tree; only
 :class:`UpstreamRejected` takes its status from vLLM's answer. Lower-layer errors are
 translated into this tree at their boundary, never in handlers: aiohttp client errors
-in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error``.
+in ``upstream/mapping.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error``.
 
     VllamaError                       500  (never raised bare: every failure has its class)
     ├── BadRequest                    400  malformed JSON, wrong field types, bad values

@@ -4,7 +4,7 @@ Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
 the route family's error shape + access log + metrics; CORS, Host guard and API keys from
 ``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
 parses, ``routes/model_use.py`` resolves and holds the model) -> ``ollama/to_openai.py`` (Ollama ->
-OpenAI body) -> ``relay.py`` (sends it through ``upstream.py``, the shared vLLM client, and streams
+OpenAI body) -> ``relay.py`` (sends it through ``upstream/``, the shared vLLM client, and streams
 the answer back through ``ollama/to_ollama.py``: vLLM chunks -> Ollama NDJSON).
 """
 

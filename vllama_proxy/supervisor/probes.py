@@ -10,12 +10,12 @@ The gauges alone are no evidence (``docs/decisions.md``), so a suspect engine is
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import orjson
 
 from ..errors import UpstreamError
 from ..upstream import Upstream, read_json, read_response
+from .hang import Load
 
 #: The prompt of :func:`answers`' request (one token of any vocabulary).
 PROBE_PROMPT = "Hi"
@@ -51,14 +51,6 @@ async def serves(upstream: Upstream, name: str) -> bool:
     except UpstreamError:
         return False
     return any(isinstance(m, dict) and m.get("id") == name for m in data.get("data", []))
-
-
-@dataclass(frozen=True)
-class Load:
-    """Engine load from ``/metrics``: requests running + waiting, generated tokens so far."""
-
-    pending: float
-    generation_tokens: float
 
 
 #: The three samples :func:`load` needs, one per line of the text exposition format (one per engine).

@@ -10,7 +10,7 @@ last quarter free; a front with no vLLM of its own gives its workers half. Expli
 every choice is logged and shown in ``/readyz``. The engine cores' CPUs: ``supervisor/placement.py``.
 The measurements behind the rule: ``docs/decisions.md``.
 
-How many connections each worker opens to one vLLM server at once (``upstream.py``; a burst's other
+How many connections each worker opens to one vLLM server at once (``upstream/pool.py``; a burst's other
 requests wait in vllama for their turn) is chosen here as well (:func:`connects`): 32 per API server
 (each accepts in its own process), at most 128 over all workers, vllm-router 0.1.17's listen backlog and
 the smallest queue met in front of vLLM, so vllama alone never overflows one; at least 4 per worker

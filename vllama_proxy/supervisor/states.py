@@ -14,7 +14,7 @@
     a model loaded on demand starts in unloaded.
 
 One task (``lifecycle.Supervisor._run``) owns every transition, one step per state; everyone
-else waits on them (``Supervisor.ensure_ready``) and never acts on a state they read earlier.
+else waits on them (``StatusBoard.wait_ready``) and never acts on a state they read earlier.
 Why a step ended is one of the typed outcomes below, never a string to parse.
 """
 

@@ -12,7 +12,7 @@ models without ``sleep_mode`` (``--sleep-on-stop``) run with ``--enable-sleep-mo
 on a GPU (``Platform.is_sleep_mode_available``) and free
 host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
 supervisor checks RAM again when the model is put to sleep and stops it instead when it has
-become short (``lifecycle.Supervisor._can_sleep``). ``--no-on-demand-sleep`` and ``--no-sleep-on-stop`` turn it
+become short (``why_not_asleep``). ``--no-on-demand-sleep`` and ``--no-sleep-on-stop`` turn it
 off; a model asleep for ``--sleep-unload-after`` is stopped for real.
 vLLM's first sleep is slow, so such a model sleeps and wakes once as it starts, before it serves
 (``lifecycle.Supervisor._warm_sleep``). Measurements: ``docs/decisions.md``.
@@ -29,6 +29,8 @@ import psutil
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.models.model_files import read_model_files
+
+from .room import Eviction, SleepOver, SlotWanted
 
 log = get_logger("vllama.supervisor")
 
@@ -114,3 +116,35 @@ def with_sleep(spec: ModelConfig, *, enabled: bool, reserve: int, gpus: int, off
     on, why = sleep_choice(weights, psutil.virtual_memory().available, reserve, gpus)
     log.info(event, model=spec.served_name, sleep=on, reason=why)
     return spec.model_copy(update={"sleep_mode": True}) if on else spec
+
+
+#: Why an idle model is stopped rather than put to sleep (:func:`why_not_asleep`).
+NO_SLEEP_MODE = "vLLM runs without sleep mode"
+SLEEP_FAILED = "its first sleep failed"
+HOST_RAM_SHORT = "host RAM is short for its weights"
+
+
+def why_not_asleep(sleep_mode: bool, sleep_failed: bool, weights: int | None, available: int | None, reserve: int) -> str | None:
+    """Why an idle model is stopped rather than put to sleep, ``None`` when it may sleep: vLLM runs
+    with sleep mode, its first sleep and wake did not fail (``lifecycle.Supervisor._warm_sleep``), and
+    host RAM ``available`` (bytes) holds its ``weights`` (bytes; level 1 copies them to CPU memory)
+    with ``reserve`` (``--sleep-host-memory-reserve``) to spare. ``weights``/``available`` are read
+    only when the first two allow sleep (``None`` before)."""
+    if not sleep_mode:
+        return NO_SLEEP_MODE
+    if sleep_failed:
+        return SLEEP_FAILED
+    if weights is None or available is None or available < weights + reserve:
+        return HOST_RAM_SHORT
+    return None
+
+
+def leave_sleep(asked: Eviction | None, slot_wanted: bool, unload_after: float, slept: float) -> Eviction | None:
+    """Why a sleeping model is stopped for real now, ``None`` while it sleeps on: an eviction ``asked``
+    (a neighbour wants its room), its on-demand slot claimed for another model (``slot_wanted``), or
+    asleep ``slept`` seconds of ``unload_after`` (``--sleep-unload-after``; negative: never)."""
+    if asked is None and slot_wanted:
+        asked = SlotWanted()
+    if asked is None and 0 <= unload_after <= slept:
+        asked = SleepOver(unload_after)
+    return asked

@@ -10,7 +10,7 @@ with no key every caller is an admin, as in Ollama.
 
 Which role reaches which route is ``route_roles.py``'s one table (checked by :func:`middleware`
 before anything else runs: a route not in it is 404 and never relayed); a check inside a handler
-uses :func:`require_admin`.
+reads the caller's key (:func:`key_of`) and its role.
 """
 
 from __future__ import annotations
@@ -271,17 +271,6 @@ class KeyRing:
 def key_of(request: web.Request) -> Key:
     """The key ``request`` came with (:data:`OPEN` on an open server or a route no key guards)."""
     return request.get(SERVED_AS, OPEN)
-
-
-def require_admin(request: web.Request, what: str) -> None:
-    """Raise 403 unless ``request``'s key is an admin's.
-
-    Raises:
-        Forbidden: ``key 'NAME' (role user) may not WHAT: an admin key may``.
-    """
-    key = key_of(request)
-    if not key.admin:
-        raise Forbidden(f"key '{key.name}' (role {key.role}) may not {what}: that needs an admin key")
 
 
 def _refusal(key: Key, route: Route, method: str) -> Forbidden:
