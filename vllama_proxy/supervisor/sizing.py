@@ -1,20 +1,14 @@
 """How many processes the front end gets: vLLM's API servers and vllama's own workers.
 
-vLLM streams through its API-server process, so one of them caps what the GPU can stream; vLLM's
-``--api-server-count N`` (RFC #12705, PR #17546) and vllama's ``--workers N`` run N processes on one
-port, but both cost cores the engine core (one busy core per GPU process) and the clients need. The
-split is read from the CPUs this process may really use (its affinity and its cgroup's quota, not
-the host's count): one core per GPU process for the engine; of the rest, half to vLLM's API servers
-(at least the data-parallel size, at most 8 per engine), a quarter to vllama's workers (1 to 32), the
-last quarter free; a front with no vLLM of its own gives its workers half. Explicit flags always win;
-every choice is logged and shown in ``/readyz``. The engine cores' CPUs: ``supervisor/placement.py``.
-The measurements behind the rule: ``docs/decisions.md``.
-
-How many connections each worker opens to one vLLM server at once (``upstream/pool.py``; a burst's other
-requests wait in vllama for their turn) is chosen here as well (:func:`connects`): 32 per API server
-(each accepts in its own process), at most 128 over all workers, vllm-router 0.1.17's listen backlog and
-the smallest queue met in front of vLLM, so vllama alone never overflows one; at least 4 per worker
-(why: ``docs/decisions.md``).
+vLLM streams through its API-server process, so one caps what the GPU can stream; vLLM's
+``--api-server-count N`` and vllama's ``--workers N`` run N processes on one port, but both cost cores
+the engine core and the clients need. The split is read from the CPUs this process may really use
+(affinity and cgroup quota): one core per GPU process for the engine; of the rest, half to vLLM's API
+servers (at least the data-parallel size, at most 8 per engine), a quarter to vllama's workers (1 to
+32), the last quarter free; a front with no vLLM of its own gives its workers half. Also chosen here:
+how many connections each worker opens to one vLLM server at once (:func:`connects`, 32 per API
+server, at most 128 over all workers, at least 4 per worker). Explicit flags always win; every choice
+is logged and shown in ``/readyz``. The engine cores' CPUs: ``placement.py``. Why: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

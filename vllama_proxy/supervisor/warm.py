@@ -1,21 +1,15 @@
 """What makes a model's next start fast: vLLM's compile cache kept, sleep instead of stop.
 
 vLLM keeps what it compiled (``torch.compile``, CUDA graphs, Inductor's and Triton's caches) under
-``VLLM_CACHE_ROOT`` (``vllm/envs.py``; ``compilation/compiler_interface.py``), so a second start of
-the same model and arguments skips the compile. Where the home directory is not writable (systemd
-``DynamicUser``/``ProtectHome``, a read-only container root) vllama points ``VLLM_CACHE_ROOT`` into
-its own state directory and Triton's ``TRITON_CACHE_DIR`` beside it unless set (torch >= 2.10's AOT
-path sets only Inductor's; not a ``VLLM_*`` variable, so no part of the cache's key).
-A sleeping model (sleep mode level 1: weights in CPU RAM, KV cache freed) answers again in about a
-second where a stopped one starts cold. On-demand models (``--on-demand-sleep``) and configured
-models without ``sleep_mode`` (``--sleep-on-stop``) run with ``--enable-sleep-mode`` when vLLM runs
-on a GPU (``Platform.is_sleep_mode_available``) and free
-host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
-supervisor checks RAM again when the model is put to sleep and stops it instead when it has
-become short (``why_not_asleep``). ``--no-on-demand-sleep`` and ``--no-sleep-on-stop`` turn it
-off; a model asleep for ``--sleep-unload-after`` is stopped for real.
-vLLM's first sleep is slow, so such a model sleeps and wakes once as it starts, before it serves
-(``lifecycle.Supervisor._warm_sleep``). Measurements: ``docs/decisions.md``.
+``VLLM_CACHE_ROOT`` (``vllm/envs.py``), so a second start of the same model and arguments skips the
+compile; where the home directory is not writable (systemd ``DynamicUser``, a read-only container)
+vllama points it, and ``TRITON_CACHE_DIR`` unless set, into its own state directory. A sleeping model
+(sleep mode level 1) answers again in about a second where a stopped one starts cold, so on-demand
+models and configured ones without ``sleep_mode`` run with ``--enable-sleep-mode`` on a GPU when free
+host RAM holds their weights with ``--sleep-host-memory-reserve`` to spare (:func:`with_sleep`); the
+deciders here say when an idle model is stopped instead (:func:`why_not_asleep`) and when a sleeping
+one is stopped for real (:func:`leave_sleep`). vLLM's first sleep is slow, so such a model sleeps and
+wakes once before it serves (``lifecycle.Supervisor._warm_sleep``). Measurements: ``docs/decisions.md``.
 """
 
 from __future__ import annotations
