@@ -109,9 +109,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     except Exception as e:
         if isinstance(e, ConnectionResetError) and (request.transport is None or request.transport.is_closing()):
             # A write to a client that left before its cancellation arrived (aiohttp's
-            # ClientConnectionResetError "Cannot write to closing transport": 154 of them, each logged as an
-            # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200 in a
-            # flood). The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
+            # ClientConnectionResetError "Cannot write to closing transport"; docs/decisions.md).
+            # The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
             # handler closed the upstream request, so vLLM aborts it. A reset with the client still there
             # is an error like any other.
             status = 499

@@ -1,16 +1,11 @@
 """Prometheus metrics of the proxy (prometheus-client), served at ``GET /metrics``.
 
-Names follow the field: TTFT and TPOT as Ollama clients see them (measured at the
-proxy, per route, once per request: a per-token metric would cost the streaming hot
-path more than the rest of the translation; vLLM's per-token ITL histogram,
-``vllm:inter_token_latency_seconds``, is at ``/vllm/metrics``), requests by route and status, requests in flight, queue
-rejections (``--max-queue``), upstream errors by kind, and the supervisor's state
-and restarts. vLLM's own metrics are relayed at ``GET /vllm/metrics``.
-
-With ``--workers N`` every process writes its values to files in
-``PROMETHEUS_MULTIPROC_DIR`` (set by the CLI before prometheus-client is imported)
-and a scrape of any worker aggregates all of them — prometheus-client's documented
-multiprocess mode.
+TTFT and TPOT as Ollama clients see them (measured at the proxy, per route, once per request: a
+per-token metric would cost the streaming hot path more than the translation; vLLM's ITL histogram is
+at ``/vllm/metrics``, vLLM's own metrics relayed), requests by route and status, in flight, queue
+rejections, upstream errors by kind, the supervisor's state and restarts. With ``--workers N`` every
+process writes to ``PROMETHEUS_MULTIPROC_DIR`` (set by the CLI before prometheus-client is imported)
+and a scrape of any worker aggregates them: prometheus-client's multiprocess mode.
 """
 
 from __future__ import annotations

@@ -327,8 +327,7 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
                              idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
                              **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     # vLLM first: its start (a minute or more) is the long pole, and each spawned worker takes
-    # about a second to import before it reads its arguments; 4 workers spawned one after the
-    # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md)
+    # about a second to import before it reads its arguments (docs/decisions.md)
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
     await workers.start(settings.workers - 1)

@@ -1,7 +1,7 @@
 """Extra proxy processes sharing the listening port (``--workers N``, ``SO_REUSEPORT``).
 
-One Python process translates roughly 10-20k streamed tokens per second per core
-(``benchmarks/RESULTS.md``); vLLM on one H200 streams more than that. With
+One Python process translates fewer streamed tokens per second than one GPU's vLLM
+streams (``docs/decisions.md``). With
 ``--workers N`` the kernel spreads incoming connections over N processes bound to
 the same port, each with its own event loop and upstream pool. The process that
 runs the supervisors is worker 0; the others read each model's

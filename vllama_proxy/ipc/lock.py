@@ -1,18 +1,13 @@
 """A lock for the counters in shared memory that every proxy process updates (``--workers N``).
 
-Each critical section is a few loads and stores in shared memory, taken once per request
-(never per token). Counters that several processes read and write decide things (admit a
-request, put a model to sleep), so they change only under this lock: a check and the update
-it allows are one atomic step, with the lock's memory fences, instead of a handshake of
-flags whose order the CPU may reorder.
-
-The lock is ``flock(2)`` on a file made by the process that creates it: the kernel releases
-it when its holder dies, so a worker killed inside a section (OOM, SIGKILL) cannot leave
-the others waiting forever, and no process ever has to guess that a holder is dead.
-
-Its users are the supervisor's status boards and slots (``status.py``, ``slots.py``) and the
-API's shared counts (``api/request/admission.py``, ``api/policy/fair_queue.py``, ``api/policy/rate_limits.py``): it
-stands here, on the lower floor of the two (``docs/architecture.md``, "The rules").
+Invariant: counters that decide things (admit a request, put a model to sleep) change only under this
+lock, so a check and the update it allows are one atomic step with the lock's memory fences, not a
+handshake of flags the CPU may reorder; a section is a few loads and stores, once per request, never
+per token. The lock is ``flock(2)`` on a file, which the kernel releases when its holder dies: a
+worker killed inside a section cannot leave the others waiting. Its users are the supervisor's boards
+and slots (``status.py``, ``slots.py``) and the API's shared counts (``admission.py``,
+``fair_queue.py``, ``rate_limits.py``): it stands on the lower floor of the two
+(``docs/architecture.md``, "The rules").
 """
 
 from __future__ import annotations

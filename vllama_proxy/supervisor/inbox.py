@@ -1,23 +1,14 @@
 """A model's inbox: what is wanted of its owner loop, as messages on one queue; carried between
 processes by the bells of ``ipc/bells.py``.
 
-The owner loop of a model (``lifecycle.py``) is told, not polled: a request that wants the model,
-a request that gave up waiting, an on-demand slot claimed for another model or given another model,
-a neighbour that needs its GPU room, a neighbour whose room changed, an adapter created for it, and
-stop are messages it waits on; waiting on the inbox is the synchronisation, as llama-swap's process loop waits on its channels
-(``internal/process/process_command.go``: ``startCh``, ``stopCh``, ``waitReadyCh``). The other way,
-requests waiting for a model wait on its *news*: the owner rings it whenever it publishes its status
-(``status.py``), and each waiter looks at the board again. Polling vLLM's ``/health`` (another
-program) stays.
-
-A message carries no data: what is wanted lies in the status board in shared memory (a wake request,
-the counts, the release flag, the slot's model), written before the message is sent, so a message
-is a doorbell and the owner reads the board when it rings (a message that finds its question
-answered already is dropped). Requests come from every worker process (``--workers``), so a message
-crosses processes through a FIFO in ``/dev/shm``, one byte per message, read by the owner's event
-loop (``loop.add_reader``), as ``api/policy/fair_queue.py`` wakes its workers: no thread, no sleep.
-Messages of one kind that wait unread are one message (a hundred requests asking a model to load
-are one ``WANT``).
+The owner loop of a model (``lifecycle.py``) is told, not polled: a request that wants the model or
+gave up waiting, a slot claimed or given, a neighbour needing room or whose room changed, an adapter
+created, and stop are messages it waits on, as llama-swap's process loop waits on its channels
+(``internal/process/process_command.go``). The other way, waiters wait on the model's *news*, rung
+whenever the owner publishes its status (``status.py``). Invariants: a message carries no data (what
+is wanted is written to the status board in shared memory first, so a message is a doorbell and one
+that finds its question answered is dropped); it crosses processes as one byte in a ``/dev/shm``
+FIFO read by ``loop.add_reader`` (no thread, no sleep); messages of one kind waiting unread are one.
 """
 
 from __future__ import annotations

@@ -3,10 +3,8 @@
 A hung engine still answers ``/health`` 200 (``docs/wire.md`` "The upstream: what vLLM's server does"),
 so liveness of generation is read from Prometheus metrics: requests running or
 waiting while ``vllm:generation_tokens_total`` stands still makes the engine a suspect.
-The gauges alone are no evidence: an H200 vLLM kept reporting 6 requests pending and no
-new token after a batch had ended, and was restarted while it served fine
-(``benchmarks/RESULTS.md``). So a suspect engine is asked :func:`answers`, vllama's own
-smallest request, and only one that does not answer it is hung.
+The gauges alone are no evidence (``docs/decisions.md``), so a suspect engine is asked
+:func:`answers`, vllama's own smallest request, and only one that does not answer it is hung.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ async def load(upstream: Upstream) -> Load | None:
 
     Only the three samples' lines are read (one regular expression over the text, in C): the
     supervisor runs in worker 0, which also serves requests, and prometheus_client's full parser
-    took ~8 ms of its event loop per check on the H100 host (vLLM's text is hundreds of histogram
-    lines), stalling any request that arrived meanwhile (``benchmarks/RESULTS.md``).
+    stalled its event loop for every check (``docs/decisions.md``).
     """
     try:
         async with upstream.request("GET", "/metrics") as resp:

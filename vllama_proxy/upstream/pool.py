@@ -1,43 +1,16 @@
 """The shared pool of connections to vLLM (and a router): sessions, connector, limits, the bounded connects.
 
-One ``aiohttp.ClientSession`` per app, with an unlimited connection pool and no
-total timeout: vLLM batches continuously, so a request may legitimately queue
-for minutes under load, and aiohttp's defaults (100 connections, 300 s total)
-would cap concurrency and kill queued requests (``docs/wire.md``,
-"The upstream"). Instead a connect timeout and an idle-read timeout apply.
-
-Idle pooled connections retire after :func:`idle_lifetime` seconds, before vLLM's
-uvicorn closes them (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s): otherwise a request can be
-written into a connection the server is closing. That race remains at the edge, so a
-request that fails on a reused connection before any byte of the answer arrived is sent
-once more on a fresh connection (RFC 9112 section 9.3.1 allows retrying a request on a
-connection closed before its answer began; aiohttp does it only for idempotent methods,
-and every vLLM generation is a POST). A 4,096-request run lost 2 this way before.
-
-A router's control calls (:meth:`Upstream.answer`: vllm-router's ``/finish_session`` after each request
-under ``--request-sessions``, ``/add_worker``, ``/remove_worker``) go on a few kept-alive connections of
-their own (:data:`CONTROL_CONNECTIONS`), not the requests' pool: at a wave of answers ending together each
-release found no idle connection (the answers' own were still waiting for their body's end) and opened one:
-a burst of connects at a router whose listen queue holds 128, and a pool a quarter larger (81 against 65
-connections per 512 requests of 64 streams on the 2-core VM).
-
-New connections open a bounded number at a time (``connect_concurrency`` per process, chosen by
-``supervisor/sizing.py`` from vLLM's API servers and logged as ``front_end``): a burst's requests beyond
-that wait here, in this process, for their turn to connect (or for a pooled connection another request
-gave back), not as SYNs in the kernel's listen queue. A request waiting for its turn has no deadline but
-its own (the client leaving cancels it). 5,000 connects at once beside a CPU hog overflowed the stand-in's
-listen queue and kept the proxy's loop too busy to see its own connects complete within a try: 4,996 of
-5,000 requests failed their connect budget in 22 s (``benchmarks/RESULTS.md``).
-
-A connect not answered within :data:`CONNECT_TRY_S` is tried again on a new socket, each try allowed twice
-the last one's time: a server whose listen queue is full drops the SYN, and Linux sends it again only after
-1 s, then 3 s (vllm-router 0.1.17 listens with a backlog of 128; a front opening ~1,000 connections to it at
-once had 430-917 of its first 1,024 requests wait 1-3 s). A slow link costs a few short tries: a
-0.3 s round trip connects on the second. A connect fails when ``connect_timeout`` passed both since it began
-and since this process last connected to that server: vLLM that accepts no connection at all for that long
-is gone or hung, while one that accepts slowly (its listen queue full of others' connections) is still
-working, and a request is never failed because others were connecting. Once one connect gave up, the next
-ones to that server get one try each until a connect succeeds again (a dead server fails its queue fast).
+One ``aiohttp.ClientSession`` per app, with an unlimited pool and no total timeout (vLLM batches
+continuously, so a request may queue for minutes: ``docs/wire.md`` "The upstream"); a connect timeout
+and an idle-read timeout apply instead. Idle connections retire after :func:`idle_lifetime`, before
+vLLM's uvicorn closes them (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``), and a request that fails on a reused
+connection before any byte of the answer is sent once more on a fresh one (RFC 9112 section 9.3.1).
+A router's control calls (:meth:`Upstream.answer`) use :data:`CONTROL_CONNECTIONS` kept-alive
+connections of their own. Invariants: new connections open ``connect_concurrency`` at a time
+(``supervisor/sizing.py``), the rest waiting here, not as SYNs in the kernel's queue; a connect not
+answered within :data:`CONNECT_TRY_S` is retried on a new socket with doubling time; and a connect
+fails only when ``connect_timeout`` passed both since it began and since this process last connected
+to that server (then one try each until one succeeds). Why, with numbers: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """A conversation's stable key, sent upstream so that a router keeps it on one engine.
 
-Ollama clients resend the whole history every turn and name no session, so the key is made
-from what stays the same across a conversation's turns: the model, the system messages and
-the first user message (``/api/chat``; the system messages alone with ``--session-key system``),
-or the model and ``system`` (``/api/generate``), or the agent's own conversation id (``/v1/messages``,
-``/v1/responses``: :func:`agent_key`).
-``vllm-router``'s ``consistent_hash`` policy reads it from the ``X-Session-ID`` header
-(vllm-project/router, ``src/policies/consistent_hash.rs``: ``X-Session-ID``, then
-``X-User-ID``, then the body's ``user``); other policies and a plain vLLM ignore the header.
-A key the client sent itself (the same header) is sent instead of vllama's: before a router, scoped
-to its caller, hashed (:func:`client_key`) and bounded in flight (``api/fleet/client_affinity.py``).
-
-With ``--request-sessions`` on (a front before a ``vllm-router`` running ``sticky_least_loaded``),
-a request that has no key to share gets a key of its own (:func:`placement`), which the front
-releases at the router when the request ends (``api/fleet/router_release.py``): that policy places a
-new key on the engine holding the fewest live keys (vllm-project/router,
-``src/policies/sticky_least_loaded.rs``), so its count becomes the requests in flight per engine
-plus the live shared-prefix keys, and distinct prompts go to the least loaded engine.
+Ollama clients resend the whole history every turn and name no session, so the key is made from what
+stays the same across turns: the model, the system messages and the first user message
+(``/api/chat``; the system messages alone with ``--session-key system``), the model and ``system``
+(``/api/generate``), or the agent's own conversation id (:func:`agent_key`). vllm-router's
+``consistent_hash`` reads it from ``X-Session-ID`` (then ``X-User-ID``, then the body's ``user``:
+``src/policies/consistent_hash.rs``). A client's own key is scoped, hashed and bounded
+(:func:`client_key`, ``client_affinity.py``). With ``--request-sessions`` a request with nothing to
+share gets a key of its own (:func:`placement`), released at its end (``router_release.py``), so
+``sticky_least_loaded`` sends distinct prompts to the least loaded engine.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """A client's own router key (its ``X-Session-ID``), scoped to its caller and bounded in flight.
 
-Before a router, the front sends each request under a key of its own making (``affinity.py``: a
-conversation's, a shared system prompt's, or a one-request key placed by load). A client may send
-its own value of the session header (``--session-header``, default ``X-Session-ID``), or of
-``X-User-ID`` (which vllm-router reads next: ``src/policies/hash_key.rs``), to keep its requests on
-one engine. Passed on as it came, that value let one tenant harm the
-others: a flood under one constant value went to one engine, which ``sticky_least_loaded`` counts as
-holding *one* session, so it kept placing the other tenants' requests there too; and every tenant
-shared one namespace of unbounded strings, so a client could name another tenant's key and land on
-its engine.
-
-Here, before a router (the front has ``--upstream``, and a header to send), a client's value:
-
-- is **scoped to its caller** and hashed (:func:`~vllama_proxy.api.fleet.affinity.client_key`: 32 hex
-  characters, as vllama's own keys, under its own BLAKE2b personalisation): the same caller sending
-  the same value gets the same key (its affinity kept), another caller, or vllama's own keys, never
-  that one; the router never sees a client's string. The caller is the API key's name, as for fair
-  sharing, rate limits and the usage ledger (``api/policy/keys.py``); on an open server every caller is one
-  caller (``-``), as there.
-- is **bounded**: at most :data:`IN_FLIGHT` requests per (caller, value) are in flight under it at
-  this process; one more is placed as if the client had sent no value (the front's own key, or a
-  one-request key with ``--request-sessions on``), so a flood beyond the bound is placed by load.
-
-A node (no ``--upstream``: its own vLLM ignores the header) and ``--session-header ''`` keep the
-client's header as it came, uncounted. O(1) per request, no lock: one dict per process, touched
-only on the event loop, before the request goes upstream and once it has ended.
+Before a router (``--upstream`` and a ``--session-header``), the front sends each request under a key
+of its own (``affinity.py``); a client may send its own value of that header or of ``X-User-ID``
+(vllm-router's next: ``src/policies/hash_key.rs``) to keep its requests on one engine. Invariants: the
+value is **scoped to its caller** and hashed (:func:`~vllama_proxy.api.fleet.affinity.client_key`; the
+caller is the API key's name, ``-`` on an open server), so the router never sees a client's string and
+no caller can name another's key; and it is **bounded**: beyond :data:`IN_FLIGHT` requests per
+(caller, value) in flight here, one more is placed as if it had sent none. A node and
+``--session-header ''`` pass the header as it came. O(1) per request, no lock (one dict per process,
+on the event loop). Why: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

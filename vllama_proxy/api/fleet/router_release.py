@@ -1,22 +1,14 @@
 """One-request sessions released at the router (``--request-sessions``).
 
-vllm-router's ``sticky_least_loaded`` places a new session key on the healthy worker with the
-fewest live keys and counts a key until ``POST /finish_session?session_id=KEY`` releases it, or
-until it has been idle for ``VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S`` (vllm-project/router
-0.1.17, ``src/policies/sticky_least_loaded.rs``, ``src/server.rs`` ``FinishSessionQuery``; checked:
-200 ``{"status": "ok", "session_id": KEY}``, an unknown key included). A request sent under a key of
-its own (``session.placement``) is released here when it ends, done, failed or cut by its client,
-so the router's count per worker is the requests in flight there (plus the live shared-prefix keys):
-join the shortest queue.
-
-Off the per-token path: the release is a task started after the answer ended, on the upstream's few
-kept-alive connections for control calls (``Upstream.answer``: not the requests' pool, where a wave of
-answers ending together opened a connection per release), bounded by :data:`RELEASE_TIMEOUT_S` (waiting
-for a connection included), and at most :data:`MAX_PENDING` of them in
-flight per process (a router that hangs would otherwise gather a task and a socket per request for
-5 s each: thousands at a GPU fleet's rate, beside the admission bound's sockets); a release beyond
-that, or asked after :meth:`RouterRelease.close`, is not sent. A failure never reaches the client
-(the key then expires at the router) and is logged at warning once, then at debug.
+vllm-router's ``sticky_least_loaded`` places a new session key on the worker with the fewest live keys
+and counts it until ``POST /finish_session?session_id=KEY`` (vllm-project/router 0.1.17,
+``src/policies/sticky_least_loaded.rs``, ``src/server.rs``) or until it idles out. A request sent under
+a key of its own (``affinity.placement``) is released here when it ends, however it ends, so the
+router's count per worker is its requests in flight: join the shortest queue. Invariants: off the
+per-token path (a task after the answer, on the upstream's kept-alive control connections,
+``Upstream.answer``), bounded by :data:`RELEASE_TIMEOUT_S` and :data:`MAX_PENDING` per process (beyond,
+or after :meth:`RouterRelease.close`, not sent); a failure never reaches the client (the key then
+expires at the router), logged at warning once. Why the bounds: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

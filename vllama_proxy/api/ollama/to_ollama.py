@@ -1,21 +1,14 @@
 """vLLM's answer -> Ollama's: pure translators of OpenAI/vLLM chunks into Ollama chunks, one
 small state machine per response. No I/O here.
 
-A :class:`Translator` is fed every decoded SSE chunk of one upstream response and returns the
-Ollama chunks to emit; :meth:`Translator.final` builds the single ``done: true`` record with
-counts (from vLLM's ``usage``) and nanosecond durations from the request's
-:class:`~vllama_proxy.api.ollama.timestamps.Timings`. Tool calls (OpenAI's fragments, assembled into
-Ollama's whole calls) and logprobs (OpenAI's two shapes, into Ollama's one) are shaped here.
-A non-streamed vLLM answer is read as the one chunk that says the same
-(:func:`response_chunk`), its durations from vLLM's ``metrics`` (:func:`unstreamed_timings`).
-``api/request/relay.py`` drives the translators; ``to_openai.py`` is the other direction.
-
-Per-chunk work is kept to a dict lookup or two: this is the hot path at thousands of tokens
-per second (``benchmarks/token_cpu.py`` measures its CPU cost).
-
-Source: ``docs/wire.md`` "Responses" (chunk shapes, exactly one final chunk, durations
-in nanoseconds and non-zero when counts are); Ollama's ``openai/openai.go`` (pure translation
-functions, by direction).
+A :class:`Translator` is fed each decoded SSE chunk of one response and returns the Ollama chunks to
+emit; :meth:`Translator.final` builds the one ``done: true`` record with vLLM's counts and nanosecond
+durations (:class:`~vllama_proxy.api.ollama.timestamps.Timings`). Tool calls (fragments assembled into
+whole calls) and logprobs are shaped here; a non-streamed answer is read as one chunk
+(:func:`response_chunk`, :func:`unstreamed_timings`). ``api/request/relay.py`` drives it. Invariant:
+per-chunk work is a dict lookup or two, the hot path (``benchmarks/token_cpu.py`` measures it).
+Source: ``docs/wire.md`` "Responses" (one final chunk, durations in ns, non-zero when counts are);
+Ollama's ``openai/openai.go``.
 """
 
 from __future__ import annotations

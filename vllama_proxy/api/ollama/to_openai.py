@@ -1,15 +1,10 @@
 """Ollama -> vLLM: pure translation of Ollama requests into vLLM's OpenAI request bodies. No I/O here.
 
-The reverse direction (vLLM's streamed chunks into Ollama's chunks) lives in
-``to_ollama.py``. Field names follow each side: Ollama's on the way in
-(``num_predict``, ``repeat_penalty``), vLLM's on the way out (``max_tokens``,
-``repetition_penalty``). Sources: ``docs/wire.md`` (Ollama), vLLM's
-"OpenAI-Compatible Server" docs (extra sampling parameters, ``chat_template_kwargs``,
-``response_format``, ``stream_options``).
-
-Unset Ollama options stay unset upstream, so vLLM applies the model's own
-``generation_config.json`` defaults: the Hugging Face counterpart of the
-``PARAMETER`` lines of an Ollama Modelfile.
+The reverse is ``to_ollama.py``. Field names follow each side: Ollama's in (``num_predict``,
+``repeat_penalty``), vLLM's out (``max_tokens``, ``repetition_penalty``). Sources: ``docs/wire.md``;
+vLLM's "OpenAI-Compatible Server" docs (extra sampling parameters, ``chat_template_kwargs``,
+``response_format``, ``stream_options``). Invariant: unset Ollama options stay unset upstream, so vLLM
+applies the model's ``generation_config.json`` defaults (what a Modelfile's ``PARAMETER`` lines are).
 """
 
 from __future__ import annotations

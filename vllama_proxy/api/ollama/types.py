@@ -24,13 +24,12 @@ StrOrList = Union[str, list[str]]
 
 #: Most entries of a request's ``stop`` (strings), ``stop_token_ids`` and ``bad_words`` (``/v1``). vLLM pays for
 #: each on every token, in loops every request shares: its API server checks each stop string against the new
-#: text (``check_stop_strings``: a million strings took ~0.45 s a token, measured on their own, while that
-#: process's other streams waited), its scheduler looks a token up in the stop-token list, its sampler walks
-#: the bad words, each step of the whole batch. vLLM 0.32 bounds them itself, in its own words (checked on
-#: the CPU build): ``stop`` at ``VLLM_MAX_STOP_STRINGS`` (4 by default: vllama launches it with this bound,
-#: ``supervisor/launch.py``, since Ollama's clients send more), ``bad_words`` at 128 tokens,
-#: ``stop_token_ids`` to the vocabulary (a 150,000-id list is ~1 ms of its scheduler's loop a token); an
-#: older vLLM may not. OpenAI's API takes 4 stop strings.
+#: text (``check_stop_strings``), its scheduler looks a token up in the stop-token list, its sampler walks the
+#: bad words, each step of the whole batch (the costs measured: ``docs/decisions.md``). vLLM 0.32 bounds them
+#: itself, in its own words (checked on the CPU build): ``stop`` at ``VLLM_MAX_STOP_STRINGS`` (4 by default:
+#: vllama launches it with this bound, ``supervisor/launch.py``, since Ollama's clients send more),
+#: ``bad_words`` at 128 tokens, ``stop_token_ids`` to the vocabulary; an older vLLM may not. OpenAI's API
+#: takes 4 stop strings.
 MAX_STOPS = 64
 
 
@@ -55,9 +54,8 @@ class Options(TypedDict, total=False):
 
     A ``TypedDict``, not a model: pydantic checks only the keys sent and builds no 36-field
     instance, and ``translate`` reads what was sent without dumping every field (pydantic's
-    "Performance" docs, "Use TypedDict over nested models"; on the 2-core VM the body's cold
-    validation ~24 -> ~17 µs and ``sampling_params`` ~15 -> ~7 µs). A sent ``null`` is
-    kept as ``None``: readers skip it as unset.
+    "Performance" docs, "Use TypedDict over nested models"; measured: ``docs/decisions.md``). A sent
+    ``null`` is kept as ``None``: readers skip it as unset.
 
     Sampling keys map onto vLLM's sampling parameters; runner keys (``num_ctx``,
     ``num_gpu``, ``num_thread``, ...) have no per-request meaning in vLLM and are
@@ -282,9 +280,8 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 #: Most levels of arrays and objects a request body may nest (a JSON schema: two a level). vLLM compiles a
 #: schema (``format``, ``response_format``, ``structured_outputs``, a required tool's ``parameters``) with
-#: xgrammar, whose time and memory grow about as the cube of its inline nesting: measured with xgrammar on the
-#: 2-core machine, 100 nested objects (6 KB) 0.5 s, 400 (24 KB) 23 s and 590 MB, 800 (48 KB) 140 s and 1.1 GB,
-#: in vLLM's engine process, every tenant's; orjson alone parses 1,024 levels. vLLM 0.32 refuses a schema
+#: xgrammar, whose time and memory grow about as the cube of its inline nesting (measured:
+#: ``docs/decisions.md``), in vLLM's engine process, every tenant's. vLLM 0.32 refuses a schema
 #: nested past 64 levels itself (checked on its CPU build; an older one may not), once the model is loaded:
 #: 64 and the few levels a body puts around a schema (``tools[0].function.parameters``), so that no schema
 #: vLLM takes is refused here.

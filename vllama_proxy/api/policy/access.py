@@ -1,19 +1,13 @@
 """Who may talk to the proxy: CORS, the Host-header guard, API keys.
 
-All three follow Ollama (``docs/wire.md`` "Serving environment";
-``server/routes.go`` ``allowedHostsMiddleware`` and its gin CORS config):
-
-- **CORS**: default origins ``http(s)://localhost|127.0.0.1|0.0.0.0[:*]``, ``app://*``,
-  ``file://*``, ``tauri://*``, ``vscode-webview://*``, ``vscode-file://*``, plus
-  ``OLLAMA_ORIGINS`` (comma-separated, ``*`` wildcards). Preflights are answered here;
-  a request from an origin not allowed gets 403, as gin-contrib/cors does. Origin
-  patterns with wildcards in the port are why this is not ``aiohttp-cors`` (it
-  matches exact origins or ``*`` only).
-- **Host guard** (DNS rebinding): when bound to loopback, a request whose Host is not
-  loopback, private, unspecified, one of this machine's addresses, ``localhost``,
-  ``*.localhost``, ``*.local``, ``*.internal`` or the hostname gets 403.
-- **API keys** and their roles are ``api/policy/keys.py``'s: ``Authorization: Bearer <key>`` on ``/api/*``,
-  ``/v1/*`` and both metrics routes; ``/``, ``/livez`` and ``/readyz`` stay open for probes.
+All three follow Ollama (``docs/wire.md`` "Serving environment"; ``server/routes.go``
+``allowedHostsMiddleware`` and its gin CORS config). **CORS**: Ollama's default origins (localhost,
+``app://``, ``file://``, ``tauri://``, ``vscode-webview://``...) plus ``OLLAMA_ORIGINS`` (``*``
+wildcards, in the port too, which ``aiohttp-cors`` does not match); preflights answered here, another
+origin 403. **Host guard** (DNS rebinding): bound to loopback, a Host that is not loopback, private,
+this machine's, ``localhost``, ``*.localhost``, ``*.local``, ``*.internal`` or the hostname is 403.
+**API keys** are ``api/policy/keys.py``'s (``Authorization: Bearer``); ``/``, ``/livez`` and
+``/readyz`` stay open for probes.
 """
 
 from __future__ import annotations

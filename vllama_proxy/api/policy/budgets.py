@@ -1,16 +1,12 @@
 """Token budgets per key: ``budget_tokens`` per ``budget_period`` (``day`` or ``month``,
 UTC) in the keys file (``api/policy/keys.py``), checked when a request is admitted (``admission.py``).
 
-The usage comes from the ledger's running totals (``ledger.py``: the database's totals, read every
-``--usage-refresh-interval`` seconds, plus this process's own rows since), so the check is a few
-dict reads, never a database round trip.
-
-Reserve, then settle: an admitted request reserves its worst case (prompt estimate + its capped output,
-``admission.py``) in :class:`Reservations`, shared by every worker, until the settler gives it back
-(``settler.py``) and its real use is in the ledger. A key is refused once its usage plus what its requests
-in flight reserved *reached* the budget, so requests sent at once cannot each find the budget unspent: the
-budget is overrun by at most one request's reservation. (Usage another worker or front answered reaches
-this worker's totals within one refresh interval.)
+Usage comes from the ledger's running totals (``ledger.py``), so the check is a few dict reads, never a
+database round trip. An admitted request reserves its worst case (prompt estimate + capped output) in
+:class:`Reservations`, shared by every worker, until the settler gives it back and its use is in the
+ledger. Invariant: a key is refused once usage plus reservations *reached* the budget, so requests
+sent at once overrun it by at most one reservation (other workers' and fronts' usage arrives within
+one ``--usage-refresh-interval``).
 """
 
 from __future__ import annotations

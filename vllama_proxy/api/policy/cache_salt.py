@@ -1,42 +1,14 @@
 """Each API key's own share of vLLM's prefix cache: vLLM's ``cache_salt``, set per key (``--cache-isolation``).
 
-vLLM's automatic prefix caching shares KV blocks between any two requests whose prompts begin alike. A
-tenant who times its own requests (TTFT) learns whether a prefix is cached, that is, whether someone else
-sent it: a known side channel, for which vLLM added the request field ``cache_salt`` (vLLM docs, "Automatic
-Prefix Caching" and "Security"; ``vllm/v1/core/kv_cache_utils.py``: the salt enters the hash of a prompt's
-first block, so requests with different salts never share a block). With ``--cache-isolation key`` (the
-default) every request made with a key carries a salt of that key's own:
-
-- :func:`of_key`: 64 hex characters, BLAKE2b-256 of the key's name keyed with the SHA-256 of its secret
-  (the digest vllama keeps for it; the admin page signs its cookie with the same). The same on every
-  worker, front and restart that reads the same keys; nobody who knows only a key's name can compute it,
-  and it reveals nothing of the secret. A new secret under the same name starts a new cache. Computed once
-  per key when the keys are read (``api/policy/keys.py``'s ``KeyRing.load``), never per request.
-- :func:`salted`: a client's own ``cache_salt`` (a ``/v1`` body, the agents' routes) is combined with its
-  key's (BLAKE2b keyed with the key's salt, under another personalisation), so a client may split its own
-  cache further but can neither pick another key's salt nor opt out. One hash, only for a request that sent
-  one. It is checked as vLLM 0.30+ checks it first (``validate_cache_salt``: a non-empty string of at most
-  128 characters without ``@``, ``/``, ``\\`` or NUL): what vLLM would refuse is refused here too, not
-  hidden in a hash.
-
-- :func:`own_media`: a media item's ``uuid`` (a content part's, vLLM "Multimodal Inputs", "Stable UUIDs for
-  Caching") is the key's too. vLLM uses a client's uuid *as* the item's hash, the key of its multimodal
-  processor cache and its encoder cache, neither of which ``cache_salt`` enters, and takes a part with a
-  uuid and no data (``image_url: null``) as "the item cached under it": a key naming another key's uuid
-  got that key's image in its own prompt, or planted its own under a uuid the other would send. Each
-  uuid is hashed with the key's salt (as a client's ``cache_salt``), so one key's uuid names the same
-  item every time and never another key's. Only the content parts are looked at (a message's or a
-  part's ``content`` list), never its text.
-
-``off``, and a server without keys (one tenant), send none of vllama's: a client's ``cache_salt`` and media
-uuids go as they came. Admin keys are salted like any key (an admin's prompts are no more another tenant's to probe).
-
-The routes whose vLLM request model has the field (vLLM 0.32): ``/v1/chat/completions``,
-``/v1/completions`` (``/api/chat``, ``/api/generate`` translate to them), ``/v1/responses``,
-``/v1/messages`` (Anthropic's), ``/v1/embeddings`` (``/api/embed``), ``/v1/rerank``, ``/v1/score``
-(pooling models with causal attention and last-token pooling use the prefix cache too). Older vLLMs
-ignore a field their model lacks (pydantic's default, logged at debug). Not salted: ``count_tokens``
-(generates nothing) and the audio routes (a form, relayed as sent).
+A tenant timing its TTFT learns whether a prefix is cached, i.e. whether someone else sent it; vLLM's
+``cache_salt`` enters the hash of a prompt's first block (vLLM docs "Automatic Prefix Caching",
+"Security"; ``vllm/v1/core/kv_cache_utils.py``). With ``key`` (the default) every request of a key
+carries its key's salt: :func:`of_key` (BLAKE2b-256 of the name keyed with the secret's SHA-256,
+computed once per key in ``KeyRing.load``), :func:`salted` (a client's own salt combined with it, first
+checked as vLLM 0.30+ ``validate_cache_salt`` does), :func:`own_media` (media ``uuid``s, vLLM's
+multimodal cache keys, hashed with it). Invariant: a client may split its own cache further but can
+neither pick another key's salt nor opt out. ``off`` and a server without keys send none. Salted: the
+chat, completions, responses, messages and pooling routes (vLLM 0.32). Why: ``docs/decisions.md``.
 """
 
 from __future__ import annotations
@@ -104,8 +76,7 @@ def own_media(body: dict[str, Any], salt: str | None) -> None:
     keyed with ``salt`` (personalisation ``vllama-media``). ``salt`` ``None``: left as sent.
 
     Per request, never per token: two dictionary looks a message or part, none into text or anything
-    beside ``content`` (100 text messages: 22 us on the loaded 2-core machine, about an ``orjson.loads``
-    of their 27 kB; a scan of the body for ``uuid`` first cost as much as the walk it would save).
+    beside ``content`` (its cost: ``docs/decisions.md``).
     """
     if salt is None:
         return

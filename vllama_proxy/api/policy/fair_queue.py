@@ -1,63 +1,14 @@
 """A weighted fair queue in front of vLLM's running slots, shared by every worker.
 
-vLLM's ``priority`` orders only its own waiting queue: a request it already runs is preempted only
-under KV-cache pressure, so one key's flood holds every running slot and a light key's request
-waits behind it (H100, ``--max-num-seqs 256``, 1,000 streams of one key: the other key's TTFT p99
-11x of alone). So vllama keeps the queue itself: at most ``capacity`` requests (vLLM's running
-capacity, ``--max-num-seqs`` x data-parallel size summed over models) are upstream at once; the
-rest wait here, one queue per key, and each freed place goes to the next key in VTC's order
-("Fairness in Serving Large Language Models", Sheng et al., OSDI'24):
-
-- every key has a virtual token counter; a dispatched request adds its cost, counted in output
-  tokens (``W_OUT`` = 1 each) + ``prompt_weight`` x prompt tokens (``--fair-prompt-weight``, by
-  default :data:`W_IN` = 0), divided by the key's ``weight``. The unit is the resource shared: a
-  running slot for one decode step. vLLM gives every running sequence one token per step and
-  prefills a prompt in a step or a few (chunked, thousands of tokens a step), so a request holds
-  its slot for about as many steps as it has output tokens, and a key's output tokens per second
-  are its share of the running slots. VTC's own cost (prompt + 2 x output) gave a key of long
-  prompts and short answers 0.30x its weighted share of the output tokens on the H200 (weights
-  1, 1, 2, 4; ``benchmarks/RESULTS.md``), because its prompts were charged as if
-  prefill took a slot per prompt token. An embeddings, rerank or score request generates nothing and
-  is one sequence per input, each in a slot for a step at least: it costs ``W_OUT`` per input
-  (``admission.py`` adds them to the prompt's estimate, ``request/bodies.py`` counts them; counted once,
-  a key's thousands of inputs cost it nothing). Charged at dispatch as an estimate (the prompt from the
-  body's size; the output as the key's recent average, or every key's for a key new to the
-  server) and settled when the request ends with vLLM's counts (one lock at each end of a
-  request, none per token). Charging the output at dispatch matters: a key alone takes every
-  place, and if its running requests were charged only when they end, keys arriving meanwhile
-  (lifted to its counter) would find it deep in debt afterwards (on the stand-in: a weight-1 key
-  that arrived first got 0.2x of its share for 20 s); what is settled at the end may still put a
-  key at most two of its requests' cost ahead of the other waiting keys (:meth:`_bounded`);
-- the backlogged key with the highest ``priority``, then the smallest counter, then the fewest
-  requests upstream, goes next;
-- a key that becomes backlogged has its counter lifted to the smallest counter of the backlogged
-  keys (or, with none, to the counter of the last key dispatched): idling earns no credit;
-- a key alone takes every place. While two keys or more are *active* (a request upstream or
-  waiting, or one ended less than ``linger`` seconds ago: an interactive user between two turns
-  still counts), a key is *light* when it asks less than its weighted share of the capacity
-  (requests upstream + waiting < ``capacity`` x its weight / the active keys' weights) or asks
-  one request only (with more active keys than places every share is below one, and a user's one
-  request must not count as a flood), else *heavy*. Priority goes first here too: a heavy key
-  gives way (below) only to keys of its priority or higher. A light key takes any free place at once. Heavy keys leave free the last ``reserve``
-  places (``--fair-reserve``, by default 1/32 of the capacity, at least 1), so that a light
-  key's request starts without waiting for one of a heavy key's long requests to end (on the
-  stand-in, 32 slots, 200 streams of 1.3 s: the light key's TTFT p90 was 1.2 s with no reserve);
-- and while a light key is active, the heavy keys together run at most ``light_running`` requests
-  (``--fair-light-running``, by default half the capacity): a light request's first token waits for
-  vLLM's engine steps, and a step is the longer the more sequences run (H100, ``--max-num-seqs
-  256``, 1,000 streams of one key: the other key's TTFT p50 57 ms with ~244 running, 39 ms with 128,
-  18 ms alone; the heavy key's tok/s 1.37x and 1.11x of what it got with fair share off).
-  A running batch cannot shrink faster than its requests end, so the cap holds for ``linger`` after
-  the light key's last request, not only while it has one. When the linger ends with heavy keys
-  waiting, a timer in the worker that last held them back runs the queue again: their next
-  request to end may be minutes away.
-
-Everything lives in shared memory under :class:`~vllama_proxy.ipc.lock.SharedLock` (a few
-loads and stores and a scan of the backlogged keys only, per dispatch), so the order is the
-server's, not a worker's. A waiter is a future in its own worker; the process that frees a place
-picks the next key and a worker with a waiter of that key, counts the grant in shared memory and
-rings that worker's bell (``ipc/bells.py``'s :class:`~vllama_proxy.ipc.bells.Bell`, a FIFO
-in ``/dev/shm``, as a model's owner loop is rung): no polling, no sleep.
+At most ``capacity`` requests (vLLM's running capacity) are upstream at once; the rest wait here, one
+queue per key, and each freed place goes to the backlogged key with the highest ``priority``, then the
+smallest virtual token counter, then the fewest upstream (VTC, Sheng et al., OSDI'24). A request costs
+``W_OUT`` per output token + ``--fair-prompt-weight`` (:data:`W_IN`) per prompt token over the key's
+``weight``, estimated at dispatch and settled at the end (:meth:`_bounded`); a newly backlogged key is
+lifted to the smallest backlogged counter. Heavy keys leave ``--fair-reserve`` places free and, while a
+light key is active, run at most ``--fair-light-running``. Rules: ``docs/configuration.md`` "Fair
+share"; why: ``docs/decisions.md``. Invariant: the state is in shared memory under ``ipc/lock.py``'s
+lock (once at each end of a request), and the freer of a place rings the waiter's ``ipc/bells.py`` bell.
 """
 
 from __future__ import annotations

@@ -1,51 +1,14 @@
 """Per-key counters shared by every front of a fleet (``--state-url redis://...``).
 
-One front counts its keys' requests in shared memory (``admission.py``: every worker of the
-process sees one count). Several fronts (a Kubernetes Deployment with ``replicas: 2``) would each
-count their own, so a key would get its ``max_in_flight``, ``rpm`` and ``tpm`` once per front, and
-a key flooding two fronts would get each front's fair share. With ``--state-url`` each front also
-counts in Redis, the store LiteLLM's and the Gateway API inference extension's users already run,
-and the limits hold across fronts:
-
-- ``rpm``/``tpm``: the key's requests and tokens in the wall-clock minute over every front (the
-  fixed window of ``rate_limits.py``, whose semantics and headers stay), and ``max_in_flight``: its
-  requests in flight over every live front (both :meth:`KeyState.admit`);
-- the fair share (``fair_queue.py``): the service a key got on the other fronts (its VTC charges,
-  in cost / weight) is added to its virtual counter here (:meth:`KeyState.finish`), so a key
-  flooding two fronts is counted once. Each front keeps its own queue and its own capacity.
-
-:class:`KeyState` is the interface; :class:`RedisKeyState` is its one store-backed implementation.
-Without ``--state-url`` nothing here runs: the single-host counts of ``admission.py``,
-``rate_limits.py`` and ``fair_queue.py`` are the other implementation, unchanged.
-
-Round trips: one at admission for a key with any of these limits (``admit``: one Lua script, the
-minute then the requests in flight), one at the request's end (``finish``: one Lua script that
-gives the in-flight place back, adds the tokens to the minute and the service to the key's counter,
-and reads the other fronts'); never per token. A key with none of the limits, on a front without
-fair sharing, costs none.
-
-Data in Redis (``PREFIX`` ``vllama:``):
-
-- ``vllama:holders``: a set of the live counting processes (one per worker of each front);
-- ``vllama:inflight:<holder>``: a hash, key name -> that process's requests in flight, which
-  expires ``HOLDER_TTL`` s after its process last refreshed it (every ``HOLDER_TTL / 3`` s): a
-  front that dies gives its requests back within ``HOLDER_TTL`` s;
-- ``vllama:rpm:<key>:<minute>``, ``vllama:tpm:<key>:<minute>``: requests and tokens of a key in a
-  wall-clock minute (the fixed window of ``rate_limits.py`` and LiteLLM), expiring after 2 minutes;
-- ``vllama:served:<key>``: a hash, front -> the service that front gave the key (VTC units),
-  expiring ``SERVED_TTL`` s after the key's last request anywhere;
-- ``vllama:budget_holders`` and ``vllama:budget:<holder>``: the tokens each process's requests in flight
-  reserved of each key's ``budget_tokens`` (``budgets.py``: reserve, then settle), expiring as the in-flight
-  hashes do; a key is refused once its usage and every front's reservations reach its budget.
-
-A store that cannot be reached fails open to each front's own limits: its own in-flight count,
-its own minute (counted all along, so it goes on from what this front admitted) and its own fair
-queue. A Redis outage must not turn every request away, and the limits a key then gets are at most
-once per front, what it got before ``--state-url``. Logged (``state_store_unreachable``, at most
-once a minute) and counted (``vllama_state_store_errors``); after a failure the store is not asked
-for ``RETRY_AFTER_FAILURE`` s, so an unreachable host costs a request at most one timeout
-(``TIMEOUT`` s) per worker per that time. A place given back while the store was down is given back
-there once it answers (the heartbeat), so no count is left behind.
+Without it each front counts alone (``admission.py``, ``rate_limits.py``, ``fair_queue.py``), so a key
+gets its limits once per front. With it :class:`RedisKeyState` also counts in Redis, one Lua script at
+admission (:meth:`KeyState.admit`: the minute, then the requests in flight) and one at the end
+(:meth:`KeyState.finish`: place back, tokens, VTC service, the other fronts' service read), never per
+token. Keys under ``PREFIX``: ``holders``, ``inflight:<holder>`` (``HOLDER_TTL`` after the last
+heartbeat), ``rpm|tpm:<key>:<minute>``, ``served:<key>`` (``SERVED_TTL``), ``budget_holders`` /
+``budget:<holder>`` (``budgets.py``'s reservations). Invariant: an unreachable store fails open to the
+front's own counts (kept all along), is asked again after ``RETRY_AFTER_FAILURE`` s, and gets back a
+place given back meanwhile. Behaviour and numbers: ``docs/fleet.md`` "Limits that hold across fronts".
 """
 
 from __future__ import annotations

@@ -1,38 +1,12 @@
 """The clients' API keys with roles: who may do what, and whose share a request counts in.
 (The aiohttp app's own typed keys are ``app_state.py``'s.)
 
-Keys come from ``--api-key`` (each an admin key, as before) and ``--api-key-file``. The file is
-either one key a line (``#`` comments; each an admin key) or, when it parses as TOML with
-``[[keys]]`` tables, one entry a key::
-
-    [[keys]]
-    name = "alice"            # in logs and metrics; never the secret
-    key = "sk-alice-..."      # or: sha256 = "<hex SHA-256 of the key>"
-    role = "user"             # "admin", "user" (default) or "metrics" (a Prometheus scraper)
-    models = ["qwen2.5:*"]    # names or shell patterns it may use (default: every model)
-    max_in_flight = 8         # its own bound on requests in flight (429 beyond it)
-    max_tokens = 4096         # most tokens one answer may generate (num_predict, max_tokens clamped)
-    priority = 0              # higher is served first (with fair sharing on)
-    weight = 1.0              # its share of vLLM's running slots against other waiting keys (fair sharing)
-    rpm = 600                 # requests per minute (429 beyond; default: no limit)
-    tpm = 100000              # prompt + output tokens per minute (429 once spent; default: no limit)
-    budget_tokens = 2000000   # prompt + output tokens it may use per budget_period (429 beyond it)
-    budget_period = "month"   # "day" or "month" (UTC; default month)
-
-Roles (after LiteLLM's admin and virtual keys, and Open WebUI, where pulling and deleting are
-an admin's): a **user** runs inference on the models it may use, lists and shows those, and
-loads one (an empty prompt). Only an **admin** pulls, deletes, copies, creates, pushes, unloads a
-model that others are using (``keep_alive: 0``), reaches vLLM's routes that change the server
-(runtime LoRA adapters), reads the metrics, and, with ``--on-demand-admin-only``, starts a model
-that is not loaded. A **metrics** key reads ``/metrics`` and ``/vllm/metrics`` and nothing else. Refusals are in the route family's error shape
-(``errors.shape_of``: Ollama's ``{"error"}`` on ``/api``, OpenAI's on ``/v1``): 401 for no or an unknown key,
-403 naming what the role may not do, 429 with ``Retry-After`` over a key's own limit.
-
-A key is found by the SHA-256 of what the client sends (one hash and one dict lookup, no
-comparison that stops at the first differing byte). The file is read again on ``SIGHUP``
-(every worker too, ``front/workers.py``); streams in flight are untouched, and a file that no
-longer parses leaves the keys as they were (logged). With no key configured the server is
-open and every caller is an admin, as Ollama is.
+Keys come from ``--api-key`` (admin keys) and ``--api-key-file`` (one key a line, or TOML ``[[keys]]``
+tables, :class:`KeyEntry`: ``docs/configuration.md`` "The keys file"). Roles, after LiteLLM and Open
+WebUI: **user** (its models), **admin** (also models and the server), **metrics**. Invariants: a key is
+found by the SHA-256 of what the client sends (one hash, one dict lookup, no early-exit comparison);
+``SIGHUP`` rereads the file in every worker, one that no longer parses leaves the keys as they were;
+with no key every caller is an admin, as in Ollama.
 
 Which role reaches which route is ``route_roles.py``'s one table (checked by :func:`middleware`
 before anything else runs: a route not in it is 404 and never relayed); a check inside a handler

@@ -1,18 +1,12 @@
 """Per-key requests and tokens per minute (``rpm``, ``tpm`` in the keys file), shared by every worker.
 
-As LiteLLM's virtual keys (``rpm_limit``, ``tpm_limit``) and OpenAI's rate limits: a key over its
-``rpm`` requests, or with its ``tpm`` tokens (prompt + output, counted when a request ends) spent in
-the current minute, gets 429 with ``Retry-After`` (seconds to the next minute) and OpenAI's
-``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests``, ``x-ratelimit-reset-requests``
-(and the ``-tokens`` three) headers; an admitted request carries the same headers. The window is
-the wall-clock minute (a fixed window, as LiteLLM's): one counter pair per key in shared memory,
-reset by whoever first sees a new minute, under :class:`~vllama_proxy.ipc.lock.SharedLock`.
-
-Tokens are reserved, then settled (as LiteLLM reserves spend per request): an admitted request of a key with
-``tpm`` adds its worst case (prompt estimate + its capped output, ``admission.py``) to the minute at once, and
-its end replaces that with what it used (never per token). A key is refused once the minute's tokens, those
-reserved by its requests in flight included, reach ``tpm``: requests sent at once can no longer each find the
-minute unspent, so the minute is overspent by at most one request's reservation.
+As LiteLLM's virtual keys and OpenAI's rate limits: over ``rpm``, or with ``tpm`` (prompt + output)
+spent in the wall-clock minute (a fixed window, as LiteLLM's), a key gets 429 with ``Retry-After`` and
+OpenAI's ``x-ratelimit-*`` headers (an admitted request carries them too). One counter pair per key
+in shared memory, reset by whoever first sees a new minute, under
+:class:`~vllama_proxy.ipc.lock.SharedLock`. Tokens are reserved at admission (prompt estimate +
+capped output, ``admission.py``) and settled at the end, never per token. Invariant: requests sent at
+once cannot each find the minute unspent; it is overspent by at most one request's reservation.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Which role may reach which route: the one allow-list every request is decided by.
 
-:data:`ROUTES` names every route vllama answers or relays, with the roles that may call it. A
-route that is not in it is answered 404 by vllama and never relayed, whatever the key: vLLM's
-routes that change the server (``/v1/load_lora_adapter``, ``/sleep``, ``/wake_up``,
-``/reset_prefix_cache``, ``/collective_rpc``, ``/scale_elastic_ep``, ``/pause``, ``/update_weights``...)
-are safe because nobody listed them for users, not because someone remembered to block them.
-vLLM's own routes were read from ``vllm/entrypoints/`` (vLLM 0.32: ``openai/``, ``anthropic/``,
-``serve/``, ``pooling/``, ``speech_to_text/``).
-
-Roles (``api/policy/keys.py``): ``admin`` (every route listed), ``user`` (inference on its models, and
-listing and showing them), ``metrics`` (the Prometheus routes only: a scraper's key). :data:`OPEN`
-routes need no key (the probes; the metrics routes with ``--metrics-open``).
-
-A new route joins by one line here, beside its handler's registration in ``api/app.py``
-(``build_app`` refuses to start when a route it registers is missing from this table). A route
-relayed to vLLM under ``/v1/`` needs only its line: ``routes/openai.py`` relays what is listed.
+:data:`ROUTES` names every route vllama answers or relays, with the roles that may call it
+(``admin``: all; ``user``: inference on its models, listing and showing them; ``metrics``: the
+Prometheus routes); :data:`OPEN` routes need no key. Invariant: a route not in it is 404 and never
+relayed, whatever the key, so vLLM's routes that change the server (``/v1/load_lora_adapter``,
+``/sleep``, ``/collective_rpc``, ``/update_weights``...) are safe because nobody listed them for
+users, not because someone remembered to block them (read from vLLM 0.32's ``vllm/entrypoints/``).
+A new route joins by one line here beside its registration in ``api/app.py`` (``build_app`` refuses
+to start when one is missing); a ``/v1/`` route relayed to vLLM needs only its line.
 """
 
 from __future__ import annotations

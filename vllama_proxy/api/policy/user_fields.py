@@ -1,23 +1,14 @@
 """What of a ``/v1`` body a key of role ``user`` may send to vLLM: an allow-list of top-level fields per route.
 
-The Ollama routes are translated, so vLLM sees only fields vllama wrote. The ``/v1`` inference routes and the
-agents' (``/v1/messages``, ``/v1/responses``) relay the client's JSON: there a field vLLM acts on reaches the
-engine that every tenant shares. vLLM 0.32's request models (``ChatCompletionRequest``,
-``CompletionRequest``, ``EmbeddingCompletionRequest``/``EmbeddingChatRequest``, ``RerankRequest``, the
-``Score*Request`` models, ``ResponsesRequest`` and the Anthropic ones, read from its CPU build) take OpenAI's fields, its sampling extras, and fields for
-the operator's own machinery: disaggregated prefill's
-``kv_transfer_params``, custom logits processors' ``vllm_xargs``, its internal ``request_id``, the
-multimodal processor's and media loader's arguments (a request's own ``max_pixels`` or video frames: GPU work
-no share accounts for). For a user key:
-
-- a field of :data:`ALLOWED` passes (``priority`` too: ``admission.with_priority`` decides it);
-- a field of :data:`OPERATORS` is a 400 naming it: vLLM would act on it;
-- any other field is left out: vLLM ignores a field its model does not know (OpenAI's ``store``,
-  ``metadata`` ...), so leaving it out changes nothing a client sees, and a field a later vLLM adds
-  reaches it from a user key only once it is listed here.
-
-Admin keys (and a server without keys) send what they send, but for what every key's body gets: its own
-``cache_salt`` and media uuids (``cache_salt.py``).
+The Ollama routes are translated (vLLM sees only fields vllama wrote); the ``/v1`` inference and
+agents' routes relay the client's JSON to an engine every tenant shares, and vLLM 0.32's request
+models (read from its CPU build) also take fields for the operator's machinery
+(``kv_transfer_params``, ``vllm_xargs``, ``request_id``, the multimodal processor's arguments: GPU
+work no share accounts for). For a user key a field of :data:`ALLOWED` passes, one of
+:data:`OPERATORS` is a 400 naming it, and any other is left out (vLLM ignores fields its model does
+not know, so a client sees no change, and a field a later vLLM adds reaches it only once listed).
+Admin keys and a server without keys send what they send, but for their own ``cache_salt`` and media
+uuids (``cache_salt.py``).
 """
 
 from __future__ import annotations

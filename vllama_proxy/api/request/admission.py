@@ -1,17 +1,12 @@
 """One bound on inference requests in flight for the whole server, shared by every worker.
 
-vLLM queues whatever it cannot run yet, so vllama sends every request upstream at once
-and only bounds how many it holds: vLLM's running capacity (the sum over models of
-``max_num_seqs`` x data-parallel size) plus ``--max-queue`` waiting (Ollama's
-``OLLAMA_MAX_QUEUE``). Beyond that a request gets Ollama's 503 ``server busy`` with
-``Retry-After`` at once, instead of an ever-growing pile of connections. A draining server
-(``front/server.py``, on SIGTERM) answers every new inference request 503 the same way.
-
-The count lives in shared memory under one lock (:mod:`vllama_proxy.ipc.lock`), so the bound is the
-server's, not a per-worker share: ``SO_REUSEPORT`` spreads connections unevenly, and a
-per-worker split turned away requests while other workers had room (1,791 of
-4,096 rejected at 1,024 streams with data parallel 2). A waiting request costs a socket
-and a coroutine here, a few tens of kB (``benchmarks/RESULTS.md``).
+vLLM queues whatever it cannot run yet, so vllama sends every request upstream at once and only
+bounds how many it holds: vLLM's running capacity (the sum over models of ``max_num_seqs`` x
+data-parallel size) plus ``--max-queue`` waiting (Ollama's ``OLLAMA_MAX_QUEUE``). Beyond that, and on
+a draining server (``front/server.py``, SIGTERM), a request gets Ollama's 503 ``server busy`` with
+``Retry-After`` at once. Invariant: the count lives in shared memory under one lock
+(:mod:`vllama_proxy.ipc.lock`), so the bound is the server's, not a per-worker share (why, with the
+numbers: ``docs/decisions.md``).
 """
 
 from __future__ import annotations

@@ -2,22 +2,13 @@
 ``/v1/embeddings``, ``/v1/rerank``, ``/v1/score``, ``/v1/responses``) and Anthropic's (``/v1/messages``,
 ``/v1/messages/count_tokens``), as vLLM 0.32's ``protocol.py`` of each endpoint names their fields.
 
-Every field a policy of vllama's reads (the model, streaming and its usage, how many sequences, how many
-tokens, stops, logprobs, inputs, priority, the cache salt) has exactly one JSON type here, strictly: vLLM's
-pydantic models are lax (``"n": "8"``, ``8.0`` and ``"1e2"`` are 8, 8 and 100 there; ``"stream": 1`` is
-true), so a check of one spelling while vLLM reads another would be a hole. Another spelling is a 400
-naming the field (``gate.py``). Every other field is kept as sent, unchecked (``extra="allow"``): vLLM
-validates it, and for a user key the allow-list (``user_fields.py``) decides whether it goes at all.
-
-What goes upstream is :func:`fields` of the typed body: the checked values, never the client's dict.
-
-How many sequences a body starts in vLLM (:meth:`Body.sequences`, ``--max-choices``): ``n`` times a
-completion's prompts (a list of texts or of token-id lists, or of ``prompt_embeds``: each one). How many inputs
-a pooling body asks vLLM to encode (:meth:`Body.inputs`, ``--max-inputs`` and the fair queue's charge): vLLM
-0.32 makes one engine request of each entry (``entrypoints/pooling/base/serving.py``), so each is a sequence of
-its scheduler: ``/v1/embeddings``' ``input`` or ``messages`` (a list of texts, token-id lists or conversations:
-each one), ``/v1/rerank``'s ``documents``, ``/v1/score``'s longer list of its pair (1:1, 1:N or N:N). OpenAI's
-embeddings API takes at most 2,048 inputs a request, ``--max-inputs``' default.
+Invariants: every field a policy reads has exactly one JSON type here, strictly, because vLLM's
+pydantic models are lax (``"n": "8"`` is 8, ``"stream": 1`` true) and a check of one spelling while
+vLLM reads another would be a hole: another spelling is a 400 naming the field (``gate.py``). Other
+fields are kept unchecked (``extra="allow"``; ``user_fields.py`` decides for user keys); what goes
+upstream is :func:`fields` of the typed body, never the client's dict. :meth:`Body.sequences` is ``n``
+x the prompts; :meth:`Body.inputs` counts each entry vLLM makes an engine request of
+(``entrypoints/pooling/base/serving.py``; OpenAI's embeddings API takes at most 2,048).
 """
 
 from __future__ import annotations

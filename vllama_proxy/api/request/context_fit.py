@@ -1,20 +1,14 @@
 """A conversation longer than its model's context, made to fit as Ollama makes it: ``truncate`` and ``shift``.
 
-Ollama's ``truncate`` and ``shift`` default to true on ``/api/chat`` and ``/api/generate``: a chat longer than the
-context drops its oldest turns and answers (Ollama's ``server/prompt.go`` ``chatPrompt``: every system message
-kept, the latest message kept, a tool's answer never parted from the call that asked for it), and an answer
-that reaches the context's end goes on (its runner shifts the window). vLLM refuses both with a 400. So when
-vLLM refuses a request for its context (:func:`is_context_full`), :func:`fit` makes it fit once, in vLLM's own
-count (``/tokenize`` with the chat template, a few calls by bisection), and the request is sent again:
-
-- the prompt fits but not the output asked for (``shift``): the output is lowered to the room left;
-- the prompt does not fit (``truncate``): the oldest turns are dropped until it fits with room for the answer
-  (its ``num_predict``, at most a quarter of the context when it asks for none or more); a prompt still too long
-  alone (one huge message, a raw generate) is cut from its start by vLLM (``truncate_prompt_tokens``), as
-  Ollama's runner cuts its input.
-
-``truncate: false`` (or ``shift: false`` for an output over the room) keeps vLLM's refusal, in Ollama's words.
-Nothing is asked of vLLM for a request that fits: the cost is paid only by one vLLM refused.
+Ollama's ``truncate`` and ``shift`` default to true: a chat longer than the context drops its oldest
+turns (``server/prompt.go`` ``chatPrompt``: system messages and the latest message kept, a tool's
+answer never parted from its call) and an answer reaching the context's end goes on; vLLM refuses
+both with a 400. When vLLM refuses for its context (:func:`is_context_full`), :func:`fit` makes the
+request fit once, in vLLM's own count (``/tokenize`` with the chat template, by bisection), and it is
+sent again: the output lowered to the room left (``shift``), or the oldest turns dropped until it fits
+with room for the answer (``truncate``; its ``num_predict``, at most a quarter of the context), a prompt
+still too long cut from its start by vLLM (``truncate_prompt_tokens``). ``false`` keeps vLLM's refusal,
+in Ollama's words. Invariant: a request that fits costs nothing here.
 """
 
 from __future__ import annotations

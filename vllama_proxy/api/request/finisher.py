@@ -1,20 +1,14 @@
 """The finisher: the one place that completes every body vLLM receives, for every route.
 
-A route builds what vLLM is asked (the Ollama routes translate their typed request, ``ollama/to_openai.py``;
-the relayed routes take the gate's checked fields, ``request/gate.py``); :func:`finish` then adds what every body
-owes the other tenants and the operator, in one order, so that no route can forget one:
-
-1. the model as vLLM serves it (a created model's LoRA adapter, ``to_openai.upstream_model``) and, on a
-   relayed route, a created model's ``SYSTEM`` and ``PARAMETER`` defaults under what the client sent;
-2. the request's vLLM ``priority`` (fair sharing; a user key never goes before others);
-3. the key's own share of the prefix cache and of the media caches (``cache_salt.py``);
-4. the output tokens capped by the key's ``max_tokens`` and the model's context (``routes/output_tokens.py``);
-5. a stream's usage asked of vLLM, so the settler (``settler.py``) can charge it; the chunk is dropped from a
-   client that did not ask (``call.drop_usage``);
-6. a user key's Responses request kept stateless (``store: false``), Anthropic's thinking budget below
-   ``max_tokens``.
-
-Runs with the model held (its ``/tokenize`` may be asked for the cap), once per request, never per token.
+A route builds what vLLM is asked (translated, ``ollama/to_openai.py``, or the gate's checked fields);
+:func:`finish` then adds what every body owes the other tenants and the operator, in one order, so
+that no route can forget one: (1) the model as vLLM serves it (a created model's adapter) and, when
+relayed, a created model's ``SYSTEM`` and ``PARAMETER`` defaults under the client's; (2) the vLLM
+``priority`` (a user key never goes before others); (3) the key's prefix- and media-cache share
+(``cache_salt.py``); (4) output tokens capped by the key's ``max_tokens`` and the context
+(``routes/output_tokens.py``); (5) a stream's usage asked of vLLM for the settler (dropped for a
+client that did not ask); (6) a user key's Responses request stateless, Anthropic's thinking budget
+below ``max_tokens``. Runs with the model held, once per request, never per token.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The gate: an inference request's body, read within its limits, parsed once into its route's typed
 request and checked, before any of its key's limits counts it.
 
-``admission.py`` calls :func:`gate` for every inference request (the Ollama routes, every POST under
-``/v1/``); what it leaves in the request's :class:`~..call.Call` is all that a route, the finisher
-(``finisher.py``) and the settler (``settler.py``) read of the body:
-
-- ``call.typed``: the Ollama routes' ``api/ollama/types.py`` model (``ChatRequest``, ``GenerateRequest``,
-  ``EmbedRequest``, ``EmbeddingsRequest``), or a relayed route's ``bodies.Body`` (one JSON type for
-  each field a policy reads, ``bodies.py``); ``None`` for a form (the audio routes) and for the admin's
-  relayed routes that have no typed body, whose JSON is still parsed here, once, strictly;
-- ``call.asked``: the model it names.
-
-What a key of role ``user`` may send is decided here too, once, for every route: the allow-list of
-fields (``user_fields.py``, the agents' routes included), how many sequences at once (``--max-choices``),
-how many inputs (``--max-inputs``; ``/api/embed`` is sent in parts instead), and the Responses API's
-stateless use (no ``background``, no ``previous_response_id``: neither is charged to anyone as vLLM
-runs it). A refusal is a 400 naming the field, in the route family's error shape (``errors.shape_of``).
+``admission.py`` calls :func:`gate` for every inference request. Invariant: what it leaves in the
+request's :class:`~..call.Call` is all that a route, the finisher and the settler read of the body:
+``call.typed`` (``api/ollama/types.py``'s model, a relayed route's ``bodies.Body``, or ``None`` for a
+form and the admin's untyped relayed routes, whose JSON is still parsed here once, strictly) and
+``call.asked`` (the model). What a ``user`` key may send is decided here once for every route: the
+field allow-list (``user_fields.py``), ``--max-choices``, ``--max-inputs`` (``/api/embed`` is sent in
+parts instead) and the Responses API's stateless use (no ``background``, no ``previous_response_id``:
+neither is charged to anyone). A refusal is a 400 naming the field, in the route family's shape.
 """
 
 from __future__ import annotations

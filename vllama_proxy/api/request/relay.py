@@ -1,18 +1,13 @@
 """vLLM's answer relayed to an Ollama client: the request goes upstream at once and the answer
 streams straight through a translator (``ollama/to_ollama.py``).
 
-:func:`relay` sends the body, feeds every decoded SSE chunk to the response's translator and
-writes what it returns: NDJSON out when the client streams (``ndjson.py``), one aggregated JSON
-object when it does not. Upstream is streamed, so TTFT (``prompt_eval_duration``) is measured
-the same way in both modes, except for a non-streamed request to a vLLM that reports
-per-request timings (``--enable-per-request-metrics``): then upstream is not streamed either
-(vLLM sends the answer once instead of an event per token) and the durations come from vLLM's
-``metrics`` (``to_ollama.unstreamed_timings``). The request's metrics (TTFT, TPOT, stage
-timings) are observed once per request (``metrics.py``).
-
-Source: ``docs/wire.md`` "Responses" (exactly one final chunk) and Ollama's
-``server/routes.go`` ``streamResponse`` (an error after the stream began is the last NDJSON
-line).
+:func:`relay` sends the body, feeds each decoded SSE chunk to the translator and writes what it
+returns: NDJSON when the client streams, one JSON object when not. Upstream is streamed in both modes,
+so TTFT is measured alike, except a non-streamed request to a vLLM with
+``--enable-per-request-metrics``, whose durations come from vLLM's ``metrics``
+(``to_ollama.unstreamed_timings``). Metrics are observed once per request. Source: ``docs/wire.md``
+"Responses" (exactly one final chunk) and Ollama's ``server/routes.go`` ``streamResponse`` (an error
+after the stream began is the last NDJSON line).
 """
 
 from __future__ import annotations
@@ -45,8 +40,7 @@ async def in_own_task(loop: Coroutine[Any, Any, _T]) -> _T:
     ``Application._handle``, its ``_fix_request_current_app``, each of vllama's middlewares
     (``api/app.py``), the route and ``answer.py``: 10 to 12 frames resumed for every token a stream
     relays (``tests/test_token_path.py``). In its own task a read resumes the loop's frames
-    only: 4-7 % less CPU per token at 16 and 64 streams (``benchmarks/RESULTS.md``, "A token's read
-    off the middlewares' chain"), for ~2.6 µs per request. The handler awaits the task, so the task's result, its errors and a
+    only, for less CPU per token at a small cost per request (``docs/decisions.md``). The handler awaits the task, so the task's result, its errors and a
     cancellation pass as before: the client gone, aiohttp cancels the handler's task, which cancels
     the task it waits for. The task runs in a copy of the request's context (``request_id`` in the
     log lines); it costs one task per request.

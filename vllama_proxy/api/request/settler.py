@@ -1,17 +1,12 @@
 """The settler: the one place where a request is charged, once, at its end however it ends.
 
-``app.py``'s outermost middleware calls :meth:`Settler.settle` for every request after its answer (or its
-error, or its client's leaving). From the request's :class:`~.call.Call` it charges every token vLLM
-reported (or, for an answer its client left, what was relayed before) exactly once to:
-
-- the fair queue (its place upstream given back, the prompt's estimate settled by vLLM's count),
-- the key's ``tpm`` minute and ``budget_tokens`` (each reservation of admission replaced by the use),
-- the shared store of a fleet (``--state-url``: its place, its minute, its service on this front),
-- the server's in-flight bound (its place given back),
-- the key's Prometheus counters and the usage ledger's row.
-
-A request the gate or a limit refused is recorded for its key too (the ledger's row with its status and
-error; a request with no known key, 401, in the metrics only: its rows would be anyone's to write).
+``app.py``'s outermost middleware calls :meth:`Settler.settle` for every request after its answer,
+error or client's leaving. Invariant: from the request's :class:`~.call.Call` every token vLLM
+reported (or, for an answer its client left, what was relayed) is charged exactly once to the fair
+queue (place given back, estimate settled), the key's ``tpm`` minute and ``budget_tokens``
+(reservations replaced by use), a fleet's shared store (``--state-url``), the server's in-flight
+bound, and the key's Prometheus counters and ledger row. A request the gate or a limit refused is
+recorded for its key too; one with no known key (401) only in the metrics.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """``/admin``: the operator's page, server-rendered HTML with no script and no build step.
 
-What it shows: each model and its state, GPU memory (NVML), requests in flight per key, each key's
-tokens this day and month with a bar of its budget, the requests answered today by key and model,
-and the last failed requests (from the usage ledger).
-
-Who may open it: an admin key (on an open server, anyone, as every caller is an admin there). A
-browser sends the key once: ``GET /admin`` without one answers a sign-in form, which posts the key
-to ``POST /admin/login``; an admin key gets a cookie ``vllama_admin`` (HttpOnly, SameSite=Strict,
-Path=/admin, Secure on HTTPS, 8 hours), a user key 403, an unknown one 401. The key never goes in a
-URL. The cookie holds the key's name, an expiry and an HMAC-SHA-256 of both keyed by the key's
-SHA-256 digest, which every worker knows from the keys file: valid on any worker, void once the key leaves
-the keys file (SIGHUP), and ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file in the state
-directory every worker reads). The sign-in form's body is read within 4 KB and ``--body-timeout``
-(``api/request/body_reader.py``): anyone may post it. CSRF: the cookie is SameSite=Strict, the
-page only reads, and the two POSTs refuse an ``Origin`` other than the page's own. Clickjacking and
-injection: ``frame-ancestors 'none'`` and a CSP without scripts; every value is HTML-escaped.
-Scripts and ``curl`` may send ``Authorization: Bearer <key>`` instead.
+It shows each model and its state, GPU memory, requests in flight per key, each key's tokens this day
+and month against its budget, today's requests by key and model, and the last failed requests (the
+usage ledger). Only an admin key opens it (anyone on an open server). A browser posts the key once
+(``POST /admin/login``, body within 4 KB and ``--body-timeout``) and gets a cookie ``vllama_admin``
+(HttpOnly, SameSite=Strict, Path=/admin, Secure on HTTPS, 8 hours) holding the key's name, an expiry
+and their HMAC-SHA-256 keyed by the key's digest: valid on any worker, void once the key leaves the
+keys file, ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file every worker reads).
+Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin``; ``frame-ancestors
+'none'``, a CSP without scripts, every value HTML-escaped. Scripts may send ``Authorization: Bearer``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """The coding agents' APIs: Anthropic's ``/v1/messages`` (Claude Code) and OpenAI's ``/v1/responses`` (Codex).
 
-Ollama serves both since 0.14 (``/v1/messages``, Claude Code) and 0.13.3 (``/v1/responses``,
-stateless, Codex); vLLM 0.26+ has its own endpoints for both (``vllm/entrypoints/anthropic``,
-``vllm/entrypoints/openai/responses``), which turn the request into a chat completion through the
-model's chat template and parsers: a ``tool_use`` block from ``--tool-call-parser``, a ``thinking``
-block from ``--reasoning-parser``. The body is typed and checked by the gate (``request/gate.py``: the allow-list
-of fields, the stops, the output fields' types), completed by the finisher (``finisher.py``) and relayed; around
-it, what ``/api/chat`` has before a request goes upstream (``model_use.py``): the model named as Ollama names it (served
-name, alias, library name, created model, on-demand local model), the key's role and model
-allow-list, the on-demand slot, the keep-alive, the per-key usage (read from the answer's last
-bytes, ``openai._usage``, charged by ``settler.py``), the access log line, and the conversation's key for a router in front of
-several engines (``affinity.agent_key``: Codex's ``prompt_cache_key``, Claude Code's session id). A request with tools for a model served
-without a tool parser gets a clear 400 here (``"X" does not support tools``, in Anthropic's error
-shape on ``/v1/messages``: ``api/app.py``) instead of vLLM's advice about its own flags.
-
-Fair share: the admission bound and each key's share apply as on every route; the request's vLLM
-``priority`` reaches ``/v1/responses`` (a field of vLLM's ``ResponsesRequest``), not
-``/v1/messages`` (vLLM's ``AnthropicMessagesRequest`` has none, so it would be dropped).
+As Ollama 0.14 / 0.13.3 serve them; vLLM 0.26+ has its own endpoints for both
+(``vllm/entrypoints/anthropic``, ``vllm/entrypoints/openai/responses``), rendering through the
+model's chat template and parsers. The body is checked by the gate (``request/gate.py``), completed by
+the finisher and relayed; around it, what ``/api/chat`` has (``model_use.py``): the model named as
+Ollama names it, the key's role and models, the on-demand slot, keep-alive, per-key usage (from the
+answer's last bytes, charged by ``settler.py``), the access log, and the conversation's router key
+(``affinity.agent_key``). Tools for a model without a tool parser are a 400 here (``"X" does not
+support tools``, in the route's error shape), not vLLM's advice about its flags. A key's vLLM
+``priority`` reaches ``/v1/responses`` only (vLLM's ``AnthropicMessagesRequest`` has no such field).
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     if not (board.available or board.waking or board.loading):
         raise board.unavailable()
     # A model serving now is counted in flight at once: one lock section instead of the wait's three
-    # (begin waiting, ready, stop waiting: ~50 µs of a lone request's way in on the 2-core VM)
+    # (begin waiting, ready, stop waiting; docs/decisions.md)
     if not board.try_begin(slot):
         board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
         try:

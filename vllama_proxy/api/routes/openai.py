@@ -1,15 +1,12 @@
 """``/v1/*`` relayed to vLLM: the OpenAI-compatible routes as Copilot and every OpenAI client send them to
 Ollama's own OpenAI layer, and (through ``agents.py``) the agents' routes.
 
-A JSON body reaches a handler typed and checked by the gate (``request/gate.py``); what vLLM receives is built
-from it: the gate's checked fields, the model named as vLLM serves it, completed by the finisher
-(``finisher.py``: priority, the key's caches, the output cap, a stream's usage, a created model's defaults).
-The answer is relayed as vLLM writes it, but for the usage chunk of a stream that did not ask for it
-(``_Events``) and a created model's name where vLLM wrote its base's. The settler (``settler.py``) charges
-what the answer's usage says, or, for a stream its client left, what was relayed.
-``GET /v1/models`` lists every model vllama launched. vllama's own refusals are raised into ``errors.py``'s tree
-(OpenAI's error shape on ``/v1``: ``api/app.py``); an upstream failure after the answer began ends an SSE stream with
-that object as its last event (``errors.error_event``), as vLLM ends its own.
+What vLLM receives is built from the gate's checked fields (``request/gate.py``), the model as vLLM
+serves it, completed by the finisher (``finisher.py``). The answer is relayed as vLLM writes it, but
+for a usage chunk the stream did not ask for (``_Events``) and a created model's name where vLLM wrote
+its base's; the settler charges its usage, or what was relayed to a client that left. ``GET
+/v1/models`` lists every model vllama launched. Refusals are ``errors.py``'s, in OpenAI's shape; an
+upstream failure after an SSE stream began ends it with that object (``errors.error_event``).
 """
 
 from __future__ import annotations

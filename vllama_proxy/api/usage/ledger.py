@@ -1,24 +1,13 @@
 """The usage ledger: one row per inference request of a known key (answered or refused), kept in a database.
 
-The settler (``settler.py``) only appends a :class:`~vllama_proxy.api.usage.store.Row` (a named tuple) to this process's list
-(:meth:`Ledger.record`: no lock, no I/O, no await); a task of each process writes the list in one
-transaction every ``--usage-flush-interval`` seconds, or sooner once ``--usage-flush-rows`` rows wait,
-in a worker thread that takes the GIL a few times per batch, not per row (``api/usage/store.py``).
-Every ``--workers`` process has its own ledger and connection; they share the database (SQLite in
-WAL mode, or PostgreSQL shared by several fronts too).
-
-What a stop loses: a clean stop (SIGTERM, SIGINT) writes every row first (the app's cleanup, after
-the requests in flight drained). A ``kill -9`` (or a crash) loses the rows this process had not yet
-written: at most the last ``--usage-flush-interval`` seconds of its answers (or ``--usage-flush-rows``
-rows, whichever came first). Rows already written are committed and stay.
-
-Budgets read their usage from here without a database round trip per request (:meth:`Ledger.used`):
-running totals per key for the current day and month, kept up to date from the database every
-``--usage-refresh-interval`` seconds (so other processes' and other fronts' usage arrives within that
-time), plus this process's rows written since and not yet written. Each refresh reads only the rows
-written since the last (by row id); the whole period is counted at start and when a day or month
-begins, and with PostgreSQL every :data:`RECOUNT_INTERVAL` seconds too, because a row whose
-transaction began first may become visible after rows with higher ids.
+The settler appends a :class:`~vllama_proxy.api.usage.store.Row` to this process's list
+(:meth:`Ledger.record`: no lock, no I/O, no await); a task writes the list in one transaction every
+``--usage-flush-interval`` s or ``--usage-flush-rows`` rows, in a worker thread (``store.py``). Each
+worker has its own ledger and connection to the shared database. A clean stop writes every row first;
+a ``kill -9`` loses at most the last flush interval's rows. Budgets read usage with no round trip
+(:meth:`Ledger.used`): per-key day and month totals refreshed every ``--usage-refresh-interval`` s from
+the rows since the last (by row id), plus unwritten rows; recounted whole at start, when a period
+begins, and with PostgreSQL every :data:`RECOUNT_INTERVAL` s (a row may become visible after higher ids).
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Where the usage ledger's rows are kept: an SQLite file (the default) or a PostgreSQL database.
 
 Both speak the same few statements through a blocking DB-API connection that only ever runs in a
-worker thread (``asyncio.to_thread``, from ``ledger.py``), never on the event loop. Each call holds
+worker thread (``asyncio.to_thread``, from ``ledger.py``), never on the event loop; each call holds
 the store's lock, so one connection serves the flush task and the ``/api/usage`` queries alike.
-
-A batch goes to SQLite as one JSON array in one ``INSERT ... SELECT ... FROM json_each(?)``: the
-writer thread holds the GIL for orjson's serialisation (~0.2 ms per 1,000 rows) and a few calls, and
-SQLite inserts the whole batch with the GIL released. ``executemany`` released and took back the GIL
-around every row's reset and step, each a moment where the event loop, busy with a burst of
-requests, could wait on the writer (benchmarks/RESULTS.md has what was and was not
-measured). PostgreSQL keeps ``executemany`` (psycopg pipelines it, one round trip).
-
-SQLite (stdlib ``sqlite3``): WAL journal, so every ``--workers`` process writes the same file with
-its own connection (writers take turns, ``busy_timeout`` 10 s; readers never wait), ``synchronous
-= NORMAL`` (a committed batch survives a killed process; only a power cut may lose the last
-commits, SQLite's documented WAL trade-off). PostgreSQL (psycopg 3, ``pip install
-'vllama-proxy[postgres]'``): several fronts share one database; each row names its host.
-
-Times are seconds since the epoch (UTC); days and months are UTC days and months.
+A batch goes to SQLite as one JSON array in one ``INSERT ... SELECT ... FROM json_each(?)``, so the
+writer holds the GIL a few times per batch, not per row (why: ``docs/decisions.md``); PostgreSQL
+keeps ``executemany`` (psycopg pipelines it). SQLite: WAL (every worker writes the same file,
+``busy_timeout`` 10 s, readers never wait), ``synchronous = NORMAL`` (a committed batch survives a
+killed process; a power cut may lose the last commits). PostgreSQL (psycopg 3, the ``postgres``
+extra): several fronts share one database, each row naming its host. Times are UTC epoch seconds.
 """
 
 from __future__ import annotations
