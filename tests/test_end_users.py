@@ -15,7 +15,7 @@ import time
 import httpx
 from conftest import place
 
-from vllama_proxy.api.ledger_store import Row, open_store
+from vllama_proxy.api.usage.store import Row, open_store
 
 FRONT = """
 [[keys]]
