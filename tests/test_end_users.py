@@ -12,9 +12,13 @@ import concurrent.futures as cf
 import sqlite3
 import time
 
+import asyncio
+
 import httpx
+import orjson
 from conftest import place
 
+from vllama_proxy.api.policy.fair_queue import FairQueue
 from vllama_proxy.api.usage.store import Row, open_store
 
 FRONT = """
@@ -162,9 +166,9 @@ def test_the_access_log_hashes_end_users_where_the_key_asks(serve, hub, tmp_path
                          "user": "bob@example.com"})
     assert r.status_code == 200, r.text
     log = s.log.read_text()
-    assert "alice@example.com" not in log and "bob@example.com" not in log
-    hashed = [line for line in log.splitlines() if '"end_user"' in line]
-    assert len(hashed) == 2, hashed
+    assert "alice@example.com" not in log and "bob@example.com" not in log, log[-3000:]
+    hashed = [orjson.loads(line)["end_user"] for line in log.splitlines() if '"end_user"' in line and '"request"' in line]
+    assert len(hashed) == 2 and all(len(h) == 16 and int(h, 16) >= 0 for h in hashed), (hashed, log[-3000:])
     usage = httpx.get(s.url + "/api/usage?by=user", headers={"Authorization": "Bearer sk-boss"}).json()["usage"]
     assert {r["end_user"] for r in usage} == {"alice@example.com", "bob@example.com"}  # the ledger keeps the id
 
@@ -188,3 +192,28 @@ def test_a_ledger_made_before_end_users_gets_the_column_and_keeps_its_rows(tmp_p
     assert month == {"old": 7, "webui": 11, "webui\0alice": 11}
     store.close()
     open_store(str(path), tmp_path).close()  # opened again: the column is there, nothing to add
+
+
+def test_a_fronts_users_split_its_weight_the_key_keeps_its_share_against_another_key():
+    """One place; key 1 (a trusted front) has three end users flooding, key 2 one flood, equal weights and outputs:
+    VTC within the front gives each user a third of the front's half, and the front as a whole half, not three
+    quarters (three counters of full weight would)."""
+    async def run() -> list[int]:
+        q = FairQueue(1, workers=1, keys=64)
+        served: list[int] = []
+
+        async def one(counter: int, parent: int) -> None:
+            await q.turn(0, counter, parent=parent)
+            served.append(counter)
+            await asyncio.sleep(0)
+            q.done(0, counter, output=10)
+
+        # every counter backlogged from the start: 40 requests each, waiting at once
+        await asyncio.gather(*(one(c, p) for _ in range(40) for c, p in ((2, -1), (40, 1), (41, 1), (42, 1))))
+        return served
+
+    served = asyncio.run(run())[:60]  # while all four flood
+    front = sum(1 for c in served if c >= 40)
+    assert 27 <= front <= 33, (front, served)
+    per_user = [served.count(40 + u) for u in range(3)]
+    assert max(per_user) - min(per_user) <= 2, per_user
