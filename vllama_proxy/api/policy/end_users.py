@@ -1,6 +1,6 @@
 """End users as sub-tenants of a key: the people behind a trusted front end (Open WebUI) that uses one key.
 
-A key marked ``trusted_front`` (``keys.py``; ``docs/configuration.md`` "Open WebUI behind one key") names each
+A key marked ``trusted_front`` (``keys.py``; ``docs/configuration.md`` "Many users") names each
 request's end user: its ``user_header`` (default ``X-OpenWebUI-User-Id``), else with ``user_body`` OpenAI's
 ``user``/``safety_identifier`` or Anthropic's ``metadata.user_id``, else :data:`ANONYMOUS`. The gate reads it once
 (``Call.end_user``). It gets a fair-queue counter under its key (the key's weight split between its active users),
