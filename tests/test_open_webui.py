@@ -19,7 +19,9 @@ Optional, skipped unless everything it needs is here (CI has none of it and inst
     .venv/bin/pip install playwright                # the driver only: never `playwright install`
     VLLAMA_OPEN_WEBUI=/work/owui-venv/bin/open-webui scripts/test.sh -s tests/test_open_webui.py
 
-Measured with open-webui 0.12.4, Chromium 156, playwright 1.65: about 50 s.
+Measured with open-webui 0.12.4, Chromium 156, playwright 1.65: about 50 s. The second test signs two users in
+behind one trusted-front key (``api/policy/end_users.py``): one user's flood does not stall the other's chat, and the
+ledger names both.
 ``VLLAMA_OPEN_WEBUI_SHOTS=DIR`` keeps the screenshots and the request table there (the recorded
 ones are in ``abcf5ef:benchmarks/results/open-webui/``, in the repository's history); otherwise they go to the test's temporary directory.
 """
@@ -361,3 +363,123 @@ def test_open_webui_session(open_webui_session, tmp_path):
     errors = [line for line in (tmp_path / "open-webui.log").read_text(errors="replace").splitlines()
               if "| ERROR" in line or "Traceback" in line]
     assert not errors, "\n".join(errors)
+
+
+KEYS = """
+[[keys]]
+name = "webui"
+key = "sk-webui"
+trusted_front = true
+
+[[keys]]
+name = "ops"
+key = "sk-ops"
+role = "admin"
+"""
+SECOND_EMAIL, SECOND_PASSWORD = "bob@example.com", "vllama-open-webui-bob"
+
+
+def _api(base: str, method: str, path: str, token: str | None = None, body: dict | None = None) -> dict:
+    req = urllib.request.Request(base + path, method=method, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read() or b"{}")
+
+
+@pytest.fixture
+def open_webui_two_users(vllama, tmp_path):
+    """vllama with one trusted-front key (2 running places on one stand-in vLLM) and Open WebUI using that key for
+    everyone, forwarding its users' identity (ENABLE_FORWARD_USER_INFO_HEADERS); yields (vllama, Open WebUI URL)."""
+    models = tmp_path / "models"
+    write_model_dir(models / "qwen-fake")
+    (tmp_path / "keys.toml").write_text(KEYS)
+    config = f'keep_alive = "-1"\n\n[[models]]\nmodel = "{models}/qwen-fake"\nname = "qwen-fake"\n'
+    v = vllama(config=config, flags=["--api-key-file", str(tmp_path / "keys.toml"), "--max-running", "2"],
+               env={"FAKE_VLLM_TOKEN_DELAY": "0.05", "FAKE_VLLM_MAX_NUM_SEQS": "2"})
+    wait_until(lambda: v.ready()["state"] == "ready", 60, "the model ready")
+    port = free_port()
+    data = tmp_path / "open-webui"
+    data.mkdir()
+    env = {**os.environ, "DATA_DIR": str(data), "OLLAMA_BASE_URL": v.url, "ENABLE_OLLAMA_API": "true",
+           "ENABLE_OPENAI_API": "false", "ENABLE_FORWARD_USER_INFO_HEADERS": "true", "BYPASS_MODEL_ACCESS_CONTROL": "true",
+           "ENABLE_TITLE_GENERATION": "false", "ENABLE_TAGS_GENERATION": "false", "ENABLE_FOLLOW_UP_GENERATION": "false",
+           "WEBUI_ADMIN_EMAIL": EMAIL, "WEBUI_ADMIN_PASSWORD": PASSWORD, "WEBUI_SECRET_KEY": "vllama-test-secret",
+           "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ANONYMIZED_TELEMETRY": "false",
+           "DO_NOT_TRACK": "true", "SCARF_NO_ANALYTICS": "true", "RAG_EMBEDDING_ENGINE": "ollama"}
+    log = (tmp_path / "open-webui.log").open("wb")
+    proc = subprocess.Popen([OPEN_WEBUI, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env, cwd=data,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, f"open-webui exited {proc.returncode}; see {tmp_path / 'open-webui.log'}"
+        try:
+            return urllib.request.urlopen(url + "/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(healthy, 240, "Open WebUI to start", interval=0.5)
+        admin = _api(url, "POST", "/api/v1/auths/signin", body={"email": EMAIL, "password": PASSWORD})["token"]
+        # the one key every user's requests carry (Admin Settings > Connections > Ollama: its key)
+        _api(url, "POST", "/ollama/config/update", admin, {"ENABLE_OLLAMA_API": True, "OLLAMA_BASE_URLS": [v.url],
+                                                           "OLLAMA_API_CONFIGS": {"0": {"key": "sk-webui"}}})
+        _api(url, "POST", "/api/v1/auths/add", admin,
+             {"name": "Bob", "email": SECOND_EMAIL, "password": SECOND_PASSWORD, "role": "user"})
+        yield v, url
+    finally:
+        stop(proc, timeout=20)
+        log.close()
+
+
+def test_two_signed_in_users_behind_one_key_one_floods_the_other_still_chats(open_webui_two_users, tmp_path):
+    """The admin floods the model with 10 long chats (Open WebUI's own /ollama/api/chat, as its UI sends them, with
+    its session: the key and X-OpenWebUI-User-Id); Bob, signed in in Chromium, chats meanwhile. vllama's fair queue
+    gives Bob the first place the flood frees (each flood answer 10 s; behind the key's first-come queue Bob would
+    wait for 4 rounds of them), and the ledger names both users under the one key."""
+    import concurrent.futures as cf
+    from playwright import sync_api
+    v, base = open_webui_two_users
+    qwen = fake_url(v, "qwen-fake")
+    admin = _api(base, "POST", "/api/v1/auths/signin", body={"email": EMAIL, "password": PASSWORD})
+    flood_body = {"model": "qwen-fake:latest", "stream": False,
+                  "messages": [{"role": "user", "content": "flood [[tokens:200]]"}]}
+    with cf.ThreadPoolExecutor(10) as ex:
+        flood = [ex.submit(_api, base, "POST", "/ollama/api/chat", admin["token"], flood_body) for _ in range(10)]
+        wait_until(lambda: get_json(qwen + "/_fake/stats")["running"] == 2, 60, "the flood to fill both places")
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            expect = sync_api.expect
+            page.goto(base + "/auth", wait_until="networkidle")
+            page.get_by_placeholder("Enter Your Email").fill(SECOND_EMAIL)
+            page.get_by_placeholder("Enter Your Password").fill(SECOND_PASSWORD)
+            page.get_by_role("button", name="Sign in").click()
+            expect(page.locator("#chat-input")).to_be_visible(timeout=30_000)
+            try:  # the release notes pop up on a first sign-in
+                page.get_by_role("button", name="Okay, Let's Go!").click(timeout=5_000)
+            except sync_api.TimeoutError:
+                pass
+            page.get_by_role("button", name=re.compile("^Selected model")).first.click()
+            page.get_by_role("listbox", name="Available models").get_by_role(
+                "option", name="Select qwen-fake:latest model").click()
+            ended = get_json(qwen + "/_fake/stats")["completed"]
+            box = page.locator("#chat-input")
+            box.click()
+            box.fill("Bob's question [[tokens:8]]")
+            page.keyboard.press("Enter")
+            # one flood answer takes 10 s: Bob's answer comes once the first of them ends, not after 4 rounds
+            expect(page.locator("#response-content-container").last).to_contain_text("tok7", timeout=25_000)
+            page.screenshot(path=str(tmp_path / "bob-answered-during-the-flood.png"))
+            browser.close()
+        for f in flood:
+            f.result()
+    sent = [r["body"]["messages"][-1]["content"] for r in get_json(qwen + "/_fake/requests")
+            if r["path"] == "/v1/chat/completions"]
+    bob = next(i for i, c in enumerate(sent) if c.startswith("Bob's question"))
+    assert bob <= 2 + ended + 1, (bob, ended, sent)  # at the first place freed, ahead of the 8 flood requests waiting
+    usage = _api(v.url, "GET", "/api/usage?by=user", "sk-ops")["usage"]
+    users = {r["end_user"]: r["requests"] for r in usage if r["key"] == "webui"}
+    bob_id = _api(base, "POST", "/api/v1/auths/signin", body={"email": SECOND_EMAIL, "password": SECOND_PASSWORD})["id"]
+    assert users.get(admin["id"], 0) >= 10 and users.get(bob_id, 0) >= 1, users
