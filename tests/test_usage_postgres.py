@@ -88,3 +88,32 @@ def test_two_fronts_share_one_postgresql_ledger(fake, postgres, tmp_path):
     finally:
         stop(a.proc)
         stop(b.proc)
+
+
+def test_a_postgresql_ledger_made_before_end_users_gets_the_column_and_keeps_its_rows(postgres):
+    """A database whose ``vllama_usage`` has no ``end_user`` column (as vllama made it before): opening it adds the
+    nullable column; its old rows read as a key's own, new rows carry their end user, ``tokens`` counts both."""
+    import psycopg
+
+    from vllama_proxy.api.usage.store import Row, open_store
+
+    with psycopg.connect(postgres, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE old_ledger")
+    url = postgres.rsplit("/", 1)[0] + "/old_ledger"
+    with psycopg.connect(url) as conn:
+        conn.execute("CREATE TABLE vllama_usage (id BIGSERIAL PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, host TEXT NOT NULL, "
+                     "key TEXT NOT NULL, model TEXT NOT NULL, route TEXT NOT NULL, status INTEGER NOT NULL, "
+                     "prompt_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, duration_ms DOUBLE PRECISION NOT NULL, "
+                     "error TEXT)")
+        conn.execute("INSERT INTO vllama_usage (ts, host, key, model, route, status, prompt_tokens, output_tokens, "
+                     "duration_ms) VALUES (1000, 'h', 'old', 'm', '/api/chat', 200, 3, 4, 1.0)")
+    store = open_store(url, Path(tempfile.gettempdir()))
+    try:
+        store.write([Row(2000, "h", "webui", "m", "/api/chat", 200, 5, 6, 1.0, None, "alice")])
+        rows = {(r["key"], r["end_user"]): r["prompt_tokens"] + r["output_tokens"]
+                for r in store.summary(0, "month", by_user=True)}
+        assert rows == {("old", None): 7, ("webui", "alice"): 11}
+        assert store.tokens(0, 0, 0)[0] == {"old": 7, "webui": 11, "webui\0alice": 11}
+    finally:
+        store.close()
+    open_store(url, Path(tempfile.gettempdir())).close()  # again: the column is there, nothing to add
