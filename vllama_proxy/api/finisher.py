@@ -12,7 +12,10 @@ owes the other tenants and the operator, in one order, so that no route can forg
 5. a stream's usage asked of vLLM, so the settler (``settler.py``) can charge it; the chunk is dropped from a
    client that did not ask (``call.drop_usage``);
 6. a user key's Responses request kept stateless (``store: false``), Anthropic's thinking budget below
-   ``max_tokens``.
+   ``max_tokens``;
+7. with ``--resume``, the token ids of an Ollama route's answer asked of vLLM (``return_token_ids``: the
+   prompt's in the first chunk, each token's in its chunk), so a stream vLLM breaks can be asked again
+   (``resume.py``); the translators read past them.
 
 Runs with the model held (its ``/tokenize`` may be asked for the cap), once per request, never per token.
 """
@@ -46,7 +49,7 @@ _STREAMED_USAGE = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 async def finish(request: web.Request, call: Call, body: dict[str, Any], path: str, *, served: str,
                  model: ServedModel | None, upstream: Upstream, made: CreatedModel | None = None,
-                 relayed: bool = False) -> dict[str, Any]:
+                 relayed: bool = False, token_ids: bool = False) -> dict[str, Any]:
     """``body`` (what vLLM at ``path`` is asked) completed for ``call``, in place; returns it.
 
     Args:
@@ -55,6 +58,7 @@ async def finish(request: web.Request, call: Call, body: dict[str, Any], path: s
         upstream: its vLLM (``/tokenize`` for the cap).
         made: the created model the client named, whose adapter and, on a relayed route, defaults apply.
         relayed: the body is the client's own (a ``/v1`` or agents' route), not one vllama translated.
+        token_ids: ask vLLM for the token ids of the prompt and the answer (``resume.py``).
 
     Raises:
         BadRequest: a client's ``cache_salt`` vLLM would refuse (``cache_salt.salted``).
@@ -78,6 +82,8 @@ async def finish(request: web.Request, call: Call, body: dict[str, Any], path: s
         body["store"] = False  # stateless, as Ollama serves it: vLLM would keep every response in memory
     elif path == "/v1/messages":
         _budget_below(body)
+    if token_ids and path in ("/v1/chat/completions", "/v1/completions"):
+        body["return_token_ids"] = True
     return body
 
 
