@@ -71,3 +71,8 @@ def test_a_stream_without_its_prompts_ids_is_not_continued_once_it_began():
     r.take([{"choices": [{"delta": {"content": "a"}}]}])  # a vLLM that sends no token ids
     assert not r.can(UpstreamUnavailable("closed"))
     assert not _resume(n=3).can(UpstreamUnavailable("closed"))
+    r = _resume()  # the prompt's ids came, a token's did not (vLLM hides them when it hides reasoning)
+    r.take([{"prompt_token_ids": [1], "choices": [{"delta": {"role": "assistant", "content": ""}}]}])
+    assert r.can(UpstreamUnavailable("closed"))
+    r.take([{"choices": [{"delta": {"content": "a"}}]}])
+    assert not r.can(UpstreamUnavailable("closed"))

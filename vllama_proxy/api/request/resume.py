@@ -107,7 +107,7 @@ class Resume:
     """
 
     __slots__ = ("path", "body", "upstream", "board", "slot", "timeout", "max_model_len", "headers", "route",
-                 "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen")
+                 "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen", "blind")
 
     def __init__(self, path: str, body: dict[str, Any], upstream: Upstream, board: Any, slot: int, timeout: float,
                  max_model_len: int | None, headers: Any, route: str) -> None:
@@ -128,6 +128,7 @@ class Resume:
         self.reasoning = False  # a resumed chat continues inside its reasoning (until </think>)
         self.stack = AsyncExitStack()  # the resumes' upstream responses, closed with the stream
         self.why_not = refusal(path, body)
+        self.blind = False  # a chunk with text came without its token ids: what was sent is not known as ids
         self.seen = False  # a chunk of the answer arrived (without the prompt's ids it cannot be continued)
         self.shaped = False  # the chunks now come from a continuation on /v1/completions: shaped as the route's
 
@@ -144,9 +145,15 @@ class Resume:
                 if prompt:
                     self.prompt_ids = list(prompt)
             if choices:
-                got = choices[0].get("token_ids")
+                choice = choices[0]
+                got = choice.get("token_ids")
                 if got:
                     ids.extend(got)
+                elif got is None and (choice.get("text") or choice.get("delta")):
+                    delta = choice.get("delta") or {}
+                    if choice.get("text") or delta.get("content") or delta.get("reasoning") \
+                            or delta.get("reasoning_content") or delta.get("tool_calls"):
+                        self.blind = True
         if not self.shaped:
             return chunks
         return [self._shaped(chunk) for chunk in chunks]
@@ -190,6 +197,8 @@ class Resume:
         if not resumable(error) or (before_answer and self.board is None):
             return False
         why = self.why_not or (None if self.prompt_ids or not self.seen else "vLLM sent no prompt token ids before it broke")
+        if why is None and self.blind:
+            why = "vLLM sent text without its token ids"
         if why is None and self.max_model_len and len(self.prompt_ids or ()) + len(self.ids) >= self.max_model_len:
             why = "the context is full"
         if why is not None:
