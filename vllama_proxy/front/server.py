@@ -199,9 +199,9 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
 
 
 def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
-    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (or ``vLLM cannot start:
-    Type: message``, ``cannot run 'vllm': ...``) when a model's vLLM can never start as configured, at
-    its very first start (``Supervisor.config_error``; ``supervisor/launch.py`` ``fatal_start_error``)."""
+    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (or ``cannot run 'vllm':
+    ...``) when a model's vLLM can never start as configured, at its very first start
+    (``Supervisor.config_error``)."""
     found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def listen(sup) -> None:
@@ -393,11 +393,8 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
         print(f"vllama serve: {spawn_failed}", file=sys.stderr)
         raise SystemExit(1)
     if rejected.done():
-        reason = rejected.result()
-        hint = (VLLM_MISSING_HINT if "cannot run" in reason
-                else "fix the vLLM arguments after -- or in the model's vllm_args" if "rejected its arguments" in reason
-                else "no restart can fix this: download the model's weights while online, or fix the model "
-                     "or its vLLM arguments")
+        hint = (VLLM_MISSING_HINT if "cannot run" in rejected.result()
+                else "fix the vLLM arguments after -- or in the model's vllm_args")
         print(f"vllama serve: {rejected.result()}\n({hint})", file=sys.stderr)
         raise SystemExit(2)
 

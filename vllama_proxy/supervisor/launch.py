@@ -11,7 +11,6 @@ environment (GPU numbering, vLLM's compile cache, its sleep routes, runtime LoRA
 from __future__ import annotations
 
 import os
-import re
 
 from vllama_proxy.models.adapters import AdapterMode, LoraPlan, adapter_mode
 from vllama_proxy.models.launch_spec import ModelConfig, has_flag
@@ -49,50 +48,6 @@ def usage_error(returncode: int, lines: list[str]) -> str | None:
     if not errors or not any(line.lstrip().startswith("usage:") for line in lines):
         return None
     return errors[-1]
-
-
-#: Exceptions of a start that no restart can fix: the Hugging Face Hub's for weights that are not
-#: there (not cached and the Hub unreachable or offline, no such repository or revision, a gated
-#: one, a malformed id), as ``huggingface_hub.errors`` names them.
-_HUB_FATAL = frozenset({"LocalEntryNotFoundError", "RepositoryNotFoundError", "RevisionNotFoundError", "GatedRepoError",
-                        "EntryNotFoundError", "HFValidationError"})
-#: The unindented last line of a Python traceback: ``module.Type: message``.
-_EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:[A-Za-z_][\w]*\.)*(?P<type>[A-Za-z_]\w*(?:Error|Exception)): (?P<message>.*\S)")
-#: Frames of vLLM's configuration code: a ValueError there is a configuration it refuses.
-_CONFIG_FRAMES = ("/vllm/config/", "/vllm/engine/arg_utils.py", "/vllm/transformers_utils/config.py")
-
-
-def fatal_start_error(returncode: int, lines: list[str]) -> str | None:
-    """One line (``Type: message``) when vLLM exited at start for a reason a restart cannot fix,
-    else ``None`` (a crash, retried with backoff).
-
-    ``lines``: vLLM's last output lines (``VllmProcess.last_lines``), ending with the traceback of
-    its API server. Fatal: the Hub's errors for weights it cannot get (``_HUB_FATAL``: with
-    ``HF_HUB_OFFLINE=1`` and no cached copy, ``LocalEntryNotFoundError``); transformers' ``OSError``
-    for the same (``We couldn't connect to 'https://huggingface.co' ...``, ``... is not a local folder
-    and is not a valid model identifier``); a ``ValueError`` or pydantic ``ValidationError`` raised
-    in vLLM's configuration code (``max_model_len`` over the model's, an unknown architecture), its
-    ``Value error, ...`` line the message. Recorded tails: tests/data/vllm_start_failures/.
-    """
-    if returncode == 0:
-        return None
-    found = None
-    for i, line in enumerate(lines):
-        m = _EXCEPTION.match(line)
-        if m:
-            found = i, m
-    if found is None:
-        return None
-    i, m = found
-    kind, message = m["type"], m["message"]
-    in_config = any(frame in line for line in lines[:i] for frame in _CONFIG_FRAMES)
-    if kind == "ValidationError" and in_config:
-        detail = next((line.strip() for line in lines[i + 1:] if line.strip().startswith("Value error, ")), None)
-        message = detail.removeprefix("Value error, ") if detail else message
-    elif not (kind in _HUB_FATAL or (kind == "OSError" and "huggingface.co" in message)
-              or (kind == "OSError" and "is not a valid model identifier" in message) or (kind == "ValueError" and in_config)):
-        return None
-    return f"{kind}: {message}"[:600]
 
 
 def lora_mode(settings: Settings, spec: ModelConfig) -> AdapterMode:

@@ -32,7 +32,7 @@ from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
 from .child import VllmProcess
 from .inbox import Inbox, Kind
-from .launch import fatal_start_error, lora_mode, usage_error, vllm_argv, vllm_env
+from .launch import lora_mode, usage_error, vllm_argv, vllm_env
 from ..errors import UpstreamError, UpstreamUnavailable
 from ..logs import get_logger
 from .placement import pin_engine_cores
@@ -344,9 +344,8 @@ class Supervisor:
             return
         match outcome:
             case Misconfigured(reason):
-                # vLLM's argparse refused its command line, or it exited for a reason no restart fixes
-                # (launch.fatal_start_error): only a new configuration does. Failed at once, with vLLM's
-                # own message.
+                # vLLM's argparse refused its command line: no restart can fix that, only a new
+                # configuration does. Failed at once, with vLLM's own message (issue 19.9).
                 self._loading = False
                 self.last_error = reason
                 self.last_output = self.child.tail() if self.child else ""
@@ -738,10 +737,6 @@ class Supervisor:
                     if usage is not None:
                         self.config_error = usage
                         return Misconfigured(f"vLLM rejected its arguments: {usage}")
-                    fatal = fatal_start_error(exited.result(), list(child.last_lines))
-                    if fatal is not None:  # no weights and no network, no such model, a config vLLM refuses
-                        self.config_error = fatal
-                        return Misconfigured(f"vLLM cannot start: {fatal}")
                     return Crashed(f"vLLM exited with code {exited.result()} during startup")
                 deadline = max(started + self.s.startup_timeout, child.last_progress + self.s.startup_progress_extension)
                 if time.monotonic() > deadline:
