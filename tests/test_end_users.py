@@ -13,10 +13,13 @@ import sqlite3
 import time
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import httpx
 import orjson
-from conftest import place
+from conftest import ROOT, place
 
 from vllama_proxy.api.policy.fair_queue import FairQueue
 from vllama_proxy.api.usage.store import Row, open_store
@@ -165,12 +168,19 @@ def test_the_access_log_hashes_end_users_where_the_key_asks(serve, hub, tmp_path
                    json={"model": "prod", "messages": [{"role": "user", "content": "x [[tokens:2]]"}], "max_tokens": 2,
                          "user": "bob@example.com"})
     assert r.status_code == 200, r.text
+    # the access-log line is written once the answer went out: wait for the second
+    _wait(lambda: s.log.read_text().count('"end_user"') >= 2, "the /v1 request's access-log line")
     log = s.log.read_text()
     assert "alice@example.com" not in log and "bob@example.com" not in log, log[-3000:]
     hashed = [orjson.loads(line)["end_user"] for line in log.splitlines() if '"end_user"' in line and '"request"' in line]
     assert len(hashed) == 2 and all(len(h) == 16 and int(h, 16) >= 0 for h in hashed), (hashed, log[-3000:])
     usage = httpx.get(s.url + "/api/usage?by=user", headers={"Authorization": "Bearer sk-boss"}).json()["usage"]
     assert {r["end_user"] for r in usage} == {"alice@example.com", "bob@example.com"}  # the ledger keeps the id
+    env = {**os.environ, "OLLAMA_HOST": s.url, "OLLAMA_API_KEY": "sk-boss", "PYTHONPATH": str(ROOT)}
+    table = subprocess.run([sys.executable, "-m", "vllama_proxy", "usage", "--by", "user"], env=env, capture_output=True,
+                           text=True, timeout=60, check=True).stdout
+    assert table.splitlines()[0].split()[:4] == ["MONTH", "KEY", "END", "USER"], table
+    assert any(line.split()[1:3] == ["webui", "bob@example.com"] for line in table.splitlines()), table
 
 
 def test_a_ledger_made_before_end_users_gets_the_column_and_keeps_its_rows(tmp_path):
