@@ -37,9 +37,9 @@ from vllama_proxy.models.pull_room import PullLimits
 from vllama_proxy.supervisor.states import State
 
 from ..app_state import CATALOG, SETTINGS, WORKER
-from ..ollama_types import ModelRef, require_model
-from ..call import call_of
-from ..ndjson import NDJSON
+from ..ollama.types import ModelRef, require_model
+from ..request.call import call_of
+from ..ollama.ndjson import NDJSON
 from .body import read_request
 from .create import unload_adapter
 
@@ -59,8 +59,8 @@ async def pull(request: web.Request) -> web.StreamResponse:
         return _success(req.stream)  # served (or pulled) already
     model = hub.parse_model(name) or await _from_library(request, name)
     settings = request.app[SETTINGS]
-    upstream = settings.upstream
-    if upstream:  # vllama starts no model in this mode: the download could never serve (issue 26.6)
+    upstream = settings.upstream_url
+    if upstream:  # vllama starts no model in this mode: the download could never serve
         raise NotSupported(f"model '{name}' is not served by the vLLM at {upstream}, and vllama serve --upstream "
                            f"cannot start models: pulling it would not make it runnable (serve it with vllama serve "
                            f"--model {name}, or start that vLLM with it)")
@@ -231,7 +231,7 @@ async def _served(request: web.Request, name: str, *, strict: bool) -> str | Non
             model = hub.parse_model(name)
         except BadRequest:
             return None
-        if model is None:  # an Ollama or library name (a hub id never counts by alias: issue 27)
+        if model is None:  # an Ollama or library name (a hub id never counts by alias)
             try:
                 return (await catalog.resolve(name)).name
             except ModelNotFound:
