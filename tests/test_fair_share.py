@@ -9,6 +9,9 @@ which requests reach the stand-in (``/_fake/requests``) is the order vllama disp
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -234,6 +237,32 @@ def test_rpm_and_tpm_answer_429_with_retry_after_and_ratelimit_headers(serve, hu
     assert spent.status_code == 429 and "tpm" in spent.json()["error"], spent.text
     assert spent.headers["x-ratelimit-remaining-tokens"] == "0" and int(spent.headers["Retry-After"]) >= 1
 
+
+
+def test_a_run_spends_one_of_the_keys_rpm(serve, hub, tmp_path):
+    """``vllama run`` sends Ollama's load request (an empty prompt, as Ollama's CLI does) before the prompt: it
+    generates nothing and counts against no rpm, so a key with rpm 3 runs three prompts a minute, not one and a
+    half. Driven by the real CLI, ``OLLAMA_API_KEY`` its key."""
+    place(hub, "acme/tiny-prod")
+    keys = tmp_path / "keys.toml"
+    keys.write_text(LIMITED)
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod", "--api-key-file", str(keys))
+    s.wait_ready()
+    env = {**os.environ, "OLLAMA_HOST": s.url, "OLLAMA_API_KEY": "sk-capped"}
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "vllama_proxy", "run", "prod", "x"], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    for _ in range(3):  # counted again when the key's minute turned over meanwhile (then all are in the next)
+        minute = int(time.time() // 60)
+        runs = [run() for _ in range(3)]
+        over = _ask(s, "sk-capped", "x", 1)
+        if int(time.time() // 60) == minute:
+            break
+        time.sleep(60 - time.time() % 60)
+    assert [r.returncode for r in runs] == [0, 0, 0], [r.stderr for r in runs]
+    assert over.status_code == 429 and "rpm" in over.json()["error"], over.text
 
 
 def test_backlogged_keys_share_the_output_tokens_by_weight_whatever_their_prompts(serve, hub, tmp_path):

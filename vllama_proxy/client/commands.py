@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import os
+import shlex
 import sys
 
 from vllama_proxy import __version__
@@ -97,6 +99,12 @@ def cmd_pull(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_run(client: Client, args: argparse.Namespace) -> int:
+    if os.path.isdir(os.path.expanduser(args.model)):  # a client never makes the server load a path (as Ollama's run)
+        where = shlex.quote(args.model)
+        print(f"Error: {args.model!r} is a directory; the server runs models by name: serve it with "
+              f"`vllama serve --model {where}`, or make it a model with `cd {where} && vllama create NAME` "
+              f"and `vllama run NAME`", file=sys.stderr)
+        return 1
     prompt = " ".join(args.prompt)
     piped = not sys.stdin.isatty()
     if piped:  # like ollama: stdin first, then the arguments

@@ -142,7 +142,9 @@ class ModelLifetime(BaseModel):
     )
     state_dir: Path = Field(
         default_factory=default_state_dir,
-        description="Directory for vllama's own state (aliases made with /api/copy); default $STATE_DIRECTORY or ~/.local/state/vllama.",
+        description="Directory for vllama's own state (aliases made with /api/copy, created models, the usage ledger); "
+        "one vllama serve at a time uses it (a second one exits naming the first: give each its own); "
+        "default $STATE_DIRECTORY or ~/.local/state/vllama.",
     )
     allowed_media_domains: list[str] = Field(
         default_factory=list,

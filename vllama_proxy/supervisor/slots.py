@@ -94,6 +94,19 @@ class SlotTable:
         self.boards[i].inbox_bell.ring(Kind.RESPEC)  # its supervisor runs the new model from its next step
         return i
 
+    def vacate(self, name: str) -> bool:
+        """Empty the slot holding served name ``name`` if its model is unloaded and unused (:meth:`reusable`):
+        it is no longer listed or found (``/api/delete`` of a model it held); whether one was emptied. Its
+        supervisor, idle while unloaded, takes the next model :meth:`claim` gives the slot."""
+        with self._lock.held():
+            i = self.find(name)
+            if i is None or not self._reusable(self.boards[i]):
+                return False
+            self._specs[i].value = b""
+            self.boards[i].served_name = ""
+            self._generation[i] += 1
+            return True
+
     def leaving(self) -> bool:
         """Whether some slot's model is on its way out, idle: a ready one whose keep_alive has ended,
         or an asleep one asked to stop (:meth:`evict_idle`); its supervisor unloads it at its next check."""

@@ -34,7 +34,7 @@ from .call import CALL, Call, Held, call_of
 from .bodies import Body, Completions
 from .gate import gate
 from ..metrics import IN_FLIGHT, QUEUE_REJECTIONS
-from ..ollama.types import EmbeddingsRequest, EmbedRequest
+from ..ollama.types import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
 from ..policy.rate_limits import RateLimits, headers as rate_headers
 from .body_reader import read_body
 from ..policy.fleet_counters import Admission, KeyState
@@ -263,6 +263,18 @@ class AdmissionBound:
         return self._total.value <= 0
 
 
+def is_load(typed: Any) -> bool:
+    """Whether the gate's typed request is Ollama's (un)load request: ``/api/generate`` without prompt, images
+    or suffix, ``/api/chat`` without messages (``routes/model_use.load_reply``). It generates nothing, so it
+    is not admitted as inference: no rpm, tpm, budget or place counts it. Ollama's CLI sends one before
+    each ``run`` (``cmd/cmd.go`` loadOrUnloadModel) and ``stop`` is one: a key with ``rpm = 1`` can still ``run``."""
+    if isinstance(typed, ChatRequest):
+        return not typed.messages
+    if isinstance(typed, GenerateRequest):
+        return not typed.prompt and not typed.images and not typed.suffix
+    return False
+
+
 def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
                priority: bool = False, shared: KeyState | None = None,
                max_inputs: int | None = None, max_choices: int = 1 << 30) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -301,6 +313,8 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         call.key = key_of(request)
         body = await read_body(request)  # cached by aiohttp: the handler's read returns it
         gate(request, call, body, max_choices=max_choices, max_inputs=max_inputs)  # the typed request, checked: 400s here
+        if is_load(call.typed):  # generates nothing: not counted as one of the key's requests (vllama run sends one first)
+            return await handler(request)
         key = call.key
         inputs = inputs_of(call.typed)  # an embeddings, rerank or score request's inputs, each a sequence in vLLM
         held = call.held = Held(worker=slot, key_slot=key.slot, inputs=inputs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from contextlib import aclosing
 
 import orjson
@@ -28,17 +29,21 @@ from vllama_proxy.errors import (
     VllamaError,
     error_line,
 )
+from vllama_proxy.logs import get_logger
 from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from vllama_proxy.models.local import uploaded_dir
 from vllama_proxy.models.pull_room import PullLimits
+from vllama_proxy.supervisor.states import State
 
-from ..app_state import CATALOG, SETTINGS
+from ..app_state import CATALOG, SETTINGS, WORKER
 from ..ollama.types import ModelRef, require_model
 from ..request.call import call_of
 from ..ollama.ndjson import NDJSON
 from .body import read_request
 from .create import unload_adapter
+
+log = get_logger("vllama.routes")
 
 
 async def pull(request: web.Request) -> web.StreamResponse:
@@ -99,11 +104,14 @@ async def delete(request: web.Request) -> web.Response:
     still uses them. A pulled model no one uses is removed from the
     cache (``ollama rm``); a model being served (configured, or an on-demand model loaded,
     loading or wanted) is refused, by any name and whatever ``:revision`` is named: its
-    repo's weights must stay under it.
+    repo's weights must stay under it. An on-demand model held under the name asked for is
+    unloaded first (:func:`_unload_held`), as ``ollama rm`` stops a running model before deleting it
+    (Ollama ``cmd/cmd.go`` DeleteHandler): once deleted it is gone from ``/api/ps`` and no longer served.
     """
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
     catalog = request.app[CATALOG]
+    await _unload_held(request, strip_latest(name))
     made = catalog.created(name)
     shared = made is not None and any(  # a copy (/api/copy) shares its adapter and uploaded files
         m.adapters.keys() & made.adapters.keys() or m.base == made.base == strip_latest(made.name)
@@ -114,6 +122,8 @@ async def delete(request: web.Request) -> web.Response:
         if await asyncio.to_thread(catalog.created_store.remove, name):
             for kind in ("models", "adapters") if not shared else ():  # what was uploaded for it, if any (the blobs stay)
                 await asyncio.to_thread(shutil.rmtree, uploaded_dir(request.app[SETTINGS].state_dir / kind, strip_latest(name)), True)
+            if catalog.on_demand is not None:
+                await catalog.on_demand.local(fresh=True)
             return web.Response(status=200)
     except OSError as e:
         raise StorageFailed(f"cannot remove the model from {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
@@ -127,7 +137,41 @@ async def delete(request: web.Request) -> web.Response:
         raise ModelInUse(f"model '{name}' is in use: it is being served")
     model = hub.parse_model(name) or await _from_library(request, name)
     await asyncio.to_thread(hub.delete, model, name)
+    if catalog.on_demand is not None:
+        await catalog.on_demand.local(fresh=True)  # /api/tags lists it no longer (the scan is cached for a while)
     return web.Response(status=200)
+
+
+async def _unload_held(request: web.Request, name: str) -> None:
+    """Unload the on-demand model a slot holds under served name ``name`` (no-op when none does) and
+    return once its supervisor reports it stopped and the slot is emptied (``SlotTable.vacate``: the name is no
+    longer listed nor found there), within ``--load-timeout``.
+
+    Raises:
+        ModelInUse: requests are using, waiting for or loading it (400 naming them): they are not cut off;
+            or it did not stop within ``--load-timeout``.
+    """
+    on_demand = request.app[CATALOG].on_demand
+    if on_demand is None:
+        return
+    slots = on_demand.slots
+    timeout = request.app[SETTINGS].load_timeout
+    deadline = time.monotonic() + timeout
+    while True:
+        i = slots.find(name)
+        if i is None or slots.vacate(name):
+            return
+        board = slots.boards[i]
+        if board.in_use or board.loading:
+            raise ModelInUse(f"model '{name}' is in use: {board.in_flight} request(s) running, {board.waiters} waiting "
+                             f"for it{' (loading)' if board.loading else ''}; delete it once they finish (vllama ps)")
+        if time.monotonic() > deadline:
+            raise ModelInUse(f"model '{name}' did not stop within --load-timeout ({timeout:g} s): not deleted")
+        if board.state is State.READY:
+            board.expire()  # its keep_alive ends now; its supervisor stops it (or puts it to sleep, then stops it)
+        board.request_release()
+        log.info("delete_unloads", model=name, slot=i)
+        await slots.changed(request.app[WORKER], deadline - time.monotonic())
 
 
 async def _serving(request: web.Request, name: str) -> str | None:

@@ -10,6 +10,8 @@ requests (an empty prompt, ``keep_alive: 0``) with the same protocol.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,18 +22,23 @@ from aiohttp import web
 from vllama_proxy.errors import (
     BadRequest,
     Forbidden,
+    ModelInUse,
     ModelNotFound,
     UpstreamUnavailable,
 )
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
+from vllama_proxy.logs import get_logger
+from vllama_proxy.supervisor.states import State
 
 from ..app_state import CATALOG, SETTINGS, WORKER
 from ..policy.keys import Key, key_of
 from ..request.call import call_of
 from ..ollama.types import require_model
 from ..ollama.timestamps import CLOCK
+
+log = get_logger("vllama.routes")
 
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
@@ -176,6 +183,7 @@ async def load_reply(request: web.Request, asked: str | None, keep_alive: Any, *
         if board is None:  # --upstream: the model lives in a vLLM vllama does not run
             raise BadRequest(f"vllama cannot unload '{name}': it does not run that model; {where_models_change(request)}")
         board.touch(0)
+        await _stopped(request, board, name)
     else:
         assert backend is not None
         async with model_in_use(request, backend, keep_alive):
@@ -187,6 +195,37 @@ async def load_reply(request: web.Request, asked: str | None, keep_alive: Any, *
         body["response"] = ""
     body.update(done=True, done_reason="unload" if unload else "load")
     return web.json_response(body, dumps=_dumps)
+
+
+async def _stopped(request: web.Request, board: Any, name: str) -> None:
+    """Return once ``board``'s model (its keep_alive just ended) is unloaded or asleep, as Ollama's
+    ``stop`` returns once the runner is gone: its supervisor is asked to look now (``StatusBoard.hurry``),
+    not at its next health check, and each of its announcements is awaited.
+
+    Raises:
+        ModelInUse: a request used the model meanwhile (its keep_alive renewed): it stays loaded, and
+            the stop says so instead of returning as if it had stopped.
+        UpstreamUnavailable: it did not stop within ``--load-timeout``.
+    """
+    asked = time.time()
+    timeout = request.app[SETTINGS].load_timeout
+    deadline = time.monotonic() + timeout
+    board.hurry()
+    while board.state in (State.READY, State.STOPPING):
+        if board.expires_at > asked or board.in_flight:
+            raise ModelInUse(f"model '{name}' was used by another request while stopping: it stays loaded "
+                             f"(stop it again once that request ends)")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise UpstreamUnavailable(f"model '{name}' did not stop within --load-timeout ({timeout:g} s)")
+        news = board.news(request.app[WORKER])
+        try:
+            await asyncio.wait_for(news, left)
+        except TimeoutError:
+            pass
+        finally:
+            news.cancel()
+    log.info("stopped_for_client", model=name, seconds=round(time.time() - asked, 3))
 
 
 @asynccontextmanager
