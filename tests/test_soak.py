@@ -29,5 +29,4 @@ def test_a_short_soak_answers_every_request_and_stays_flat(tmp_path):
     shown = run.stdout[-6000:]
     assert r["checks"] == dict.fromkeys(r["checks"], True), shown
     assert r["outcomes"].get("ok", 0) > 100 and r["outcomes"].get("left", 0) > 10, shown  # the traffic really ran
-    assert r["keys_loaded_lines"] >= 2 * 50, shown  # each of the 2 processes read the keys at least once a SIGHUP of the storm's
     assert run.returncode == 0, shown
