@@ -384,3 +384,40 @@ def test_sigterm_while_the_workers_start_is_a_clean_stop(fake):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_worker_that_dies_while_it_starts_is_replaced_and_vllama_starts(vllama, tmp_path):
+    """A worker killed before it has read its arguments (a Ctrl-C or a SIGTERM to the process group while it
+    imports, as the soak's own stop during vllama's start did) left the front blocked for ever in
+    ``Process.start``: spawn wrote ~128 KB of arguments into a pipe the dead child no longer read. vllama never
+    listened, and a SIGTERM did not stop it. Now the worker is replaced and vllama starts."""
+    import threading
+
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_the_first_worker() -> None:  # the moment its process exists, before its imports end
+        while not done.is_set():
+            for p in psutil.process_iter(["cmdline"]):
+                line = " ".join(p.info["cmdline"] or [])
+                try:
+                    parent = " ".join(p.parent().cmdline()) if "spawn_main" in line else ""
+                except (psutil.NoSuchProcess, AttributeError):
+                    continue
+                if str(tmp_path) in parent and "vllama_proxy" in parent:
+                    os.kill(p.pid, signal.SIGKILL)
+                    killed.append(p.pid)
+                    return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_the_first_worker, daemon=True)
+    killer.start()
+    try:
+        v = vllama(env={"VLLAMA_WORKERS": "2"})
+        v.wait_state("ready", timeout=60)
+    finally:
+        done.set()
+    assert killed, "no worker was seen starting"
+    events = wait_events(v.log, "worker_listening", 1, timeout=60)
+    assert any(e.get("event") == "worker_died" and e.get("pid") == killed[0] for e in events)
+    assert v.stop() == 0

@@ -13,9 +13,12 @@ requests in flight in its own slot of each board.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
+import pickle
+import tempfile
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -33,6 +36,22 @@ from vllama_proxy.supervisor.sizing import Plan
 log = get_logger("vllama.workers")
 
 _CTX = multiprocessing.get_context("spawn")
+
+
+def _spawned(plain_path: str, target: Callable[..., None], index: int, parent: int, backends: list[BackendSpec],
+             bound: AdmissionBound, slots: SlotBoard | None, changes: StoreChanges | None) -> None:
+    """A worker's entry point: ``target(index, parent, settings, resolved, backends, front, bound, slots, changes)``,
+    the first three read from ``plain_path`` (pickled once by the front, :meth:`WorkerPool.start`).
+
+    Spawn writes a child's arguments into a pipe whose read end the parent keeps open until the write ends
+    (CPython's ``popen_spawn_posix``): with them all (about 128 KB, more than the pipe's 64 KiB) a child that died
+    before reading them (a Ctrl-C or a SIGTERM to the process group while it imports) left ``Process.start``
+    blocked for ever, and with it vllama's start or the worker's respawn. Spawn now carries only the shared
+    memory (which must go through it: ``sharedctypes`` are passed by inheritance) and fits in the pipe.
+    """
+    with open(plain_path, "rb") as f:
+        settings, resolved, front = pickle.load(f)
+    target(index, parent, settings, resolved, backends, front, bound, slots, changes)
 
 
 def _worker_main(index: int, parent: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec],
@@ -113,9 +132,13 @@ class WorkerPool:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._all_gone = asyncio.Event()
+        self._args_path: str | None = None
 
     def _spawn(self, index: int) -> BaseProcess:
-        p = _CTX.Process(target=self._target, args=(index, os.getpid(), *self._args), name=f"vllama-worker-{index}", daemon=False)
+        assert self._args_path is not None
+        settings, resolved, backends, front, bound, slots, changes = self._args
+        p = _CTX.Process(target=_spawned, args=(self._args_path, self._target, index, os.getpid(), backends, bound, slots, changes),
+                         name=f"vllama-worker-{index}", daemon=False)
         p.start()
         log.info("worker_started", worker=index, pid=p.pid)
         return p
@@ -134,6 +157,11 @@ class WorkerPool:
         that the event loop (and the vLLM child it is launching) is not held up.
         """
         self._loop = asyncio.get_running_loop()
+        if self._args_path is None:  # the workers' plain arguments, once, in a file only this user reads (mkstemp: 0600)
+            settings, resolved, _, front, *_ = self._args
+            fd, self._args_path = tempfile.mkstemp(prefix="vllama-worker-args-")
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump((settings, resolved, front), f)
         procs = await asyncio.gather(*(asyncio.to_thread(self._spawn, i) for i in range(1, count + 1)))
         for i, p in enumerate(procs, start=1):
             self._watch(i, p)
@@ -197,6 +225,9 @@ class WorkerPool:
                 await asyncio.wait_for(self._all_gone.wait(), 5)
             except asyncio.TimeoutError:
                 log.warning("workers_left", pids=[p.pid for p in self._procs.values()])
+        if self._args_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._args_path)
 
 
 def _signal(pid: int | None, sig: signal.Signals) -> None:
