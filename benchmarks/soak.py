@@ -112,14 +112,16 @@ class Soak:
         self.keys = self.work / "keys.toml"
         self.keys.write_text(keys_toml(0))
         self.log = self.work / "vllama.log"
-        env = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.work / "pids"),
+        root = self.args.root
+        tests = root / "tests"
+        env = {**os.environ, "PYTHONPATH": str(root), "PATH": f"{tests / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PIDFILE": str(self.work / "pids"),
                "FAKE_VLLM_PYTHON": sys.executable, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(self.work / "state"),
                "VLLAMA_CPUS": "2", "HF_HOME": str(self.work / "hf"), "HF_HUB_OFFLINE": "1",
-               "VLLAMA_VLLM_EXECUTABLE": str(TESTS / "bin" / "vllm"),
+               "VLLAMA_VLLM_EXECUTABLE": str(tests / "bin" / "vllm"),
                "FAKE_VLLM_TOKEN_DELAY": str(self.args.token_delay), "PYTHONFAULTHANDLER": "1"}
         cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--model", str(self.work / "tiny"), "--served-model-name", MODEL,
                "--port", str(port), "--workers", str(self.args.workers), "--api-key-file", str(self.keys), *FAST]
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+        self.proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
 
     def log_events(self) -> list[dict]:
         out = []
@@ -502,6 +504,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=None, help="where the keys file and vllama.log go (default: a new temporary folder)")
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
     p.add_argument("--seed", type=int, default=52)
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose vllama and stand-in run (default: this one)")
     a = p.parse_args(argv)
     if a.warmup is None:
         a.warmup = min(120.0, a.duration / 6)
