@@ -188,9 +188,9 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
 
 
 def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
-    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (or ``cannot run 'vllm':
-    ...``) when a model's vLLM can never start as configured, at its very first start
-    (``Supervisor.config_error``)."""
+    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (``vLLM cannot load the model:
+    ...``, ``cannot run 'vllm': ...``) when a model's vLLM can never start as configured, at its very
+    first start (``Supervisor.config_error``, ``supervisor/start_errors.py``)."""
     found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def listen(sup) -> None:

@@ -36,20 +36,6 @@ def media_args(allowed: list[str], vllm_args: list[str]) -> list[str]:
     return ["--allowed-media-domains", *(allowed or [NO_MEDIA_DOMAIN])]
 
 
-def usage_error(returncode: int, lines: list[str]) -> str | None:
-    """vLLM's message when it exited because it rejected its command line, else ``None``.
-
-    vLLM parses ``vllm serve``'s arguments with argparse, which prints ``usage: vllm serve
-    ...`` and ``vllm serve: error: <why>`` and exits with status 2.
-    """
-    if returncode != 2:
-        return None
-    errors = [line.strip() for line in lines if ": error: " in line]
-    if not errors or not any(line.lstrip().startswith("usage:") for line in lines):
-        return None
-    return errors[-1]
-
-
 def lora_mode(settings: Settings, spec: ModelConfig) -> AdapterMode:
     """How created adapters reach ``spec``'s vLLM (``--adapters``; ``auto`` decides from the API
     servers it runs: :func:`~vllama_proxy.models.adapters.adapter_mode`)."""

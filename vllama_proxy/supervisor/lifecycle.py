@@ -36,7 +36,8 @@ from . import gpu, probes
 from .child import VllmProcess
 from .hang import EngineWatch
 from .inbox import Inbox, Kind
-from .launch import lora_mode, usage_error, vllm_argv, vllm_env
+from .launch import lora_mode, vllm_argv, vllm_env
+from .start_errors import start_error
 from .lora_restart import lora_restart
 from ..errors import UpstreamError
 from ..logs import get_logger
@@ -703,10 +704,10 @@ class Supervisor:
             while True:
                 if exited.done():
                     await child.drained(0.2)  # the output pumps catch the last lines
-                    usage = usage_error(exited.result(), list(child.last_lines))
-                    if usage is not None:
-                        self.config_error = usage
-                        return Misconfigured(f"vLLM rejected its arguments: {usage}")
+                    cannot = start_error(exited.result(), list(child.last_lines))
+                    if cannot is not None:  # a restart would only repeat it (start_errors.py)
+                        self.config_error = cannot
+                        return Misconfigured(cannot)
                     return Crashed(f"vLLM exited with code {exited.result()} during startup")
                 deadline = max(started + self.s.startup_timeout, child.last_progress + self.s.startup_progress_extension)
                 if time.monotonic() > deadline:

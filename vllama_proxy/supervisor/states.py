@@ -73,8 +73,8 @@ class Crashed:
 
 @dataclass(frozen=True)
 class Misconfigured:
-    """vLLM cannot run with this configuration (not executable, or its argparse refused the command
-    line): no restart can fix it. ``reason`` becomes ``last_error``; ``config_error`` holds vLLM's own words."""
+    """vLLM cannot run with this configuration (not executable, its argparse refused the command line,
+    or the model cannot be had: ``start_errors.py``): no restart can fix it. ``reason`` becomes ``last_error``; ``config_error`` holds vLLM's own words."""
 
     reason: str
 
