@@ -42,7 +42,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -222,7 +221,7 @@ class Soak:
             outcome, detail = "error_line", str(e)[:200]
         except (aiohttp.ClientError, ConnectionError, openai.APIConnectionError, ollama.RequestError) as e:
             outcome, detail = "conn_error", repr(e)[:200]
-        except Exception as e:  # noqa: BLE001: any other end of a request is a failure to report
+        except Exception as e:  # noqa: BLE001 (any other end of a request is a failure to report)
             outcome, detail = "exception", repr(e)[:200]
         self.results.append(Result(kind, outcome, time.monotonic() - start, detail, round(time.monotonic() - self.t0, 2)))
 
@@ -270,8 +269,8 @@ class Soak:
         if not kind.endswith("stream"):
             return ("ok", "") if r.done else ("truncated", "done false")
         last = None
-        async for last in r:
-            pass
+        async for chunk in r:
+            last = chunk
         return ("ok", "") if last is not None and last.done else ("truncated", "stream ended with no done line and no error line")
 
     async def leave(self, session: aiohttp.ClientSession, kind: str, headers: dict) -> tuple[str, str]:
