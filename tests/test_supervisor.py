@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -374,6 +376,49 @@ def test_vllm_is_launched_before_the_workers_are_spawned(vllama):
     assert launched < names.index("worker_started"), names
 
 
+def test_a_worker_that_dies_while_spawned_stops_vllama_with_its_reason(fake, tmp_path):
+    """A worker whose imports fail (as after an upgrade that broke the installed package under a
+    running server) died before it had read its pickled arguments; the spawn's write of them (more
+    than a pipe's 64 KiB) then blocked forever, because multiprocessing's parent held the pipe's read
+    end itself: vllama neither served nor stopped on SIGTERM. Now the write fails at once
+    (``front/workers.py`` ``_Popen``), vllama says which worker died and how, and exits 1 with
+    nothing left behind. The import failure is real: a ``sitecustomize`` seen only by processes
+    started with ``--multiprocessing-fork`` (the spawned workers) makes ``vllama_proxy`` unimportable."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--multiprocessing-fork' in sys.argv:\n"
+        "    sys.modules['vllama_proxy'] = None  # 'import vllama_proxy' fails in a spawned worker only\n")
+    port = free_port()
+    env = {**os.environ, "VLLAMA_LOG_FORMAT": "json", "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)])}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake.url, "--port", str(port),
+                             "--workers", "3"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180  # a failure's bound: the worker dies within its first import
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                children = list({c.pid: c for c in [*children, *psutil.Process(proc.pid).children(recursive=True)]}.values())
+            time.sleep(0.05)
+        if proc.poll() is None:  # main hung here: and SIGTERM did not stop it either
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(20)
+        assert proc.poll() is not None, "vllama hung on a worker that died while spawned; SIGTERM did not stop it"
+        err = proc.stderr.read().decode(errors="replace")
+        assert proc.returncode == 1, err[-3000:]
+        assert "ModuleNotFoundError: No module named 'vllama_proxy" in err, err[-4000:]  # the worker's own traceback
+        assert "\nvllama serve: vllama-worker-" in err and "died while it started, before it read its arguments (exit status 1" in err
+        assert '"worker_failed_to_start"' in err
+        _, alive_ = psutil.wait_procs(children, timeout=30)
+        assert not alive_
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_sigterm_while_the_workers_start_is_a_clean_stop(fake):
     """The main process listens before it spawns its workers (seconds, more on busy cores): a SIGTERM
     that arrives then is a stop like any other, exit 0 with every worker gone, not the default action
@@ -399,40 +444,3 @@ def test_sigterm_while_the_workers_start_is_a_clean_stop(fake):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def test_a_worker_that_dies_while_it_starts_is_replaced_and_vllama_starts(vllama, tmp_path):
-    """A worker killed before it has read its arguments (a Ctrl-C or a SIGTERM to the process group while it
-    imports, as the soak's own stop during vllama's start did) left the front blocked for ever in
-    ``Process.start``: spawn wrote ~128 KB of arguments into a pipe the dead child no longer read. vllama never
-    listened, and a SIGTERM did not stop it. Now the worker is replaced and vllama starts."""
-    import threading
-
-    killed: list[int] = []
-    done = threading.Event()
-
-    def kill_the_first_worker() -> None:  # the moment its process exists, before its imports end
-        while not done.is_set():
-            for p in psutil.process_iter(["cmdline"]):
-                line = " ".join(p.info["cmdline"] or [])
-                try:
-                    parent = " ".join(p.parent().cmdline()) if "spawn_main" in line else ""
-                except (psutil.NoSuchProcess, AttributeError):
-                    continue
-                if str(tmp_path) in parent and "vllama_proxy" in parent:
-                    os.kill(p.pid, signal.SIGKILL)
-                    killed.append(p.pid)
-                    return
-            time.sleep(0.005)
-
-    killer = threading.Thread(target=kill_the_first_worker, daemon=True)
-    killer.start()
-    try:
-        v = vllama(env={"VLLAMA_WORKERS": "2"})
-        v.wait_state("ready", timeout=60)
-    finally:
-        done.set()
-    assert killed, "no worker was seen starting"
-    events = wait_events(v.log, "worker_listening", 1, timeout=60)
-    assert any(e.get("event") == "worker_died" and e.get("pid") == killed[0] for e in events)
-    assert v.stop() == 0
