@@ -156,3 +156,35 @@ def test_usage_db_off_says_so(fake, tmp_path):
         assert r.status_code == 501 and "--usage-db off" in r.json()["error"]
     finally:
         stop(p.proc)
+
+
+def test_vllama_keys_cli(server):
+    url = server.url
+
+    def cli(key: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, "OLLAMA_HOST": url, "OLLAMA_API_KEY": key, "PYTHONPATH": str(ROOT)}
+        r = subprocess.run([sys.executable, "-m", "vllama_proxy", "keys", *args], env=env, capture_output=True, text=True, timeout=60)
+        assert (r.returncode == 0) == ok, r.stderr
+        return r
+
+    made = cli(ADMIN, "create", "bob", "--models", f"{SERVED},other*", "--rpm", "600", "--expires-in", "7d", "--note", "bob")
+    secret = made.stdout.splitlines()[-1]
+    assert secret.startswith("vk-") and "shown this once" in made.stderr
+    assert made.stdout.splitlines()[0].split()[:3] == ["NAME", "SOURCE", "STATE"]
+    wait_status(url, secret, 200)
+    listed = cli(ADMIN, "list").stdout.splitlines()
+    bob = next(line.split() for line in listed if line.startswith("bob"))
+    assert bob[1:5] == ["api", "active", secret.split("-")[1], "user"] and bob[5] == f"{SERVED},other*" and "rpm=600" in bob
+    assert any(line.split()[:3] == ["alice", "file", "active"] for line in listed)
+    assert cli(ADMIN, "update", "bob", "--rpm", "60", "--json").stdout.count('"rpm": 60') == 1
+    new = cli(ADMIN, "rotate", "bob").stdout.splitlines()[-1]
+    assert new.startswith("vk-") and new != secret
+    wait_status(url, secret, 401)
+    wait_status(url, new, 200)
+    cli(ADMIN, "revoke", "bob")
+    wait_status(url, new, 401)
+    assert "Error: no key 'bob' to revoke" in cli(ADMIN, "revoke", "bob", ok=False).stderr
+    assert "may not manage keys" in cli(ALICE, "list", ok=False).stderr
+    audit = cli(ADMIN, "audit").stdout.splitlines()
+    assert [line.split()[1:4] for line in audit[1:5]] == [["ops", "revoke", "bob"], ["ops", "rotate", "bob"],
+                                                          ["ops", "update", "bob"], ["ops", "create", "bob"]]
