@@ -9,7 +9,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
 from conftest import start_proxy, stop, write_keys
 from test_keys_api import ADMIN, KEYS, _h, wait_status
