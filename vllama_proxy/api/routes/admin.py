@@ -1,20 +1,23 @@
 """``/admin``: the operator's page (issue 39), server-rendered HTML with no script and no build step.
 
-What it shows: each model and its state, GPU memory (NVML), requests in flight per key, each key's
-tokens this day and month with a bar of its budget, the requests answered today by key and model,
-and the last failed requests (from the usage ledger).
+What it shows: the keys, with forms to create (the secret shown once), scope, expire, rotate and revoke the
+minted ones (``routes/keys.py``'s functions, the admin API's), and the audit log of those actions; and, in a
+frame (``GET /admin/live``) that alone refreshes every 15 s so a form's typing stays, each model and its state,
+GPU memory, requests in flight per key, each key's tokens this day and month with a bar of its budget, the
+requests answered today by key and model, and the last failed requests (from the usage ledger).
 
 Who may open it: an admin key (on an open server, anyone, as every caller is an admin there). A
 browser sends the key once: ``GET /admin`` without one answers a sign-in form, which posts the key
 to ``POST /admin/login``; an admin key gets a cookie ``vllama_admin`` (HttpOnly, SameSite=Strict,
-Path=/admin, Secure on HTTPS, 8 hours), a user key 403, an unknown one 401. The key never goes in a
-URL. The cookie holds the key's name, an expiry and an HMAC-SHA-256 of both keyed by the key's
-SHA-256 digest, which every worker knows from the keys file: valid on any worker, void once the key leaves
-the keys file (SIGHUP), and ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file in the state
+Path=/admin, Secure on HTTPS, 8 hours), a user key the form again with a 403 and why, an unknown one with a
+401. The key never goes in a URL. The cookie holds the key's name, an expiry and an HMAC-SHA-256 of both keyed
+by the key's SHA-256 digest, which every worker knows: valid on any worker, void once the key is gone, rotated
+or expired, and ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file in the state
 directory every worker reads). The sign-in form's body is read within 4 KB and ``--body-timeout``
-(``request_body.py``): anyone may post it. CSRF: the cookie is SameSite=Strict, the
-page only reads, and the two POSTs refuse an ``Origin`` other than the page's own. Clickjacking and
-injection: ``frame-ancestors 'none'`` and a CSP without scripts; every value is HTML-escaped.
+(``request_body.py``): anyone may post it. CSRF: the cookie is SameSite=Strict, every POST refuses an
+``Origin`` other than the page's own, and each key form carries :func:`csrf_token` (an HMAC of the sign-in's
+signature); rotating and revoking need the form's ``confirm`` box. Clickjacking and injection: ``frame-ancestors
+'none'`` (the live frame: ``'self'``) and a CSP without scripts; every value is HTML-escaped.
 Scripts and ``curl`` may send ``Authorization: Bearer <key>`` instead.
 """
 
