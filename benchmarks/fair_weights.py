@@ -11,7 +11,7 @@ must be the key's ``weight`` in the keys file; it is only used here to compute t
 After ``--warmup`` seconds, for ``--duration`` seconds: each key's output tokens (token lines as
 they arrive, and at the end what the ``done`` line's ``eval_count`` adds: a token whose text is
 empty, e.g. half a UTF-8 character, has no line) and its service, ``--prompt-weight`` x prompt
-tokens + output tokens (what vllama's fair queue charges, ``api/fair_queue.py``; the prompt counted
+tokens + output tokens (what vllama's fair queue charges, ``api/policy/fair_queue.py``; the prompt counted
 when the request ends), and their shares against weight / sum of weights (issue 38's goal: the
 output-token shares within 10 %). ``--late`` starts one more key ``--late-at`` seconds into the
 measured window: its output-token share in each second from then on, and how many seconds until it
@@ -32,7 +32,7 @@ import aiohttp
 import orjson
 from fairness import WORDS
 
-W_OUT = 1.0  # vllama_proxy/api/fair_queue.py: the unit; a prompt token costs --prompt-weight
+W_OUT = 1.0  # vllama_proxy/api/policy/fair_queue.py: the unit; a prompt token costs --prompt-weight
 
 
 class KeyLoad:

@@ -13,7 +13,7 @@ output tokens thanks to ``ignore_eos``):
 * ``openai-nostream``: the same with ``stream: false``: one JSON body, no TTFT or ITL; what the
   engine delivers when no API server has to stream token by token.
 * ``openai-vllama``: ``POST {base}/v1/completions`` with exactly the body vllama sends vLLM for
-  the ``ollama`` target's request (built by ``vllama_proxy.api.translate.to_openai.generate_body``, encoded
+  the ``ollama`` target's request (built by ``vllama_proxy.api.ollama.to_openai.generate_body``, encoded
   by vllama's ``encode_json``): vLLM direct, minus the hop, with vllama's body.
 * ``ollama-chat`` / ``openai-chat``: the same workload as one user message to ``/api/chat`` /
   ``/v1/chat/completions`` (the chat template applies; tokens are ``message.content`` /
@@ -190,8 +190,8 @@ def vllama_upstream_body(model: str, prompt: str, wl: Workload) -> bytes:
     """The bytes vllama's ``/api/generate`` sends to vLLM's ``/v1/completions`` for the ``ollama``
     target's request (raw, streamed, ``num_predict``/``ignore_eos``/``temperature``): its own
     translation (``vllama_proxy`` must be importable), so the body cannot drift from vllama's."""
-    from vllama_proxy.api.ollama_types import GenerateRequest
-    from vllama_proxy.api.translate.to_openai import generate_body
+    from vllama_proxy.api.ollama.types import GenerateRequest
+    from vllama_proxy.api.ollama.to_openai import generate_body
     from vllama_proxy.upstream import encode_json
 
     req = GenerateRequest.model_validate({

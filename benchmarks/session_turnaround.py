@@ -149,7 +149,7 @@ async def one(session: aiohttp.ClientSession, url: str, how: str, model: str, ta
     except aiohttp.ClientError as e:
         return {"tag": tag, "error": type(e).__name__}
     end = time.monotonic()
-    if key is not None:  # released once its stream ended, not awaited (the front's SessionRelease)
+    if key is not None:  # released once its stream ended, not awaited (the front's RouterRelease)
         t = asyncio.ensure_future(session.post(url + "/finish_session", params={"session_id": key}))
         releases.add(t)
         t.add_done_callback(releases.discard)

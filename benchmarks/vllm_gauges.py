@@ -8,7 +8,13 @@ server per step; a process that gets no more of them keeps its last value. This 
 value, when it was written (seconds ago) and whether that process still lives, so that a stale gauge (its writer
 got nothing after the batch) can be told from requests vLLM really kept (the same count everywhere, fresh).
 
-Finds the directory in the environment of the processes whose command line names vLLM (``--pid`` to name one).
+Finds the directory from the processes themselves: each API server keeps its own files
+(``counter_<pid>.db``, ``gauge_mostrecent_<pid>.db``, ... as prometheus-client names them) open, so the folder of those
+open files is the directory; a process with none open yet is found by the variable in its ``/proc/PID/environ``, read
+raw. vLLM names its processes with ``setproctitle`` (``VLLM::APIServer_0``), which overwrites the start of the memory
+``/proc/PID/environ`` shows with NUL bytes to make room for the title: ``psutil.Process.environ()`` stops at the first
+NUL and returns nothing, while the variables are still there further on. A directory with no ``vllm:`` sample is not
+vLLM's (vllama's own workers keep one too) and is left out. ``--pid`` reads only that process's directory.
 
     python benchmarks/vllm_gauges.py            # every vLLM on this machine
     python benchmarks/vllm_gauges.py --json out.json
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import time
 from pathlib import Path
 
@@ -28,21 +34,37 @@ from prometheus_client.mmap_dict import MmapedDict
 NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total")
 
 
+#: prometheus-client's multiprocess file names (``values.py``: ``{type}[_{mode}]_{pid}.db``)
+DB_NAME = re.compile(r"^(counter|histogram|summary|gauge_[a-z]+)_(\d+)\.db$")
+
+
+def environ_raw(pid: int) -> dict[str, str]:
+    """The environment in ``/proc/PID/environ`` past any run of NUL bytes ``setproctitle`` left at its start
+    (``psutil.Process.environ()`` stops at the first). Raises ``OSError`` (gone, not ours)."""
+    data = Path(f"/proc/{pid}/environ").read_bytes()
+    out: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        name, eq, value = item.partition(b"=")
+        if eq and name:
+            out.setdefault(name.decode(errors="replace"), value.decode(errors="replace"))
+    return out
+
+
 def vllm_dirs(pid: int | None) -> dict[str, list[int]]:
-    """``PROMETHEUS_MULTIPROC_DIR`` -> the pids (vLLM's processes) that have it in their environment."""
-    found: dict[str, list[int]] = {}
-    procs = [psutil.Process(pid)] if pid else psutil.process_iter(["cmdline"])
-    for p in procs:
+    """Prometheus multiprocess directories -> the live pids that write in them (their files open) or have them as
+    ``PROMETHEUS_MULTIPROC_DIR``; every process on the machine, or ``pid`` alone."""
+    found: dict[str, set[int]] = {}
+    for p in [psutil.Process(pid)] if pid else psutil.process_iter():
         try:
-            cmd = " ".join(p.cmdline())
-            if pid is None and "vllm" not in cmd.lower() and "VLLM::" not in cmd:
-                continue
-            d = p.environ().get("PROMETHEUS_MULTIPROC_DIR")
-        except psutil.Error:
+            dirs = {str(Path(f.path).parent) for f in p.open_files()
+                    if (m := DB_NAME.match(Path(f.path).name)) and int(m.group(2)) == p.pid}
+            if not dirs and (d := environ_raw(p.pid).get("PROMETHEUS_MULTIPROC_DIR")):
+                dirs = {d}
+        except (psutil.Error, OSError):
             continue
-        if d:
-            found.setdefault(d, []).append(p.pid)
-    return found
+        for d in dirs:
+            found.setdefault(d, set()).add(p.pid)
+    return {d: sorted(pids) for d, pids in found.items() if Path(d).is_dir()}
 
 
 def read(directory: str) -> list[dict]:
@@ -73,13 +95,15 @@ def main() -> int:
     out = {}
     for d, pids in vllm_dirs(args.pid).items():
         rows = read(d)
+        if not rows:  # not vLLM's (vllama's workers keep a directory of their own)
+            continue
         out[d] = {"pids": pids, "rows": rows}
         print(f"{d} (processes {sorted(pids)}):")
         for r in rows:
             print(f"  {r['file']:<40} {r['name']:<32} {r['value']:>10g}  written {r['age_s']} s ago"
                   f"{'' if r['alive'] else ' (process gone)'}  {r['labels']}")
     if not out:
-        print("no vLLM process with a PROMETHEUS_MULTIPROC_DIR (one API server: /metrics is that process's own)")
+        print("no vLLM process writing vllm: gauges to a multiprocess directory (one API server: /metrics is that process's own)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -24,6 +24,9 @@ FAKE_VLLM_START_GATE       path: after the start delay, keep loading (a progress
 FAKE_VLLM_FAIL_AT_START    str: after the start delay print ``ERROR <msg>`` and a fake traceback
                            to stderr and exit 1 without binding.
 FAKE_VLLM_FAIL_FOR         served name: FAKE_VLLM_FAIL_AT_START applies to that model only.
+FAKE_VLLM_FAIL_TAIL        path: after the start delay print that file (the recorded end of a real vLLM's
+                           failed start, tests/fixtures/vllm-start/) to stderr and exit 1 without binding;
+                           with FAKE_VLLM_FAIL_FOR, for that model only.
 FAKE_VLLM_CRASH_AFTER      int N: the N-th generation request dies with ``os._exit(3)`` once it
                            has produced 2 tokens (mid-stream).
 (argument) --fake-invalid*  rejected as vLLM's argparse rejects an unknown argument: usage and
@@ -252,6 +255,7 @@ class Knobs:
         self.start_gate = env.get("FAKE_VLLM_START_GATE") or None
         self.fail_at_start = env.get("FAKE_VLLM_FAIL_AT_START") or None
         self.fail_for = env.get("FAKE_VLLM_FAIL_FOR") or None
+        self.fail_tail = env.get("FAKE_VLLM_FAIL_TAIL") or None
         self.crash_after = _env_int("FAKE_VLLM_CRASH_AFTER")
         self.ignore_sigterm = env.get("FAKE_VLLM_IGNORE_SIGTERM", "") not in ("", "0", "false")
         self.grandchild = env.get("FAKE_VLLM_GRANDCHILD", "") not in ("", "0", "false")
@@ -1665,6 +1669,13 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
             raw_log(f"RuntimeError: {knobs.fail_at_start}")
             raw_log("RuntimeError: Engine core initialization failed. See root cause above. "
                     "Failed core proc(s): {}")
+            return 1
+
+        if knobs.fail_tail and knobs.fail_for in (None, served[0]):
+            with open(knobs.fail_tail) as tail:
+                lines = tail.read().splitlines()
+            for line in lines:
+                raw_log(line)
             return 1
 
         if args.api_server_count > 1 and runtime_lora():  # vllm/entrypoints/cli/serve.py, before binding

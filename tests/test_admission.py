@@ -14,9 +14,9 @@ import time
 import httpx
 
 from conftest import SERVED, start_proxy, stop
-from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
+from vllama_proxy.api.request.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.models.launch_spec import ModelConfig
-from vllama_proxy.supervisor.shared_lock import SharedLock
+from vllama_proxy.ipc.lock import SharedLock
 from vllama_proxy.supervisor.states import State
 from vllama_proxy.supervisor.status import StatusBoard
 
@@ -153,7 +153,7 @@ def test_bound_is_shared_by_every_worker(fake):
 
 
 def test_fair_shares_and_a_dead_workers_requests_leave_their_keys_counts_too():
-    from vllama_proxy.api.admission import FULL, KEY_LIMIT, OVER_SHARE, AdmissionBound
+    from vllama_proxy.api.request.admission import FULL, KEY_LIMIT, OVER_SHARE, AdmissionBound
     bound = AdmissionBound(8, slots=2)  # 7 of 8 places for a key alone, 1 kept for a newcomer
     assert [bound.enter(1, 7, fair=True) for _ in range(8)] == [0, 1, 2, 3, 4, 5, 6, OVER_SHARE]  # worker 1, key 7
     assert bound.enter(0, 9, fair=True) == 0  # a newcomer finds room

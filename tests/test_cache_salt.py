@@ -1,4 +1,4 @@
-"""No tenant reads another's prompts through vLLM's prefix cache (``--cache-isolation``, api/cache_salt.py).
+"""No tenant reads another's prompts through vLLM's prefix cache (``--cache-isolation``, api/policy/cache_salt.py).
 
 vLLM shares cached KV blocks between any requests whose prompts begin alike, so a key timing its own
 requests would learn what another key sent. With a keys file every request made with a key reaches vLLM
@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from conftest import SERVED, log_events, metric, start_proxy, stop, write_keys
-from vllama_proxy.api import cache_salt
+from vllama_proxy.api.policy import cache_salt
 
 KEYS = [
     {"name": "root", "key": "sk-root", "role": "admin"},

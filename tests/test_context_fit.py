@@ -1,5 +1,5 @@
 """A chat longer than the model's context answers, as Ollama's ``truncate`` and ``shift`` (default true) make it
-(``api/context_fit.py``): the oldest turns are dropped (the system message and the last turn kept), an output over
+(``api/request/context_fit.py``): the oldest turns are dropped (the system message and the last turn kept), an output over
 the room left is lowered; ``truncate: false`` keeps the refusal in Ollama's words. Against the stand-in vLLM, which
 refuses a prompt over its context (``--max-model-len``) as vLLM does and counts words as tokens; the real vLLM's
 count: ``tests/real_engine/test_real_context_fit.py``.

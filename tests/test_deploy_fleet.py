@@ -131,14 +131,14 @@ def test_compose_fleet(monkeypatch, tmp_path):
         s = settings_from(resolved(svc["environment"]), monkeypatch, tmp_path)
         monkeypatch.undo()
         assert s.model and s.register_with == router_url and s.advertise_url == f"http://{name}:{s.port}"
-        assert [k.get_secret_value() for k in s.api_key] == [SECRET], "a node takes the fleet secret only"
+        assert s.client_keys == [SECRET], "a node takes the fleet secret only"
         assert "ports" not in svc, "only the front is published"
         (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
         gpus += dev["device_ids"]
         assert systemd_seconds(svc["stop_grace_period"]) > DRAIN_AND_STOP + 5
     assert sorted(gpus) == ["0", "1"]
     front = settings_from(resolved(services["front"]["environment"]), monkeypatch, tmp_path)
-    assert front.upstream == router_url and not front.model and front.api_key_upstream == SECRET
+    assert front.upstream_url == router_url and not front.model and front.upstream_bearer == SECRET
     assert "ports" not in services["router"]
     (port,) = services["front"]["ports"]
     assert int(port.rsplit(":", 1)[1]) == front.port

@@ -12,7 +12,7 @@ import multiprocessing
 
 import pytest
 
-from vllama_proxy.api.fair_queue import W_IN, W_OUT, FairQueue
+from vllama_proxy.api.policy.fair_queue import W_IN, W_OUT, FairQueue
 
 CTX = multiprocessing.get_context("spawn")
 

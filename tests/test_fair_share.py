@@ -2,7 +2,7 @@
 
 The stand-in vLLM runs ``FAKE_VLLM_MAX_NUM_SEQS`` requests at once and queues the rest as vLLM
 does without KV pressure (a running request is never preempted), so one key's flood holds every
-running slot. vllama's fair queue (``api/fair_queue.py``) keeps the queue itself: the order in
+running slot. vllama's fair queue (``api/policy/fair_queue.py``) keeps the queue itself: the order in
 which requests reach the stand-in (``/_fake/requests``) is the order vllama dispatched them.
 """
 

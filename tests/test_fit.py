@@ -311,7 +311,7 @@ async def test_a_model_that_cannot_fit_is_not_launched_and_requests_get_the_numb
     tiny, big = pool.supervisors
     await pool.start()
     try:
-        await tiny.ensure_ready(20)  # a model that fits starts as before
+        await tiny.board.wait_ready(20)  # a model that fits starts as before
         deadline = time.monotonic() + 10
         while big.state is not State.UNLOADED and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -237,7 +237,7 @@ def test_a_tenants_own_session_key_neither_pins_the_fleet_nor_reaches_another_te
     so another tenant's requests kept going there too); another tenant's requests, sent while the flood is
     in flight, land where the flood is no more than the bound heavier. Two tenants sending one value get two
     keys (neither the value), and one tenant's value keeps its engine."""
-    from vllama_proxy.api.client_sessions import IN_FLIGHT
+    from vllama_proxy.api.fleet.client_affinity import IN_FLIGHT
 
     keys = tmp_path / "keys.toml"
     keys.write_text('[[keys]]\nname = "alice"\nkey = "sk-alice"\n\n[[keys]]\nname = "bob"\nkey = "sk-bob"\n')
@@ -334,7 +334,7 @@ def test_one_engine_killed(tmp_path, fleet):
     front = fleet(start_proxy, router.url, vllm_args=[])
     # a session key the router sends to a (consistent_hash), sent by the client itself (scoped by the front:
     # the router sees its hash for the open server's one caller)
-    from vllama_proxy.api.session import client_key
+    from vllama_proxy.api.fleet.affinity import client_key
     mine = next(k for k in (f"key-{i}" for i in range(64))
                 if Client(host=front.url, headers={"X-Session-ID": k}).chat(model="tiny", messages=[{"role": "user", "content": "x"}])
                 and sessions_seen(a)[client_key("-", k)])
@@ -440,7 +440,7 @@ def test_router_needs_no_upstream():
     from vllama_proxy.settings import Settings
 
     s = Settings(router="sticky_least_loaded", router_port=30001)
-    assert s.upstream == "http://127.0.0.1:30001"
+    assert s.upstream_url == "http://127.0.0.1:30001" and s.upstream is None  # derived, --upstream not rewritten
     with pytest.raises(ValueError, match="without --model"):
         Settings(router="round_robin", model="m")
     with pytest.raises(ValueError, match="without --upstream"):
@@ -448,63 +448,63 @@ def test_router_needs_no_upstream():
 
 
 def test_session_key_is_the_conversations():
-    from vllama_proxy.api import session
-    from vllama_proxy.api.ollama_types import Message
+    from vllama_proxy.api.fleet import affinity
+    from vllama_proxy.api.ollama.types import Message
 
     first = [Message(role="system", content="sys"), Message(role="user", content="hi")]
     later = [*first, Message(role="assistant", content="hello"), Message(role="user", content="more")]
-    key = session.chat_key("m", first)
-    assert key and key == session.chat_key("m", later)  # every turn of one conversation: one key
-    assert key != session.chat_key("m", [first[0], Message(role="user", content="hi!")])
-    assert key != session.chat_key("other", first) and session.chat_key("m", first[:1]) is None
-    assert session.headers("X-Session-ID", None, key)["X-Session-ID"] == key
-    assert session.headers("X-Session-ID", "mine", key)["X-Session-ID"] == "mine"  # the client's (scoped) key first
-    assert "X-Session-ID" not in session.headers("", None, key)
-    assert session.generate_key("m", None) is None and session.generate_key("m", "s") == session.generate_key("m", "s")
+    key = affinity.chat_key("m", first)
+    assert key and key == affinity.chat_key("m", later)  # every turn of one conversation: one key
+    assert key != affinity.chat_key("m", [first[0], Message(role="user", content="hi!")])
+    assert key != affinity.chat_key("other", first) and affinity.chat_key("m", first[:1]) is None
+    assert affinity.headers("X-Session-ID", None, key)["X-Session-ID"] == key
+    assert affinity.headers("X-Session-ID", "mine", key)["X-Session-ID"] == "mine"  # the client's (scoped) key first
+    assert "X-Session-ID" not in affinity.headers("", None, key)
+    assert affinity.generate_key("m", None) is None and affinity.generate_key("m", "s") == affinity.generate_key("m", "s")
 
 
 def test_session_key_system_scope():
     """``--session-key system``: one key per model and system prompt, whatever the conversation."""
-    from vllama_proxy.api import session
-    from vllama_proxy.api.ollama_types import Message
+    from vllama_proxy.api.fleet import affinity
+    from vllama_proxy.api.ollama.types import Message
 
     sys_a, sys_b = Message(role="system", content="a"), Message(role="system", content="b")
     one, two = Message(role="user", content="hi"), Message(role="user", content="hello")
-    key = session.chat_key("m", [sys_a, one], "system")
-    assert key and key == session.chat_key("m", [sys_a, two, Message(role="assistant", content="x"), one], "system")
-    assert key != session.chat_key("m", [sys_b, one], "system") and key != session.chat_key("n", [sys_a, one], "system")
-    assert key != session.chat_key("m", [sys_a, one])  # the conversation's key is another
+    key = affinity.chat_key("m", [sys_a, one], "system")
+    assert key and key == affinity.chat_key("m", [sys_a, two, Message(role="assistant", content="x"), one], "system")
+    assert key != affinity.chat_key("m", [sys_b, one], "system") and key != affinity.chat_key("n", [sys_a, one], "system")
+    assert key != affinity.chat_key("m", [sys_a, one])  # the conversation's key is another
     # no system prompt: the conversation's key (a key of the model alone would send every such chat to one engine)
-    assert session.chat_key("m", [one], "system") == session.chat_key("m", [one])
-    assert session.chat_key("m", [one], "system") != session.chat_key("m", [two], "system")
-    assert session.chat_key("m", [sys_a], "system") is None  # no user message yet
+    assert affinity.chat_key("m", [one], "system") == affinity.chat_key("m", [one])
+    assert affinity.chat_key("m", [one], "system") != affinity.chat_key("m", [two], "system")
+    assert affinity.chat_key("m", [sys_a], "system") is None  # no user message yet
 
 
 def test_one_request_keys():
     """``--request-sessions on`` (issue 43): a request with no key to share goes under a key of its own,
     which is released at the router; a shared system prompt keeps its key, a client's own key is its own."""
-    from vllama_proxy.api import session
-    from vllama_proxy.api.ollama_types import Message
+    from vllama_proxy.api.fleet import affinity
+    from vllama_proxy.api.ollama.types import Message
 
     sys_a, one = Message(role="system", content="a"), Message(role="user", content="hi")
-    shared = session.chat_key("m", [sys_a, one], "system", per_request=True)
-    assert shared == session.chat_key("m", [sys_a, one], "system")
-    assert session.chat_key("m", [one], "system", per_request=True) is None  # placed by load, every turn
-    assert session.chat_key("m", [one], "conversation", per_request=True) == session.chat_key("m", [one])
+    shared = affinity.chat_key("m", [sys_a, one], "system", per_request=True)
+    assert shared == affinity.chat_key("m", [sys_a, one], "system")
+    assert affinity.chat_key("m", [one], "system", per_request=True) is None  # placed by load, every turn
+    assert affinity.chat_key("m", [one], "conversation", per_request=True) == affinity.chat_key("m", [one])
 
-    sent, release = session.placement("X-Session-ID", None, None, True)
-    again, other = session.placement("X-Session-ID", None, None, True)
+    sent, release = affinity.placement("X-Session-ID", None, None, True)
+    again, other = affinity.placement("X-Session-ID", None, None, True)
     assert release and other and release != other and sent == {"X-Session-ID": release} and again == {"X-Session-ID": other}
-    assert session.placement("X-Session-ID", None, shared, True) == ({"X-Session-ID": shared}, None)  # kept, never released
-    assert session.placement("X-Session-ID", "mine", None, True) == ({"X-Session-ID": "mine"}, None)  # the client's own
-    assert session.placement("X-Session-ID", None, None, False) == ({}, None)
-    assert session.placement("", "mine", None, True) == ({}, None)
+    assert affinity.placement("X-Session-ID", None, shared, True) == ({"X-Session-ID": shared}, None)  # kept, never released
+    assert affinity.placement("X-Session-ID", "mine", None, True) == ({"X-Session-ID": "mine"}, None)  # the client's own
+    assert affinity.placement("X-Session-ID", None, None, False) == ({}, None)
+    assert affinity.placement("", "mine", None, True) == ({}, None)
 
     # a relayed OpenAI chat shares /api/chat's key for the same system prompt; without one it has none
     body = {"messages": [{"role": "system", "content": [{"type": "text", "text": "a"}]}, {"role": "user", "content": "x"}]}
-    assert session.openai_key("m", body, "system") == shared
-    assert session.openai_key("m", {"messages": [{"role": "user", "content": "hi"}]}, "system") is None
-    assert session.openai_key("m", {"prompt": "p"}, "system") is None
+    assert affinity.openai_key("m", body, "system") == shared
+    assert affinity.openai_key("m", {"messages": [{"role": "user", "content": "hi"}]}, "system") is None
+    assert affinity.openai_key("m", {"prompt": "p"}, "system") is None
 
 
 def test_request_sessions_decided_at_start(tmp_path, fake):
@@ -561,7 +561,7 @@ async def test_releases_are_bounded_when_the_router_hangs():
 
     from aiohttp import web
 
-    from vllama_proxy.api.router_sessions import SessionRelease
+    from vllama_proxy.api.fleet.router_release import RouterRelease
 
     seen: list[str] = []
     all_in, answer = asyncio.Event(), asyncio.Event()
@@ -574,7 +574,7 @@ async def test_releases_are_bounded_when_the_router_hangs():
         return web.json_response({"status": "ok", "session_id": request.query["session_id"]})
 
     async with _router_stub(finish_session) as upstream:
-        releases = SessionRelease(limit=4)
+        releases = RouterRelease(limit=4)
         for i in range(10):
             releases.release(upstream, f"r{i}")
         await asyncio.wait_for(all_in.wait(), 30)
@@ -596,7 +596,7 @@ async def test_releases_keep_a_few_connections_of_their_own():
 
     from aiohttp import web
 
-    from vllama_proxy.api.router_sessions import SessionRelease
+    from vllama_proxy.api.fleet.router_release import RouterRelease
 
     ports: set[int] = set()
     seen: list[str] = []
@@ -611,7 +611,7 @@ async def test_releases_keep_a_few_connections_of_their_own():
         return web.json_response({"status": "ok", "session_id": request.query["session_id"]})
 
     async with _router_stub(finish_session) as upstream:
-        releases = SessionRelease()
+        releases = RouterRelease()
         for i in range(64):
             releases.release(upstream, f"r{i}")
         await releases.close()
@@ -652,17 +652,17 @@ def test_a_clients_own_key_is_scoped_hashed_and_bounded():
     string among vllama's own keys: another), at most ``IN_FLIGHT`` requests are under it at once (the next is
     placed as if no key had been sent), ``X-User-ID`` counts as its key when there is no ``X-Session-ID``; a node
     (not scoped) keeps the header as it came, and ``--session-header ''`` sends nothing."""
-    from vllama_proxy.api import session
-    from vllama_proxy.api.client_sessions import IN_FLIGHT, ClientSessions
+    from vllama_proxy.api.fleet import affinity
+    from vllama_proxy.api.fleet.client_affinity import IN_FLIGHT, ClientAffinity
 
-    alice, bob = session.client_key("alice", "conv-1"), session.client_key("bob", "conv-1")
-    assert re.fullmatch(r"[0-9a-f]{32}", alice) and alice == session.client_key("alice", "conv-1")
-    assert len({alice, bob, session.client_key("alice", "conv-2"), session.client_key("-", "conv-1")}) == 4
+    alice, bob = affinity.client_key("alice", "conv-1"), affinity.client_key("bob", "conv-1")
+    assert re.fullmatch(r"[0-9a-f]{32}", alice) and alice == affinity.client_key("alice", "conv-1")
+    assert len({alice, bob, affinity.client_key("alice", "conv-2"), affinity.client_key("-", "conv-1")}) == 4
     # no key of vllama's, whatever the client puts where vllama's keys come from
-    assert alice not in (session.generate_key("alice", "conv-1"), session.generate_key("client", "alice\0conv-1"))
-    assert re.fullmatch(r"[0-9a-f]{32}", session.client_key("alice", "\udcff" + "x" * 10_000))  # any header bytes
+    assert alice not in (affinity.generate_key("alice", "conv-1"), affinity.generate_key("client", "alice\0conv-1"))
+    assert re.fullmatch(r"[0-9a-f]{32}", affinity.client_key("alice", "\udcff" + "x" * 10_000))  # any header bytes
 
-    clients = ClientSessions("X-Session-ID", scoped=True)
+    clients = ClientAffinity("X-Session-ID", scoped=True)
     with contextlib.ExitStack() as held:
         keys = [held.enter_context(clients.hold("alice", {"X-Session-ID": "conv-1"})) for _ in range(IN_FLIGHT)]
         assert keys == [alice] * IN_FLIGHT and clients.in_flight(alice) == IN_FLIGHT
@@ -675,9 +675,9 @@ def test_a_clients_own_key_is_scoped_hashed_and_bounded():
     assert clients.in_flight(alice) == 0
     with clients.hold("alice", {"X-User-ID": "conv-1"}) as by_user, clients.hold("alice", {}) as none:
         assert by_user == alice and none is None
-    with ClientSessions("X-Session-ID", scoped=False).hold("alice", {"X-Session-ID": "mine"}) as node:
+    with ClientAffinity("X-Session-ID", scoped=False).hold("alice", {"X-Session-ID": "mine"}) as node:
         assert node == "mine"  # a node: the front's key as it came, uncounted
-    with ClientSessions("", scoped=True).hold("alice", {"X-Session-ID": "mine"}) as unsent:
+    with ClientAffinity("", scoped=True).hold("alice", {"X-Session-ID": "mine"}) as unsent:
         assert unsent is None
 
 
@@ -686,7 +686,7 @@ def test_relayed_request_sends_the_clients_key_scoped(fake):
     ``X-User-ID``, which vllm-router reads next) goes under that key scoped to its caller, and neither header
     is forwarded as it came (issue 43 follow-up: no tenant steers the router with a raw string); no one-request
     key of vllama's over it; a request with neither gets a key of its own."""
-    from vllama_proxy.api import session
+    from vllama_proxy.api.fleet import affinity
 
     front = start_proxy(fake.url, "--request-sessions", "on", "--session-key", "system", vllm_args=[])
     try:
@@ -698,7 +698,7 @@ def test_relayed_request_sends_the_clients_key_scoped(fake):
             assert len(seen) == 1, seen
             return {k.lower(): v for k, v in seen[0]["headers"].items()}
 
-        scoped = session.client_key("-", "u1")  # an open server: one caller
+        scoped = affinity.client_key("-", "u1")  # an open server: one caller
         by_user = sent("review13 user key", {"X-User-ID": "u1"})
         assert by_user["x-session-id"] == scoped and "x-user-id" not in by_user, by_user
         by_session = sent("review13 session key", {"X-Session-ID": "u1", "X-User-ID": "u2"})
@@ -714,20 +714,20 @@ def test_relayed_chats_keep_their_conversation_key():
     ``/v1/chat/completions`` gets its conversation's key, the one ``/api/chat`` gets for the same messages,
     on every turn (a one-request key would place each turn of a ``/v1`` conversation by load, against
     docs/fleet.md's "keep them sticky with --session-key conversation"); no user message: none."""
-    from vllama_proxy.api import session
-    from vllama_proxy.api.ollama_types import Message
+    from vllama_proxy.api.fleet import affinity
+    from vllama_proxy.api.ollama.types import Message
 
     first = [{"role": "system", "content": "sys"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     later = [*first, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
-    key = session.openai_key("m", {"messages": first}, "conversation")
-    assert key and key == session.openai_key("m", {"messages": later}, "conversation")
-    assert key == session.chat_key("m", [Message(role="system", content="sys"), Message(role="user", content="hi")])
+    key = affinity.openai_key("m", {"messages": first}, "conversation")
+    assert key and key == affinity.openai_key("m", {"messages": later}, "conversation")
+    assert key == affinity.chat_key("m", [Message(role="system", content="sys"), Message(role="user", content="hi")])
     other = [first[0], {"role": "user", "content": "hi!"}]
-    assert session.openai_key("m", {"messages": other}, "conversation") not in (key, None)
+    assert affinity.openai_key("m", {"messages": other}, "conversation") not in (key, None)
     image = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:a"}}]}]
-    assert session.openai_key("m", {"messages": image}, "conversation") != session.openai_key("m", {"messages": first[1:]}, "conversation")
-    assert session.openai_key("m", {"messages": first[:1]}, "conversation") is None
-    assert session.openai_key("m", {"prompt": "p"}, "conversation") is None
+    assert affinity.openai_key("m", {"messages": image}, "conversation") != affinity.openai_key("m", {"messages": first[1:]}, "conversation")
+    assert affinity.openai_key("m", {"messages": first[:1]}, "conversation") is None
+    assert affinity.openai_key("m", {"prompt": "p"}, "conversation") is None
 
 
 def test_stand_in_prefix_cache_counts_as_vllm():

@@ -1,8 +1,8 @@
 """One gate, one finisher, one settler: a hostile tenant's ways to be served uncharged, pass a cap or reach
 vLLM's machinery, each tried against ``vllama serve --upstream`` over the stand-in vLLM with a keys file.
 
-Each test here failed on the code before the gate (``api/gate/``), the finisher (``api/finisher.py``) and the
-settler (``api/settler.py``): a body with no ``model`` was served and charged nothing; ``"stream": 1`` streamed
+Each test here failed on the code before the gate (``api/request/``), the finisher (``api/request/finisher.py``) and the
+settler (``api/request/settler.py``): a body with no ``model`` was served and charged nothing; ``"stream": 1`` streamed
 with no usage asked; ``n: "8"`` and ``max_tokens: "200"`` passed the caps that read only integers; the agents'
 routes relayed vLLM's operator fields and unbounded stop lists; budgets and ``tpm`` were checked against
 finished requests only, so 16 requests at once all passed; refused requests left no trace of their key; a

@@ -1,5 +1,5 @@
-"""A hostile tenant's review of the gate (``api/gate/``), admission's reservations (``api/admission.py``) and the
-settler (``api/settler.py``): each test here is a hole a user key could use, found by reading the code and
+"""A hostile tenant's review of the gate (``api/request/``), admission's reservations (``api/request/admission.py``) and the
+settler (``api/request/settler.py``): each test here is a hole a user key could use, found by reading the code and
 confirmed against ``vllama serve --upstream`` over the stand-in vLLM with a keys file (``test_gate.py``'s setup).
 """
 

@@ -25,9 +25,11 @@ PKG = "vllama_proxy"
 
 #: The parts, lowest first: a module may import its own part and the parts below it, at run time
 #: and for annotations alike (issue 41.5: no arrow runs back up; an object handed in from above,
-#: such as the supervisor's status board in models/vllm_servers.py, is typed ``Any`` there).
+#: such as the supervisor's status board in models/vllm_servers.py, is typed by a protocol of that
+#: lower part, models/boards.py).
 LAYERS = [
     [PKG, f"{PKG}.errors", f"{PKG}.logs"],
+    [f"{PKG}.ipc"],  # the cross-process floor: the lock, the bells, the spawn context of shared arrays
     [f"{PKG}.upstream"],
     [f"{PKG}.models"],
     [f"{PKG}.settings"],
@@ -183,6 +185,40 @@ def test_no_upward_imports() -> None:
     assert not upward, "imports from a lower part to a higher one (see LAYERS):\n" + "\n".join(upward)
 
 
+#: Inside ``api/``, its rooms by job, lowest first: the wire (pure), what is measured and charged, who may
+#: ask and how much, the router's keys, the app's state, the request's way, the handlers, the wiring.
+API_ROOMS = [
+    [f"{PKG}.api.ollama"],
+    [f"{PKG}.api.metrics", f"{PKG}.api.usage"],
+    [f"{PKG}.api.policy"],
+    [f"{PKG}.api.fleet"],
+    [f"{PKG}.api.app_state"],
+    [f"{PKG}.api.request"],
+    [f"{PKG}.api.routes"],
+    [f"{PKG}.api.app", f"{PKG}.api"],
+]
+
+
+def _api_room(mod: str) -> int | None:
+    best, at = None, -1
+    for i, room in enumerate(API_ROOMS):
+        for r in room:
+            if (mod == r or mod.startswith(r + ".")) and len(r) > at:
+                best, at = i, len(r)
+    return best
+
+
+def test_api_rooms_import_downward() -> None:
+    """``api/``'s folders stand on each other in one order (:data:`API_ROOMS`): the request's way uses the
+    wire, the policies and the ledger, never the other way round; every module of ``api/`` is in a room."""
+    graph = import_graph()
+    lost = sorted(m for m in graph if m.startswith(f"{PKG}.api") and _api_room(m) is None)
+    assert not lost, f"api/ modules in no room of API_ROOMS: {lost}"
+    upward = [f"  {m} -> {t}" for m, ts in sorted(graph.items()) if m.startswith(f"{PKG}.api")
+              for t in sorted(ts) if t.startswith(f"{PKG}.api") and (_api_room(t) or 0) > (_api_room(m) or 0)]
+    assert not upward, "api/ rooms importing a higher one (see API_ROOMS):\n" + "\n".join(upward)
+
+
 def test_only_the_app_reaches_into_the_routes() -> None:
     """Inside ``api/``, the handlers (``routes/``) stand on the rest: the middlewares and helpers beside
     them import nothing of ``routes/``; only ``app.py`` wires the routes (issue 41.5: ``admission.py``
@@ -194,20 +230,21 @@ def test_only_the_app_reaches_into_the_routes() -> None:
     assert not reaching, "api/ modules below the routes import them:\n" + "\n".join(reaching)
 
 
-#: What the translators (``api/translate/``) may import of the package: the error tree, what a model
-#: is, the Ollama wire types and the clock of durations; of ``upstream.py`` only its body encoder.
-TRANSLATE_MAY_IMPORT = (f"{PKG}.errors", f"{PKG}.models", f"{PKG}.api.ollama_types", f"{PKG}.api.timestamps", f"{PKG}.api.translate")
+#: What the translators (``api/ollama/to_openai.py``, ``to_ollama.py``) may import of the package: the error tree, what a model
+#: is, the Ollama wire types and the clock of durations; of ``upstream/`` only its body encoder.
+TRANSLATE_MAY_IMPORT = (f"{PKG}.errors", f"{PKG}.models", f"{PKG}.api.ollama.types", f"{PKG}.api.ollama.timestamps",
+                        f"{PKG}.api.ollama.to_openai", f"{PKG}.api.ollama.to_ollama")
 #: What they may import from outside beside the standard library.
 TRANSLATE_LIBRARIES = {"orjson"}
 
 
 def test_the_translators_do_no_io() -> None:
-    """``api/translate/`` holds the translators by direction (issue 41.3; Ollama's ``openai/openai.go``
-    keeps its ``From*``/``To*`` functions so): pure, no aiohttp, no HTTP client, nothing of the app,
-    the routes, the relay or the metrics; ``api/relay.py`` sends and streams."""
-    folder = ROOT / PKG / "api" / "translate"
-    files = sorted(folder.glob("*.py"))
-    assert {p.name for p in files} >= {"to_openai.py", "to_ollama.py"}, f"no translators by direction in {folder}"
+    """``api/ollama/`` holds the translators by direction (Ollama's ``openai/openai.go`` keeps its
+    ``From*``/``To*`` functions so): pure, no aiohttp, no HTTP client, nothing of the app, the routes,
+    the relay or the metrics; ``api/request/relay.py`` beside them sends and streams."""
+    folder = ROOT / PKG / "api" / "ollama"
+    files = [folder / "to_openai.py", folder / "to_ollama.py"]
+    assert all(p.exists() for p in files), f"no translators by direction in {folder}"
     graph = import_graph()
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     wrong = []
@@ -222,6 +259,31 @@ def test_the_translators_do_no_io() -> None:
     assert not wrong, "the translators import what does I/O or stands above them:\n" + "\n".join(wrong)
 
 
+#: The supervisor's pure deciders, which ``supervisor/lifecycle.py``'s owner loop calls: what a look at
+#: vLLM's load means (``hang.py``), when a new adapter needs a restart (``lora_restart.py``), an on-demand
+#: slot's new model (``respec.py``), the wait after a failure (``restarts.py``). What of the package they
+#: may import: plain data only.
+DECIDERS = ("hang.py", "lora_restart.py", "respec.py", "restarts.py")
+DECIDERS_MAY_IMPORT = (f"{PKG}.models.adapters", f"{PKG}.models.launch_spec", f"{PKG}.supervisor.hang")
+#: The standard library's modules a decider may not import: a clock, the loop, processes, files, sockets.
+IO_MODULES = {"asyncio", "os", "time", "subprocess", "socket", "threading", "multiprocessing", "signal", "shutil", "pathlib"}
+
+
+def test_the_supervisors_deciders_do_no_io() -> None:
+    """Each decider takes the state it decides on and returns the decision: no clock, loop, process or
+    file of its own, nothing of the supervisor that acts on it, no library but the standard one."""
+    folder = ROOT / PKG / "supervisor"
+    graph = import_graph()
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for name in DECIDERS:
+        path = folder / name
+        mod, _ = _module_of(path, ROOT)
+        wrong += [f"  {mod} -> {t}" for t in sorted(graph[mod]) if not any(t == ok or t.startswith(ok + ".") for ok in DECIDERS_MAY_IMPORT)]
+        wrong += [f"  {mod}: {n}" for n in sorted(_libraries(path) - {PKG}) if n not in stdlib or n in IO_MODULES]
+    assert not wrong, "the supervisor's deciders import what does I/O or acts:\n" + "\n".join(wrong)
+
+
 def test_every_module_has_a_layer() -> None:
     lost = sorted(m for m in import_graph() if layer_of(m) is None)
     assert not lost, f"modules on no layer (add them to LAYERS): {lost}"
@@ -230,7 +292,7 @@ def test_every_module_has_a_layer() -> None:
 def test_top_level_is_small() -> None:
     entries = sorted(p.name for p in (ROOT / PKG).iterdir()
                      if p.name not in ("__pycache__", "__init__.py", "__main__.py") and not p.name.endswith(".pyc"))
-    assert len(entries) <= 10, f"the package's top level has {len(entries)} entries: {entries}"
+    assert len(entries) <= 11, f"the package's top level has {len(entries)} entries: {entries}"
 
 
 def _libraries(path: Path) -> set[str]:

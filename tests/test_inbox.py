@@ -208,7 +208,7 @@ async def test_a_drain_is_told_by_the_last_request_to_end_in_any_worker(polls):
     to end rings the admission bound's bell, in whichever process it ends; main looked at the count every 0.1 s."""
     import multiprocessing
 
-    from vllama_proxy.api.admission import AdmissionBound
+    from vllama_proxy.api.request.admission import AdmissionBound
     from vllama_proxy.front.server import wait_idle
 
     bound = AdmissionBound(16, 2)
@@ -225,7 +225,7 @@ async def test_a_drain_is_told_by_the_last_request_to_end_in_any_worker(polls):
     assert await asyncio.wait_for(waiting, 120) is True  # told by the worker's last end
     await asyncio.to_thread(worker.join, 60)
     assert bound.in_flight == 0
-    assert [s for s in polls if s[0] in ("vllama_proxy.front.server", "vllama_proxy.api.admission")] == []
+    assert [s for s in polls if s[0] in ("vllama_proxy.front.server", "vllama_proxy.api.request.admission")] == []
     # a request in flight that does not end: the wait ends at its timeout, or at once when hurried
     assert bound.enter(0, 7) >= 0
     assert await asyncio.wait_for(wait_idle(bound, 0.2, asyncio.Event()), 60) is False

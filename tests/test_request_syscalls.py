@@ -46,7 +46,7 @@ def _count_getpid(fn) -> int:
 
 
 def test_the_shared_lock_asks_no_pid_per_section():
-    from vllama_proxy.supervisor.shared_lock import SharedLock
+    from vllama_proxy.ipc.lock import SharedLock
 
     lock = SharedLock()
     with lock.held():  # the first section opens the file
@@ -167,7 +167,7 @@ def test_a_body_that_arrived_is_read_without_a_timer_and_once(monkeypatch):
     from aiohttp.streams import StreamReader
     from aiohttp.test_utils import make_mocked_request
 
-    from vllama_proxy.api import request_body
+    from vllama_proxy.api.request import body_reader as request_body
     from vllama_proxy.api.app_state import SETTINGS
     from vllama_proxy.settings import Settings
 
@@ -203,7 +203,7 @@ def test_a_ready_model_is_held_in_two_lock_sections(monkeypatch, tmp_path):
     from vllama_proxy.api.routes.model_use import model_in_use
     from vllama_proxy.models.vllm_servers import Backend, BackendSpec, ServedModel
     from vllama_proxy.settings import Settings
-    from vllama_proxy.supervisor import shared_lock
+    from vllama_proxy.ipc import lock as shared_lock
     from vllama_proxy.supervisor.states import State
     from vllama_proxy.supervisor.status import StatusBoard
     from vllama_proxy.upstream import Upstream
@@ -258,7 +258,7 @@ def test_a_request_key_is_read_without_a_miss():
     from aiohttp import web
     from aiohttp.test_utils import make_mocked_request
 
-    from vllama_proxy.api import api_keys
+    from vllama_proxy.api.policy import keys as api_keys
 
     ring = api_keys.KeyRing([], None)
     seen = []
@@ -317,7 +317,7 @@ def test_the_cors_hook_finds_its_entry_without_an_origin():
     from aiohttp import web
     from aiohttp.test_utils import make_mocked_request
 
-    from vllama_proxy.api import access
+    from vllama_proxy.api.policy import access
 
     seen = []
 

@@ -115,3 +115,91 @@ def test_model_and_models_are_exclusive(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--config", str(tmp_path / "none.toml")], cwd=ROOT,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "not found" in r.stderr
+
+
+# --- the settings package: names kept, cross-field rules that refuse or derive ------------------
+
+
+def test_flags_and_variables_unchanged():
+    """Every flag of ``vllama serve`` and every ``VLLAMA_*`` variable, as the one-class settings.py had
+    them (tests/fixtures/settings_names.txt, generated from it): the field groups renamed nothing."""
+    from vllama_proxy.settings import Settings, cli_source
+
+    parser = cli_source([]).root_parser
+    flags = sorted({o for a in parser._actions for o in a.option_strings})
+    variables = sorted(f"VLLAMA_{n.upper()}" for n in Settings.model_fields)
+    assert flags + variables == (ROOT / "tests" / "fixtures" / "settings_names.txt").read_text().split()
+
+
+def test_router_derives_the_upstream_it_does_not_write_it():
+    from vllama_proxy.settings import Settings
+
+    s = Settings(router="sticky_least_loaded", router_port=30002)
+    assert s.upstream is None and s.upstream_url == "http://127.0.0.1:30002"  # main wrote --upstream
+    assert Settings(upstream="http://x:1/").upstream_url == "http://x:1" and Settings().upstream_url is None
+    with pytest.raises(ValueError, match="give it without --upstream"):
+        Settings(router="round_robin", upstream="http://x:1")
+
+
+def test_fleet_secret_derives_the_bearer_and_a_nodes_keys():
+    from vllama_proxy.settings import Settings
+
+    front = Settings(upstream="http://r:1", fleet_secret="s3")
+    assert front.api_key_upstream is None and front.upstream_bearer == "s3"  # main wrote --api-key-upstream
+    assert Settings(upstream="http://r:1", fleet_secret="s3", api_key_upstream="v").upstream_bearer == "v"
+    node = Settings(register_with="http://r:1", fleet_secret="s3")
+    assert node.api_key == [] and node.client_keys == ["s3"]  # main wrote --api-key
+    assert Settings(api_key=["a", "b"], fleet_secret="s3").client_keys == ["a", "b"]  # a front keeps its keys
+    assert Settings(fleet_secret="").fleet_secret is None and Settings(fleet_secret="").upstream_bearer is None
+    with pytest.raises(ValueError, match="is its only key"):
+        Settings(register_with="http://r:1", fleet_secret="s3", api_key=["other"])
+
+
+def test_cross_field_checks_are_pure():
+    from vllama_proxy.models.launch_spec import ModelConfig
+    from vllama_proxy.settings import checks
+
+    checks.router_alone(None, None, 30000, "m", [])
+    checks.router_alone("p", "http://127.0.0.1:30000", 30000, None, [])  # its own URL, as given
+    with pytest.raises(ValueError, match="without --model"):
+        checks.router_alone("p", None, 30000, "m", [])
+    with pytest.raises(ValueError, match="--vllm-port"):
+        checks.reserved_vllm_args("m", ["--port=1"])
+    checks.reserved_vllm_args(None, ["--port=1"])  # --upstream: the arguments only describe it
+    with pytest.raises(ValueError, match="used twice"):
+        checks.one_source_of_models(None, [ModelConfig(model="a", port=9), ModelConfig(model="b", port=9)], None, [], 11434)
+    with pytest.raises(ValueError, match="choose one"):
+        checks.one_source_of_models("m", [], "http://x", [], 11434)
+    checks.fleet_node_keys("s", "http://r", None, ["s"])
+    with pytest.raises(ValueError, match="only key"):
+        checks.fleet_node_keys("s", "http://r", "keys.toml", ["s"])
+    assert checks.upstream_url(None, "p", 1) == "http://127.0.0.1:1" and checks.upstream_url("http://u", None, 1) == "http://u"
+    assert checks.upstream_bearer(None, "s") == "s" and checks.client_keys(["a"], "s", None) == ["a"]
+
+
+def test_ollama_variables_fill_only_what_ours_left():
+    from vllama_proxy.settings.sources import ollama_variables
+
+    env = {"OLLAMA_HOST": "0.0.0.0:9", "OLLAMA_KEEP_ALIVE": "1h", "OLLAMA_MAX_QUEUE": "5"}
+    assert ollama_variables({}, env) == {"host": "0.0.0.0", "port": 9, "keep_alive": "1h", "max_queue": "5"}
+    assert ollama_variables({"port": 7, "keep_alive": "1m", "max_queue": 1}, env) == {}
+    with pytest.raises(ValueError, match="invalid OLLAMA_KEEP_ALIVE"):
+        ollama_variables({}, {"OLLAMA_KEEP_ALIVE": "soon"})
+
+
+@pytest.mark.parametrize("keys,flags", [
+    (None, ["--api-key-file", "missing-keys.toml"]),
+    ('[[keys]]\nname = "a"\nkey = "sk-a"\nbudget_tokens = 10\n', ["--usage-db", "off"]),
+])
+def test_bad_configuration_exits_with_one_line_before_the_app(tmp_path, keys, flags):
+    """A keys file that cannot be read, or budgets without the ledger: exit 2 with the one line, before
+    anything is built or logged (main said it from inside the app's builder, after the start-up's log)."""
+    if keys is not None:
+        (tmp_path / "keys.toml").write_text(keys)
+        flags = [*flags, "--api-key-file", "keys.toml"]
+    r = subprocess.run([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", "http://127.0.0.1:9",
+                        "--state-dir", str(tmp_path), "--log-format", "console", *flags],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("vllama serve: "), r.stderr
+    assert ("--api-key-file" if keys is None else "budget_tokens") in r.stderr

@@ -1,4 +1,4 @@
-"""Per-key limits shared by several fronts (``--state-url redis://...``, ``api/shared_state.py``):
+"""Per-key limits shared by several fronts (``--state-url redis://...``, ``api/policy/fleet_counters.py``):
 two ``vllama serve --upstream`` fronts and a real ``redis-server`` started here (skipped where
 none is installed: ``apt-get install redis-server``; ``.ci/run`` installs it)."""
 
@@ -88,7 +88,7 @@ def test_two_fronts_share_a_keys_max_in_flight(tmp_path, model_dir, redis_url):
 async def test_store_counts_over_processes(redis_url):
     """The store itself: two processes' counters (two fronts' workers) against one Redis: in flight,
     requests and tokens per minute, and a dead process's requests given back after its TTL."""
-    from vllama_proxy.api.shared_state import RedisKeyState
+    from vllama_proxy.api.policy.fleet_counters import RedisKeyState
 
     a, b = RedisKeyState(redis_url, holder_ttl=1), RedisKeyState(redis_url, holder_ttl=1)
 
@@ -197,14 +197,14 @@ async def test_a_place_given_back_while_the_store_is_down_reaches_it_later(redis
     """A request counted in Redis whose end comes while Redis does not answer: its place is given back
     once it answers again (else the key would lose a place for good: the holder's heartbeat keeps its
     hash alive); meanwhile the store is not asked again for a while (one timeout, not one per request)."""
-    from vllama_proxy.api import shared_state
+    from vllama_proxy.api.policy import fleet_counters
 
-    a, b = shared_state.RedisKeyState(redis_server.url, holder_ttl=3), shared_state.RedisKeyState(redis_server.url, holder_ttl=3)
+    a, b = fleet_counters.RedisKeyState(redis_server.url, holder_ttl=3), fleet_counters.RedisKeyState(redis_server.url, holder_ttl=3)
     await a.start()
     try:
         assert (await a.admit("k", None, None, 1, count=True)).refused is None
         assert (await b.admit("k", None, None, 1, count=True)).refused == "max_in_flight"
-        redis_server.cli("client", "pause", str(int(shared_state.TIMEOUT * 1000 + 1500)), "all")
+        redis_server.cli("client", "pause", str(int(fleet_counters.TIMEOUT * 1000 + 1500)), "all")
         await a.finish("k", leave=True)  # times out: owed
         started = time.monotonic()
         assert await a.admit("k", None, None, 1, count=True) is None  # not asked: this front's own count only
@@ -277,7 +277,7 @@ async def test_the_other_fronts_service_counts_while_the_key_contends_here():
     """``FairQueue.absorb``: what a key got on the other fronts since this front last read it is added
     to its counter here; the first read after the key became active here only sets the baseline; an
     older (lower) read, from another worker of this front, changes nothing."""
-    from vllama_proxy.api.fair_queue import FairQueue
+    from vllama_proxy.api.policy.fair_queue import FairQueue
 
     q = FairQueue(1, 1, 4)
     q.absorb(0, 500.0)  # never active here: a baseline, no debt for what it got before

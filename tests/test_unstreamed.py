@@ -13,9 +13,9 @@ import ollama
 import pytest
 
 from conftest import SERVED, VLLM_ARGS, _requests_of, start_fake, start_proxy, stop
-from vllama_proxy.api.timestamps import Timings
-from vllama_proxy.api.translate.to_ollama import ChatTranslator, GenerateTranslator, response_chunk, unstreamed_timings
-from vllama_proxy.api.translate.to_openai import final_only
+from vllama_proxy.api.ollama.timestamps import Timings
+from vllama_proxy.api.ollama.to_ollama import ChatTranslator, GenerateTranslator, response_chunk, unstreamed_timings
+from vllama_proxy.api.ollama.to_openai import final_only
 
 FLAG = "--enable-per-request-metrics"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",

@@ -7,6 +7,10 @@ server is closer to vLLM anyway.)
 from __future__ import annotations
 
 import asyncio
+import re
+from unittest.mock import Mock
+
+import aiohttp
 
 import pytest
 from aiohttp import web
@@ -201,8 +205,8 @@ async def test_idle_connections_retire_before_the_server_closes_them(monkeypatch
     up = Upstream(await srv.start())
     await up.start()
     retries = []
-    fresh = up._fresh.request
-    monkeypatch.setattr(up._fresh, "request", lambda *a, **kw: retries.append(a) or fresh(*a, **kw))
+    fresh = up.pool.fresh.request
+    monkeypatch.setattr(up.pool.fresh, "request", lambda *a, **kw: retries.append(a) or fresh(*a, **kw))
     try:
         import random
 
@@ -432,3 +436,56 @@ async def test_a_server_that_accepts_nothing_fails_its_connects_and_then_fails_f
             s.close()
         listener.close()
         await up.close()
+
+
+# --- the one error mapping (upstream/mapping.py) and the pool shared by targets (upstream/pool.py) ------
+
+
+@pytest.mark.parametrize("error,mapped,text", [
+    (aiohttp.ServerTimeoutError("Timeout on reading data from socket"), UpstreamTimeout, "did not answer in time"),
+    (asyncio.TimeoutError(), UpstreamTimeout, "did not answer in time"),
+    (aiohttp.ClientConnectorError(Mock(), OSError(111, "Connection refused")), UpstreamUnavailable, "not reachable at http://v:1: Connection refused"),
+    (aiohttp.ServerDisconnectedError(), UpstreamUnavailable, "closed the connection before the answer was complete (ServerDisconnectedError)"),
+    (aiohttp.ClientPayloadError("cut"), UpstreamUnavailable, "(ClientPayloadError)"),
+    (ConnectionResetError(), UpstreamUnavailable, "(ConnectionResetError)"),
+    (aiohttp.ClientResponseError(Mock(), (), message="bad header"), UpstreamProtocolError, "invalid HTTP answer: bad header"),
+    (aiohttp.ClientError("other"), UpstreamUnavailable, "vLLM request failed: other"),
+])
+def test_raise_mapped_turns_aiohttps_errors_into_the_tree(error, mapped, text):
+    from vllama_proxy.upstream import mapped_errors, raise_mapped
+
+    with pytest.raises(mapped, match=re.escape(text)) as caught:
+        raise_mapped(error, "http://v:1")
+    assert caught.value.__cause__ is error
+    with pytest.raises(mapped, match=re.escape(text)):  # the block's form maps alike
+        with mapped_errors("http://v:1"):
+            raise error
+
+
+@pytest.mark.parametrize("error", [asyncio.CancelledError(), GeneratorExit(), UpstreamRejected("no", 400), ValueError("mine")])
+def test_raise_mapped_passes_what_is_not_about_the_upstream(error):
+    from vllama_proxy.upstream import mapped_errors, raise_mapped
+
+    with pytest.raises(type(error)) as caught:
+        raise_mapped(error, "http://v:1")
+    assert caught.value is error
+    with pytest.raises(type(error)) as caught:
+        with mapped_errors("http://v:1"):
+            raise error
+    assert caught.value is error
+
+
+async def test_a_client_at_another_server_shares_the_pool_and_leaves_it_open():
+    server, up = await serve(lambda r: web.json_response({"at": r.path}))
+    other, own = await serve(lambda r: web.json_response({"other": r.path}))
+    await own.close()  # only its server is used: through up's pool
+    try:
+        there = up.at(str(other.make_url("")).rstrip("/") + "/")
+        assert there.pool is up.pool and there.base_url == str(other.make_url("")).rstrip("/")
+        assert await there.get_json("/x") == {"other": "/x"} and await up.get_json("/y") == {"at": "/y"}
+        await there.close()  # not its pool to close
+        assert await up.get_json("/z") == {"at": "/z"} and await there.get_json("/w") == {"other": "/w"}
+    finally:
+        await up.close()
+        await server.close()
+        await other.close()

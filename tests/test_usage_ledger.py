@@ -151,10 +151,10 @@ class _Store:
 ])
 def test_a_budget_resets_at_its_period(period, before, after):
     """The clock is injected: the used tokens count in the period that holds them, and a new period starts at 0."""
-    from vllama_proxy.api.budgets import refuse_over_budget
-    from vllama_proxy.api.api_keys import Key
-    from vllama_proxy.api.ledger import Ledger
-    from vllama_proxy.api.ledger_store import Row
+    from vllama_proxy.api.policy.budgets import refuse_over_budget
+    from vllama_proxy.api.policy.keys import Key
+    from vllama_proxy.api.usage.ledger import Ledger
+    from vllama_proxy.api.usage.store import Row
     from vllama_proxy.errors import BudgetExhausted
 
     def at(text: str) -> float:
@@ -237,8 +237,8 @@ def test_usage_per_role_and_a_budget_refusing_at_its_limit(fake, tmp_path):
 def test_rows_older_than_the_retention_are_deleted_at_start(tmp_path):
     """``--usage-retention-days``: the process that prunes (worker 0) deletes older rows when it starts
     (and daily); the others, and a retention of 0, keep them."""
-    from vllama_proxy.api.ledger import Ledger
-    from vllama_proxy.api.ledger_store import Row, open_store
+    from vllama_proxy.api.usage.ledger import Ledger
+    from vllama_proxy.api.usage.store import Row, open_store
 
     now = time.time()
     store = open_store(None, tmp_path)
@@ -261,9 +261,9 @@ def test_rows_older_than_the_retention_are_deleted_at_start(tmp_path):
 def test_a_database_that_goes_away_costs_no_rows_until_the_cap_and_is_opened_again():
     """Writes that fail keep their rows for the next try on a new connection; beyond the cap
     (``MAX_PENDING_BATCHES`` batches) the oldest are dropped, so an outage never grows memory."""
-    from vllama_proxy.api import ledger as ledger_mod
-    from vllama_proxy.api.ledger import Ledger
-    from vllama_proxy.api.ledger_store import Row
+    from vllama_proxy.api.usage import ledger as ledger_mod
+    from vllama_proxy.api.usage.ledger import Ledger
+    from vllama_proxy.api.usage.store import Row
 
     opened: list[_Store] = []
     down = [True]
@@ -310,8 +310,8 @@ def test_rows_left_at_close_with_the_connection_gone_are_written_on_a_new_one():
     """A stop that cancels the ledger's task between a failed write and its reopen leaves no
     connection: close() opens one for the rows left, as a clean stop loses none (the test above
     lost 200 rows this way once in CI: ``usage_ledger_lost`` with ``'NoneType' ... 'write'``)."""
-    from vllama_proxy.api.ledger import Ledger
-    from vllama_proxy.api.ledger_store import Row
+    from vllama_proxy.api.usage.ledger import Ledger
+    from vllama_proxy.api.usage.store import Row
 
     opened: list[_Store] = []
 
@@ -338,7 +338,7 @@ def test_a_batch_goes_to_sqlite_as_one_statement_and_comes_back_exact(tmp_path):
     import random
     import sqlite3
 
-    from vllama_proxy.api.ledger_store import COLUMNS, Row, open_store
+    from vllama_proxy.api.usage.store import COLUMNS, Row, open_store
 
     rng = random.Random(39)
     rows = [Row(time.time() + rng.random() * 1e6, "h", f"key-{i % 3}", "qwen2.5:7b", "/api/chat", 200 if i % 5 else 500, i, 2 * i,

@@ -1,7 +1,7 @@
 """vllama: the Ollama API in front of vLLM's OpenAI-compatible server.
 
-The package root is the one module both sides share: the server (``settings.py``,
-``upstream.py``) and the client (``client/``, which imports nothing else of the package,
+The package root is the one module both sides share: the server (``settings/``,
+``upstream/``) and the client (``client/``, which imports nothing else of the package,
 ``tests/test_import_graph.py``). It holds what both read off the wire the same way, and
 imports only the standard library and orjson:
 
@@ -118,7 +118,7 @@ def error_message(raw: bytes, fallback: str) -> str:
 
 class CliParser(argparse.ArgumentParser):
     """The parser of ``vllama serve`` and the client commands: a mistyped option gets one line and
-    a "did you mean", not the 30 lines of usage argparse prints first (issue 26.8)."""
+    a "did you mean", not the 30 lines of usage argparse prints first."""
 
     def error(self, message: str) -> NoReturn:
         import difflib

@@ -174,9 +174,16 @@ def main(argv: list[str] | None = None) -> None:
         metrics_dir = tempfile.mkdtemp(prefix="vllama-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         atexit.register(shutil.rmtree, metrics_dir, True)
+    from vllama_proxy.api.app import check_config
+
+    try:  # a configuration the app could not serve with: one line, before anything is built or started
+        check_config(settings)
+    except ValueError as e:
+        print(f"vllama serve: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     from vllama_proxy.front.site import run_loop
 
-    if settings.upstream:
+    if settings.upstream_url:
         from vllama_proxy.front.server import serve_upstream
 
         run_loop(serve_upstream(settings, resolved, front))

@@ -1,16 +1,15 @@
 """The one error tree of vllama, and its one mapping onto the error shape of each route family.
 
-Every failure a client can see is one of these exceptions, raised where it is detected
-(named by what went wrong, never given a status at the raise site) and turned into the
-error body of its route's family (:func:`shape_of`) in exactly one place: the error middleware
-of ``api/app.py`` calls :func:`error_response` before a response began (``api/admission.py`` answers its
-:class:`ServerBusy` through it directly: a full server is not logged as a failure), a
-streaming handler writes :func:`error_line` (NDJSON) or :func:`error_event` (SSE) after it began.
+Invariant: every failure a client sees is one of these classes, raised where it is detected
+without a status, and turned into its route family's body (:func:`shape_of`) in one place: the
+middleware of ``api/app.py`` (:func:`error_response`; ``api/request/admission.py`` answers
+:class:`ServerBusy` through it directly), or :func:`error_line` / :func:`error_event` once a
+stream began.
 Each class carries its HTTP status (and any headers)
 as class attributes, so the status of every error is read here, in this tree; only
 :class:`UpstreamRejected` takes its status from vLLM's answer. Lower-layer errors are
 translated into this tree at their boundary, never in handlers: aiohttp client errors
-in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error``.
+in ``upstream/mapping.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error``.
 
     VllamaError                       500  (never raised bare: every failure has its class)
     ├── BadRequest                    400  malformed JSON, wrong field types, bad values
@@ -56,29 +55,16 @@ in ``upstream.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error`
         ├── UpstreamTimeout           504  no byte from vLLM within the idle-read timeout
         └── UpstreamProtocolError     502  vLLM answered something we cannot parse
 
-The same error has one shape per route family (:func:`shape_of`), whichever layer refused it (the
-API key, admission, the readiness gate, the route), with the same status and headers:
+One shape per route family (:func:`shape_of`), whichever layer refused, same status and headers
+(sources: ``docs/wire.md`` "Errors"; Ollama ``openai/openai.go`` ``NewError``; vLLM ``ErrorResponse``;
+docs.anthropic.com "Errors"):
 
-- Ollama's routes (``/api/*`` and the rest): ``{"error": msg}``. Source: ``shared/ollama-api.md``
-  "Errors" (Ollama ``server/routes.go``): non-streaming errors are ``application/json``
-  ``{"error": msg}`` with the status; once a stream started the status stays 200 and the last
-  NDJSON line is ``{"error": msg}``.
-- OpenAI's routes (``/v1/*`` but the two below): ``{"error": {"message": msg, "type": ..., "param": ...,
-  "code": ...}}``, as Ollama's own OpenAI-compatible routes answer (``openai/openai.go`` ``NewError``)
-  and as vLLM does (``ErrorResponse``), the envelope the ``openai`` SDK reads (``e.message``, ``e.body``):
-  the type named by the status (:data:`_OPENAI_TYPES`: ``invalid_request_error`` for a 4xx not named
-  there, Ollama's ``api_error`` for a 5xx), ``param`` the field at fault where the raise site knows it,
-  ``code`` OpenAI's string code where OpenAI has one (a class's :attr:`VllamaError.code`:
-  ``model_not_found``, ``invalid_api_key``, ``rate_limit_exceeded``, ``insufficient_quota``), else
-  the status as vLLM sends it. After an SSE stream began: one ``data:`` event of that object.
-  vLLM's own refusals are relayed as vLLM wrote them: the same envelope, vLLM's type names
-  (``BadRequestError``).
-- Anthropic's Messages routes (``/v1/messages*``, issue 40): ``{"type": "error", "error": {"type":
-  "invalid_request_error", "message": msg}}`` (docs.anthropic.com "Errors": the type named by the
-  status), which the ``anthropic`` SDK and Claude Code read; after a stream began, an ``event: error``.
-
-The pattern: httpx ``_exceptions.py`` (the tree in the docstring) and llama-swap
-``internal/swaputil/httperror.go`` (one error shape, one mapping).
+- Ollama's routes: ``{"error": msg}``; after a stream began, status 200 and a last NDJSON line of it.
+- ``/v1/*``: ``{"error": {"message", "type", "param", "code"}}``, type by status (:data:`_OPENAI_TYPES`),
+  ``code`` OpenAI's string (:attr:`VllamaError.code`) or the status; after SSE began, one ``data:``
+  event. vLLM's own refusals are relayed as vLLM wrote them.
+- ``/v1/messages*``: Anthropic's ``{"type": "error", "error": {"type", "message"}}``; ``event: error``
+  after a stream began.
 """
 
 from __future__ import annotations
@@ -135,7 +121,7 @@ class UnsupportedCapability(BadRequest):
 
 
 class ModelInUse(BadRequest):
-    """``/api/delete`` of a model that is being served: its weights must stay under it (400, issue 27)."""
+    """``/api/delete`` of a model that is being served: its weights must stay under it (400)."""
 
 
 class TooManyChoices(BadRequest):
@@ -145,7 +131,7 @@ class TooManyChoices(BadRequest):
 
 class TooManyInputs(BadRequest):
     """A non-admin key's embeddings, rerank or score request sends vLLM more inputs than ``--max-inputs``
-    (``api/gate/bodies.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
+    (``api/request/bodies.py``): each is a sequence of vLLM's scheduler, while the request counts once in the
     admission bound and the key's share (400)."""
 
 
@@ -248,7 +234,7 @@ class TooManyPulls(TooManyRequests):
 
 
 class RateLimited(TooManyRequests):
-    """A key over its ``rpm`` or with its ``tpm`` spent this minute (429, ``api/rate_limits.py``):
+    """A key over its ``rpm`` or with its ``tpm`` spent this minute (429, ``api/policy/rate_limits.py``):
     ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers, as LiteLLM sends them."""
 
     def __init__(self, message: str, headers: Mapping[str, str]) -> None:
@@ -257,7 +243,7 @@ class RateLimited(TooManyRequests):
 
 
 class BudgetExhausted(TooManyRequests):
-    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/budgets.py``): 429, the message
+    """A key used its ``budget_tokens`` for its ``budget_period`` (``api/policy/budgets.py``): 429, the message
     naming the budget and when it resets, ``Retry-After`` the seconds until then (OpenAI's code for a
     spent quota, ``insufficient_quota``)."""
 
@@ -276,7 +262,7 @@ class NotSupported(VllamaError):
 
 
 class ServerBusy(VllamaError):
-    """The server-wide bound on requests at once is full (``api/admission.py``): Ollama's
+    """The server-wide bound on requests at once is full (``api/request/admission.py``): Ollama's
     503 ``server busy``, with ``Retry-After`` seconds (``--retry-after``)."""
 
     status = 503
@@ -375,7 +361,7 @@ class UpstreamUnavailable(UpstreamError):
 class ModelLoading(UpstreamUnavailable):
     """The model is loading (starting, restarting, waking): 503 with ``Retry-After``, the HTTP way
     (RFC 9110 §10.2.3) to say that retrying helps. A 503 without it (a model that failed to load)
-    is final: ``vllama run`` stops waiting at once (issue 26.2)."""
+    is final: ``vllama run`` stops waiting at once."""
 
     headers: ClassVar[Mapping[str, str]] = {"Retry-After": "1"}
 

@@ -38,7 +38,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
         processors=[*shared, *final],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         # WriteLogger writes a line and its newline in one write (PrintLogger's print() made two system
-        # calls per line on an unbuffered stderr: the access log's line on every request, issue 42)
+        # calls per line on an unbuffered stderr: the access log's line on every request)
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )

@@ -126,8 +126,8 @@ EMBED_CASES: list[tuple[str, dict[str, Any], str]] = [
 
 def ollama_body(req: dict[str, Any], served: str) -> dict[str, Any]:
     """The /v1/chat/completions body vllama sends for an Ollama /api/chat request."""
-    from vllama_proxy.api.ollama_types import ChatRequest
-    from vllama_proxy.api.translate.to_openai import chat_body
+    from vllama_proxy.api.ollama.types import ChatRequest
+    from vllama_proxy.api.ollama.to_openai import chat_body
 
     body, _ = chat_body(ChatRequest.model_validate({"model": served, **req, "options": OLLAMA_OPTIONS}), served)
     return body

@@ -1,4 +1,4 @@
-"""A chat three times the context answers on the real vLLM, its oldest turns dropped (``api/context_fit.py``,
+"""A chat three times the context answers on the real vLLM, its oldest turns dropped (``api/request/context_fit.py``,
 Ollama's ``truncate`` and ``shift``): vLLM's own count through its chat template, checked against what vLLM
 reports it ran. On the shared tool-model server (``--max-model-len 2048``)."""
 

@@ -2,9 +2,9 @@
 then runs, and what the ledger charges, with bodies whose policy fields come in every JSON spelling vLLM's
 lax pydantic models accept.
 
-vllama parses each relayed body once into its route's typed request (``api/gate/``: one JSON type per policy
-field), finishes what vLLM gets in one place (``api/finisher.py``: the model, the output cap by the key's
-``max_tokens``, a stream's usage asked) and charges every answer once (``api/settler.py``); budgets and
+vllama parses each relayed body once into its route's typed request (``api/request/``: one JSON type per policy
+field), finishes what vLLM gets in one place (``api/request/finisher.py``: the model, the output cap by the key's
+``max_tokens``, a stream's usage asked) and charges every answer once (``api/request/settler.py``); budgets and
 ``tpm`` reserve a request's worst case at admission. ``tests/test_gate.py`` tries the same findings over
 the stand-in vLLM; here the other side of each is the real engine: what it ran is read from vLLM's own
 Prometheus counters (its ``/metrics``, beside vllama's), so a cap is checked where it matters, on the

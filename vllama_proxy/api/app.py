@@ -3,9 +3,9 @@
 Request flow: ``app.py`` (middlewares, outermost first: request id + errors ->
 the route family's error shape + access log + metrics; CORS, Host guard and API keys from
 ``access.py``; the readiness gate; the in-flight bound) -> ``routes/<group>.py`` (``routes/body.py``
-parses, ``routes/model_use.py`` resolves and holds the model) -> ``translate/to_openai.py`` (Ollama ->
-OpenAI body) -> ``relay.py`` (sends it through ``upstream.py``, the shared vLLM client, and streams
-the answer back through ``translate/to_ollama.py``: vLLM chunks -> Ollama NDJSON).
+parses, ``routes/model_use.py`` resolves and holds the model) -> ``ollama/to_openai.py`` (Ollama ->
+OpenAI body) -> ``relay.py`` (sends it through ``upstream/``, the shared vLLM client, and streams
+the answer back through ``ollama/to_ollama.py``: vLLM chunks -> Ollama NDJSON).
 """
 
 from __future__ import annotations
@@ -13,16 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Sequence, AsyncIterator, Awaitable, Callable
 
 import structlog
 from aiohttp import web
 
 from vllama_proxy.errors import RequestTooLarge, UpstreamError, VllamaError, error_response, shape_of, shaped_body
 from vllama_proxy.logs import get_logger
+from vllama_proxy.models.boards import SlotBoard
 from vllama_proxy.models.aliases import AliasStore
 from vllama_proxy.models.vllm_servers import Backend, BackendSpec
 from vllama_proxy.models.blobs import BlobStore
@@ -33,20 +32,21 @@ from vllama_proxy.models.on_demand import OnDemand
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
-from vllama_proxy.supervisor.status import StatusBoard
+from vllama_proxy.models.boards import EngineBoard
 from vllama_proxy.upstream import Upstream
-from . import access, admission, api_keys, key_store, route_roles
-from .call import CALL, Call
-from .ledger import Ledger
-from .settler import Settler
-from .ledger_store import open_store
-from .client_sessions import ClientSessions
-from .router_sessions import SessionRelease
-from .shared_state import RedisKeyState
+from .policy import access, key_store, keys as api_keys, route_roles
+from .request import admission
+from .request.call import CALL, Call
+from .usage.ledger import Ledger
+from .request.settler import Settler
+from .usage.store import open_store
+from .fleet.client_affinity import ClientAffinity
+from .fleet.router_release import RouterRelease
+from .policy.fleet_counters import RedisKeyState, redis_client
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
 from .routes import admin, agents, keys, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_SESSIONS, CLOSE_AFTER, DRAINING, FRONT_END, KEY_STORE, KEYS, LEDGER, MAX_RUNNING,
-                        ROUTER_SESSIONS, SETTINGS, SETTLER, WORKER)
+from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_AFFINITY, CLOSE_AFTER, DRAINING, FRONT_END, KEY_STORE, KEYS, LEDGER, MAX_RUNNING,
+                        ROUTER_RELEASE, SETTINGS, SETTLER, WORKER)
 
 log = get_logger("vllama.http")
 
@@ -68,8 +68,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     structlog.contextvars.clear_contextvars()
     call = request[CALL] = Call()  # the request's own record: filled on its way, charged once by the settler
     given = request.headers.get("X-Request-ID", "")
-    # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead (issue 27)
-    own = os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] was, without building a UUID (issue 42)
+    # vllama's own id always; a client's plain X-Request-ID is kept beside it, never instead
+    own = os.urandom(8).hex()  # 16 hex digits, as uuid4().hex[:16] was, without building a UUID
     if _REQUEST_ID.fullmatch(given):
         structlog.contextvars.bind_contextvars(request_id=own, client_request_id=given)
     else:
@@ -109,9 +109,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
     except Exception as e:
         if isinstance(e, ConnectionResetError) and (request.transport is None or request.transport.is_closing()):
             # A write to a client that left before its cancellation arrived (aiohttp's
-            # ClientConnectionResetError "Cannot write to closing transport": 154 of them, each logged as an
-            # unhandled 500 with its traceback, when 1,000 streams ended at once on the H200, issue 38's
-            # flood). The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
+            # ClientConnectionResetError "Cannot write to closing transport"; docs/decisions.md).
+            # The client is gone: 499 as a cancellation, and aiohttp drops it quietly; leaving the
             # handler closed the upstream request, so vLLM aborts it. A reset with the client still there
             # is an error like any other.
             status = 499
@@ -140,7 +139,7 @@ _UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "
                       "/admin/login", "/admin/logout", "/admin/live", "/admin/keys", "/api/keys", "/api/keys/audit"})
 
 
-def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
+def ready_gate(boards: Sequence[EngineBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Middleware answering 503 (in the route family's error shape) on the API while no model can serve.
 
     While vLLM starts the proxy already listens, so clients get a clear "loading"
@@ -148,7 +147,7 @@ def ready_gate(boards: list[StatusBoard]) -> Callable[..., Awaitable[web.StreamR
     each model is gated again on its own when a request uses it (``routes/model_use.py``).
     """
 
-    def open_(board: StatusBoard) -> bool:
+    def open_(board: EngineBoard) -> bool:
         # A sleeping or unloaded model (keep_alive ended) is loaded on demand by the handler.
         return board.available or board.waking or board.loading
 
@@ -225,8 +224,29 @@ async def minted_keys(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(store.close)
 
 
+def check_config(settings: Settings) -> None:
+    """Refuse, before anything is built or started, what ``build_app`` could not serve with: a keys
+    file that cannot be read or parsed, ``--state-url`` without the redis package, budgets in the keys
+    file with ``--usage-db off``. ``vllama serve`` prints the one line and exits 2 (``cli.py``).
+
+    Raises:
+        ValueError: the one line saying what is wrong.
+    """
+    try:
+        ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--api-key-file: {e}") from None
+    if settings.state_url:
+        try:
+            redis_client()
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+    if settings.usage_db == "off" and any(k.budget_tokens is not None for k in ring.keys):
+        raise ValueError("--usage-db off: the keys file gives budget_tokens, which need the usage ledger")
+
+
 def build_app(settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], *, worker: int = 0, front: Plan,
-              bound: admission.AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> web.Application:
+              bound: admission.AdmissionBound, slots: SlotBoard | None = None, changes: StoreChanges | None = None) -> web.Application:
     """The Ollama-API app proxying the vLLM servers in ``backends``.
 
     Args:
@@ -245,27 +265,18 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     middlewares = [errors_and_access_log, access.cors(settings.origins)]
     if access.is_loopback_bind(settings.host):
         middlewares.append(access.host_guard())
-    try:
-        ring = api_keys.KeyRing([k.get_secret_value() for k in settings.api_key], settings.api_key_file,
-                                cache_isolation=settings.cache_isolation)
-    except (OSError, ValueError) as e:  # a configuration error: say so and stop, as for a bad flag
-        print(f"vllama serve: --api-key-file: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if worker == 0:  # the prefix cache's tenants, decided once (api/cache_salt.py)
+    ring = api_keys.KeyRing(settings.client_keys, settings.api_key_file, cache_isolation=settings.cache_isolation)
+    if worker == 0:  # the prefix cache's tenants, decided once (api/policy/cache_salt.py)
         log.info("cache_isolation", mode=settings.cache_isolation if ring.configured else "off",
                  reason=("no API key: one tenant" if not ring.configured else
                          "each key its own cache_salt" if settings.cache_isolation == "key" else "--cache-isolation off"))
-    middlewares.append(api_keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: api_keys.py
+    middlewares.append(api_keys.middleware(ring, metrics_open=settings.metrics_open))  # who is asking: api/policy/keys.py
     boards = [b.board for b in backends if b.board is not None]
     configured = [b.board for b in backends if b.board is not None and b.slot is None]
     if configured:  # on-demand models are gated per request (routes/model_use.py), not here
         middlewares.append(ready_gate(configured))
     supervised = all(b.board is not None for b in backends)  # vllama launched each vLLM: with --scheduling-policy priority when fair
-    try:
-        shared = RedisKeyState(settings.state_url, front=bound.front) if settings.state_url else None  # limits across fronts
-    except RuntimeError as e:  # no redis package: a configuration error, as for a bad flag
-        print(f"vllama serve: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    shared = RedisKeyState(settings.state_url, front=bound.front) if settings.state_url else None  # limits across fronts
     middlewares.append(admission.middleware(bound, worker, settings.retry_after, fair=settings.fair(),
                                             priority=settings.fair() and supervised, shared=shared,
                                             max_inputs=settings.max_inputs, max_choices=settings.max_choices))
@@ -276,7 +287,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         backends[0].url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
-        api_key=settings.api_key_upstream,
+        api_key=settings.upstream_bearer,
         connect_concurrency=front.connects,
     )
     live = [Backend(spec, pool if i == 0 else pool.at(spec.url)) for i, spec in enumerate(backends)]
@@ -311,9 +322,9 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         created=CreatedStore(settings.state_dir / "created.json", changes.created if changes else None),
     )
 
-    app[ROUTER_SESSIONS] = releases = SessionRelease()
+    app[ROUTER_RELEASE] = releases = RouterRelease()
     # a client's own key is scoped and bounded where a router may read it (a front: --upstream)
-    app[CLIENT_SESSIONS] = ClientSessions(settings.session_header, scoped=settings.upstream is not None)
+    app[CLIENT_AFFINITY] = ClientAffinity(settings.session_header, scoped=settings.upstream_url is not None)
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         await pool.start()  # the one session and connection pool every backend uses
@@ -329,9 +340,6 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
                              retention_days=settings.usage_retention_days, prunes=worker == 0)
         app.cleanup_ctx.append(usage_ledger)
         app.cleanup_ctx.append(minted_keys)
-    elif any(k.budget_tokens is not None for k in ring.keys):
-        print("vllama serve: --usage-db off: the keys file gives budget_tokens, which need the usage ledger", file=sys.stderr)
-        raise SystemExit(2)
     app[SETTLER] = Settler(bound, bound.queue if settings.fair() else None, shared, app.get(LEDGER), ring)
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
@@ -377,7 +385,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     for method, path, handler in routes:
         # every route is decided by route_roles.ROUTES (a relayed /v1 route by its own line there)
         if path != "/v1/{tail:.*}" and not route_roles.listed(method, path):
-            raise RuntimeError(f"{method} {path} has no line in api/route_roles.py ROUTES: say which roles may reach it")
+            raise RuntimeError(f"{method} {path} has no line in api/policy/route_roles.py ROUTES: say which roles may reach it")
         if method == "GET":
             app.router.add_get(path, handler, expect_handler=expect_continue)
         else:

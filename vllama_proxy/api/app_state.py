@@ -1,6 +1,6 @@
 """The app's state, by name: aiohttp's typed keys (``web.AppKey``) for the app-scoped objects every
 handler reaches through ``request.app``, and the request keys (``request[...]``) the middlewares and
-handlers share. (The clients' API keys are ``api_keys.py``'s.)"""
+handlers share. (The clients' API keys are ``api/policy/keys.py``'s.)"""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from vllama_proxy.models.catalog import Catalog
 from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 
-from .api_keys import KeyRing
-from .ledger import Ledger
-from .client_sessions import ClientSessions
-from .router_sessions import SessionRelease
+from .policy.keys import KeyRing
+from .usage.ledger import Ledger
+from .fleet.client_affinity import ClientAffinity
+from .fleet.router_release import RouterRelease
 
 SETTINGS = web.AppKey("settings", Settings)
 #: The served models, and the backend (vLLM server, status board) of each.
@@ -27,7 +27,7 @@ FRONT_END = web.AppKey("front_end", Plan)
 CLOSE_AFTER = "vllama.close_after"
 #: Uploaded blobs (``/api/blobs``), which ``/api/create`` names by digest.
 BLOBS = web.AppKey("blobs", BlobStore)
-#: The API keys and their roles (``api_keys.py``), read again on SIGHUP.
+#: The API keys and their roles (``api/policy/keys.py``), read again on SIGHUP.
 KEYS = web.AppKey("keys", KeyRing)
 #: vLLM's running capacity over all models (requests it runs at once), ``None`` when unknown
 #: (``--upstream`` without ``--max-running`` / ``--max-num-seqs``): ``/api/version``'s ``max_running``.
@@ -42,9 +42,9 @@ KEY_STORE = web.AppKey("key_store", object)
 LEDGER = web.AppKey("ledger", Ledger)
 #: The server-wide admission count (``admission.AdmissionBound``): requests in flight per key.
 ADMISSION = web.AppKey("admission", object)
-#: One-request session keys released at the router when their request ends (``router_sessions.py``).
-ROUTER_SESSIONS = web.AppKey("router_sessions", SessionRelease)
-#: The clients' own session keys in flight, scoped to their caller and bounded (``client_sessions.py``).
-CLIENT_SESSIONS = web.AppKey("client_sessions", ClientSessions)
+#: One-request session keys released at the router when their request ends (``api/fleet/router_release.py``).
+ROUTER_RELEASE = web.AppKey("router_release", RouterRelease)
+#: The clients' own session keys in flight, scoped to their caller and bounded (``api/fleet/client_affinity.py``).
+CLIENT_AFFINITY = web.AppKey("client_affinity", ClientAffinity)
 #: The settler (``settler.py``): charges each request once, at its end.
 SETTLER = web.AppKey("settler", object)

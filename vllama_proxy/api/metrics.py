@@ -1,19 +1,16 @@
 """Prometheus metrics of the proxy (prometheus-client), served at ``GET /metrics``.
 
-Names follow the field: TTFT and TPOT as Ollama clients see them (measured at the
-proxy, per route, once per request: a per-token metric would cost the streaming hot
-path more than the rest of the translation; vLLM's per-token ITL histogram,
-``vllm:inter_token_latency_seconds``, is at ``/vllm/metrics``), requests by route and status, requests in flight, queue
-rejections (``--max-queue``), upstream errors by kind, and the supervisor's state
-and restarts. vLLM's own metrics are relayed at ``GET /vllm/metrics``.
-
-With ``--workers N`` every process writes its values to files in
-``PROMETHEUS_MULTIPROC_DIR`` (set by the CLI before prometheus-client is imported)
-and a scrape of any worker aggregates all of them — prometheus-client's documented
-multiprocess mode.
+TTFT and TPOT as Ollama clients see them (measured at the proxy, per route, once per request: a
+per-token metric would cost the streaming hot path more than the translation; vLLM's ITL histogram is
+at ``/vllm/metrics``, vLLM's own metrics relayed), requests by route and status, in flight, queue
+rejections, upstream errors by kind, the supervisor's state and restarts. With ``--workers N`` every
+process writes to ``PROMETHEUS_MULTIPROC_DIR`` (set by the CLI before prometheus-client is imported)
+and a scrape of any worker aggregates them: prometheus-client's multiprocess mode.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import os
 
@@ -23,14 +20,14 @@ from prometheus_client import values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from vllama_proxy.supervisor.shared_lock import this_pid
+from vllama_proxy.ipc.lock import this_pid
 from vllama_proxy.supervisor.states import State
-from vllama_proxy.supervisor.status import StatusBoard
-from .timestamps import Timings
+from vllama_proxy.models.boards import EngineBoard
+from .ollama.timestamps import Timings
 
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     # prometheus-client's multiprocess values ask os.getpid() on every inc/observe, a system call
-    # each (22 per request with --workers 2, issue 42); its documented process_identifier reads it once.
+    # each (22 per request with --workers 2); its documented process_identifier reads it once.
     values.ValueClass = values.MultiProcessValue(process_identifier=this_pid)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -51,7 +48,7 @@ TPOT = Histogram("vllama_time_per_output_token_seconds",
                  ["route"], buckets=_TPOT_BUCKETS)
 
 _STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0, 8.0)
-#: Where a request's time goes inside vllama (issue 28): seconds from the moment the outermost
+#: Where a request's time goes inside vllama: seconds from the moment the outermost
 #: middleware saw it to the end of each stage, once per Ollama generate/chat request.
 STAGE = Histogram("vllama_request_stage_seconds",
                   "Per request: seconds from accepted (outermost middleware) to the end of each stage: handler (the "
@@ -101,7 +98,7 @@ class SupervisorCollector:
     """Per model: ``vllama_supervisor_state{model,state}`` (1 for the current state),
     ``vllama_supervisor_restarts_total{model}`` and ``vllama_model_requests_in_flight{model}``."""
 
-    def __init__(self, boards: list[StatusBoard]) -> None:
+    def __init__(self, boards: Sequence[EngineBoard]) -> None:
         self._boards = boards
 
     def collect(self):
@@ -121,7 +118,7 @@ class SupervisorCollector:
         yield in_flight
 
 
-def make_handler(boards: list[StatusBoard]):
+def make_handler(boards: Sequence[EngineBoard]):
     """The ``GET /metrics`` handler: this process's (or all workers') metrics plus the supervisor's."""
     extra = CollectorRegistry(auto_describe=True)
     if boards:

@@ -89,7 +89,7 @@ class Client:
         """``method path`` with JSON ``body``; the decoded answer. A streamed answer (NDJSON: what
         Ollama's create, pull and generate send unless ``stream: false``) is read line by line to
         its end and its last object returned, as Ollama's Go client reads one (``api/client.go``
-        ``stream``); issue 37.1: ``/save`` read /api/create's progress lines as one document.
+        ``stream``): ``/save`` read /api/create's progress lines as one document.
 
         Raises:
             ConnectError: the server could not be reached.

@@ -53,7 +53,7 @@ def preload(client: Client, args: argparse.Namespace) -> None:
 
     Raises:
         ApiError: any other error at once, a 503 without ``Retry-After`` included: the model
-            failed to load, and no wait will change that (Ollama fails at once too; issue 26.2).
+            failed to load, and no wait will change that (Ollama fails at once too).
     """
     body: dict[str, Any] = {"model": args.model, "prompt": ""}
     if args.keepalive is not None:

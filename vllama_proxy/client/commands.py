@@ -1,23 +1,13 @@
 """The client commands' handlers: each talks to a running server through the Ollama API
 (``api_client.py``) and prints what Ollama's CLI prints (``formatting.py``).
 
-  vllama list [PREFIX]         the models served (GET /api/tags)
-  vllama ps                    the running models (GET /api/ps)
-  vllama create NAME [-f F]    a model from a Modelfile (POST /api/create; ``create.py``: its paths,
-                               the uploads of a local model or adapter directory, the flags)
-  vllama show M [--modelfile|--template|--parameters|--license]
-                               a model's details (POST /api/show)
-  vllama pull M                a served model: success at once; a Hugging Face id: downloaded into
-                               the server's cache (POST /api/pull; tqdm bars from its NDJSON progress)
-  vllama run M [PROMPT...]     chat (POST /api/chat): one prompt, piped stdin, or an interactive
-                               session (``repl.py``) when neither is given and stdin is a terminal
-  vllama stop M                ask the server to unload M (POST /api/generate, keep_alive 0)
-  vllama cp SRC DST            another name for a model (POST /api/copy: an alias)
-  vllama rm M...               forget a name made with cp, or delete a pulled model (DELETE /api/delete)
+  list [PREFIX] (GET /api/tags)      ps (GET /api/ps)            create NAME [-f F] (``create.py``)
+  show M [--modelfile|...] (/api/show)   pull M (/api/pull, tqdm bars)   stop M (keep_alive 0)
+  run M [PROMPT...] (/api/chat; ``repl.py`` on a terminal)   cp SRC DST (/api/copy)   rm M... (/api/delete)
 
-Each handler takes the client and the parsed arguments (``main.py`` parses them) and returns
-the exit status; errors propagate as :class:`~.api_client.ApiError` and
-:class:`~.api_client.ConnectError`, which ``main.py`` prints.
+Each handler takes the client and the parsed arguments (``main.py``) and returns the exit status;
+errors propagate as :class:`~.api_client.ApiError` and :class:`~.api_client.ConnectError`, which
+``main.py`` prints.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """``vllama create NAME [-f Modelfile] [-q LEVEL] [--experimental]``: a Modelfile on disk made
 into Ollama's create request and sent, with Ollama's progress.
 
-As Ollama's ``cmd/cmd.go`` ``CreateHandler`` and ``parser/parser.go`` ``CreateRequest`` do it:
-
-- the Modelfile is ``-f PATH``, else ``Modelfile`` in the current directory; with neither
-  ``-f`` nor that file the current directory is the model (``FROM .``); a ``-f`` file that is
-  not there is ``specified Modelfile wasn't found``;
-- ``FROM`` and ``ADAPTER`` paths resolve against the Modelfile's directory (``~`` and
-  ``~user`` against home directories, absolute ones as they are). A ``FROM`` that is a directory
-  here is uploaded (``/api/blobs``, each file once: the server is asked first) and sent as
-  ``files``; any other ``FROM`` is a model name the server resolves. A local ``ADAPTER``
-  directory is uploaded and sent as ``adapters``; a relative one that is not here is an error; an
-  absolute path that is not here or a Hugging Face repo id (``org/name``) is left to the server
-  (vllama reads it there: a directory on the server, or a repo it downloads);
-- the rest (``SYSTEM``, ``TEMPLATE``, ``PARAMETER``, ``MESSAGE``, ``LICENSE``) becomes the
-  request's fields; the server's progress lines (``using existing layer``, ``creating new
-  layer``, ``writing manifest``, ``success``) are shown as ``pull``'s are, on stderr.
-
-What cannot apply to vLLM is said, not ignored: ``-q``/``--quantize`` is sent (Ollama quantizes;
-vllama's server answers that vLLM serves published quantizations, in one line), and
-``--experimental`` (Ollama's direct safetensors import) prints a note, since vLLM serves a
-safetensors directory as it is: the create goes through the server as without it.
+As Ollama's ``cmd/cmd.go`` ``CreateHandler`` and ``parser/parser.go`` ``CreateRequest`` do it: the
+Modelfile is ``-f PATH``, else ``./Modelfile``, else the current directory is the model (``FROM
+.``); ``FROM`` and ``ADAPTER`` paths resolve against the Modelfile's directory; a local directory is
+uploaded (``/api/blobs``, each file once) and sent as ``files`` / ``adapters``, any other ``FROM`` is
+a name, and an absolute path not here or a repo id is left to the server. ``SYSTEM``, ``TEMPLATE``,
+``PARAMETER``, ``MESSAGE`` and ``LICENSE`` become fields; the server's progress is shown on stderr
+as ``pull``'s is. What cannot apply to vLLM is said, not ignored: ``-q`` is sent (the server
+answers that vLLM serves published quantizations) and ``--experimental`` prints a note.
 """
 
 from __future__ import annotations

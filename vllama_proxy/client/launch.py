@@ -1,48 +1,14 @@
 """``vllama launch TOOL``: start a coding agent already pointed at vllama (Ollama 0.15's ``ollama launch``).
 
-Each tool is told the server's URL, the key and the model the way it reads them, for this run only
-(nothing in the user's files is changed, unlike Ollama's, which edits OpenCode's config file):
-
-- **claude** (Claude Code, Anthropic's ``/v1/messages``): ``ANTHROPIC_BASE_URL``, ``ANTHROPIC_AUTH_TOKEN``
-  (sent as ``Authorization: Bearer``; ``ANTHROPIC_API_KEY`` emptied so that a stored Anthropic key
-  is not sent instead), ``ANTHROPIC_MODEL`` and every tier's model (``ANTHROPIC_DEFAULT_OPUS_MODEL``,
-  ``..._SONNET_...``, ``..._HAIKU_...``, ``CLAUDE_CODE_SUBAGENT_MODEL``: Claude Code's background
-  calls would otherwise name Anthropic models), and ``--model``. Source: ollama/ollama
-  ``cmd/config/claude.go``; code.claude.com/docs/en/settings (environment variables).
-- **codex** (``/v1/responses``): a model provider given with ``-c`` (``model_provider``, and
-  ``model_providers.vllama.{name,base_url,wire_api,env_key}``: Codex's ``config.toml`` keys; its
-  ``wire_api`` takes only ``responses`` now) and ``-m MODEL``; the key in ``VLLAMA_API_KEY``, which
-  ``env_key`` names. Ollama's runs ``codex --oss``, which reaches only a local Ollama at port 11434.
-  Source: ollama/ollama ``cmd/config/codex.go``; openai/codex ``docs/config.md`` (model_providers).
-- **opencode** (``/v1/chat/completions``): the whole provider in ``OPENCODE_CONFIG_CONTENT`` (inline
-  config, applied over the user's files: opencode.ai/docs/config), an ``@ai-sdk/openai-compatible``
-  provider ``vllama`` with the model, and ``model`` = ``vllama/MODEL``. Source: ollama/ollama
-  ``cmd/config/opencode.go`` (the same provider block, written to ``~/.config/opencode/opencode.json``).
-- **copilot** (GitHub Copilot CLI, ``/v1/responses``): ``COPILOT_PROVIDER_BASE_URL``, ``COPILOT_PROVIDER_API_KEY``,
-  ``COPILOT_PROVIDER_WIRE_API=responses``, ``COPILOT_MODEL`` and ``--model``. Source: ollama/ollama
-  ``cmd/launch/copilot.go``.
-- **qwen** (Qwen Code, ``/v1/chat/completions``): ``--auth-type openai --model MODEL`` with ``OPENAI_BASE_URL``,
-  ``OPENAI_API_KEY``, ``OPENAI_MODEL``. Source: ollama/ollama ``cmd/launch/qwen.go`` (``qwenLaunchEnv``).
-- **kimi** (Kimi Code CLI, ``/v1/chat/completions``): its whole configuration inline in ``--config`` (an
-  ``openai_legacy`` provider ``vllama`` and a model of that provider whose ``max_context_size`` is the
-  model's context as ``/api/show`` reports it). Source: ollama/ollama ``cmd/launch/kimi.go``.
-- **pool** (Poolside's agent, ``/v1/chat/completions``): ``POOLSIDE_STANDALONE_BASE_URL``,
-  ``POOLSIDE_API_KEY`` and ``-m MODEL``. Source: ollama/ollama ``cmd/launch/poolside.go``.
-- **droid** (Factory's Droid, ``/v1/chat/completions``): the one tool configured only by its file:
-  ``~/.factory/settings.json`` gets a ``customModels`` entry (``provider``
-  ``generic-chat-completion-api``, ``baseUrl``, ``apiKey``, ``id`` ``custom:vllama-MODEL``) made the
-  session's default; the file's other entries and keys are kept, vllama's own earlier entries
-  (``displayName`` ending in ``(vllama)``) replaced. Source: ollama/ollama ``cmd/launch/droid.go``.
-
-Ollama's other integrations are not here: OpenClaw, Cline and VS Code speak Ollama's own API (point
-them at vllama as at Ollama), the desktop apps (Claude, ChatGPT/Codex) and Hermes, Pi, OMP, Muse and
-DeepSeek's harness keep their provider in the user's settings with no per-run form; docs/agents.md says how.
-
-The server is ``--host`` or ``OLLAMA_HOST``, the key ``OLLAMA_API_KEY`` (as every client command
-reads them: ``api_client.py``), so a remote vllama with keys works as a local one. No model given:
-the only model served is taken, or, on a terminal, one is asked for from ``/api/tags`` (those that
-can call tools marked), else the command says to name one. ``--config`` prints what would be set,
-as shell lines (the key as ``$OLLAMA_API_KEY``, never its value), and starts nothing.
+Each tool (claude, codex, opencode, copilot, qwen, kimi, pool, droid) is told the server's URL, the
+key and the model the way it reads them: environment variables or inline configuration for this
+run only, never the user's files (droid, configured only by its file, gets a ``customModels`` entry
+in ``~/.factory/settings.json``: vllama's own earlier entries replaced, the rest kept). What each
+tool is given and why: ``docs/agents.md``. Sources: ollama/ollama ``cmd/config/{claude,codex,
+opencode}.go`` and ``cmd/launch/{copilot,qwen,kimi,poolside,droid}.go``; code.claude.com/docs/en/settings;
+openai/codex ``docs/config.md``; opencode.ai/docs/config. The server and key are ``--host`` /
+``OLLAMA_HOST`` and ``OLLAMA_API_KEY`` (``api_client.py``); ``--config`` prints the settings as
+shell lines (the key as ``$OLLAMA_API_KEY``) and starts nothing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ naming its handler (``set_defaults(func=...)``, the handlers in ``commands.py``)
 wrong into a line on stderr and an exit status.
 
 ``vllama COMMAND ...`` reaches :func:`main` from ``vllama_proxy/cli.py``; ``vllama serve``
-and ``vllama batch`` have their own parsers (``settings.py``, ``batch.py``); ``vllama help
+and ``vllama batch`` have their own parsers (``settings/``, ``batch.py``); ``vllama help
 [COMMAND]`` is ``cli.py``'s (it prints any of the three).
 """
 

@@ -2,15 +2,10 @@
 ``/set parameter`` values, multi-line entries, and the :class:`Session` that holds the
 conversation and sends each turn through ``chat.py``.
 
-The commands, their answers and their help texts are Ollama's (``cmd/interactive.go``
-``generateInteractive``), so a user of ``ollama run`` finds what they know: ``/set parameter
-NAME VALUE`` (the value typed as Ollama's ``api.FormatParams`` types it), ``/set system``
-(one line, or ``\"\"\"`` for several), ``/set [no]history``, ``/set [no]wordwrap``, ``/set
-format json``/``noformat``, ``/set verbose``/``quiet``, ``/set think [LEVEL]``/``nothink``,
-``/show info|license|modelfile|parameters|system|template``, ``/load MODEL``, ``/save MODEL``
-(``/api/create``: answered by whatever the server supports), ``/list``, ``/clear``, ``/bye``,
-``/?`` and ``/help [set|show|shortcuts]``. Any other line starting with ``/`` gets
-``Unknown command '/x'. Type /? for help`` and is not sent to the model.
+The commands, their answers and help texts are Ollama's (``cmd/interactive.go``
+``generateInteractive``; ``/set parameter`` values typed as ``api.FormatParams`` types them), so a
+user of ``ollama run`` finds what they know; the list is in ``docs/api.md``. Any other line starting
+with ``/`` gets ``Unknown command '/x'. Type /? for help`` and is not sent to the model.
 """
 
 from __future__ import annotations

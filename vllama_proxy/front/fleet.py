@@ -1,16 +1,12 @@
 """A node joins a ``vllm-router`` (``--register-with``): the router lists it while it serves.
 
-The router (vllm-project/router, PyPI ``vllm-router``) keeps the workers it was started with
-(``--worker-urls``), found (Kubernetes ``--service-discovery``) or added through
-``POST /add_worker?url=U``, and forgets added ones when it restarts. Its own health checks
-(``GET /health`` every ``--health-check-interval-secs``) take a worker out of rotation while it
-fails and bring it back when it answers again, so an engine restarted by its supervisor rejoins by
-itself; this loop covers the rest: a router started after the node, or restarted since. Every
-``register_interval`` s, and at once when a model becomes ready, it reads ``GET /list_workers``
-(``{"urls": [...]}``) and, while this node can serve and is not listed, calls ``/add_worker``
-(which answers only once the router's own ``/health`` check of the node passed; 400
-"already exists" counts as listed). On a clean stop it calls ``/remove_worker`` first, so
-that the router sends nothing more while the node drains.
+The router (vllm-project/router) forgets the workers added by ``POST /add_worker?url=U`` when it
+restarts; its own health checks take a failing worker out of rotation and bring it back, so an engine
+restarted by its supervisor rejoins by itself. This loop covers the rest (a router started after the
+node, or restarted since): every ``register_interval`` s, and at once when a model becomes ready, it
+reads ``GET /list_workers`` and, while this node can serve and is not listed, calls ``/add_worker``
+(400 "already exists" counts as listed). On a clean stop it calls ``/remove_worker`` first, so the
+router sends nothing more while the node drains.
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ class Registration:
         assert settings.register_with
         self.url = advertise_url(settings)
         self._router = Upstream(settings.register_with, connect_timeout=5.0, read_timeout=settings.startup_timeout,
-                                api_key=settings.api_key_upstream)
+                                api_key=settings.upstream_bearer)
         self._interval = settings.register_interval
         self._serving = serving
         self._poke = asyncio.Event()
@@ -146,7 +142,7 @@ async def resolve_request_sessions(settings: Settings) -> Settings:
     """
     chosen = settings.request_sessions
     warn = False
-    if not settings.upstream:
+    if not settings.upstream_url:
         on, source = False, "no --upstream: vllama sends to its own vLLM, no router reads the keys"
         warn = chosen == "on"
     elif not settings.session_header:
@@ -169,8 +165,8 @@ async def resolve_request_sessions(settings: Settings) -> Settings:
 
 async def _is_router(settings: Settings) -> tuple[bool, str, bool]:
     """``(whether the upstream is a vllm-router, why, whether it could not be reached)``."""
-    assert settings.upstream
-    probe = Upstream(settings.upstream, connect_timeout=2.0, read_timeout=5.0, api_key=settings.api_key_upstream)
+    assert settings.upstream_url
+    probe = Upstream(settings.upstream_url, connect_timeout=2.0, read_timeout=5.0, api_key=settings.upstream_bearer)
     await probe.start()
     deadline = time.monotonic() + ROUTER_PROBE_S
     try:

@@ -1,37 +1,13 @@
 """systemd service notifications (``sd_notify(3)``) for ``vllama serve`` under ``Type=notify``.
 
-What vllama tells systemd (``deploy/systemd/vllama.service``):
-
-- ``STATUS=<state>: <reason>`` on every supervisor transition (``systemctl status`` shows it;
-  with several models, prefixed by the model's name);
-- ``READY=1`` once every model has settled: the preloaded ones answer ``/health`` and list
-  their model (or were left to load on demand, lacking room), and the proxy already
-  listens (it listens before vLLM is launched), so ``systemctl start vllama`` returns
-  when requests can be served;
-- ``STOPPING=1`` when shutdown begins (on SIGTERM/SIGINT, or when the state becomes
-  ``stopping``), once;
-- ``WATCHDOG=1`` every ``WatchdogSec/2`` from :func:`run_watchdog`, an asyncio task that
-  pings only while the supervisor's task is alive: a wedged event loop or a dead
-  supervisor stops the pings, and systemd restarts the service. A supervisor task that
-  died of an exception also sends ``WATCHDOG=trigger`` so the restart comes at once.
-
-Why the standard library and not a package: the protocol is one datagram per message,
-``KEY=VALUE`` lines, sent to the ``AF_UNIX`` socket named by ``$NOTIFY_SOCKET`` (Linux's
-abstract namespace when the name starts with ``@``). systemd documents it as the stable
-interface and ships a stand-alone reference implementation in the sd_notify(3) man page
-(https://www.freedesktop.org/software/systemd/man/latest/sd_notify.html#Notes), saying
-that a program which only needs notifications need not link libsystemd. The PyPI options
-checked (``pip index versions``) do not beat ~40 lines of stdlib code: ``sdnotify`` 0.3.2
-(pure Python, no release since 2017), ``sd-notify`` 0.1.0 (one release, January 2020),
-``systemd-python`` 235 and ``cysystemd`` 2.x (C extensions built against libsystemd:
-headers and a compiler at install time, or a wheel bundling the library).
-
-Everything is a no-op when ``$NOTIFY_SOCKET`` is unset (not started by systemd, tests,
-containers), and a failed send is logged, never raised: notifications must not take
-the server down. Like ``sd_notify(unset_environment=1)``, :class:`Notifier` removes
-``NOTIFY_SOCKET``/``WATCHDOG_USEC``/``WATCHDOG_PID`` from ``os.environ`` once read, so
-neither ``vllm serve`` nor the ``--workers`` processes inherit them (with
-``NotifyAccess=main`` systemd would ignore their messages anyway, with a warning each).
+vllama tells systemd (``deploy/systemd/vllama.service``) ``STATUS=<state>: <reason>`` on every
+supervisor transition; ``READY=1`` once every model has settled (the proxy listens before vLLM is
+launched); ``STOPPING=1`` once at shutdown; ``WATCHDOG=1`` every ``WatchdogSec/2`` from
+:func:`run_watchdog` while the supervisor's task lives (``WATCHDOG=trigger`` if it died). One
+``KEY=VALUE`` datagram to ``$NOTIFY_SOCKET``, after the reference implementation in sd_notify(3),
+"Notes" (why not a package: ``docs/decisions.md``). Invariants: without ``$NOTIFY_SOCKET`` all is a
+no-op; a failed send is logged, never raised; like ``sd_notify(unset_environment=1)``,
+:class:`Notifier` removes ``NOTIFY_SOCKET``/``WATCHDOG_*`` once read, so no child inherits them.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from vllama_proxy.api.admission import AdmissionBound, default_max_num_seqs, running_capacity
+from vllama_proxy.api.request.admission import AdmissionBound, default_max_num_seqs, running_capacity
 from vllama_proxy.api.app import build_app
 from vllama_proxy.api.app_state import KEYS
 from vllama_proxy.logs import get_logger
@@ -39,7 +39,7 @@ log = get_logger("vllama.server")
 
 def with_priority_policy(spec: ModelConfig, settings: Settings) -> ModelConfig:
     """With fair sharing (``--fair-share``), vLLM serves its waiting requests by the ``priority``
-    vllama sets on each (``api/admission.py``): ``--scheduling-policy priority`` (vLLM's
+    vllama sets on each (``api/request/admission.py``): ``--scheduling-policy priority`` (vLLM's
     ``SchedulerConfig.policy``; lower first, arrival breaking ties), last so that it wins over an
     operator's ``--scheduling-policy`` (logged). Without it, ``spec`` unchanged."""
     if not settings.fair():
@@ -55,7 +55,7 @@ def with_priority_policy(spec: ModelConfig, settings: Settings) -> ModelConfig:
 
 def reloader(app: web.Application, settings: Settings, workers: WorkerPool) -> Callable[[], None] | None:
     """SIGHUP with an ``--api-key-file``: this process reads the keys again and each worker is told
-    to (``api/api_keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
+    to (``api/policy/keys.py``); streams in flight are untouched. ``None`` without one: SIGHUP stops."""
     if settings.api_key_file is None:
         return None
 
@@ -118,12 +118,12 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
     else:
         seqs_source = f"vLLM's largest GPU default ({default_seqs}; its GPU is not known here) where --max-num-seqs is not given"
     # what clients are told (/api/version max_running): a guess for an --upstream server is not told
-    known = running if settings.max_running or settings.upstream is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
+    known = running if settings.max_running or settings.upstream_url is None or has_flag(settings.vllm_args, "--max-num-seqs") else None
     limit = running + settings.max_queue
     per_worker = max((nofile - 256) // 2, 1)
     if per_worker * int(settings.workers) < limit:
         log.warning("admission_bound_lowered", by="RLIMIT_NOFILE", nofile=nofile, per_worker=per_worker, wanted=limit)
-    queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/fair_queue.py)
+    queue = running if settings.fair() else None  # fair sharing: at most vLLM's running capacity upstream (api/policy/fair_queue.py)
     reserve = settings.fair_reserve_for(running) if queue else 0
     light_running = settings.fair_light_running_for(running) if queue else 0
     log.info("admission", running=running, max_num_seqs_default=default_seqs, max_num_seqs_source=seqs_source, max_queue=settings.max_queue, limit=limit, per_worker=per_worker,
@@ -143,7 +143,7 @@ def log_front_end(front: Plan) -> None:
 async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Plan) -> None:
     """``vllama serve --upstream URL``: proxy an already-running vLLM server until a signal
     (``resolved``: the library, for names; nothing is launched)."""
-    assert settings.upstream is not None
+    assert settings.upstream_url is not None
     library.log_user_file(resolved.library)
     notifier = Notifier()
     nofile = raise_nofile_limit()
@@ -158,7 +158,7 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
             await router.stop()
             raise SystemExit(1) from None
     settings = await resolve_request_sessions(settings)  # a router's load-placed sessions (front/fleet.py)
-    backends = [BackendSpec(url=settings.upstream)]
+    backends = [BackendSpec(url=settings.upstream_url)]
     changes = StoreChanges()  # before the workers spawn: every process learns of a create or copy at once
     app = build_app(settings, resolved, backends, front=front, bound=bound, changes=changes)
     workers = WorkerPool(settings, resolved, backends, front, bound, changes=changes)
@@ -168,8 +168,8 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
                              idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
                              **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     await workers.start(settings.workers - 1)
-    log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream, nofile=nofile, workers=settings.workers)
-    notifier.status(f"ready: proxying {settings.upstream}")
+    log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream_url, nofile=nofile, workers=settings.workers)
+    notifier.status(f"ready: proxying {settings.upstream_url}")
     notifier.ready()
     watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
     try:
@@ -188,9 +188,9 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
 
 
 def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
-    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (or ``cannot run 'vllm':
-    ...``) when a model's vLLM can never start as configured, at its very first start
-    (``Supervisor.config_error``)."""
+    """Resolves with ``"model 'M': vLLM rejected its arguments: ..."`` (``vLLM cannot load the model:
+    ...``, ``cannot run 'vllm': ...``) when a model's vLLM can never start as configured, at its very
+    first start (``Supervisor.config_error``, ``supervisor/start_errors.py``)."""
     found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def listen(sup) -> None:
@@ -327,8 +327,7 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
                              idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
                              **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
     # vLLM first: its start (a minute or more) is the long pole, and each spawned worker takes
-    # about a second to import before it reads its arguments; 4 workers spawned one after the
-    # other on the loop delayed vLLM's launch by ~4 s on the H100 (benchmarks/RESULTS.md, issue 28)
+    # about a second to import before it reads its arguments (docs/decisions.md)
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
     await workers.start(settings.workers - 1)

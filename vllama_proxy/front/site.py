@@ -1,7 +1,7 @@
 """Serve one aiohttp app in this process: the event loop, the listening site, the stop signal, the open-file limit.
 
 Both ``vllama serve`` (``server.py``, ``cli.py``) and each ``--workers`` process (``workers.py``) import
-these from here, below both, so that neither imports the other back (issue 20)."""
+these from here, below both, so that neither imports the other back."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def raise_nofile_limit() -> int:
 
 def client_of(addr: str) -> str:
     """The unit one client's connections count in: an IPv4 address as is (an IPv4-mapped IPv6
-    one too), an IPv6 address by its /64 (issue 38: one host holds a whole /64, and walking its
+    one too), an IPv6 address by its /64 (one host holds a whole /64, and walking its
     addresses must not multiply its share)."""
     if ":" not in addr:
         return addr
@@ -67,8 +67,8 @@ def client_of(addr: str) -> str:
 class _CappedHandler(RequestHandler):
     """aiohttp's connection handler, counting open connections per client (:func:`client_of`) and
     in all: one over :data:`_CAP` for its client, or over :data:`_TOTAL_CAP` in this process, is
-    closed as soon as it is made (issue 27: ~20,000 idle connections from one client exhausted the
-    process's open files and everyone else got read errors; issue 38: an IPv6 /64, or a few IPv4
+    closed as soon as it is made (~20,000 idle connections from one client exhausted the
+    process's open files and everyone else got read errors: an IPv6 /64, or a few IPv4
     addresses, could still do it together).
 
     Its writes to a client are bounded too (``--client-write-timeout``): while the transport is
@@ -218,14 +218,14 @@ def catch_stop_signals(hurry: asyncio.Event | None = None, reload: Callable[[], 
     stop signal's name. Called before the process listens: a signal that arrives while it starts
     (spawning workers takes seconds, more on busy cores) is then a stop like any other, not the
     default action, which ended the process at once with vLLM's tree left running, or, for SIGHUP,
-    a keys reload that killed it (found by the suite under load, issue 37.6).
+    a keys reload that killed it (found by the suite under load).
 
     With ``reload`` (an ``--api-key-file`` is configured), SIGHUP calls it instead of stopping:
-    the keys file is read again, as daemons reload their configuration (issue 27).
+    the keys file is read again, as daemons reload their configuration.
 
     The handlers stay installed for the rest of the process: a repeated signal sets
     ``hurry`` (cut the drain short) and is logged, never the default action, which killed
-    the main process in the middle of its stop and left vLLM's whole tree running (issue 19:
+    the main process in the middle of its stop and left vLLM's whole tree running (
     a second SIGTERM 0.5 s into the drain did it every time).
     """
     loop = asyncio.get_running_loop()
@@ -247,24 +247,31 @@ def catch_stop_signals(hurry: asyncio.Event | None = None, reload: Callable[[], 
     return got
 
 
-def per_address_cap(given: int | None, nofile: int) -> int:
-    """``--max-connections-per-address``, else a quarter of the open-file limit: one client may
-    never take every file of a process (each stream holds two sockets)."""
-    return given if given is not None else max(nofile // 4, 64)
+def per_address_cap(given: int | None, nofile: int, total: int | None = None) -> int:
+    """``--max-connections-per-address``, else three quarters of the process's connection cap
+    (``total``, :func:`total_cap` of ``nofile`` when not given): one client may never take every
+    connection of a process, and others always keep a quarter of them. A lone client (a load
+    balancer, a front end, a batch job) is not refused while three quarters are free: a quarter of
+    the open-file limit, the cap before, closed 80 of a 20,000-request burst from one address on a
+    host whose limit was 20,000 (``docs/decisions.md``)."""
+    if given is not None:
+        return given
+    return max((total if total is not None else total_cap(None, nofile)) * 3 // 4, 64)
 
 
 def total_cap(given: int | None, nofile: int) -> int:
     """``--max-connections``, else half the open-file limit less 256 (each stream holds two
     sockets, its client's and vLLM's; the rest is for vLLM's pool, logs, model files): the
-    clients together never take every file of a process (issue 38)."""
+    clients together never take every file of a process."""
     return given if given is not None else max(nofile // 2 - 256, 64)
 
 
 def connection_caps(settings_per_address: int | None, settings_total: int | None, nofile: int) -> dict[str, int]:
     """``per_address`` and ``total`` for :func:`start_site`, chosen from the open-file limit unless
     given, and logged once with where each came from."""
-    caps = {"per_address": per_address_cap(settings_per_address, nofile), "total": total_cap(settings_total, nofile)}
+    total = total_cap(settings_total, nofile)
+    caps = {"per_address": per_address_cap(settings_per_address, nofile, total), "total": total}
     log.info("connection_caps", open_files=nofile, **caps,
-             per_address_from="--max-connections-per-address" if settings_per_address is not None else "open-file limit / 4",
+             per_address_from="--max-connections-per-address" if settings_per_address is not None else "3/4 of the total cap",
              total_from="--max-connections" if settings_total is not None else "open-file limit / 2 - 256")
     return caps

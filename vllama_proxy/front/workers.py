@@ -1,7 +1,7 @@
 """Extra proxy processes sharing the listening port (``--workers N``, ``SO_REUSEPORT``).
 
-One Python process translates roughly 10-20k streamed tokens per second per core
-(``benchmarks/RESULTS.md``); vLLM on one H200 streams more than that. With
+One Python process translates fewer streamed tokens per second than one GPU's vLLM
+streams (``docs/decisions.md``). With
 ``--workers N`` the kernel spreads incoming connections over N processes bound to
 the same port, each with its own event loop and upstream pool. The process that
 runs the supervisors is worker 0; the others read each model's
@@ -20,8 +20,9 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from vllama_proxy.api.admission import AdmissionBound
+from vllama_proxy.api.request.admission import AdmissionBound
 from vllama_proxy.logs import configure_logging, get_logger
+from vllama_proxy.models.boards import SlotBoard
 from vllama_proxy.models.resolved import ResolvedModels
 from vllama_proxy.models.state_file import StoreChanges
 from vllama_proxy.models.vllm_servers import BackendSpec
@@ -35,7 +36,7 @@ _CTX = multiprocessing.get_context("spawn")
 
 
 def _worker_main(index: int, parent: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec],
-                 front: Plan, bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> None:
+                 front: Plan, bound: AdmissionBound, slots: SlotBoard | None = None, changes: StoreChanges | None = None) -> None:
     # A worker left behind would keep serving on the shared port (SO_REUSEPORT) with a dead
     # supervisor's view of vLLM: it stops (draining) when the main process dies, however it dies.
     die_with_parent(signal.SIGTERM, parent)
@@ -46,7 +47,7 @@ def _worker_main(index: int, parent: int, settings: Settings, resolved: Resolved
 
 
 async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
-                 bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None) -> None:
+                 bound: AdmissionBound, slots: SlotBoard | None = None, changes: StoreChanges | None = None) -> None:
     from vllama_proxy.api.app import build_app
 
     from .site import (
@@ -70,7 +71,7 @@ async def _serve(index: int, settings: Settings, resolved: ResolvedModels, backe
 
 
 def _key_reloader(app: Any, settings: Settings) -> Any:
-    """SIGHUP's action with an ``--api-key-file``: read the keys again (``api/api_keys.py``); else ``None``
+    """SIGHUP's action with an ``--api-key-file``: read the keys again (``api/policy/keys.py``); else ``None``
     (SIGHUP stops, as before). The main process forwards SIGHUP to each worker (:meth:`WorkerPool.hup`)."""
     if settings.api_key_file is None:
         return None
@@ -101,7 +102,7 @@ class WorkerPool:
     """
 
     def __init__(self, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec], front: Plan,
-                 bound: AdmissionBound, slots: Any = None, changes: StoreChanges | None = None,
+                 bound: AdmissionBound, slots: SlotBoard | None = None, changes: StoreChanges | None = None,
                  target: Callable[..., None] = _worker_main) -> None:
         self._args = (settings, resolved, backends, front, bound, slots, changes)
         self._target = target

@@ -1,35 +1,14 @@
 """A client that stops reading does not keep its request forever (``--client-write-timeout``).
 
-A streaming client that stops reading (a stalled or hostile client, a laptop asleep with its TCP
-connection open) fills its socket's buffers; aiohttp's next ``write`` then waits on ``drain()``
-with no bound, and the request keeps its admission place (``api/admission.py``: the server's bound
-and the key's ``max_in_flight``), its fair-share running slot (``api/fair_queue.py``), its
-connection to vLLM, and vLLM the output it made. Many such connections from one key held places
-others need.
-
-The bound is kept by the connection's protocol, not by the writes: asyncio tells a protocol
-``pause_writing()`` when its transport's write buffer rises above the high-water mark (64 KiB;
-only then may aiohttp's write wait, in ``StreamWriter.drain``), and ``resume_writing()`` once the
-client took it down to the low-water mark. A :class:`WriteStall` lives between the two: one timer
-every quarter of the timeout looks whether the buffer shrank (the kernel took bytes, so the client
-read some); once it sat still for a whole timeout since, the connection is aborted. Streamed tokens, which
-never wait on a client that reads, pass no timer and no check (``front/site.py``'s handler is the
-only code that runs, at the pause and the resume). So every write to a client is bounded alike: an
-NDJSON stream, a relayed ``/v1`` SSE stream, a long non-streamed body aiohttp writes after its
-handler returned, a pull's progress lines.
-
-Past it, the abort makes aiohttp see the connection lost, as when a client disconnects: the
-handler is cancelled (``handler_cancellation=True``), the answer is charged what was sent
-(``api/routes/answer.py``, ``api/routes/openai.py``), the upstream request is closed so vLLM
-aborts it (``upstream.Upstream.request``), and the middlewares give the admission place and the
-fair-share slot back. It is logged once (``client_write_stalled``: key, route, bytes buffered) and
-counted (``vllama_client_write_stalls_total{route}``).
-
-A stall, not a slow stream: the bound is on a wait with no byte read, as nginx's ``send_timeout``
-("if the client does not receive anything within this time, the connection is closed"), never on
-a stream's length or rate. A client that reads, however slowly, keeps its stream; so does one that
-takes a few bytes per timeout on purpose (as under nginx): its key's ``max_in_flight`` bounds how
-many places it holds that way, and its answer still ends at its ``max_tokens``.
+A streaming client that stops reading fills its socket's buffers, and aiohttp's next ``write`` waits
+with no bound while the request keeps its admission place, fair-share slot, vLLM connection and
+vLLM's work. The bound is kept by the protocol, not the writes: between asyncio's ``pause_writing()``
+(write buffer above 64 KiB) and ``resume_writing()``, a :class:`WriteStall` timer checks every quarter
+timeout whether the buffer shrank, and aborts once it sat still a whole timeout; tokens to a client
+that reads pass no timer. So every write to a client is bounded alike. The abort is a disconnect to
+aiohttp (handler cancelled, answer charged what was sent, upstream closed, places given back), logged
+once (``client_write_stalled``) and counted (``vllama_client_write_stalls_total{route}``). Invariant:
+a stall, not a slow stream, as nginx's ``send_timeout``: a client that reads, however slowly, keeps it.
 """
 
 from __future__ import annotations
@@ -38,7 +17,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from vllama_proxy.api import api_keys
+from vllama_proxy.api.policy import keys as api_keys
 from vllama_proxy.api.metrics import CLIENT_WRITE_STALLS, route_of
 from vllama_proxy.logs import get_logger
 

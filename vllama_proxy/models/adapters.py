@@ -1,24 +1,14 @@
 """LoRA adapters of created models (``ADAPTER``): checked at create time, served by the base model's vLLM.
 
-Ollama loads one adapter per model and converts only a few architectures; vLLM serves many
-LoRA adapters of one base in the same batch (``--enable-lora``, ``--max-loras``,
-``--max-lora-rank``; PEFT directories: ``adapter_config.json`` + ``adapter_model.safetensors``).
-A created model with an adapter is served under its own name by the base's vLLM: requests name
-the adapter as vLLM's ``model``.
-
-The limits vLLM starts with are derived from the adapters vllama knows (``created.json``):
-:func:`lora_plan`; every known adapter is a ``--lora-modules`` entry. How an adapter created
-later reaches the running vLLM is the mode (:func:`adapter_mode`, ``--adapters``, issue 42.3):
-
-- ``launch``: vLLM keeps the API servers vllama chose for it (``supervisor/sizing.py``) and is
-  restarted, its requests drained, with the new adapter declared (:meth:`LoraPlan.declares`). vLLM's compile
-  cache is kept across that restart: its key (``VllmConfig.compute_hash``) holds the LoRA limits
-  (``LoRAConfig.compute_hash``: ``max_lora_rank``, ``max_loras``, ...) but not
-  ``--lora-modules``, an API-server argument; the limits grow in steps so most creates keep them.
-- ``runtime``: loaded into the running vLLM (``/v1/load_lora_adapter``), restarted only when a
-  limit must grow (:meth:`LoraPlan.covers`); that needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``,
-  which vLLM refuses with more than one API server (``vllm/entrypoints/cli/serve.py``): one API
-  server caps a GPU's streamed tokens/s (``benchmarks/RESULTS.md``, issues 11 and 30).
+vLLM serves many LoRA adapters of one base in one batch (``--enable-lora``, ``--max-loras``,
+``--max-lora-rank``; PEFT directories), where Ollama loads one per model; a created model with an
+adapter is served under its own name by the base's vLLM (requests name the adapter as ``model``).
+The limits vLLM starts with are derived from the adapters in ``created.json`` (:func:`lora_plan`),
+each a ``--lora-modules`` entry. An adapter created later reaches the running vLLM by the mode
+(:func:`adapter_mode`, ``--adapters``): ``launch`` restarts vLLM, drained, with it declared
+(:meth:`LoraPlan.declares`; the compile cache is kept); ``runtime`` loads it
+(``/v1/load_lora_adapter``, needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` and so one API server),
+restarting only when a limit must grow (:meth:`LoraPlan.covers`). Why two modes: ``docs/decisions.md``.
 """
 
 from __future__ import annotations
@@ -137,9 +127,8 @@ def adapter_mode(setting: str, vllm_args: Iterable[str]) -> AdapterMode:
     ``runtime``).
 
     ``auto``: ``launch`` when vLLM runs more than one API server, since runtime loading would cut them
-    to one (on the H200, one API server streamed ~16k tok/s at 256 streams, eight ~29k:
-    ``benchmarks/RESULTS.md``, issue 11); else ``runtime``, which costs nothing then and makes a create
-    answer at once instead of after a restart (0.08 s against 113 s for LoRA's first start, issue 30).
+    to one; else ``runtime``, which costs nothing then and makes a create answer at once instead of
+    after a restart (the numbers: ``docs/decisions.md``).
     """
     if setting in ADAPTER_MODES:
         return AdapterMode(setting, f"--adapters {setting}")

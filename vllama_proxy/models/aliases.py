@@ -1,7 +1,7 @@
 """Aliases made with ``POST /api/copy``: a JSON file every proxy process reads, kept across restarts.
 
-Ollama's copy makes a second name for a model (``shared/ollama-api.md``, "Copy a
-Model"); for a model served by vLLM that is an alias. The file is
+Ollama's copy makes a second name for a model (``docs/wire.md``
+"Routes"); for a model served by vLLM that is an alias. The file is
 ``<state_dir>/aliases.json``, ``{"alias": "served name"}``. Writers take an ``flock``
 on a lock file beside it and replace the file atomically (write, fsync, rename), so
 concurrent copies from different workers do not lose each other's names and a crash

@@ -1,20 +1,13 @@
 """Which models vLLM serves, under which Ollama names, with which capabilities.
 
-The models vllama launches are known from its settings; a vLLM given with
-``--upstream`` is asked with ``GET /v1/models``. Lists are cached: a stale list is
-served while a refresh runs in the background, so resolving a model name on the
-request path is a dict lookup, not an upstream round trip. Only an unknown name
-forces a refresh (at most once a second), so a model added upstream is found.
-Resolving a name also chooses where its requests go: :meth:`Catalog.backend_of`.
-
-Names follow Ollama: every served model is listed as ``<served>:latest``;
-requests may name ``X`` or ``X:latest``; configured aliases (``qwen2.5:1.5b`` ->
-``Qwen/Qwen2.5-1.5B-Instruct``) and those made with ``/api/copy`` resolve to the
-served name (``shared/ollama-api.md``). A library name (``qwen2.5:7b``, ``models/library.py``)
-that is not a served name resolves to the model served from its repo (``--model
-Qwen/Qwen2.5-7B-Instruct``); an unknown one is a 404 that names the closest known names.
-The order in which every kind of name is tried is ``models/names.py``'s, which owns it; the
-catalog feeds it the served models and asks the on-demand slots last.
+The models vllama launches are known from its settings; an ``--upstream`` vLLM is asked ``GET
+/v1/models``. Invariant: resolving a name on the request path is a dict lookup, not a round trip: a
+stale list is served while a refresh runs in the background, and only an unknown name forces one (at
+most once a second), so a model added upstream is found. Names follow Ollama (``docs/wire.md``): each
+served model is listed as ``<served>:latest``; aliases, library names and created models resolve in
+``models/names.py``'s order, which the catalog feeds with the served models, asking the on-demand
+slots last; an unknown name is a 404 naming the closest known ones. Resolving also chooses where the
+requests go (:meth:`Catalog.backend_of`).
 """
 
 from __future__ import annotations
@@ -139,7 +132,7 @@ class Catalog:
 
         ``claim``: a local model no on-demand slot holds claims one (it will load) — only inference
         and an explicit load ask for that; a lookup (show, copy, pull, delete, ``GET /v1/models/X``)
-        gets the model as it would be served and changes nothing of what is loaded (issue 27).
+        gets the model as it would be served and changes nothing of what is loaded.
 
         Raises:
             ModelNotFound: neither a served name (with or without ``:latest``, any case), an alias,

@@ -1,15 +1,11 @@
 """Models made with ``POST /api/create``: a name, a base model vLLM serves, and Ollama's Modelfile layers.
 
-A created model (Ollama: ``FROM base`` + ``SYSTEM``, ``PARAMETER``, ``MESSAGE``, ``LICENSE``,
-``ADAPTER``) is served by its base model's vLLM: no weights are copied, no GPU memory is added.
-Its system prompt, pre-messages and default options are applied per request
-(``api/translate/to_openai.py`` :func:`with_model_defaults`). They are kept in ``<state_dir>/created.json``,
-``{"name": {...}}``, which every worker and later runs read; writers take an ``flock`` on a lock
-file beside it and replace the file atomically, as ``aliases.py`` does for ``/api/copy``.
-
-:func:`render_modelfile` writes Ollama's Modelfile text (``/api/show``'s ``modelfile``);
-:func:`parse_modelfile` reads one back (Ollama's ``parser/parser.go`` grammar, kept in the package
-root as :func:`vllama_proxy.read_modelfile`, which ``vllama create`` reads a Modelfile with too).
+A created model (``FROM base`` + ``SYSTEM``, ``PARAMETER``, ``MESSAGE``, ``LICENSE``, ``ADAPTER``) is
+served by its base's vLLM: no weights copied, no GPU memory added; its layers apply per request
+(``api/ollama/to_openai.py`` :func:`with_model_defaults`). They are kept in
+``<state_dir>/created.json``, written under an ``flock`` and replaced atomically, as ``aliases.py``
+does. :func:`render_modelfile` writes Ollama's Modelfile text; :func:`parse_modelfile` reads one
+(Ollama's ``parser/parser.go`` grammar, :func:`vllama_proxy.read_modelfile`).
 """
 
 from __future__ import annotations

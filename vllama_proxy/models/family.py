@@ -1,15 +1,11 @@
-"""vLLM's tool and reasoning parsers for a local model, told from its own files (issue 40).
+"""vLLM's tool and reasoning parsers for a local model, told from its own files.
 
-A library name gets its parsers from ``library.toml``; a model given as a directory (or a hub id
-already in the Hugging Face cache) has no row, and without ``--tool-call-parser`` vLLM refuses
-tools (400 "auto tool choice requires --enable-auto-tool-choice") and returns a ``<think>`` block
-as plain text. Its chat template says which format it was trained on: the markers below are the
-ones each vLLM parser reads (``vllm/tool_parsers/``, ``vllm/reasoning/``), and they cover every
-parser the library table uses except ``phi4_mini_json`` and ``gemma4``, whose templates have no
-marker unique enough (those models need the flags given, or a library row).
-
-Detection is a default (settings ``detect_parsers``, on): it is logged at start (``parsers_detected``
-with the reason), and a parser given in the model's fields or ``vllm_args`` always wins.
+A library name gets its parsers from ``library.toml``; a local model has no row, and without
+``--tool-call-parser`` vLLM refuses tools and returns a ``<think>`` block as text. Its chat template
+says which format it was trained on: the markers below are those each vLLM parser reads
+(``vllm/tool_parsers/``, ``vllm/reasoning/``), covering every parser the library uses but
+``phi4_mini_json`` and ``gemma4`` (no unique marker). Detection is a default (``detect_parsers``),
+logged at start (``parsers_detected``); a parser given in the model's fields or ``vllm_args`` wins.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Fill-in-the-middle: which served models take ``/api/generate``'s ``suffix``, and how.
 
 Ollama fills in the middle for a model whose template renders ``.Suffix`` (its ``insert``
-capability; Continue and other editors send ``prompt`` + ``suffix`` for tab completion once
-``/api/show`` lists it). vLLM's ``/v1/completions`` has no ``suffix``: vllama builds the
-family's FIM prompt itself, from the formats in the library table (``[fim.<style>]`` in
-``library.toml``: template, tokens, stop).
-
-A served model has a style when
-- a library row serves its repo (``Qwen/Qwen2.5-Coder-7B-Instruct`` is ``qwen2.5-coder:7b``):
-  the row's ``fim`` (none: no ``insert``, even where the tokenizer has the tokens, as
-  Qwen2.5-Instruct's does), provided the model's tokenizer, where it was read, has the tokens;
-- else: the first style (more tokens first) whose tokens its tokenizer has all of.
+capability, which editors such as Continue look for in ``/api/show``). vLLM's ``/v1/completions`` has
+no ``suffix``, so vllama builds the family's FIM prompt itself from ``library.toml``'s ``[fim.<style>]``
+formats (template, tokens, stop). A served model's style is its library row's ``fim`` (none: no
+``insert``, even where the tokenizer has the tokens) provided its tokenizer has the tokens, else the
+first style (more tokens first) whose tokens its tokenizer has all of.
 """
 
 from __future__ import annotations

@@ -1,56 +1,15 @@
-"""Fit before start: will a model's vLLM fit in the GPU memory it would get? (issue 22.4)
+"""Fit before start: will a model's vLLM fit in the GPU memory it would get?
 
-vLLM takes ``--gpu-memory-utilization`` × the GPU's total memory at start (it exits at once,
-"Free memory on device ... is less than desired GPU memory utilization", when less is free),
-loads the weights, profiles a forward pass, and gives the rest to the KV cache; if that cannot
-hold one request of ``--max-model-len`` tokens it exits ("To serve at least one request with
-the models's max seq len (N), (X GiB) KV cache is needed, which is larger than the available KV
-cache memory (Y GiB)"). Started by a supervisor, either exit becomes a crash loop. This module
-estimates the same sums from the model's own files, before anything is launched:
+vLLM exits at start when less than ``--gpu-memory-utilization`` x the GPU is free, or when its KV cache
+cannot hold one request of ``--max-model-len``: under a supervisor, a crash loop. This module computes
+the same sums from the model's own files first:
 
-    needed per GPU = weights / (tp × pp) + KV bytes per token / (tp × pp) × context + overhead
+    needed per GPU = weights / (tp x pp) + KV bytes per token / (tp x pp) x context + overhead
 
-- **weights**: from the safetensors headers of the files vLLM would load (each tensor's
-  elements × its dtype's bytes; floating-point tensors count in the dtype vLLM runs the model
-  in, ``--dtype`` or the config's ``torch_dtype``, so an fp32 checkpoint counts 2 bytes per
-  parameter as vLLM loads it in 16 bits; packed integer or fp8 tensors of a quantized
-  checkpoint count as stored). ``.bin`` / ``.pt`` files without headers count by file size.
-- **KV cache per token** = 2 (K and V) × layers × KV heads × head_dim × KV dtype bytes, with
-  ``head_dim`` from the config or ``hidden_size / num_attention_heads`` and the KV dtype from
-  ``--kv-cache-dtype`` (``fp8*``: 1 byte), else the model's dtype. Tensor parallelism splits
-  the KV heads (at least one per GPU, as vLLM replicates them), pipeline parallelism the layers.
-- **context**: ``--max-model-len`` (``32768``, ``32k``, ``32K``), else what vLLM derives from
-  ``config.json``: the smallest of ``max_position_embeddings`` and its synonyms, times a
-  ``rope_scaling`` factor (yarn: of ``original_max_position_embeddings``).
-- **overhead**: :data:`OVERHEAD_BYTES`, what vLLM held beyond weights and KV cache in this
-  project's own measurement.
-
-**The estimate is a floor, not a ceiling.** A model refused here surely cannot start with its
-arguments; one admitted may still fail vLLM's own check (then vLLM's message is shown, as
-before). Where the files leave the sum open, the smaller reading is taken, and said in
-:attr:`Estimate.notes`:
-
-- *MLA* (DeepSeek-V2/V3, ``kv_lora_rank`` in the config): one latent of ``kv_lora_rank +
-  qk_rope_head_dim`` per layer and token, replicated on every tensor-parallel GPU.
-- *sliding windows*: with ``layer_types`` in the config, ``sliding_attention`` layers hold at
-  most ``sliding_window`` tokens; without it, a config that declares a window in use
-  (``sliding_window`` set and ``use_sliding_window`` not false) counts every layer at the window
-  (exact for Mistral-7B-v0.1, under for Gemma's mix of sliding and full layers).
-- *hybrid* models: only attention layers hold KV cache (``layer_types``; Nemotron-H's
-  ``hybrid_override_pattern`` ``*``; Jamba's ``attn_layer_period``); Mamba/linear-attention
-  state is constant per request and not counted.
-- *activations*: vLLM's profiling peak grows with the vocabulary × ``--max-num-seqs`` (the
-  sampler's dummy run) and with ``--max-num-batched-tokens``: llm-d measured 4.4–5.8 GiB
-  beyond weights and KV cache for Llama-3.1-8B and Qwen3-0.6B on an H100 with an older vLLM
-  (``llm-d/llm-d-benchmark``, ``config_explorer/empirical-vllm-memory-results.md``). The
-  constant here is the small end; the "would fit" advice is therefore optimistic by up to a
-  few GiB for large-vocabulary models.
-- Draft models (speculative decoding), LoRA adapters, multi-modal encoder caches: not counted.
-- ``--kv-cache-memory`` (a fixed KV size instead of the utilization) or ``--max-model-len``
-  ``auto``/``-1`` (vLLM picks what fits): the context part is left out.
-
-Pure functions: the only I/O is reading the model's ``config.json`` and safetensors headers
-(:func:`read_shape`, through ``model_files``). GPU numbers are passed in (``supervisor/pool.py``).
+Invariant: **the estimate is a floor**: a model refused here cannot start with its arguments; where the
+files leave the sum open (MLA, sliding windows, hybrid layers, activations) the smaller reading is
+taken and said in :attr:`Estimate.notes` (each reading: ``docs/decisions.md``). Pure functions: the
+only I/O is ``config.json`` and safetensors headers (:func:`read_shape`); GPU numbers are passed in.
 """
 
 from __future__ import annotations
@@ -68,11 +27,9 @@ from .model_files import _load_json, read_safetensors_header
 GiB = 1 << 30
 
 #: vLLM's memory beyond weights and KV cache on one GPU: peak activations of its profiling run,
-#: CUDA graphs, and "non-torch" memory (NCCL, cuBLAS workspaces). Measured in this project
-#: (``benchmarks/RESULTS.md``, "Several models on one GPU", run 2, vLLM 0.26.0 on an H200):
-#: ``--gpu-memory-utilization 0.4`` × 139.8 GiB = 55.92 GiB requested, 52.49 GiB of KV cache,
-#: 1.359 B bf16 parameters = 2.53 GiB of weights, leaving 0.90 GiB. The CUDA context itself
-#: is outside the utilization (the pool's ``--gpu-context-share``).
+#: CUDA graphs, and "non-torch" memory (NCCL, cuBLAS workspaces), as measured on an H200
+#: (``docs/decisions.md``, "The fit check is a floor"). The CUDA context itself is outside the
+#: utilization (the pool's ``--gpu-context-share``).
 OVERHEAD_BYTES = int(0.9 * GiB)
 
 #: Bits per weight of a 4-bit AWQ/GPTQ checkpoint with group size 128: 4 bits, plus a 16-bit

@@ -1,29 +1,14 @@
 """Hugging Face models in the local cache: pull them (Ollama's ``/api/pull``) and delete them (``/api/delete``).
 
-vLLM loads a hub model from the Hugging Face cache (``HF_HOME``/``HF_HUB_CACHE``), so pulling
-a model fills that cache the way ``huggingface_hub`` does, and reports it in Ollama's words:
-
-    pulling manifest            ``model_info`` + ``list_repo_tree``: the commit and its files
-    pulling <sha256[:12]>       one file at a time: ``digest``, ``total`` and ``completed`` bytes,
-                                sent when the file starts, at most every 100 ms, and when it ends
-    verifying sha256 digest     the new files against the Hub's sha256 (LFS) or git blob id
-    writing manifest            ``refs/<revision>`` -> commit, so the name resolves offline (vLLM, ``/api/show``)
-    success
-
-A file's ``digest`` is ``sha256:`` + the sha256 of its bytes: the Hub lists it for LFS files
-(the weights); a small git file has only a git SHA-1, so it is downloaded first and announced
-once, complete. Files go through ``hf_hub_download`` one by one with a ``tqdm_class`` that
-counts bytes (plain HTTP reports every 10 MiB read, Xet continuously), so the cache layout,
-locks, resumable Xet transfers and ``HF_ENDPOINT``/``HF_TOKEN``/``HF_HUB_OFFLINE`` handling are
-the library's own. When a repository has safetensors, weights vLLM never reads (``*.bin``,
-``*.pth``, ``*.h5``, ``*.msgpack``, ``*.onnx``, ``*.gguf``, ...) and ``original/`` are skipped.
-
-Everything ``huggingface_hub`` does blocks: one pull is one daemon thread of its own (not the
-default executor: a multi-GB download must neither starve the other ``to_thread`` work nor hold
-up shutdown), whose events reach the event loop through an ``asyncio.Queue`` fed with
-``call_soon_threadsafe``. A consumer that stops listening (client gone) stops the download at its
-next progress report. Failures become vllama errors in one place, :func:`hub_error`, called in
-that thread.
+A pull fills the Hugging Face cache vLLM loads from and reports it in Ollama's words: ``pulling
+manifest``, ``pulling <sha256[:12]>`` per file (``digest``, ``total``, ``completed``, at most every
+100 ms; a small git file announced once, complete), ``verifying sha256 digest``, ``writing manifest``
+(``refs/<revision>``, so the name resolves offline), ``success``. Files go through ``hf_hub_download``
+with a byte-counting ``tqdm_class``, so cache layout, locks, Xet and ``HF_*`` variables are the
+library's own; with safetensors present, weights vLLM never reads are skipped. Invariants: a pull runs
+in a daemon thread of its own (a multi-GB download must neither starve ``to_thread`` work nor hold up
+shutdown), its events reach the loop by ``call_soon_threadsafe``, a consumer gone stops it at its next
+report, and every failure becomes a vllama error in one place, :func:`hub_error`.
 """
 
 from __future__ import annotations

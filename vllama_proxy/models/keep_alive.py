@@ -1,8 +1,8 @@
 """How long a model stays loaded: Ollama's ``keep_alive`` (seconds or a Go duration) in seconds.
 
-Read from requests (``api/``), from each model's config and the default setting (``settings.py``,
+Read from requests (``api/``), from each model's config and the default setting (``settings/``,
 lazily, so that the client commands need not load aiohttp) and by the supervisors' pool, so it
-sits below all of them (issue 20)."""
+sits below all of them."""
 
 from __future__ import annotations
 

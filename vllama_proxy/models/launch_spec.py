@@ -1,17 +1,11 @@
 """A served model's launch spec: one ``[[models]]`` table of the config file, or ``--model``.
 
-(Not vllama's own settings, which are ``settings.py``.) :meth:`ModelConfig.args` is the one
-builder of a model's ``vllm serve`` flags; a library name's flags reach it as fields and
-``vllm_args`` of the spec (``models/library.py``).
-
-Each entry becomes one ``vllm serve`` child (its own state machine, private loopback port and
-process group). Typed fields cover what operators set most (GPU memory share, GPUs, context
-length, tool and reasoning parsers); anything else goes in ``vllm_args``. Policy fields say how vllama treats the model: its default
-``keep_alive``, whether it loads at start (``preload``), whether keep-alive expiry
-and eviction put it to sleep (``sleep_mode``, vLLM's ``--enable-sleep-mode``) or stop
-it, and whether it may be evicted to make room for another (``pin``).
-
-See ``deploy/vllama.example.toml`` for a commented example.
+(Not vllama's own settings, which are ``settings/``.) Each entry becomes one ``vllm serve`` child (its
+own state machine, loopback port and process group); :meth:`ModelConfig.args` is the one builder of
+its flags (a library name's reach it as fields and ``vllm_args``, ``models/library.py``). Typed fields
+cover what operators set most (GPU memory share, GPUs, context, parsers), anything else goes in
+``vllm_args``; policy fields say how vllama treats the model (``keep_alive``, ``preload``,
+``sleep_mode``, ``pin``). A commented example: ``deploy/vllama.example.toml``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Ollama library names (``llama3.2``, ``qwen2.5:7b``, ``qwen2.5:7b-instruct-q4_K_M``) -> what vLLM launches.
 
-The table is data, ``library.toml`` beside this module (its header documents the schema, each
-row cites its sources; ``library_schema.py`` reads it, ``library_check.py`` checks it,
-``library_advice.py`` words a 404). This module resolves names (issue 22):
-
-    name            -> the name's ``default_tag`` (what Ollama's ``latest`` points at)
-    name:latest     -> the same
-    name:tag        -> a size or variant tag, or one of its aliases (``7b-instruct``)
-    name:tag-QUANT  -> ``tag``'s ``quant.<class>`` for an Ollama quantization suffix
-                       (``q4_K_M`` is class q4): the publisher's AWQ/GPTQ/FP8 repo, or the
-                       plain repo with ``fallback`` set when the publisher ships none
-    name:QUANT      -> the default tag's, likewise
-
-to an :class:`Entry`, and an entry to the launch spec of a model (:meth:`Entry.launch_spec`),
-whose flags :meth:`ModelConfig.args` builds like any other model's.
-
-A user's own file (``--library FILE``, else ``<state_dir>/library.toml``) has the same schema;
-a ``[[model]]`` there with a packaged name replaces that row whole, a new name is added.
+The table is data, ``library.toml`` beside this module (its header documents the schema, each row
+cites its sources; ``library_schema.py`` reads it, ``library_check.py`` checks it,
+``library_advice.py`` words a 404). This module resolves ``name`` and ``name:latest`` to the
+``default_tag``, ``name:tag`` to a size or variant tag or one of its aliases, and ``name:tag-QUANT``
+/ ``name:QUANT`` to that tag's ``quant.<class>`` (``q4_K_M`` is class q4: the publisher's
+AWQ/GPTQ/FP8 repo, or the plain repo with ``fallback`` set), giving an :class:`Entry` and its launch
+spec (:meth:`Entry.launch_spec`). A user's file (``--library FILE``, else
+``<state_dir>/library.toml``) has the same schema: a packaged name there replaces that row whole.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a 404 says about a name the library table does not know: the closest known names, a
-name's tags, and how to name a Hugging Face model instead (issue 22; split out of ``library.py``
-in issue 29). The words reach clients as Ollama's ``{"error": "model 'x' not found: ..."}``
+name's tags, and how to name a Hugging Face model instead (beside ``library.py``). The
+words reach clients as Ollama's ``{"error": "model 'x' not found: ..."}``
 (``ModelNotFound``), from :meth:`library.Library.resolve` and the catalog's 404.
 """
 

@@ -5,8 +5,7 @@ with its ``[[model.tag]]`` (:class:`Tag`) sizes and variants, their ``quant.<cla
 (:class:`Quant`), the ``[fim.<style>]`` formats (:class:`Fim`) and the ``[quant_classes]``.
 Validation checks one file's shape and inner consistency (a ``tools`` capability has a tool
 parser, an embedding model runs vLLM's pooling runner, ...); what else the packaged table must get
-right is ``library_check.py``'s, how names resolve is ``library.py``'s (issue 22; split out of
-``library.py`` in issue 29).
+right is ``library_check.py``'s, how names resolve is ``library.py``'s .
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """The local models: what ``vllama pull`` (or ``huggingface-cli download``) left in the Hugging Face cache.
 
-Ollama lists every local model in ``/api/tags`` and runs any of them the moment a request
-names it (``server/routes.go`` ListHandler, ``server/sched.go``). vllama's local models are
-the model repos of the Hugging Face cache (``HF_HUB_CACHE``, what vLLM loads from) that hold
-a ``config.json`` and safetensors weights in the snapshot their ``main`` ref (or, without
-one, their newest revision) points to. Each is named as Ollama would name it: by the library
-name whose repo it is (``Qwen/Qwen2.5-0.5B-Instruct`` -> ``qwen2.5:0.5b``,
-``models/library.toml``), else by its Hugging Face id.
-
-A request may name a local model by that name, by any library name of its repo
-(``qwen2.5:0.5b-instruct``, ``qwen2.5:0.5b`` when it is not the default tag), or by its
-Hugging Face id. Local paths are never on-demand models: a client must not make the server
-load an arbitrary directory.
-
-Everything here reads the disk: callers run :func:`scan` in a worker thread. The cache is read
-by ``huggingface_hub``'s own ``scan_cache_dir``, as ``hub.py`` reads it for ``/api/delete``.
+As Ollama lists every local model and runs any the moment a request names it (``server/routes.go``
+ListHandler, ``server/sched.go``), vllama's local models are the model repos of the Hugging Face cache
+(``HF_HUB_CACHE``) whose ``main`` snapshot (else newest revision) holds a ``config.json`` and
+safetensors weights, named as Ollama would name them: by the library name whose repo it is
+(``Qwen/Qwen2.5-0.5B-Instruct`` -> ``qwen2.5:0.5b``), else by the Hugging Face id; a request may also
+use any library name of its repo or the id. Invariant: local paths are never on-demand models (a
+client must not make the server load an arbitrary directory). Everything reads the disk: callers run
+:func:`scan` in a worker thread; the cache is read by ``huggingface_hub``'s ``scan_cache_dir``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Read once per model from its directory (a local path, or the Hugging Face cache
 for a hub id, without network) and cached by ``catalog.py``. Everything here is
 blocking disk I/O: callers run :func:`read_model_files` in a worker thread.
 
-Feeds ``/api/show``, ``/api/tags`` and ``/api/ps`` (``shared/ollama-api.md``,
+Feeds ``/api/show``, ``/api/tags`` and ``/api/ps`` (``docs/wire.md``,
 "Responses": ``details``, ``model_info``, ``template``, ``parameters``).
 """
 

@@ -1,21 +1,14 @@
 """What Ollama 0.33's Modelfile commands ``DRAFT``, ``REQUIRES``, ``RENDERER`` and ``PARSER`` mean for a model vLLM serves.
 
-- ``DRAFT`` (a directory, a Hugging Face repo id, or ``ngram``) with ``PARAMETER draft_num_predict N`` is
-  speculative decoding: vLLM's ``--speculative-config`` (``vllm/config/speculative.py``
-  ``SpeculativeConfig``: ``method``, ``model``, ``num_speculative_tokens``, ``prompt_lookup_max``,
-  ``prompt_lookup_min``). It is a launch option of a vLLM, not of a request; a created model is
-  served by its base's vLLM, so the base restarts with it (:func:`speculative_json`, carried by
-  ``models/adapters.py``'s ``LoraPlan``, the created models' launch plan). Speculative decoding does
-  not change what the base answers (the base checks every drafted token), so the base and its
-  other names are served by the same vLLM, only faster on drafts it accepts; one draft per base.
-- ``REQUIRES`` is the Ollama version a model needs: checked against :data:`OLLAMA_API_LEVEL`, the level
-  of Ollama's API vllama speaks (``/api/version``).
-- ``PARSER`` names an Ollama output parser (``model/parsers/parsers.go``); in vLLM the parsers are its
-  ``--tool-call-parser`` and ``--reasoning-parser``, set for the base's whole vLLM: accepted when they
-  are the ones the base already runs with. ``RENDERER`` names an Ollama prompt renderer
-  (``model/renderers/renderer.go``); vLLM renders with the model's own Jinja chat template: accepted
-  when that template is of the renderer's family (``models/family.py``). Either, elsewhere, is a 400
-  that says why (:data:`OLLAMA_PARSERS`).
+- ``DRAFT`` (a directory, a repo id, or ``ngram``) with ``PARAMETER draft_num_predict N`` is vLLM's
+  ``--speculative-config`` (``vllm/config/speculative.py``), a launch option: the base's vLLM
+  restarts with it (:func:`speculative_json`, carried by ``adapters.py``'s ``LoraPlan``). The base
+  checks every drafted token, so its answers and its other names are unchanged; one draft per base.
+- ``REQUIRES`` is checked against :data:`OLLAMA_API_LEVEL` (``/api/version``).
+- ``PARSER`` (Ollama's ``model/parsers/parsers.go``) is accepted when it matches the base's
+  ``--tool-call-parser`` / ``--reasoning-parser``; ``RENDERER`` (``model/renderers/renderer.go``) when
+  the model's Jinja template is of its family (``family.py``). Otherwise a 400 that says why
+  (:data:`OLLAMA_PARSERS`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Where an Ollama model name resolves: the one owner of "which model does this name mean".
 
-Every kind of name is looked up here, in this order (the first that knows it wins; names are
-compared without ``:latest`` and without case, as Ollama's are):
-
-1. a model made with ``/api/create`` (``created.py``: ``created.json``) -> its base's served name;
-   its layers (system, options, messages, LoRA adapter) ride along for the request;
-2. a served name (what vLLM serves: ``--served-model-name``, a ``[[models]] name``, an
-   ``--upstream`` server's ``/v1/models``);
-3. an alias from the configuration (``--alias``, ``[[models]] aliases``);
-4. an alias made with ``/api/copy`` (``aliases.py``: ``aliases.json``);
-5. a library name (``library.py``: ``qwen2.5:7b``) whose repo a served model was loaded from;
-   then a Hugging Face repo id (``acme/tiny-prod``, any case, any ``:revision``, an ``hf.co/``
-   prefix) of a served model's repo: the operator's instance answers it, and no on-demand slot
-   starts a second copy of the same weights (issue 38);
-6. a local model that starts on demand (``on_demand.py`` over ``local.py``: the Hugging Face
-   cache and the models built from uploaded files) — asked by ``catalog.py`` after 1-5, because
-   it may start a model; an alias of step 3 or 4 is asked there by its target (:meth:`Names.alias_target`).
-
-Fed by: ``catalog.py`` (the served models it fetched), the settings (configured aliases), the
-alias and created-model stores, the library table. Names outside this order: ``hub.parse_model``
-reads a pull's or delete's Hugging Face id, and the settings' validator resolves ``--model``
-library names once at start (``library.resolve_spec``).
+Invariant: every kind of name is looked up here, in this order, the first that knows it winning
+(without ``:latest``, without case, as Ollama): (1) a model made with ``/api/create`` (``created.py``)
+-> its base's served name, its layers riding along; (2) a served name; (3) a configured alias; (4) an
+``/api/copy`` alias (``aliases.py``); (5) a library name (``library.py``) or Hugging Face repo id of a
+served model's repo, so no on-demand slot starts a second copy of the same weights; (6) a local model
+started on demand (``on_demand.py``), asked by ``catalog.py`` after 1-5 because it may start a model
+(an alias there by its target, :meth:`Names.alias_target`). Outside this order: ``hub.parse_model``
+and the settings' ``library.resolve_spec`` for ``--model``.
 """
 
 from __future__ import annotations

@@ -17,13 +17,14 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllama_proxy.errors import ModelNotAllowed, SlotsFull, SlotsKept
 from vllama_proxy.logs import get_logger
 from . import local
 from .vllm_servers import ServedModel
 from .family import with_detected_parsers
+from .boards import SlotBoard
 from .launch_spec import ModelConfig
 from .library import Library, resolve_spec
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = get_logger("vllama.on_demand")
 
 
-#: The operator's ``--`` arguments an on-demand model gets (issue 27): those that size, place and
+#: The operator's ``--`` arguments an on-demand model gets: those that size, place and
 #: tune the engine, safe for any repository a user may pull. Flag -> whether it takes a value.
 #: Everything else is left out: ``--trust-remote-code`` (runs the repo's own Python),
 #: ``--load-format`` (``pt`` unpickles), ``--hf-overrides``, ``--tokenizer``, ``--chat-template``,
@@ -99,7 +100,7 @@ class OnDemand:
         detect_parsers: a model no library name lists gets the parsers its chat template tells (``family.py``).
     """
 
-    def __init__(self, slots: Any, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
+    def __init__(self, slots: SlotBoard, backends: Sequence[Backend], *, library: Library | None, allow: list[str],
                  vllm_args: list[str], keep_alive: str | None = None, load_timeout: float = 600.0, ttl: float = 2.0,
                  uploaded: Path | None = None, detect_parsers: bool = True, worker: int = 0) -> None:
         self.worker = worker
@@ -110,7 +111,7 @@ class OnDemand:
         self.backends = list(backends)
         self.library = library
         self.allow = list(allow)
-        self.vllm_args, _ = safe_args(vllm_args)  # never --trust-remote-code and its kin (issue 27)
+        self.vllm_args, _ = safe_args(vllm_args)  # never --trust-remote-code and its kin
         self.keep_alive = keep_alive
         self.ttl = ttl
         self._scan: list[local.LocalModel] = []
@@ -152,7 +153,7 @@ class OnDemand:
         """The model ``name`` names, as it would be served, without claiming a slot or loading it:
         the slot's model when one holds it, else the local model's (``None``: no local model).
         What ``/api/show``, ``/api/copy``, ``/api/pull``, ``/api/delete`` and ``GET /v1/models/<name>``
-        read (issue 27: looking a model up never loads it).
+        read (looking a model up never loads it).
 
         Raises:
             ModelNotAllowed: a local model the allow-list does not admit.

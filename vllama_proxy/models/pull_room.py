@@ -1,5 +1,5 @@
 """Disk room for pulls: what a pull in progress holds of the Hugging Face cache's disk, shared by
-every worker, so that concurrent pulls cannot all pass the same free-space check (issue 27: 60 pulls
+every worker, so that concurrent pulls cannot all pass the same free-space check (60 pulls
 at once all did) and at most ``--max-pulls`` run at once. ``models/hub.py`` pulls; this module only
 answers whether the bytes are there and holds them while it does.
 """
@@ -22,7 +22,7 @@ from vllama_proxy.errors import NotEnoughSpace, TooManyPulls
 
 @dataclass(frozen=True)
 class PullLimits:
-    """What concurrent pulls may take (issue 27: 60 pulls at once all passed the free-space check).
+    """What concurrent pulls may take (60 pulls at once all passed the free-space check).
 
     Attributes:
         folder: where each pull in progress leaves a reservation file (``<state_dir>/pulls``),

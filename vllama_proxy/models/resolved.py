@@ -1,6 +1,6 @@
 """The configured models resolved once, at start-up: the library table and what each model launches.
 
-``vllama serve`` reads its settings (plain data: ``settings.py``), then resolves them here, once:
+``vllama serve`` reads its settings (plain data: ``settings/``), then resolves them here, once:
 the library (the packaged table, extended by the user's file) is loaded, and every ``[[models]]``
 table or ``--model`` naming a library name (``qwen2.5:7b``) becomes its repo and vLLM arguments
 (``library.py``), so that a tag the table lacks stops the server at start instead of reaching

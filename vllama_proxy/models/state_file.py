@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import multiprocessing
 import os
 import tempfile
 from collections.abc import Callable
@@ -24,6 +23,8 @@ from time import monotonic
 from typing import Any, Generic, TypeVar
 
 from structlog.typing import FilteringBoundLogger
+
+from vllama_proxy.ipc.arrays import spawn_context
 
 T = TypeVar("T")
 
@@ -63,11 +64,11 @@ class Changes:
     (create it before spawning the workers; it is pickled to them, as ``supervisor/status.py``'s
     boards are). Raised by the writer under the file's lock, after the file was replaced; read
     with a plain load, so a reader learns of a change made in any worker without a system call
-    (issue 42.4: a ``stat`` per request, which raised ``FileNotFoundError`` while no model was created).
+    (a ``stat`` per request, which raised ``FileNotFoundError`` while no model was created).
     """
 
     def __init__(self, ctx: Any = None) -> None:
-        ctx = ctx or multiprocessing.get_context("spawn")
+        ctx = spawn_context(ctx)
         self._count = ctx.RawValue("Q", 0)
 
     @property

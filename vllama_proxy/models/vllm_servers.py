@@ -10,9 +10,10 @@ one model a server lists.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from vllama_proxy.upstream import Upstream
+
+from .boards import EngineBoard
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,15 @@ class BackendSpec:
     Attributes:
         url: its base URL (no ``/v1``).
         board: its supervisor's status board when vllama runs it (``supervisor/status.py``'s
-            ``StatusBoard``, handed in from ``front/``; typed ``Any`` here, as the slot table is in
-            ``on_demand.py``: ``models/`` stands below the supervisor and names nothing of it);
+            ``StatusBoard``, handed in from ``front/``; typed by its protocol, ``boards.py``:
+            ``models/`` stands below the supervisor and names nothing of it);
             ``None``: ``--upstream``.
         model: the model vllama launched there (``None``: whatever its ``/v1/models`` lists).
         slot: the on-demand slot it is (``supervisor/slots.py``; its model changes), else ``None``.
     """
 
     url: str
-    board: Any = None
+    board: EngineBoard | None = None
     model: ServedModel | None = None
     slot: int | None = None
 

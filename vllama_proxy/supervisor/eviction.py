@@ -1,24 +1,14 @@
 """Which model makes room: the one eviction rule, a pure function of snapshots (no I/O, no clock).
 
-Two places make room for a model: the pool, when a model's share of a GPU does not fit beside the
-models holding theirs (``pool.py``), and the on-demand slots, when every slot holds a model and a
-request names another (``slots.py``). Both read what they know first (the pool's record, the status
-boards; NVML before that, for the fit check) into :class:`Candidate` snapshots and ask
-:func:`victim`, after llama-swap's ``Swapper.EvictionFor(target, running)`` (a pure function,
-tested alone) and Ollama's scheduler (``server/sched.go`` ``findRunnerToUnload``: the least recently
-used runner with no request in flight)::
+The pool (``pool.py``) and the on-demand slots (``slots.py``) read what they know into
+:class:`Candidate` snapshots and ask :func:`victim`, after llama-swap's ``Swapper.EvictionFor`` and
+Ollama's ``server/sched.go`` ``findRunnerToUnload``::
 
-    candidates                         the models in, as the caller saw them
-      -> not in_the_way                evicting it frees nothing the target lacks
-      -> busy                          a request in flight, waiting for it, or asking to wake it
-      -> protected                     pinned, or an operator's model and --protect-models
-      -> what it frees                 GPU memory: a loaded model (its share) before a sleeping one
-                                       (its CUDA context only); a slot: either frees it whole
-      -> least recently used           the victim (None: nobody may go; the target waits or gives up)
+    candidates -> not in_the_way -> busy (a request, a waiter, a wake) -> protected (pinned,
+    --protect-models) -> what it frees (a loaded model before a sleeping one) -> least recently used
 
-A model's ``keep_alive`` does not protect it: ``-1`` (forever) keeps an idle model loaded until it
-is in the way, as in Ollama; only ``pin`` (and ``--protect-models``) does. Whether the target fits
-once every evictable model is gone is the fit check's question (``models/fit.py``), asked before.
+Invariant: ``keep_alive`` does not protect a model (``-1`` keeps it loaded until it is in the way, as
+in Ollama); only ``pin`` and ``--protect-models`` do. Whether it fits at all is ``models/fit.py``'s.
 """
 
 from __future__ import annotations
@@ -57,7 +47,7 @@ class Candidate(Generic[M]):
         busy: a request is in flight, waiting for it, or asked it to wake (``StatusBoard``:
             ``in_flight``, ``waiters``, ``waking``).
         protected: never evicted for this target (``pin``; an operator's model for an on-demand
-            target with ``--protect-models``: issue 27).
+            target with ``--protect-models``).
         in_the_way: evicting it frees some of what the target lacks (shares a GPU it is short on;
             any slot for a slot).
     """

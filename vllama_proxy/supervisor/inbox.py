@@ -1,40 +1,25 @@
-"""A model's inbox: what is wanted of its owner loop, as messages on one queue; and the bells that
-carry them between processes.
+"""A model's inbox: what is wanted of its owner loop, as messages on one queue; carried between
+processes by the bells of ``ipc/bells.py``.
 
-The owner loop of a model (``lifecycle.py``) is told, not polled: a request that wants the model,
-a request that gave up waiting, an on-demand slot claimed for another model or given another model,
-a neighbour that needs its GPU room, a neighbour whose room changed, an adapter created for it, and
-stop are messages it waits on; waiting on the inbox is the synchronisation, as llama-swap's process loop waits on its channels
-(``internal/process/process_command.go``: ``startCh``, ``stopCh``, ``waitReadyCh``). The other way,
-requests waiting for a model wait on its *news*: the owner rings it whenever it publishes its status
-(``status.py``), and each waiter looks at the board again. Polling vLLM's ``/health`` (another
-program) stays.
-
-A message carries no data: what is wanted lies in the status board in shared memory (a wake request,
-the counts, the release flag, the slot's model), written before the message is sent, so a message
-is a doorbell and the owner reads the board when it rings (a message that finds its question
-answered already is dropped). Requests come from every worker process (``--workers``), so a message
-crosses processes through a FIFO in ``/dev/shm``, one byte per message, read by the owner's event
-loop (``loop.add_reader``), as ``api/fair_queue.py`` wakes its workers: no thread, no sleep.
-Messages of one kind that wait unread are one message (a hundred requests asking a model to load
-are one ``WANT``).
+The owner loop of a model (``lifecycle.py``) is told, not polled: a request that wants the model or
+gave up waiting, a slot claimed or given, a neighbour needing room or whose room changed, an adapter
+created, and stop are messages it waits on, as llama-swap's process loop waits on its channels
+(``internal/process/process_command.go``). The other way, waiters wait on the model's *news*, rung
+whenever the owner publishes its status (``status.py``). Invariants: a message carries no data (what
+is wanted is written to the status board in shared memory first, so a message is a doorbell and one
+that finds its question answered is dropped); it crosses processes as one byte in a ``/dev/shm``
+FIFO read by ``loop.add_reader`` (no thread, no sleep); messages of one kind waiting unread are one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import enum
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .shared_lock import this_pid
-
-_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
+from vllama_proxy.ipc.bells import Bell
 
 class Kind(enum.IntEnum):
     """What a message asks of (or tells) a model's owner loop, and who sends it."""
@@ -49,92 +34,6 @@ class Kind(enum.IntEnum):
     STOP = 8  # supervision ends (Supervisor.stop)
     EXPIRED = 9  # its keep_alive was ended early, or a claim for its slot waits on it: look now (any process)
     ADAPTERS = 10  # an adapter was created that its vLLM may have to restart for (StatusBoard.adapters_changed; any process)
-
-
-class Bell:
-    """One FIFO that wakes one process's event loop; made before the processes spawn, pickled into them.
-
-    :meth:`ring` (any process) writes one byte; :meth:`listen` (the one reading process, in its loop)
-    hands the bytes that arrived to a callback. A full FIFO (64 KiB unread) drops the byte: its reader
-    has a wake-up pending anyway.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._local_init()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path = state["path"]
-        self._local_init()
-
-    def _local_init(self) -> None:
-        self._pid = this_pid()
-        self._fd: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _open(self) -> int:
-        if self._pid != this_pid():  # forked: this process opens its own
-            self._local_init()
-        if self._fd is None:  # O_RDWR: a FIFO opened so never blocks, and never reads end-of-file
-            self._fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        return self._fd
-
-    def ring(self, code: int = 0) -> None:
-        """Send one byte (non-blocking; never raises for a full FIFO or one removed at exit)."""
-        with contextlib.suppress(BlockingIOError, FileNotFoundError):
-            os.write(self._open(), bytes((code,)))
-
-    def listen(self, on_bytes: Callable[[bytes], None]) -> None:
-        """Hand what arrives to ``on_bytes`` from the running loop (replaces an earlier listener of
-        this process's loop)."""
-        loop = asyncio.get_running_loop()
-        fd = self._open()
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(fd)
-        self._loop = loop
-
-        def drain() -> None:
-            data = b""
-            with contextlib.suppress(BlockingIOError):
-                while chunk := os.read(fd, 4096):
-                    data += chunk
-            if data:
-                on_bytes(data)
-
-        loop.add_reader(fd, drain)
-
-    @property
-    def listening(self) -> bool:
-        """Whether this process listens in its running loop."""
-        return self._pid == this_pid() and self._loop is not None and self._loop is _running_loop()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def bells(count: int, prefix: str = "vllama-bell-") -> list[Bell]:
-    """``count`` new FIFOs in one directory of ``/dev/shm``, removed when the making process exits."""
-    where = tempfile.mkdtemp(prefix=prefix, dir=_DIR)
-    paths = [os.path.join(where, str(i)) for i in range(count)]
-    for path in paths:
-        os.mkfifo(path, 0o600)
-    atexit.register(_remove, where, paths)  # in the making process only (not on unpickling)
-    return [Bell(p) for p in paths]
-
-
-def _remove(where: str, paths: list[str]) -> None:
-    for p in paths:
-        with contextlib.suppress(OSError):
-            os.unlink(p)
-    with contextlib.suppress(OSError):
-        os.rmdir(where)
 
 
 class News:

@@ -1,5 +1,5 @@
 """What ``vllm serve`` is launched with: its command line and its environment, built in one place
-(issue 41.4: these were steps of ``lifecycle.py``, which owns the child's life, not its launch).
+(these were steps of ``lifecycle.py``, which owns the child's life, not its launch).
 
 The model's own flags come from its launch spec (``models/launch_spec.py``: ``ModelConfig.args``);
 this module adds what vllama decides around them: loopback on a private port, the served name,
@@ -36,20 +36,6 @@ def media_args(allowed: list[str], vllm_args: list[str]) -> list[str]:
     return ["--allowed-media-domains", *(allowed or [NO_MEDIA_DOMAIN])]
 
 
-def usage_error(returncode: int, lines: list[str]) -> str | None:
-    """vLLM's message when it exited because it rejected its command line, else ``None``.
-
-    vLLM parses ``vllm serve``'s arguments with argparse, which prints ``usage: vllm serve
-    ...`` and ``vllm serve: error: <why>`` and exits with status 2.
-    """
-    if returncode != 2:
-        return None
-    errors = [line.strip() for line in lines if ": error: " in line]
-    if not errors or not any(line.lstrip().startswith("usage:") for line in lines):
-        return None
-    return errors[-1]
-
-
 def lora_mode(settings: Settings, spec: ModelConfig) -> AdapterMode:
     """How created adapters reach ``spec``'s vLLM (``--adapters``; ``auto`` decides from the API
     servers it runs: :func:`~vllama_proxy.models.adapters.adapter_mode`)."""
@@ -78,7 +64,7 @@ def vllm_argv(settings: Settings, spec: ModelConfig, port: int, lora: LoraPlan) 
 
 
 #: ``VLLM_MAX_STOP_STRINGS`` for every vLLM vllama launches: the bound vllama checks itself on every route
-#: (``api/ollama_types.MAX_STOPS``, the same number; a test holds them equal).
+#: (``api/ollama/types.py``'s ``MAX_STOPS``, the same number; a test holds them equal).
 MAX_STOP_STRINGS = 64
 
 

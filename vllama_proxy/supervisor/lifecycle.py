@@ -7,11 +7,14 @@ state as it was, to be stepped again). Why a step ended travels in typed values 
 the GPUs is the pool's to give (``pool.py``, answering with a ``room.py`` verdict); what the
 supervisor does with the answer, and its status, are written here alone. What is wanted of it
 (a request waiting, a neighbour needing its room, its on-demand slot claimed, stop) arrives as
-messages on its one inbox (``inbox.py``), which each step waits on: nothing polls a flag. Callers
-wait with :meth:`Supervisor.ensure_ready`, or, in any process, ``StatusBoard.wait_ready``. Patterns from Ollama's
-``llm/server.go`` ``WaitUntilRunning`` (startup deadline pushed back while loading progresses; the
-child's last output shown on failure) and llama-swap's process owner loop
-(``internal/process/process.go``: one state enum, one loop that alone changes it).
+messages on its one inbox (``inbox.py``), which each step waits on: nothing polls a flag. Callers,
+in any process, wait on the status board (``StatusBoard.wait_ready``). What needs no I/O is decided
+by pure deciders beside it: whether a stall is a hang (``hang.py``), when a new adapter needs a
+restart (``lora_restart.py``), an on-demand slot's new model (``respec.py``), the wait after a failure
+(``restarts.py``), whether an idle model sleeps or stops and a sleeping one is stopped for real
+(``warm.py``). Patterns from Ollama's ``llm/server.go`` ``WaitUntilRunning`` (startup deadline
+pushed back while loading progresses; the child's last output shown on failure) and llama-swap's
+process owner loop (``internal/process/process.go``: one state enum, one loop that alone changes it).
 """
 
 from __future__ import annotations
@@ -31,18 +34,24 @@ from vllama_proxy.models.created import CreatedStore
 from vllama_proxy.models.model_files import read_model_files
 from . import gpu, probes
 from .child import VllmProcess
+from .hang import EngineWatch
 from .inbox import Inbox, Kind
-from .launch import lora_mode, usage_error, vllm_argv, vllm_env
-from ..errors import UpstreamError, UpstreamUnavailable
+from .launch import lora_mode, vllm_argv, vllm_env
+from .start_errors import start_error
+from .lora_restart import lora_restart
+from ..errors import UpstreamError
 from ..logs import get_logger
 from .placement import pin_engine_cores
-from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SleepOver, SlotWanted, Verdict, Waiting
+from .respec import respec
+from .restarts import backoff, failures_before
+from .room import KEEP_ALIVE, Admitted, Eviction, KeepAliveExpired, MakeRoom, Refused, SlotWanted, Verdict, Waiting
 from ..settings import Settings
 from .slots import SlotTable
 from .states import (TRANSITIONS, Crashed, Evicted, Healthy, Idle, InvalidTransition, LoraOutgrown, Misconfigured, StartOutcome, State,
                      StopAsked, Wanted, WakeOutcome, WatchOutcome)
 from .status import StatusBoard
 from ..upstream import Upstream, read_response
+from .warm import leave_sleep, why_not_asleep
 
 log = get_logger("vllama.supervisor")
 
@@ -142,7 +151,7 @@ class Supervisor:
         self._failures = 0  # failures in a row (the backoff's exponent; a crash loop at crash_loop_limit)
         self._ready_at = 0.0  # when the last start became ready (monotonic)
         self._evict_reason: Eviction | None = None
-        self._sleep_fails = False  # its first sleep and wake failed (issue 28): stopped, never put to sleep
+        self._sleep_fails = False  # its first sleep and wake failed: stopped, never put to sleep
         #: vLLM's own message when it rejected its arguments (a usage error): a configuration error.
         self.config_error: str | None = None
         self._weights_bytes: int | None = None
@@ -150,7 +159,6 @@ class Supervisor:
         #: the hang check's own request (probes.answers), on a client that waits for its answer as long as the check does
         self._asker = Upstream(f"http://127.0.0.1:{port}", connect_timeout=2.0,
                                read_timeout=max(settings.hang_timeout, settings.health_timeout))
-        self._changed = asyncio.Event()
         #: what is wanted of the owner loop (``inbox.py``): requests from every process ring the board's bell
         self.inbox = Inbox(board.inbox_bell, on_message=self._told)
         self._stop = asyncio.Event()
@@ -225,28 +233,6 @@ class Supervisor:
         """An eviction was asked for and is not finished."""
         return self._evict_reason is not None
 
-    async def ensure_ready(self, timeout: float) -> None:
-        """Wait until vLLM is ready.
-
-        Raises:
-            UpstreamUnavailable: not ready within ``timeout`` seconds, vLLM is in a crash loop
-                (``failed``), or supervision stopped.
-        """
-        deadline = time.monotonic() + timeout
-        while self.state is not State.READY:
-            if self.state in (State.STOPPING, State.STOPPED):
-                raise UpstreamUnavailable(f"vLLM is {self.state.value}")
-            if self.state is State.FAILED:  # a crash loop: say so now, not at the timeout
-                raise self.board.unavailable()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self.board.unavailable()
-            changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
-
     # -- state and status: written here only --------------------------------------------------
     def _set(self, new: State, reason: str | None = None) -> None:
         if new not in TRANSITIONS[self.state]:
@@ -257,8 +243,6 @@ class Supervisor:
             self._evict_reason = None  # an eviction asked of a ready vLLM is over (done, or it died)
         self.since = time.time()
         self._publish()
-        self._changed.set()
-        self._changed = asyncio.Event()
         for listener in self.listeners:
             listener(new, reason)
         self.pool.moved(self)
@@ -345,7 +329,7 @@ class Supervisor:
         match outcome:
             case Misconfigured(reason):
                 # vLLM's argparse refused its command line: no restart can fix that, only a new
-                # configuration does. Failed at once, with vLLM's own message (issue 19.9).
+                # configuration does. Failed at once, with vLLM's own message.
                 self._loading = False
                 self.last_error = reason
                 self.last_output = self.child.tail() if self.child else ""
@@ -355,7 +339,7 @@ class Supervisor:
             case Crashed(reason):
                 await self._fail(reason)
             case Healthy():
-                if self.slot is not None and await self._can_sleep():
+                if self.slot is not None and await self._why_not_asleep() is None:
                     crashed = await self._warm_sleep()
                     if self._stop.is_set():
                         return
@@ -414,7 +398,7 @@ class Supervisor:
         Closes the model to new requests only if none is in flight or waiting (one atomic step
         with the requests' own check, ``status.py``); a request that renewed keep_alive keeps it serving.
         """
-        # a slot claimed for another model ended this keep_alive early (slots.evict_idle): say so (issue 38)
+        # a slot claimed for another model ended this keep_alive early (slots.evict_idle): say so
         why: Eviction | KeepAliveExpired = self._evict_reason or (SlotWanted() if self.board.release_asked else KEEP_ALIVE)
         renewed = self._evict_reason is None and time.time() < self.board.expires_at
         if renewed or not self.board.try_close():
@@ -428,16 +412,13 @@ class Supervisor:
             self.board.announce()
             return
         try:
-            if isinstance(why, SlotWanted) or not await self._can_sleep():  # its slot is wanted: stop, do not sleep
+            # its slot is wanted: stop, do not sleep
+            how = None if isinstance(why, SlotWanted) else await self._why_not_asleep()
+            if isinstance(why, SlotWanted) or how is not None:
                 await self._stop_child()
                 self.board.clear_release()
-                if isinstance(why, SlotWanted):
-                    self._set(State.UNLOADED, str(why))
-                else:
-                    # why not asleep: the next request starts vLLM anew (on the CPU vLLM has no sleep mode)
-                    how = ("vLLM runs without sleep mode" if not self.sleep_mode else "its first sleep failed" if self._sleep_fails
-                           else "host RAM is short for its weights")
-                    self._set(State.UNLOADED, f"{why}; stopped: {how}")
+                # why not asleep: the next request starts vLLM anew (on the CPU vLLM has no sleep mode)
+                self._set(State.UNLOADED, str(why) if how is None else f"{why}; stopped: {how}")
                 self._failures = 0  # started afresh when requested
                 return
             try:
@@ -506,9 +487,9 @@ class Supervisor:
 
     async def _warm_sleep(self) -> Crashed | None:
         """One sleep and wake of a freshly started on-demand model that will sleep, before it is
-        ready (issue 28): vLLM's first sleep of a model is slow (2.0 s on the H200, pinning host
-        memory for the weights' backup; later ones 0.15 s: ``benchmarks/RESULTS.md``, "Issue 28 on
-        the H200"), so it is paid now, while requests wait for the start anyway, rather than by the
+        ready: vLLM's first sleep of a model is slow (2.0 s on the H200, pinning host
+        memory for the weights' backup; later ones 0.15 s: ``benchmarks/RESULTS.md``, sleep and
+        wake on the H200), so it is paid now, while requests wait for the start anyway, rather than by the
         first request for another model that evicts it. Both durations are logged (``sleep_warmed``).
 
         Its status says so meanwhile (its note). A failed sleep is logged and the model serves on,
@@ -540,8 +521,7 @@ class Supervisor:
         """A ready or sleeping vLLM failed: ``unhealthy``, then restarted (:meth:`_fail`)."""
         self._loading = False
         self._set(State.UNHEALTHY, reason)
-        if time.monotonic() - self._ready_at >= self.s.restart_reset_after:
-            self._failures = 0  # it ran long enough: not part of a crash loop
+        self._failures = failures_before(self._failures, time.monotonic() - self._ready_at, self.s.restart_reset_after)
         await self._fail(reason)
 
     async def _fail(self, reason: str) -> None:
@@ -553,29 +533,22 @@ class Supervisor:
         self.last_output = self.child.tail() if self.child else ""
         log.warning("vllm_failed", model=self.served_name, reason=reason, failures=self._failures, last_output=self.last_output)
         await self._stop_child()
-        if self._failures >= self.s.crash_loop_limit:
-            self._set(State.FAILED, reason)
-            delay = self.s.failed_retry_interval
-        else:
-            self._set(State.RESTARTING, reason)
-            delay = min(self.s.restart_backoff_initial * 2 ** (self._failures - 1), self.s.restart_backoff_max)
-        if not await self._sleep_or_stop(delay):
+        wait = backoff(self._failures, crash_loop_limit=self.s.crash_loop_limit, initial=self.s.restart_backoff_initial,
+                       cap=self.s.restart_backoff_max, failed_retry=self.s.failed_retry_interval)
+        self._set(State.FAILED if wait.crash_loop else State.RESTARTING, reason)
+        if not await self._sleep_or_stop(wait.delay):
             self.restarts += 1
 
     def _respec(self) -> bool:
-        """An on-demand slot took another model since it was last read: run that one from now on."""
+        """An on-demand slot took another model since it was last read: run that one from now on
+        (``respec.py`` decides)."""
         if self.slot is None:
             return False
         table, index = self.slot
-        generation = table.generation(index)
-        if generation == self._generation:
+        new = respec(self._generation, table.generation(index), lambda: table.spec(index), self.prepare)
+        if new is None:
             return False
-        spec = table.spec(index)  # parsed only when the slot took another model
-        if spec is None:
-            return False
-        self._generation = generation
-        if self.prepare is not None:
-            spec = self.prepare(spec)
+        self._generation, spec = new.generation, new.spec
         self.spec, self.served_name = spec, spec.served_name
         self.config_error = self.last_error = self._note = None
         self.last_output = ""
@@ -666,18 +639,19 @@ class Supervisor:
         if self.board.expires_at < until:
             self.board.touch(default)
 
-    async def _can_sleep(self) -> bool:
-        """Sleep mode is on and host RAM can take the weights (vLLM level 1 copies them to CPU
-        memory) with ``sleep_host_memory_reserve`` to spare; else vLLM is stopped instead."""
+    async def _why_not_asleep(self) -> str | None:
+        """Why an idle vLLM would be stopped rather than put to sleep (``warm.why_not_asleep``), ``None``
+        when it may sleep; host RAM is read only when sleep mode is on and did not fail."""
+        reserve = self.s.sleep_host_memory_reserve
         if not self.sleep_mode or self._sleep_fails:
-            return False
+            return why_not_asleep(self.sleep_mode, self._sleep_fails, None, None, reserve)
         if self._weights_bytes is None:
             self._weights_bytes = (await asyncio.to_thread(read_model_files, self.spec.model, self.served_name)).size
         available = psutil.virtual_memory().available
-        if available < self._weights_bytes + self.s.sleep_host_memory_reserve:
+        why = why_not_asleep(True, False, self._weights_bytes, available, reserve)
+        if why is not None:
             log.warning("host_memory_short", model=self.served_name, available=available, weights=self._weights_bytes)
-            return False
-        return True
+        return why
 
     async def _until_wanted(self, exited: asyncio.Future[int] | None) -> WakeOutcome:
         """Until a request wants the model, or (asleep: ``exited`` given) its vLLM exits, it is
@@ -691,10 +665,7 @@ class Supervisor:
             if exited is not None:
                 if exited.done():
                     return Crashed(f"vLLM exited with code {exited.result()} while asleep")
-                if self._evict_reason is None and self.board.release_asked:
-                    self._evict_reason = SlotWanted()
-                if self._evict_reason is None and 0 <= unload_after <= time.time() - self.since:
-                    self._evict_reason = SleepOver(unload_after)
+                self._evict_reason = leave_sleep(self._evict_reason, self.board.release_asked, unload_after, time.time() - self.since)
                 if self._evict_reason is not None:
                     return Evicted(self._evict_reason)
                 if unload_after >= 0:
@@ -722,7 +693,7 @@ class Supervisor:
             env = vllm_env(self.s, self.spec, sleep_mode=self.sleep_mode, lora=self._lora)
             self.child = await VllmProcess.launch(self.argv(), env=env, model=self.served_name, state_dir=self.s.state_dir)
         except OSError as e:
-            # not there or not executable: no restart can fix it, only a new configuration (issue 26.1)
+            # not there or not executable: no restart can fix it, only a new configuration
             self.config_error = f"cannot run {self.s.vllm_executable!r}: {e.strerror or e}"
             return Misconfigured(self.config_error)
         child = self.child
@@ -733,10 +704,10 @@ class Supervisor:
             while True:
                 if exited.done():
                     await child.drained(0.2)  # the output pumps catch the last lines
-                    usage = usage_error(exited.result(), list(child.last_lines))
-                    if usage is not None:
-                        self.config_error = usage
-                        return Misconfigured(f"vLLM rejected its arguments: {usage}")
+                    cannot = start_error(exited.result(), list(child.last_lines))
+                    if cannot is not None:  # a restart would only repeat it (start_errors.py)
+                        self.config_error = cannot
+                        return Misconfigured(cannot)
                     return Crashed(f"vLLM exited with code {exited.result()} during startup")
                 deadline = max(started + self.s.startup_timeout, child.last_progress + self.s.startup_progress_extension)
                 if time.monotonic() > deadline:
@@ -753,27 +724,18 @@ class Supervisor:
             exited.cancel()
 
     async def _watch(self) -> WatchOutcome:
-        """Watch a ready vLLM until it must restart, its keep_alive ended (or an eviction was asked)
-        with nothing running, a new adapter needs a restart (:meth:`_lora_outgrown`), or stop is asked.
-
-        Hung means shown not to work, never a gauge alone (``probes.py``): requests pending (vLLM's
-        ``num_requests_running`` + ``_waiting``) with no token generated since the last look make a
-        stall; once it lasted half of ``--hang-timeout`` vLLM is asked vllama's own smallest request
-        (:func:`probes.answers`), and the engine is hung if that has no answer when the stall reaches
-        ``--hang-timeout`` (or fails). Answered, the gauge was stale: logged (``engine_gauge_stale``), the
-        stall counted again from then. And a model vllama's own requests no longer use sleeps (or stops) at
-        the end of its keep_alive (``vllama stop``) when vLLM's gauge says none pending, or says some but
-        generated no token for a ``--health-interval`` (an H200 vLLM's gauge stood at 6 after a batch).
+        """Watch a ready vLLM until it must restart (it exited, failed its health checks, or hangs:
+        ``hang.py`` judges each look at its load), its keep_alive ended (or an eviction was asked) with
+        nothing running, a new adapter needs a restart (:meth:`_lora_outgrown`), or stop is asked. A model
+        vllama's own requests no longer use sleeps (or stops) at the end of its keep_alive (``vllama stop``)
+        when vLLM's load lets it (``EngineWatch.idle``).
         """
         child = self.child
         assert child is not None
         exited = asyncio.ensure_future(child.wait())
         failed_polls = 0
-        tokens: float | None = None  # vLLM's generated tokens at the last look that saw them move
-        moved_at = time.monotonic()  # ... and when (the watch's start before the first look)
-        stalled_since: float | None = None  # when the current stall began (or was last shown not to be a hang)
+        engine = EngineWatch(self.s.hang_timeout, self.s.health_interval, time.monotonic())
         asked: asyncio.Task[tuple[bool, str]] | None = None  # the hang check's request (probes.answers), while it runs
-        stale_seen = False  # this stall's gauge was shown stale once (logged as a warning once, then at info)
         if self.board.adapters_version != self._lora_version:
             self.inbox.post(Kind.ADAPTERS)  # an adapter created while it started or slept (its message unheard then): look now
         hearing = False
@@ -806,13 +768,11 @@ class Supervisor:
                 if self.s.hang_timeout > 0 or expired:
                     load = await probes.load(self._probe)
                     now = time.monotonic()
-                    if load is not None and load.generation_tokens != tokens:
-                        tokens, moved_at = load.generation_tokens, now
-                    idle = not self.board.in_use
-                    if expired and load is not None and idle and (load.pending == 0 or now - moved_at >= self.s.health_interval):
+                    engine.saw(load, now)
+                    if expired and load is not None and not self.board.in_use and engine.idle(load, now):
                         if load.pending:
                             log.info("engine_gauge_ignored", model=self.served_name, pending=load.pending,
-                                     still_s=round(now - moved_at, 1),
+                                     still_s=round(now - engine.moved_at, 1),
                                      why="no request of vllama's in flight and no token generated since the last look")
                         return Idle()
                     if evict is not None and self.board.in_flight + self.board.waiters > 0:
@@ -822,36 +782,23 @@ class Supervisor:
                                  waiting=self.board.waiters)
                         self._evict_reason = None
                     if load is not None and self.s.hang_timeout > 0:
-                        stalled = load.pending > 0 and moved_at < now
+                        answer = None
                         if asked is not None and asked.done():
-                            works, said = asked.result()
+                            answer, asked = asked.result(), None
+                        look = engine.judge(load, now, asking=asked is not None, answer=answer)
+                        if look.stale is not None:
+                            (log.warning if look.first else log.info)(
+                                "engine_gauge_stale", model=self.served_name, **look.stale,
+                                why="vLLM's gauge says requests are pending and no token came, but vllama's own request "
+                                "was answered: not restarted")
+                        if look.hung is not None:
+                            return Crashed(look.hung)
+                        if look.cancel and asked is not None:
+                            asked.cancel()  # tokens came, or nothing is pending: the engine works
                             asked = None
-                            if works:
-                                (log.info if stale_seen else log.warning)(
-                                    "engine_gauge_stale", model=self.served_name, pending=load.pending,
-                                    no_token_s=round(now - moved_at, 1), answer=said,
-                                    why="vLLM's gauge says requests are pending and no token came, but vllama's own request "
-                                    "was answered: not restarted")
-                                stale_seen, stalled_since = True, now
-                            elif stalled:
-                                return Crashed(f"engine hung: {load.pending:g} requests pending, no token generated for "
-                                               f"{now - moved_at:.0f} s, and vllama's own request failed: {said}")
-                        if load.pending == 0:
-                            stale_seen = False
-                        if not stalled:
-                            stalled_since = None
-                            if asked is not None:
-                                asked.cancel()  # tokens came, or nothing is pending: the engine works
-                                asked = None
-                        else:
-                            stalled_since = stalled_since or now
-                            if asked is None and now - stalled_since >= self.s.hang_timeout / 2:
-                                asked = asyncio.ensure_future(probes.answers(
-                                    self._asker, self.served_name, pooling=pooling(self.spec.args())))
-                            elif asked is not None and now - stalled_since >= self.s.hang_timeout:
-                                return Crashed(f"engine hung: {load.pending:g} requests pending, no token generated for "
-                                               f"{now - moved_at:.0f} s, and vllama's own request got no answer in "
-                                               f"{now - stalled_since - self.s.hang_timeout / 2:.0f} s")
+                        if look.ask:
+                            asked = asyncio.ensure_future(probes.answers(
+                                self._asker, self.served_name, pooling=pooling(self.spec.args())))
                 if told in (Kind.RELEASE, Kind.EXPIRED):  # asked to make room for a claim, and in use: declined
                     self.board.clear_release()
                     self.board.announce()  # the claim looks again
@@ -867,7 +814,7 @@ class Supervisor:
         ``LoraPlan.needs_restart``: not declared at launch, or larger LoRA limits).
 
         The created models are read only when the board's adapter count moved (a create's ``ADAPTERS``
-        message, ``StatusBoard.adapters_changed``), never on the health probe's clock (issue 42.3: the
+        message, ``StatusBoard.adapters_changed``), never on the health probe's clock (the
         create waited for that clock, 5 s, and every model read ``created.json`` and its adapters'
         configs every 5 s). In ``launch`` mode the restart is due at once (busy or not: it drains,
         :meth:`_drain`); in ``runtime`` mode, where only the LoRA limits can ask for it, once vLLM is
@@ -876,22 +823,20 @@ class Supervisor:
         shares the state directory rings no bell here: this vLLM declares it at its next start.
         """
         version = self.board.adapters_version
-        told = version != self._lora_version
-        if not told and self._lora_wanted is None:
+        read = version != self._lora_version
+        if not read and self._lora_wanted is None:
             return False  # the watch's usual look: nothing created, nothing read
         mode = lora_mode(self.s, self.spec).mode
-        if told:
+        wanted = self._lora_wanted
+        if read:
             self._lora_version = version
             wanted = await asyncio.to_thread(self.lora_plan)
-            self._lora_wanted = wanted if self._lora.needs_restart(wanted, mode) else None
-        if self._lora_wanted is None:
-            return False
-        if mode == "launch" or not self.board.in_use:
-            return True
-        if told:
-            log.info("lora_restart_waits", model=self.served_name, adapters=sorted(self._lora_wanted.modules),
+        decision = lora_restart(self._lora, wanted, read=read, mode=mode, in_use=self.board.in_use)
+        self._lora_wanted = decision.wanted
+        if decision.waits and decision.wanted is not None:
+            log.info("lora_restart_waits", model=self.served_name, adapters=sorted(decision.wanted.modules),
                      until="its requests end (--adapters runtime restarts only an idle vLLM)", in_flight=self.board.in_flight)
-        return False
+        return decision.now
 
     async def _first(self, exited: asyncio.Future[int], timeout: float, kinds: frozenset[Kind] | set[Kind] = frozenset()) -> Kind | None:
         """Wait for the child's exit, a message of ``kinds`` or stop, or ``timeout`` (the next

@@ -1,24 +1,14 @@
 """Children that die with vllama: the parent-death signal and the launch record.
 
-A ``vllm serve`` tree that outlives vllama holds its GPU memory (~120 GB on an H200)
-and makes the next start fail (issue 19). Three layers make that impossible:
-
-1. **Parent-death signal.** Each launched child (vLLM's API server, vllama's own
-   ``--workers``) asks the kernel for SIGTERM when its parent dies
-   (``prctl(PR_SET_PDEATHSIG)``, Linux; ``man 2 prctl``), set in the launch hook
-   between fork and exec. A vllama killed with SIGKILL, or crashing, still
-   stops vLLM, which shuts down its own engine core and workers on SIGTERM.
-2. **Launch records.** Every vLLM tree gets a marker in its environment
-   (``VLLAMA_TREE=<id>``, inherited by every descendant, so it survives re-parenting
-   and new sessions; vLLM's retitled processes, whose environment the title overwrites,
-   are found by their session and title instead) and a record ``<state_dir>/children/<id>.json`` naming its process
-   group and its owner (vllama's pid and start time). A vllama that starts finds the
-   records whose owner is gone and stops those trees first (:func:`stop_stale`): what
-   layer 1 could not stop (a vLLM that ignores or hangs on SIGTERM) is gone before the
-   next vLLM asks for the GPU.
-3. **Every exit path.** The records of the running process are also swept at
-   interpreter exit (:func:`stop_own`, from ``atexit`` and ``cli.main``'s ``finally``),
-   so an exception or ``sys.exit`` that skips the orderly stop still stops the trees.
+Invariant: no ``vllm serve`` tree outlives vllama to hold its GPU memory, by three layers.
+1. **Parent-death signal**: each launched child (vLLM's API server, ``--workers``) gets SIGTERM
+   when its parent dies (``prctl(PR_SET_PDEATHSIG)``, ``man 2 prctl``; set between fork and exec).
+2. **Launch records**: every vLLM tree carries ``VLLAMA_TREE=<id>`` in its environment (retitled
+   processes are found by session and title) and a record ``<state_dir>/children/<id>.json`` with
+   its process group and owner (pid, start time); a starting vllama stops the trees whose owner is
+   gone (:func:`stop_stale`), what layer 1 could not stop.
+3. **Every exit path**: the running process's records are swept at interpreter exit
+   (:func:`stop_own`, ``atexit`` and ``cli.main``'s ``finally``). Why: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

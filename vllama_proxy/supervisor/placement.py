@@ -1,31 +1,14 @@
 """Where vLLM's engine cores run: a CPU of their own, and everything else of ours on the rest.
 
-vLLM's engine core (``VLLM::EngineCore``, one process per data-parallel rank) schedules
-every step of every sequence in one busy Python thread. Under many streams that thread, not
-the GPU, sets the pace (TPOT), and the kernel's scheduler makes it share CPUs with vLLM's API
-servers, vllama's workers and the clients: it is preempted and migrated. Measured on the
-lent 16-CPU H200 (issue 11, ``benchmarks/RESULTS.md``), the same vLLM with its engine core
-alone on one CPU streamed +25 % tokens/s at 256 streams and +27 % at 1,024 in a first,
-sequential run (36.9k vs 29.6k, 30.2k vs 23.8k), and +6 % / +11 % switched on and off in turn
-on one running server (33.4k vs 31.6k, 29.8k vs 26.8k; two CPUs for it were not clearly
-better). Linux keeps a thread's CPU affinity across ``fork``/``exec`` and hands it to the
-threads it creates, so:
-
-1. at start, vllama confines itself to the CPUs left after the engine cores' (its workers
-   and every vLLM process it launches inherit that);
-2. once a vLLM is ready, each of its EngineCore processes (every thread) moves to its CPU.
-
-Under a CPU quota below the affinity (a Kubernetes limit without a cpuset) the CPUs are shared
-with processes vllama cannot move, so ``auto`` does not pin. Several instances on one host that
-all see every CPU (one container or unit per GPU) pin their engines to different cores (the GPU
-offset below), but each one's other processes may still run on the others' engine CPUs: give
-each its own CPUs (a cpuset) there. Threads the engine core starts later (a structured-output
-compile pool) inherit its CPU: a known cost, not yet measured.
-
-A CPU reserved for an engine core comes with its SMT siblings (a whole physical core), counted
-from the top of this process's affinity and offset by the host-wide number of the engine's GPU
-(instances with their own GPUs on one host pick different cores). Other programs on the machine
-are not vllama's to move, so ``auto`` pins only when vllama's CPU budget is its whole affinity.
+vLLM's engine core (``VLLM::EngineCore``, one process per data-parallel rank) schedules every step in
+one busy Python thread, which under many streams sets the pace (TPOT) and suffers from sharing CPUs.
+Linux keeps a thread's affinity across ``fork``/``exec``, so (1) at start vllama confines itself to the
+CPUs left after the engine cores' (its workers and every vLLM it launches inherit that), and (2) once
+a vLLM is ready, each EngineCore process moves to its own CPU, with its SMT siblings, counted from the
+top of this process's affinity, offset by the host-wide number of the engine's GPU. Invariant:
+``auto`` pins only when vllama's CPU budget is its whole affinity (not under a quota below it, nor
+beside programs not vllama's to move); instances that all see every CPU need a cpuset each.
+Measurements and known costs: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

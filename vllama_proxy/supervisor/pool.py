@@ -1,41 +1,14 @@
 """The models vllama runs: one :class:`Supervisor` per model, and who gets GPU memory.
 
-The pool decides and the supervisors act (issue 29): a model asks :meth:`ModelPool.admit` for room
-before each start or wake and gets a verdict (``room.py``: admitted, refused with the fit report,
-or waiting with a note and the neighbour to evict); the pool's own record (:attr:`ModelPool.holds`)
-says which model holds its share of which GPUs, or only its CUDA context (asleep). The pool never
-writes a supervisor's state or status.
-
-Each model takes ``gpu_memory_utilization`` of each of its GPUs while it is loaded
-(starting, ready or waking) plus its CUDA context (``--gpu-context-share``; on the
-H200 a vLLM at 0.6 used 0.6 of the GPU + 0.6 GiB, and 1.4 GiB asleep); asleep (vLLM
-sleep mode level 1) it keeps only the context, stopped nothing. These are vLLM's own
-terms: ``--gpu-memory-utilization`` is the fraction of the GPU's total memory the
-instance may use. Models that fit run side by side. When a request wants a model that
-does not fit, the least recently used idle model on a GPU short of room is evicted (put
-to sleep, or stopped; ``eviction.py``, the rule the on-demand slots ask too), one at a time, until it fits, as Ollama's scheduler does
-(``server/sched.go``: unload the least recently used runner with no requests in
-flight); when only sleeping models are in the way, the least recently used is stopped.
-A model that is busy, pinned, loading, or waited for is never evicted; then the
-request waits, bounded by ``--load-timeout``.
-
-Models sharing a GPU start one at a time: vLLM sizes its KV cache from the memory it
-finds free while starting, and two concurrent starts each count the other's
-allocations as their own.
-
-Before a model is admitted, its size is checked against its GPUs' memory (``models/fit.py``:
-weights from the safetensors headers, KV cache for its context from ``config.json``, a
-measured overhead, against ``gpu_memory_utilization`` × each GPU and the memory NVML finds
-free plus what unloading its evictable neighbours would free). A model that cannot fit even
-then is not launched (vLLM would only exit at start, again and again): it stays unloaded with
-the numbers and what would fit in ``last_error``, and requests for it get that message (507).
-Without NVML (``--no-gpu-check``) or without local weight files there is no check.
-
-Everything here runs in the main process's event loop: the decision to admit a model
-and marking it as holding its share happen without an ``await`` in between (NVML is read
-before, :meth:`ModelPool._verdict` decides), so two models cannot both claim the same room. A model
-waiting for room is told when it may have changed (:meth:`ModelPool.moved`: a ``ROOM`` message,
-``inbox.py``), never polls.
+The pool decides and the supervisors act: a model asks :meth:`ModelPool.admit` for room before each
+start or wake and gets a verdict (``room.py``: admitted, refused with ``models/fit.py``'s report, or
+waiting with the neighbour to evict); :attr:`ModelPool.holds` records who holds its share
+(``gpu_memory_utilization`` of each GPU plus its CUDA context) or only its context (asleep). The least
+recently used idle model in the way is evicted (``eviction.py``, as Ollama's ``server/sched.go``);
+otherwise the request waits up to ``--load-timeout``. Models sharing a GPU start one at a time.
+Invariants: the pool never writes a supervisor's state; admitting and marking the share happen with
+no ``await`` between, so two models cannot claim the same room; a waiter is told by a ``ROOM``
+message (``inbox.py``), never polls. Why and the measurements: ``docs/decisions.md``.
 """
 
 from __future__ import annotations
@@ -64,8 +37,8 @@ from .status import StatusBoard
 
 log = get_logger("vllama.pool")
 
-#: The CUDA context of a loaded vLLM, outside its ``--gpu-memory-utilization`` (H200, vLLM 0.26:
-#: 0.5 of the GPU + 0.6 GiB held; ``benchmarks/RESULTS.md``, "Why the pool counts a CUDA context").
+#: The CUDA context of a loaded vLLM, outside its ``--gpu-memory-utilization`` (as measured:
+#: ``docs/decisions.md``, "GPU memory is shared in vLLM's own terms").
 START_CONTEXT_BYTES = int(0.6 * fit.GiB)
 
 #: A GPU's whole memory, in shares; a hair over 1 so that 0.3 + 0.7 fits despite float rounding.
@@ -207,7 +180,7 @@ class ModelPool:
 
     def _protected(self, o: Supervisor, sup: Supervisor) -> bool:
         """Whether ``o`` may not be evicted for ``sup``: pinned, or an operator's model when ``sup`` is
-        an on-demand one and ``--protect-models`` is on (issue 27: one user's pulls took the
+        an on-demand one and ``--protect-models`` is on (one user's pulls took the
         production model off the GPU). An admin still unloads it with keep_alive 0."""
         return o.spec.pin or (sup.slot is not None and o.slot is None and self.s.protects_models())
 
@@ -246,7 +219,7 @@ class ModelPool:
         if loading:
             # vLLM sizes its KV cache from the GPU memory it sees free while it starts: two
             # starting at once on one GPU each count the other's allocations as their own
-            # (measured on the H200: the second got 5.9 of its 56 GB). One start at a time.
+            # (docs/decisions.md). One start at a time.
             where = "the same GPU" if self.device == "GPU" else f"the {self.device}"
             return Waiting(f"waiting for {', '.join(loading)} to finish loading on {where}", neighbour_loading=True)
         if self.fits(sup):
@@ -275,7 +248,7 @@ class ModelPool:
         """While inside (``sup`` asks for room and may wait for it), the end of the last request of each
         model sharing a GPU with ``sup`` rings its ``IDLE`` (``StatusBoard.hearing_idle``), which
         :meth:`moved` turns into ``ROOM`` for ``sup``. Outside such a wait no request's end wakes an
-        owner loop (issue 42.4). The neighbours are those of the wait's start."""
+        owner loop. The neighbours are those of the wait's start."""
         with contextlib.ExitStack() as heard:
             for o in self._neighbours(sup):
                 heard.enter_context(o.board.hearing_idle())
@@ -296,7 +269,7 @@ class ModelPool:
                 return None
             self._shapes[sup.served_name] = shape
         # NVML numbers every GPU of the host and ignores CUDA_VISIBLE_DEVICES: a node given GPU 3
-        # that way reads GPU 3, not NVML's GPU 0 (another node's: issue 43's four-GPU run refused
+        # that way reads GPU 3, not NVML's GPU 0 (another node's: a four-GPU fleet run refused
         # a restarted node for the memory its neighbour held)
         ids = self._gpus(sup)
         memory = await asyncio.to_thread(gpu.memory, ids)
@@ -333,8 +306,8 @@ class ModelPool:
                 else:
                     reclaimable += held
             # its own CUDA context, made before vLLM reads the free memory: the pool's share for it,
-            # at most the 0.6 GiB a loaded vLLM held on the H200 (benchmarks/RESULTS.md; the share's
-            # 0.01 covers the 1.4 GiB of a sleeping one), so that the check refuses no start vLLM allows
+            # at most START_CONTEXT_BYTES (the share's 0.01 covers a sleeping one's; docs/decisions.md),
+            # so that the check refuses no start vLLM allows
             context = 0 if asleep_self else min(int(self.s.gpu_context_share * total), START_CONTEXT_BYTES)
             rooms.append(fit.GpuRoom(i, total, free, reclaimable, context))
         return rooms, list(pinned.items())

@@ -1,23 +1,21 @@
 """What the supervisor asks vLLM: ``/health``, ``/v1/models``, progress in ``/metrics``, and a request of its own.
 
-A hung engine still answers ``/health`` 200 (``shared/ollama-api.md`` "vLLM side"),
+A hung engine still answers ``/health`` 200 (``docs/wire.md`` "The upstream: what vLLM's server does"),
 so liveness of generation is read from Prometheus metrics: requests running or
 waiting while ``vllm:generation_tokens_total`` stands still makes the engine a suspect.
-The gauges alone are no evidence: an H200 vLLM kept reporting 6 requests pending and no
-new token after a batch had ended, and was restarted while it served fine
-(``benchmarks/RESULTS.md``). So a suspect engine is asked :func:`answers`, vllama's own
-smallest request, and only one that does not answer it is hung.
+The gauges alone are no evidence (``docs/decisions.md``), so a suspect engine is asked
+:func:`answers`, vllama's own smallest request, and only one that does not answer it is hung.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import orjson
 
 from ..errors import UpstreamError
 from ..upstream import Upstream, read_json, read_response
+from .hang import Load
 
 #: The prompt of :func:`answers`' request (one token of any vocabulary).
 PROBE_PROMPT = "Hi"
@@ -55,14 +53,6 @@ async def serves(upstream: Upstream, name: str) -> bool:
     return any(isinstance(m, dict) and m.get("id") == name for m in data.get("data", []))
 
 
-@dataclass(frozen=True)
-class Load:
-    """Engine load from ``/metrics``: requests running + waiting, generated tokens so far."""
-
-    pending: float
-    generation_tokens: float
-
-
 #: The three samples :func:`load` needs, one per line of the text exposition format (one per engine).
 _LOAD_LINE = re.compile(rb"^vllm:(num_requests_running|num_requests_waiting|generation_tokens_total)(?:\{.*\})? +(\S+)", re.MULTILINE)
 
@@ -72,8 +62,7 @@ async def load(upstream: Upstream) -> Load | None:
 
     Only the three samples' lines are read (one regular expression over the text, in C): the
     supervisor runs in worker 0, which also serves requests, and prometheus_client's full parser
-    took ~8 ms of its event loop per check on the H100 host (vLLM's text is hundreds of histogram
-    lines), stalling any request that arrived meanwhile (``benchmarks/RESULTS.md``, issue 28).
+    stalled its event loop for every check (``docs/decisions.md``).
     """
     try:
         async with upstream.request("GET", "/metrics") as resp:

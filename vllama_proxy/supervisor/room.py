@@ -1,17 +1,14 @@
 """Room on the GPUs: what the pool answers a model that asks for it, and why a model is asked to give it up.
 
-Plain values, no I/O. A supervisor (``lifecycle.py``) asks its pool (``pool.py``) for room before
-each start or wake; the pool answers with one verdict and keeps its own record of who holds which
-GPU, and only the supervisor writes its own state and status from the answer (issue 29, after
-llama-swap's ``Swapper``: the pool decides, the process's owner loop acts)::
+Plain values, no I/O. A supervisor asks its pool for room before each start or wake and gets one
+verdict; the pool keeps its own record, and only the supervisor writes its state from the answer
+(after llama-swap's ``Swapper``: the pool decides, the owner loop acts)::
 
     Admitted()                      its share is counted as taken: start or wake it now
     Refused(report)                 it cannot fit even with every evictable neighbour unloaded
     Waiting(note, ...)              not now: why (its status says so), and whom to evict for it
 
-A model asked to give its room up is told why (its log line and status): :class:`MakeRoom` (another
-model's request needs its GPU memory), :class:`SlotWanted` (its on-demand slot is claimed for another
-model), or its keep_alive ended (:data:`KEEP_ALIVE`).
+A model asked to give room up is told why: :class:`MakeRoom`, :class:`SlotWanted`, or :data:`KEEP_ALIVE`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
 """How many processes the front end gets: vLLM's API servers and vllama's own workers.
 
-vLLM streams through its API-server process: with one (vLLM's default), detokenizing
-and writing SSE caps a 1.4 B model on an H200 at ~13-15k output tokens/s while the GPU
-does ~37-40k (issue 11, ``benchmarks/RESULTS.md``). vLLM's ``--api-server-count N`` (RFC
-#12705, PR #17546) runs N API-server processes on one port; vllama's ``--workers N`` does
-the same for the proxy. Both cost cores that the engine core (one busy core per GPU
-process) and the clients also need, and oversubscribing the cores starves the engine
-core's scheduling loop, which idles the GPU. So the split is read from what this process
-may really use: its CPU affinity and its cgroup's CPU quota (a container's ``--cpus``,
-a Kubernetes limit), not the host's core count.
-
-The rule (measured on the lent 16-core H200 machine, ``benchmarks/RESULTS.md``, issue 11):
-one core per GPU process is kept for vLLM's engine; of the rest, half goes to vLLM's API
-servers (at least the data-parallel size, vLLM's own default; at most 8 per engine) and a
-quarter to vllama's workers (1 to 32): an API server spends several times the proxy's CPU
-per streamed token (detokenizing, building each SSE event). 16 cores and one GPU give 8 + 4
-(4 + 4 streamed 27.6k tok/s at 256 streams, 8 + 4 29.3k; vLLM alone 16.4k); 32 cores and
-data parallel 2 give 15 + 8; a front with no vLLM of its own (``--upstream``, ``--router``: a
-fleet's front translates every token of every node) gives its workers half, 8 of 16. The last quarter stays free for the clients, the kernel's
-network work and uneven load across processes. Explicit flags always win; every choice is
-logged and shown in ``/readyz``. The engine cores' own CPUs are chosen here too
-(``supervisor/placement.py``).
-
-How many connections each worker opens to one vLLM server at once (``upstream.py``; a burst's other
-requests wait in vllama for their turn) is chosen here as well (:func:`connects`): 32 per API server
-(each accepts in its own process), at most 128 over all workers, vllm-router 0.1.17's listen backlog and
-the smallest queue met in front of vLLM, so vllama alone never overflows one; at least 4 per worker.
-5,000 requests opening their connections at once beside a CPU hog failed 4,996 connects
-(``benchmarks/RESULTS.md``).
+vLLM streams through its API-server process, so one caps what the GPU can stream; vLLM's
+``--api-server-count N`` and vllama's ``--workers N`` run N processes on one port, but both cost cores
+the engine core and the clients need. The split is read from the CPUs this process may really use
+(affinity and cgroup quota): one core per GPU process for the engine; of the rest, half to vLLM's API
+servers (at least the data-parallel size, at most 8 per engine), a quarter to vllama's workers (1 to
+32), the last quarter free; a front with no vLLM of its own gives its workers half. Also chosen here:
+how many connections each worker opens to one vLLM server at once (:func:`connects`, 32 per API
+server, at most 128 over all workers, at least 4 per worker). Explicit flags always win; every choice
+is logged and shown in ``/readyz``. The engine cores' CPUs: ``placement.py``. Why: ``docs/decisions.md``.
 """
 
 from __future__ import annotations
@@ -43,7 +24,7 @@ from vllama_proxy.settings import Settings
 from .gpu import host_numbers
 from .placement import Placement, plan_placement
 
-#: Most vLLM API servers per engine (data-parallel rank): 8 filled an H200 (issue 11).
+#: Most vLLM API servers per engine (data-parallel rank; docs/decisions.md).
 MAX_API_SERVERS_PER_ENGINE = 8
 #: Most vllama workers chosen automatically.
 MAX_AUTO_WORKERS = 32
@@ -328,7 +309,7 @@ def resolve(settings: Settings, specs: list[ModelConfig]) -> tuple[Settings, Pla
     else:
         cpus, source = usable_cpus()
     p = plan(cpus, source, specs, None if settings.workers == "auto" else int(settings.workers),
-             vllm_here=settings.upstream is None,
+             vllm_here=settings.upstream_url is None,
              connect_concurrency=None if settings.connect_concurrency == "auto" else int(settings.connect_concurrency))
     try:
         affinity = sorted(os.sched_getaffinity(0))

@@ -1,32 +1,29 @@
 """On-demand slots: the supervisors that run local models no ``--model`` or ``[[models]]`` names.
 
-Ollama starts any local model the moment a request names it. vllama's proxy processes
-(``--workers N``) are spawned with the status boards they gate requests on, so the boards of
-on-demand models exist from the start: ``max_on_demand`` slots, each a status board, a
-loopback port and one supervisor in the main process. A request for a local model that no
-slot holds *claims* one, in whichever process it arrives: under one lock it takes a slot that
-is empty, else the least recently used slot whose model is unloaded (or failed) and that no
-request uses or waits for, and writes the model's name and :class:`ModelConfig` there. The
-slot's supervisor, which waits for a wake request like any unloaded model's, reads its new
-model when it wakes (:meth:`SlotTable.spec`). A loaded model keeps its slot until its
-keep_alive ends or the pool evicts it for GPU room; when every slot holds one in use, a
-request for another model gets a 503 naming them.
+Ollama starts any local model the moment a request names it. vllama's workers are spawned with the
+status boards they gate requests on, so on-demand models get ``max_on_demand`` slots from the start,
+each a board, a loopback port and one supervisor in the main process. A request for a local model no
+slot holds *claims* one in whichever process it arrives: under one lock, an empty slot, else the least
+recently used one whose model is unloaded (or failed) and unused, and writes the model's name and
+:class:`ModelConfig` there; the slot's supervisor reads it when it wakes (:meth:`SlotTable.spec`). A
+loaded model keeps its slot until its keep_alive ends or the pool evicts it; with every slot in use,
+a request for another model gets a 503 naming them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import math
 import time
 from typing import Any
 
+from vllama_proxy.ipc.arrays import spawn_context
 from vllama_proxy.errors import SlotsFull, UpstreamUnavailable
 from vllama_proxy.models.launch_spec import ModelConfig
 from . import eviction
 from .eviction import Candidate, Held, Need
 from .inbox import Kind
-from .shared_lock import SharedLock
+from vllama_proxy.ipc.lock import SharedLock
 from .states import State
 from .status import StatusBoard
 
@@ -45,7 +42,7 @@ class SlotTable:
     """
 
     def __init__(self, count: int, ports: list[int], *, workers: int, keep_alive: float, ctx: Any = None) -> None:
-        ctx = ctx or multiprocessing.get_context("spawn")
+        ctx = spawn_context(ctx)
         assert len(ports) == count
         self.ports = list(ports)
         self.boards = [StatusBoard("", ctx, slots=workers, keep_alive=keep_alive, initial=State.UNLOADED) for _ in range(count)]

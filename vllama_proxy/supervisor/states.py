@@ -14,7 +14,7 @@
     a model loaded on demand starts in unloaded.
 
 One task (``lifecycle.Supervisor._run``) owns every transition, one step per state; everyone
-else waits on them (``Supervisor.ensure_ready``) and never acts on a state they read earlier.
+else waits on them (``StatusBoard.wait_ready``) and never acts on a state they read earlier.
 Why a step ended is one of the typed outcomes below, never a string to parse.
 """
 
@@ -73,8 +73,8 @@ class Crashed:
 
 @dataclass(frozen=True)
 class Misconfigured:
-    """vLLM cannot run with this configuration (not executable, or its argparse refused the command
-    line): no restart can fix it. ``reason`` becomes ``last_error``; ``config_error`` holds vLLM's own words."""
+    """vLLM cannot run with this configuration (not executable, its argparse refused the command line,
+    or the model cannot be had: ``start_errors.py``): no restart can fix it. ``reason`` becomes ``last_error``; ``config_error`` holds vLLM's own words."""
 
     reason: str
 

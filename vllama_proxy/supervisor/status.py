@@ -4,9 +4,9 @@ Every proxy process (``--workers N``) gates requests, answers ``/readyz`` and
 reports ``/api/ps`` memory from this board, so all of them tell the same story
 as the one process that owns vLLM. Reads are plain loads from shared memory. The
 counts that decide whether vLLM may be put to sleep or evicted (requests in flight and
-waiting, the closing flag) change only under one lock (:mod:`.shared_lock`), once per request:
+waiting, the closing flag) change only under one lock (``ipc/lock.py``), once per request:
 a request begins only if the model is ready and not closing, and the supervisor closes
-it only if nothing is in flight or waiting, each as one atomic step (issue 12).
+it only if nothing is in flight or waiting, each as one atomic step.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import multiprocessing
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from vllama_proxy.ipc.arrays import spawn_context
 from . import gpu
 from .child import session_members
 from ..errors import ModelLoading, ModelTooLarge, UpstreamUnavailable
-from .inbox import Kind, News, bells
-from .shared_lock import SharedLock
+from vllama_proxy.ipc.bells import bells
+from .inbox import Kind, News
+from vllama_proxy.ipc.lock import SharedLock
 from .states import State
 
 _STATES = list(State)
@@ -53,7 +54,7 @@ class StatusBoard:
 
     def __init__(self, served_name: str, ctx: Any = None, *, slots: int = 1, keep_alive: float = 300.0,
                  initial: State = State.STARTING) -> None:
-        ctx = ctx or multiprocessing.get_context("spawn")
+        ctx = spawn_context(ctx)
         self._name = ctx.RawArray("c", 512)  # in shared memory: an on-demand slot's model changes (slots.py)
         self.served_name = served_name
         self.keep_alive = keep_alive
@@ -261,7 +262,7 @@ class StatusBoard:
         """The owner's side (the main process): one more (``on``) or one fewer wait for the end of the
         last request in flight. Only while some wait hears it does that end ring ``IDLE``: otherwise no
         one acts on it, and the message woke the owner loop after every lone request (inbox, lifecycle
-        and the pool's ``moved``: ~130 µs of the main process per request at c=1, issue 42.4). Set under
+        and the pool's ``moved``: ~130 µs of the main process per request at c=1). Set under
         the lock, so a request's end either comes before (the waiter then sees nothing in flight) or
         rings."""
         with self._lock.held():

@@ -1,31 +1,15 @@
 """What makes a model's next start fast: vLLM's compile cache kept, sleep instead of stop.
 
-A cold ``vllm serve`` spends most of its start compiling (``torch.compile`` and CUDA graph
-capture). vLLM keeps what it compiled under ``VLLM_CACHE_ROOT`` (default
-``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``: ``vllm/envs.py``), Inductor's and Triton's
-caches included (``compilation/compiler_interface.py`` puts them beside it; with torch >= 2.10
-its AOT compile path sets only Inductor's, and Triton keeps ``~/.triton/cache``), so the second
-start of the same model and arguments skips the compile. Under a service manager the home
-directory is often not writable (systemd ``DynamicUser``/``ProtectHome``, a container's
-read-only root): vLLM would then compile every time, so vllama points ``VLLM_CACHE_ROOT``
-into its own state directory (``$STATE_DIRECTORY`` under systemd, which survives restarts), and
-Triton's ``TRITON_CACHE_DIR`` beside it unless set (not a ``VLLM_*`` variable: no part of the
-compile cache's key).
-
-A model that sleeps (vLLM's sleep mode level 1: weights copied to CPU RAM, KV cache freed)
-answers again in about a second (0.6 s on an H100, issue 22) where a stopped one starts cold
-(100+ s). On-demand models (``--on-demand-sleep``), and the models configured with ``--model``
-or ``[[models]]`` whose ``sleep_mode`` is unset (``--sleep-on-stop``: ``vllama stop`` then run is a
-wake, issue 37), therefore run with ``--enable-sleep-mode`` by default when vLLM
-runs on a GPU (vLLM has no sleep mode on CPU: ``Platform.is_sleep_mode_available``) and free
-host RAM holds the model's weights with ``--sleep-host-memory-reserve`` to spare; the
-supervisor checks RAM again when the model is put to sleep and stops it instead when it has
-become short (``lifecycle.Supervisor._can_sleep``). ``--no-on-demand-sleep`` and ``--no-sleep-on-stop`` turn it
-off; a model asleep for ``--sleep-unload-after`` is stopped for real.
-vLLM's first sleep of a model takes much longer than the next ones (2.0 s against 0.15 s on the
-H200, pinning host memory for the weights' backup: ``benchmarks/RESULTS.md``, "Issue 28 on the
-H200"), so such a model sleeps and wakes once as it starts, before it serves
-(``lifecycle.Supervisor._warm_sleep``).
+vLLM keeps what it compiled (``torch.compile``, CUDA graphs, Inductor's and Triton's caches) under
+``VLLM_CACHE_ROOT`` (``vllm/envs.py``), so a second start of the same model and arguments skips the
+compile; where the home directory is not writable (systemd ``DynamicUser``, a read-only container)
+vllama points it, and ``TRITON_CACHE_DIR`` unless set, into its own state directory. A sleeping model
+(sleep mode level 1) answers again in about a second where a stopped one starts cold, so on-demand
+models and configured ones without ``sleep_mode`` run with ``--enable-sleep-mode`` on a GPU when free
+host RAM holds their weights with ``--sleep-host-memory-reserve`` to spare (:func:`with_sleep`); the
+deciders here say when an idle model is stopped instead (:func:`why_not_asleep`) and when a sleeping
+one is stopped for real (:func:`leave_sleep`). vLLM's first sleep is slow, so such a model sleeps and
+wakes once before it serves (``lifecycle.Supervisor._warm_sleep``). Measurements: ``docs/decisions.md``.
 """
 
 from __future__ import annotations
@@ -39,6 +23,8 @@ import psutil
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.launch_spec import ModelConfig
 from vllama_proxy.models.model_files import read_model_files
+
+from .room import Eviction, SleepOver, SlotWanted
 
 log = get_logger("vllama.supervisor")
 
@@ -124,3 +110,35 @@ def with_sleep(spec: ModelConfig, *, enabled: bool, reserve: int, gpus: int, off
     on, why = sleep_choice(weights, psutil.virtual_memory().available, reserve, gpus)
     log.info(event, model=spec.served_name, sleep=on, reason=why)
     return spec.model_copy(update={"sleep_mode": True}) if on else spec
+
+
+#: Why an idle model is stopped rather than put to sleep (:func:`why_not_asleep`).
+NO_SLEEP_MODE = "vLLM runs without sleep mode"
+SLEEP_FAILED = "its first sleep failed"
+HOST_RAM_SHORT = "host RAM is short for its weights"
+
+
+def why_not_asleep(sleep_mode: bool, sleep_failed: bool, weights: int | None, available: int | None, reserve: int) -> str | None:
+    """Why an idle model is stopped rather than put to sleep, ``None`` when it may sleep: vLLM runs
+    with sleep mode, its first sleep and wake did not fail (``lifecycle.Supervisor._warm_sleep``), and
+    host RAM ``available`` (bytes) holds its ``weights`` (bytes; level 1 copies them to CPU memory)
+    with ``reserve`` (``--sleep-host-memory-reserve``) to spare. ``weights``/``available`` are read
+    only when the first two allow sleep (``None`` before)."""
+    if not sleep_mode:
+        return NO_SLEEP_MODE
+    if sleep_failed:
+        return SLEEP_FAILED
+    if weights is None or available is None or available < weights + reserve:
+        return HOST_RAM_SHORT
+    return None
+
+
+def leave_sleep(asked: Eviction | None, slot_wanted: bool, unload_after: float, slept: float) -> Eviction | None:
+    """Why a sleeping model is stopped for real now, ``None`` while it sleeps on: an eviction ``asked``
+    (a neighbour wants its room), its on-demand slot claimed for another model (``slot_wanted``), or
+    asleep ``slept`` seconds of ``unload_after`` (``--sleep-unload-after``; negative: never)."""
+    if asked is None and slot_wanted:
+        asked = SlotWanted()
+    if asked is None and 0 <= unload_after <= slept:
+        asked = SleepOver(unload_after)
+    return asked

@@ -1,24 +1,19 @@
-"""``/admin``: the operator's page (issue 39), server-rendered HTML with no script and no build step.
+"""``/admin``: the operator's page, server-rendered HTML with no script and no build step.
 
-What it shows: the keys, with forms to create (the secret shown once), scope, expire, rotate and revoke the
-minted ones (``routes/keys.py``'s functions, the admin API's), and the audit log of those actions; and, in a
-frame (``GET /admin/live``) that alone refreshes every 15 s so a form's typing stays, each model and its state,
-GPU memory, requests in flight per key, each key's tokens this day and month with a bar of its budget, the
-requests answered today by key and model, and the last failed requests (from the usage ledger).
-
-Who may open it: an admin key (on an open server, anyone, as every caller is an admin there). A
-browser sends the key once: ``GET /admin`` without one answers a sign-in form, which posts the key
-to ``POST /admin/login``; an admin key gets a cookie ``vllama_admin`` (HttpOnly, SameSite=Strict,
-Path=/admin, Secure on HTTPS, 8 hours), a user key the form again with a 403 and why, an unknown one with a
-401. The key never goes in a URL. The cookie holds the key's name, an expiry and an HMAC-SHA-256 of both keyed
-by the key's SHA-256 digest, which every worker knows: valid on any worker, void once the key is gone, rotated
-or expired, and ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file in the state
-directory every worker reads). The sign-in form's body is read within 4 KB and ``--body-timeout``
-(``request_body.py``): anyone may post it. CSRF: the cookie is SameSite=Strict, every POST refuses an
-``Origin`` other than the page's own, and each key form carries :func:`csrf_token` (an HMAC of the sign-in's
-signature); rotating and revoking need the form's ``confirm`` box. Clickjacking and injection: ``frame-ancestors
-'none'`` (the live frame: ``'self'``) and a CSP without scripts; every value is HTML-escaped.
-Scripts and ``curl`` may send ``Authorization: Bearer <key>`` instead.
+It shows each model and its state, GPU memory, requests in flight per key, each key's tokens this day
+and month against its budget, today's requests by key and model, and the last failed requests (the
+usage ledger). Only an admin key opens it (anyone on an open server). A browser posts the key once
+(``POST /admin/login``, body within 4 KB and ``--body-timeout``) and gets a cookie ``vllama_admin``
+(HttpOnly, SameSite=Strict, Path=/admin, Secure on HTTPS, 8 hours) holding the key's name, an expiry
+and their HMAC-SHA-256 keyed by the key's digest: valid on any worker, void once the key leaves the
+keys file, ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file every worker reads).
+Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin``; ``frame-ancestors
+'none'``, a CSP without scripts, every value HTML-escaped. Scripts may send ``Authorization: Bearer``.
+The page also mints, scopes, expires, rotates and revokes keys (``routes/keys.py``'s functions, the admin
+API's), shows the audit log, and frames the live data (``GET /admin/live``), which alone refreshes every
+15 s so a form's typing stays. A wrong key answers the sign-in form with the reason (401, 403). CSRF: each
+key form carries :func:`csrf_token` (an HMAC of the sign-in's signature); rotating and revoking need the
+form's ``confirm`` box. The cookie is void too once its key is rotated, revoked or expired.
 """
 
 from __future__ import annotations
@@ -40,10 +35,10 @@ from vllama_proxy.errors import BadRequest, Forbidden, Unauthorized, VllamaError
 from vllama_proxy.supervisor import gpu
 from . import keys as key_admin
 from ..app_state import ADMISSION, CATALOG, KEY_STORE, KEYS, LEDGER, SETTINGS
-from ..budgets import budget_of
-from ..api_keys import KEY, OPEN, Key, KeyRing
-from ..ledger import iso, period_bounds
-from ..request_body import read_body
+from ..policy.budgets import budget_of
+from ..policy.keys import KEY, OPEN, Key, KeyRing
+from ..usage.ledger import iso, period_bounds
+from ..request.body_reader import read_body
 
 COOKIE = "vllama_admin"
 #: The app's sign-outs (:class:`SignOuts`, ``api/app.py`` makes it).
@@ -142,7 +137,7 @@ def _caller(request: web.Request) -> Key | None:
     ring = request.app[KEYS]
     if not ring.configured:
         return OPEN
-    if KEY in request:  # Authorization: Bearer (api/api_keys.py found it)
+    if KEY in request:  # Authorization: Bearer (api/policy/keys.py found it)
         return request[KEY]
     value = request.cookies.get(COOKIE)
     return cookie_key(ring, value, time.time(), _sign_outs(request)) if value else None

@@ -1,22 +1,14 @@
 """The coding agents' APIs: Anthropic's ``/v1/messages`` (Claude Code) and OpenAI's ``/v1/responses`` (Codex).
 
-Ollama serves both since 0.14 (``/v1/messages``, Claude Code) and 0.13.3 (``/v1/responses``,
-stateless, Codex); vLLM 0.26+ has its own endpoints for both (``vllm/entrypoints/anthropic``,
-``vllm/entrypoints/openai/responses``), which turn the request into a chat completion through the
-model's chat template and parsers: a ``tool_use`` block from ``--tool-call-parser``, a ``thinking``
-block from ``--reasoning-parser``. The body is typed and checked by the gate (``gate/gate.py``: the allow-list
-of fields, the stops, the output fields' types), completed by the finisher (``finisher.py``) and relayed; around
-it, what ``/api/chat`` has before a request goes upstream (``model_use.py``): the model named as Ollama names it (served
-name, alias, library name, created model, on-demand local model), the key's role and model
-allow-list, the on-demand slot, the keep-alive, the per-key usage (read from the answer's last
-bytes, ``openai._usage``, charged by ``settler.py``), the access log line, and the conversation's key for a router in front of
-several engines (``session.agent_key``: Codex's ``prompt_cache_key``, Claude Code's session id). A request with tools for a model served
-without a tool parser gets a clear 400 here (``"X" does not support tools``, in Anthropic's error
-shape on ``/v1/messages``: ``api/app.py``) instead of vLLM's advice about its own flags.
-
-Fair share: the admission bound and each key's share apply as on every route; the request's vLLM
-``priority`` reaches ``/v1/responses`` (a field of vLLM's ``ResponsesRequest``), not
-``/v1/messages`` (vLLM's ``AnthropicMessagesRequest`` has none, so it would be dropped).
+As Ollama 0.14 / 0.13.3 serve them; vLLM 0.26+ has its own endpoints for both
+(``vllm/entrypoints/anthropic``, ``vllm/entrypoints/openai/responses``), rendering through the
+model's chat template and parsers. The body is checked by the gate (``request/gate.py``), completed by
+the finisher and relayed; around it, what ``/api/chat`` has (``model_use.py``): the model named as
+Ollama names it, the key's role and models, the on-demand slot, keep-alive, per-key usage (from the
+answer's last bytes, charged by ``settler.py``), the access log, and the conversation's router key
+(``affinity.agent_key``). Tools for a model without a tool parser are a 400 here (``"X" does not
+support tools``, in the route's error shape), not vLLM's advice about its flags. A key's vLLM
+``priority`` reaches ``/v1/responses`` only (vLLM's ``AnthropicMessagesRequest`` has no such field).
 """
 
 from __future__ import annotations
@@ -27,35 +19,35 @@ from aiohttp import web
 
 from vllama_proxy.upstream import encode_json
 
-from .. import session
-from ..call import call_of
-from ..finisher import finish
-from ..gate.gate import upstream_fields
-from ..ollama_types import json_object
-from ..app_state import CATALOG, CLIENT_SESSIONS, SETTINGS
-from ..translate.to_openai import check_capabilities, upstream_model
+from ..fleet import affinity
+from ..request.call import call_of
+from ..request.finisher import finish
+from ..request.gate import upstream_fields
+from ..ollama.types import json_object
+from ..app_state import CATALOG, CLIENT_AFFINITY, SETTINGS
+from ..ollama.to_openai import check_capabilities, upstream_model
 from .model_use import created_of, resolve_model
-from .openai import _rename, relay
+from .openai import _rename, forward
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     """``POST /v1/messages`` (Anthropic Messages; Claude Code sends ``?beta=true``, relayed as sent)."""
-    return await _relay(request, "/v1/messages")
+    return await _forward(request, "/v1/messages")
 
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     """``POST /v1/messages/count_tokens``: vLLM renders the prompt and counts it; nothing is generated (its
     prompt tokens are charged, as a prompt: ``openai._usage``)."""
-    return await _relay(request, "/v1/messages/count_tokens", generates=False)
+    return await _forward(request, "/v1/messages/count_tokens", generates=False)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
     """``POST /v1/responses`` (OpenAI Responses, as Codex sends it: ``store: false``, stateless)."""
-    return await _relay(request, "/v1/responses")
+    return await _forward(request, "/v1/responses")
 
 
-async def _relay(request: web.Request, path: str, *, generates: bool = True) -> web.StreamResponse:
-    """Resolve, check and relay one agent request (typed and checked by the gate, ``gate/gate.py``) to ``path``
+async def _forward(request: web.Request, path: str, *, generates: bool = True) -> web.StreamResponse:
+    """Resolve, check and relay one agent request (typed and checked by the gate, ``request/gate.py``) to ``path``
     of the model's vLLM, its body finished by ``finisher.py``.
 
     Raises:
@@ -76,7 +68,7 @@ async def _relay(request: web.Request, path: str, *, generates: bool = True) -> 
         check_capabilities(name, await catalog.capabilities(model), tools=True)
     data["model"] = upstream_model(made, model.name)
     settings = request.app[SETTINGS]  # the conversation's key, so that a router keeps it on one engine
-    clients = request.app[CLIENT_SESSIONS]
+    clients = request.app[CLIENT_AFFINITY]
 
     async def ready() -> bytes:
         """The body as sent, built once the model is held: its context is known then (a model that was
@@ -86,8 +78,8 @@ async def _relay(request: web.Request, path: str, *, generates: bool = True) -> 
         return encode_json(data)
 
     with clients.hold_request(request) as own:  # the client's own key, scoped, counted until the end
-        headers = session.headers(settings.session_header, own, session.agent_key(data["model"], data))
-        return await relay(request, backend, path, b"", session_headers=headers, ready_body=ready,
+        headers = affinity.headers(settings.session_header, own, affinity.agent_key(data["model"], data))
+        return await forward(request, backend, path, b"", session_headers=headers, ready_body=ready,
                            rename=_rename(made, model, name))
 
 

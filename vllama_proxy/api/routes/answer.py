@@ -1,10 +1,10 @@
 """The tail ``/api/chat`` and ``/api/generate`` share: their vLLM body, once built, answered.
 
-The handlers parse, resolve the model and build the body (``translate/to_openai.py``); from there
+The handlers parse, resolve the model and build the body (``ollama/to_openai.py``); from there
 the two are the same: a non-streamed request to a vLLM that reports per-request timings asks it
 for one unstreamed answer, the conversation's key goes upstream for a router, the model is held
 for the request, the body is finished (``finisher.py``), and the answer is relayed back through the
-route's translator (``relay.py``, ``translate/to_ollama.py``).
+route's translator (``relay.py``, ``ollama/to_ollama.py``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from vllama_proxy.logs import get_logger
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
-from .. import session
-from ..app_state import CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
-from ..call import call_of
-from ..context_fit import fit, is_context_full, refusal
-from ..fair_queue import prompt_tokens_guess
-from ..finisher import finish
-from ..relay import relay
-from ..timestamps import Timings
-from ..translate.to_ollama import Translator
-from ..translate.to_openai import final_only, unstreamed
+from ..fleet import affinity
+from ..app_state import CLIENT_AFFINITY, ROUTER_RELEASE, SETTINGS
+from ..request.call import call_of
+from ..request.context_fit import fit, is_context_full, refusal
+from ..policy.fair_queue import prompt_tokens_guess
+from ..request.finisher import finish
+from ..request.relay import relay
+from ..ollama.timestamps import Timings
+from ..ollama.to_ollama import Translator
+from ..ollama.to_openai import final_only, unstreamed
 from .model_use import model_in_use
 
 log = get_logger("vllama.routes")
@@ -68,10 +68,10 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
         translator: the route's ``to_ollama`` translator class, built with ``timings``.
         keep_alive: the request's ``keep_alive`` (``model_use.model_in_use``).
         session_key: the conversation's key for a router in front of several engines
-            (``api/session.py``), sent unless the client sent its own (before a router scoped to
-            its caller and bounded in flight: ``api/client_sessions.py``); ``None`` with
+            (``api/fleet/affinity.py``), sent unless the client sent its own (before a router scoped to
+            its caller and bounded in flight: ``api/fleet/client_affinity.py``); ``None`` with
             ``--request-sessions on``: a one-request key, released at the router when the
-            answer ends, however it ends (``router_sessions.py``).
+            answer ends, however it ends (``api/fleet/router_release.py``).
         made: the created model the client named (``None``: a served model).
         truncate, shift: Ollama's: a request vLLM refuses for its context is made to fit (``context_fit.py``:
             its oldest turns dropped, its output lowered to the room left) and sent again; false: refused.
@@ -87,9 +87,9 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
     out = translator(name, timings, aggregate=not stream)
     settings = request.app[SETTINGS]
     call = call_of(request)
-    with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends
-        sent, release = session.placement(settings.session_header, own, session_key, settings.request_sessions == "on")
-        headers = {**session.JSON, **sent}
+    with request.app[CLIENT_AFFINITY].hold_request(request) as own:  # counted until the answer ends
+        sent, release = affinity.placement(settings.session_header, own, session_key, settings.request_sessions == "on")
+        headers = {**affinity.JSON, **sent}
         async with model_in_use(request, backend, keep_alive):
             if path == "/v1/completions" and "max_tokens" not in body:
                 body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
@@ -114,4 +114,4 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
                 raise
             finally:
                 if release is not None:  # after the answer's last byte, or its error, or the client's leaving
-                    request.app[ROUTER_SESSIONS].release(backend.upstream, release)
+                    request.app[ROUTER_RELEASE].release(backend.upstream, release)

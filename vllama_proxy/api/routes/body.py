@@ -1,6 +1,6 @@
-"""The request body of the Ollama routes as its ``ollama_types`` model (the gate's, ``gate/gate.py``, for the
+"""The request body of the Ollama routes as its ``api/ollama/types.py`` model (the gate's, ``request/gate.py``, for the
 inference routes; parsed here for the others), and the Ollama options it carries that vLLM will not see, noted.
-The body itself is read by ``api/request_body.py``."""
+The body itself is read by ``api/request/body_reader.py``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pydantic import BaseModel
 
 from vllama_proxy.logs import get_logger
 
-from ..call import call_of
-from ..ollama_types import parse_body
-from ..request_body import read_body
+from ..request.call import call_of
+from ..ollama.types import parse_body
+from ..request.body_reader import read_body
 
 log = get_logger("vllama.routes")
 
@@ -21,8 +21,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 async def read_request(request: web.Request, cls: type[M]) -> M:
-    """The request body parsed into ``cls``: the gate's parse when it made one (``gate/gate.py``, for the
-    inference routes), else parsed now (see ``ollama_types.parse_body`` for the errors raised)."""
+    """The request body parsed into ``cls``: the gate's parse when it made one (``request/gate.py``, for the
+    inference routes), else parsed now (see ``api/ollama/types.py``'s ``parse_body`` for the errors raised)."""
     typed = call_of(request).typed
     if isinstance(typed, cls):
         return typed

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .. import session
-from ..ollama_types import ChatRequest
+from ..fleet import affinity
+from ..ollama.types import ChatRequest
 from ..app_state import CATALOG, SETTINGS
-from ..timestamps import Timings, now_ns
-from ..translate.to_ollama import ChatTranslator
-from ..translate.to_openai import chat_body, check_capabilities, upstream_model, with_model_defaults
+from ..ollama.timestamps import Timings, now_ns
+from ..ollama.to_ollama import ChatTranslator
+from ..ollama.to_openai import chat_body, check_capabilities, upstream_model, with_model_defaults
 from .answer import answer
 from .body import log_ignored, read_request
 from .model_use import created_of, load_reply, resolve_model
@@ -34,7 +34,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body, ignored = chat_body(req, served)
     log_ignored(ignored)
     settings = request.app[SETTINGS]
-    key = session.chat_key(served, req.messages, settings.session_key, per_request=settings.request_sessions == "on")
+    key = affinity.chat_key(served, req.messages, settings.session_key, per_request=settings.request_sessions == "on")
     return await answer(request, name, model, backend, "/v1/chat/completions", body, ChatTranslator, timings,
                         stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made,
                         truncate=req.truncate is not False, shift=req.shift is not False)

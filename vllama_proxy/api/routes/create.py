@@ -37,7 +37,7 @@ from vllama_proxy.models.local import NAME_FILE, uploaded_dir
 from .body import read_request
 from .model_use import model_in_use
 from .manage import _NAME
-from ..ollama_types import OPTIONS, CreateRequest, Message, Options, validation_message
+from ..ollama.types import OPTIONS, CreateRequest, Message, Options, validation_message
 from ..app_state import BLOBS, CATALOG, SETTINGS, WORKER
 
 #: Option names a ``PARAMETER`` may set: Ollama's (``api.Options``) and vLLM's extras vllama accepts.
@@ -64,13 +64,13 @@ def check_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
 
 
 async def create(request: web.Request) -> web.StreamResponse:
-    """Ollama's create (``shared/ollama-api.md`` "Create a Model"; ``server/create.go``).
+    """Ollama's create (``docs/wire.md`` "Routes"; ``server/create.go``).
 
     Errors (before any progress line): 400 ``model is required``, an invalid name, a name that is a
     served model or a configured alias, ``from`` missing, a ``template`` other than the base
     model's own chat template (Ollama's Go templates are not vLLM's Jinja: vllama always applies
     the base's own; its own, as ``show --modelfile`` prints it, is accepted so that a shown
-    Modelfile is created unchanged, issue 37.2), ``quantize``, unknown ``parameters``, and Ollama 0.33's
+    Modelfile is created unchanged), ``quantize``, unknown ``parameters``, and Ollama 0.33's
     commands where they have no meaning here (``models/modelfile_v033.py``: a ``REQUIRES`` above the level
     vllama speaks, a ``RENDERER`` or ``PARSER`` that is not the base's, a ``DRAFT`` vllama cannot start the
     base with: :func:`_v033_fields`); 404 ``from`` unknown. A ``DRAFT`` restarts the base (:func:`serve_draft`).
@@ -384,7 +384,7 @@ async def serve_adapter(request: web.Request, made: CreatedModel) -> list[dict[s
         BadRequest: vLLM refused the adapter (its message); the model is not kept.
     """
     catalog = request.app[CATALOG]
-    base = await catalog.resolve(made.base)  # a lookup (issue 27): creating a model starts no on-demand base
+    base = await catalog.resolve(made.base)  # a lookup: creating a model starts no on-demand base
     try:
         backend = catalog.backend_of(base)
     except ModelNotFound:  # an on-demand base no slot holds: it starts with the adapter when a request names it

@@ -3,7 +3,7 @@
 Each answer's prompt tokens (vLLM's ``usage``) are the request's usage (``call.usage``): the settler charges
 them to the key's ``budget_tokens``, ``tpm``, fair share and ledger row, as it charges a relayed
 ``/v1/embeddings``'. Each body is finished as every route's (``finisher.py``: its vLLM ``priority``, its key's
-``cache_salt``). How many inputs a user key may send at once is the gate's (``gate/gate.py``)."""
+``cache_salt``). How many inputs a user key may send at once is the gate's (``request/gate.py``)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from .body import read_request
-from ..api_keys import key_of
-from ..call import call_of
-from ..finisher import finish
+from ..policy.keys import key_of
+from ..request.call import call_of
+from ..request.finisher import finish
 from .model_use import lookup_model, model_in_use, resolve_model
 from ..app_state import SETTINGS
-from ..timestamps import now_ns
-from ..ollama_types import EmbedRequest, EmbeddingsRequest
+from ..ollama.timestamps import now_ns
+from ..ollama.types import EmbedRequest, EmbeddingsRequest
 
 
 def l2_normalize(vec: list[float]) -> list[float]:
@@ -75,7 +75,7 @@ async def embed(request: web.Request) -> web.Response:
     if inputs:
         assert backend is not None
         # a user key's long list goes in parts of --max-inputs, one after another: Ollama takes any number, and vLLM
-        # never holds more of this request's inputs at once than the bound lets one request send (api/gate/gate.py)
+        # never holds more of this request's inputs at once than the bound lets one request send (api/request/gate.py)
         most = len(inputs) if key_of(request).admin else request.app[SETTINGS].max_inputs
         async with model_in_use(request, backend, req.keep_alive):
             for start in range(0, len(inputs), most):

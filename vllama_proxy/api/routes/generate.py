@@ -5,12 +5,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from vllama_proxy.errors import UnsupportedCapability
-from .. import session
+from ..fleet import affinity
 from ..app_state import CATALOG
-from ..ollama_types import GenerateRequest
-from ..timestamps import Timings, now_ns
-from ..translate.to_ollama import GenerateTranslator
-from ..translate.to_openai import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
+from ..ollama.types import GenerateRequest
+from ..ollama.timestamps import Timings, now_ns
+from ..ollama.to_ollama import GenerateTranslator
+from ..ollama.to_openai import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
 from .answer import answer
 from .body import log_ignored, read_request
 from .model_use import created_of, load_reply, resolve_model
@@ -45,7 +45,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
         path, body, ignored = generate_body(req, served, before)
     log_ignored(ignored)
-    key = session.generate_key(served, req.system)
+    key = affinity.generate_key(served, req.system)
     return await answer(request, name, model, backend, path, body, GenerateTranslator, timings,
                         stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made,
                         truncate=req.truncate is not False, shift=req.shift is not False)

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.supervisor import probes
-from ..api_keys import KEY
+from ..policy.keys import KEY
 from ..app_state import CATALOG, DRAINING, FRONT_END, KEYS
 
 
@@ -44,7 +44,7 @@ async def readyz(request: web.Request) -> web.Response:
     past its first start, then 200 whenever some model is ready, asleep, unloaded or loading
     for a request. A model restarting or failed shows in the body only. ``front_end`` says
     how many processes vllama and each vLLM serve with, and why (``supervisor/sizing.py``).
-    When API keys are configured, a caller without a valid key gets ``{"state"}`` only (issue 27), and a
+    When API keys are configured, a caller without a valid key gets ``{"state"}`` only, and a
     key of another role than ``admin`` the models its patterns allow, without vLLM's pids, its output
     lines or the front end's plan (:func:`_for_tenant`): one tenant learns nothing of another's models.
     """

@@ -34,9 +34,9 @@ from vllama_proxy.models.local import uploaded_dir
 from vllama_proxy.models.pull_room import PullLimits
 
 from ..app_state import CATALOG, SETTINGS
-from ..ollama_types import ModelRef, require_model
-from ..call import call_of
-from ..ndjson import NDJSON
+from ..ollama.types import ModelRef, require_model
+from ..request.call import call_of
+from ..ollama.ndjson import NDJSON
 from .body import read_request
 from .create import unload_adapter
 
@@ -54,8 +54,8 @@ async def pull(request: web.Request) -> web.StreamResponse:
         return _success(req.stream)  # served (or pulled) already
     model = hub.parse_model(name) or await _from_library(request, name)
     settings = request.app[SETTINGS]
-    upstream = settings.upstream
-    if upstream:  # vllama starts no model in this mode: the download could never serve (issue 26.6)
+    upstream = settings.upstream_url
+    if upstream:  # vllama starts no model in this mode: the download could never serve
         raise NotSupported(f"model '{name}' is not served by the vLLM at {upstream}, and vllama serve --upstream "
                            f"cannot start models: pulling it would not make it runnable (serve it with vllama serve "
                            f"--model {name}, or start that vLLM with it)")
@@ -99,7 +99,7 @@ async def delete(request: web.Request) -> web.Response:
     still uses them. A pulled model no one uses is removed from the
     cache (``ollama rm``); a model being served (configured, or an on-demand model loaded,
     loading or wanted) is refused, by any name and whatever ``:revision`` is named: its
-    repo's weights must stay under it (issue 27).
+    repo's weights must stay under it.
     """
     req = await read_request(request, ModelRef)
     name = require_model(req.ref)
@@ -187,7 +187,7 @@ async def _served(request: web.Request, name: str, *, strict: bool) -> str | Non
             model = hub.parse_model(name)
         except BadRequest:
             return None
-        if model is None:  # an Ollama or library name (a hub id never counts by alias: issue 27)
+        if model is None:  # an Ollama or library name (a hub id never counts by alias)
             try:
                 return (await catalog.resolve(name)).name
             except ModelNotFound:

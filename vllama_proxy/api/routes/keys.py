@@ -1,5 +1,5 @@
 """``/api/keys``: mint, list, change, rotate and revoke API keys without editing a file (admin keys only:
-``route_roles.py``). The keys live hashed in the usage database (``key_store.py``); the keys file's stay as
+``route_roles.py``). The keys live hashed in the usage database (``policy/key_store.py``); the keys file's stay as
 they are and are listed read-only. The ``/admin`` page's forms call the same functions (``routes/admin.py``).
 
 - ``GET /api/keys``: ``{"keys": [entry]}``, the file's and the minted ones, revoked ones too.
@@ -33,12 +33,12 @@ from aiohttp import web
 from pydantic import ConfigDict, Field, ValidationError
 
 from vllama_proxy.errors import BadRequest, KeyNameTaken, KeyNotFound, NotSupported
-from ..api_keys import Key, KeyRing, key_of
+from ..policy.keys import Key, KeyRing, key_of
 from ..app_state import KEY_STORE, KEYS
-from ..key_store import SPEC_FIELDS, KeyConflict, KeyMissing, KeySpec, KeyStore
-from ..ledger import iso
-from ..ollama_types import json_object, validation_message
-from ..request_body import read_body
+from ..policy.key_store import SPEC_FIELDS, KeyConflict, KeyMissing, KeySpec, KeyStore
+from ..usage.ledger import iso
+from ..ollama.types import json_object, validation_message
+from ..request.body_reader import read_body
 
 _NAME = r"^[A-Za-z0-9._@:-]+$"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")

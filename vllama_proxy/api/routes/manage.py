@@ -20,7 +20,7 @@ from vllama_proxy.models import hub
 from vllama_proxy.models.catalog import strip_latest
 from .body import read_request
 from .model_use import where_models_change
-from ..ollama_types import CopyRequest
+from ..ollama.types import CopyRequest
 from ..app_state import CATALOG, SETTINGS
 
 #: Ollama's model name shape: ``[host/][namespace/]model[:tag]``, letters, digits, ``._-``.
@@ -61,7 +61,7 @@ async def copy(request: web.Request) -> web.Response:
         except OSError as e:
             raise StorageFailed(f"cannot save the model in {catalog.created_store.path}: {e.strerror or e} (see --state-dir)") from None
         return web.Response(status=200)
-    model = await catalog.resolve(source)  # a lookup: loads nothing (issue 27)
+    model = await catalog.resolve(source)  # a lookup: loads nothing
     try:
         existing = await catalog.resolve(destination)
     except ModelNotFound:
@@ -86,7 +86,7 @@ async def copy(request: web.Request) -> web.Response:
 def _not_a_pullable_name(request: web.Request, destination: str) -> None:
     """An alias must not take a name a pull would fetch: a Hugging Face id (``org/name``) or a
     library name, when pulled models are served on demand. Else a later ``pull`` of that name
-    serves the alias's model instead (issue 27: an alias redirected another user's pull).
+    serves the alias's model instead (an alias redirected another user's pull).
 
     Raises:
         BadRequest: the destination is such a name.

@@ -10,7 +10,7 @@ from ..app_state import MAX_RUNNING
 
 #: The Ollama API level emulated (``models/modelfile_v033.py``, where ``REQUIRES`` is checked against it).
 #: Clients parse it as numbers: VS Code Copilot refuses < 0.6.4, Open WebUI compares ints
-#: (``shared/ollama-api.md`` "Routes"); docs/api.md "Contract" says what of 0.33 is served and what differs.
+#: (``docs/wire.md`` "Routes"); docs/api.md "Contract" says what of 0.33 is served and what differs.
 OLLAMA_API_VERSION = OLLAMA_API_LEVEL
 
 

@@ -1,7 +1,7 @@
 """What a request does with its model before it goes upstream: the load/evict protocol.
 
 The name is resolved (an on-demand model claims a slot, ``models/catalog.py``), the request's
-key is checked against it (``api_keys.py``), and :func:`model_in_use` holds the model for the
+key is checked against it (``api/policy/keys.py``), and :func:`model_in_use` holds the model for the
 request: a sleeping or unloaded one is woken or started (idle ones make room), the request
 counts in flight so the supervisor neither puts it to sleep nor evicts it, and its keep_alive
 is renewed at the start and the end. :func:`load_reply` answers Ollama's load and unload
@@ -28,15 +28,15 @@ from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.keep_alive import parse_keep_alive
 
 from ..app_state import CATALOG, SETTINGS, WORKER
-from ..api_keys import Key, key_of
-from ..call import call_of
-from ..ollama_types import require_model
-from ..timestamps import CLOCK
+from ..policy.keys import Key, key_of
+from ..request.call import call_of
+from ..ollama.types import require_model
+from ..ollama.timestamps import CLOCK
 
 
 async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
     """``(name as sent, served model, its backend)`` for inference or an explicit load: a local model
-    no on-demand slot holds claims one, only once the key may use it (issue 38: the name is looked
+    no on-demand slot holds claims one, only once the key may use it (the name is looked
     up and the key checked first, so a refused request claims, loads and evicts nothing).
 
     Raises:
@@ -76,7 +76,7 @@ def _outside(key: Key, name: str) -> Forbidden:
 
 def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:
     """403 unless ``key`` may use ``model`` (asked as ``name``): its ``models`` patterns match the
-    name as asked, the served name or the repo (``api_keys.py``). A model made with ``/api/create``
+    name as asked, the served name or the repo (``api/policy/keys.py``). A model made with ``/api/create``
     (``made``; ``model`` is then its base) is matched by its own name only: a key that may use a
     base does not thereby use every model made of it, with its adapter and system prompt."""
     allowed = key.may_use(name, made.name) if made is not None else key.may_use(name, model.name, model.root)
@@ -112,7 +112,7 @@ def created_of(request: web.Request, name: str) -> CreatedModel | None:
 
 async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
     """``(name as sent, served model, its backend or None)`` without loading anything: an on-demand
-    model no slot holds has no backend (issue 27: looking a model up never loads it)."""
+    model no slot holds has no backend (looking a model up never loads it)."""
     name = require_model(name)
     catalog = request.app[CATALOG]
     made = catalog.created(name)  # read once per request (a stat of its file each time): see created_of
@@ -216,7 +216,7 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     if not (board.available or board.waking or board.loading):
         raise board.unavailable()
     # A model serving now is counted in flight at once: one lock section instead of the wait's three
-    # (begin waiting, ready, stop waiting: ~50 µs of a lone request's way in on the 2-core VM, issue 42)
+    # (begin waiting, ready, stop waiting; docs/decisions.md)
     if not board.try_begin(slot):
         board.wait_begin(slot)  # counted from here on: a model requests wait for is not evicted
         try:

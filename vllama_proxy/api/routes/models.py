@@ -1,7 +1,7 @@
 """``GET /api/tags``, ``POST /api/show``, ``GET /api/ps``: the served models in Ollama's shapes.
 
 Built from vLLM's ``/v1/models`` and the model's own files (``models/model_files.py``);
-shapes from ``shared/ollama-api.md`` "Responses" — ``details`` and ``model_info``
+shapes from ``docs/wire.md`` "Responses" — ``details`` and ``model_info``
 always present, ``capabilities`` always a list (Copilot and Continue break otherwise). Ollama 0.33's:
 ``capabilities`` in every ``/api/tags`` entry too, ``details.context_length`` and ``details.embedding_length``
 everywhere ``details`` is (Ollama's ``launch`` picks models by them: ``cmd/launch/model_inventory.go``),
@@ -27,10 +27,10 @@ from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from vllama_proxy.supervisor import gpu
 from .body import read_request
 from .model_use import lookup_model, may_list, may_list_created
-from ..api_keys import key_of
-from ..ollama_types import ModelRef
+from ..policy.keys import key_of
+from ..ollama.types import ModelRef
 from ..app_state import CATALOG
-from ..timestamps import rfc3339
+from ..ollama.timestamps import rfc3339
 
 #: ``expires_at`` of a model that never unloads: Ollama's "forever" is ~292 years ahead.
 _FOREVER_S = 292 * 365 * 24 * 3600
@@ -109,7 +109,7 @@ def parameters_text(model: ServedModel, files: ModelFiles) -> str:
 
 
 def _modelfile(name: str, model: ServedModel, files: ModelFiles, params: str) -> str:
-    """A served model's Modelfile, which ``create`` takes back unchanged (issue 37.2): ``FROM`` the
+    """A served model's Modelfile, which ``create`` takes back unchanged: ``FROM`` the
     name it was shown by (a model made from it is served by the same vLLM; Ollama prints a blob path
     there and the name in a comment), the weights' place in the comment, ``TEMPLATE`` its own chat
     template (``create`` accepts that one), its ``PARAMETER``s."""
@@ -169,7 +169,7 @@ async def tags(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    name, model, _ = await lookup_model(request, req.ref)  # never loads it (issue 27)
+    name, model, _ = await lookup_model(request, req.ref)  # never loads it
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)
@@ -237,7 +237,7 @@ async def ps(request: web.Request) -> web.Response:
         vram = await board.vram_bytes() if board is not None else 0
         if board is not None and not vram and no_gpu is None:
             # vllama runs it and NVML measured nothing: on a host without a GPU it is on the CPU
-            # ("100% CPU" in ps, not "100% GPU"; issue 26.9)
+            # ("100% CPU" in ps, not "100% GPU")
             no_gpu = await asyncio.to_thread(gpu.count) == 0
         context = model.max_model_len or await _reported_context(backend, model.name)
         until = board.expires_at if board is not None else math.inf
@@ -265,7 +265,7 @@ async def ps(request: web.Request) -> web.Response:
 
 async def _reported_context(backend: Backend, name: str) -> int:
     """The ``max_model_len`` the model's vLLM reports in ``/v1/models`` (0 when it says none or
-    cannot be asked): ``ps``'s CONTEXT for a model whose configuration did not give one (issue 26.9)."""
+    cannot be asked): ``ps``'s CONTEXT for a model whose configuration did not give one."""
     try:
         data = await backend.upstream.get_json("/v1/models")
     except UpstreamError:

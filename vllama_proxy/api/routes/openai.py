@@ -1,15 +1,12 @@
 """``/v1/*`` relayed to vLLM: the OpenAI-compatible routes as Copilot and every OpenAI client send them to
 Ollama's own OpenAI layer, and (through ``agents.py``) the agents' routes.
 
-A JSON body reaches a handler typed and checked by the gate (``gate/gate.py``); what vLLM receives is built
-from it: the gate's checked fields, the model named as vLLM serves it, completed by the finisher
-(``finisher.py``: priority, the key's caches, the output cap, a stream's usage, a created model's defaults).
-The answer is relayed as vLLM writes it, but for the usage chunk of a stream that did not ask for it
-(``_Events``) and a created model's name where vLLM wrote its base's. The settler (``settler.py``) charges
-what the answer's usage says, or, for a stream its client left, what was relayed.
-``GET /v1/models`` lists every model vllama launched. vllama's own refusals are raised into ``errors.py``'s tree
-(OpenAI's error shape on ``/v1``: ``api/app.py``); an upstream failure after the answer began ends an SSE stream with
-that object as its last event (``errors.error_event``), as vLLM ends its own.
+What vLLM receives is built from the gate's checked fields (``request/gate.py``), the model as vLLM
+serves it, completed by the finisher (``finisher.py``). The answer is relayed as vLLM writes it, but
+for a usage chunk the stream did not ask for (``_Events``) and a created model's name where vLLM wrote
+its base's; the settler charges its usage, or what was relayed to a client that left. ``GET
+/v1/models`` lists every model vllama launched. Refusals are ``errors.py``'s, in OpenAI's shape; an
+upstream failure after an SSE stream began ends it with that object (``errors.error_event``).
 """
 
 from __future__ import annotations
@@ -27,23 +24,23 @@ from vllama_proxy.errors import (BadRequest, ModelNotFound, NoSuchModel, Unsuppo
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
-from ..relay import in_own_task
-from ..request_body import read_body
-from ..translate.to_openai import upstream_model
+from ..request.relay import in_own_task
+from ..request.body_reader import read_body
+from ..ollama.to_openai import upstream_model
 from .model_use import check_model, created_of, may_list, model_in_use, refuse_outside, resolve_model
-from ..api_keys import key_of
-from ..call import Call, call_of
-from ..fair_queue import prompt_tokens_guess
-from ..finisher import finish
-from ..gate.bodies import Body
-from ..gate.gate import upstream_fields
-from ..app_state import CATALOG, CLIENT_SESSIONS, ROUTER_SESSIONS, SETTINGS
-from .. import session
-from ..client_sessions import ROUTER_HEADERS
+from ..policy.keys import key_of
+from ..request.call import Call, call_of
+from ..policy.fair_queue import prompt_tokens_guess
+from ..request.finisher import finish
+from ..request.bodies import Body
+from ..request.gate import upstream_fields
+from ..app_state import CATALOG, CLIENT_AFFINITY, ROUTER_RELEASE, SETTINGS
+from ..fleet import affinity
+from ..fleet.client_affinity import ROUTER_HEADERS
 
 _FORWARD_PLAIN = ("Content-Type", "Accept")
 #: ... and a router's session keys as the client sent them (vllm-router's hash_key.rs), where they are not
-#: replaced by the client's key scoped to its caller (a node, ``--session-header ''``: ``client_sessions.py``)
+#: replaced by the client's key scoped to its caller (a node, ``--session-header ''``: ``api/fleet/client_affinity.py``)
 _FORWARD_REQUEST = (*_FORWARD_PLAIN, *ROUTER_HEADERS)
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
 
@@ -71,7 +68,7 @@ async def _models(request: web.Request) -> web.Response | None:
         return web.json_response({"object": "list", "data": [_model_entry(m) for m in shown]}, dumps=_dumps)
     wanted = tail.removeprefix("models/")
     try:
-        model = await catalog.resolve(wanted)  # a lookup: loads nothing (issue 27)
+        model = await catalog.resolve(wanted)  # a lookup: loads nothing
         check_model(key_of(request), wanted, model, catalog.created(wanted))
         return web.json_response(_model_entry(model), dumps=_dumps)
     except ModelNotFound:
@@ -153,14 +150,14 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     body = call.body if call.body is not None else await read_body(request)
     data, model, backend, made = await _route(request, call)
     rename = _rename(made, model, call.asked)
-    with request.app[CLIENT_SESSIONS].hold_request(request) as own:  # counted until the answer ends
+    with request.app[CLIENT_AFFINITY].hold_request(request) as own:  # counted until the answer ends
         sent, release = _placement(request, data, own)
         try:
-            return await relay(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
+            return await forward(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
                                ready_body=lambda: _forwarded(request, call, body, data, model, backend, made), rename=rename)
         finally:
             if release is not None:  # after the answer's last byte, or its error, or the client's leaving
-                request.app[ROUTER_SESSIONS].release(backend.upstream, release)
+                request.app[ROUTER_RELEASE].release(backend.upstream, release)
 
 
 def _rename(made: CreatedModel | None, model: ServedModel | None, asked: str | None) -> tuple[bytes, bytes] | None:
@@ -177,26 +174,26 @@ _PLACED = ("/v1/chat/completions", "/v1/completions")
 
 
 def _placement(request: web.Request, data: Any, own: str | None) -> tuple[dict[str, str], str | None]:
-    """The session header for a relayed request, and the key to release when it ends (``session.placement``).
+    """The session header for a relayed request, and the key to release when it ends (``affinity.placement``).
 
-    The client's own key ``own`` (``client_sessions.ClientSessions.hold``: its ``X-Session-ID``, else its
+    The client's own key ``own`` (``api/fleet/client_affinity.py``'s ``ClientAffinity.hold``: its ``X-Session-ID``, else its
     ``X-User-ID``, scoped to its caller; ``None`` beyond the bound in flight) on any route, never released.
     Else, with ``--request-sessions on``, a ``/v1/chat/completions`` or ``/v1/completions``: a chat gets the
-    key ``/api/chat`` would (``session.openai_key``: its shared system prompt's, or under ``--session-key
+    key ``/api/chat`` would (``affinity.openai_key``: its shared system prompt's, or under ``--session-key
     conversation`` its conversation's), any other request a key of its own. Nothing for other routes, or with
     the setting off (on a node and with ``--session-header ''`` the client's headers are forwarded as they
-    came: ``relay``)."""
+    came: ``forward``)."""
     settings = request.app[SETTINGS]
     if own:
-        return session.placement(settings.session_header, own, None, False)
+        return affinity.placement(settings.session_header, own, None, False)
     if settings.request_sessions != "on" or request.method != "POST" or request.path not in _PLACED or not isinstance(data, dict):
         return {}, None
     model = data.get("model")
-    key = session.openai_key(model, data, settings.session_key) if isinstance(model, str) else None
-    return session.placement(settings.session_header, None, key, True)
+    key = affinity.openai_key(model, data, settings.session_key) if isinstance(model, str) else None
+    return affinity.placement(settings.session_header, None, key, True)
 
 
-async def relay(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
+async def forward(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
                 session_headers: Mapping[str, str] | None = None,
                 ready_body: Callable[[], Awaitable[bytes]] | None = None,
                 rename: tuple[bytes, bytes] | None = None) -> web.StreamResponse:
@@ -215,9 +212,9 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
     Raises:
         UpstreamError: vLLM failed before its answer began (mapped in ``api/app.py``).
     """
-    forward = _FORWARD_PLAIN if request.app[CLIENT_SESSIONS].scoped else _FORWARD_REQUEST  # a client's key: scoped, not as sent
+    forward = _FORWARD_PLAIN if request.app[CLIENT_AFFINITY].scoped else _FORWARD_REQUEST  # a client's key: scoped, not as sent
     headers = {h: request.headers[h] for h in forward if h in request.headers}
-    headers.update(session_headers or {})  # a router's conversation key (api/session.py)
+    headers.update(session_headers or {})  # a router's conversation key (api/fleet/affinity.py)
     async with model_in_use(request, backend, keep_alive):  # a sleeping or unloaded model comes back first
         if ready_body is not None:
             body = await ready_body()  # built with the model held: its /tokenize may be asked (output_tokens.py)
@@ -234,7 +231,7 @@ async def relay(request: web.Request, backend: Backend, path: str, body: bytes, 
 
 async def _sent(request: web.Request, backend: Backend, path: str, body: bytes, headers: dict[str, str],
                 rename: tuple[bytes, bytes] | None) -> web.StreamResponse:
-    """:func:`relay`'s request to vLLM and its answer copied back."""
+    """:func:`forward`'s request to vLLM and its answer copied back."""
     async with backend.upstream.request(
         request.method, path, body=body or None, headers=headers, params=request.query, check=False
     ) as resp:
@@ -248,7 +245,7 @@ async def _sent(request: web.Request, backend: Backend, path: str, body: bytes, 
 
 async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse,
                   rename: tuple[bytes, bytes] | None) -> web.StreamResponse:
-    """:func:`relay`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage
+    """:func:`forward`'s loop: vLLM's answer ``resp`` copied to the prepared ``out`` as it comes, then its usage
     read for the settler (a stream its client leaves is charged what was relayed, :func:`_charge_cut`)."""
     call = call_of(request)
     content_type = resp.headers.get("Content-Type", "")

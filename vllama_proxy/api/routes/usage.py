@@ -1,4 +1,4 @@
-"""``GET /api/usage``: the usage ledger, summed by key, model and day or month (issue 39; vllama's own
+"""``GET /api/usage``: the usage ledger, summed by key, model and day or month (vllama's own
 route, beside Ollama's). An admin key sees every key's usage; a user key its own only."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from aiohttp import web
 
 from vllama_proxy.errors import BadRequest, Forbidden, NotSupported
 from ..app_state import KEYS, LEDGER
-from ..budgets import budget_of
-from ..api_keys import key_of
+from ..policy.budgets import budget_of
+from ..policy.keys import key_of
 
 
 def parse_since(text: str, by: str, now: float) -> float:

@@ -15,8 +15,7 @@ def choose_concurrency(max_running: int | None) -> tuple[int, str]:
 
     Twice the running capacity keeps vLLM's waiting queue as deep as its running batch, as offline
     ``LLM.generate`` (every prompt queued at once) keeps it: a batch's requests of one length finish in
-    waves, and with a quarter more in flight (the choice before issue 42) three quarters of the slots of
-    a finished wave stayed empty until the client's next requests arrived through both hops."""
+    waves, and a finished wave's slots are refilled from vLLM's own queue (``docs/decisions.md``)."""
     if max_running is None:
         return FALLBACK_CONCURRENCY, ("the server does not say how many requests it runs at once "
                                       "(no max_running in /api/version); give --concurrency to change it")

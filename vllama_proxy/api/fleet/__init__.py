@@ -1,0 +1,1 @@
+"""Keys that keep a conversation on one engine behind vLLM's router, and their release."""

@@ -1,1 +1,0 @@
-"""The gate: every inference body parsed once into its route's typed request, checked, before admission counts it."""

@@ -1,0 +1,1 @@
+"""The usage ledger: one row per request and key, kept in SQLite or PostgreSQL."""
