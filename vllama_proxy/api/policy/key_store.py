@@ -1,12 +1,12 @@
 """Keys minted through the admin API (``/api/keys``, ``routes/keys.py``) and the ``/admin`` page, kept in the
-usage database beside the ledger (``ledger_store.py``'s choice: SQLite by default, PostgreSQL for several fronts).
+usage database beside the ledger (``usage/store.py``'s choice: SQLite by default, PostgreSQL for several fronts).
 
 A minted secret is ``vk-<8 hex>-<43 URL-safe chars>`` (256 random bits from :mod:`secrets`), shown once. The
 database keeps its SHA-256 (hex) and its 8-hex lookup ``prefix`` (shown in lists, so an operator can tell keys
 apart), never the secret. A fast hash without salt is the standard for random API keys (GitHub's, Stripe's): a
 salt or a slow KDF defends guessable passwords against precomputed tables and guessing, and a 256-bit random
 secret cannot be guessed; SHA-256 also keeps the request path's check one hash and one dict lookup, the same as
-the keys file's (``api_keys.KeyRing.find``).
+the keys file's (``keys.KeyRing.find``).
 
 Every change bumps one counter row (``vllama_keys_version``) in the same transaction. Each worker of each front
 reads that row every :data:`POLL_SECONDS` and reloads the keys when it moved (:func:`follow`): a revoke reaches
@@ -69,7 +69,7 @@ _COLUMNS = ("name", "prefix", "sha256", "spec", "expires_at", "revoked_at", "not
 
 
 class KeySpec(BaseModel):
-    """A minted key's role, models and limits (the keys file's meanings: ``api_keys.py``'s docstring)."""
+    """A minted key's role, models and limits (the keys file's meanings: ``policy/keys.py``'s docstring)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -255,7 +255,7 @@ class KeyStore:
 
 
 def open_key_store(db: str | None, state_dir: Path) -> KeyStore:
-    """The minted keys' store in ``--usage-db``'s database (blocking: call it in a thread; ``ledger_store.open_store``'s
+    """The minted keys' store in ``--usage-db``'s database (blocking: call it in a thread; ``usage.store.open_store``'s
     choice of database: ``None`` ``<state_dir>/usage.sqlite3``, ``postgresql://...``, or an SQLite path).
 
     Raises:
