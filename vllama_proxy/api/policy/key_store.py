@@ -38,7 +38,7 @@ log = get_logger("vllama.keys")
 
 #: Seconds between two reads of the version counter (each worker).
 POLL_SECONDS = 1.0
-#: The limits and scope a minted key carries: the keys file's fields (``api_keys.KeyEntry``) but the secret.
+#: The limits and scope a minted key carries: the keys file's fields (``keys.KeyEntry``) but the secret.
 SPEC_FIELDS = ("role", "models", "max_in_flight", "max_tokens", "priority", "weight", "rpm", "tpm", "budget_tokens",
                "budget_period")
 
