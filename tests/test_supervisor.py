@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -373,6 +374,49 @@ def test_vllm_is_launched_before_the_workers_are_spawned(vllama):
     assert names.count("worker_started") == 3
     launched = next(i for i, e in enumerate(events) if e["event"] == "state" and e.get("to") == "starting")
     assert launched < names.index("worker_started"), names
+
+
+def test_a_worker_that_dies_while_spawned_stops_vllama_with_its_reason(fake, tmp_path):
+    """A worker whose imports fail (as after an upgrade that broke the installed package under a
+    running server) died before it had read its pickled arguments; the spawn's write of them (more
+    than a pipe's 64 KiB) then blocked forever, because multiprocessing's parent held the pipe's read
+    end itself: vllama neither served nor stopped on SIGTERM. Now the write fails at once
+    (``front/workers.py`` ``_Popen``), vllama says which worker died and how, and exits 1 with
+    nothing left behind. The import failure is real: a ``sitecustomize`` seen only by processes
+    started with ``--multiprocessing-fork`` (the spawned workers) makes ``vllama_proxy`` unimportable."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--multiprocessing-fork' in sys.argv:\n"
+        "    sys.modules['vllama_proxy'] = None  # 'import vllama_proxy' fails in a spawned worker only\n")
+    port = free_port()
+    env = {**os.environ, "VLLAMA_LOG_FORMAT": "json", "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT)])}
+    proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake.url, "--port", str(port),
+                             "--workers", "3"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180  # a failure's bound: the worker dies within its first import
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                children = list({c.pid: c for c in [*children, *psutil.Process(proc.pid).children(recursive=True)]}.values())
+            time.sleep(0.05)
+        if proc.poll() is None:  # main hung here: and SIGTERM did not stop it either
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(20)
+        assert proc.poll() is not None, "vllama hung on a worker that died while spawned; SIGTERM did not stop it"
+        err = proc.stderr.read().decode(errors="replace")
+        assert proc.returncode == 1, err[-3000:]
+        assert "ModuleNotFoundError: No module named 'vllama_proxy" in err, err[-4000:]  # the worker's own traceback
+        assert "\nvllama serve: vllama-worker-" in err and "died while it started, before it read its arguments (exit status 1" in err
+        assert '"worker_failed_to_start"' in err
+        _, alive_ = psutil.wait_procs(children, timeout=30)
+        assert not alive_
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_sigterm_while_the_workers_start_is_a_clean_stop(fake):

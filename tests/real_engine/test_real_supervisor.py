@@ -38,7 +38,7 @@ def sup(tiny_model, start_real) -> RealVllama:
     # the 2 CPUs; in one CI run vllama's worker, starved beside them, read two requests' bodies only
     # after 68 s and answered 408 before they began. What is tested here is the kill, not the timeout.
     # not waited for: the first test watches it start
-    return start_real("supervisor", model=tiny_model, flags=["--drain-timeout", str(DRAIN), "--body-timeout", "600"], vllm_args=ARGS)
+    return start_real("supervisor", model=tiny_model, flags=["--drain-timeout", str(DRAIN), "--body-timeout", "600", "--no-resume"], vllm_args=ARGS)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from vllama_proxy.supervisor.states import State
 from .fleet import Registration, RouterChild, resolve_request_sessions
 from .sdnotify import Notifier, attach, run_watchdog
 from .site import catch_stop_signals, connection_caps, raise_nofile_limit, start_site
-from .workers import WorkerPool
+from .workers import WorkerPool, WorkerSpawnFailed
 
 log = get_logger("vllama.server")
 
@@ -167,15 +167,23 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
     runner = await start_site(app, settings.host, settings.port, settings.drain_timeout, reuse_port=settings.workers > 1,
                              idle_timeout=settings.idle_timeout, write_timeout=settings.client_write_timeout,
                              **connection_caps(settings.max_connections_per_address, settings.max_connections, nofile))
-    await workers.start(settings.workers - 1)
+    spawn_failed: WorkerSpawnFailed | None = None
+    try:
+        await workers.start(settings.workers - 1)
+    except WorkerSpawnFailed as e:  # logged (worker_failed_to_start); a broken install: stop, exit 1
+        spawn_failed = e
     log.info("listening", host=settings.host, port=settings.port, upstream=settings.upstream_url, nofile=nofile, workers=settings.workers)
-    notifier.status(f"ready: proxying {settings.upstream_url}")
-    notifier.ready()
     watchdog = asyncio.create_task(run_watchdog(None, notifier), name="sd-watchdog")
     try:
-        sig = await stopped
-        notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
-        log.info("stopping", signal=sig)
+        if spawn_failed is None:
+            notifier.status(f"ready: proxying {settings.upstream_url}")
+            notifier.ready()
+            sig = await stopped
+            notifier.stopping(f"stopping: {sig}, draining requests for up to {settings.drain_timeout:g} s")
+            log.info("stopping", signal=sig)
+        else:
+            notifier.stopping(f"stopping: {spawn_failed}")
+            log.error("stopping", reason=str(spawn_failed))
     finally:
         bound.start_draining()  # 503 to new requests, /readyz 503, while those in flight finish
         await wait_idle(bound, settings.drain_timeout, hurry)
@@ -185,6 +193,9 @@ async def serve_upstream(settings: Settings, resolved: ResolvedModels, front: Pl
         watchdog.cancel()
         notifier.close()
     log.info("stopped")
+    if spawn_failed is not None:
+        print(f"vllama serve: {spawn_failed}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def first_start_config_error(supervisors: list) -> asyncio.Future[str]:
@@ -330,15 +341,23 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
     # about a second to import before it reads its arguments (docs/decisions.md)
     rejected = first_start_config_error([sup for sup in pool.supervisors if sup.slot is None])
     await pool.start()
-    await workers.start(settings.workers - 1)
+    spawn_failed: WorkerSpawnFailed | None = None
+    try:
+        await workers.start(settings.workers - 1)
+    except WorkerSpawnFailed as e:  # logged (worker_failed_to_start); a broken install: stop, exit 1
+        spawn_failed = e
     log.info("listening", host=settings.host, port=settings.port, nofile=nofile, workers=settings.workers,
              models={sup.served_name: sup.port for sup in pool.supervisors if sup.slot is None})
     if registration is not None:
         await registration.start()
     watchdog = asyncio.create_task(run_watchdog(pool, notifier), name="sd-watchdog")
     try:
-        await asyncio.wait({signalled, rejected}, return_when=asyncio.FIRST_COMPLETED)
-        if rejected.done():
+        if spawn_failed is None:
+            await asyncio.wait({signalled, rejected}, return_when=asyncio.FIRST_COMPLETED)
+        if spawn_failed is not None:
+            notifier.stopping(f"stopping: {spawn_failed}")
+            log.error("stopping", reason=str(spawn_failed))
+        elif rejected.done():
             # vLLM refused its arguments at the very first start: a configuration error, and the
             # service manager should show it (exit 2: the unit's RestartPreventExitStatus)
             notifier.stopping(f"stopping: {rejected.result()}")
@@ -369,6 +388,9 @@ async def serve_supervised(settings: Settings, resolved: ResolvedModels, front: 
             watchdog.cancel()
             notifier.close()
     log.info("stopped")
+    if spawn_failed is not None:
+        print(f"vllama serve: {spawn_failed}", file=sys.stderr)
+        raise SystemExit(1)
     if rejected.done():
         hint = (VLLM_MISSING_HINT if "cannot run" in rejected.result()
                 else "fix the vLLM arguments after -- or in the model's vllm_args")

@@ -13,10 +13,13 @@ requests in flight in its own slot of each board.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import multiprocessing
 import os
 import signal
 from collections.abc import Callable
+from multiprocessing import popen_spawn_posix, reduction, spawn, util
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -33,6 +36,81 @@ from vllama_proxy.supervisor.sizing import Plan
 log = get_logger("vllama.workers")
 
 _CTX = multiprocessing.get_context("spawn")
+
+
+class _Popen(popen_spawn_posix.Popen):
+    """The spawn start method's ``Popen`` (CPython 3.11-3.13 ``multiprocessing/popen_spawn_posix.py``,
+    ``_launch``), but the parent closes its copy of the child's end of the pipe *before* writing the
+    child's pickled arguments, not after: a child that dies before reading them all (its imports
+    failed, it was killed) then ends the write with ``BrokenPipeError`` at once. In CPython's order the
+    parent itself held the read end open, so its write of more than a pipe's 64 KiB blocked forever
+    (``Process.start`` never returned: vllama neither started nor stopped on SIGTERM).
+
+    Raises:
+        WorkerSpawnFailed: the child ended before it had read its arguments (its pid, exit status).
+    """
+
+    def _launch(self, process_obj: BaseProcess) -> None:
+        from multiprocessing import resource_tracker
+
+        tracker_fd = resource_tracker.getfd()
+        self._fds.append(tracker_fd)
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        fp = io.BytesIO()
+        popen_spawn_posix.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, fp)
+            reduction.dump(process_obj, fp)
+        finally:
+            popen_spawn_posix.set_spawning_popen(None)
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        try:
+            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
+            self._fds.extend([child_r, child_w])
+            self.pid = util.spawnv_passfds(spawn.get_executable(), cmd, self._fds)
+            self.sentinel = parent_r
+        except BaseException:
+            for fd in (parent_r, parent_w):
+                os.close(fd)
+            raise
+        finally:
+            os.close(child_r)  # the child has its own copies now: its end alone keeps the pipe open
+            os.close(child_w)
+        self.finalizer = util.Finalize(self, util.close_fds, [parent_r, parent_w])
+        try:
+            with open(parent_w, "wb", closefd=False) as f:
+                f.write(fp.getbuffer())
+        except BrokenPipeError:
+            try:
+                _, status = os.waitpid(self.pid, 0)  # its end is closed: it has exited
+                self.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:  # reaped by the event loop's child watcher first: status unknown
+                pass
+            raise WorkerSpawnFailed(process_obj.name, self.pid, self.returncode) from None
+
+
+class _SpawnProcess(_CTX.Process):  # type: ignore[name-defined,misc]
+    @staticmethod
+    def _Popen(process_obj: BaseProcess) -> _Popen:
+        return _Popen(process_obj)
+
+
+class WorkerSpawnFailed(RuntimeError):
+    """A worker process ended while it was being spawned, before it had read its arguments: its
+    imports failed (its traceback is in the log above) or it was killed.
+
+    Attributes:
+        name: the process's name (``vllama-worker-N``).
+        pid: its pid.
+        exitcode: its exit status, minus the signal that ended it, or ``None`` (not known).
+    """
+
+    def __init__(self, name: str, pid: int, exitcode: int | None) -> None:
+        self.name, self.pid, self.exitcode = name, pid, exitcode
+        how = ("exit status unknown" if exitcode is None else f"killed by signal {-exitcode}" if exitcode < 0
+               else f"exit status {exitcode}: its traceback is above")
+        super().__init__(f"{name} (pid {pid}) died while it started, before it read its arguments ({how})")
 
 
 def _worker_main(index: int, parent: int, settings: Settings, resolved: ResolvedModels, backends: list[BackendSpec],
@@ -113,9 +191,10 @@ class WorkerPool:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._all_gone = asyncio.Event()
+        self._stop_asked = asyncio.Event()  # ends a respawn's wait before its next try
 
     def _spawn(self, index: int) -> BaseProcess:
-        p = _CTX.Process(target=self._target, args=(index, os.getpid(), *self._args), name=f"vllama-worker-{index}", daemon=False)
+        p = _SpawnProcess(target=self._target, args=(index, os.getpid(), *self._args), name=f"vllama-worker-{index}", daemon=False)
         p.start()
         log.info("worker_started", worker=index, pid=p.pid)
         return p
@@ -132,13 +211,26 @@ class WorkerPool:
         ``Process.start`` of the spawn context blocks until the child has imported enough to read
         its pickled arguments (about a second each): the spawns run in threads, side by side, so
         that the event loop (and the vLLM child it is launching) is not held up.
+
+        Raises:
+            WorkerSpawnFailed: a worker died while it was spawned (logged ``worker_failed_to_start``);
+                those that started are watched, and stopped by :meth:`stop`. Serving without it
+                would hide a broken installation, so the caller stops (``front/server.py``).
         """
         self._loop = asyncio.get_running_loop()
-        procs = await asyncio.gather(*(asyncio.to_thread(self._spawn, i) for i in range(1, count + 1)))
-        for i, p in enumerate(procs, start=1):
+        spawned = await asyncio.gather(*(asyncio.to_thread(self._spawn, i) for i in range(1, count + 1)),
+                                       return_exceptions=True)
+        procs = [(i, p) for i, p in enumerate(spawned, start=1) if isinstance(p, BaseProcess)]
+        failed = [e for e in spawned if isinstance(e, BaseException)]
+        for e in failed:
+            if isinstance(e, WorkerSpawnFailed):
+                log.error("worker_failed_to_start", worker=e.name, pid=e.pid, exitcode=e.exitcode, error=str(e))
+        for i, p in procs:
             self._watch(i, p)
             if self._stopping:  # a stop came while they started
                 _signal(p.pid, signal.SIGTERM)
+        if failed:
+            raise failed[0]
 
     def _exited(self, index: int, p: BaseProcess) -> None:
         """Worker ``index``'s sentinel became readable: it has ended. While serving: its places in the
@@ -166,8 +258,22 @@ class WorkerPool:
         task.add_done_callback(lambda _t: self._note_gone())
 
     async def _respawn(self, index: int) -> None:
-        # in a thread, as at start: the spawn's second must not hold this process's own requests
-        p = await asyncio.to_thread(self._spawn, index)
+        # in a thread, as at start: the spawn's second must not hold this process's own requests.
+        # One that dies while spawned (killed, or its imports now fail: an upgrade under a running
+        # server) is tried again, 1 s later doubling to 60 s, as a worker that dies later is replaced.
+        delay = 1.0
+        while True:
+            try:
+                p = await asyncio.to_thread(self._spawn, index)
+                break
+            except WorkerSpawnFailed as e:
+                log.error("worker_failed_to_start", worker=e.name, pid=e.pid, exitcode=e.exitcode, error=str(e),
+                          retry_in_s=delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop_asked.wait(), delay)
+                if self._stopping:
+                    return
+                delay = min(delay * 2, 60.0)
         self._watch(index, p)
         if self._stopping:  # the stop began while it started: it stops too
             _signal(p.pid, signal.SIGTERM)
@@ -185,6 +291,7 @@ class WorkerPool:
         """SIGTERM every worker (each drains its requests), wait up to ``timeout`` s for the last to
         exit, then SIGKILL those left and wait up to 5 s more for them."""
         self._stopping = True
+        self._stop_asked.set()
         self._note_gone()
         for p in self._procs.values():
             _signal(p.pid, signal.SIGTERM)

@@ -26,6 +26,18 @@ class Engine(BaseModel):
         120.0, ge=0, description="Restart when vLLM reports requests pending but generated no token for this long and "
         "vllama's own 1-token request, sent at half of it, got no answer (a gauge alone restarts nothing; 0: off)."
     )
+    resume: bool = Field(
+        True,
+        description="A stream whose vLLM dies, is restarted or breaks its connection mid-answer is asked again of the vLLM "
+        "that serves the model next, as its prompt's token ids followed by those already sent, and continues on the same "
+        "client stream (api/request/resume.py, docs/operations.md); off (--no-resume): it ends with an error line.",
+    )
+    resume_timeout: float | None = Field(
+        None, gt=0,
+        description="Seconds a broken stream waits for its model's vLLM to serve again before it ends with its error line "
+        "(default: three times that vLLM's latest start, at least 60 s; 120 s for an --upstream vLLM vllama does not run; "
+        "logged with each broken stream as resume_timeout_s).",
+    )
     stop_grace: float = Field(30.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping vLLM's process group.")
     drain_timeout: float = Field(30.0, ge=0, description="On SIGTERM/SIGINT, seconds in-flight requests may take to finish; "
                                  "also before a restart for a new adapter (--adapters launch), new requests waiting meanwhile.")

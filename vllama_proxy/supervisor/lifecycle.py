@@ -714,6 +714,7 @@ class Supervisor:
                     return Crashed(f"vLLM was not ready after {time.monotonic() - started:.0f} s")
                 if await probes.health(self._probe) == 200 and await probes.serves(self._probe, self.served_name):
                     log.info("ready", model=self.served_name, startup_s=round(time.monotonic() - started, 1))
+                    self.board.start_seconds = time.monotonic() - started
                     if self.engine_cpus:
                         cpus = self.engine_cpus
                         await asyncio.to_thread(lambda: pin_engine_cores(child.session_pids(), cpus, self.served_name))

@@ -71,6 +71,7 @@ class StatusBoard:
         self._release = ctx.RawValue("i", 0)  # 1: an on-demand slot's next model asks this sleeping one to stop
         self._refused = ctx.RawValue("d", 0.0)  # epoch s of the latest fit check that refused it (0: none since it loaded)
         self._adapters = ctx.RawValue("i", 0)  # adapters created for it that may need a restart, counted (adapters_changed)
+        self._start_s = ctx.RawValue("d", 0.0)  # seconds the latest start took, until ready (0: none yet)
         self._hearing = ctx.RawValue("i", 0)  # owner-side waits for its last request's end (hearing_idle): end() rings IDLE
         #: the owner loop's inbox (``inbox.py``: requests ring it) and each proxy process's news (the owner rings them)
         self.inbox_bell, *news = bells(1 + max(slots, 1), prefix="vllama-board-")
@@ -128,6 +129,21 @@ class StatusBoard:
     @property
     def restarts(self) -> int:
         return self._restarts.value
+
+    @property
+    def pid(self) -> int:
+        """vLLM's pid as last published (0: none)."""
+        return self._pid.value
+
+    @property
+    def start_seconds(self) -> float:
+        """Seconds vLLM's latest start took until it was ready (0.0: it has not been ready yet); what a stream
+        broken by a restart may expect to wait (``api/resume.py``)."""
+        return self._start_s.value
+
+    @start_seconds.setter
+    def start_seconds(self, seconds: float) -> None:
+        self._start_s.value = seconds
 
     @property
     def available(self) -> bool:

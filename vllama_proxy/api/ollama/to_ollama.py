@@ -97,6 +97,11 @@ class Translator:
         self.n_chunks += 1
 
     @property
+    def in_reasoning(self) -> bool:
+        """The answer is inside its reasoning: thinking came and no content after it yet."""
+        return self._reasoned and not self._said
+
+    @property
     def output_tokens(self) -> int:
         """The answer's output tokens: vLLM's ``usage.completion_tokens``, else the chunks that carried one."""
         return self.eval_count or self.n_chunks

@@ -8,7 +8,9 @@ relayed, a created model's ``SYSTEM`` and ``PARAMETER`` defaults under the clien
 (``cache_salt.py``); (4) output tokens capped by the key's ``max_tokens`` and the context
 (``routes/output_tokens.py``); (5) a stream's usage asked of vLLM for the settler (dropped for a
 client that did not ask); (6) a user key's Responses request stateless, Anthropic's thinking budget
-below ``max_tokens``. Runs with the model held, once per request, never per token.
+below ``max_tokens``; (7) with ``--resume``, the token ids of an Ollama route's answer asked of vLLM
+(``return_token_ids``), so a stream vLLM breaks can be asked again (``resume.py``). Runs with the model
+held, once per request, never per token.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _STREAMED_USAGE = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 async def finish(request: web.Request, call: Call, body: dict[str, Any], path: str, *, served: str,
                  model: ServedModel | None, upstream: Upstream, made: CreatedModel | None = None,
-                 relayed: bool = False) -> dict[str, Any]:
+                 relayed: bool = False, token_ids: bool = False) -> dict[str, Any]:
     """``body`` (what vLLM at ``path`` is asked) completed for ``call``, in place; returns it.
 
     Args:
@@ -49,6 +51,7 @@ async def finish(request: web.Request, call: Call, body: dict[str, Any], path: s
         upstream: its vLLM (``/tokenize`` for the cap).
         made: the created model the client named, whose adapter and, on a relayed route, defaults apply.
         relayed: the body is the client's own (a ``/v1`` or agents' route), not one vllama translated.
+        token_ids: ask vLLM for the token ids of the prompt and the answer (``resume.py``).
 
     Raises:
         BadRequest: a client's ``cache_salt`` vLLM would refuse (``cache_salt.salted``).
@@ -72,6 +75,8 @@ async def finish(request: web.Request, call: Call, body: dict[str, Any], path: s
         body["store"] = False  # stateless, as Ollama serves it: vLLM would keep every response in memory
     elif path == "/v1/messages":
         _budget_below(body)
+    if token_ids and path in ("/v1/chat/completions", "/v1/completions"):
+        body["return_token_ids"] = True
     return body
 
 

@@ -28,6 +28,7 @@ from ..policy.fair_queue import prompt_tokens_guess
 from ..metrics import TTFT, observe_stages, observe_tpot
 from ..ollama.ndjson import begin
 from ..ollama.to_ollama import Translator, response_chunk, unstreamed_timings
+from .resume import Resume
 
 _T = TypeVar("_T")
 
@@ -81,6 +82,7 @@ async def relay(
     stream: bool,
     headers: Mapping[str, str] | None = None,
     final_only: bool = False,
+    resume: Resume | None = None,
 ) -> web.StreamResponse:
     """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
 
@@ -97,28 +99,53 @@ async def relay(
     ``headers`` replace the JSON content type sent upstream (``api/fleet/affinity.py`` adds the
     conversation's key for a router). ``final_only`` (with ``stream`` false): ``body`` asks
     vLLM for one unstreamed answer (``to_openai.unstreamed``) and the durations come from its
-    ``metrics`` (``to_ollama.unstreamed_timings``).
+    ``metrics`` (``to_ollama.unstreamed_timings``). ``resume``: a stream (or a non-streamed answer read as
+    one) that vLLM breaks is asked again and continued (``resume.py``).
     """
     t = translator.t
     t.sent = time.perf_counter_ns()
-    async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
-        t.headers = time.perf_counter_ns()
-        if final_only and not stream:
-            return await _unstreamed(request, resp, translator)  # one read: no loop to run in a task of its own
-        # vLLM streams either way: an event per token, read in a task of the loop's own
-        return await in_own_task((_streamed if stream else _aggregated)(request, upstream, resp, translator))
+    try:
+        try:
+            async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
+                t.headers = time.perf_counter_ns()
+                if final_only and not stream:
+                    return await _unstreamed(request, resp, translator)  # one read: no loop to run in a task of its own
+                # vLLM streams either way: an event per token, read in a task of the loop's own
+                return await in_own_task((_streamed if stream else _aggregated)(request, upstream, resp, translator, resume))
+        except VllamaError as e:
+            # vLLM failed before its answer began (its engine dead: a 500, or the connection refused): asked again
+            if t.headers or resume is None or not resume.can(e, before_answer=True):
+                raise
+            resp = await resume.reopen(e)
+            t.headers = time.perf_counter_ns()
+            return await in_own_task((_streamed if stream else _aggregated)(request, upstream, resp, translator, resume))
+    finally:
+        if resume is not None and resume.times:
+            await resume.close()
 
 
-async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, translator: Translator) -> web.Response:
+async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, translator: Translator,
+                      resume: Resume | None = None) -> web.Response:
     """The aggregated Ollama answer from vLLM's stream (:func:`relay` without ``stream``)."""
     t = translator.t
     feed = translator.feed
-    with upstream.watch_body(resp):
-        async for batch in iter_sse(resp):
-            if not t.first_read:
-                t.first_read = time.perf_counter_ns()
-            for chunk in batch:
-                feed(chunk)
+    take = resume.take if resume is not None else None
+    while True:
+        try:
+            with upstream.watch_body(resp):
+                async for batch in iter_sse(resp):
+                    if not t.first_read:
+                        t.first_read = time.perf_counter_ns()
+                    if take is not None:
+                        batch = take(batch)
+                    for chunk in batch:
+                        feed(chunk)
+            break
+        except VllamaError as e:
+            if resume is None or not resume.can(e):
+                raise
+            resp.close()
+            resp = await resume.reopen(e, translator.in_reasoning)
     if not translator.finished:
         raise _unfinished()
     observe_stages(request.get(ACCEPTED) or t.received, t, 0)
@@ -129,8 +156,10 @@ async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, trans
     return web.Response(body=orjson.dumps(final), content_type="application/json")
 
 
-async def _streamed(request: web.Request, upstream: Upstream, resp: Any, translator: Translator) -> web.StreamResponse:
-    """The streamed answer's loop (:func:`relay` with ``stream``): one pass per upstream read."""
+async def _streamed(request: web.Request, upstream: Upstream, resp: Any, translator: Translator,
+                    resume: Resume | None = None) -> web.StreamResponse:
+    """The streamed answer's loop (:func:`relay` with ``stream``): one pass per upstream read; with ``resume``, a
+    break of vLLM's stream pauses the client's while the stream is asked again (``resume.py``)."""
     t = translator.t
     route = request.path
     feed = translator.feed
@@ -139,24 +168,40 @@ async def _streamed(request: web.Request, upstream: Upstream, resp: Any, transla
     decoder = SSEDecoder()
     decode = decoder.feed
     first_write = 0
+    take = resume.take if resume is not None else None
     watch = upstream.watch_body(resp)  # the idle-read timeout, without a timer per read
     try:
-        while not decoder.done:
-            # One write per upstream read: under load several events arrive per read.
-            data = await read_some(resp)
-            if not first_write and not t.first_read:
-                t.first_read = time.perf_counter_ns()
-            lines = [dumps(item) for chunk in decode(data) for item in feed(chunk)]
-            if lines:
-                if out is None:
-                    out = await begin(request)
-                await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
-                if not first_write:  # TTFT as the client sees it, even if the stream fails later
-                    first_write = time.perf_counter_ns()
-                    TTFT.labels(route).observe((first_write - t.received) / 1e9)
-                    observe_stages(request.get(ACCEPTED) or t.received, t, first_write)
-            if decoder.failure is not None:
-                raise decoder.failure
+        while True:
+            try:
+                while not decoder.done:
+                    # One write per upstream read: under load several events arrive per read.
+                    data = await read_some(resp)
+                    if not first_write and not t.first_read:
+                        t.first_read = time.perf_counter_ns()
+                    chunks = decode(data)
+                    if take is not None:
+                        chunks = take(chunks)
+                    lines = [dumps(item) for chunk in chunks for item in feed(chunk)]
+                    if lines:
+                        if out is None:
+                            out = await begin(request)
+                        await out.write(b"\n".join(lines) + b"\n" if len(lines) > 1 else lines[0] + b"\n")
+                        if not first_write:  # TTFT as the client sees it, even if the stream fails later
+                            first_write = time.perf_counter_ns()
+                            TTFT.labels(route).observe((first_write - t.received) / 1e9)
+                            observe_stages(request.get(ACCEPTED) or t.received, t, first_write)
+                    if decoder.failure is not None:
+                        raise decoder.failure
+                break
+            except VllamaError as e:
+                if resume is None or not resume.can(e):
+                    raise
+                watch.close()
+                resp.close()
+                resp = await resume.reopen(e, translator.in_reasoning)  # the client's stream pauses here
+                decoder = SSEDecoder()
+                decode = decoder.feed
+                watch = upstream.watch_body(resp)
         if not translator.finished:
             raise _unfinished()
         last = dumps(translator.final()) + b"\n"

@@ -20,12 +20,13 @@ from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import Upstream
 from ..fleet import affinity
-from ..app_state import CLIENT_AFFINITY, ROUTER_RELEASE, SETTINGS
+from ..app_state import CLIENT_AFFINITY, ROUTER_RELEASE, SETTINGS, WORKER
 from ..request.call import call_of
 from ..request.context_fit import fit, is_context_full, refusal
 from ..policy.fair_queue import prompt_tokens_guess
 from ..request.finisher import finish
 from ..request.relay import relay
+from ..request.resume import Resume, resume_timeout
 from ..ollama.timestamps import Timings
 from ..ollama.to_ollama import Translator
 from ..ollama.to_openai import final_only, unstreamed
@@ -93,11 +94,17 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
         async with model_in_use(request, backend, keep_alive):
             if path == "/v1/completions" and "max_tokens" not in body:
                 body["max_tokens"] = await remaining_context(backend.upstream, model, body["prompt"])
-            await finish(request, call, body, path, served=model.name, model=model, upstream=backend.upstream, made=made)
+            await finish(request, call, body, path, served=model.name, model=model, upstream=backend.upstream, made=made,
+                         token_ids=settings.resume and not whole)
+            resume = None
+            if settings.resume and not whole:
+                seconds, _ = resume_timeout(settings.resume_timeout, backend.board)
+                resume = Resume(path, body, backend.upstream, backend.board, request.app[WORKER], seconds,
+                                model.max_model_len, headers, request.path)
             try:
                 try:
                     return await relay(request, backend.upstream, path, body, out, stream=stream, headers=headers,
-                                       final_only=whole)
+                                       final_only=whole, resume=resume)
                 except UpstreamRejected as e:  # over the context: made to fit once, as Ollama's truncate and shift do
                     if not is_context_full(e) or not model.max_model_len:
                         raise
@@ -107,7 +114,7 @@ async def answer(request: web.Request, name: str, model: ServedModel, backend: B
                     log.info("context_fit", messages_before=before, messages_after=len(body.get("messages") or ()),
                              max_tokens=body.get("max_tokens"), truncate_prompt_tokens=body.get("truncate_prompt_tokens"))
                     return await relay(request, backend.upstream, path, body, out, stream=stream, headers=headers,
-                                       final_only=whole)
+                                       final_only=whole, resume=resume)
             except (ConnectionError, asyncio.CancelledError):  # the client left mid-answer: vLLM's tokens so far were made
                 if call.usage is None and out.output_tokens:
                     call.usage = (out.prompt_eval_count or int(prompt_tokens_guess(call.body)), out.output_tokens)

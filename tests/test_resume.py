@@ -1,0 +1,78 @@
+"""The pure parts of ``api/request/resume.py``: what is resumed, the continuation's body, its chunks shaped as the
+route's (the whole path runs against the real vLLM in ``tests/real_engine/test_real_resume.py``)."""
+
+from __future__ import annotations
+
+from vllama_proxy.api.request.resume import Resume, refusal, resumable, resume_timeout
+from vllama_proxy.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+
+
+def _resume(path: str = "/v1/chat/completions", **body) -> Resume:
+    return Resume(path, {"model": "m", **body}, upstream=None, board=None, slot=0, timeout=60.0,  # type: ignore[arg-type]
+                  max_model_len=2048, headers=None, route="/api/chat")
+
+
+def test_what_is_resumed():
+    assert resumable(UpstreamUnavailable("closed")) and resumable(UpstreamTimeout("idle"))
+    assert resumable(UpstreamRejected("EngineCore encountered an issue", 500))
+    assert not resumable(UpstreamRejected("prompt too long", 400))  # a client's mistake, never asked again
+    assert refusal("/v1/chat/completions", {"messages": []}) is None
+    assert "n=2" in refusal("/v1/chat/completions", {"n": 2})
+    assert "response_format" in refusal("/v1/chat/completions", {"response_format": {"type": "json_object"}})
+    assert "tools" in refusal("/v1/chat/completions", {"tools": [{"type": "function"}]})
+    assert refusal("/v1/embeddings", {}) is not None
+
+
+def test_the_default_timeout_follows_the_models_start():
+    class Board:
+        start_seconds = 40.0
+
+    assert resume_timeout(None, Board()) == (120.0, "3 x the model's latest start (40.0 s), at least 60 s")
+    Board.start_seconds = 5.0
+    assert resume_timeout(None, Board())[0] == 60.0
+    assert resume_timeout(None, None)[0] == 120.0  # an --upstream vLLM
+    assert resume_timeout(7.5, Board()) == (7.5, "--resume-timeout")
+
+
+def test_the_continuation_is_the_prompts_ids_and_the_sent_ones_with_the_same_sampling():
+    r = _resume(max_tokens=200, temperature=0, seed=3, stop=["\n\n"], cache_salt="k", priority=5, logprobs=True,
+                top_logprobs=2, min_tokens=60)
+    first = {"prompt_token_ids": [1, 2, 3], "choices": [{"delta": {"role": "assistant", "content": ""}, "token_ids": []}]}
+    assert r.take([first, {"choices": [{"delta": {"content": "a b"}, "token_ids": [7, 8]}]}]) is not None
+    assert r.prompt_ids == [1, 2, 3] and r.ids == [7, 8]
+    body = r._continuation(in_reasoning=False)
+    assert body["prompt"] == [1, 2, 3, 7, 8] and body["max_tokens"] == 198 and body["min_tokens"] == 58
+    assert {k: body[k] for k in ("temperature", "seed", "stop", "cache_salt", "priority", "logprobs")} == \
+        {"temperature": 0, "seed": 3, "stop": ["\n\n"], "cache_salt": "k", "priority": 5, "logprobs": 2}
+    assert body["stream"] is True and body["return_token_ids"] is True
+    # no max_tokens: up to the context's end, as vLLM's chat route would go
+    r = _resume()
+    r.take([first, {"choices": [{"delta": {"content": "x"}, "token_ids": [9]}]}])
+    assert r._continuation(in_reasoning=False)["max_tokens"] == 2048 - 4
+
+
+def test_a_resumed_chunk_is_shaped_as_the_chats_with_the_whole_answers_usage():
+    r = _resume(max_tokens=10)
+    r.take([{"prompt_token_ids": [1, 2], "choices": [{"delta": {"reasoning": "hm"}, "token_ids": [5, 6, 7]}]}])
+    r._continuation(in_reasoning=True)
+    r.shaped, r.base = True, 3
+    out = r.take([{"choices": [{"index": 0, "text": " so</think>Yes", "token_ids": [8, 9]}]},
+                  {"choices": [{"index": 0, "text": "!", "finish_reason": "length", "token_ids": [10]}]},
+                  {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}])
+    assert out[0]["choices"][0]["delta"] == {"reasoning": " so", "content": "Yes"}  # reasoning ends at </think>
+    assert out[1]["choices"][0] == {"index": 0, "delta": {"content": "!"}, "finish_reason": "length"}
+    assert out[2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 6}  # the client's prompt, the whole answer
+    assert r.ids == [5, 6, 7, 8, 9, 10]
+
+
+def test_a_stream_without_its_prompts_ids_is_not_continued_once_it_began():
+    r = _resume()
+    assert r.can(UpstreamUnavailable("refused"))  # nothing relayed yet: asked again whole
+    r.take([{"choices": [{"delta": {"content": "a"}}]}])  # a vLLM that sends no token ids
+    assert not r.can(UpstreamUnavailable("closed"))
+    assert not _resume(n=3).can(UpstreamUnavailable("closed"))
+    r = _resume()  # the prompt's ids came, a token's did not (vLLM hides them when it hides reasoning)
+    r.take([{"prompt_token_ids": [1], "choices": [{"delta": {"role": "assistant", "content": ""}}]}])
+    assert r.can(UpstreamUnavailable("closed"))
+    r.take([{"choices": [{"delta": {"content": "a"}}]}])
+    assert not r.can(UpstreamUnavailable("closed"))

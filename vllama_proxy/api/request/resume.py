@@ -1,0 +1,309 @@
+"""A stream that outlives its vLLM: asked again as token ids, continued on the same client stream.
+
+When vLLM dies mid-answer (its engine core or its API server killed, a restart by vllama, a connection
+reset), every token already written to the client is known to vllama, and vLLM takes a prompt as token ids.
+So a stream that breaks is asked again of the vLLM that serves the model next (the restarted one, or another
+node behind a router) on ``/v1/completions`` with ``prompt`` = the prompt's token ids followed by the output's
+token ids already relayed, the same sampling parameters (greedy stays greedy; a seed is passed on),
+``max_tokens`` less what was sent, the key's ``cache_salt`` and ``priority``. Its chunks are shaped like the
+original route's (a chat's ``delta``; reasoning up to ``</think>`` stays reasoning) and fed to the same
+translator, so the client's stream pauses and continues; its ``usage`` is rewritten to count the client's
+prompt once and the whole answer (the settler, ``settler.py``, charges that), and the resume's own prompt is
+vllama's cost: ``vllama_resumed_streams_total``, ``vllama_resume_prompt_tokens_total`` (``metrics.py``).
+
+The ids come from vLLM itself (``return_token_ids``, asked by the finisher, ``finisher.py``: the prompt's in a
+stream's first chunk, each token's in its chunk), never from the text re-tokenized. A stream waits for the
+model to serve again (its status board's news, ``supervisor/status.py``; an ``--upstream`` vLLM is asked
+again with a growing pause) at most ``--resume-timeout`` seconds (default from the model's latest start:
+:func:`resume_timeout`), then ends with the error it broke with, as without ``--resume``.
+
+Not resumed, the log says why (``resume_refused``): a client's ``n`` > 1, structured output (a grammar would
+begin again at the continuation), tools (vLLM's tool parser reads a chat's own stream), a stream that broke
+before vLLM sent its prompt's ids, a client error (4xx), a model that failed or stopped. Known limits: with
+stop strings, text vLLM held back before the break (at most a stop string's length) is not sent; presence and
+frequency penalties see the sent output as prompt. Source: vLLM 0.32 ``entrypoints/openai/*/protocol.py``
+(``return_token_ids``, ``prompt_token_ids``, ``token_ids``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+from vllama_proxy.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, VllamaError
+from vllama_proxy.logs import get_logger
+from vllama_proxy.upstream import Upstream, encode_json
+from ..metrics import RESUME_PROMPT_TOKENS, RESUMED_STREAMS
+
+log = get_logger("vllama.resume")
+
+#: What a chat or completions body carries over to the resume's ``/v1/completions`` as it is.
+_CARRIED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "repetition_penalty",
+            "presence_penalty", "frequency_penalty", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+            "spaces_between_special_tokens", "bad_words", "logit_bias", "allowed_token_ids", "priority", "cache_salt",
+            "user", "vllm_xargs")
+#: Fields whose request cannot be continued from its middle (a grammar begins again; a tool parser reads the stream).
+_UNRESUMABLE = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                "guided_grammar", "tools", "functions")
+#: The end of a reasoning block as vLLM's ``<think>`` parsers (qwen3, deepseek_r1) read it.
+_END_THINK = "</think>"
+#: Without a model's measured start: the least a stream waits, and what an ``--upstream`` vLLM gets.
+_FLOOR_S = 60.0
+_UPSTREAM_S = 120.0
+
+
+def resume_timeout(configured: float | None, board: Any) -> tuple[float, str]:
+    """``(seconds, source)`` a broken stream waits for its model to serve again: ``--resume-timeout``; else
+    three times the model's latest start until ready (``StatusBoard.start_seconds``, measured by its supervisor:
+    a restart takes about as long as a start, and a loaded machine, ``tests/README.md``, two to three times
+    that), at least 60 s; an ``--upstream`` vLLM (no board) 120 s."""
+    if configured is not None:
+        return configured, "--resume-timeout"
+    if board is None:
+        return _UPSTREAM_S, "an --upstream vLLM: no start measured"
+    start = float(board.start_seconds or 0.0)
+    return max(_FLOOR_S, 3 * start), f"3 x the model's latest start ({start:.1f} s), at least {_FLOOR_S:g} s"
+
+
+def resumable(error: BaseException) -> bool:
+    """Whether ``error`` broke a stream that another vLLM may continue: the connection refused, reset or closed,
+    no byte within the idle-read timeout, or vLLM's own 5xx (an ``EngineDeadError`` streamed as an error event);
+    never a client's 4xx."""
+    if isinstance(error, UpstreamRejected):
+        return error.status >= 500
+    return isinstance(error, (UpstreamUnavailable, UpstreamTimeout))
+
+
+def refusal(path: str, body: dict[str, Any]) -> str | None:
+    """Why a request to vLLM at ``path`` cannot be resumed (``None``: it can)."""
+    if path not in ("/v1/chat/completions", "/v1/completions"):
+        return f"{path} is not resumed"
+    n = body.get("n")
+    if isinstance(n, int) and n > 1:
+        return f"n={n}: several choices are not resumed"
+    if isinstance(body.get("prompt"), list) and body["prompt"] and not isinstance(body["prompt"][0], int):
+        return "a batch of prompts is not resumed"
+    for field in _UNRESUMABLE:
+        if body.get(field):
+            return f"{field}: not resumed (continued from its middle it would begin again)"
+    return None
+
+
+class Resume:
+    """One stream's resumption: the token ids relayed so far, and the requests that continue it.
+
+    Args:
+        path: the route's vLLM path (``/v1/chat/completions`` or ``/v1/completions``).
+        body: vLLM's body as finished (``finisher.py``); its sampling fields are carried over.
+        upstream: the model's vLLM (the same address serves the restarted one; a router's picks another node).
+        board: the model's status board (``supervisor/status.py``; ``None``: an ``--upstream`` vLLM).
+        slot: this process's index among the workers (its news bell on the board).
+        timeout: seconds a broken stream waits (:func:`resume_timeout`).
+        max_model_len: the model's context (for ``max_tokens`` when the body set none), ``None``: unknown.
+        headers: what went upstream with the body (a router's session key).
+        route: the client's route (the metrics' label).
+    """
+
+    __slots__ = ("path", "body", "upstream", "board", "slot", "timeout", "max_model_len", "headers", "route",
+                 "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen", "blind")
+
+    def __init__(self, path: str, body: dict[str, Any], upstream: Upstream, board: Any, slot: int, timeout: float,
+                 max_model_len: int | None, headers: Any, route: str) -> None:
+        self.path = path
+        self.body = body
+        self.upstream = upstream
+        self.board = board
+        self.slot = slot
+        self.timeout = timeout
+        self.max_model_len = max_model_len
+        self.headers = headers
+        self.route = route
+        self.prompt_ids: list[int] | None = None
+        self.ids: list[int] = []  # the output's token ids relayed to the client, in order
+        self.times = 0  # resumes so far
+        self.base = 0  # output tokens relayed before the latest resume
+        self.chat = path == "/v1/chat/completions"
+        self.reasoning = False  # a resumed chat continues inside its reasoning (until </think>)
+        self.stack = AsyncExitStack()  # the resumes' upstream responses, closed with the stream
+        self.why_not = refusal(path, body)
+        self.blind = False  # a chunk with text came without its token ids: what was sent is not known as ids
+        self.seen = False  # a chunk of the answer arrived (without the prompt's ids it cannot be continued)
+        self.shaped = False  # the chunks now come from a continuation on /v1/completions: shaped as the route's
+
+    def take(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``chunks`` of one upstream read, their token ids kept; once resumed, shaped as the route's chunks
+        with the whole answer's usage. Called once per read."""
+        ids = self.ids
+        if chunks:
+            self.seen = True
+        for chunk in chunks:
+            choices = chunk.get("choices")
+            if self.prompt_ids is None:
+                prompt = chunk.get("prompt_token_ids") or (choices and choices[0].get("prompt_token_ids"))
+                if prompt:
+                    self.prompt_ids = list(prompt)
+            if choices:
+                choice = choices[0]
+                got = choice.get("token_ids")
+                if got:
+                    ids.extend(got)
+                elif got is None and (choice.get("text") or choice.get("delta")):
+                    delta = choice.get("delta") or {}
+                    if choice.get("text") or delta.get("content") or delta.get("reasoning") \
+                            or delta.get("reasoning_content") or delta.get("tool_calls"):
+                        self.blind = True
+        if not self.shaped:
+            return chunks
+        return [self._shaped(chunk) for chunk in chunks]
+
+    def _shaped(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """A resumed ``/v1/completions`` chunk as the original route's: its usage counting the client's prompt and
+        the whole answer; for a chat, its text as a ``delta`` (reasoning until ``</think>``) and its logprobs in
+        the chat's shape."""
+        usage = chunk.get("usage")
+        if usage:
+            usage = {**usage, "prompt_tokens": len(self.prompt_ids or ()),
+                     "completion_tokens": self.base + int(usage.get("completion_tokens") or 0)}
+            chunk = {**chunk, "usage": usage}
+        if not self.chat or not chunk.get("choices"):
+            return chunk
+        choice = chunk["choices"][0]
+        text = choice.get("text") or ""
+        delta: dict[str, Any] = {}
+        if self.reasoning and text:
+            thought, end, said = text.partition(_END_THINK)
+            if thought:
+                delta["reasoning"] = thought
+            if end:
+                self.reasoning = False
+                if said:
+                    delta["content"] = said
+        elif text:
+            delta["content"] = text
+        shaped: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}
+        lp = choice.get("logprobs")
+        if lp and lp.get("tokens"):
+            tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
+            shaped["logprobs"] = {"content": [
+                {"token": tok, "logprob": val, "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()]}
+                for tok, val, top in zip(lp["tokens"], lp.get("token_logprobs") or [], tops)]}
+        return {**chunk, "choices": [shaped]}
+
+    def can(self, error: BaseException, *, before_answer: bool = False) -> bool:
+        """Whether the stream broken by ``error`` is resumed (else the log says why, once); ``before_answer``: vLLM
+        failed before its answer began, asked again only of a vLLM vllama runs (a router retries on its own)."""
+        if not resumable(error) or (before_answer and self.board is None):
+            return False
+        why = self.why_not or (None if self.prompt_ids or not self.seen else "vLLM sent no prompt token ids before it broke")
+        if why is None and self.blind:
+            why = "vLLM sent text without its token ids"
+        if why is None and self.max_model_len and len(self.prompt_ids or ()) + len(self.ids) >= self.max_model_len:
+            why = "the context is full"
+        if why is not None:
+            log.info("resume_refused", route=self.route, why=why, error=str(error)[:200])
+            return False
+        return True
+
+    def _continuation(self, in_reasoning: bool) -> dict[str, Any]:
+        """The ``/v1/completions`` body that continues the stream."""
+        body = self.body
+        prompt = [*(self.prompt_ids or ()), *self.ids]
+        out: dict[str, Any] = {"model": body["model"], "prompt": prompt, "stream": True, "return_token_ids": True,
+                               "stream_options": {"include_usage": True, "continuous_usage_stats": False}}
+        for field in _CARRIED:
+            if body.get(field) is not None:
+                out[field] = body[field]
+        most = body.get("max_completion_tokens") or body.get("max_tokens")
+        if isinstance(most, int):
+            out["max_tokens"] = max(most - len(self.ids), 1)
+        elif self.max_model_len:
+            out["max_tokens"] = max(self.max_model_len - len(prompt), 1)
+        least = body.get("min_tokens")
+        if isinstance(least, int) and least:
+            out["min_tokens"] = max(least - len(self.ids), 0)
+        if self.chat:
+            if body.get("logprobs"):
+                out["logprobs"] = int(body.get("top_logprobs") or 0)
+        elif body.get("logprobs") is not None:
+            out["logprobs"] = body["logprobs"]
+        self.reasoning = in_reasoning
+        return out
+
+    async def reopen(self, error: VllamaError, in_reasoning: bool = False) -> Any:
+        """The upstream response that continues the stream broken by ``error``, once the model serves again: the
+        continuation on ``/v1/completions``, or, when nothing was relayed yet, the request itself asked again.
+
+        Raises:
+            VllamaError: ``error`` itself when the model did not serve again within the timeout, failed or
+                stopped, or vLLM refused the continuation (its 4xx, logged).
+        """
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        sent = len(self.ids)
+        whole = self.prompt_ids is None  # nothing relayed (can() made sure): the same request, asked again
+        path = self.path if whole else "/v1/completions"
+        body = encode_json(self.body if whole else self._continuation(in_reasoning))
+        restarts = self.board.restarts if self.board is not None else 0
+        log.info("stream_broken", route=self.route, error=str(error)[:200], tokens_sent=sent,
+                 resume_timeout_s=round(self.timeout, 1))
+        pause = 0.05
+        while True:
+            if self.board is not None:
+                await self._until_serving(error, deadline)
+            try:
+                resp = await self.stack.enter_async_context(
+                    self.upstream.request("POST", path, body=body, headers=self.headers))
+                break
+            except UpstreamRejected as e:
+                # a 5xx of the vLLM that broke (its engine dead, not yet restarted) is waited out; one of the vLLM
+                # started since, or any 4xx, is its answer to the continuation: final
+                if e.status < 500 or (self.board is not None and self.board.restarts > restarts and self.board.ready):
+                    log.warning("resume_refused", route=self.route, why=f"vLLM refused the continuation: {e.message}")
+                    raise error from e
+            except (UpstreamUnavailable, UpstreamTimeout):
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("resume_gave_up", route=self.route, waited_s=round(time.monotonic() - t0, 1))
+                raise error
+            # the model's vLLM not serving yet: its supervisor's next news, or a growing pause for an --upstream one
+            news = self.board.news(self.slot) if self.board is not None else None
+            try:
+                await asyncio.wait_for(news if news is not None else asyncio.sleep(pause), min(pause, remaining))
+            except asyncio.TimeoutError:
+                pass
+            pause = min(pause * 2, 2.0)
+        self.times += 1
+        self.shaped = not whole
+        self.base = sent
+        prompt = len(self.prompt_ids or ()) + sent if not whole else 0  # asked whole: vLLM's usage counts it
+        RESUMED_STREAMS.labels(self.route).inc()
+        RESUME_PROMPT_TOKENS.labels(self.route).inc(prompt)
+        log.info("stream_resumed", route=self.route, paused_s=round(time.monotonic() - t0, 2), tokens_sent=sent,
+                 resume_prompt_tokens=prompt, resumes=self.times)
+        return resp
+
+    async def _until_serving(self, error: VllamaError, deadline: float) -> None:
+        """Until the model's board says it serves (told by its supervisor's news); ``error`` raised when it failed
+        or stops, or at ``deadline``."""
+        board = self.board
+        while not board.ready:
+            news = board.news(self.slot)  # before the look: a status published from here on answers it
+            state = board.state.value
+            if state in ("failed", "stopping", "stopped"):
+                log.warning("resume_refused", route=self.route, why=f"the model is {state}")
+                raise error
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("resume_gave_up", route=self.route, state=state)
+                raise error
+            try:
+                await asyncio.wait_for(news, remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """The resumes' upstream responses closed (or pooled once read to their end)."""
+        await self.stack.aclose()
