@@ -41,7 +41,7 @@ def vllama(proxy, *args: str, stdin: str = "", host: str | None = None) -> subpr
 
 
 def test_commands_constant():
-    assert COMMANDS == ("list", "ps", "create", "show", "pull", "run", "stop", "cp", "rm", "usage", "launch")
+    assert COMMANDS == ("list", "ps", "create", "show", "pull", "run", "stop", "cp", "rm", "usage", "keys", "launch")
     assert main("nope", []) == 2
 
 

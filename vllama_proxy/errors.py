@@ -24,6 +24,8 @@ in ``upstream/mapping.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hu
     │   └── ModelNotAllowed           403  a local model the on-demand allow-list does not admit
     ├── ModelNotFound                 404  "model 'X' not found"
     │   └── NoSuchModel               404  a /v1 request's model no vLLM serves, in vLLM's words
+    ├── KeyNotFound                   404  the admin API names a key not minted, or revoked
+    ├── KeyNameTaken                  409  a minted key's name taken; a keys-file key changed by the API
     ├── MethodNotAllowed              405  a method a route does not take
     ├── BodyTimeout                   408  the request body did not arrive within --body-timeout
     ├── RequestTooLarge               413
@@ -181,6 +183,19 @@ class NoSuchModel(ModelNotFound):
     def __init__(self, model: str) -> None:
         VllamaError.__init__(self, f"The model `{model}` does not exist.", param="model")
         self.model = model
+
+
+class KeyNotFound(VllamaError):
+    """The admin API names a key that is not minted, or was revoked (404, ``api/routes/keys.py``)."""
+
+    status = 404
+
+
+class KeyNameTaken(VllamaError):
+    """The admin API would mint a key under a name already taken, or change a key from the keys file, which
+    only the file changes (409, ``api/routes/keys.py``)."""
+
+    status = 409
 
 
 class MethodNotAllowed(VllamaError):

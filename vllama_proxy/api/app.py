@@ -34,7 +34,7 @@ from vllama_proxy.settings import Settings
 from vllama_proxy.supervisor.sizing import Plan
 from vllama_proxy.models.boards import EngineBoard
 from vllama_proxy.upstream import Upstream
-from .policy import access, end_users, keys as api_keys, route_roles
+from .policy import access, end_users, key_store, keys as api_keys, route_roles
 from .request import admission
 from .request.call import CALL, Call
 from .usage.ledger import Ledger
@@ -44,8 +44,8 @@ from .fleet.client_affinity import ClientAffinity
 from .fleet.router_release import RouterRelease
 from .policy.fleet_counters import RedisKeyState, redis_client
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
-from .routes import admin, agents, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
-from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_AFFINITY, CLOSE_AFTER, DRAINING, FRONT_END, KEYS, LEDGER, MAX_RUNNING,
+from .routes import admin, agents, keys, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
+from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_AFFINITY, CLOSE_AFTER, DRAINING, FRONT_END, KEY_STORE, KEYS, LEDGER, MAX_RUNNING,
                         ROUTER_RELEASE, SETTINGS, SETTLER, WORKER)
 
 log = get_logger("vllama.http")
@@ -138,7 +138,7 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 #: Routes that answer while vLLM loads: static facts and the probes.
 _UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "/metrics", "/health", "/api/usage", "/admin",
-                      "/admin/login", "/admin/logout"})
+                      "/admin/login", "/admin/logout", "/admin/live", "/admin/keys", "/api/keys", "/api/keys/audit"})
 
 
 def ready_gate(boards: Sequence[EngineBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -155,7 +155,8 @@ def ready_gate(boards: Sequence[EngineBoard]) -> Callable[..., Awaitable[web.Str
 
     @web.middleware
     async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in _UNGATED and not any(open_(b) for b in boards):
+        if (request.path not in _UNGATED and not any(open_(b) for b in boards)
+                and not request.path.startswith(("/api/keys/", "/admin/"))):
             raise boards[0].unavailable()
         return await handler(request)
 
@@ -204,6 +205,25 @@ async def usage_ledger(app: web.Application) -> AsyncIterator[None]:
         raise
     yield
     await ledger.close()
+
+
+async def minted_keys(app: web.Application) -> AsyncIterator[None]:
+    """The minted keys (``key_store.py``) for the app's life: read before the first request, then followed
+    (``key_store.follow``: every change of every worker and front within about a second). A database that
+    cannot be opened stops the start, as the ledger's does."""
+    settings = app[SETTINGS]
+    try:
+        store = await asyncio.to_thread(key_store.open_key_store, settings.usage_db, settings.state_dir)
+        app[KEYS].set_minted(await asyncio.to_thread(store.rows))
+    except Exception as e:
+        log.error("key_store_failed", error=repr(e), hint="--usage-db names where it is kept; --usage-db off runs without it")
+        raise
+    app[KEY_STORE] = store
+    task = asyncio.create_task(key_store.follow(store, app[KEYS].set_minted))
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.to_thread(store.close)
 
 
 def check_config(settings: Settings) -> None:
@@ -321,6 +341,7 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
                              flush_rows=settings.usage_flush_rows, refresh_interval=settings.usage_refresh_interval,
                              retention_days=settings.usage_retention_days, prunes=worker == 0)
         app.cleanup_ctx.append(usage_ledger)
+        app.cleanup_ctx.append(minted_keys)
     app[SETTLER] = Settler(bound, bound.queue if settings.fair() else None, shared, app.get(LEDGER), ring)
     routes = [
         ("GET", "/", meta.root),  # GET routes also answer HEAD
@@ -335,6 +356,16 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         ("GET", "/admin", admin.page),
         ("POST", "/admin/login", admin.login),
         ("POST", "/admin/logout", admin.logout),
+        ("GET", "/admin/live", admin.live),
+        ("POST", "/admin/keys", admin.key_create),
+        ("POST", "/admin/keys/{name}/{action:update|rotate|revoke}", admin.key_action),
+        ("GET", "/api/keys", keys.list_keys),
+        ("POST", "/api/keys", keys.create),
+        ("GET", "/api/keys/audit", keys.audit),
+        ("PATCH", "/api/keys/{name}", keys.update),
+        ("DELETE", "/api/keys/{name}", keys.revoke),
+        ("POST", "/api/keys/{name}/rotate", keys.rotate),
+        ("POST", "/api/keys/{name}/revoke", keys.revoke),
         ("POST", "/api/generate", generate.generate),
         ("POST", "/api/chat", chat.chat),
         ("POST", "/api/embed", embed.embed),

@@ -36,6 +36,8 @@ MAX_RUNNING = web.AppKey("max_running", object)
 DRAINING = web.AppKey("draining", object)
 #: Request key: ``time.perf_counter_ns()`` when the outermost middleware saw the request (stage timings).
 ACCEPTED = "vllama.accepted"
+#: The minted keys' store (``key_store.KeyStore``, in the usage database), ``None`` with ``--usage-db off``.
+KEY_STORE = web.AppKey("key_store", object)
 #: This process's usage ledger (``ledger.py``), ``None`` with ``--usage-db off``.
 LEDGER = web.AppKey("ledger", Ledger)
 #: The server-wide admission count (``admission.AdmissionBound``): requests in flight per key.

@@ -17,7 +17,7 @@ import sys
 
 from vllama_proxy import CliParser
 
-from . import commands, launch, usage
+from . import commands, keys, launch, usage
 from .api_client import ApiError, Client, ConnectError
 from .create import cmd_create
 
@@ -116,6 +116,10 @@ def build_parser() -> CliParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the server's JSON answer")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
+    p = command("keys", keys.cmd_keys, "mint, list, change, rotate and revoke the server's API keys (an admin key)",
+                "Mint, list, change, rotate and revoke the server's API keys through /api/keys, with an admin key "
+                "(OLLAMA_API_KEY): `vllama keys list|create NAME|update NAME|rotate NAME|revoke NAME|audit`.")
+    keys.add_arguments(p)
     p = command("launch", launch.cmd_launch, "start a coding agent (claude, codex, opencode, copilot, qwen, kimi, pool, droid) pointed at vllama",
                 "Start a coding agent pointed at vllama: `vllama launch TOOL [--model M] [--config] [-- TOOL ARGS]`.")
     launch.add_arguments(p)
@@ -148,7 +152,8 @@ def main(command: str, argv: list[str]) -> int:
         argv = ["--think=true" if a == "--think" else a for a in argv]
     argv, extra = launch.split_extra(argv) if command == "launch" else (argv, [])
     try:
-        args = sub.parse_intermixed_args(argv)  # flags may follow the prompt words
+        # flags may follow the prompt words; keys has actions (subparsers, which intermixed parsing refuses)
+        args = sub.parse_args(argv) if command == "keys" else sub.parse_intermixed_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     if extra:

@@ -7,6 +7,10 @@ WebUI: **user** (its models), **admin** (also models and the server), **metrics*
 found by the SHA-256 of what the client sends (one hash, one dict lookup, no early-exit comparison);
 ``SIGHUP`` rereads the file in every worker, one that no longer parses leaves the keys as they were;
 with no key every caller is an admin, as in Ollama.
+Keys are also minted, changed, rotated and revoked without a file (``/api/keys``, ``routes/keys.py``; the
+``/admin`` page), kept hashed in the usage database (``key_store.py``) and followed by every worker of every
+front within about a second; :meth:`KeyRing.find` checks both sources, and a minted key's expiry, in its one
+lookup.
 
 Which role reaches which route is ``route_roles.py``'s one table (checked by :func:`middleware`
 before anything else runs: a route not in it is 404 and never relayed); a check inside a handler
@@ -18,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import hashlib
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -103,6 +108,9 @@ class Key:
         budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
             ``api/policy/budgets.py`` checks it against the usage ledger).
         budget_period: ``day`` or ``month`` (UTC).
+        expires_at: seconds since the epoch after which it is refused (``None``: never; minted keys only).
+        source: ``file`` (``--api-key``, ``--api-key-file``: read-only to the admin API) or ``api`` (minted:
+            ``key_store.py``).
         cache_salt: the ``cache_salt`` its requests carry to vLLM, its own share of the prefix cache
             (``cache_salt.of_key``, computed once when the keys are read); ``None`` with ``--cache-isolation
             off`` and for :data:`OPEN`.
@@ -127,6 +135,8 @@ class Key:
     max_tokens: int | None = None
     budget_tokens: int | None = None
     budget_period: str = "month"
+    expires_at: float | None = None
+    source: str = "file"
     cache_salt: str | None = field(default=None, compare=False, repr=False)
     trusted_front: bool = False
     user_header: str = ""
@@ -233,6 +243,8 @@ class KeyRing:
         self.path = path
         self.cache_isolation = cache_isolation
         self._by_digest: dict[str, Key] = {}
+        self._file: list[tuple[str, Key]] = []
+        self._minted: list[tuple[str, Key]] = []
         self.load()
 
     @property
@@ -249,12 +261,41 @@ class KeyRing:
         page's cookie is signed with the digest: ``routes/admin.py``)."""
         for digest, key in self._by_digest.items():
             if key.name == name:
-                return digest, key
+                return None if key.expires_at is not None and key.expires_at <= time.time() else (digest, key)
         return None
 
     def find(self, token: bytes) -> Key | None:
-        """The key whose secret is ``token``, or ``None``."""
-        return self._by_digest.get(hashlib.sha256(token).hexdigest())
+        """The key whose secret is ``token``, or ``None`` (also for a minted key past its ``expires_at``): the one
+        place a request's key is checked, the keys file's and the minted ones (``key_store.py``) alike."""
+        key = self._by_digest.get(hashlib.sha256(token).hexdigest())
+        if key is not None and key.expires_at is not None and key.expires_at <= time.time():
+            return None
+        return key
+
+    def file_names(self) -> set[str]:
+        """The names of the keys from ``--api-key`` and the keys file (the admin API may not take them)."""
+        return {k.name for _, k in self._file}
+
+    def set_minted(self, rows: list[dict]) -> None:
+        """Take the minted keys (``KeyStore.rows()``: revoked ones are left out) beside the file's; a minted key
+        whose name the file also gives is left out (the file's wins)."""
+        names = self.file_names()
+        minted = []
+        for r in rows:
+            if r["revoked_at"] is not None or r["name"] in names:
+                continue
+            spec = r["spec"]
+            minted.append((r["sha256"], Key(name=r["name"], role=spec["role"], models=tuple(spec["models"]),
+                                            max_in_flight=spec["max_in_flight"], priority=spec["priority"],
+                                            max_tokens=spec["max_tokens"], weight=spec["weight"], rpm=spec["rpm"], tpm=spec["tpm"],
+                                            budget_tokens=spec["budget_tokens"], budget_period=spec["budget_period"],
+                                            expires_at=r["expires_at"], source="api")))
+        before = {k.name for k in self._by_digest.values() if k.source == "api"}
+        self._minted = minted
+        self._index()
+        after = {k.name for _, k in minted}
+        if before != after:
+            log.info("keys_minted_loaded", keys=sorted(after))
 
     def load(self) -> None:
         """Read the keys (at start; a bad file then stops the start: exit status 2).
@@ -265,8 +306,16 @@ class KeyRing:
         found = [(hashlib.sha256(k.encode()).hexdigest(), Key(name=f"api-key:{i + 1}")) for i, k in enumerate(self._flag_keys)]
         if self.path is not None:
             found += parse_keys_file(self.path)
+        self._file = found
+        self._index()
+
+    def _index(self) -> None:
+        """Index the file's and the minted keys by digest; each gets its counter slot (by name: the same in every
+        worker that sees the same keys) and its cache salt."""
         taken: set[int] = set()
         by_digest: dict[str, Key] = {}
+        file_names = {k.name for _, k in self._file}
+        found = self._file + [(d, k) for d, k in self._minted if k.name not in file_names]
         for digest, key in sorted(found, key=lambda x: x[1].name):
             s = slot_of(key.name, taken)
             taken.add(s)
@@ -283,13 +332,13 @@ class KeyRing:
     def reload(self) -> bool:
         """Read the keys again (``SIGHUP``); a file that cannot be read or parsed keeps the old keys.
         Requests in flight keep the key they came with. Whether the new keys took effect."""
-        before = self._by_digest
+        before, before_file = self._by_digest, self._file
         try:
             self.load()
             if before and not self._by_digest:
                 raise ValueError("it holds no key any more (the server would be open to anyone)")
         except (OSError, ValueError) as e:
-            self._by_digest = before
+            self._by_digest, self._file = before, before_file
             log.error("keys_reload_failed", path=str(self.path), error=str(e), kept=len(before))
             return False
         log.info("keys_loaded", path=str(self.path), keys=sorted(k.name for k in self.keys),

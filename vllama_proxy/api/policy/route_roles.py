@@ -36,6 +36,17 @@ ROUTES: Mapping[tuple[str, str], frozenset[str]] = {
     ("GET", "/admin"): OPEN,
     ("POST", "/admin/login"): OPEN,
     ("POST", "/admin/logout"): OPEN,
+    ("GET", "/admin/live"): OPEN,
+    ("POST", "/admin/keys"): OPEN,
+    ("POST", "/admin/keys/{name}/{action:update|rotate|revoke}"): OPEN,
+    # minting and managing keys without a file (routes/keys.py): an admin's
+    ("GET", "/api/keys"): ADMIN,
+    ("POST", "/api/keys"): ADMIN,
+    ("GET", "/api/keys/audit"): ADMIN,
+    ("PATCH", "/api/keys/{name}"): ADMIN,
+    ("DELETE", "/api/keys/{name}"): ADMIN,
+    ("POST", "/api/keys/{name}/rotate"): ADMIN,
+    ("POST", "/api/keys/{name}/revoke"): ADMIN,
     # the usage ledger: a user's own, an admin's every key's (routes/usage.py)
     ("GET", "/api/usage"): USER,
     # Prometheus: every key's and every model's numbers, so an admin's or a scraper's
@@ -85,7 +96,8 @@ ROUTES: Mapping[tuple[str, str], frozenset[str]] = {
 #: What some admin routes do, for the 403's words.
 WHAT = {"/api/pull": "pull models", "/api/delete": "delete models", "/api/copy": "copy models",
         "/api/create": "create models", "/api/push": "push models", "/api/blobs/{digest}": "upload blobs",
-        "/metrics": "read the metrics", "/vllm/metrics": "read the metrics"}
+        "/metrics": "read the metrics", "/api/keys": "manage keys", "/api/keys/{name}": "manage keys",
+        "/api/keys/audit": "read the keys' audit log", "/api/keys/{name}/rotate": "rotate keys", "/api/keys/{name}/revoke": "revoke keys", "/vllm/metrics": "read the metrics"}
 
 
 def _compile(path: str) -> re.Pattern[str]:

@@ -9,6 +9,11 @@ and their HMAC-SHA-256 keyed by the key's digest: valid on any worker, void once
 keys file, ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file every worker reads).
 Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin``; ``frame-ancestors
 'none'``, a CSP without scripts, every value HTML-escaped. Scripts may send ``Authorization: Bearer``.
+The page also mints, scopes, expires, rotates and revokes keys (``routes/keys.py``'s functions, the admin
+API's), shows the audit log, and frames the live data (``GET /admin/live``), which alone refreshes every
+15 s so a form's typing stays. A wrong key answers the sign-in form with the reason (401, 403). CSRF: each
+key form carries :func:`csrf_token` (an HMAC of the sign-in's signature); rotating and revoking need the
+form's ``confirm`` box. The cookie is void too once its key is rotated, revoked or expired.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from typing import Any
 
 from aiohttp import web
 
-from vllama_proxy.errors import Forbidden, Unauthorized
+from vllama_proxy.errors import BadRequest, Forbidden, Unauthorized, VllamaError
 from vllama_proxy.supervisor import gpu
-from ..app_state import ADMISSION, CATALOG, KEYS, LEDGER, SETTINGS
+from . import keys as key_admin
+from ..app_state import ADMISSION, CATALOG, KEY_STORE, KEYS, LEDGER, SETTINGS
 from ..policy.budgets import budget_of
 from ..policy.keys import KEY, OPEN, Key, KeyRing
 from ..usage.ledger import iso, period_bounds
@@ -40,17 +46,34 @@ SIGN_OUTS = web.AppKey("admin_sign_outs", object)
 #: Seconds a sign-in lasts.
 COOKIE_AGE = 8 * 3600
 _HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-src 'self'; frame-ancestors 'none'",
     "X-Frame-Options": "DENY", "Cache-Control": "no-store", "Referrer-Policy": "same-origin", "X-Content-Type-Options": "nosniff",
 }
+#: ``/admin/live``, the data the page frames: framed by the page alone, refreshed every 15 s.
+_LIVE_HEADERS = {**_HEADERS, "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'self'",
+                 "X-Frame-Options": "SAMEORIGIN"}
 _STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#f3f3f3}.n{text-align:right}
 .bar{width:12em;height:.9em;background:#eee;border:1px solid #bbb}.bar div{height:100%;background:#4a8}.over div{background:#c44}
-form.inline{display:inline}h2{margin-top:1.2em}"""
+form.inline{display:inline}h2{margin-top:1.2em}iframe{width:100%;height:60vh;border:1px solid #ccc}
+.msg{padding:.5em;border:1px solid #c44;background:#fee}.secret{padding:.5em;border:1px solid #4a8;background:#efe;font-family:monospace}
+input.s{width:6em}"""
 
 
 def _sign(digest: str, name: str, expires: int) -> str:
     return hmac.new(bytes.fromhex(digest), f"{name}.{expires}".encode(), hashlib.sha256).hexdigest()
+
+
+def csrf_token(ring: KeyRing, cookie: str) -> str | None:
+    """The token the page's forms carry for the sign-in of ``cookie``: an HMAC of the cookie's signature keyed by
+    the key's digest (``None`` for a cookie that names no key). A page of another site can neither read it nor
+    forge it; it changes with every sign-in and dies with it."""
+    name, _, rest = cookie.partition(".")
+    sig = rest.partition(".")[2]
+    found = ring.named(name)
+    if found is None:
+        return None
+    return hmac.new(bytes.fromhex(found[0]), f"csrf.{sig}".encode(), hashlib.sha256).hexdigest()
 
 
 def cookie_key(ring: KeyRing, value: str, now: float, signed_out: SignOuts | None = None) -> Key | None:
@@ -135,12 +158,24 @@ def _refuse_user(key: Key) -> None:
         raise Forbidden(f"key '{key.name}' (role {key.role}) may not open the admin page: that needs an admin key")
 
 
+def _sign_in(error: VllamaError | None = None) -> web.Response:
+    """The sign-in form (no refresh: a half-typed key stays), with ``error``'s message and status when given."""
+    msg = f'<p class="msg" role="alert">{html.escape(error.message)}</p>' if error is not None else ""
+    resp = _html("vllama: sign in", f'<h1>vllama admin</h1>{msg}<form method="post" action="/admin/login">'
+                 '<label>Admin key <input type="password" name="key" autocomplete="current-password" autofocus></label> '
+                 '<button type="submit">Sign in</button></form>')
+    if error is not None:
+        resp.set_status(error.status)
+        resp.headers.update(error.headers)
+    return resp
+
+
 async def login(request: web.Request) -> web.StreamResponse:
-    """``POST /admin/login`` (form field ``key``): an admin key gets the cookie and 303 to ``/admin``.
+    """``POST /admin/login`` (form field ``key``): an admin key gets the cookie and 303 to ``/admin``; no key, an
+    unknown one (401) or a user's (403) get the form again with the reason.
 
     Raises:
-        Unauthorized: no key, or an unknown one.
-        Forbidden: a user key, or a post from another origin.
+        Forbidden: a post from another origin.
     """
     _same_origin(request)
     body = await read_body(request)  # a few KB at most, within --body-timeout: anyone may post here
@@ -149,8 +184,9 @@ async def login(request: web.Request) -> web.StreamResponse:
     ring = request.app[KEYS]
     key = ring.find(token.encode("utf-8", "surrogateescape")) if token else None
     if key is None:
-        raise Unauthorized("unknown key: sign in with an admin key")
-    _refuse_user(key)
+        return _sign_in(Unauthorized("unknown key: sign in with an admin key"))
+    if not key.admin:
+        return _sign_in(Forbidden(f"key '{key.name}' (role {key.role}) may not open the admin page: that needs an admin key"))
     resp = web.HTTPSeeOther("/admin")
     found = ring.named(key.name)
     if found is not None:
@@ -184,17 +220,30 @@ async def page(request: web.Request) -> web.Response:
     """
     caller = _caller(request)
     if caller is None:
-        return _html("vllama: sign in", '<h1>vllama admin</h1><form method="post" action="/admin/login">'
-                     '<label>Admin key <input type="password" name="key" autocomplete="current-password" autofocus></label> '
-                     '<button type="submit">Sign in</button></form>')
+        return _sign_in()
     _refuse_user(caller)
-    return _html("vllama admin", await _body(request, caller))
+    return _html("vllama admin", await _manage(request, caller))
 
 
-def _html(title: str, body: str) -> web.Response:
+async def live(request: web.Request) -> web.Response:
+    """``GET /admin/live``: the page's live data (models, GPU memory, keys' use, today, errors), framed by ``/admin``
+    and refreshed there every 15 s, so the forms around it keep what is typed in them.
+
+    Raises:
+        Forbidden: a user key.
+    """
+    caller = _caller(request)
+    if caller is None:
+        return _html("vllama: signed out", '<p>Signed out: <a href="/admin" target="_top">sign in</a></p>', live=True)
+    _refuse_user(caller)
+    return _html("vllama admin: live", await _body(request, caller), live=True)
+
+
+def _html(title: str, body: str, *, live: bool = False) -> web.Response:
+    refresh = '<meta http-equiv="refresh" content="15">' if live else ""
     text = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f'<meta http-equiv="refresh" content="15"><style>{_STYLE}</style></head><body>{body}</body></html>')
-    return web.Response(text=text, content_type="text/html", headers=_HEADERS)
+            f'{refresh}<style>{_STYLE}</style></head><body>{body}</body></html>')
+    return web.Response(text=text, content_type="text/html", headers=_LIVE_HEADERS if live else _HEADERS)
 
 
 def _table(head: list[str], rows: list[list[Any]], numeric: set[int] = frozenset()) -> str:  # type: ignore[assignment]
@@ -218,8 +267,7 @@ async def _body(request: web.Request, caller: Key) -> str:
     app = request.app
     ring, ledger, bound, settings = app[KEYS], app.get(LEDGER), app.get(ADMISSION), app[SETTINGS]
     now = time.time()
-    parts = [f'<h1>vllama admin</h1><p>Signed in as <b>{html.escape(caller.name)}</b> at {iso(now)} '
-             '<form class="inline" method="post" action="/admin/logout"><button>Sign out</button></form></p>']
+    parts = [f'<p>As of {iso(now)}</p>']
     models = []
     for b in app[CATALOG].backends:
         board = b.board
@@ -266,3 +314,183 @@ async def _body(request: web.Request, caller: Key) -> str:
 def _gpu_memory() -> dict[int, tuple[int, int]] | None:
     n = gpu.count()
     return gpu.memory(range(n)) if n else None
+
+
+# --- keys, managed from the page (the same functions as /api/keys: routes/keys.py) ---
+
+_LIMITS = (("max_in_flight", "in flight"), ("max_tokens", "max tokens"), ("rpm", "rpm"), ("tpm", "tpm"),
+           ("budget_tokens", "budget tokens"), ("priority", "priority"), ("weight", "weight"))
+
+
+def _who(request: web.Request, caller: Key) -> str:
+    return caller.name
+
+
+def _csrf_field(request: web.Request) -> str:
+    cookie = request.cookies.get(COOKIE)
+    token = csrf_token(request.app[KEYS], cookie) if cookie and KEY not in request else None
+    return f'<input type="hidden" name="csrf" value="{html.escape(token)}">' if token else ""
+
+
+def _opt(name: str, label: str, value: Any = "", cls: str = "s") -> str:
+    return (f'<label>{html.escape(label)} <input class="{cls}" name="{name}" value="{html.escape("" if value is None else str(value))}">'
+            '</label> ')
+
+
+def _role_select(current: str = "user") -> str:
+    opts = "".join(f'<option{" selected" if r == current else ""}>{r}</option>' for r in ("user", "admin", "metrics"))
+    return f'<label>role <select name="role">{opts}</select></label> '
+
+
+async def _manage(request: web.Request, caller: Key, message: str = "", secret: tuple[str, str] | None = None) -> str:
+    """The page: who is signed in, a secret just minted (shown once), the keys with their forms, the audit log,
+    and the live data in a frame."""
+    app = request.app
+    csrf = _csrf_field(request)
+    parts = [f'<h1>vllama admin</h1><p>Signed in as <b>{html.escape(caller.name)}</b> '
+             f'<form class="inline" method="post" action="/admin/logout">{csrf}<button>Sign out</button></form></p>']
+    if message:
+        parts.append(f'<p class="msg" role="alert">{html.escape(message)}</p>')
+    if secret is not None:
+        parts.append(f'<p>The secret of <b>{html.escape(secret[0])}</b>, shown this once (copy it now):</p>'
+                     f'<p class="secret" id="secret">{html.escape(secret[1])}</p>')
+    if app.get(KEY_STORE) is None:
+        parts.append("<h2>Keys</h2><p>Minting keys needs the usage database (--usage-db off).</p>")
+    else:
+        entries = await key_admin.list_entries(app)
+        rows = []
+        for e in entries:
+            limits = ", ".join(f"{label} {e[f]}" for f, label in _LIMITS if e.get(f) not in (None, 0, 1.0) or (f == "priority" and e[f]))
+            if e["read_only"]:
+                actions: Any = "keys file (read-only)"
+            elif e["state"] == "revoked":
+                actions = f"revoked {e['revoked_at']}"
+            else:
+                n = urllib.parse.quote(e["name"], safe="")
+                actions = _Raw(
+                    f'<form class="inline" method="post" action="/admin/keys/{n}/update">{csrf}'
+                    + _opt("models", "models", ", ".join(e["models"]), cls="m")
+                    + _opt("expires_at", "expires", e["expires_at"] or "never", cls="m")
+                    + "".join(_opt(f, label, e[f]) for f, label in _LIMITS[:5])
+                    + '<button name="do" value="update">Save</button></form> '
+                    f'<form class="inline" method="post" action="/admin/keys/{n}/rotate">{csrf}'
+                    '<label><input type="checkbox" name="confirm" value="yes" required> sure</label> <button>Rotate</button></form> '
+                    f'<form class="inline" method="post" action="/admin/keys/{n}/revoke">{csrf}'
+                    '<label><input type="checkbox" name="confirm" value="yes" required> sure</label> <button>Revoke</button></form>')
+            rows.append([e["name"], e["source"], e["state"], e["prefix"] or "", e["role"], ", ".join(e["models"]) or "every model",
+                         limits, e["expires_at"] or "never", e["note"], actions])
+        parts.append("<h2>Keys</h2>" + _table(["key", "source", "state", "prefix", "role", "models", "limits", "expires", "note", ""], rows))
+        parts.append('<h2>New key</h2><form method="post" action="/admin/keys" id="new-key">' + csrf
+                     + '<label>name <input name="name" required pattern="[A-Za-z0-9._@:-]+"></label> ' + _role_select()
+                     + _opt("models", "models", cls="m") + _opt("expires_in", "expires in (30d, 12h)", cls="s")
+                     + "".join(_opt(f, label) for f, label in _LIMITS[:5]) + _opt("note", "note", cls="m")
+                     + '<button type="submit">Create</button></form>')
+        audit = await key_admin.audit_entries(app, 50)
+        parts.append("<h2>Audit log</h2>" + _table(
+            ["time", "who", "action", "key", "detail"],
+            [[a["time"], a["who"], a["action"], a["key"], ", ".join(f"{k}={v}" for k, v in a["detail"].items())] for a in audit]))
+    parts.append('<h2>Now</h2><iframe src="/admin/live" title="live data"></iframe>')
+    return "".join(parts)
+
+
+def _form_fields(form: dict[str, list[str]], update: bool) -> dict[str, Any]:
+    """A key form's fields as ``/api/keys`` takes them: empty fields left out (a change keeps them), ``models``
+    split on commas, numbers read, ``expires_at`` ``never`` cleared.
+
+    Raises:
+        BadRequest: a number that is not one.
+    """
+    out: dict[str, Any] = {}
+    for name in ("name", "role", "note", "expires_in", "expires_at", "models", *(f for f, _ in _LIMITS), "budget_period"):
+        value = (form.get(name) or [""])[0].strip()
+        if name == "models":
+            if value or not update:
+                out["models"] = [m.strip() for m in value.replace(" ", ",").split(",") if m.strip() and m.strip() != "every"]
+            continue
+        if not value:
+            continue
+        if name == "expires_at" and value == "never":
+            out["expires_at"] = None
+        elif name in ("weight",):
+            try:
+                out[name] = float(value)
+            except ValueError:
+                raise BadRequest(f"{name}: '{value}' is not a number") from None
+        elif name in {f for f, _ in _LIMITS}:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                raise BadRequest(f"{name}: '{value}' is not a whole number") from None
+        else:
+            out[name] = value
+    return out
+
+
+async def _form_caller(request: web.Request) -> tuple[Key, dict[str, list[str]]]:
+    """The signed-in admin posting a key form, and the form. CSRF: the post must come from this page's origin
+    and carry the sign-in's :func:`csrf_token` (a bearer-key script sends none: a browser adds no Authorization
+    to another site's form).
+
+    Raises:
+        Unauthorized: not signed in. Forbidden: a user key, another origin, no or a wrong token.
+    """
+    _same_origin(request)
+    body = await read_body(request)
+    form = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=32)
+    caller = _caller(request)
+    if caller is None:
+        raise Unauthorized("sign in first")
+    _refuse_user(caller)
+    if KEY not in request:
+        if request.app[KEYS].configured:
+            cookie = request.cookies.get(COOKIE, "")
+            want = csrf_token(request.app[KEYS], cookie) if cookie else None
+            got = (form.get("csrf") or [""])[0]
+            if want is None or not hmac.compare_digest(want, got):
+                raise Forbidden("the form's token is missing or stale: reload the page and try again")
+        elif request.headers.get("Origin") is None:  # an open server: no cookie to bind a token to
+            raise Forbidden("a form post without an Origin header is refused")
+    return caller, form
+
+
+async def _answer(request: web.Request, caller: Key, coro: Any) -> web.Response:
+    """Run a key action; its failure answers the page with the message and the error's status."""
+    try:
+        return await coro
+    except VllamaError as e:
+        resp = _html("vllama admin", await _manage(request, caller, message=e.message))
+        resp.set_status(e.status)
+        return resp
+
+
+async def key_create(request: web.Request) -> web.StreamResponse:
+    """``POST /admin/keys`` (the new-key form): the page with the secret, shown once."""
+    caller, form = await _form_caller(request)
+
+    async def act() -> web.Response:
+        secret, entry = await key_admin.create_key(request.app, _form_fields(form, update=False), _who(request, caller))
+        return _html("vllama admin", await _manage(request, caller, message="", secret=(entry["name"], secret)))
+
+    return await _answer(request, caller, act())
+
+
+async def key_action(request: web.Request) -> web.StreamResponse:
+    """``POST /admin/keys/{name}/update|rotate|revoke``: a change (303 to ``/admin``), a rotation (the page with the
+    new secret), a revocation (303). Rotating and revoking need the form's ``confirm`` box ticked."""
+    caller, form = await _form_caller(request)
+    name, action = request.match_info["name"], request.match_info["action"]
+    who = _who(request, caller)
+
+    async def act() -> web.Response:
+        if action in ("rotate", "revoke") and (form.get("confirm") or [""])[0] != "yes":
+            raise BadRequest(f"tick 'sure' to {action} key '{name}'")
+        if action == "update":
+            await key_admin.update_key(request.app, name, _form_fields(form, update=True), who)
+        elif action == "revoke":
+            await key_admin.revoke_key(request.app, name, who)
+        else:
+            secret, _ = await key_admin.rotate_key(request.app, name, who)
+            return _html("vllama admin", await _manage(request, caller, secret=(name, secret)))
+        raise web.HTTPSeeOther("/admin")
+
+    return await _answer(request, caller, act())
