@@ -222,6 +222,14 @@ def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, en
     return Server(url, proc, port)
 
 
+
+@pytest.fixture(autouse=True)
+def own_state_dir(tmp_path_factory, monkeypatch):
+    """Every vllama a test starts has a state directory of its own unless the test names one: ``vllama serve``
+    locks its state directory (``front/instance.py``), and tests on parallel workers would otherwise meet in
+    the user's default one."""
+    monkeypatch.setenv("VLLAMA_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
     return write_model_dir(tmp_path_factory.mktemp("model") / "fake-model")
