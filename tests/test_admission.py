@@ -38,7 +38,7 @@ def _enter_leave(bound: AdmissionBound, slot: int, inside, over, go) -> None:
 
 
 def test_bound_holds_under_contention():
-    bound = AdmissionBound(limit=3, slots=4, ctx=CTX)
+    bound = AdmissionBound(limit=3, workers=4, ctx=CTX)
     inside, over, go = CTX.Value("i", 0), CTX.Value("i", 0), CTX.Event()
     procs = [CTX.Process(target=_enter_leave, args=(bound, i, inside, over, go)) for i in range(4)]
     for p in procs:
@@ -67,15 +67,15 @@ def test_a_holder_that_dies_releases_the_lock():
 
 
 def test_a_worker_is_capped_by_its_own_share_of_files():
-    bound = AdmissionBound(limit=10, slots=2, ctx=CTX, per_slot=3)
+    bound = AdmissionBound(limit=10, workers=2, ctx=CTX, per_worker=3)
     assert [bound.enter(0, 0) >= 0 for _ in range(4)] == [True, True, True, False]
     assert bound.enter(1, 0) >= 0
 
 
 def test_dead_worker_gives_its_places_back():
-    bound = AdmissionBound(limit=2, slots=2, ctx=CTX)
+    bound = AdmissionBound(limit=2, workers=2, ctx=CTX)
     assert bound.enter(1, 0) >= 0 and bound.enter(1, 1) >= 0 and bound.enter(0, 0) < 0
-    bound.reset_slot(1)
+    bound.reset_worker(1)
     assert bound.enter(0, 0) >= 0 and bound.in_flight == 1 and bound.key_in_flight(1) == 0
 
 
@@ -102,7 +102,7 @@ def _supervisor(board: StatusBoard, violations, closes, go, stop_) -> None:
 
 
 def test_close_and_begin_exclude_each_other_across_processes():
-    board = StatusBoard("m", CTX, slots=3)
+    board = StatusBoard("m", CTX, workers=3)
     board.publish(State.READY, since=time.time(), restarts=0, pid=None, last_error=None, last_output="")
     violations, closes, go, stop_ = CTX.Value("i", 0), CTX.Value("i", 0), CTX.Event(), CTX.Event()
     procs = [CTX.Process(target=_requests, args=(board, i, violations, go, stop_)) for i in range(3)]
@@ -154,11 +154,11 @@ def test_bound_is_shared_by_every_worker(fake):
 
 def test_fair_shares_and_a_dead_workers_requests_leave_their_keys_counts_too():
     from vllama_proxy.api.request.admission import FULL, KEY_LIMIT, OVER_SHARE, AdmissionBound
-    bound = AdmissionBound(8, slots=2)  # 7 of 8 places for a key alone, 1 kept for a newcomer
+    bound = AdmissionBound(8, workers=2)  # 7 of 8 places for a key alone, 1 kept for a newcomer
     assert [bound.enter(1, 7, fair=True) for _ in range(8)] == [0, 1, 2, 3, 4, 5, 6, OVER_SHARE]  # worker 1, key 7
     assert bound.enter(0, 9, fair=True) == 0  # a newcomer finds room
     assert bound.enter(0, 9, fair=True) == FULL
-    bound.reset_slot(1)  # worker 1 died with key 7's seven requests
+    bound.reset_worker(1)  # worker 1 died with key 7's seven requests
     assert bound.in_flight == 1 and bound.key_in_flight(7) == 0 and bound.enter(0, 7, fair=True) == 0
     assert bound.enter(0, 7, key_max=1) == KEY_LIMIT
     bound.leave_key(0, 7)

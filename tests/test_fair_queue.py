@@ -196,7 +196,7 @@ def test_a_dead_workers_places_and_waiters_are_given_back():
     with q._lock.held():
         q._enqueue(1, 5, 0.0)
     assert q.stats()["upstream"] == 2 and q.stats()["waiting"] == 1
-    q.reset_slot(1)
+    q.reset_worker(1)
     assert q.stats()["upstream"] == 0 and q.stats()["waiting"] == 0
 
 

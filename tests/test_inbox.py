@@ -167,7 +167,7 @@ class CountedBound:
     def __init__(self) -> None:
         self.reset: list[int] = []
 
-    def reset_slot(self, index: int) -> None:
+    def reset_worker(self, index: int) -> None:
         self.reset.append(index)
 
 

@@ -1,5 +1,5 @@
 """A keys file of any size loads, at start and on SIGHUP: with more keys than the per-key counters
-(``api_keys.KEY_SLOTS``, 1,024), the keys beyond share a counter with another key (their limits count together)
+(``api_keys.KEY_COUNTERS``, 1,024), the keys beyond share a counter with another key (their limits count together)
 and the log says so once. Before, a 1,500-key file never listened at start, and a SIGHUP to it sent every worker
 into an endless probe for a free counter (100 % CPU, ``/livez`` timed out)."""
 

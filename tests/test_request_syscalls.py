@@ -208,7 +208,7 @@ def test_a_ready_model_is_held_in_two_lock_sections(monkeypatch, tmp_path):
     from vllama_proxy.supervisor.status import StatusBoard
     from vllama_proxy.upstream import Upstream
 
-    board = StatusBoard("m", slots=1, keep_alive=-1)
+    board = StatusBoard("m", workers=1, keep_alive=-1)
     board.publish(State.READY, since=time.time(), restarts=0, pid=None, last_error=None, last_output="")
     rings = []
     monkeypatch.setattr(board.inbox_bell, "ring", lambda kind: rings.append(kind))

@@ -8,7 +8,7 @@ from vllama_proxy.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnava
 
 
 def _resume(path: str = "/v1/chat/completions", **body) -> Resume:
-    return Resume(path, {"model": "m", **body}, upstream=None, board=None, slot=0, timeout=60.0,  # type: ignore[arg-type]
+    return Resume(path, {"model": "m", **body}, upstream=None, board=None, worker=0, timeout=60.0,  # type: ignore[arg-type]
                   max_model_len=2048, headers=None, route="/api/chat")
 
 

@@ -131,7 +131,7 @@ def admission_bound(settings: Settings, specs: list[ModelConfig], nofile: int, g
              fair_light_running_source=("--fair-light-running" if settings.fair_light_running is not None
                                         else "half the running capacity") if queue else None,
              fair_prompt_weight=settings.fair_prompt_weight if queue else None)
-    return AdmissionBound(limit, slots=int(settings.workers), per_slot=per_worker, running=known, queue=queue, reserve=reserve,
+    return AdmissionBound(limit, workers=int(settings.workers), per_worker=per_worker, running=known, queue=queue, reserve=reserve,
                           light_running=light_running, prompt_weight=settings.fair_prompt_weight)
 
 

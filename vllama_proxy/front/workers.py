@@ -250,8 +250,8 @@ class WorkerPool:
 
             multiprocess.mark_process_dead(p.pid)  # its in-flight gauge no longer counts
         for board in self._boards:
-            board.reset_slot(index)  # its requests died with it: no model stays "busy" forever
-        self._bound.reset_slot(index)  # and their places in the admission bound
+            board.reset_worker(index)  # its requests died with it: no model stays "busy" forever
+        self._bound.reset_worker(index)  # and their places in the admission bound
         task = self._loop.create_task(self._respawn(index), name=f"respawn-worker-{index}")
         self._respawning.add(task)
         task.add_done_callback(self._respawning.discard)

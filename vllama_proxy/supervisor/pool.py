@@ -81,7 +81,7 @@ class ModelPool:
         for spec, port in zip(specs, ports, strict=True):
             board = StatusBoard(
                 spec.served_name,
-                slots=settings.workers,
+                workers=settings.workers,
                 keep_alive=model_keep_alive(settings, spec),
                 initial=State.STARTING if spec.preload else State.UNLOADED,
             )

@@ -45,7 +45,7 @@ class SlotTable:
         ctx = spawn_context(ctx)
         assert len(ports) == count
         self.ports = list(ports)
-        self.boards = [StatusBoard("", ctx, slots=workers, keep_alive=keep_alive, initial=State.UNLOADED) for _ in range(count)]
+        self.boards = [StatusBoard("", ctx, workers=workers, keep_alive=keep_alive, initial=State.UNLOADED) for _ in range(count)]
         self._specs = [ctx.RawArray("c", _SPEC_BYTES) for _ in range(count)]
         self._generation = ctx.RawArray("i", count)
         self._lock = SharedLock()

@@ -42,17 +42,17 @@ class StatusBoard:
     last error and the child's last output lines. Written by the proxy processes: the
     keep-alive deadline and last use (:meth:`touch`), wake requests, the count of adapters created
     for it (:meth:`adapters_changed`: one word, changed under the lock), and requests in flight, one
-    counter per process (``slots``) so that no two processes write the same word. Written by the
+    counter per process (``workers``) so that no two processes write the same word. Written by the
     owner's side: whether the last request's end is heard (:meth:`hearing_idle`).
 
     Args:
         served_name: the model's served name.
-        slots: proxy processes that count requests in flight (``--workers``).
+        workers: proxy processes that count requests in flight (``--workers``).
         keep_alive: the model's default keep_alive, seconds (negative: forever).
         initial: the state before the supervisor runs (``unloaded`` for a model loaded on demand).
     """
 
-    def __init__(self, served_name: str, ctx: Any = None, *, slots: int = 1, keep_alive: float = 300.0,
+    def __init__(self, served_name: str, ctx: Any = None, *, workers: int = 1, keep_alive: float = 300.0,
                  initial: State = State.STARTING) -> None:
         ctx = spawn_context(ctx)
         self._name = ctx.RawArray("c", 512)  # in shared memory: an on-demand slot's model changes (slots.py)
@@ -74,11 +74,11 @@ class StatusBoard:
         self._start_s = ctx.RawValue("d", 0.0)  # seconds the latest start took, until ready (0: none yet)
         self._hearing = ctx.RawValue("i", 0)  # owner-side waits for its last request's end (hearing_idle): end() rings IDLE
         #: the owner loop's inbox (``inbox.py``: requests ring it) and each proxy process's news (the owner rings them)
-        self.inbox_bell, *news = bells(1 + max(slots, 1), prefix="vllama-board-")
+        self.inbox_bell, *news = bells(1 + max(workers, 1), prefix="vllama-board-")
         self._news = [News(b) for b in news]
         self._lock = SharedLock()  # guards state vs. _closing, _inflight and _waiting together
-        self._inflight = ctx.RawArray("i", max(slots, 1))
-        self._waiting = ctx.RawArray("i", max(slots, 1))  # requests waiting for it to load, per process
+        self._inflight = ctx.RawArray("i", max(workers, 1))
+        self._waiting = ctx.RawArray("i", max(workers, 1))  # requests waiting for it to load, per process
         self._error = ctx.RawArray("c", 4096)
         self._output = ctx.RawArray("c", 16384)
 
@@ -104,9 +104,9 @@ class StatusBoard:
         for news in self._news:
             news.bell.ring()
 
-    def news(self, slot: int) -> asyncio.Future[None]:
-        """A future of proxy process ``slot`` answered at the owner's next :meth:`announce`."""
-        return self._news[slot].waiter()
+    def news(self, worker: int) -> asyncio.Future[None]:
+        """A future of proxy process ``worker`` answered at the owner's next :meth:`announce`."""
+        return self._news[worker].waiter()
 
     @property
     def served_name(self) -> str:
@@ -256,20 +256,20 @@ class StatusBoard:
         return bool(self._loading.value)
 
     # -- requests in flight (the supervisor's idleness check before sleep, stop or eviction) --
-    def try_begin(self, slot: int) -> bool:
-        """Count a request of proxy process ``slot`` as using the model, if it is ready and not
+    def try_begin(self, worker: int) -> bool:
+        """Count a request of proxy process ``worker`` as using the model, if it is ready and not
         closing (atomically: once this returns True the model is not put to sleep under it)."""
         with self._lock.held():
             if _STATES[self._state.value] is not State.READY or self._closing.value:
                 return False
-            self._inflight[slot] += 1
+            self._inflight[worker] += 1
             return True
 
-    def end(self, slot: int) -> None:
+    def end(self, worker: int) -> None:
         """That request finished; the last one in flight sends ``IDLE`` while the owner's side hears it
         (:meth:`hearing_idle`: a model waiting for its GPU room, a drain, a restart waiting for idle)."""
         with self._lock.held():
-            self._inflight[slot] -= 1
+            self._inflight[worker] -= 1
             ring = self._hearing.value > 0 and not any(self._inflight)
         if ring:
             self.inbox_bell.ring(Kind.IDLE)
@@ -299,16 +299,16 @@ class StatusBoard:
         """Requests using the model now, over every proxy process."""
         return sum(self._inflight)
 
-    def wait_begin(self, slot: int) -> None:
-        """A request of proxy process ``slot`` starts waiting for the model (it is not evicted meanwhile)."""
+    def wait_begin(self, worker: int) -> None:
+        """A request of proxy process ``worker`` starts waiting for the model (it is not evicted meanwhile)."""
         with self._lock.held():
-            self._waiting[slot] += 1
+            self._waiting[worker] += 1
 
-    def wait_end(self, slot: int) -> None:
+    def wait_end(self, worker: int) -> None:
         """That request stopped waiting (it began, after :meth:`try_begin`, or gave up); the last one
         sends ``GAVE_UP`` (a load or a wait for room nobody waits for any more ends)."""
         with self._lock.held():
-            self._waiting[slot] -= 1
+            self._waiting[worker] -= 1
             last = not any(self._waiting)
         if last and _STATES[self._state.value] is not State.READY:  # ready: no load or wait for room to end
             self.inbox_bell.ring(Kind.GAVE_UP)
@@ -324,11 +324,11 @@ class StatusBoard:
         neither put to sleep nor evicted (``eviction.py``)."""
         return self.in_flight > 0 or self.waiters > 0 or self.waking
 
-    def reset_slot(self, slot: int) -> None:
-        """Forget the counts of proxy process ``slot`` (it died; its requests with it)."""
+    def reset_worker(self, worker: int) -> None:
+        """Forget the counts of proxy process ``worker`` (it died; its requests with it)."""
         with self._lock.held():
-            self._inflight[slot] = 0
-            self._waiting[slot] = 0
+            self._inflight[worker] = 0
+            self._waiting[worker] = 0
 
     def try_close(self) -> bool:
         """The supervisor's side: if no request is in flight or waiting, set the closing flag
@@ -350,10 +350,10 @@ class StatusBoard:
         with self._lock.held():
             self._closing.value = 0
 
-    async def wait_ready(self, timeout: float, slot: int = 0) -> None:
+    async def wait_ready(self, timeout: float, worker: int = 0) -> None:
         """Wake a sleeping or unloaded model if needed and wait until it serves.
 
-        Any worker process (``slot``) may call this: it asks the supervisor with a ``WANT`` message
+        Any worker process (``worker``) may call this: it asks the supervisor with a ``WANT`` message
         (:meth:`request_wake`), then waits for the supervisor's news (:meth:`announce`, sent with
         each status it publishes) and looks again, asking again if the want lapsed: no polling.
 
@@ -364,7 +364,7 @@ class StatusBoard:
         deadline = time.monotonic() + timeout
         asked = time.time()
         while not self.ready:
-            news = self.news(slot)  # before the look: a status published from here on answers it
+            news = self.news(worker)  # before the look: a status published from here on answers it
             state = self.state
             if state in (State.SLEEPING, State.UNLOADED):
                 if self._refused.value >= asked:  # a verdict reached since this request asked: final for it
@@ -381,7 +381,7 @@ class StatusBoard:
             except asyncio.TimeoutError:
                 pass
 
-    async def wait_left_ready(self, timeout: float, slot: int = 0) -> bool:
+    async def wait_left_ready(self, timeout: float, worker: int = 0) -> bool:
         """Wait until the model is no longer ready (its owner began a restart, a sleep, a stop), told by
         the owner's news (:meth:`announce`, sent with each status it publishes): no polling.
 
@@ -389,7 +389,7 @@ class StatusBoard:
         """
         deadline = time.monotonic() + timeout
         while True:
-            news = self.news(slot)  # before the look: a status published from here on answers it
+            news = self.news(worker)  # before the look: a status published from here on answers it
             if not self.ready:
                 return True
             remaining = deadline - time.monotonic()

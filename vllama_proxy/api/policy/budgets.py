@@ -24,7 +24,7 @@ class Reservations:
     """Tokens reserved per key by its requests in flight, in shared memory (every worker's).
 
     Args:
-        keys: per-key counters (``api/policy/keys.py``'s ``KEY_SLOTS``).
+        keys: per-key counters (``api/policy/keys.py``'s ``KEY_COUNTERS``).
     """
 
     def __init__(self, keys: int, ctx: Any = None) -> None:
@@ -45,12 +45,12 @@ class Reservations:
             return 0
         used = refuse_over_budget(ledger, key, now)
         with self._lock.held():
-            held = self._reserved[key.slot]
+            held = self._reserved[key.counter]
             if used + held >= key.budget_tokens:
                 refused = True
             else:
                 refused = False
-                self._reserved[key.slot] = held + tokens
+                self._reserved[key.counter] = held + tokens
         if refused:
             raise _in_flight(key, used, retry_after)
         return tokens
@@ -72,10 +72,10 @@ class Reservations:
         """A request of ``key`` that reserved ``tokens`` ended (its use is in the ledger now)."""
         if tokens:
             with self._lock.held():
-                self._reserved[key.slot] = max(self._reserved[key.slot] - tokens, 0)
+                self._reserved[key.counter] = max(self._reserved[key.counter] - tokens, 0)
 
     def take(self, slot: int, used: int, most: int, tokens: int) -> bool:
-        """Reserve ``tokens`` at counter ``slot`` (an end user's: ``end_users.slot_of``) unless ``used`` and what is
+        """Reserve ``tokens`` at counter ``slot`` (an end user's: ``end_users.counter_of``) unless ``used`` and what is
         reserved there reach ``most``; whether it was reserved. Given back by :meth:`give`."""
         with self._lock.held():
             held = self._reserved[slot]
@@ -92,7 +92,7 @@ class Reservations:
 
     def held(self, key: Key) -> int:
         """Tokens ``key``'s requests in flight reserved."""
-        return self._reserved[key.slot]
+        return self._reserved[key.counter]
 
 
 def _in_flight(key: Key, used: int, retry_after: int) -> TooManyRequests:

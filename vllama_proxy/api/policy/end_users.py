@@ -19,13 +19,13 @@ from typing import Any
 from aiohttp import web
 
 from vllama_proxy.errors import BadRequest
-from .keys import KEY_SLOTS, Key
+from .keys import KEY_COUNTERS, Key
 
 #: The end user of a trusted front's request that names none.
 ANONYMOUS = "(anonymous)"
-#: Counters for end users in the fair queue and the per-user limits, after the keys' :data:`~.api_keys.KEY_SLOTS`
+#: Counters for end users in the fair queue and the per-user limits, after the keys' :data:`~.api_keys.KEY_COUNTERS`
 #: (two users hashed to one counter share their limits and their share: they only hold tighter).
-USER_SLOTS = 4096
+USER_COUNTERS = 4096
 #: The longest end-user id taken (Open WebUI's are UUIDs; an e-mail address fits).
 MAX_LENGTH = 256
 
@@ -66,9 +66,9 @@ def _from_body(typed: Any) -> str | None:
     return None
 
 
-def slot_of(key: Key, user: str) -> int:
-    """The end user's counter (fair queue, per-user limits): ``KEY_SLOTS + CRC-32(key name, user) % USER_SLOTS``."""
-    return KEY_SLOTS + zlib.crc32(f"{key.name}\0{user}".encode()) % USER_SLOTS
+def counter_of(key: Key, user: str) -> int:
+    """The end user's counter (fair queue, per-user limits): ``KEY_COUNTERS + CRC-32(key name, user) % USER_COUNTERS``."""
+    return KEY_COUNTERS + zlib.crc32(f"{key.name}\0{user}".encode()) % USER_COUNTERS
 
 
 def log_name(key: Key, user: str | None) -> str | None:

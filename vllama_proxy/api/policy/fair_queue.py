@@ -49,7 +49,7 @@ class FairQueue:
     Args:
         capacity: requests upstream at once over every worker (vLLM's running capacity).
         workers: worker processes (each with its slot ``0 .. workers - 1`` and a FIFO to be woken by).
-        keys: per-key counters (``keys.KEY_SLOTS``).
+        keys: per-key counters (``keys.KEY_COUNTERS``).
         reserve: the last places, which heavy keys leave free while another key is active: a
             light key's request then finds a running slot at once, instead of waiting for one of a
             heavy key's long requests to end (0: strictly work-conserving).
@@ -440,7 +440,7 @@ class FairQueue:
     def _arm(self, at: float) -> None:
         """Run the queue again at ``at`` (``time.monotonic``), when a lingering key leaves the view
         and the waiters it held back may go: one timer per process, the earliest asked for. Without
-        an event loop (the supervisor's :meth:`reset_slot`) the next request's start or end does it."""
+        an event loop (the supervisor's :meth:`reset_worker`) the next request's start or end does it."""
         self._recheck = None
         try:
             loop = asyncio.get_running_loop()
@@ -488,7 +488,7 @@ class FairQueue:
 
     # -- the supervisor's side ----------------------------------------------------------------
 
-    def reset_slot(self, slot: int) -> None:
+    def reset_worker(self, slot: int) -> None:
         """Worker ``slot`` died: its requests upstream, waiting or granted are given back."""
         with self._lock.held():
             base = slot * self.keys

@@ -54,7 +54,7 @@ KEY = "vllama.key"
 #: each).
 SERVED_AS = "vllama.served_as"
 #: Per-key counters in shared memory (``admission.py``): a key's slot is a hash of its name.
-KEY_SLOTS = 1024
+KEY_COUNTERS = 1024
 
 
 class KeyEntry(BaseModel):
@@ -104,7 +104,7 @@ class Key:
         priority: higher is served first.
         weight: its weight in the fair queue (``fair_queue.py``: its token counter grows by cost / weight).
         rpm, tpm: requests and tokens per minute (``rate_limits.py``; ``None``: no limit).
-        slot: its per-key counter's index (:data:`KEY_SLOTS`).
+        counter: its per-key counter's index (:data:`KEY_COUNTERS`).
         budget_tokens: prompt + output tokens it may use per ``budget_period`` (``None``: no budget;
             ``api/policy/budgets.py`` checks it against the usage ledger).
         budget_period: ``day`` or ``month`` (UTC).
@@ -131,7 +131,7 @@ class Key:
     weight: float = 1.0
     rpm: int | None = None
     tpm: int | None = None
-    slot: int = 0
+    counter: int = 0
     max_tokens: int | None = None
     budget_tokens: int | None = None
     budget_period: str = "month"
@@ -174,13 +174,13 @@ class Key:
 OPEN = Key(name="-", role="admin")
 
 
-def slot_of(name: str, taken: set[int]) -> int:
+def counter_of(name: str, taken: set[int]) -> int:
     """A stable counter slot for ``name``: CRC-32 of the name, the next free one on a collision; once every slot
-    is taken (more keys than :data:`KEY_SLOTS`), the hashed one, shared with the key already there: two keys
+    is taken (more keys than :data:`KEY_COUNTERS`), the hashed one, shared with the key already there: two keys
     sharing counters count their requests and tokens together, so their limits only hold tighter."""
-    first = i = zlib.crc32(name.encode()) % KEY_SLOTS
+    first = i = zlib.crc32(name.encode()) % KEY_COUNTERS
     while i in taken:
-        i = (i + 1) % KEY_SLOTS
+        i = (i + 1) % KEY_COUNTERS
         if i == first:
             return first
     return i
@@ -317,15 +317,15 @@ class KeyRing:
         file_names = {k.name for _, k in self._file}
         found = self._file + [(d, k) for d, k in self._minted if k.name not in file_names]
         for digest, key in sorted(found, key=lambda x: x[1].name):
-            s = slot_of(key.name, taken)
+            s = counter_of(key.name, taken)
             taken.add(s)
             salt = cache_salt.of_key(key.name, digest) if self.cache_isolation == "key" else None
             users = hashlib.blake2b(key.name.encode(), key=bytes.fromhex(digest), digest_size=32,
                                     person=b"vllama-user").digest()  # end_users.log_name's key: secret-derived
-            by_digest[digest] = dataclasses.replace(key, slot=s, cache_salt=salt, user_hash_key=users, _cache={})
+            by_digest[digest] = dataclasses.replace(key, counter=s, cache_salt=salt, user_hash_key=users, _cache={})
         self._by_digest = by_digest
-        if len(by_digest) > KEY_SLOTS:
-            log.warning("keys_share_counters", keys=len(by_digest), counters=KEY_SLOTS,
+        if len(by_digest) > KEY_COUNTERS:
+            log.warning("keys_share_counters", keys=len(by_digest), counters=KEY_COUNTERS,
                         effect="keys beyond the counters' number share one with another key: their in-flight, rpm/tpm, "
                                "budget reservations and fair share count together")
 

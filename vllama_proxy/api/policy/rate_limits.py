@@ -26,7 +26,7 @@ class RateLimits:
     """Requests and tokens of each key in the current minute.
 
     Args:
-        keys: per-key counters (``keys.KEY_SLOTS``).
+        keys: per-key counters (``keys.KEY_COUNTERS``).
         clock: seconds since the epoch (tests pass their own).
     """
 

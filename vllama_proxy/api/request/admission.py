@@ -25,8 +25,8 @@ from vllama_proxy.ipc.bells import bells
 from vllama_proxy.ipc.lock import SharedLock
 from ..policy.fair_queue import W_IN, W_OUT, FairQueue, prompt_tokens_guess
 from ..policy.budgets import Reservations
-from ..policy.keys import KEY_SLOTS, Key, key_of
-from ..policy.end_users import USER_SLOTS, slot_of as user_slot_of
+from ..policy.keys import KEY_COUNTERS, Key, key_of
+from ..policy.end_users import USER_COUNTERS, counter_of as user_counter_of
 from ..usage.ledger import Ledger, iso, period_bounds
 from ..usage.store import user_total
 from ..app_state import CATALOG, LEDGER
@@ -41,8 +41,8 @@ from ..policy.fleet_counters import Admission, KeyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-#: Counters in shared memory: every key's (``api_keys.KEY_SLOTS``), then every end user's (``end_users.USER_SLOTS``).
-SLOTS = KEY_SLOTS + USER_SLOTS
+#: Counters in shared memory: every key's (``api_keys.KEY_COUNTERS``), then every end user's (``end_users.USER_COUNTERS``).
+SLOTS = KEY_COUNTERS + USER_COUNTERS
 #: :meth:`AdmissionBound.enter`'s refusals: the server is full, the key is at its own limit, or over its share.
 FULL, KEY_LIMIT, OVER_SHARE = -1, -2, -3
 #: Routes whose requests occupy vLLM (plus every POST under /v1/).
@@ -97,8 +97,8 @@ class AdmissionBound:
 
     Args:
         limit: most requests in flight over every worker.
-        slots: workers (each counts in its own slot too, so a dead worker's share is given back).
-        per_slot: most requests in flight in one worker (what its open-file limit allows:
+        workers: worker processes (each counts in its own counter too, so a dead worker's share is given back).
+        per_worker: most requests in flight in one worker (what its open-file limit allows:
             ``SO_REUSEPORT`` may send one worker far more than its share); default no cap.
         running: requests vLLM runs at once over all models, when vllama knows it (``None``:
             an ``--upstream`` server whose ``--max-num-seqs`` was not given); shown to clients
@@ -116,29 +116,29 @@ class AdmissionBound:
     ``vllama serve``, the same in each of its workers.
     """
 
-    def __init__(self, limit: int, slots: int, ctx: Any = None, *, per_slot: int | None = None,
+    def __init__(self, limit: int, workers: int, ctx: Any = None, *, per_worker: int | None = None,
                  running: int | None = None, queue: int | None = None, reserve: int = 0,
                  light_running: int = 0, prompt_weight: float = W_IN) -> None:
         ctx = spawn_context(ctx)
         self.limit = limit
         self.running = running
-        self.per_slot = per_slot if per_slot is not None else limit
+        self.per_worker = per_worker if per_worker is not None else limit
         self._lock = SharedLock()
         self._total = ctx.RawValue("i", 0)
-        self._slots = ctx.RawArray("i", max(slots, 1))
-        self._keys = ctx.RawArray("i", SLOTS)  # requests in flight per key (api/policy/keys.py: a slot per key name), per end user
-        self._worker_keys = ctx.RawArray("i", max(slots, 1) * SLOTS)  # the same per worker: a dead one's are given back
+        self._workers = ctx.RawArray("i", max(workers, 1))
+        self._keys = ctx.RawArray("i", SLOTS)  # requests in flight per key (api/policy/keys.py: a worker per key name), per end user
+        self._worker_keys = ctx.RawArray("i", max(workers, 1) * SLOTS)  # the same per worker: a dead one's are given back
         self._active = ctx.RawValue("i", 0)  # keys with a request in flight
         self._draining = ctx.RawValue("i", 0)  # 1 once the server stops taking requests (front/server.py drain)
         (self._drained,) = bells(1, prefix="vllama-drain-")  # rung by the last request to end while draining
-        self.queue = FairQueue(queue, max(slots, 1), SLOTS, ctx, reserve=reserve, light_running=light_running,
+        self.queue = FairQueue(queue, max(workers, 1), SLOTS, ctx, reserve=reserve, light_running=light_running,
                                 prompt_weight=prompt_weight) if queue else None
         self.limits = RateLimits(SLOTS, ctx)
         self.budgets = Reservations(SLOTS, ctx)
         self.front = uuid.uuid4().hex
 
-    def enter(self, slot: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
-        """Count one more request of worker ``slot`` for the key whose counter is ``key``.
+    def enter(self, worker: int, key: int, *, key_max: int | None = None, fair: bool = False) -> int:
+        """Count one more request of worker ``worker`` for the key whose counter is ``key``.
 
         Refused when the server is full (:data:`FULL`), when the key has ``key_max`` in flight
         (:data:`KEY_LIMIT`) and, with ``fair``, when the key holds its share while others may
@@ -153,7 +153,7 @@ class AdmissionBound:
         """
         with self._lock.held():
             mine = self._keys[key]
-            if self._total.value >= self.limit or self._slots[slot] >= self.per_slot:
+            if self._total.value >= self.limit or self._workers[worker] >= self.per_worker:
                 return FULL
             if key_max is not None and mine >= key_max:
                 return KEY_LIMIT
@@ -163,61 +163,61 @@ class AdmissionBound:
                 if mine >= share:
                     return OVER_SHARE
             self._total.value += 1
-            self._slots[slot] += 1
+            self._workers[worker] += 1
             self._keys[key] = mine + 1
-            self._worker_keys[slot * SLOTS + key] += 1
+            self._worker_keys[worker * SLOTS + key] += 1
             if mine == 0:
                 self._active.value += 1
             return mine
 
-    def leave_key(self, slot: int, key: int) -> None:
+    def leave_key(self, worker: int, key: int) -> None:
         """That request (counted by :meth:`enter`) finished."""
         with self._lock.held():
             self._total.value -= 1
-            self._slots[slot] -= 1
+            self._workers[worker] -= 1
             self._keys[key] -= 1
-            self._worker_keys[slot * SLOTS + key] -= 1
+            self._worker_keys[worker * SLOTS + key] -= 1
             if self._keys[key] == 0:
                 self._active.value -= 1
         self._ring_if_drained()
 
-    def enter_user(self, slot: int, user: int, most: int | None) -> int:
-        """Count one more request of worker ``slot`` for the end user whose counter is ``user``
-        (``end_users.slot_of``), unless it has ``most`` in flight (``user_max_in_flight``): then -1. Returns
+    def enter_user(self, worker: int, user: int, most: int | None) -> int:
+        """Count one more request of worker ``worker`` for the end user whose counter is ``user``
+        (``end_users.counter_of``), unless it has ``most`` in flight (``user_max_in_flight``): then -1. Returns
         its requests in flight before this one. Given back by :meth:`leave_user`."""
         with self._lock.held():
             mine = self._keys[user]
             if most is not None and mine >= most:
                 return -1
             self._keys[user] = mine + 1
-            self._worker_keys[slot * SLOTS + user] += 1
+            self._worker_keys[worker * SLOTS + user] += 1
             return mine
 
-    def leave_user(self, slot: int, user: int) -> None:
+    def leave_user(self, worker: int, user: int) -> None:
         """That end user's request (counted by :meth:`enter_user`) finished."""
         with self._lock.held():
             self._keys[user] -= 1
-            self._worker_keys[slot * SLOTS + user] -= 1
+            self._worker_keys[worker * SLOTS + user] -= 1
 
     def key_in_flight(self, key: int) -> int:
         """Requests in flight of the key whose counter is ``key``."""
         return self._keys[key]
 
-    def reset_slot(self, slot: int) -> None:
-        """Worker ``slot`` died with its requests: give their places back."""
+    def reset_worker(self, worker: int) -> None:
+        """Worker ``worker`` died with its requests: give their places back."""
         with self._lock.held():
-            self._total.value -= self._slots[slot]
-            self._slots[slot] = 0
-            base = slot * SLOTS
+            self._total.value -= self._workers[worker]
+            self._workers[worker] = 0
+            base = worker * SLOTS
             for key in range(SLOTS):
                 n = self._worker_keys[base + key]
                 if n:
                     self._worker_keys[base + key] = 0
                     self._keys[key] -= n
-                    if self._keys[key] == 0 and key < KEY_SLOTS:  # (an end user's count is not a key's)
+                    if self._keys[key] == 0 and key < KEY_COUNTERS:  # (an end user's count is not a key's)
                         self._active.value -= 1
         if self.queue is not None:
-            self.queue.reset_slot(slot)
+            self.queue.reset_worker(worker)
         self._ring_if_drained()
 
     def _ring_if_drained(self) -> None:
@@ -275,7 +275,7 @@ def is_load(typed: Any) -> bool:
     return False
 
 
-def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool = False,
+def middleware(bound: AdmissionBound, worker: int, retry_after: int, *, fair: bool = False,
                priority: bool = False, shared: KeyState | None = None,
                max_inputs: int | None = None, max_choices: int = 1 << 30) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Admit inference requests once their body is read and gated, while the server-wide count is below
@@ -298,7 +298,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
     and its service on the other fronts counts in its fair share here: one round trip at admission and one at
     the end, never per token. A store that does not answer leaves this front's own limits (fail open, logged).
     An embeddings, rerank or score request is one sequence of vLLM's per input: the fair queue charges each
-    input as one output token (one running slot for a step) beside the request's prompt.
+    input as one output token (one running worker for a step) beside the request's prompt.
     """
     queue = bound.queue if fair else None
 
@@ -317,7 +317,7 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             return await handler(request)
         key = call.key
         inputs = inputs_of(call.typed)  # an embeddings, rerank or score request's inputs, each a sequence in vLLM
-        held = call.held = Held(worker=slot, key_slot=key.slot, inputs=inputs)
+        held = call.held = Held(worker=worker, key_counter=key.counter, inputs=inputs)
         # A key's own limits, in order, before it takes a place: its budget, then its rpm/tpm (which count the
         # request), then its max_in_flight and share (bound.enter); its budget and tpm each reserve the request's
         # worst case. With a shared store, its rpm/tpm and max_in_flight over every front first, in one round trip.
@@ -342,11 +342,11 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
         call.rate_headers = headers
         user = call.end_user
         if user is not None:  # an end user of a trusted front (end_users.py): its own limits, then its own place
-            held.user_slot = user_slot_of(key, user)
+            held.user_counter = user_counter_of(key, user)
             _user_limits(bound, ledger, key, user, held, worst_case(request, call) if key.user_tpm is not None or
-                         key.user_budget_tokens is not None else 0, retry_after, slot)
+                         key.user_budget_tokens is not None else 0, retry_after, worker)
         held.counted_shared = store is not None and key.max_in_flight is not None and store.refused is None
-        got = bound.enter(slot, key.slot, key_max=key.max_in_flight, fair=fair)
+        got = bound.enter(worker, key.counter, key_max=key.max_in_flight, fair=fair)
         if got < 0:
             QUEUE_REJECTIONS.inc()
             if got == FULL:
@@ -363,11 +363,11 @@ def middleware(bound: AdmissionBound, slot: int, retry_after: int, *, fair: bool
             call.priority = got - 1_000_000 * key.priority
         if queue is not None:
             held.estimate = queue.prompt_weight * prompt_tokens_guess(body)
-            if held.user_slot >= 0:  # the key's weight split between its active end users (fair_queue.py)
-                await queue.turn(slot, held.user_slot, weight=key.weight, priority=key.priority,
-                                 cost=held.estimate + W_OUT * inputs, parent=key.slot)
+            if held.user_counter >= 0:  # the key's weight split between its active end users (fair_queue.py)
+                await queue.turn(worker, held.user_counter, weight=key.weight, priority=key.priority,
+                                 cost=held.estimate + W_OUT * inputs, parent=key.counter)
             else:
-                await queue.turn(slot, key.slot, weight=key.weight, priority=key.priority, cost=held.estimate + W_OUT * inputs)
+                await queue.turn(worker, key.counter, weight=key.weight, priority=key.priority, cost=held.estimate + W_OUT * inputs)
             held.dispatched = True
         return await handler(request)
 
@@ -428,15 +428,15 @@ def _rate(bound: AdmissionBound, key: Key, store: Admission | None, reserve: int
     if key.rpm is None and key.tpm is None:
         return None, {}
     if store is None:
-        refused, headers, minute = bound.limits.admit(key.slot, key.rpm, key.tpm, reserve)
+        refused, headers, minute = bound.limits.admit(key.counter, key.rpm, key.tpm, reserve)
         if refused is None and key.tpm is not None:
             held.tpm, held.minute = reserve, minute
         return refused, headers
     refused = store.refused if store.refused in ("rpm", "tpm") else None
     if refused is None:
-        bound.limits.count(key.slot)
+        bound.limits.count(key.counter)
         if key.tpm is not None:
-            held.tpm, held.minute = reserve, bound.limits.reserve(key.slot, reserve)
+            held.tpm, held.minute = reserve, bound.limits.reserve(key.counter, reserve)
     return refused, rate_headers(key.rpm, key.tpm, store.used, store.spent, store.reset, refused)
 
 
@@ -449,7 +449,7 @@ async def add_rate_headers(request: web.Request, response: web.StreamResponse) -
 
 
 def _user_limits(bound: AdmissionBound, ledger: Ledger | None, key: Key, user: str, held: Held, reserve: int,
-                 retry_after: int, slot: int) -> None:
+                 retry_after: int, worker: int) -> None:
     """An end user's own limits (the key's ``user_budget_tokens``, ``user_rpm``/``user_tpm``, ``user_max_in_flight``),
     in the key's order, each refused as the key's own limit is (429, ``Retry-After``), naming the user-level limit.
     What each takes is in ``held`` (given back by the settler). This front's counts only (not ``--state-url``'s)."""
@@ -463,14 +463,14 @@ def _user_limits(bound: AdmissionBound, ledger: Ledger | None, key: Key, user: s
             raise BudgetExhausted(f"{who} used {used} tokens of its user_budget_tokens of {key.user_budget_tokens} tokens "
                                   f"per {period}; the budget resets at {iso(resets)}",
                                   retry_after=max(1, int(resets - now + 0.999)))
-        if not bound.budgets.take(held.user_slot, used, key.user_budget_tokens, reserve):
+        if not bound.budgets.take(held.user_counter, used, key.user_budget_tokens, reserve):
             raise TooManyRequests(f"{who} used {used} tokens of its user_budget_tokens of {key.user_budget_tokens} tokens "
                                   f"and its requests in flight may use the other {max(key.user_budget_tokens - used, 0)}; "
                                   "retry when one ends", retry_after=max(retry_after, 1))
         held.user_budget = reserve
     if key.user_rpm is not None or key.user_tpm is not None:
         tpm = reserve if key.user_tpm is not None else 0
-        refused, headers, minute = bound.limits.admit(held.user_slot, key.user_rpm, key.user_tpm, tpm)
+        refused, headers, minute = bound.limits.admit(held.user_counter, key.user_rpm, key.user_tpm, tpm)
         if refused is not None:
             what = "user_rpm" if refused == "rpm" else "user_tpm"
             limit = key.user_rpm if refused == "rpm" else key.user_tpm
@@ -479,7 +479,7 @@ def _user_limits(bound: AdmissionBound, ledger: Ledger | None, key: Key, user: s
         if key.user_tpm is not None:
             held.user_tpm, held.user_minute = tpm, minute
     if key.user_max_in_flight is not None:
-        before = bound.enter_user(slot, held.user_slot, key.user_max_in_flight)
+        before = bound.enter_user(worker, held.user_counter, key.user_max_in_flight)
         if before < 0:
             QUEUE_REJECTIONS.inc()
             raise TooManyRequests(f"{who} has {key.user_max_in_flight} requests in flight, its user_max_in_flight; "
@@ -494,7 +494,7 @@ def _rate_refusal(what: str, key: Key) -> str:
 
 
 def _refusal(code: int, key: Key, bound: AdmissionBound) -> str:
-    mine = bound.key_in_flight(key.slot)
+    mine = bound.key_in_flight(key.counter)
     if code == KEY_LIMIT:
         return f"key '{key.name}' has {mine} requests in flight, its max_in_flight; retry when one ends"
     return (f"key '{key.name}' has {mine} requests in flight, its fair share of the server's {bound.limit} "

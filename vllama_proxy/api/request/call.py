@@ -27,8 +27,8 @@ class Held:
 
     Attributes:
         worker: this process's index among the workers (its slot in the shared counts).
-        key_slot: the key's per-key counter (``api/policy/keys.py``'s ``Key.slot``).
-        user_slot: an end user's counter (``policy/end_users.slot_of``; -1: the request is its key's own).
+        key_counter: the key's per-key counter (``api/policy/keys.py``'s ``Key.counter``).
+        user_counter: an end user's counter (``policy/end_users.counter_of``; -1: the request is its key's own).
         user_tpm, user_budget, user_entered: what the end user's own limits hold (as ``tpm``, ``budget`` and
             ``entered`` for the key).
         inputs: an embeddings, rerank or score request's inputs (each one output token's worth of cost).
@@ -43,8 +43,8 @@ class Held:
     """
 
     worker: int
-    key_slot: int
-    user_slot: int = -1
+    key_counter: int
+    user_counter: int = -1
     user_tpm: int = 0
     user_minute: int = 0
     user_budget: int = 0

@@ -99,23 +99,23 @@ class Resume:
         body: vLLM's body as finished (``finisher.py``); its sampling fields are carried over.
         upstream: the model's vLLM (the same address serves the restarted one; a router's picks another node).
         board: the model's status board (``supervisor/status.py``; ``None``: an ``--upstream`` vLLM).
-        slot: this process's index among the workers (its news bell on the board).
+        worker: this process's index among the workers (its news bell on the board).
         timeout: seconds a broken stream waits (:func:`resume_timeout`).
         max_model_len: the model's context (for ``max_tokens`` when the body set none), ``None``: unknown.
         headers: what went upstream with the body (a router's session key).
         route: the client's route (the metrics' label).
     """
 
-    __slots__ = ("path", "body", "upstream", "board", "slot", "timeout", "max_model_len", "headers", "route",
+    __slots__ = ("path", "body", "upstream", "board", "worker", "timeout", "max_model_len", "headers", "route",
                  "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen", "blind")
 
-    def __init__(self, path: str, body: dict[str, Any], upstream: Upstream, board: Any, slot: int, timeout: float,
+    def __init__(self, path: str, body: dict[str, Any], upstream: Upstream, board: Any, worker: int, timeout: float,
                  max_model_len: int | None, headers: Any, route: str) -> None:
         self.path = path
         self.body = body
         self.upstream = upstream
         self.board = board
-        self.slot = slot
+        self.worker = worker
         self.timeout = timeout
         self.max_model_len = max_model_len
         self.headers = headers
@@ -269,7 +269,7 @@ class Resume:
                 log.warning("resume_gave_up", route=self.route, waited_s=round(time.monotonic() - t0, 1))
                 raise error
             # the model's vLLM not serving yet: its supervisor's next news, or a growing pause for an --upstream one
-            news = self.board.news(self.slot) if self.board is not None else None
+            news = self.board.news(self.worker) if self.board is not None else None
             try:
                 await asyncio.wait_for(news if news is not None else asyncio.sleep(pause), min(pause, remaining))
             except asyncio.TimeoutError:
@@ -290,7 +290,7 @@ class Resume:
         or stops, or at ``deadline``."""
         board = self.board
         while not board.ready:
-            news = board.news(self.slot)  # before the look: a status published from here on answers it
+            news = board.news(self.worker)  # before the look: a status published from here on answers it
             state = board.state.value
             if state in ("failed", "stopping", "stopped"):
                 log.warning("resume_refused", route=self.route, why=f"the model is {state}")

@@ -72,21 +72,21 @@ class Settler:
         queue = self.queue
         if held.dispatched and queue is not None:
             # the inputs' charge stays: only the prompt's estimate is settled by vLLM's count
-            queue.done(held.worker, held.user_slot if held.user_slot >= 0 else held.key_slot, queue.prompt_weight * usage[0] - held.estimate if usage else 0.0,
+            queue.done(held.worker, held.user_counter if held.user_counter >= 0 else held.key_counter, queue.prompt_weight * usage[0] - held.estimate if usage else 0.0,
                        usage[1] if usage else None)
             prompt, output = usage or (prompt_tokens_guess(call.body), 0)
             served = queue.service(prompt, output + held.inputs, key.weight)
         if held.tpm:
-            bound.limits.settle(held.key_slot, held.tpm, held.minute, used)
+            bound.limits.settle(held.key_counter, held.tpm, held.minute, used)
         bound.budgets.release(key, held.budget)  # after the ledger's row: never neither counted
-        if held.user_slot >= 0:  # an end user's own limits (end_users.py)
+        if held.user_counter >= 0:  # an end user's own limits (end_users.py)
             if held.user_tpm:
-                bound.limits.settle(held.user_slot, held.user_tpm, held.user_minute, used)
-            bound.budgets.give(held.user_slot, held.user_budget)
+                bound.limits.settle(held.user_counter, held.user_tpm, held.user_minute, used)
+            bound.budgets.give(held.user_counter, held.user_budget)
             if held.user_entered:
-                bound.leave_user(held.worker, held.user_slot)
+                bound.leave_user(held.worker, held.user_counter)
         if held.entered:
-            bound.leave_key(held.worker, held.key_slot)
+            bound.leave_key(held.worker, held.key_counter)
             IN_FLIGHT.dec()
         shared = self.shared
         if shared is not None and held.shared_budget:
@@ -95,4 +95,4 @@ class Settler:
             elsewhere = await shared.finish(key.name, leave=held.counted_shared, tokens=used if held.shared_tpm else 0,
                                             reserved=held.tpm if held.shared_tpm else 0, minute=held.minute, served=served)
             if elsewhere is not None and queue is not None:
-                queue.absorb(held.key_slot, elsewhere)
+                queue.absorb(held.key_counter, elsewhere)

@@ -293,7 +293,7 @@ async def _body(request: web.Request, caller: Key) -> str:
         if budget is not None:
             bar = _Raw(_bar(budget["used"], budget["budget_tokens"]) + html.escape(
                 f"{budget['used']} / {budget['budget_tokens']} per {budget['period']}, resets {budget['resets_at']}"))
-        in_flight = bound.key_in_flight(k.slot) if bound is not None else ""
+        in_flight = bound.key_in_flight(k.counter) if bound is not None else ""
         rows.append([k.name, k.role, in_flight, day, month, bar])
     parts.append("<h2>Keys</h2>" + _table(["key", "role", "in flight", "tokens today", "tokens this month", "budget"], rows, {2, 3, 4}))
     if ledger is not None and ledger.store is not None:
