@@ -62,7 +62,7 @@ def test_stop_sleeps_an_engine_whose_gauge_says_requests_are_pending(vllama):
 
 
 def test_a_hung_engine_is_still_restarted_once_its_own_request_gets_no_answer(vllama):
-    v = vllama(env={**STALE, "FAKE_VLLM_HANG_AFTER": "2"}, flags=["--hang-timeout", "1"])
+    v = vllama(env={**STALE, "FAKE_VLLM_HANG_AFTER": "2"}, flags=["--hang-timeout", "1", "--no-resume"])  # the stream ends with the engine
     v.wait_state("ready")
     client = Client(host=v.url)
     assert client.generate(model="tiny", prompt="x", stream=False).done  # request 1; from 2 on nothing is generated

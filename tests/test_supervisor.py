@@ -206,7 +206,7 @@ async def _append(out: list, coro) -> None:
 
 def test_unhealthy_and_hung_engines_restart(vllama, tmp_path):
     flag = tmp_path / "unhealthy"
-    v = vllama(env={"FAKE_VLLM_UNHEALTHY_FILE": str(flag), "FAKE_VLLM_HANG_AFTER": "2"}, flags=["--hang-timeout", "1", "--unhealthy-threshold", "3"])
+    v = vllama(env={"FAKE_VLLM_UNHEALTHY_FILE": str(flag), "FAKE_VLLM_HANG_AFTER": "2"}, flags=["--hang-timeout", "1", "--unhealthy-threshold", "3", "--no-resume"])
     v.wait_state("ready")
     flag.touch()
     body = v.wait_state("restarting")
