@@ -181,6 +181,14 @@ class KeyStore:
             self._conn.commit()
         return secret, row  # type: ignore[return-value]
 
+    def _live(self, name: str) -> dict[str, Any]:
+        """``name``'s row if it is live (under the lock); else the transaction is ended and :class:`KeyMissing` raised."""
+        row = self._one(name)
+        if row is None or row["revoked_at"] is not None:
+            self._conn.rollback()
+            raise KeyMissing(name)
+        return row
+
     def update(self, name: str, changes: dict[str, Any], who: str) -> dict[str, Any]:
         """Change a key's spec fields, ``expires_at`` or ``note`` (``changes`` holds only those given).
 
@@ -189,10 +197,7 @@ class KeyStore:
         """
         now = time.time()
         with self._lock:
-            row = self._one(name)
-            if row is None or row["revoked_at"] is not None:
-                self._conn.rollback()
-                raise KeyMissing(name)
+            row = self._live(name)
             spec = KeySpec.model_validate({**row["spec"], **{k: v for k, v in changes.items() if k in SPEC_FIELDS}})
             expires_at = changes.get("expires_at", row["expires_at"])
             note = changes.get("note", row["note"])
@@ -212,10 +217,7 @@ class KeyStore:
         secret, prefix = new_secret()
         now = time.time()
         with self._lock:
-            row = self._one(name)
-            if row is None or row["revoked_at"] is not None:
-                self._conn.rollback()
-                raise KeyMissing(name)
+            row = self._live(name)
             self._run("UPDATE vllama_keys SET prefix = ?, sha256 = ?, updated_at = ?, updated_by = ? WHERE name = ?",
                       (prefix, digest_of(secret), now, who, name))
             self._change(who, "rotate", name, {"prefix": prefix}, now)
@@ -231,10 +233,7 @@ class KeyStore:
         """
         now = time.time()
         with self._lock:
-            row = self._one(name)
-            if row is None or row["revoked_at"] is not None:
-                self._conn.rollback()
-                raise KeyMissing(name)
+            row = self._live(name)
             self._run("UPDATE vllama_keys SET revoked_at = ?, updated_at = ?, updated_by = ? WHERE name = ?", (now, now, who, name))
             self._change(who, "revoke", name, {}, now)
             row = self._one(name)
