@@ -636,9 +636,10 @@ class OnDemandServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "vllama.log"
+        self.state = Path(tempfile.mkdtemp(prefix="state-", dir=tmp))  # its own: ``vllama serve`` locks it
         (tmp / "vllama.toml").write_text(config)
         e = {**os.environ, "PATH": f"{TESTS / 'bin'}:{os.environ['PATH']}", "FAKE_VLLM_PYTHON": sys.executable,
-             "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": tempfile.mkdtemp(prefix="state-", dir=tmp), "VLLAMA_CPUS": "2",
+             "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(self.state), "VLLAMA_CPUS": "2",
              "FAKE_VLLM_TOKEN_DELAY": "0", **(env or {})}
         cmd = [sys.executable, "-m", "vllama_proxy", "serve", "--config", str(tmp / "vllama.toml"), "--port", str(self.port),
                *FAST, *flags]

@@ -76,7 +76,7 @@ def test_a_model_made_from_uploaded_files_runs_on_demand(tmp_path):
         assert [m.model for m in s.client.ps().models].count("my-upload:latest") == 1
         argv = s.launched()[-1]
         served_from = argv[argv.index("serve") + 1]
-        assert served_from.startswith(str(tmp_path / "state" / "models")), argv
+        assert served_from.startswith(str(s.state / "models")), argv
         s.client.delete("my-upload")
         assert "my-upload:latest" not in {m.model for m in s.client.list().models}
     finally:

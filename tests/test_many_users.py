@@ -410,13 +410,21 @@ def test_logs_and_metrics_name_the_key_and_client_never_the_secret(serve, hub, t
     c = oa.chat.completions.create(model="prod", messages=[{"role": "user", "content": "a b c"}], max_tokens=4)
     streamed = list(oa.chat.completions.create(model="prod", messages=[{"role": "user", "content": "a b"}], max_tokens=5,
                                                stream=True, stream_options={"include_usage": True}))
-    metrics = httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-root"}).text
+
+    def scrape() -> str:
+        return httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-root"}).text
 
     def value(name: str, **labels: str) -> float:
         want = ",".join(f'{k}="{v}"' for k, v in labels.items())
         m = re.search(rf"^{name}\{{{want}\}} (\S+)$", metrics, re.M)
         assert m, (name, labels)
         return float(m.group(1))
+
+    # a request is counted once its answer is sent: the client can hold the stream's last chunk a moment before
+    deadline, metrics = time.monotonic() + 10, scrape()
+    while 'vllama_key_requests_total{key="root",model="prod",status="2xx"} 3.0' not in metrics and time.monotonic() < deadline:
+        time.sleep(0.05)
+        metrics = scrape()
 
     assert value("vllama_key_requests_total", key="alice", model="prod", status="2xx") == 3
     assert value("vllama_key_prompt_tokens_total", key="alice", model="prod") == 2 * a[0].prompt_eval_count + 1

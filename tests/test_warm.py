@@ -79,11 +79,11 @@ def test_on_demand_models_sleep_by_default_and_the_cache_is_kept(serve, hub, tmp
     assert "holds the weights" in decided[0]["reason"]
     # the compile cache: home is not writable, so vLLM's goes under the state directory, for every vLLM
     cache = [x for x in log if x.get("event") == "compile_cache"]
-    assert cache and cache[0]["path"] == str(tmp_path / "state" / "vllm-cache")
+    assert cache and cache[0]["path"] == str(s.state / "vllm-cache")
     pids = [x["pid"] for x in log if x.get("event") == "launched"]
     env = _environ(pids[-1])
-    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "state" / "vllm-cache") and env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "state" / "vllm-cache" / "triton")
+    assert env["VLLM_CACHE_ROOT"] == str(s.state / "vllm-cache") and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["TRITON_CACHE_DIR"] == str(s.state / "vllm-cache" / "triton")
 
 
 def test_no_sleep_when_turned_off_or_without_ram_or_gpu(serve, hub):
