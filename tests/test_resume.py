@@ -19,7 +19,7 @@ def test_what_is_resumed():
     assert refusal("/v1/chat/completions", {"messages": []}) is None
     assert "n=2" in refusal("/v1/chat/completions", {"n": 2})
     assert "response_format" in refusal("/v1/chat/completions", {"response_format": {"type": "json_object"}})
-    assert "tools" in refusal("/v1/chat/completions", {"tools": [{"type": "function"}]})
+    assert refusal("/v1/chat/completions", {"tools": [{"type": "function"}]}) is None  # continued as a chat
     assert refusal("/v1/embeddings", {}) is not None
 
 
@@ -76,3 +76,45 @@ def test_a_stream_without_its_prompts_ids_is_not_continued_once_it_began():
     assert r.can(UpstreamUnavailable("closed"))
     r.take([{"choices": [{"delta": {"content": "a"}}]}])
     assert not r.can(UpstreamUnavailable("closed"))
+
+
+def test_a_relayed_stream_keeps_its_identity_and_loses_the_ids_it_did_not_ask_for():
+    r = Resume("/v1/chat/completions", {"model": "m", "max_tokens": 10}, upstream=None, board=None, worker=0,  # type: ignore[arg-type]
+               timeout=60.0, max_model_len=2048, headers=None, route="/v1/chat/completions", relayed=True, strip=True)
+    first = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 5, "model": "m", "prompt_token_ids": [1, 2],
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}]}
+    out = r.take([first, {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"reasoning": "hm"}, "token_ids": [5]}]}])
+    assert "prompt_token_ids" not in out[0] and all("token_ids" not in c["choices"][0] for c in out)
+    assert r.prompt_ids == [1, 2] and r.ids == [5] and r.thinking  # cut inside its reasoning
+    r._continuation(in_reasoning=r.thinking)
+    r.shaped, r.base = True, 1
+    out = r.take([{"id": "cmpl-9", "object": "text_completion", "created": 9, "model": "m",
+                   "choices": [{"index": 0, "text": "ok</think>Hi", "token_ids": [6, 7]}]}])
+    assert out[0]["id"] == "chatcmpl-1" and out[0]["object"] == "chat.completion.chunk" and out[0]["created"] == 5
+    assert out[0]["choices"][0]["delta"] == {"reasoning": "ok", "content": "Hi"} and r.ids == [5, 6, 7]
+
+
+def test_the_agents_routes_and_echo_are_not_resumed_and_say_why():
+    assert "Anthropic Messages API" in refusal("/v1/messages", {})
+    assert "Responses API" in refusal("/v1/responses", {})
+    assert "echo" in refusal("/v1/completions", {"echo": True, "prompt": "x"})
+
+
+def test_a_chat_with_tools_is_continued_as_a_chat_from_the_text_it_sent():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    messages = [{"role": "user", "content": "hi"}]
+    r = _resume(max_tokens=100, messages=messages, tools=tools, temperature=0)
+    r.take([{"prompt_token_ids": [1, 2], "choices": [{"delta": {"content": "Let me"}, "token_ids": [5, 6]}]},
+            {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}, "token_ids": [7, 8]}]}])
+    assert r.can(UpstreamUnavailable("closed"), calls_sent=False)  # /api/chat: the call never reached its client
+    assert not r.can(UpstreamUnavailable("closed"))  # a relayed stream passed the fragment on
+    body = r._chat_continuation()
+    assert body["messages"] == [*messages, {"role": "assistant", "content": "Let me"}]
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["max_tokens"] == 98 and body["tools"] == tools and body["temperature"] == 0  # the call's 2 ids re-made
+    r = _resume(messages=messages, tools=tools, tool_choice="required")
+    r.take([{"prompt_token_ids": [1], "choices": [{"delta": {"content": "x"}, "token_ids": [5]}]}])
+    assert not r.can(UpstreamUnavailable("closed"), calls_sent=False)  # a grammar would begin again
+    r = _resume(messages=messages, tools=tools)
+    r.take([{"prompt_token_ids": [1], "choices": [{"delta": {"reasoning": "hm"}, "token_ids": [5]}]}])
+    assert not r.can(UpstreamUnavailable("closed"), calls_sent=False)

@@ -230,3 +230,186 @@ def test_a_sampled_stream_neither_repeats_nor_skips_across_the_boundary(server, 
             return
         print(f"attempt {attempt + 1}: vLLM had finished every stream before the kill")
     pytest.fail("no stream was cut mid-way by the kill in 3 attempts")
+
+
+OPENAI = ("chat", "completions", "chat")  # the /v1 streams, beside one of /v1/messages (vLLM's own API: not resumed)
+
+
+async def _openai_streams(url: str, model: str, *, kill=None) -> list[dict]:
+    """Greedy streams of ``N`` tokens with the real ``openai`` client, with ``include_usage``: two of
+    ``/v1/chat/completions`` (one with logprobs), one of ``/v1/completions``; and one of ``/v1/messages`` read with
+    httpx; ``kill()`` once the first has ``CUT`` chunks. Each: its text, usage, chunk ids, extra fields seen, or its
+    error."""
+    import openai
+
+    killed = asyncio.Event()
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=900, max_retries=0)
+    results: list[dict] = [{"chunks": 0, "text": [], "ids": set(), "extra": set()} for _ in range(len(OPENAI) + 1)]
+
+    def tick(r: dict) -> None:
+        r["chunks"] += 1
+        if kill is not None and r is results[0] and r["chunks"] >= CUT and not killed.is_set():
+            killed.set()
+            kill()
+
+    async def one(i: int) -> None:
+        r = results[i]
+        prompt = f"resume v1 {i}: tell a story"
+        common = {"model": model, "max_tokens": N, "temperature": 0, "stream": True,
+                  "stream_options": {"include_usage": True}}
+        try:
+            if i == len(OPENAI):  # Anthropic's Messages: vLLM's own endpoint, ended as before when vLLM dies
+                body = {"model": model, "max_tokens": N, "temperature": 0, "stream": True,
+                        "messages": [{"role": "user", "content": prompt}]}
+                async with httpx.AsyncClient(timeout=900) as h, h.stream("POST", url + "/v1/messages", json=body) as resp:
+                    async for line in resp.aiter_lines():
+                        if line.startswith("event: error"):
+                            r["error"] = line
+                        elif line.startswith("event: message_stop"):
+                            r["done"] = True
+                        elif line.startswith("data:") and "text_delta" in line:
+                            r["text"].append(json.loads(line[5:])["delta"]["text"])
+                            tick(r)
+                return
+            if OPENAI[i] == "chat":
+                stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}],
+                                                              logprobs=i == 2, **common)
+            else:
+                stream = await client.completions.create(prompt=prompt, **common)
+            async for chunk in stream:
+                r["ids"].add(chunk.id)
+                dumped = chunk.model_dump()
+                r["extra"].update(k for k in ("prompt_token_ids",) if dumped.get(k) is not None)
+                if chunk.usage is not None:
+                    r["usage"] = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                extra = choice.model_extra or {}
+                r["extra"].update(k for k in ("token_ids", "prompt_token_ids") if extra.get(k) is not None)
+                text = choice.delta.content if OPENAI[i] == "chat" else choice.text
+                if text:
+                    r["text"].append(text)
+                    tick(r)
+                if choice.finish_reason:
+                    r["finish"] = choice.finish_reason
+        except openai.APIError as e:
+            r["error"] = repr(e)
+        finally:
+            r["text"] = "".join(r["text"])
+
+    await asyncio.gather(*(one(i) for i in range(len(results))))
+    return results
+
+
+def test_openai_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model):
+    """``/v1/chat/completions`` and ``/v1/completions`` streams cut by a SIGKILL of the engine core continue on the
+    restarted vLLM as the same stream (its chunk id kept, no token ids the client did not ask for), with the text
+    and usage of an uninterrupted run; a ``/v1/messages`` stream (vLLM's own Anthropic API, no token ids) ends with
+    an error event as before, and the log says why (``resume_refused``)."""
+    model = tiny_model.name
+    reference = asyncio.run(_openai_streams(server.url, model))
+    assert all("error" not in r for r in reference), reference
+    assert all(r["usage"][1] == N and r["finish"] == "length" for r in reference[:len(OPENAI)]), reference
+    for attempt in range(3):
+        before, restarts = _resumed(server.url), server.ready()["restarts"]
+        streams = _counter(server.url, "vllama_resumed_streams_total")
+        throttle = Throttle(psutil.Process(server.ready()["pid"]), _engine_core(server))
+        try:
+            got = asyncio.run(_openai_streams(server.url, model, kill=throttle.kill))
+        finally:
+            throttle.stop()
+        for ref, r in zip(reference[:len(OPENAI)], got):
+            assert "error" not in r, (r, server.tail())
+            assert r["text"] == ref["text"] and r["usage"] == ref["usage"] and r["finish"] == "length", (ref, r)
+            assert len(r["ids"]) == 1 and not r["extra"], r  # one stream as the client sees it, as it asked
+        server.wait_state(model, ("ready",), restarts=restarts + 1)
+        messages = got[len(OPENAI)]
+        if "error" in messages:  # cut by the kill: ended as before, the reason logged
+            refused = [x for x in server.log.read_text().splitlines() if '"resume_refused"' in x and "/v1/messages" in x]
+            assert refused and "Anthropic Messages API" in refused[-1], (messages, server.tail())
+        else:
+            assert messages["text"] == reference[len(OPENAI)]["text"]
+        if _resumed(server.url) > before:
+            assert _counter(server.url, "vllama_resumed_streams_total") > streams
+            return
+        print(f"attempt {attempt + 1}: vLLM had finished every stream before the kill")
+    pytest.fail("no stream was cut mid-way by the kill in 3 attempts")
+
+
+def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_whole(tool_server):
+    """The shipped tool model (vLLM's hermes parser) asked for a tool call on ``/api/chat`` (streamed, think false)
+    beside the same request on ``/v1/chat/completions``; once the latter has its call's first fragments, the engine
+    core is SIGKILLed. ``/api/chat``, which sends calls only whole, is asked again and its client gets the one call
+    of the uninterrupted answer, in one chunk; the ``/v1`` stream, whose client already has fragments of the call,
+    ends with an error event as before, and the log says why."""
+    import ollama
+    import openai
+
+    import sys
+
+    from .conftest import ROOT, TOOL_NAME
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "tool_model"))
+    import e2e_tools
+
+    url = tool_server.url
+
+    model, weather = TOOL_NAME, [{"role": "user", "content": "What's the weather in Paris?"}]
+    options = {"temperature": 0, "num_predict": 160}
+    tools = e2e_tools.TOOLS
+
+    async def run(kill=None) -> tuple[dict, dict]:
+        a: dict = {"calls": [], "chunks_with_calls": 0}
+        b: dict = {"fragments": 0}
+
+        async def ollama_chat() -> None:
+            client = ollama.AsyncClient(host=url, timeout=900, headers={"X-Request-ID": "tools-a"})
+            try:
+                async for ch in await client.chat(model=model, messages=weather, tools=tools, think=False, stream=True,
+                                                  options=options):
+                    if ch.message.tool_calls:
+                        a["chunks_with_calls"] += 1
+                        a["calls"] += [(c.function.name, dict(c.function.arguments)) for c in ch.message.tool_calls]
+                    if ch.done:
+                        a["done"] = ch.done_reason
+            except ollama.ResponseError as e:
+                a["error"] = str(e)
+
+        async def openai_chat() -> None:
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=900, max_retries=0)
+            try:
+                stream = await client.chat.completions.create(
+                    model=model, messages=weather, tools=tools, temperature=0, max_tokens=160, stream=True,
+                    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                async for ch in stream:
+                    if ch.choices and ch.choices[0].delta.tool_calls:
+                        b["fragments"] += 1
+                        if kill is not None and b["fragments"] == 2:
+                            kill()
+            except openai.APIError as e:
+                b["error"] = repr(e)
+
+        await asyncio.gather(ollama_chat(), openai_chat())
+        return a, b
+
+    reference, _ = asyncio.run(run())
+    assert reference["calls"] == [("get_weather", {"city": "Paris"})] and reference["chunks_with_calls"] == 1, reference
+    for attempt in range(3):
+        restarts = tool_server.ready()["restarts"]
+        throttle = Throttle(psutil.Process(tool_server.ready()["pid"]), _engine_core(tool_server))
+        try:
+            a, b = asyncio.run(run(kill=throttle.kill))
+        finally:
+            throttle.stop()
+        assert "error" not in a, (a, tool_server.tail())
+        assert a["calls"] == reference["calls"] and a["chunks_with_calls"] == 1, a  # only the whole call reached it
+        tool_server.wait_state(model, ("ready",), restarts=restarts + 1)
+        lines = [json.loads(x) for x in tool_server.log.read_text().splitlines() if x.startswith("{")]
+        if "error" in b:
+            assert any(x.get("event") == "resume_refused" and "tool call reached the client" in x.get("why", "")
+                       for x in lines), (b, tool_server.tail())
+        if any(x.get("event") == "stream_resumed" and x.get("client_request_id") == "tools-a" for x in lines):
+            return  # the /api/chat stream was cut and asked again
+        print(f"attempt {attempt + 1}: vLLM had finished the /api/chat stream before the kill")
+    pytest.fail("the /api/chat stream was not cut by the kill in 3 attempts")

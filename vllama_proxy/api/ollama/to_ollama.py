@@ -258,6 +258,11 @@ class ChatTranslator(Translator):
             out.extend(self._flush())
         return out
 
+    def drop_partial_calls(self) -> None:
+        """Forget the calls not yet sent whole (their stream broke: ``api/request/resume.py`` has them written
+        again from their start)."""
+        self._calls.clear()
+
     def _flush(self, before: int | None = None) -> list[dict[str, Any]]:
         """Complete the buffered calls (those with index < ``before``, or all)."""
         done = sorted(i for i in self._calls if before is None or i < before)

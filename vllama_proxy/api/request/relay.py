@@ -142,7 +142,7 @@ async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, trans
                         feed(chunk)
             break
         except VllamaError as e:
-            if resume is None or not resume.can(e):
+            if resume is None or not _resumes(resume, e, translator):
                 raise
             resp.close()
             resp = await resume.reopen(e, translator.in_reasoning)
@@ -194,7 +194,7 @@ async def _streamed(request: web.Request, upstream: Upstream, resp: Any, transla
                         raise decoder.failure
                 break
             except VllamaError as e:
-                if resume is None or not resume.can(e):
+                if resume is None or not _resumes(resume, e, translator):
                     raise
                 watch.close()
                 resp.close()
@@ -220,6 +220,16 @@ async def _streamed(request: web.Request, upstream: Upstream, resp: Any, transla
         out = await begin(request)
     await out.write_eof(last)  # the last line and the end of the chunked body in one write
     return out
+
+
+def _resumes(resume: Resume, error: VllamaError, translator: Translator) -> bool:
+    """Whether the stream broken by ``error`` is continued (``Resume.can``); a chat's tool calls reach its client
+    only whole (``ChatTranslator``), so one being written when vLLM broke is dropped here, to be written again
+    from its start by the continuation."""
+    if not resume.can(error, calls_sent=bool(getattr(translator, "tool_calls", None))):
+        return False
+    getattr(translator, "drop_partial_calls", lambda: None)()
+    return True
 
 
 def _unfinished() -> UpstreamProtocolError:

@@ -46,7 +46,7 @@ _CARRIED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_toke
             "user", "vllm_xargs")
 #: Fields whose request cannot be continued from its middle (a grammar begins again; a tool parser reads the stream).
 _UNRESUMABLE = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                "guided_grammar", "tools", "functions")
+                "guided_grammar", "functions")
 #: The end of a reasoning block as vLLM's ``<think>`` parsers (qwen3, deepseek_r1) read it.
 _END_THINK = "</think>"
 #: Without a model's measured start: the least a stream waits, and what an ``--upstream`` vLLM gets.
@@ -76,10 +76,19 @@ def resumable(error: BaseException) -> bool:
     return isinstance(error, (UpstreamUnavailable, UpstreamTimeout))
 
 
+#: The agents' routes, relayed to vLLM's own Anthropic Messages and Responses APIs: why they are not resumed.
+_OWN_APIS = {"/v1/messages": "vLLM's Anthropic Messages API", "/v1/responses": "vLLM's Responses API"}
+
+
 def refusal(path: str, body: dict[str, Any]) -> str | None:
     """Why a request to vLLM at ``path`` cannot be resumed (``None``: it can)."""
+    if path in _OWN_APIS:
+        return (f"{_OWN_APIS[path]} renders the conversation and parses the answer itself and returns no token ids: "
+                "the stream cannot be continued as token ids")
     if path not in ("/v1/chat/completions", "/v1/completions"):
         return f"{path} is not resumed"
+    if path == "/v1/completions" and (body.get("echo") or body.get("suffix")):
+        return "echo or suffix: a continuation would echo or frame its prompt again"
     n = body.get("n")
     if isinstance(n, int) and n > 1:
         return f"n={n}: several choices are not resumed"
@@ -107,10 +116,12 @@ class Resume:
     """
 
     __slots__ = ("path", "body", "upstream", "board", "worker", "timeout", "max_model_len", "headers", "route",
-                 "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen", "blind")
+                 "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen", "blind",
+                 "relayed", "strip", "head", "thinking", "tools", "said", "kept", "called", "reasoned", "native")
 
     def __init__(self, path: str, body: dict[str, Any], upstream: Upstream, board: Any, worker: int, timeout: float,
-                 max_model_len: int | None, headers: Any, route: str) -> None:
+                 max_model_len: int | None, headers: Any, route: str, *, relayed: bool = False,
+                 strip: bool = False) -> None:
         self.path = path
         self.body = body
         self.upstream = upstream
@@ -131,6 +142,17 @@ class Resume:
         self.blind = False  # a chunk with text came without its token ids: what was sent is not known as ids
         self.seen = False  # a chunk of the answer arrived (without the prompt's ids it cannot be continued)
         self.shaped = False  # the chunks now come from a continuation on /v1/completions: shaped as the route's
+        self.relayed = relayed  # the client's own /v1 stream: continued chunks keep its id, object, created, model
+        self.strip = strip  # the token ids were asked by vllama, not the client: taken out of what it is sent
+        self.head: dict[str, Any] = {}  # the first chunk's id, object, created and model
+        self.thinking = False  # a relayed chat's latest delta was reasoning (its continuation stays reasoning)
+        # a chat with tools is continued as a chat (vLLM's tool parser reads only a chat's own stream): from its text
+        self.tools = self.chat and bool(body.get("tools"))
+        self.said: list[str] = []  # with tools: the content relayed so far
+        self.kept = 0  # with tools: output tokens whose text was relayed (a tool call's fragments are not)
+        self.called = False  # with tools: a tool call's fragment came from vLLM
+        self.reasoned = False  # with tools: reasoning came from vLLM
+        self.native = False  # the continuation is a chat on the route's own path: only its usage and identity change
 
     def take(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``chunks`` of one upstream read, their token ids kept; once resumed, shaped as the route's chunks
@@ -154,9 +176,41 @@ class Resume:
                     if choice.get("text") or delta.get("content") or delta.get("reasoning") \
                             or delta.get("reasoning_content") or delta.get("tool_calls"):
                         self.blind = True
+            if self.tools and choices:
+                self._told(choices[0])
+            if self.relayed:
+                self._relayed(chunk, choices)
         if not self.shaped:
             return chunks
         return [self._shaped(chunk) for chunk in chunks]
+
+    def _told(self, choice: dict[str, Any]) -> None:
+        """A chat with tools: what its chunk says (content relayed, a call's fragment, reasoning)."""
+        delta = choice.get("delta") or {}
+        if delta.get("tool_calls"):
+            self.called = True
+        if delta.get("reasoning") or delta.get("reasoning_content"):
+            self.reasoned = True
+        if delta.get("content"):
+            self.said.append(delta["content"])
+            self.kept += len(choice.get("token_ids") or ())
+
+    def _relayed(self, chunk: dict[str, Any], choices: Any) -> None:
+        """A relayed stream's chunk: its first one's identity kept, whether a chat is in its reasoning, the token
+        ids vllama asked for taken out (in place)."""
+        if not self.head:
+            self.head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
+        if choices and not self.shaped and self.chat:
+            delta = choices[0].get("delta") or {}
+            if delta.get("content"):
+                self.thinking = False
+            elif delta.get("reasoning") or delta.get("reasoning_content"):
+                self.thinking = True
+        if self.strip:
+            chunk.pop("prompt_token_ids", None)
+            for choice in choices or ():
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
 
     def _shaped(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """A resumed ``/v1/completions`` chunk as the original route's: its usage counting the client's prompt and
@@ -167,7 +221,9 @@ class Resume:
             usage = {**usage, "prompt_tokens": len(self.prompt_ids or ()),
                      "completion_tokens": self.base + int(usage.get("completion_tokens") or 0)}
             chunk = {**chunk, "usage": usage}
-        if not self.chat or not chunk.get("choices"):
+        if self.relayed:  # the client's stream keeps its own id, object, created and model
+            chunk = {**chunk, **self.head}
+        if self.native or not self.chat or not chunk.get("choices"):
             return chunk
         choice = chunk["choices"][0]
         text = choice.get("text") or ""
@@ -191,13 +247,18 @@ class Resume:
                 for tok, val, top in zip(lp["tokens"], lp.get("token_logprobs") or [], tops)]}
         return {**chunk, "choices": [shaped]}
 
-    def can(self, error: BaseException, *, before_answer: bool = False) -> bool:
+    def can(self, error: BaseException, *, before_answer: bool = False, calls_sent: bool | None = None) -> bool:
         """Whether the stream broken by ``error`` is resumed (else the log says why, once); ``before_answer``: vLLM
-        failed before its answer began, asked again only of a vLLM vllama runs (a router retries on its own)."""
+        failed before its answer began, asked again only of a vLLM vllama runs (a router retries on its own).
+        ``calls_sent``: with tools, whether a tool call (or a fragment of one) reached the client (default: any
+        fragment came from vLLM, as a relayed stream passes them on; ``/api/chat`` sends only whole calls and says
+        whether one was sent)."""
         if not resumable(error) or (before_answer and self.board is None):
             return False
         why = self.why_not or (None if self.prompt_ids or not self.seen else "vLLM sent no prompt token ids before it broke")
-        if why is None and self.blind:
+        if why is None and self.tools:
+            why = self._tools_refusal(self.called if calls_sent is None else calls_sent)
+        elif why is None and self.blind:
             why = "vLLM sent text without its token ids"
         if why is None and self.max_model_len and len(self.prompt_ids or ()) + len(self.ids) >= self.max_model_len:
             why = "the context is full"
@@ -205,6 +266,34 @@ class Resume:
             log.info("resume_refused", route=self.route, why=why, error=str(error)[:200])
             return False
         return True
+
+    def _tools_refusal(self, calls_sent: bool) -> str | None:
+        """Why a chat with tools cannot be continued from its text (``None``: it can)."""
+        if calls_sent:
+            return "tools: a tool call reached the client before the break (it would be sent again)"
+        if self.reasoned:
+            return "tools: reasoning was sent (a chat continued from its text renders no reasoning)"
+        choice = self.body.get("tool_choice")
+        if self.said and choice not in (None, "auto", "none"):
+            return f"tools: tool_choice {choice!r} is a grammar that would begin again at the continuation"
+        return None
+
+    def _chat_continuation(self) -> dict[str, Any]:
+        """The ``/v1/chat/completions`` body that continues a chat with tools: its messages and the content sent so
+        far as the assistant's message to continue (vLLM's ``continue_final_message``, no generation prompt), so
+        that vLLM's tool parser reads the rest, a tool call begun before the break written again from its start."""
+        body = self.body
+        out = {k: v for k, v in body.items() if k not in ("messages", "max_tokens", "max_completion_tokens", "min_tokens")}
+        out.update(messages=[*body["messages"], {"role": "assistant", "content": "".join(self.said)}],
+                   continue_final_message=True, add_generation_prompt=False, stream=True, return_token_ids=True,
+                   stream_options={"include_usage": True, "continuous_usage_stats": False})
+        most = body.get("max_completion_tokens") or body.get("max_tokens")
+        if isinstance(most, int):
+            out["max_tokens"] = max(most - self.kept, 1)
+        least = body.get("min_tokens")
+        if isinstance(least, int) and least:
+            out["min_tokens"] = max(least - self.kept, 0)
+        return out
 
     def _continuation(self, in_reasoning: bool) -> dict[str, Any]:
         """The ``/v1/completions`` body that continues the stream."""
@@ -241,10 +330,15 @@ class Resume:
         """
         t0 = time.monotonic()
         deadline = t0 + self.timeout
-        sent = len(self.ids)
-        whole = self.prompt_ids is None  # nothing relayed (can() made sure): the same request, asked again
-        path = self.path if whole else "/v1/completions"
-        body = encode_json(self.body if whole else self._continuation(in_reasoning))
+        sent = self.kept if self.tools else len(self.ids)
+        # nothing relayed (can() made sure), or a chat with tools that relayed no text: the same request, asked again
+        whole = self.prompt_ids is None or (self.tools and not self.said)
+        native = self.tools and not whole  # a chat with tools: continued as a chat, from its text
+        path = self.path if whole or native else "/v1/completions"
+        if whole:
+            body = encode_json(self.body)
+        else:
+            body = encode_json(self._chat_continuation() if native else self._continuation(in_reasoning))
         restarts = self.board.restarts if self.board is not None else 0
         log.info("stream_broken", route=self.route, error=str(error)[:200], tokens_sent=sent,
                  resume_timeout_s=round(self.timeout, 1))
@@ -277,7 +371,10 @@ class Resume:
             pause = min(pause * 2, 2.0)
         self.times += 1
         self.shaped = not whole
+        self.native = native
         self.base = sent
+        if whole and self.tools:  # a tool call's fragments, never relayed, are made again: not counted twice
+            self.ids.clear()
         prompt = len(self.prompt_ids or ()) + sent if not whole else 0  # asked whole: vLLM's usage counts it
         RESUMED_STREAMS.labels(self.route).inc()
         RESUME_PROMPT_TOKENS.labels(self.route).inc(prompt)

@@ -19,12 +19,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import (BadRequest, ModelNotFound, NoSuchModel, UnsupportedCapability, UpstreamError, error_event,
-                                 shape_of)
+from vllama_proxy.errors import (BadRequest, ModelNotFound, NoSuchModel, UnsupportedCapability, UpstreamError,
+                                 UpstreamRejected, error_event, shape_of)
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
-from vllama_proxy.upstream import encode_json, read_raw, read_response
+from vllama_proxy.errors import VllamaError
+from vllama_proxy.logs import get_logger
+from vllama_proxy.upstream import SSEDecoder, encode_json, read_raw, read_response, read_some
 from ..request.relay import in_own_task
+from ..request.resume import Resume, refusal, resumable, resume_timeout
 from ..request.body_reader import read_body
 from ..ollama.to_openai import upstream_model
 from .model_use import check_model, created_of, may_list, model_in_use, refuse_outside, resolve_model
@@ -34,7 +37,7 @@ from ..policy.fair_queue import prompt_tokens_guess
 from ..request.finisher import finish
 from ..request.bodies import Body
 from ..request.gate import upstream_fields
-from ..app_state import CATALOG, CLIENT_AFFINITY, ROUTER_RELEASE, SETTINGS
+from ..app_state import CATALOG, CLIENT_AFFINITY, ROUTER_RELEASE, SETTINGS, WORKER
 from ..fleet import affinity
 from ..fleet.client_affinity import ROUTER_HEADERS
 
@@ -43,6 +46,8 @@ _FORWARD_PLAIN = ("Content-Type", "Accept")
 #: replaced by the client's key scoped to its caller (a node, ``--session-header ''``: ``api/fleet/client_affinity.py``)
 _FORWARD_REQUEST = (*_FORWARD_PLAIN, *ROUTER_HEADERS)
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
+
+log = get_logger("vllama.resume")
 
 
 def _model_entry(model: ServedModel) -> dict:
@@ -122,17 +127,34 @@ async def _route(request: web.Request, call: Call) -> tuple[Any, ServedModel | N
 
 
 async def _forwarded(request: web.Request, call: Call, body: bytes, data: Any, model: ServedModel | None, backend: Backend,
-                     made: CreatedModel | None) -> bytes:
-    """What is forwarded: for a typed body, the gate's fields finished (``finisher.finish``); for an admin's
-    untyped JSON, the parsed body written again with its model mapped; ``body`` as sent when it was no JSON
-    (a form, or none). Runs with the model held (its ``/tokenize`` may be asked)."""
+                     made: CreatedModel | None, token_ids: bool = False) -> bytes:
+    """What is forwarded: for a typed body, the gate's fields finished (``finisher.finish``; ``token_ids``: vLLM asked
+    for the stream's token ids, ``resume.py``); for an admin's untyped JSON, the parsed body written again with its
+    model mapped; ``body`` as sent when it was no JSON (a form, or none). Runs with the model held (its
+    ``/tokenize`` may be asked)."""
     if data is None:
         return body
     if isinstance(call.typed, Body):
         served = model.name if model is not None else data.get("model")
         await finish(request, call, data, request.path, served=served, model=model, upstream=backend.upstream, made=made,
-                     relayed=True)
+                     relayed=True, token_ids=token_ids)
     return encode_json(data)
+
+
+def _resume_of(request: web.Request, call: Call, data: Any, model: ServedModel | None,
+               backend: Backend) -> Callable[[Mapping[str, str]], Resume] | None:
+    """For a relayed ``/v1/chat/completions`` or ``/v1/completions`` stream under ``--resume``: what builds its
+    :class:`Resume` (given the headers sent upstream) once its body is finished; ``None`` for any other request (or
+    a model vllama does not know)."""
+    settings = request.app[SETTINGS]
+    if not (settings.resume and request.method == "POST" and request.path in _PLACED and isinstance(data, dict)
+            and data.get("stream") is True and isinstance(call.typed, Body) and model is not None):
+        return None
+    strip = data.get("return_token_ids") is not True  # asked by vllama: not the client's to see
+    seconds, _ = resume_timeout(settings.resume_timeout, backend.board)
+    worker = request.app[WORKER]
+    return lambda headers: Resume(request.path, data, backend.upstream, backend.board, worker, seconds,
+                                  model.max_model_len, headers, request.path, relayed=True, strip=strip)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -150,11 +172,14 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     body = call.body if call.body is not None else await read_body(request)
     data, model, backend, made = await _route(request, call)
     rename = _rename(made, model, call.asked)
+    resume_of = _resume_of(request, call, data, model, backend)
     with request.app[CLIENT_AFFINITY].hold_request(request) as own:  # counted until the answer ends
         sent, release = _placement(request, data, own)
         try:
             return await forward(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
-                               ready_body=lambda: _forwarded(request, call, body, data, model, backend, made), rename=rename)
+                               ready_body=lambda: _forwarded(request, call, body, data, model, backend, made,
+                                                             token_ids=resume_of is not None),
+                               rename=rename, resume_of=resume_of)
         finally:
             if release is not None:  # after the answer's last byte, or its error, or the client's leaving
                 request.app[ROUTER_RELEASE].release(backend.upstream, release)
@@ -196,7 +221,8 @@ def _placement(request: web.Request, data: Any, own: str | None) -> tuple[dict[s
 async def forward(request: web.Request, backend: Backend, path: str, body: bytes, keep_alive: object = None,
                 session_headers: Mapping[str, str] | None = None,
                 ready_body: Callable[[], Awaitable[bytes]] | None = None,
-                rename: tuple[bytes, bytes] | None = None) -> web.StreamResponse:
+                rename: tuple[bytes, bytes] | None = None,
+                resume_of: Callable[[Mapping[str, str]], Resume] | None = None) -> web.StreamResponse:
     """Send ``body`` to ``backend``'s vLLM at ``path`` and relay its answer back chunk by chunk, as it comes.
 
     The model is held for the request (``model_in_use``: woken or started first, counted in
@@ -207,7 +233,8 @@ async def forward(request: web.Request, backend: Backend, path: str, body: bytes
     ``application/json``: vllama parsed it and wrote it again. An upstream failure after the answer began ends
     an SSE stream with an error event in the route family's shape (``errors.error_event``: OpenAI's
     ``data: {"error": {...}}`` as vLLM writes its own, Anthropic's ``event: error`` on ``/v1/messages``); a JSON
-    body is cut off instead.
+    body is cut off instead. ``resume_of``: what builds the stream's :class:`Resume` from the headers sent
+    upstream (:func:`_resume_of`): a stream vLLM breaks is then continued, not ended (:func:`_continued`).
 
     Raises:
         UpstreamError: vLLM failed before its answer began (mapped in ``api/app.py``).
@@ -221,6 +248,13 @@ async def forward(request: web.Request, backend: Backend, path: str, body: bytes
         if body and request.content_type != "multipart/form-data":
             headers["Content-Type"] = "application/json"  # the body vllama parsed and wrote again, whatever was sent
         try:
+            if resume_of is not None:
+                resume = resume_of(headers)
+                try:
+                    return await _sent_resumable(request, backend, path, body, headers, rename, resume)
+                finally:
+                    if resume.times:
+                        await resume.close()
             return await _sent(request, backend, path, body, headers, rename)
         except (ConnectionError, asyncio.CancelledError):  # the client left
             call = call_of(request)
@@ -241,6 +275,120 @@ async def _sent(request: web.Request, backend: Backend, path: str, body: bytes, 
         out = web.StreamResponse(status=resp.status, headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
         await out.prepare(request)
         return await in_own_task(_copied(request, backend, resp, out, rename))  # its reads resume its own frames only
+
+
+async def _sent_resumable(request: web.Request, backend: Backend, path: str, body: bytes, headers: dict[str, str],
+                          rename: tuple[bytes, bytes] | None, resume: Resume) -> web.StreamResponse:
+    """:func:`_sent` for a stream that is continued when vLLM breaks it (``resume.py``): vLLM's failure before its
+    answer began (its engine dead: a 5xx, or the connection refused) is asked again once the model serves again;
+    its SSE answer is relayed by :func:`_continued`."""
+    try:
+        async with backend.upstream.request("POST", path, body=body, headers=headers, params=request.query,
+                                            check=False) as resp:
+            if resp.status < 500 and resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+                out = web.StreamResponse(status=resp.status,
+                                         headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
+                await out.prepare(request)
+                return await in_own_task(_continued(request, backend, resp, out, rename, resume))
+            if resp.status < 500:  # vLLM's refusal (a 4xx), copied as it wrote it
+                return await _copy_whole(request, resp, path)
+            failed: VllamaError = UpstreamRejected((await read_response(resp))[:300].decode(errors="replace"), resp.status)
+    except UpstreamError as e:
+        failed = e
+    if not resume.can(failed, before_answer=True):
+        raise failed
+    resp = await resume.reopen(failed)
+    out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await out.prepare(request)
+    return await in_own_task(_continued(request, backend, resp, out, rename, resume))
+
+
+async def _copy_whole(request: web.Request, resp: Any, path: str) -> web.StreamResponse:
+    """vLLM's whole answer (a refusal) copied as it came, its 404 for a route of the other kind of model too."""
+    if resp.status == 404 and path in _CAPABILITY:
+        data = await _refuse_missing_route(request, resp, path)
+    else:
+        data = await read_response(resp)
+    return web.Response(status=resp.status, body=data,
+                        headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
+
+
+async def _continued(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse,
+                     rename: tuple[bytes, bytes] | None, resume: Resume) -> web.StreamResponse:
+    """A relayed ``/v1`` SSE stream that survives its vLLM: each event decoded (``SSEDecoder``), its token ids kept
+    by ``resume`` (and taken out when the client did not ask for them), written again; a break (the connection
+    closed, reset or idle, or vLLM's error event) pauses the client's stream while ``resume`` asks the model's next
+    vLLM for the rest, whose chunks come shaped as this route's, its usage covering the whole answer. What cannot
+    be continued ends as :func:`_copied` ends it: an error event. The settler charges the usage vLLM reported
+    (rewritten by ``resume``: the client's prompt once, every output token once), or what was relayed."""
+    call = call_of(request)
+    dumps = orjson.dumps
+    drop = call.drop_usage
+    usage: dict[str, Any] | None = None
+    decoder = SSEDecoder()
+    watch = backend.upstream.watch_body(resp)
+    try:
+        while True:
+            try:
+                while not decoder.done:
+                    chunks = resume.take(decoder.feed(await read_some(resp)))
+                    parts = []
+                    for chunk in chunks:
+                        if chunk.get("usage"):
+                            usage = chunk["usage"]
+                            if drop and not chunk.get("choices"):
+                                continue  # asked by vllama for the settler, not by the client
+                        parts.append(b"data: " + dumps(chunk) + b"\n\n")
+                    if parts:
+                        data = b"".join(parts)
+                        await out.write(data.replace(*rename) if rename is not None else data)
+                    if decoder.failure is not None:
+                        raise decoder.failure
+                break
+            except VllamaError as e:
+                if not resume.can(e):
+                    raise
+                watch.close()
+                resp.close()
+                resp = await resume.reopen(e, resume.thinking)  # the client's stream pauses here
+                decoder = SSEDecoder()
+                watch = backend.upstream.watch_body(resp)
+    except (ConnectionError, asyncio.CancelledError):  # the client left: the tokens relayed so far were made
+        call.usage = _relayed_usage(call, resume, usage)
+        raise
+    except VllamaError as e:
+        call.stream_error = e
+        call.usage = _relayed_usage(call, resume, usage)  # what was relayed before vLLM failed was made, and read
+        await out.write(error_event(e, shape_of(request.path)))
+        await out.write_eof()
+        return out
+    finally:
+        watch.close()
+    await out.write_eof(b"data: [DONE]\n\n")
+    call.usage = _relayed_usage(call, resume, usage)
+    return out
+
+
+#: The agents' routes relayed to vLLM's own APIs (not resumed: ``resume.refusal``), and how their streams fail.
+_OWN_APIS = ("/v1/messages", "/v1/responses")
+_FAILED = (b"event: error", b'"type":"error"', b'"type": "error"', b"response.failed")
+
+
+def _refused_if_failed(request: web.Request, tail: bytes) -> None:
+    """The ``resume_refused`` line for a stream of vLLM's own Messages or Responses API that vLLM ended with its own
+    error event (its engine died): it ends as before, and the log says why."""
+    if any(mark in tail for mark in _FAILED):
+        log.info("resume_refused", route=request.path, why=refusal(request.path, {}),
+                 error=tail[-300:].decode(errors="replace"))
+
+
+def _relayed_usage(call: Call, resume: Resume, usage: dict[str, Any] | None) -> tuple[int, int]:
+    """``(prompt, output)`` tokens of a continued stream: vLLM's usage as ``resume`` rewrote it, else the prompt's
+    ids (or its size) and the output's ids relayed."""
+    if usage is not None:
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    prompt = len(resume.prompt_ids) if resume.prompt_ids else int(prompt_tokens_guess(call.body))
+    return prompt, len(resume.ids)
 
 
 async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse,
@@ -280,12 +428,17 @@ async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.St
         raise
     except UpstreamError as e:
         call.stream_error = e
+        why = refusal(request.path, {}) if sse and request.app[SETTINGS].resume and resumable(e) else None
+        if why is not None and request.method == "POST":  # vLLM's own Messages and Responses APIs: ended as before
+            log.info("resume_refused", route=request.path, why=why, error=str(e)[:200])
         if sse:
             if resp.status == 200 and request.method == "POST":
                 _charge_cut(request, call, kept, events)  # what was relayed before vLLM failed was made, and read
             await out.write(error_event(e, shape_of(request.path)))
         else:
             raise  # the connection is dropped: a truncated non-SSE body must not look complete
+    if sse and request.method == "POST" and request.path in _OWN_APIS and request.app[SETTINGS].resume:
+        _refused_if_failed(request, b"".join(kept))
     await out.write_eof()
     if resp.status == 200 and request.method == "POST":
         usage = _usage(b"".join(kept), request.path)
