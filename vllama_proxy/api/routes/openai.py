@@ -325,6 +325,7 @@ async def _continued(request: web.Request, backend: Backend, resp: Any, out: web
     dumps = orjson.dumps
     drop = call.drop_usage
     usage: dict[str, Any] | None = None
+    events = 0  # chunks with a choice relayed: the output of a stream cut without token ids (a vLLM that sends none)
     decoder = SSEDecoder()
     watch = backend.upstream.watch_body(resp)
     try:
@@ -334,6 +335,8 @@ async def _continued(request: web.Request, backend: Backend, resp: Any, out: web
                     chunks = resume.take(decoder.feed(await read_some(resp)))
                     parts = []
                     for chunk in chunks:
+                        if chunk.get("choices"):
+                            events += 1
                         if chunk.get("usage"):
                             usage = chunk["usage"]
                             if drop and not chunk.get("choices"):
@@ -354,18 +357,18 @@ async def _continued(request: web.Request, backend: Backend, resp: Any, out: web
                 decoder = SSEDecoder()
                 watch = backend.upstream.watch_body(resp)
     except (ConnectionError, asyncio.CancelledError):  # the client left: the tokens relayed so far were made
-        call.usage = _relayed_usage(call, resume, usage)
+        call.usage = _relayed_usage(call, resume, usage, events)
         raise
     except VllamaError as e:
         call.stream_error = e
-        call.usage = _relayed_usage(call, resume, usage)  # what was relayed before vLLM failed was made, and read
+        call.usage = _relayed_usage(call, resume, usage, events)  # what was relayed before vLLM failed was made, and read
         await out.write(error_event(e, shape_of(request.path)))
         await out.write_eof()
         return out
     finally:
         watch.close()
     await out.write_eof(b"data: [DONE]\n\n")
-    call.usage = _relayed_usage(call, resume, usage)
+    call.usage = _relayed_usage(call, resume, usage, events)
     return out
 
 
@@ -382,13 +385,14 @@ def _refused_if_failed(request: web.Request, tail: bytes) -> None:
                  error=tail[-300:].decode(errors="replace"))
 
 
-def _relayed_usage(call: Call, resume: Resume, usage: dict[str, Any] | None) -> tuple[int, int]:
+def _relayed_usage(call: Call, resume: Resume, usage: dict[str, Any] | None, events: int) -> tuple[int, int]:
     """``(prompt, output)`` tokens of a continued stream: vLLM's usage as ``resume`` rewrote it, else the prompt's
-    ids (or its size) and the output's ids relayed."""
+    ids (or its size) and the output's ids relayed, or its ``events`` with a choice (each ``stream_interval`` tokens,
+    as :func:`_charge_cut` counts them) when vLLM sent no ids."""
     if usage is not None:
         return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
     prompt = len(resume.prompt_ids) if resume.prompt_ids else int(prompt_tokens_guess(call.body))
-    return prompt, len(resume.ids)
+    return prompt, len(resume.ids) or events * (getattr(call.typed, "stream_interval", None) or 1)
 
 
 async def _copied(request: web.Request, backend: Backend, resp: Any, out: web.StreamResponse,
