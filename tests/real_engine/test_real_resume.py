@@ -313,9 +313,10 @@ def test_openai_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model)
 
 
 class Throttle:
-    """The shared tool server's engine (every process under its API server ``root``) slowed about twentyfold
-    (SIGSTOP 20 ms, SIGCONT 1 ms) from a thread, until :meth:`stop`: it runs without ``slow_steps.py`` (its other
-    tests would pay 20 ms a token), and its tool call is a few dozen tokens of 1-3 ms each."""
+    """The shared tool server's engine (every process under its API server ``root``) stopped 20 ms of every 21
+    (SIGSTOP/SIGCONT) from a thread, until :meth:`stop`: it runs without ``slow_steps.py`` (its other tests would pay
+    20 ms a token), and its tool call is a few dozen tokens of 1-3 ms each. It slows vLLM less than its duty says
+    (a step fits in a run window), hence the retries of the test that uses it."""
 
     def __init__(self, root: psutil.Process) -> None:
         self.engine = [p.pid for p in root.children(recursive=True)]
