@@ -2,7 +2,8 @@
 (The aiohttp app's own typed keys are ``app_state.py``'s.)
 
 Keys come from ``--api-key`` (admin keys) and ``--api-key-file`` (one key a line, or TOML ``[[keys]]``
-tables, :class:`KeyEntry`: ``docs/configuration.md`` "The keys file"). Roles, after LiteLLM and Open
+tables, :class:`KeyEntry`: ``docs/configuration.md`` "The keys file"); a table's fields but the secret are
+:class:`KeySettings`, which the minted keys take too. Roles, after LiteLLM and Open
 WebUI: **user** (its models), **admin** (also models and the server), **metrics**. Invariants: a key is
 found by the SHA-256 of what the client sends (one hash, one dict lookup, no early-exit comparison);
 ``SIGHUP`` rereads the file in every worker, one that no longer parses leaves the keys as they were;
