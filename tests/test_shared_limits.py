@@ -364,28 +364,34 @@ name = "webui-2"
 key = "sk-webui-2"
 trusted_front = true
 user_max_in_flight = 1
+
+[[keys]]
+name = "webui-3"
+key = "sk-webui-3"
+trusted_front = true
+user_tpm = 30
 """
 
 
 def test_an_end_users_limits_hold_over_two_fronts(tmp_path, model_dir, redis_url):
     """One Open WebUI user behind a trusted-front key with ``user_rpm = 2`` gets 2 requests a minute over both
-    fronts, not 2 on each; another user of the same key is not touched by it; ``user_max_in_flight = 1`` (another
-    key) is one request over both fronts, and a place freed on one front is taken on the other
-    (``end_users.store_name`` in the store)."""
+    fronts, not 2 on each; another user of the same key is not touched by it; ``user_max_in_flight = 1`` (a second
+    key) is one request over both fronts, and a place freed on one front is taken on the other; ``user_tpm = 30`` (a third key) spent
+    on one front refuses on the other (``end_users.store_name`` in the store)."""
     fake = start_fake(model_dir, env={"FAKE_VLLM_TOKEN_DELAY": "0.02"})
     keys = tmp_path / "keys.toml"
     keys.write_text(FRONT_USERS)
     fronts = [start_proxy(fake.url, "--api-key-file", str(keys), "--state-url", redis_url, "--fair-share", "off",
                           log=tmp_path / f"front{i}.log") for i in range(2)]
 
-    def ask(http, front, user: str, content: str = "hi", key: str = "sk-webui") -> httpx.Response:
+    def ask(http, front, user: str, content: str = "hi", key: str = "sk-webui", n: int = 1) -> httpx.Response:
         return http.post(front.url + "/api/chat", headers={"Authorization": f"Bearer {key}", "X-OpenWebUI-User-Id": user},
                          json={"model": ALIAS, "messages": [{"role": "user", "content": content}], "stream": False,
-                               "options": {"num_predict": 1}})
+                               "options": {"num_predict": n}})
 
     try:
         with httpx.Client(timeout=30) as http:
-            _in_one_minute(20)
+            _in_one_minute(25)
             assert ask(http, fronts[0], "alice").status_code == 200
             assert ask(http, fronts[1], "alice").status_code == 200
             for front in fronts:  # her third, on either front: her minute is spent over both
@@ -411,6 +417,12 @@ def test_an_end_users_limits_hold_over_two_fronts(tmp_path, model_dir, redis_url
                 assert time.monotonic() < deadline, "carol's place freed on front 0 never reached front 1"
                 time.sleep(0.05)
             assert r.status_code == 200, r.text
+
+            # user_tpm = 30: erin's 40 tokens on front 0 spend her minute on front 1 too (added at the request's end)
+            assert ask(http, fronts[0], "erin", "one two three [[tokens:40]]", key="sk-webui-3", n=40).status_code == 200
+            spent = ask(http, fronts[1], "erin", key="sk-webui-3")
+            assert spent.status_code == 429 and "user_tpm" in spent.json()["error"], spent.text
+            assert spent.headers["x-ratelimit-remaining-tokens"] == "0"
     finally:
         for s in (*fronts, fake):
             stop(s.proc)
