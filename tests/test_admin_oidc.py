@@ -120,3 +120,20 @@ def test_openid_connect_settings_are_checked_at_start():
     s = Settings(admin_oidc_issuer="https://id.example.com/", admin_oidc_client_id="v", admin_oidc_client_secret="s")
     assert s.admin_oidc_issuer == "https://id.example.com" and s.admin_oidc_secret() == "s"
     assert "s" not in repr(s.admin_oidc_client_secret)
+
+
+def test_a_provider_that_does_not_answer_gives_the_sign_in_form_with_the_reason(fake, tmp_path):
+    from conftest import free_port
+
+    write_keys(tmp_path / "keys.toml", {"name": "ops", "key": ADMIN, "role": "admin"})
+    gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    p = start_proxy(fake.url, "--api-key-file", str(tmp_path / "keys.toml"), "--workers", "1",
+                    env={"VLLAMA_STATE_DIR": str(tmp_path / "state"), "VLLAMA_ADMIN_OIDC_ISSUER": gone,
+                         "VLLAMA_ADMIN_OIDC_CLIENT_ID": "vllama", "VLLAMA_ADMIN_OIDC_CLIENT_SECRET": CLIENT_SECRET})
+    try:
+        r = httpx.get(p.url + "/admin/oidc/login")
+        assert r.status_code == 502 and "did not answer" in r.text and 'name="key"' in r.text, r.text
+        r = httpx.get(p.url + "/admin/oidc/callback?code=x&state=y")  # no flow cookie: refused before any call out
+        assert r.status_code == 401 and "sign in again" in r.text
+    finally:
+        stop(p.proc)

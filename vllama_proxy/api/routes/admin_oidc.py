@@ -114,6 +114,10 @@ class OidcSignIn:
                 self._metadata = None
                 raise SignInProviderFailed(f"the OpenID Connect provider names its issuer {found!r}, not {self.issuer!r} "
                                            "(--admin-oidc-issuer)")
+            missing = [k for k in ("authorization_endpoint", "token_endpoint", "jwks_uri") if not self._metadata.get(k)]
+            if missing:
+                self._metadata = None
+                raise SignInProviderFailed(f"the OpenID Connect provider's discovery document lacks {', '.join(missing)}")
         if keys and (self._jwks is None or force):
             self._jwks = await self._get(self._metadata["jwks_uri"])
         return {**self._metadata, "jwks": self._jwks}
@@ -207,7 +211,7 @@ class OidcSignIn:
     async def _verify(self, token: dict[str, Any], nonce: str, meta: dict[str, Any]) -> dict[str, Any]:
         from authlib.oidc.core import CodeIDToken
         from joserfc import jwt
-        from joserfc.errors import InvalidKeyIdError, JoseError
+        from joserfc.errors import InvalidKeyIdError
         from joserfc.jwk import KeySet
         from joserfc.jws import JWSRegistry
 
@@ -223,8 +227,10 @@ class OidcSignIn:
             claims = CodeIDToken(decoded.claims, decoded.header, {"iss": {"values": [meta["issuer"]]}},
                                  {"nonce": nonce, "client_id": self.client_id, "access_token": token.get("access_token")})
             claims.validate(leeway=120)
-        except (JoseError, ValueError) as e:
-            raise SignInFailed(f"the ID token did not verify: {e}") from None
+        except VllamaError:
+            raise
+        except Exception as e:  # joserfc's JoseError (signature, claims), a malformed token or key set
+            raise SignInFailed(f"the ID token did not verify: {e!r}") from None
         return dict(claims)
 
     async def _userinfo(self, url: str, token: dict[str, Any]) -> dict[str, Any]:
