@@ -72,9 +72,13 @@ def test_an_admin_signs_in_through_openid_connect_and_a_non_admin_is_told_why(fa
                 # the page acts for the person as for a key's sign-in: CSRF-bound forms, the audit log names them
                 form = page.locator("form#new-key")
                 form.locator("input[name=name]").fill("dev-oidc")
+                form.locator("input[name=trusted_front]").check()  # a minted key can be a trusted front (KeySettings)
+                form.locator("input[name=user_max_in_flight]").fill("2")
                 form.locator("button[type=submit]").click()
                 assert page.inner_text("#secret").strip().startswith("vk-")
                 page.goto(p.url + "/admin")
+                row = page.locator("h2:text-is('Keys') + table tr", has_text="dev-oidc").inner_text()
+                assert "trusted front, per user in flight 2" in row, row
                 audit = page.inner_text("h2:has-text('Audit log') + table")
                 assert audit.splitlines()[1].split("\t")[1:4] == ["ana@example.com", "create", "dev-oidc"]
                 jar = {"vllama_admin": cookies["vllama_admin"]["value"]}

@@ -361,6 +361,9 @@ def _gpu_memory() -> dict[int, tuple[int, int]] | None:
 
 _LIMITS = (("max_in_flight", "in flight"), ("max_tokens", "max tokens"), ("rpm", "rpm"), ("tpm", "tpm"),
            ("budget_tokens", "budget tokens"), ("priority", "priority"), ("weight", "weight"))
+#: A trusted front's end users' limits (``policy/end_users.py``), shown and set with the box that makes a key one.
+_USER_LIMITS = (("user_max_in_flight", "per user in flight"), ("user_rpm", "per user rpm"), ("user_tpm", "per user tpm"),
+                ("user_budget_tokens", "per user budget"))
 
 
 def _who(request: web.Request, caller: Key) -> str:
@@ -403,6 +406,9 @@ async def _manage(request: web.Request, caller: Key, message: str = "", secret: 
         rows = []
         for e in entries:
             limits = ", ".join(f"{label} {e[f]}" for f, label in _LIMITS if e.get(f) not in (None, 0, 1.0) or (f == "priority" and e[f]))
+            if e.get("trusted_front"):
+                limits = ", ".join(x for x in (limits, "trusted front", *(f"{label} {e[f]}" for f, label in _USER_LIMITS
+                                                                          if e.get(f) is not None)) if x)
             if e["read_only"]:
                 actions: Any = "keys file (read-only)"
             elif e["state"] == "revoked":
@@ -426,6 +432,8 @@ async def _manage(request: web.Request, caller: Key, message: str = "", secret: 
                      + '<label>name <input name="name" required pattern="[A-Za-z0-9._@:-]+"></label> ' + _role_select()
                      + _opt("models", "models", cls="m") + _opt("expires_in", "expires in (30d, 12h)", cls="s")
                      + "".join(_opt(f, label) for f, label in _LIMITS[:5]) + _opt("note", "note", cls="m")
+                     + '<label><input type="checkbox" name="trusted_front" value="true"> trusted front (names its end users)</label> '
+                     + "".join(_opt(f, label) for f, label in _USER_LIMITS)
                      + '<button type="submit">Create</button></form>')
         audit = await key_admin.audit_entries(app, 50)
         parts.append("<h2>Audit log</h2>" + _table(
@@ -443,7 +451,8 @@ def _form_fields(form: dict[str, list[str]], update: bool) -> dict[str, Any]:
         BadRequest: a number that is not one.
     """
     out: dict[str, Any] = {}
-    for name in ("name", "role", "note", "expires_in", "expires_at", "models", *(f for f, _ in _LIMITS), "budget_period"):
+    ints = {f for f, _ in _LIMITS + _USER_LIMITS}
+    for name in ("name", "role", "note", "expires_in", "expires_at", "models", *ints, "budget_period", "trusted_front"):
         value = (form.get(name) or [""])[0].strip()
         if name == "models":
             if value or not update:
@@ -458,7 +467,9 @@ def _form_fields(form: dict[str, list[str]], update: bool) -> dict[str, Any]:
                 out[name] = float(value)
             except ValueError:
                 raise BadRequest(f"{name}: '{value}' is not a number") from None
-        elif name in {f for f, _ in _LIMITS}:
+        elif name == "trusted_front":
+            out[name] = value == "true"
+        elif name in ints:
             try:
                 out[name] = int(value)
             except ValueError:
