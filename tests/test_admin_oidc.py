@@ -40,7 +40,8 @@ def test_an_admin_signs_in_through_openid_connect_and_a_non_admin_is_told_why(fa
     from playwright import sync_api
 
     write_keys(tmp_path / "keys.toml", {"name": "ops", "key": ADMIN, "role": "admin"})
-    p = start_proxy(fake.url, "--api-key-file", str(tmp_path / "keys.toml"), "--workers", "1",
+    # two workers: the flow keeps no state in a worker (its cookie carries it), the secret reaches each
+    p = start_proxy(fake.url, "--api-key-file", str(tmp_path / "keys.toml"), "--workers", "2",
                     env={"VLLAMA_STATE_DIR": str(tmp_path / "state"), "VLLAMA_ADMIN_OIDC_ISSUER": provider,
                          "VLLAMA_ADMIN_OIDC_CLIENT_ID": "vllama", "VLLAMA_ADMIN_OIDC_CLIENT_SECRET": CLIENT_SECRET},
                     log=tmp_path / "vllama.log")
