@@ -3,16 +3,17 @@
 they are and are listed read-only. The ``/admin`` page's forms call the same functions (``routes/admin.py``).
 
 - ``GET /api/keys``: ``{"keys": [entry]}``, the file's and the minted ones, revoked ones too.
-- ``POST /api/keys`` ``{"name", "role", "models", "max_in_flight", "max_tokens", "priority", "weight", "rpm",
-  "tpm", "budget_tokens", "budget_period", "expires_at" | "expires_in", "note"}``: ``{"key": entry, "secret":
-  "vk-..."}``, the secret shown this once.
+- ``POST /api/keys`` with a key's settings, the keys file's fields but the secret (``policy/keys.py``'s
+  ``KeySettings``: ``name``, ``role``, ``models``, the limits, the end-user settings such as ``trusted_front`` and
+  ``user_max_in_flight``, ``expires_at``, ``note``) or ``expires_in`` instead of ``expires_at``: ``{"key": entry,
+  "secret": "vk-..."}``, the secret shown this once.
 - ``PATCH /api/keys/{name}`` (the same fields but ``name``; ``"expires_at": null`` clears an expiry): ``{"key": entry}``.
 - ``POST /api/keys/{name}/rotate``: ``{"key": entry, "secret": "vk-..."}``; the old secret is refused from now on.
 - ``DELETE /api/keys/{name}`` or ``POST /api/keys/{name}/revoke``: ``{"key": entry}``; refused from now on.
 - ``GET /api/keys/audit?limit=N``: ``{"audit": [{"ts", "time", "who", "action", "key", "detail"}]}``, newest first.
 
 An entry: ``name``, ``source`` (``file`` or ``api``), ``read_only``, ``state`` (``active``, ``expired``,
-``revoked``), ``prefix`` (the secret's first 8 hex, minted keys), the keys file's fields, ``expires_at`` (RFC 3339
+``revoked``), ``prefix`` (the secret's first 8 hex, minted keys), every ``KeySettings`` field, ``expires_at`` (RFC 3339
 UTC or ``null``), ``note``, ``created_at``/``created_by``/``updated_at``/``updated_by``. Never a secret or its hash.
 
 ``expires_at``: RFC 3339 (``2026-12-31T00:00:00Z``) or seconds since the epoch; ``expires_in``: a duration
@@ -33,31 +34,30 @@ from aiohttp import web
 from pydantic import ConfigDict, Field, ValidationError
 
 from vllama_proxy.errors import BadRequest, KeyNameTaken, KeyNotFound, NotSupported
-from ..policy.keys import Key, KeyRing, key_of
+from ..policy.keys import NAME_PATTERN, Key, KeyRing, KeySettings, key_of, settings_of_row
 from ..app_state import KEY_STORE, KEYS
-from ..policy.key_store import SPEC_FIELDS, KeyConflict, KeyMissing, KeySpec, KeyStore
+from ..policy.key_store import SPEC_FIELDS, KeyConflict, KeyMissing, KeyStore
 from ..usage.ledger import iso
 from ..ollama.types import json_object, validation_message
 from ..request.body_reader import read_body
 
-_NAME = r"^[A-Za-z0-9._@:-]+$"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-class KeyFields(KeySpec):
-    """A create or change request's body (every field optional in a change)."""
+class KeyFields(KeySettings):
+    """A create or change request's body: :class:`KeySettings` (``name`` left out of a change, every field optional
+    there) and ``expires_in``, a duration instead of ``expires_at``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, min_length=1, max_length=64, pattern=_NAME)
-    expires_at: float | str | None = None
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=NAME_PATTERN)  # type: ignore[assignment]
     expires_in: float | str | None = None
-    note: str = Field("", max_length=500)
 
 
 def parse_expiry(expires_at: Any, expires_in: Any, now: float) -> float | None:
-    """Seconds since the epoch from ``expires_at`` (RFC 3339, or epoch seconds) or ``expires_in`` (``30d``...).
+    """Seconds since the epoch from ``expires_at`` (a datetime, RFC 3339, or epoch seconds) or ``expires_in``
+    (``30d``...).
 
     Raises:
         BadRequest: neither a time nor a duration, both given, or a time in the past.
@@ -71,7 +71,9 @@ def parse_expiry(expires_at: Any, expires_in: Any, now: float) -> float | None:
         return now + float(m[1]) * _UNITS[m[2]]
     if expires_at is None or expires_at == "":
         return None
-    if isinstance(expires_at, (int, float)):
+    if isinstance(expires_at, dt.datetime):
+        t = expires_at.timestamp()
+    elif isinstance(expires_at, (int, float)):
         t = float(expires_at)
     else:
         try:
@@ -97,20 +99,21 @@ def _when(t: float | None) -> str | None:
     return None if t is None else iso(t)
 
 
-def entry_of_file(key: Key) -> dict[str, Any]:
-    """A keys-file key as the list shows it."""
-    return {"name": key.name, "source": "file", "read_only": True, "state": "active", "prefix": None, "role": key.role,
-            "models": list(key.models), "max_in_flight": key.max_in_flight, "max_tokens": key.max_tokens, "priority": key.priority,
-            "weight": key.weight, "rpm": key.rpm, "tpm": key.tpm, "budget_tokens": key.budget_tokens,
-            "budget_period": key.budget_period, "expires_at": None, "note": "", "created_at": None, "created_by": None,
+def entry_of_file(key: Key, now: float) -> dict[str, Any]:
+    """A keys-file key as the list shows it: every :data:`SPEC_FIELDS` as the :class:`Key` has it."""
+    state = "expired" if key.expires_at is not None and key.expires_at <= now else "active"
+    return {"name": key.name, "source": "file", "read_only": True, "state": state, "prefix": None,
+            **{f: list(key.models) if f == "models" else getattr(key, f) for f in SPEC_FIELDS},
+            "expires_at": _when(key.expires_at), "note": key.note, "created_at": None, "created_by": None,
             "updated_at": None, "updated_by": None}
 
 
 def entry_of_row(row: dict[str, Any], now: float) -> dict[str, Any]:
-    """A minted key's row as the list shows it (never its hash)."""
+    """A minted key's row as the list shows it (never its hash); a field the row was stored without shows its default."""
     state = ("revoked" if row["revoked_at"] is not None else
              "expired" if row["expires_at"] is not None and row["expires_at"] <= now else "active")
-    return {"name": row["name"], "source": "api", "read_only": False, "state": state, "prefix": row["prefix"], **row["spec"],
+    spec = settings_of_row(row).model_dump(include=set(SPEC_FIELDS))
+    return {"name": row["name"], "source": "api", "read_only": False, "state": state, "prefix": row["prefix"], **spec,
             "expires_at": _when(row["expires_at"]), "revoked_at": _when(row["revoked_at"]), "note": row["note"],
             "created_at": _when(row["created_at"]), "created_by": row["created_by"],
             "updated_at": _when(row["updated_at"]), "updated_by": row["updated_by"]}
@@ -119,10 +122,10 @@ def entry_of_row(row: dict[str, Any], now: float) -> dict[str, Any]:
 async def list_entries(app: web.Application) -> list[dict[str, Any]]:
     """Every key: the file's (read-only), then the minted ones, each sorted by name."""
     ring: KeyRing = app[KEYS]
-    out = [entry_of_file(k) for k in sorted(ring.keys, key=lambda k: k.name) if k.source == "file"]
+    now = time.time()
+    out = [entry_of_file(k, now) for k in sorted(ring.keys, key=lambda k: k.name) if k.source == "file"]
     store = app.get(KEY_STORE)
     if store is not None:
-        now = time.time()
         out += [entry_of_row(r, now) for r in await asyncio.to_thread(store.rows)]
     return out
 
@@ -160,9 +163,9 @@ async def create_key(app: web.Application, data: dict[str, Any], who: str) -> tu
         raise BadRequest("the server has no key yet (it is open to anyone): its first key must be an admin's, "
                          "or nobody could manage keys once it is made")
     expires = parse_expiry(f.expires_at, f.expires_in, time.time())
-    spec = KeySpec.model_validate(f.model_dump(include=set(SPEC_FIELDS)))
+    settings = KeySettings.model_validate({**f.model_dump(include=set(KeySettings.model_fields)), "expires_at": expires})
     try:
-        secret, row = await asyncio.to_thread(store.create, f.name, spec, expires, f.note, who)
+        secret, row = await asyncio.to_thread(store.create, settings, who)
     except KeyConflict:
         raise KeyNameTaken(f"key '{f.name}' exists already (a revoked key keeps its name)") from None
     await _reload(app, store)
