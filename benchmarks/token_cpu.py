@@ -83,7 +83,9 @@ def start_vllama(code: Path, fake_url: str, args: argparse.Namespace, env: dict[
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "vllama_proxy", "serve", "--upstream", fake_url, "--port", str(port),
                                  "--workers", str(workers), *args.proxy_arg],
-                                env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")]))}, cwd=code, stdin=subprocess.DEVNULL, stdout=out,
+                                env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")])),
+                                     "VLLAMA_STATE_DIR": str(log.with_suffix(".state"))},  # one per build: its lock
+                                cwd=code, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=out, preexec_fn=pin, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/", proc, 60)
