@@ -296,12 +296,6 @@ def with_model_defaults(req: ChatRequest | GenerateRequest, made: CreatedModel |
     return req.model_copy(update=update), before
 
 
-def upstream_model(made: CreatedModel | None, served: str) -> str:
-    """vLLM's ``model`` for a request: a created model's LoRA adapter (vLLM serves it under that
-    name, ``models/adapters.py``), else the served model."""
-    return next(iter(made.adapters), served) if made is not None and made.adapters else served
-
-
 def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """``/api/generate`` -> ``(upstream path, body, ignored options)``.
 
@@ -392,46 +386,3 @@ def fim_body(req: GenerateRequest, served: str, fmt: FimFormat) -> tuple[dict[st
     if fmt.stop_token_ids:
         body["stop_token_ids"] = list(fmt.stop_token_ids)
     return body, ignored
-
-
-#: The fields of each generating route that bound the answer's length, in tokens; the first is set
-#: when a key's cap applies and the request gives none (vLLM's ``protocol.py`` of each route).
-OUTPUT_TOKEN_FIELDS: dict[str, tuple[str, ...]] = {
-    "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
-    "/v1/completions": ("max_tokens",),
-    "/v1/messages": ("max_tokens",),
-    "/v1/responses": ("max_output_tokens",),
-}
-
-
-def cap_output_tokens(body: dict[str, Any], fields: tuple[str, ...], room: int | None, key_cap: int | None) -> dict[str, Any]:
-    """Clamp ``body``'s output-token ``fields`` to what the model can hold and the key may take.
-
-    Each integer field above ``room`` (tokens the context holds after the prompt: the model's
-    ``max_model_len`` less the prompt's tokens when counted, else ``max_model_len``; vLLM answers
-    400 for more, Ollama clamps ``num_predict``) or ``key_cap`` (the key's ``max_tokens``) is
-    lowered to the smaller; with ``key_cap`` and none of ``fields`` given, the first is set to it
-    (an answer without a bound runs until the context is full). ``None``: no such limit. A field
-    that is not an integer is left for vLLM to refuse in its own words. Returns ``body``.
-    """
-    limit = min((x for x in (room, key_cap) if x is not None), default=None)
-    if limit is None:
-        return body
-    limit = max(limit, 1)
-    given = False
-    for field in fields:
-        value = body.get(field)
-        if isinstance(value, int) and not isinstance(value, bool):
-            given = True
-            if value > limit:
-                body[field] = limit
-        elif value is not None:
-            given = True
-    if key_cap is not None and not given:
-        body[fields[0]] = limit
-    return body
-
-
-def output_tokens_asked(body: dict[str, Any], fields: tuple[str, ...]) -> int:
-    """The largest integer of ``body``'s output-token ``fields`` (0: none given)."""
-    return max((v for f in fields if isinstance(v := body.get(f), int) and not isinstance(v, bool)), default=0)

@@ -19,7 +19,7 @@ from .body import read_request
 from ..policy.keys import key_of
 from ..request.call import call_of
 from ..request.finisher import finish
-from .model_use import lookup_model, model_in_use, resolve_model
+from .model_use import choose, model_in_use
 from ..app_state import SETTINGS
 from ..ollama.timestamps import now_ns
 from ..ollama.types import EmbedRequest, EmbeddingsRequest
@@ -40,7 +40,7 @@ async def _embeddings(request: web.Request, backend: Backend, name: str, model: 
         UnsupportedCapability: a generation model (vLLM serves no ``/v1/embeddings`` for it: 404).
         UpstreamError: vLLM's other failures."""
     body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
-    await finish(request, call_of(request), body, "/v1/embeddings", served=model.name, model=model, upstream=backend.upstream)
+    await finish(call_of(request), body, "/v1/embeddings", served=model.name, model=model, upstream=backend.upstream)
     if truncate:
         body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
     try:
@@ -68,7 +68,8 @@ async def embed(request: web.Request) -> web.Response:
     req = await read_request(request, EmbedRequest)
     inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
     inputs = [i for i in inputs if i]
-    name, model, backend = await (resolve_model if inputs else lookup_model)(request, req.model)
+    use = await choose(request, call_of(request), req.model, load=bool(inputs))
+    name, model, backend = use.name, use.model, use.backend
     t_sent = now_ns()
     vectors: list[list[float]] = []
     count = 0
@@ -101,7 +102,8 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     """Legacy embeddings: ``{model, prompt}`` -> ``{"embedding": [float]}`` (not normalised, as Ollama)."""
     req = await read_request(request, EmbeddingsRequest)
-    name, model, backend = await (resolve_model if req.prompt else lookup_model)(request, req.model)
+    use = await choose(request, call_of(request), req.model, load=bool(req.prompt))
+    name, model, backend = use.name, use.model, use.backend
     vec: list[float] = []
     if req.prompt:
         assert backend is not None
