@@ -44,7 +44,7 @@ async def answer(request: web.Request, call: Call, use: Resolved, path: str, bod
             (``finisher.py``: the model's adapter, ``priority``, the key's ``cache_salt``, the output capped)
             once the model is held.
         translator: the route's ``to_ollama`` translator class, built with ``timings``.
-        whole: ``body`` asks vLLM for one unstreamed answer (``to_openai.unstreamed``: a non-streamed request
+        whole: ``body`` asks vLLM for one unstreamed answer (``to_openai``'s ``whole``: a non-streamed request
             to a vLLM that reports timings, ``to_openai.final_only``).
         keep_alive: the request's ``keep_alive`` in seconds (``model_use.model_in_use``).
         session_key: the conversation's key for a router in front of several engines
@@ -79,7 +79,7 @@ async def answer(request: web.Request, call: Call, use: Resolved, path: str, bod
             try:
                 while True:
                     try:
-                        return await relay(request, backend.upstream, path, body, out, stream=stream, headers=headers,
+                        return await relay(request, call, backend.upstream, path, body, out, stream=stream, headers=headers,
                                            final_only=whole, resume=resume)
                     except UpstreamRejected as e:  # over the context: made to fit once, as Ollama's truncate and shift do
                         if fitted or not is_context_full(e) or not model.max_model_len:

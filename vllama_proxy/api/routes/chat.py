@@ -9,7 +9,7 @@ from ..ollama.types import ChatRequest
 from ..app_state import CATALOG, SETTINGS
 from ..ollama.timestamps import Timings, now_ns
 from ..ollama.to_ollama import ChatTranslator
-from ..ollama.to_openai import chat_body, check_capabilities, final_only, unstreamed, with_model_defaults
+from ..ollama.to_openai import chat_body, check_capabilities, final_only, with_model_defaults
 from ..request.call import call_of
 from .answer import answer
 from .body import log_ignored
@@ -31,10 +31,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     caps = await request.app[CATALOG].capabilities(model)
     req, _ = with_model_defaults(req, use.made)
     check_capabilities(use.name, caps, tools=bool(req.tools), think=req.think, images=any(m.images for m in req.messages))
-    body, ignored = chat_body(req, use.served)  # the base's name, or its LoRA adapter's
     whole = req.stream is False and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
-    if whole:
-        unstreamed(body)
+    body, ignored = chat_body(req, use.served, whole=whole)  # to the base's name, or its LoRA adapter's
     log_ignored(ignored)
     settings = request.app[SETTINGS]
     key = affinity.chat_key(use.served, req.messages, settings.session_key, per_request=settings.request_sessions == "on")

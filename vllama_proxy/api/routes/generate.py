@@ -10,7 +10,7 @@ from ..app_state import CATALOG
 from ..ollama.types import GenerateRequest
 from ..ollama.timestamps import Timings, now_ns
 from ..ollama.to_ollama import GenerateTranslator
-from ..ollama.to_openai import check_capabilities, fim_body, final_only, generate_body, unstreamed, with_model_defaults
+from ..ollama.to_openai import check_capabilities, fim_body, final_only, generate_body, with_model_defaults
 from ..request.call import call_of
 from .answer import answer
 from .body import log_ignored
@@ -37,18 +37,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
     caps = await catalog.capabilities(model)
     fmt = await catalog.fim(model) if req.suffix else None
     req, before = with_model_defaults(req, use.made)
-    if req.suffix:
+    whole = req.stream is False and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
+    if not req.suffix:
+        check_capabilities(use.name, caps, think=None if req.raw else req.think, images=bool(req.images))
+        path, body, ignored = generate_body(req, use.served, before, whole=whole)
+    else:  # fill-in-the-middle: the model's own FIM prompt
         if fmt is None or "insert" not in caps:
             raise UnsupportedCapability(use.name, "insert")
         check_capabilities(use.name, caps)
         path = "/v1/completions"
-        body, ignored = fim_body(req, use.served, fmt)
-    else:
-        check_capabilities(use.name, caps, think=None if req.raw else req.think, images=bool(req.images))
-        path, body, ignored = generate_body(req, use.served, before)
-    whole = req.stream is False and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
-    if whole:
-        unstreamed(body)
+        body, ignored = fim_body(req, use.served, fmt, whole=whole)
     log_ignored(ignored)
     key = affinity.generate_key(use.served, req.system)
     return await answer(request, call, use, path, body, GenerateTranslator, timings,
