@@ -1742,20 +1742,31 @@ async def serve(args: argparse.Namespace, unknown: list[str], knobs: Knobs) -> i
 
 
 async def accept_slowly(runner: web.AppRunner, host: str, port: int, knobs: Knobs) -> None:
-    """FAKE_VLLM_ACCEPT_EVERY: one connection accepted per ``accept_every`` s, handed to aiohttp's server."""
+    """FAKE_VLLM_ACCEPT_EVERY: one connection accepted per ``accept_every`` s, handed to aiohttp's server. The
+    accepts are made by a thread of their own, so their pace does not depend on how busy this server's event loop
+    is (on a loaded machine the loop's turns grew past a second, and the queue stopped draining)."""
     import socket
+    import threading
 
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))  # an OSError here is raised before the first await
     sock.listen(knobs.backlog)
-    sock.setblocking(False)
     assert runner.server is not None
-    while True:
-        conn, _ = await loop.sock_accept(sock)
-        await loop.connect_accepted_socket(runner.server, conn)
-        await asyncio.sleep(knobs.accept_every)
+    server = runner.server
+
+    def hand_over(conn: socket.socket) -> None:
+        conn.setblocking(False)
+        loop.create_task(loop.connect_accepted_socket(server, conn))
+
+    def accept() -> None:
+        while True:
+            conn, _ = sock.accept()
+            loop.call_soon_threadsafe(hand_over, conn)
+            time.sleep(knobs.accept_every)
+
+    threading.Thread(target=accept, daemon=True).start()
 
 
 def _arg(args: list[str], name: str) -> str | None:

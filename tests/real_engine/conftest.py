@@ -162,7 +162,7 @@ class RealVllama:
     """``vllama serve`` with the real vLLM: ``--model DIR`` or ``--config`` (TOML text)."""
 
     def __init__(self, tmp: Path, *, model: Path | None = None, config: str | None = None,
-                 flags: list[str] | None = None, vllm_args: list[str] | None = None):
+                 flags: list[str] | None = None, vllm_args: list[str] | None = None, env: dict[str, str] | None = None):
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -179,7 +179,7 @@ class RealVllama:
             cmd += ["--", *vllm_args]
         env = {**os.environ, "VLLAMA_TEST_TAG": self.tag, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp / "state"),
                "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf"), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+               "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **(env or {})}
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
         self.t_start = time.monotonic()

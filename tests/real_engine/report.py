@@ -96,16 +96,26 @@ def pytest_testnodedown(node, error):
         node.config.stash.setdefault(WORKER_SUMMARIES, []).append(line)
 
 
+#: The tier's modules that run on a second worker, beside the rest of the tier (each half one vLLM at a time): the
+#: modules with servers of their own, about half the tier's time. The rest (the shared servers' users among them)
+#: and any new module stay on the first.
+SECOND_HALF = frozenset({"test_real_supervisor.py", "test_real_cpu.py", "test_real_adapters.py", "test_real_many_users.py",
+                         "test_real_on_demand.py", "test_real_start_errors.py", "test_real_fleet.py"})
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """On the xdist controller: every test of this tier is one unit of work, sent whole to one worker
-    in collection order (one vLLM alive at a time, each shared server started once); every other test
-    is a unit of its own, spread as ``--dist load`` spreads them. (``xdist_group`` marks added at
-    collection did not group with pytest 9.2 and pytest-xdist 3.8: the tier ran on three workers.)"""
+    """On the xdist controller: this tier is two units of work, each sent whole to one worker in collection order
+    (on each worker one vLLM alive at a time, each shared server started once): the tier's vLLM starts are the
+    suite's longest path, and two at once take about half the time on two cores. Every other test is a unit of its
+    own, spread as ``--dist load`` spreads them. (``xdist_group`` marks added at collection did not group with
+    pytest 9.2 and pytest-xdist 3.8: the tier ran on three workers.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class TierTogether(LoadScopeScheduling):
+    class TierInTwo(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return MARK if nodeid.startswith("tests/real_engine/") else nodeid
+            if not nodeid.startswith("tests/real_engine/"):
+                return nodeid
+            return f"{MARK}-{2 if nodeid.split('::')[0].rsplit('/', 1)[1] in SECOND_HALF else 1}"
 
-    return TierTogether(config, log)
+    return TierInTwo(config, log)
