@@ -99,7 +99,7 @@ async def choose(request: web.Request, call: Call, name: str | None, *, load: bo
             if not key.admin and app[SETTINGS].on_demand_admin_only:
                 raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
                                 "this server starts models on demand for admin keys only (--on-demand-admin-only)")
-            model = await catalog.resolve(name, claim=True, evict_kept=key.admin)  # a user ends no other's keep_alive
+            model = await catalog.resolve(name, claim=True, made=made, evict_kept=key.admin)  # a user ends no other's keep_alive
             backend = catalog.backend_of(model)
         call.model = model.name  # charged to it (settler.py)
     return Resolved(name, model, backend, made)
