@@ -121,3 +121,23 @@ def test_a_second_server_on_the_same_state_dir_refuses_with_one_line(fake, state
                 stop(third.proc)
     finally:
         stop(first.proc)
+
+
+def test_v1_models_lists_every_name_that_answers(serve, hub):
+    """As Ollama's ``/v1/models``: the served model, its aliases and the models created from it, each a name an
+    OpenAI client can send (before, only the served name was listed, though the others answer)."""
+    import openai
+
+    from conftest import place
+    place(hub, "acme/tiny-prod")
+    s = serve("--model", "acme/tiny-prod", "--served-model-name", "prod")
+    s.wait_ready()
+    s.client.copy("prod", "assistant:v1")
+    s.client.create(model="terse", from_="prod", system="Be terse.")
+    oa = openai.OpenAI(base_url=s.url + "/v1", api_key="none")
+    listed = {m.id: m for m in oa.models.list().data}
+    assert set(listed) == {"prod", "assistant:v1", "terse:latest"}
+    assert listed["terse:latest"].parent == "prod" and listed["assistant:v1"].root == listed["prod"].root
+    for name in listed:
+        assert oa.models.retrieve(name).id == name
+        assert oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2).choices

@@ -143,3 +143,4 @@ def test_kept_in_the_state_directory_across_restarts(fake, tmp_path):
         assert system_of(ollama.Client(host=second.url), "kept") == "still here"
     finally:
         stop(second.proc)
+

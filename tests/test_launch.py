@@ -114,17 +114,36 @@ def test_an_unknown_model_stops_before_the_tool_starts(proxy, tools, tmp_path):
     assert "no-such-model" in done.stderr and "not found" in done.stderr
 
 
-def test_without_a_model_and_no_terminal_it_says_which_to_name(proxy, tools, tmp_path):
-    # the stand-in stack lists two names (the model and its alias): with no terminal to ask on, none is guessed
-    done, got = launch(proxy.url, "claude", path=f"{tools}:{os.environ['PATH']}", out=tmp_path / "got.json")
+def test_a_model_and_its_aliases_are_one_model(proxy, tools, tmp_path):
+    # the stand-in stack lists two names of one model (the model and its alias, one digest): launched with the model's
+    # own name, nothing asked (before, it said to name one of the two)
+    done, got = launch(proxy.url, "claude", "--config", path=f"{tools}:{os.environ['PATH']}")
+    assert done.returncode == 0, done.stderr
+    assert f"export ANTHROPIC_MODEL={SERVED}:latest" in done.stdout.splitlines()
+
+
+@pytest.fixture
+def two_models(fake):
+    """A vllama over the stand-in with a second model made from the first (``/api/create``: a digest of its own)."""
+    from conftest import start_proxy, stop
+    p = start_proxy(fake.url)
+    req = urllib.request.Request(p.url + "/api/create", data=json.dumps({"model": "terse", "from": SERVED, "system": "Be terse.",
+                                                                       "stream": False}).encode(), method="POST")
+    assert json.loads(urllib.request.urlopen(req, timeout=30).read())["status"] == "success"
+    yield p
+    stop(p.proc)
+
+
+def test_without_a_model_and_no_terminal_it_says_which_to_name(two_models, tools, tmp_path):
+    done, got = launch(two_models.url, "claude", path=f"{tools}:{os.environ['PATH']}", out=tmp_path / "got.json")
     assert done.returncode == 1 and got == {}
-    assert done.stderr.strip() == f"Error: name the model with --model (the server has: {SERVED}:latest, fake:7b)"
+    assert done.stderr.strip() == f"Error: name the model with --model (the server has: {SERVED}:latest, terse:latest)"
 
 
-def test_on_a_terminal_it_asks_which_model_tool_capable_ones_marked(proxy, tools, tmp_path):
+def test_on_a_terminal_it_asks_which_model_tool_capable_ones_marked(two_models, tools, tmp_path):
     out = tmp_path / "got.json"
     env = {k: v for k, v in os.environ.items() if k != "OLLAMA_API_KEY"}
-    env.update(OLLAMA_HOST=proxy.url, PATH=f"{tools}:{os.environ['PATH']}", STAND_IN_OUT=str(out), TERM="dumb")
+    env.update(OLLAMA_HOST=two_models.url, PATH=f"{tools}:{os.environ['PATH']}", STAND_IN_OUT=str(out), TERM="dumb")
     master, slave = os.openpty()
     proc = subprocess.Popen([sys.executable, "-c", CODE, "launch", "claude"], stdin=slave, stdout=slave, stderr=slave,
                             env=env, cwd=ROOT, start_new_session=True)
@@ -141,8 +160,8 @@ def test_on_a_terminal_it_asks_which_model_tool_capable_ones_marked(proxy, tools
             proc.kill()
         os.close(master)
     text = seen.decode()
-    assert f"1. {SERVED}:latest  (tools)" in text and "2. fake:7b  (tools)" in text
-    assert json.loads(out.read_text())["env"]["ANTHROPIC_MODEL"] == "fake:7b"
+    assert f"1. {SERVED}:latest  (tools)  (also fake:7b)" in text and "2. terse:latest  (tools)" in text
+    assert json.loads(out.read_text())["env"]["ANTHROPIC_MODEL"] == "terse:latest"
 
 
 def test_copilot_gets_its_provider_variables_and_the_responses_wire(proxy, tools, tmp_path):

@@ -350,3 +350,79 @@ def test_requests_sent_at_once_to_two_fronts_cannot_overspend_a_budget_or_a_tpm(
     finally:
         for s in (*fronts, fake):
             stop(s.proc)
+
+
+FRONT_USERS = """
+[[keys]]
+name = "webui"
+key = "sk-webui"
+trusted_front = true
+user_rpm = 2
+
+[[keys]]
+name = "webui-2"
+key = "sk-webui-2"
+trusted_front = true
+user_max_in_flight = 1
+
+[[keys]]
+name = "webui-3"
+key = "sk-webui-3"
+trusted_front = true
+user_tpm = 30
+"""
+
+
+def test_an_end_users_limits_hold_over_two_fronts(tmp_path, model_dir, redis_url):
+    """One Open WebUI user behind a trusted-front key with ``user_rpm = 2`` gets 2 requests a minute over both
+    fronts, not 2 on each; another user of the same key is not touched by it; ``user_max_in_flight = 1`` (a second
+    key) is one request over both fronts, and a place freed on one front is taken on the other; ``user_tpm = 30`` (a third key) spent
+    on one front refuses on the other (``end_users.store_name`` in the store)."""
+    fake = start_fake(model_dir, env={"FAKE_VLLM_TOKEN_DELAY": "0.02"})
+    keys = tmp_path / "keys.toml"
+    keys.write_text(FRONT_USERS)
+    fronts = [start_proxy(fake.url, "--api-key-file", str(keys), "--state-url", redis_url, "--fair-share", "off",
+                          log=tmp_path / f"front{i}.log") for i in range(2)]
+
+    def ask(http, front, user: str, content: str = "hi", key: str = "sk-webui", n: int = 1) -> httpx.Response:
+        return http.post(front.url + "/api/chat", headers={"Authorization": f"Bearer {key}", "X-OpenWebUI-User-Id": user},
+                         json={"model": ALIAS, "messages": [{"role": "user", "content": content}], "stream": False,
+                               "options": {"num_predict": n}})
+
+    try:
+        with httpx.Client(timeout=30) as http:
+            _in_one_minute(25)
+            assert ask(http, fronts[0], "alice").status_code == 200
+            assert ask(http, fronts[1], "alice").status_code == 200
+            for front in fronts:  # her third, on either front: her minute is spent over both
+                over = ask(http, front, "alice")
+                assert over.status_code == 429, (over.status_code, over.text)
+                assert "user_rpm" in over.json()["error"] and "every front" in over.json()["error"], over.text
+                assert 1 <= int(over.headers["Retry-After"]) <= 60
+            assert ask(http, fronts[1], "bob").status_code == 200  # the key's other user has his own minute
+
+            # user_max_in_flight = 1 over both fronts: carol's stream held open on front 0 refuses her on front 1
+            long = {"model": ALIAS, "messages": [{"role": "user", "content": "long [[tokens:2000]]"}]}
+            with http.stream("POST", fronts[0].url + "/api/chat", json=long,
+                             headers={"Authorization": "Bearer sk-webui-2", "X-OpenWebUI-User-Id": "carol"}) as held:
+                assert held.status_code == 200
+                lines = held.iter_lines()
+                next(lines)
+                busy = ask(http, fronts[1], "carol", key="sk-webui-2")
+                assert ask(http, fronts[1], "dave", key="sk-webui-2").status_code == 200  # his own place
+                assert busy.status_code == 429 and "user_max_in_flight" in busy.json()["error"], busy.text
+                assert "every front" in busy.json()["error"], busy.text
+            deadline = time.monotonic() + 10  # her stream ended: the place goes back to the store
+            while (r := ask(http, fronts[1], "carol", key="sk-webui-2")).status_code == 429:
+                assert time.monotonic() < deadline, "carol's place freed on front 0 never reached front 1"
+                time.sleep(0.05)
+            assert r.status_code == 200, r.text
+
+            # user_tpm = 30: erin's 40 tokens on front 0 spend her minute on front 1 too (added at the request's end)
+            assert ask(http, fronts[0], "erin", "one two three [[tokens:40]]", key="sk-webui-3", n=40).status_code == 200
+            spent = ask(http, fronts[1], "erin", key="sk-webui-3")
+            assert spent.status_code == 429 and "user_tpm" in spent.json()["error"], spent.text
+            assert spent.headers["x-ratelimit-remaining-tokens"] == "0"
+    finally:
+        for s in (*fronts, fake):
+            stop(s.proc)

@@ -217,9 +217,16 @@ def config_text(run: Launch, key: str | None) -> str:
 
 def choose_model(client: Client) -> str | None:
     """The model to launch with when none was named: the only one served, else one asked for on a
-    terminal (tool-capable ones first and marked), else ``None`` after a line saying to name one."""
+    terminal (tool-capable ones first and marked), else ``None`` after a line saying to name one. Names with one
+    digest (a model and its aliases: ``vllama cp``, ``--alias``) are one model, named as listed first (its served
+    name); a created model (``vllama create``) has a digest of its own and is a model of its own."""
     listed = [m for m in client.json("GET", "/api/tags").get("models") or [] if m.get("name") or m.get("model")]
-    names = [m.get("name") or m.get("model") for m in listed]
+    same: dict[str, list[str]] = {}  # digest -> its names, in the listed order
+    for m in listed:
+        name = m.get("name") or m.get("model")
+        same.setdefault(m.get("digest") or f"name:{name}", []).append(name)
+    names = [ns[0] for ns in same.values()]
+    aliases = {ns[0]: ns[1:] for ns in same.values()}
     # Ollama 0.33's tags say each model's capabilities (as Ollama's launch reads them: cmd/launch/model_inventory.go);
     # an older server's do not: then /api/show is asked, per model
     said = {m.get("name") or m.get("model"): m["capabilities"] for m in listed if isinstance(m.get("capabilities"), list)}
@@ -234,7 +241,8 @@ def choose_model(client: Client) -> str | None:
     tools = {n for n in names if "tools" in (said[n] if n in said else _capabilities(client, n))}
     ordered = sorted(names, key=lambda n: (n not in tools, n))
     for i, n in enumerate(ordered, 1):
-        print(f"{i:>3}. {n}{'  (tools)' if n in tools else ''}")
+        also = f"  (also {', '.join(aliases[n])})" if aliases[n] else ""
+        print(f"{i:>3}. {n}{'  (tools)' if n in tools else ''}{also}")
     while True:
         try:
             answer = input("Select a model [1]: ").strip() or "1"
@@ -242,7 +250,7 @@ def choose_model(client: Client) -> str | None:
             return None
         if answer.isdigit() and 1 <= int(answer) <= len(ordered):
             return ordered[int(answer) - 1]
-        if answer in names:
+        if answer in names or any(answer in a for a in aliases.values()):
             return answer
         print(f"enter a number from 1 to {len(ordered)}, or a model's name")
 

@@ -4,8 +4,8 @@ A key marked ``trusted_front`` (``keys.py``; ``docs/configuration.md`` "Many use
 request's end user: its ``user_header`` (default ``X-OpenWebUI-User-Id``), else with ``user_body`` OpenAI's
 ``user``/``safety_identifier`` or Anthropic's ``metadata.user_id``, else :data:`ANONYMOUS`. The gate reads it once
 (``Call.end_user``). It gets a fair-queue counter under its key (the key's weight split between its active users),
-the key's ``user_*`` limits (``request/admission.py``), the ledger's ``end_user`` column and the access log's
-(:func:`log_name`). Invariants: any other key's header and body fields are ignored for tenancy, never refused (OpenAI
+the key's ``user_*`` limits (``request/admission.py``; over every front with ``--state-url``: :func:`store_name`),
+the ledger's ``end_user`` column and the access log's (:func:`log_name`). Invariants: any other key's header and body fields are ignored for tenancy, never refused (OpenAI
 clients send ``user`` routinely; ignoring leaves the key's limits and share as they are; ``user`` still goes to vLLM);
 the prefix-cache salt stays the key's (a front's users share its system prompts).
 """
@@ -69,6 +69,13 @@ def _from_body(typed: Any) -> str | None:
 def counter_of(key: Key, user: str) -> int:
     """The end user's counter (fair queue, per-user limits): ``KEY_COUNTERS + CRC-32(key name, user) % USER_COUNTERS``."""
     return KEY_COUNTERS + zlib.crc32(f"{key.name}\0{user}".encode()) % USER_COUNTERS
+
+
+def store_name(key: Key, user: str) -> str:
+    """The end user's name in a fleet's shared store (``--state-url``: ``fleet_counters.py``), where its ``user_*``
+    limits count over every front: ``<key name>/<user>`` (``/`` is not in key names: no user of one key meets
+    another key's), the user as :func:`log_name` shows it (hashed for a key with ``hash_end_users``)."""
+    return f"{key.name}/{log_name(key, user)}"
 
 
 def log_name(key: Key, user: str | None) -> str | None:

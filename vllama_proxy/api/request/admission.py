@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from vllama_proxy.ipc.lock import SharedLock
 from ..policy.fair_queue import W_IN, W_OUT, FairQueue, prompt_tokens_guess
 from ..policy.budgets import Reservations
 from ..policy.keys import KEY_COUNTERS, Key, key_of
-from ..policy.end_users import USER_COUNTERS, counter_of as user_counter_of
+from ..policy.end_users import USER_COUNTERS, counter_of as user_counter_of, store_name as user_store_name
 from ..usage.ledger import Ledger, iso, period_bounds
 from ..usage.store import user_total
 from ..app_state import CATALOG, LEDGER
@@ -294,7 +295,8 @@ def middleware(bound: AdmissionBound, worker: int, retry_after: int, *, fair: bo
     ``priority`` the request's vLLM ``priority`` is set (``call.priority``, sent by ``finisher.py``): the key's
     requests in flight before it, less 1,000,000 per step of the key's own ``priority``: lower is served first
     (vLLM ``--scheduling-policy priority``). With ``shared`` (``--state-url``: ``api/policy/fleet_counters.py``) a key's
-    ``max_in_flight``, ``rpm`` and ``tpm`` hold over every front sharing the store (its tokens reserved there too),
+    ``max_in_flight``, ``rpm`` and ``tpm`` hold over every front sharing the store (its tokens reserved there too), and
+    so do its end users' ``user_*`` limits (:func:`_user_limits`),
     and its service on the other fronts counts in its fair share here: one round trip at admission and one at
     the end, never per token. A store that does not answer leaves this front's own limits (fail open, logged).
     An embeddings, rerank or score request is one sequence of vLLM's per input: the fair queue charges each
@@ -343,8 +345,8 @@ def middleware(bound: AdmissionBound, worker: int, retry_after: int, *, fair: bo
         user = call.end_user
         if user is not None:  # an end user of a trusted front (end_users.py): its own limits, then its own place
             held.user_counter = user_counter_of(key, user)
-            _user_limits(bound, ledger, key, user, held, worst_case(request, call) if key.user_tpm is not None or
-                         key.user_budget_tokens is not None else 0, retry_after, worker)
+            await _user_limits(request, bound, ledger, key, user, held, worst_case(request, call) if key.user_tpm is not None
+                               or key.user_budget_tokens is not None else 0, retry_after, worker, shared)
         held.counted_shared = store is not None and key.max_in_flight is not None and store.refused is None
         got = bound.enter(worker, key.counter, key_max=key.max_in_flight, fair=fair)
         if got < 0:
@@ -448,12 +450,41 @@ async def add_rate_headers(request: web.Request, response: web.StreamResponse) -
         response.headers.update(call.rate_headers)
 
 
-def _user_limits(bound: AdmissionBound, ledger: Ledger | None, key: Key, user: str, held: Held, reserve: int,
-                 retry_after: int, worker: int) -> None:
+#: Request key: what a fleet's shared store (``--state-url``) holds for an end user's request (:class:`SharedUser`).
+SHARED_USER = "vllama.shared_user"
+
+
+@dataclass(slots=True)
+class SharedUser:
+    """What an end user's request holds in the shared store, given back by the settler (``settler.py``), each once.
+
+    Attributes:
+        name: the end user's name there (``end_users.store_name``).
+        budget: tokens reserved there against ``user_budget_tokens``.
+        tpm: tokens reserved in its ``user_tpm`` minute ``minute`` there.
+        counted: whether it counts there in flight (``user_max_in_flight``).
+    """
+
+    name: str
+    budget: int = 0
+    tpm: int = 0
+    minute: int = 0
+    counted: bool = False
+
+
+async def _user_limits(request: web.Request, bound: AdmissionBound, ledger: Ledger | None, key: Key, user: str, held: Held,
+                       reserve: int, retry_after: int, worker: int, shared: KeyState | None) -> None:
     """An end user's own limits (the key's ``user_budget_tokens``, ``user_rpm``/``user_tpm``, ``user_max_in_flight``),
     in the key's order, each refused as the key's own limit is (429, ``Retry-After``), naming the user-level limit.
-    What each takes is in ``held`` (given back by the settler). This front's counts only (not ``--state-url``'s)."""
+    What each takes is in ``held`` (given back by the settler). With ``shared`` (``--state-url``) they hold over every
+    front as the key's do: its budget's reservations in one round trip, its minute and requests in flight in another
+    (under ``end_users.store_name``; what they take there in ``request[SHARED_USER]``); a store that does not answer
+    leaves this front's counts, which go on beside the store's all along."""
     who = f"end user '{user}' of key '{key.name}'"
+    mine: SharedUser | None = None
+    if shared is not None and (key.user_budget_tokens is not None or key.user_rpm is not None or key.user_tpm is not None
+                               or key.user_max_in_flight is not None):
+        mine = request[SHARED_USER] = SharedUser(user_store_name(key, user))
     if key.user_budget_tokens is not None and ledger is not None:
         period = "day" if key.budget_period == "day" else "month"
         now = ledger.clock()
@@ -463,28 +494,59 @@ def _user_limits(bound: AdmissionBound, ledger: Ledger | None, key: Key, user: s
             raise BudgetExhausted(f"{who} used {used} tokens of its user_budget_tokens of {key.user_budget_tokens} tokens "
                                   f"per {period}; the budget resets at {iso(resets)}",
                                   retry_after=max(1, int(resets - now + 0.999)))
-        if not bound.budgets.take(held.user_counter, used, key.user_budget_tokens, reserve):
+        taken = bound.budgets.take(held.user_counter, used, key.user_budget_tokens, reserve)
+        if taken:
+            held.user_budget = reserve
+        before = None
+        if taken and mine is not None and shared is not None:  # every front's requests in flight: one round trip
+            before = await shared.reserve_budget(mine.name, reserve)
+            if before is not None:
+                mine.budget = reserve
+        if not taken or (before is not None and used + before >= key.user_budget_tokens):
             raise TooManyRequests(f"{who} used {used} tokens of its user_budget_tokens of {key.user_budget_tokens} tokens "
-                                  f"and its requests in flight may use the other {max(key.user_budget_tokens - used, 0)}; "
-                                  "retry when one ends", retry_after=max(retry_after, 1))
-        held.user_budget = reserve
+                                  f"and its requests in flight{' over every front' if before is not None else ''} may use "
+                                  f"the other {max(key.user_budget_tokens - used, 0)}; retry when one ends",
+                                  retry_after=max(retry_after, 1))
+    store = None
+    if mine is not None and shared is not None and (key.user_rpm is not None or key.user_tpm is not None
+                                                    or key.user_max_in_flight is not None):
+        store = await shared.admit(mine.name, key.user_rpm, key.user_tpm, key.user_max_in_flight,
+                                   count=key.user_max_in_flight is not None, reserve=reserve if key.user_tpm is not None else 0)
+        if store is not None:
+            # (a refusal for user_max_in_flight comes after the minute counted the request and reserved its tokens)
+            mine.counted = store.refused is None and key.user_max_in_flight is not None
     if key.user_rpm is not None or key.user_tpm is not None:
         tpm = reserve if key.user_tpm is not None else 0
-        refused, headers, minute = bound.limits.admit(held.user_counter, key.user_rpm, key.user_tpm, tpm)
+        if store is None:
+            refused, headers, minute = bound.limits.admit(held.user_counter, key.user_rpm, key.user_tpm, tpm)
+        else:  # the store's minute decides; this front counts beside it, for the minutes the store cannot answer
+            refused = store.refused if store.refused in ("rpm", "tpm") else None
+            headers = rate_headers(key.user_rpm, key.user_tpm, store.used, store.spent, store.reset, refused)
+            minute = 0
+            if refused is None:
+                bound.limits.count(held.user_counter)
+                if key.user_tpm is not None:
+                    minute = bound.limits.reserve(held.user_counter, tpm)
         if refused is not None:
             what = "user_rpm" if refused == "rpm" else "user_tpm"
             limit = key.user_rpm if refused == "rpm" else key.user_tpm
             unit = "requests" if refused == "rpm" else "tokens"
-            raise RateLimited(f"{who} reached its {what} of {limit} {unit} per minute; retry after the minute ends", headers)
+            over = " over every front" if store is not None else ""
+            raise RateLimited(f"{who} reached its {what} of {limit} {unit} per minute{over}; retry after the minute ends", headers)
         if key.user_tpm is not None:
             held.user_tpm, held.user_minute = tpm, minute
+            if store is not None and mine is not None:  # reserved in the store's minute too
+                mine.tpm, mine.minute = tpm, minute
     if key.user_max_in_flight is not None:
-        before = bound.enter_user(worker, held.user_counter, key.user_max_in_flight)
-        if before < 0:
+        here = bound.enter_user(worker, held.user_counter, key.user_max_in_flight)
+        if here >= 0:
+            held.user_entered = True
+        if here < 0 or (store is not None and store.refused == "max_in_flight"):
             QUEUE_REJECTIONS.inc()
-            raise TooManyRequests(f"{who} has {key.user_max_in_flight} requests in flight, its user_max_in_flight; "
-                                  "retry when one ends", retry_after=max(retry_after, 1))
-        held.user_entered = True
+            over = (f"{store.before} requests in flight over every front" if here >= 0 and store is not None else
+                    f"{key.user_max_in_flight} requests in flight")
+            raise TooManyRequests(f"{who} has {over}, its user_max_in_flight; retry when one ends",
+                                  retry_after=max(retry_after, 1))
 
 
 def _rate_refusal(what: str, key: Key) -> str:

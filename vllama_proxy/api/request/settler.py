@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .admission import AdmissionBound, is_inference
+from .admission import SHARED_USER, AdmissionBound, SharedUser, is_inference
 from ..policy.keys import KEY, KeyRing, key_of
 from .call import Call
 from ..policy.fair_queue import FairQueue, prompt_tokens_guess
@@ -96,3 +96,10 @@ class Settler:
                                             reserved=held.tpm if held.shared_tpm else 0, minute=held.minute, served=served)
             if elsewhere is not None and queue is not None:
                 queue.absorb(held.key_counter, elsewhere)
+        mine: SharedUser | None = request.get(SHARED_USER)  # an end user's limits over every front
+        if shared is not None and mine is not None:
+            if mine.budget:
+                await shared.reserve_budget(mine.name, -mine.budget)
+            if mine.counted or mine.tpm:
+                await shared.finish(mine.name, leave=mine.counted, tokens=used if mine.tpm else 0, reserved=mine.tpm,
+                                    minute=mine.minute)

@@ -22,11 +22,12 @@ from aiohttp import web
 from vllama_proxy.errors import (BadRequest, ModelNotFound, NoSuchModel, UnsupportedCapability, UpstreamError, error_event,
                                  shape_of)
 from vllama_proxy.models.created import CreatedModel
+from vllama_proxy.models.names import ollama_name
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.upstream import encode_json, read_raw, read_response
 from ..request.relay import in_own_task
 from ..request.body_reader import read_body
-from .model_use import check_model, choose, may_list, model_in_use, refuse_outside
+from .model_use import check_model, choose, may_list, may_list_created, model_in_use, refuse_outside
 from ..policy.keys import key_of
 from ..request.call import Call, call_of
 from ..policy.fair_queue import prompt_tokens_guess
@@ -44,15 +45,18 @@ _FORWARD_REQUEST = (*_FORWARD_PLAIN, *ROUTER_HEADERS)
 _FORWARD_RESPONSE = ("Content-Type", "Cache-Control")
 
 
-def _model_entry(model: ServedModel) -> dict:
-    """One model in vLLM's ``/v1/models`` shape (``vllm/entrypoints/openai/protocol.py`` ModelCard)."""
-    return {"id": model.name, "object": "model", "created": model.created, "owned_by": "vllm",
-            "root": model.root, "parent": None, "max_model_len": model.max_model_len}
+def _model_entry(model: ServedModel, name: str | None = None, parent: str | None = None) -> dict:
+    """One model in vLLM's ``/v1/models`` shape (``vllm/entrypoints/openai/protocol.py`` ModelCard): ``model``
+    under its served name, or under ``name`` (an alias, a created model: ``parent`` its base)."""
+    return {"id": name or model.name, "object": "model", "created": model.created, "owned_by": "vllm",
+            "root": model.root, "parent": parent, "max_model_len": model.max_model_len}
 
 
 async def _models(request: web.Request) -> web.Response | None:
     """``GET /v1/models[/{id}]`` answered from the catalog when vllama launched the models (all
-    of them listed, none woken up to be asked); ``None`` for an ``--upstream`` server.
+    of them listed, none woken up to be asked); ``None`` for an ``--upstream`` server. As Ollama's ``/v1/models``,
+    every name that answers is listed: a model's served name, its aliases (``vllama cp``, ``--alias``) and the
+    models made from it (``vllama create``, ``parent`` the base).
 
     Raises:
         NoSuchModel: ``{id}`` names no model (404), where the key's patterns allow the name.
@@ -63,13 +67,23 @@ async def _models(request: web.Request) -> web.Response | None:
         return None
     models = await catalog.models()
     if tail in ("models", "models/"):
-        shown = [m for m in models if may_list(request, m, catalog.names_for(m))]
-        return web.json_response({"object": "list", "data": [_model_entry(m) for m in shown]}, dumps=_dumps)
+        data, by_name = [], {m.name: m for m in models}
+        for m in models:
+            names = catalog.names_for(m)
+            if may_list(request, m, names):
+                data += [_model_entry(m), *(_model_entry(m, alias) for alias in names[1:])]
+        for made in catalog.created_models():
+            base = by_name.get(made.base)
+            if base is not None and may_list_created(request, made):
+                data.append(_model_entry(base, ollama_name(made.name), parent=base.name))
+        return web.json_response({"object": "list", "data": data}, dumps=_dumps)
     wanted = tail.removeprefix("models/")
     try:
         model = await catalog.resolve(wanted)  # a lookup: loads nothing
-        check_model(key_of(request), wanted, model, catalog.created(wanted))
-        return web.json_response(_model_entry(model), dumps=_dumps)
+        made = catalog.created(wanted)
+        check_model(key_of(request), wanted, model, made)
+        named = None if wanted == model.name else wanted
+        return web.json_response(_model_entry(model, named, parent=model.name if made else None), dumps=_dumps)
     except ModelNotFound:
         refuse_outside(key_of(request), wanted)  # no 404 to tell a key what exists outside its patterns
         raise NoSuchModel(wanted) from None
