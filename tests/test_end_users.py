@@ -227,3 +227,29 @@ def test_a_fronts_users_split_its_weight_the_key_keeps_its_share_against_another
     assert 27 <= front <= 33, (front, served)
     per_user = [served.count(40 + u) for u in range(3)]
     assert max(per_user) - min(per_user) <= 2, per_user
+
+
+def test_a_key_minted_through_the_api_as_a_trusted_front_limits_each_end_user(serve, hub, tmp_path):
+    """A key minted through ``/api/keys`` can be all a keys-file key can (one model of a key's settings,
+    ``policy/keys.py``'s ``KeySettings``): minted as a trusted front with ``user_max_in_flight``, its end users each get
+    the limit, as the keys file's ``webui`` does in the test above."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "boss"\nkey = "sk-boss"\nrole = "admin"\n')
+    s = _serve(serve, hub, tmp_path, keys)
+    made = httpx.post(s.url + "/api/keys", headers={"Authorization": "Bearer sk-boss"}, timeout=30,
+                      json={"name": "webui", "trusted_front": True, "user_max_in_flight": 1, "note": "Open WebUI"})
+    assert made.status_code == 200, made.text
+    entry, secret = made.json()["key"], made.json()["secret"]
+    assert entry["trusted_front"] is True and entry["user_max_in_flight"] == 1 and entry["user_header"] == "X-OpenWebUI-User-Id"
+    listed = {k["name"]: k for k in httpx.get(s.url + "/api/keys", headers={"Authorization": "Bearer sk-boss"}).json()["keys"]}
+    assert listed["webui"]["user_max_in_flight"] == 1 and listed["boss"]["trusted_front"] is False
+    with cf.ThreadPoolExecutor(2) as ex:
+        long = ex.submit(_ask, s, "carol", "long [[tokens:400]]", 400, secret)
+        _wait(lambda: _stats(s)["running"] == 1, "carol's first request did not start")
+        second = _ask(s, "carol", "again [[tokens:2]]", 2, key=secret)
+        assert second.status_code == 429 and "user_max_in_flight" in second.json()["error"], second.text
+        assert "end user 'carol'" in second.json()["error"]
+        assert _ask(s, "dave", "dave [[tokens:2]]", 2, key=secret).status_code == 200  # another end user: his own limit
+        assert long.result().status_code == 200
+    usage = httpx.get(s.url + "/api/usage?by=user", headers={"Authorization": "Bearer sk-boss"}).json()["usage"]
+    assert {(r["key"], r["end_user"]) for r in usage} >= {("webui", "carol"), ("webui", "dave")}, usage

@@ -187,3 +187,23 @@ def test_vllama_keys_cli(server):
     audit = cli(ADMIN, "audit").stdout.splitlines()
     assert [line.split()[1:4] for line in audit[1:5]] == [["ops", "revoke", "bob"], ["ops", "rotate", "bob"],
                                                           ["ops", "update", "bob"], ["ops", "create", "bob"]]
+
+
+def test_the_keys_file_and_the_admin_api_take_one_model_of_a_key(tmp_path):
+    """``KeySettings`` is the one definition of a key's settable fields: the keys file's entry adds only the secret,
+    the API's body only ``expires_in``; so the file takes ``expires_at`` and ``note`` as a minted key does (a TOML
+    date-time; one without a zone is UTC) and an expired file key is refused like an expired minted one."""
+    from vllama_proxy.api.policy.keys import KeyEntry, KeyRing, KeySettings
+    from vllama_proxy.api.routes.keys import KeyFields
+
+    assert set(KeyEntry.model_fields) - {"key", "sha256"} == set(KeySettings.model_fields)
+    assert set(KeyFields.model_fields) - {"expires_in"} == set(KeySettings.model_fields)
+    f = tmp_path / "keys.toml"
+    f.write_text('[[keys]]\nname = "old"\nkey = "sk-old"\nexpires_at = 2001-01-01T00:00:00Z\n\n'
+                 '[[keys]]\nname = "new"\nkey = "sk-new"\nexpires_at = 2099-01-01T00:00:00\nnote = "until 2099"\n'
+                 'trusted_front = true\nuser_rpm = 5\n')
+    ring = KeyRing([], f)
+    assert ring.find(b"sk-old") is None
+    new = ring.find(b"sk-new")
+    assert new is not None and new.expires_at == 4070908800.0 and new.note == "until 2099"
+    assert new.trusted_front and new.user_rpm == 5 and new.user_header == "X-OpenWebUI-User-Id"

@@ -20,7 +20,9 @@ in ``upstream/mapping.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hu
     │   ├── TooManyInputs             400  a user key's embeddings, rerank or score inputs over --max-inputs
     │   └── FormNotAccepted           415  a multipart form on a /v1 route that takes JSON
     ├── Unauthorized                  401  + WWW-Authenticate: Bearer  no key, or an unknown one
+    │   └── SignInFailed              401  an OpenID Connect sign-in to /admin refused, stale, or not verified
     ├── Forbidden                     403  a key's role or models do not allow it
+    │   ├── SignInNotAdmin            403  an OpenID Connect sign-in whose role claim makes no admin
     │   └── ModelNotAllowed           403  a local model the on-demand allow-list does not admit
     ├── ModelNotFound                 404  "model 'X' not found"
     │   └── NoSuchModel               404  a /v1 request's model no vLLM serves, in vLLM's words
@@ -34,6 +36,7 @@ in ``upstream/mapping.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hu
     │   ├── RateLimited               429  + Retry-After, x-ratelimit-*  a key over its rpm or tpm
     │   └── BudgetExhausted           429  + Retry-After  a key used its budget_tokens for the day or month
     ├── StorageFailed                 500  vllama could not write or remove its own files
+    ├── SignInProviderFailed          502  the OpenID Connect provider cannot be reached or answered amiss
     ├── NotSupported                  501  model management vllama leaves to vLLM
     ├── ServerBusy                    503  + Retry-After  the server-wide bound on requests is full
     ├── InsufficientStorage           507  the server lacks room for what is asked
@@ -155,6 +158,21 @@ class Forbidden(VllamaError):
     """A known key whose role may not do this (403); the message names what and which role may."""
 
     status = 403
+
+
+class SignInFailed(Unauthorized):
+    """An OpenID Connect sign-in to ``/admin`` that did not complete: the provider refused it, its state was stale
+    or foreign, its ID token did not verify (401; ``api/routes/admin_oidc.py``)."""
+
+
+class SignInNotAdmin(Forbidden):
+    """An OpenID Connect sign-in whose role claim does not make its holder an admin of the page (403)."""
+
+
+class SignInProviderFailed(VllamaError):
+    """The OpenID Connect provider could not be reached or answered amiss (502)."""
+
+    status = 502
 
 
 class ModelNotAllowed(Forbidden):

@@ -6,7 +6,8 @@ real ``ollama`` and ``openai`` clients. Nothing here imports vllama's modules.
 
 Starting vLLM is the tier's cost (three processes each importing torch and vLLM, one after the other:
 ~25 s on 2 quiet cores, twice that where the packages have no bytecode compiled, see
-scripts/venv-install.sh; minutes at load 20) and each one holds ~2.3 GB, so the servers are run **one at a time**
+scripts/venv-install.sh; minutes at load 20) and each one holds ~2.3 GB, so on each xdist worker the servers are
+run **one at a time** (the tier runs in two halves on two workers: ``report.py``'s ``SECOND_HALF``)
 (:class:`Engines`):
 
 - ``start_real(name, ...)``: a server for one module (its test's own process tree: kill -9, SIGTERM,

@@ -44,7 +44,7 @@ from .fleet.client_affinity import ClientAffinity
 from .fleet.router_release import RouterRelease
 from .policy.fleet_counters import RedisKeyState, redis_client
 from .metrics import REQUESTS, UPSTREAM_ERRORS, make_handler, route_of
-from .routes import admin, agents, keys, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
+from .routes import admin, admin_oidc, agents, keys, blobs, chat, create, embed, generate, health, hub, manage, meta, models, openai, usage
 from .app_state import (ACCEPTED, ADMISSION, BLOBS, CATALOG, CLIENT_AFFINITY, CLOSE_AFTER, DRAINING, FRONT_END, KEY_STORE, KEYS, LEDGER, MAX_RUNNING,
                         ROUTER_RELEASE, SETTINGS, SETTLER, WORKER)
 
@@ -138,7 +138,8 @@ async def errors_and_access_log(request: web.Request, handler: Handler) -> web.S
 
 #: Routes that answer while vLLM loads: static facts and the probes.
 _UNGATED = frozenset({"/", "/api/version", "/api/status", "/livez", "/readyz", "/metrics", "/health", "/api/usage", "/admin",
-                      "/admin/login", "/admin/logout", "/admin/live", "/admin/keys", "/api/keys", "/api/keys/audit"})
+                      "/admin/login", "/admin/logout", "/admin/live", "/admin/keys", "/api/keys", "/api/keys/audit",
+                      "/admin/oidc/login", "/admin/oidc/callback"})
 
 
 def ready_gate(boards: Sequence[EngineBoard]) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -305,6 +306,11 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
     app[SETTINGS] = settings
     app[BLOBS] = BlobStore(settings.state_dir / "blobs", settings.max_blob_size)
     app[admin.SIGN_OUTS] = admin.SignOuts(settings.state_dir / "admin-signouts")
+    if settings.admin_oidc_issuer:
+        app[admin.OIDC] = admin_oidc.OidcSignIn(
+            settings.admin_oidc_issuer, settings.admin_oidc_client_id or "", settings.admin_oidc_secret() or "",
+            role_claim=settings.admin_oidc_role_claim, admin_value=settings.admin_oidc_admin_value,
+            scopes=settings.admin_oidc_scopes, redirect_url=settings.admin_oidc_redirect_url)
     app[KEYS] = ring
     app[WORKER] = worker
     app[FRONT_END] = front
@@ -359,6 +365,8 @@ def build_app(settings: Settings, resolved: ResolvedModels, backends: list[Backe
         ("GET", "/admin/live", admin.live),
         ("POST", "/admin/keys", admin.key_create),
         ("POST", "/admin/keys/{name}/{action:update|rotate|revoke}", admin.key_action),
+        ("GET", "/admin/oidc/login", admin_oidc.login),
+        ("GET", "/admin/oidc/callback", admin_oidc.callback),
         ("GET", "/api/keys", keys.list_keys),
         ("POST", "/api/keys", keys.create),
         ("GET", "/api/keys/audit", keys.audit),

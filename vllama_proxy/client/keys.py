@@ -16,7 +16,10 @@ import orjson
 from .api_client import Client
 from .formatting import table
 
-LIMITS = ("max_in_flight", "max_tokens", "rpm", "tpm", "budget_tokens", "budget_period", "priority", "weight")
+LIMITS = ("max_in_flight", "max_tokens", "rpm", "tpm", "budget_tokens", "budget_period", "priority", "weight",
+          "user_max_in_flight", "user_rpm", "user_tpm", "user_budget_tokens", "user_header")
+#: A trusted front's switches (``docs/configuration.md`` "Many users"): ``--trusted-front``/``--no-trusted-front``...
+SWITCHES = ("trusted_front", "user_body", "hash_end_users")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         a.add_argument("--expires-at", help="it expires at this UTC time (RFC 3339); 'never' clears an expiry (update)")
         a.add_argument("--note", help="a note for operators")
         for limit in LIMITS:
-            a.add_argument(f"--{limit.replace('_', '-')}", dest=limit, type=str if limit == "budget_period" else float if limit == "weight" else int)
+            a.add_argument(f"--{limit.replace('_', '-')}", dest=limit,
+                           type=str if limit in ("budget_period", "user_header") else float if limit == "weight" else int)
+        for switch in SWITCHES:
+            a.add_argument(f"--{switch.replace('_', '-')}", dest=switch, action=argparse.BooleanOptionalAction, default=None)
         a.add_argument("--json", action="store_true", help="print the server's JSON answer")
     for name, summary in (("rotate", "a new secret for a minted key (the old one is refused), printed once"),
                           ("revoke", "revoke a minted key for good")):
@@ -57,7 +63,7 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
         out["expires_at"] = None if args.expires_at == "never" else args.expires_at
     if args.note is not None:
         out["note"] = args.note
-    for limit in LIMITS:
+    for limit in (*LIMITS, *SWITCHES):
         if getattr(args, limit) is not None:
             out[limit] = getattr(args, limit)
     return out
@@ -71,6 +77,9 @@ def _limits(k: dict[str, Any]) -> str:
     parts = [f"{f}={k[f]}" for f in ("max_in_flight", "max_tokens", "rpm", "tpm") if k.get(f) is not None]
     if k.get("budget_tokens") is not None:
         parts.append(f"budget={k['budget_tokens']}/{k['budget_period']}")
+    if k.get("trusted_front"):
+        parts.append("trusted_front")
+        parts += [f"{f}={k[f]}" for f in ("user_max_in_flight", "user_rpm", "user_tpm", "user_budget_tokens") if k.get(f) is not None]
     return " ".join(parts) or "-"
 
 

@@ -94,3 +94,13 @@ def client_keys(api_keys: Sequence[str], fleet_secret: str | None, register_with
     if fleet_secret and register_with:
         return [fleet_secret]
     return list(api_keys)
+
+
+def admin_oidc(issuer: str | None, client_id: str | None, has_secret: bool, redirect_url: str | None) -> None:
+    """Refuse an OpenID Connect sign-in to ``/admin`` without its client id or secret, or a redirect URL whose path
+    is not the callback's (``api/routes/admin_oidc.py``)."""
+    if issuer and not (client_id and has_secret):
+        raise ValueError("--admin-oidc-issuer needs --admin-oidc-client-id and a client secret "
+                         "(VLLAMA_ADMIN_OIDC_CLIENT_SECRET or --admin-oidc-client-secret-file)")
+    if redirect_url and not redirect_url.endswith("/admin/oidc/callback"):
+        raise ValueError("--admin-oidc-redirect-url must end in /admin/oidc/callback (the path vllama answers it on)")

@@ -25,13 +25,13 @@ from .fleet import Fleet
 from .front import ClientConnections, Listen, Logging, Requests, UpstreamConnection
 from .served import ModelLifetime, OnDemandPolicy, Served
 from .sources import CONFIG_FILE, ConfigFile, ollama_variables
-from .tenancy import Access, FairShare, TenantLimits
+from .tenancy import Access, AdminSignIn, FairShare, TenantLimits
 from .usage import Usage
 
 
 # Fields are collected along the reversed MRO: the last base's come first.
 class Settings(Usage, FairShare, TenantLimits, ClientConnections, OnDemandPolicy, Fleet, Logging, Engine,
-               ModelLifetime, Requests, Access, UpstreamConnection, Served, Listen, BaseSettings):
+               ModelLifetime, Requests, AdminSignIn, Access, UpstreamConnection, Served, Listen, BaseSettings):
     """Everything ``vllama serve`` can be told. Durations are seconds, sizes bytes."""
 
     model_config = SettingsConfigDict(
@@ -61,6 +61,9 @@ class Settings(Usage, FairShare, TenantLimits, ClientConnections, OnDemandPolicy
         checks.fleet_node_keys(secret, self.register_with, self.api_key_file, [k.get_secret_value() for k in self.api_key])
         checks.router_alone(self.router, self.upstream, self.router_port, self.model, self.models)
         checks.one_source_of_models(self.model, self.models, self.upstream_url, self.vllm_args, self.port)
+        checks.admin_oidc(self.admin_oidc_issuer, self.admin_oidc_client_id,
+                          self.admin_oidc_client_secret is not None or self.admin_oidc_client_secret_file is not None,
+                          self.admin_oidc_redirect_url)
         return self
 
     @property

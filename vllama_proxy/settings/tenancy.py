@@ -130,3 +130,69 @@ class FairShare(BaseModel):
         if self.fair_light_running is not None:
             return self.fair_light_running
         return running // 2 if running > 1 else 0
+
+
+class AdminSignIn(BaseModel):
+    """Signing in to ``/admin`` through an OpenID Connect provider (``api/routes/admin_oidc.py``;
+    ``docs/operations.md``), beside the admin key."""
+
+    admin_oidc_issuer: str | None = Field(
+        None,
+        description="An OpenID Connect provider's issuer URL (https://id.example.com/realms/main; its "
+        "/.well-known/openid-configuration is read): /admin then offers 'Sign in with OpenID Connect' beside the "
+        "admin key (authorization code flow with PKCE; pip install 'vllama-proxy[oidc]'). Needs a keys file or "
+        "--api-key (an open server has no sign-in), --admin-oidc-client-id and a client secret.",
+    )
+    admin_oidc_client_id: str | None = Field(None, description="The client id vllama is registered with at the provider.")
+    admin_oidc_client_secret: SecretStr | None = Field(
+        None,
+        description="The client's secret (better VLLAMA_ADMIN_OIDC_CLIENT_SECRET or --admin-oidc-client-secret-file than "
+        "a flag others can read in ps); never logged. It also signs the page's OpenID Connect sign-ins, so every "
+        "worker and front given the same secret accepts them.",
+    )
+    admin_oidc_client_secret_file: Path | None = Field(
+        None, description="A file holding the client's secret (its first line), instead of --admin-oidc-client-secret.",
+    )
+    admin_oidc_role_claim: str = Field(
+        "groups",
+        description="The ID token's (else the userinfo's) claim that says who is an admin: a list or a string holding "
+        "--admin-oidc-admin-value. Anyone else signed in is shown the sign-in form with the reason.",
+    )
+    admin_oidc_admin_value: str = Field(
+        "vllama-admin", description="The value of --admin-oidc-role-claim that makes its holder an admin of the page.",
+    )
+    admin_oidc_scopes: str = Field(
+        "openid email profile",
+        description="The scopes asked for (space-separated; add the one your provider puts groups under, e.g. 'groups').",
+    )
+    admin_oidc_redirect_url: str | None = Field(
+        None,
+        description="The redirect URI registered at the provider, ending in the path /admin/oidc/callback (default: "
+        "this server's origin as the browser reached it, + /admin/oidc/callback; give "
+        "https://PUBLIC-HOST/admin/oidc/callback behind a TLS proxy).",
+    )
+
+    @field_validator("admin_oidc_issuer", "admin_oidc_redirect_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("https://", "http://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/") or None if v else None
+
+    @field_validator("admin_oidc_client_secret")
+    @classmethod
+    def _empty_secret(cls, v: SecretStr | None) -> SecretStr | None:
+        return v if v is not None and v.get_secret_value() else None
+
+    def admin_oidc_secret(self) -> str | None:
+        """The client secret: ``--admin-oidc-client-secret``, else ``--admin-oidc-client-secret-file``'s first line.
+
+        Raises:
+            OSError: the file cannot be read.
+        """
+        if self.admin_oidc_client_secret is not None:
+            return self.admin_oidc_client_secret.get_secret_value()
+        if self.admin_oidc_client_secret_file is not None:
+            lines = self.admin_oidc_client_secret_file.read_text().splitlines()
+            return lines[0].strip() if lines and lines[0].strip() else None
+        return None

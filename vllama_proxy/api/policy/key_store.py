@@ -27,20 +27,20 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
 from vllama_proxy.logs import get_logger
+from .keys import KeySettings
 
 log = get_logger("vllama.keys")
 
 #: Seconds between two reads of the version counter (each worker).
 POLL_SECONDS = 1.0
-#: The limits and scope a minted key carries: the keys file's fields (``keys.KeyEntry``) but the secret.
-SPEC_FIELDS = ("role", "models", "max_in_flight", "max_tokens", "priority", "weight", "rpm", "tpm", "budget_tokens",
-               "budget_period")
+#: The fields of a minted key's ``spec`` column: its :class:`~.keys.KeySettings` but those with a column of their own
+#: (``name``, ``expires_at``, ``note``). A row stored before a field existed reads it as its default (``keys.settings_of_row``).
+SPEC_FIELDS = tuple(f for f in KeySettings.model_fields if f not in ("name", "expires_at", "note"))
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS vllama_keys (
@@ -66,23 +66,6 @@ _SCHEMA = (
 )
 _COLUMNS = ("name", "prefix", "sha256", "spec", "expires_at", "revoked_at", "note", "created_at", "created_by", "updated_at",
             "updated_by")
-
-
-class KeySpec(BaseModel):
-    """A minted key's role, models and limits (the keys file's meanings: ``policy/keys.py``'s docstring)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    role: Literal["admin", "user", "metrics"] = "user"
-    models: list[str] = Field(default_factory=list, max_length=256)
-    max_in_flight: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
-    priority: int = Field(0, ge=-1000, le=1000)
-    weight: float = Field(1.0, gt=0, le=1000)
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    budget_tokens: int | None = Field(None, ge=0)
-    budget_period: Literal["day", "month"] = "month"
 
 
 def new_secret() -> tuple[str, str]:
@@ -157,26 +140,29 @@ class KeyStore:
         d["spec"] = orjson.loads(d["spec"])
         return d
 
-    def create(self, name: str, spec: KeySpec, expires_at: float | None, note: str, who: str) -> tuple[str, dict[str, Any]]:
-        """Mint a key: ``(its secret, its row)``.
+    def create(self, settings: KeySettings, who: str) -> tuple[str, dict[str, Any]]:
+        """Mint a key with ``settings``: ``(its secret, its row)``.
 
         Raises:
             KeyConflict: the name is taken (a revoked key keeps its name, for the audit log).
         """
         secret, prefix = new_secret()
         now = time.time()
+        name, note = settings.name, settings.note
+        expires_at = settings.expires_at.timestamp() if settings.expires_at is not None else None
+        spec = settings.model_dump(include=set(SPEC_FIELDS))
         with self._lock:
             try:
                 self._run(f"INSERT INTO vllama_keys ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                          (name, prefix, digest_of(secret), orjson.dumps(spec.model_dump()).decode(), expires_at, None, note,
+                          (name, prefix, digest_of(secret), orjson.dumps(spec).decode(), expires_at, None, note,
                            now, who, now, who))
             except Exception as e:  # sqlite3.IntegrityError, psycopg.errors.UniqueViolation
                 self._conn.rollback()
                 if "unique" in str(e).lower() or "duplicate" in str(e).lower():
                     raise KeyConflict(name) from None
                 raise
-            self._change(who, "create", name, {**spec.model_dump(exclude_defaults=True), "role": spec.role,
-                                               "expires_at": expires_at, "note": note}, now)
+            self._change(who, "create", name, {**settings.model_dump(include=set(SPEC_FIELDS), exclude_defaults=True),
+                                               "role": settings.role, "expires_at": expires_at, "note": note}, now)
             row = self._one(name)
             self._conn.commit()
         return secret, row  # type: ignore[return-value]
@@ -190,7 +176,8 @@ class KeyStore:
         return row
 
     def update(self, name: str, changes: dict[str, Any], who: str) -> dict[str, Any]:
-        """Change a key's spec fields, ``expires_at`` or ``note`` (``changes`` holds only those given).
+        """Change a key's :data:`SPEC_FIELDS`, ``expires_at`` (seconds since the epoch, or ``None``) or ``note``
+        (``changes`` holds only those given).
 
         Raises:
             KeyMissing: no live key of that name.
@@ -198,11 +185,13 @@ class KeyStore:
         now = time.time()
         with self._lock:
             row = self._live(name)
-            spec = KeySpec.model_validate({**row["spec"], **{k: v for k, v in changes.items() if k in SPEC_FIELDS}})
+            merged = KeySettings.model_validate({**row["spec"], **{k: v for k, v in changes.items() if k in SPEC_FIELDS},
+                                                 "name": name})
+            spec = merged.model_dump(include=set(SPEC_FIELDS))
             expires_at = changes.get("expires_at", row["expires_at"])
             note = changes.get("note", row["note"])
             self._run("UPDATE vllama_keys SET spec = ?, expires_at = ?, note = ?, updated_at = ?, updated_by = ? WHERE name = ?",
-                      (orjson.dumps(spec.model_dump()).decode(), expires_at, note, now, who, name))
+                      (orjson.dumps(spec).decode(), expires_at, note, now, who, name))
             self._change(who, "update", name, changes, now)
             row = self._one(name)
             self._conn.commit()

@@ -2,7 +2,8 @@
 (The aiohttp app's own typed keys are ``app_state.py``'s.)
 
 Keys come from ``--api-key`` (admin keys) and ``--api-key-file`` (one key a line, or TOML ``[[keys]]``
-tables, :class:`KeyEntry`: ``docs/configuration.md`` "The keys file"). Roles, after LiteLLM and Open
+tables, :class:`KeyEntry`: ``docs/configuration.md`` "The keys file"); a table's fields but the secret are
+:class:`KeySettings`, which the minted keys take too. Roles, after LiteLLM and Open
 WebUI: **user** (its models), **admin** (also models and the server), **metrics**. Invariants: a key is
 found by the SHA-256 of what the client sends (one hash, one dict lookup, no early-exit comparison);
 ``SIGHUP`` rereads the file in every worker, one that no longer parses leaves the keys as they were;
@@ -20,6 +21,7 @@ reads the caller's key (:func:`key_of`) and its role.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import fnmatch
 import hashlib
 import time
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from vllama_proxy.errors import Forbidden, Unauthorized
 from vllama_proxy.logs import get_logger
@@ -57,16 +59,22 @@ SERVED_AS = "vllama.served_as"
 KEY_COUNTERS = 1024
 
 
-class KeyEntry(BaseModel):
-    """One ``[[keys]]`` table of the keys file."""
+#: What a key's name may be made of (the keys file's and a minted key's alike).
+NAME_PATTERN = r"^[A-Za-z0-9._@:-]+$"
+
+
+class KeySettings(BaseModel):
+    """Everything a key can be given: its name, role, models, limits, end-user settings, expiry and note. The one
+    definition of these fields for both sources of keys: the keys file's ``[[keys]]`` tables (:class:`KeyEntry` adds
+    the secret) and the keys minted through ``/api/keys`` and the ``/admin`` page (``key_store.py`` keeps them,
+    ``routes/keys.py`` takes them), so a minted key can be whatever a file key can. The meanings: :class:`Key`'s
+    attributes; ``docs/configuration.md`` "The keys file"."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@:-]+$")
-    key: SecretStr | None = None
-    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
     role: Literal["admin", "user", "metrics"] = "user"
-    models: list[str] = Field(default_factory=list)
+    models: list[str] = Field(default_factory=list, max_length=256)
     max_in_flight: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
@@ -83,6 +91,27 @@ class KeyEntry(BaseModel):
     user_tpm: int | None = Field(None, ge=1)
     user_budget_tokens: int | None = Field(None, ge=0)
     hash_end_users: bool = False
+    #: when it stops working (RFC 3339, a TOML date-time or seconds since the epoch; one without a zone is UTC)
+    expires_at: dt.datetime | None = None
+    note: str = Field("", max_length=500)
+
+    @field_validator("expires_at")
+    @classmethod
+    def _utc(cls, v: dt.datetime | None) -> dt.datetime | None:
+        return v.replace(tzinfo=dt.timezone.utc) if v is not None and v.tzinfo is None else v
+
+    def to_key(self, source: str = "file") -> Key:
+        """The :class:`Key` the request path sees (no secret: :class:`KeyRing` indexes it by its digest)."""
+        same = self.model_dump(include=KEY_FIELDS - {"models", "expires_at"})
+        return Key(**same, models=tuple(self.models), expires_at=self.expires_at.timestamp() if self.expires_at else None,
+                   source=source)
+
+
+class KeyEntry(KeySettings):
+    """One ``[[keys]]`` table of the keys file: :class:`KeySettings` and the secret (``key``, or its ``sha256``)."""
+
+    key: SecretStr | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
@@ -121,6 +150,7 @@ class Key:
             Anthropic ``metadata.user_id``), read when the header is absent.
         user_max_in_flight, user_rpm, user_tpm, user_budget_tokens: each end user's own limits (``None``: none).
         hash_end_users: the access log shows the end user hashed (``end_users.log_name``).
+        note: the operator's note (the admin API's list and the page show it).
     """
 
     name: str
@@ -146,6 +176,7 @@ class Key:
     user_tpm: int | None = None
     user_budget_tokens: int | None = None
     hash_end_users: bool = False
+    note: str = field(default="", compare=False)
     user_hash_key: bytes = field(default=b"", compare=False, repr=False)
     _cache: dict[str, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -168,6 +199,16 @@ class Key:
             if ok:
                 return True
         return False
+
+
+#: The :class:`Key` attributes that are :class:`KeySettings` fields (the rest: what :class:`KeyRing` derives).
+KEY_FIELDS = frozenset(f.name for f in dataclasses.fields(Key)) & frozenset(KeySettings.model_fields)
+
+
+def settings_of_row(row: dict) -> KeySettings:
+    """A minted key's :class:`KeySettings` from its stored row (``key_store.KeyStore.rows``: ``name``, ``spec``,
+    ``expires_at`` in seconds, ``note``); a field the row was stored without gets its default."""
+    return KeySettings.model_validate({**row["spec"], "name": row["name"], "expires_at": row["expires_at"], "note": row["note"]})
 
 
 #: The caller of a server with no key configured: open, an admin (as Ollama, which has no keys).
@@ -219,12 +260,7 @@ def parse_keys_file(path: Path) -> list[tuple[str, Key]]:
             raise ValueError(f"{path}: [[keys]] #{n}: the name '{e.name}' is given twice")
         names.add(e.name)
         digest = e.sha256.lower() if e.sha256 else hashlib.sha256(e.key.get_secret_value().encode()).hexdigest()  # type: ignore[union-attr]
-        out.append((digest, Key(name=e.name, role=e.role, models=tuple(e.models), max_in_flight=e.max_in_flight, priority=e.priority,
-                                max_tokens=e.max_tokens, weight=e.weight, rpm=e.rpm, tpm=e.tpm,
-                                budget_tokens=e.budget_tokens, budget_period=e.budget_period,
-                                trusted_front=e.trusted_front, user_header=e.user_header, user_body=e.user_body,
-                                user_max_in_flight=e.user_max_in_flight, user_rpm=e.user_rpm, user_tpm=e.user_tpm,
-                                user_budget_tokens=e.user_budget_tokens, hash_end_users=e.hash_end_users)))
+        out.append((digest, e.to_key("file")))
     return out
 
 
@@ -284,12 +320,7 @@ class KeyRing:
         for r in rows:
             if r["revoked_at"] is not None or r["name"] in names:
                 continue
-            spec = r["spec"]
-            minted.append((r["sha256"], Key(name=r["name"], role=spec["role"], models=tuple(spec["models"]),
-                                            max_in_flight=spec["max_in_flight"], priority=spec["priority"],
-                                            max_tokens=spec["max_tokens"], weight=spec["weight"], rpm=spec["rpm"], tpm=spec["tpm"],
-                                            budget_tokens=spec["budget_tokens"], budget_period=spec["budget_period"],
-                                            expires_at=r["expires_at"], source="api")))
+            minted.append((r["sha256"], settings_of_row(r).to_key("api")))
         before = {k.name for k in self._by_digest.values() if k.source == "api"}
         self._minted = minted
         self._index()

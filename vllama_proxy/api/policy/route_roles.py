@@ -39,6 +39,8 @@ ROUTES: Mapping[tuple[str, str], frozenset[str]] = {
     ("GET", "/admin/live"): OPEN,
     ("POST", "/admin/keys"): OPEN,
     ("POST", "/admin/keys/{name}/{action:update|rotate|revoke}"): OPEN,
+    ("GET", "/admin/oidc/login"): OPEN,  # signing in through OpenID Connect (routes/admin_oidc.py)
+    ("GET", "/admin/oidc/callback"): OPEN,
     # minting and managing keys without a file (routes/keys.py): an admin's
     ("GET", "/api/keys"): ADMIN,
     ("POST", "/api/keys"): ADMIN,

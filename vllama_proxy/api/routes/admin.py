@@ -1,5 +1,6 @@
 """``/admin``: the operator's page, server-rendered HTML with no script and no build step.
 
+<<<<<<< HEAD
 It shows the models, GPU memory, requests in flight, each key's tokens against its budget, today's requests
 and the last failed ones (the usage ledger), mints and changes keys through ``routes/keys.py``'s functions,
 and frames the live data (``GET /admin/live``, refreshed every 15 s); ``docs/operations.md`` "The admin
@@ -9,11 +10,32 @@ the key is rotated, revoked, expired or gone, ended everywhere by ``POST /admin/
 Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin`` and carry
 :func:`csrf_token`; rotating and revoking need the ``confirm`` box; no framing, no scripts (CSP), every value
 HTML-escaped.
+=======
+It shows each model and its state, GPU memory, requests in flight per key, each key's tokens this day
+and month against its budget, today's requests by key and model, and the last failed requests (the
+usage ledger). Only an admin key opens it (anyone on an open server). A browser posts the key once
+(``POST /admin/login``, body within 4 KB and ``--body-timeout``) and gets a cookie ``vllama_admin``
+(HttpOnly, SameSite=Strict, Path=/admin, Secure on HTTPS, 8 hours) holding the key's name, an expiry
+and their HMAC-SHA-256 keyed by the key's digest: valid on any worker, void once the key leaves the
+keys file, ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file every worker reads).
+Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin``; ``frame-ancestors
+'none'``, a CSP without scripts, every value HTML-escaped. Scripts may send ``Authorization: Bearer``.
+The page also mints, scopes, expires, rotates and revokes keys (``routes/keys.py``'s functions, the admin
+API's), shows the audit log, and frames the live data (``GET /admin/live``), which alone refreshes every
+15 s so a form's typing stays. A wrong key answers the sign-in form with the reason (401, 403). CSRF: each
+key form carries :func:`csrf_token` (an HMAC of the sign-in's signature); rotating and revoking need the
+form's ``confirm`` box. The cookie is void too once its key is rotated, revoked or expired.
+With ``--admin-oidc-issuer`` a person may sign in through an OpenID Connect provider instead (``admin_oidc.py``):
+the same cookie, named ``~`` + their name (base64url; no key's name starts with ``~``) and signed with a key derived
+from the client secret, so the CSRF token, sign-out and audit log (their name is "who") work as for a key.
+>>>>>>> main
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import fcntl
 import hashlib
 import hmac
@@ -38,8 +60,12 @@ from ..request.body_reader import read_body
 COOKIE = "vllama_admin"
 #: The app's sign-outs (:class:`SignOuts`, ``api/app.py`` makes it).
 SIGN_OUTS = web.AppKey("admin_sign_outs", object)
+#: The app's OpenID Connect sign-in (``admin_oidc.OidcSignIn``; absent: none configured).
+OIDC = web.AppKey("admin_oidc", object)
 #: Seconds a sign-in lasts.
 COOKIE_AGE = 8 * 3600
+#: The first character of an OpenID Connect sign-in's name in the cookie (never a key's: ``keys.NAME_PATTERN``).
+OIDC_MARK = "~"
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-src 'self'; frame-ancestors 'none'",
     "X-Frame-Options": "DENY", "Cache-Control": "no-store", "Referrer-Policy": "same-origin", "X-Content-Type-Options": "nosniff",
@@ -55,34 +81,58 @@ form.inline{display:inline}h2{margin-top:1.2em}iframe{width:100%;height:60vh;bor
 input.s{width:6em}"""
 
 
-def _sign(digest: str, name: str, expires: int) -> str:
-    return hmac.new(bytes.fromhex(digest), f"{name}.{expires}".encode(), hashlib.sha256).hexdigest()
+def _sign(secret: bytes, name: str, expires: int) -> str:
+    return hmac.new(secret, f"{name}.{expires}".encode(), hashlib.sha256).hexdigest()
 
 
-def csrf_token(ring: KeyRing, cookie: str) -> str | None:
+def _session(ring: KeyRing, name: str, oidc: Any = None) -> tuple[bytes, Key] | None:
+    """The signing secret and the :class:`Key` of a cookie's ``name``: a key's digest and the key, or for an OpenID
+    Connect sign-in (``~`` + base64url of the person's name) the client's session key and an admin :class:`Key`
+    named after the person (``source`` ``oidc``). ``None``: no such key, or no OpenID Connect configured."""
+    if name.startswith(OIDC_MARK):
+        if oidc is None:
+            return None
+        try:
+            who = base64.urlsafe_b64decode(name[1:] + "=" * (-len(name[1:]) % 4)).decode()
+        except (binascii.Error, ValueError):
+            return None
+        return oidc.session_key, Key(name=who, role="admin", source="oidc")
+    found = ring.named(name)
+    return None if found is None else (bytes.fromhex(found[0]), found[1])
+
+
+def csrf_token(ring: KeyRing, cookie: str, oidc: Any = None) -> str | None:
     """The token the page's forms carry for the sign-in of ``cookie``: an HMAC of the cookie's signature keyed by
-    the key's digest (``None`` for a cookie that names no key). A page of another site can neither read it nor
-    forge it; it changes with every sign-in and dies with it."""
+    the key's digest (an OpenID Connect sign-in's: the client's session key; ``None`` for a cookie that names no
+    key). A page of another site can neither read it nor forge it; it changes with every sign-in and dies with it."""
     name, _, rest = cookie.partition(".")
     sig = rest.partition(".")[2]
-    found = ring.named(name)
+    found = _session(ring, name, oidc)
     if found is None:
         return None
-    return hmac.new(bytes.fromhex(found[0]), f"csrf.{sig}".encode(), hashlib.sha256).hexdigest()
+    return hmac.new(found[0], f"csrf.{sig}".encode(), hashlib.sha256).hexdigest()
 
 
-def cookie_key(ring: KeyRing, value: str, now: float, signed_out: SignOuts | None = None) -> Key | None:
+def cookie_key(ring: KeyRing, value: str, now: float, signed_out: SignOuts | None = None, oidc: Any = None) -> Key | None:
     """The key a ``vllama_admin`` cookie was issued to, if it is signed, unexpired, not signed out and the key
-    still exists."""
+    still exists (an OpenID Connect sign-in's: the admin :class:`Key` of :func:`_session`, with ``oidc``)."""
     name, _, rest = value.partition(".")
     expires, _, sig = rest.partition(".")
-    found = ring.named(name)
+    found = _session(ring, name, oidc)
     if found is None or not expires.isdigit() or int(expires) < now:
         return None
-    digest, key = found
-    if not hmac.compare_digest(sig, _sign(digest, name, int(expires))):
+    secret, key = found
+    if not hmac.compare_digest(sig, _sign(secret, name, int(expires))):
         return None
     return None if signed_out is not None and signed_out.revoked(sig) else key
+
+
+def set_oidc_cookie(resp: web.StreamResponse, oidc: Any, who: str, secure: bool) -> None:
+    """Sign ``who`` in (an admin through OpenID Connect: ``admin_oidc.py``): the page's cookie, as a key's sign-in has."""
+    name = OIDC_MARK + base64.urlsafe_b64encode(who.encode()).rstrip(b"=").decode()
+    expires = int(time.time()) + COOKIE_AGE
+    resp.set_cookie(COOKIE, f"{name}.{expires}.{_sign(oidc.session_key, name, expires)}", max_age=COOKIE_AGE,
+                    path="/admin", httponly=True, samesite="Strict", secure=secure)
 
 
 class SignOuts:
@@ -135,7 +185,7 @@ def _caller(request: web.Request) -> Key | None:
     if KEY in request:  # Authorization: Bearer (api/policy/keys.py found it)
         return request[KEY]
     value = request.cookies.get(COOKIE)
-    return cookie_key(ring, value, time.time(), _sign_outs(request)) if value else None
+    return cookie_key(ring, value, time.time(), _sign_outs(request), request.app.get(OIDC)) if value else None
 
 
 def _sign_outs(request: web.Request) -> SignOuts | None:
@@ -153,14 +203,17 @@ def _refuse_user(key: Key) -> None:
         raise Forbidden(f"key '{key.name}' (role {key.role}) may not open the admin page: that needs an admin key")
 
 
-def _sign_in(error: VllamaError | None = None) -> web.Response:
-    """The sign-in form (no refresh: a half-typed key stays), with ``error``'s message and status when given."""
+def sign_in_form(request: web.Request, error: VllamaError | None = None, status: int | None = None) -> web.Response:
+    """The sign-in form (no refresh: a half-typed key stays), with ``error``'s message and status (or ``status``)
+    when given, and a link to sign in through OpenID Connect where a provider is set (``admin_oidc.py``)."""
     msg = f'<p class="msg" role="alert">{html.escape(error.message)}</p>' if error is not None else ""
+    oidc = ('<p><a href="/admin/oidc/login" id="oidc-sign-in">Sign in with OpenID Connect</a></p>'
+            if request.app.get(OIDC) is not None else "")
     resp = _html("vllama: sign in", f'<h1>vllama admin</h1>{msg}<form method="post" action="/admin/login">'
                  '<label>Admin key <input type="password" name="key" autocomplete="current-password" autofocus></label> '
-                 '<button type="submit">Sign in</button></form>')
+                 f'<button type="submit">Sign in</button></form>{oidc}')
     if error is not None:
-        resp.set_status(error.status)
+        resp.set_status(status or error.status)
         resp.headers.update(error.headers)
     return resp
 
@@ -179,14 +232,14 @@ async def login(request: web.Request) -> web.StreamResponse:
     ring = request.app[KEYS]
     key = ring.find(token.encode("utf-8", "surrogateescape")) if token else None
     if key is None:
-        return _sign_in(Unauthorized("unknown key: sign in with an admin key"))
+        return sign_in_form(request, Unauthorized("unknown key: sign in with an admin key"))
     if not key.admin:
-        return _sign_in(Forbidden(f"key '{key.name}' (role {key.role}) may not open the admin page: that needs an admin key"))
+        return sign_in_form(request, Forbidden(f"key '{key.name}' (role {key.role}) may not open the admin page: that needs an admin key"))
     resp = web.HTTPSeeOther("/admin")
     found = ring.named(key.name)
     if found is not None:
         expires = int(time.time()) + COOKIE_AGE
-        resp.set_cookie(COOKIE, f"{key.name}.{expires}.{_sign(found[0], key.name, expires)}", max_age=COOKIE_AGE,
+        resp.set_cookie(COOKIE, f"{key.name}.{expires}.{_sign(bytes.fromhex(found[0]), key.name, expires)}", max_age=COOKIE_AGE,
                         path="/admin", httponly=True, samesite="Strict", secure=request.secure)
     raise resp
 
@@ -197,7 +250,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
     _same_origin(request)
     await read_body(request)
     value = request.cookies.get(COOKIE)
-    if value and cookie_key(request.app[KEYS], value, time.time()) is not None:
+    if value and cookie_key(request.app[KEYS], value, time.time(), oidc=request.app.get(OIDC)) is not None:
         expires, _, sig = value.partition(".")[2].partition(".")
         sign_outs = _sign_outs(request)
         if sign_outs is not None:
@@ -215,7 +268,7 @@ async def page(request: web.Request) -> web.Response:
     """
     caller = _caller(request)
     if caller is None:
-        return _sign_in()
+        return sign_in_form(request)
     _refuse_user(caller)
     return _html("vllama admin", await _manage(request, caller))
 
@@ -234,8 +287,13 @@ async def live(request: web.Request) -> web.Response:
     return _html("vllama admin: live", await _body(request, caller), live=True)
 
 
-def _html(title: str, body: str, *, live: bool = False) -> web.Response:
-    refresh = '<meta http-equiv="refresh" content="15">' if live else ""
+def html_page(title: str, body: str, *, head: str = "") -> web.Response:
+    """A page of the admin's (its headers: no script, no framing), ``head`` added to its ``<head>``."""
+    return _html(title, body, head=head)
+
+
+def _html(title: str, body: str, *, live: bool = False, head: str = "") -> web.Response:
+    refresh = '<meta http-equiv="refresh" content="15">' if live else head
     text = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'{refresh}<style>{_STYLE}</style></head><body>{body}</body></html>')
     return web.Response(text=text, content_type="text/html", headers=_LIVE_HEADERS if live else _HEADERS)
@@ -315,6 +373,9 @@ def _gpu_memory() -> dict[int, tuple[int, int]] | None:
 
 _LIMITS = (("max_in_flight", "in flight"), ("max_tokens", "max tokens"), ("rpm", "rpm"), ("tpm", "tpm"),
            ("budget_tokens", "budget tokens"), ("priority", "priority"), ("weight", "weight"))
+#: A trusted front's end users' limits (``policy/end_users.py``), shown and set with the box that makes a key one.
+_USER_LIMITS = (("user_max_in_flight", "per user in flight"), ("user_rpm", "per user rpm"), ("user_tpm", "per user tpm"),
+                ("user_budget_tokens", "per user budget"))
 
 
 def _who(request: web.Request, caller: Key) -> str:
@@ -323,7 +384,7 @@ def _who(request: web.Request, caller: Key) -> str:
 
 def _csrf_field(request: web.Request) -> str:
     cookie = request.cookies.get(COOKIE)
-    token = csrf_token(request.app[KEYS], cookie) if cookie and KEY not in request else None
+    token = csrf_token(request.app[KEYS], cookie, request.app.get(OIDC)) if cookie and KEY not in request else None
     return f'<input type="hidden" name="csrf" value="{html.escape(token)}">' if token else ""
 
 
@@ -342,7 +403,8 @@ async def _manage(request: web.Request, caller: Key, message: str = "", secret: 
     and the live data in a frame."""
     app = request.app
     csrf = _csrf_field(request)
-    parts = [f'<h1>vllama admin</h1><p>Signed in as <b>{html.escape(caller.name)}</b> '
+    how = " (OpenID Connect)" if caller.source == "oidc" else ""
+    parts = [f'<h1>vllama admin</h1><p>Signed in as <b>{html.escape(caller.name)}</b>{how} '
              f'<form class="inline" method="post" action="/admin/logout">{csrf}<button>Sign out</button></form></p>']
     if message:
         parts.append(f'<p class="msg" role="alert">{html.escape(message)}</p>')
@@ -356,6 +418,9 @@ async def _manage(request: web.Request, caller: Key, message: str = "", secret: 
         rows = []
         for e in entries:
             limits = ", ".join(f"{label} {e[f]}" for f, label in _LIMITS if e.get(f) not in (None, 0, 1.0) or (f == "priority" and e[f]))
+            if e.get("trusted_front"):
+                limits = ", ".join(x for x in (limits, "trusted front", *(f"{label} {e[f]}" for f, label in _USER_LIMITS
+                                                                          if e.get(f) is not None)) if x)
             if e["read_only"]:
                 actions: Any = "keys file (read-only)"
             elif e["state"] == "revoked":
@@ -379,6 +444,8 @@ async def _manage(request: web.Request, caller: Key, message: str = "", secret: 
                      + '<label>name <input name="name" required pattern="[A-Za-z0-9._@:-]+"></label> ' + _role_select()
                      + _opt("models", "models", cls="m") + _opt("expires_in", "expires in (30d, 12h)", cls="s")
                      + "".join(_opt(f, label) for f, label in _LIMITS[:5]) + _opt("note", "note", cls="m")
+                     + '<label><input type="checkbox" name="trusted_front" value="true"> trusted front (names its end users)</label> '
+                     + "".join(_opt(f, label) for f, label in _USER_LIMITS)
                      + '<button type="submit">Create</button></form>')
         audit = await key_admin.audit_entries(app, 50)
         parts.append("<h2>Audit log</h2>" + _table(
@@ -396,7 +463,8 @@ def _form_fields(form: dict[str, list[str]], update: bool) -> dict[str, Any]:
         BadRequest: a number that is not one.
     """
     out: dict[str, Any] = {}
-    for name in ("name", "role", "note", "expires_in", "expires_at", "models", *(f for f, _ in _LIMITS), "budget_period"):
+    ints = {f for f, _ in _LIMITS + _USER_LIMITS}
+    for name in ("name", "role", "note", "expires_in", "expires_at", "models", *ints, "budget_period", "trusted_front"):
         value = (form.get(name) or [""])[0].strip()
         if name == "models":
             if value or not update:
@@ -411,7 +479,9 @@ def _form_fields(form: dict[str, list[str]], update: bool) -> dict[str, Any]:
                 out[name] = float(value)
             except ValueError:
                 raise BadRequest(f"{name}: '{value}' is not a number") from None
-        elif name in {f for f, _ in _LIMITS}:
+        elif name == "trusted_front":
+            out[name] = value == "true"
+        elif name in ints:
             try:
                 out[name] = int(value)
             except ValueError:
@@ -439,7 +509,7 @@ async def _form_caller(request: web.Request) -> tuple[Key, dict[str, list[str]]]
     if KEY not in request:
         if request.app[KEYS].configured:
             cookie = request.cookies.get(COOKIE, "")
-            want = csrf_token(request.app[KEYS], cookie) if cookie else None
+            want = csrf_token(request.app[KEYS], cookie, request.app.get(OIDC)) if cookie else None
             got = (form.get("csrf") or [""])[0]
             if want is None or not hmac.compare_digest(want, got):
                 raise Forbidden("the form's token is missing or stale: reload the page and try again")

@@ -2,11 +2,11 @@
 ``route_roles.py``); the ``/admin`` page's forms call the same functions (``routes/admin.py``). The routes,
 their bodies and answers, an entry's fields and the errors are in ``docs/api.md`` "Keys".
 
-The keys live hashed in the usage database (``policy/key_store.py``); the keys file's stay as they are and are
-listed read-only (409 on a change). Invariants: a secret is shown once, when it is minted or rotated, and
-never an entry's secret or hash afterwards; a rotated or revoked secret is refused from then on; every change
-is in the audit log with who made it. ``expires_at`` takes RFC 3339 or seconds since the epoch,
-``expires_in`` a duration (``30d``, ``12h``, ``90m``, ``45s``) or seconds.
+A key's settings are the keys file's fields but the secret (``policy/keys.py``'s ``KeySettings``). The keys live
+hashed in the usage database (``policy/key_store.py``); the keys file's stay as they are and are listed read-only
+(409 on a change). Invariants: a secret is shown once, when it is minted or rotated, and never an entry's secret
+or hash afterwards; a rotated or revoked secret is refused from then on; every change is in the audit log with
+who made it. ``expires_at`` takes RFC 3339 or seconds since the epoch, ``expires_in`` a duration or seconds.
 """
 
 from __future__ import annotations
@@ -22,31 +22,30 @@ from aiohttp import web
 from pydantic import ConfigDict, Field, ValidationError
 
 from vllama_proxy.errors import BadRequest, KeyNameTaken, KeyNotFound, NotSupported
-from ..policy.keys import Key, KeyRing, key_of
+from ..policy.keys import NAME_PATTERN, Key, KeyRing, KeySettings, key_of, settings_of_row
 from ..app_state import KEY_STORE, KEYS
-from ..policy.key_store import SPEC_FIELDS, KeyConflict, KeyMissing, KeySpec, KeyStore
+from ..policy.key_store import SPEC_FIELDS, KeyConflict, KeyMissing, KeyStore
 from ..usage.ledger import iso
 from ..ollama.types import json_object, validation_message
 from ..request.body_reader import read_body
 
-_NAME = r"^[A-Za-z0-9._@:-]+$"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-class KeyFields(KeySpec):
-    """A create or change request's body (every field optional in a change)."""
+class KeyFields(KeySettings):
+    """A create or change request's body: :class:`KeySettings` (``name`` left out of a change, every field optional
+    there) and ``expires_in``, a duration instead of ``expires_at``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, min_length=1, max_length=64, pattern=_NAME)
-    expires_at: float | str | None = None
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=NAME_PATTERN)  # type: ignore[assignment]
     expires_in: float | str | None = None
-    note: str = Field("", max_length=500)
 
 
 def parse_expiry(expires_at: Any, expires_in: Any, now: float) -> float | None:
-    """Seconds since the epoch from ``expires_at`` (RFC 3339, or epoch seconds) or ``expires_in`` (``30d``...).
+    """Seconds since the epoch from ``expires_at`` (a datetime, RFC 3339, or epoch seconds) or ``expires_in``
+    (``30d``...).
 
     Raises:
         BadRequest: neither a time nor a duration, both given, or a time in the past.
@@ -60,7 +59,9 @@ def parse_expiry(expires_at: Any, expires_in: Any, now: float) -> float | None:
         return now + float(m[1]) * _UNITS[m[2]]
     if expires_at is None or expires_at == "":
         return None
-    if isinstance(expires_at, (int, float)):
+    if isinstance(expires_at, dt.datetime):
+        t = expires_at.timestamp()
+    elif isinstance(expires_at, (int, float)):
         t = float(expires_at)
     else:
         try:
@@ -86,20 +87,21 @@ def _when(t: float | None) -> str | None:
     return None if t is None else iso(t)
 
 
-def entry_of_file(key: Key) -> dict[str, Any]:
-    """A keys-file key as the list shows it."""
-    return {"name": key.name, "source": "file", "read_only": True, "state": "active", "prefix": None, "role": key.role,
-            "models": list(key.models), "max_in_flight": key.max_in_flight, "max_tokens": key.max_tokens, "priority": key.priority,
-            "weight": key.weight, "rpm": key.rpm, "tpm": key.tpm, "budget_tokens": key.budget_tokens,
-            "budget_period": key.budget_period, "expires_at": None, "note": "", "created_at": None, "created_by": None,
+def entry_of_file(key: Key, now: float) -> dict[str, Any]:
+    """A keys-file key as the list shows it: every :data:`SPEC_FIELDS` as the :class:`Key` has it."""
+    state = "expired" if key.expires_at is not None and key.expires_at <= now else "active"
+    return {"name": key.name, "source": "file", "read_only": True, "state": state, "prefix": None,
+            **{f: list(key.models) if f == "models" else getattr(key, f) for f in SPEC_FIELDS},
+            "expires_at": _when(key.expires_at), "note": key.note, "created_at": None, "created_by": None,
             "updated_at": None, "updated_by": None}
 
 
 def entry_of_row(row: dict[str, Any], now: float) -> dict[str, Any]:
-    """A minted key's row as the list shows it (never its hash)."""
+    """A minted key's row as the list shows it (never its hash); a field the row was stored without shows its default."""
     state = ("revoked" if row["revoked_at"] is not None else
              "expired" if row["expires_at"] is not None and row["expires_at"] <= now else "active")
-    return {"name": row["name"], "source": "api", "read_only": False, "state": state, "prefix": row["prefix"], **row["spec"],
+    spec = settings_of_row(row).model_dump(include=set(SPEC_FIELDS))
+    return {"name": row["name"], "source": "api", "read_only": False, "state": state, "prefix": row["prefix"], **spec,
             "expires_at": _when(row["expires_at"]), "revoked_at": _when(row["revoked_at"]), "note": row["note"],
             "created_at": _when(row["created_at"]), "created_by": row["created_by"],
             "updated_at": _when(row["updated_at"]), "updated_by": row["updated_by"]}
@@ -108,10 +110,10 @@ def entry_of_row(row: dict[str, Any], now: float) -> dict[str, Any]:
 async def list_entries(app: web.Application) -> list[dict[str, Any]]:
     """Every key: the file's (read-only), then the minted ones, each sorted by name."""
     ring: KeyRing = app[KEYS]
-    out = [entry_of_file(k) for k in sorted(ring.keys, key=lambda k: k.name) if k.source == "file"]
+    now = time.time()
+    out = [entry_of_file(k, now) for k in sorted(ring.keys, key=lambda k: k.name) if k.source == "file"]
     store = app.get(KEY_STORE)
     if store is not None:
-        now = time.time()
         out += [entry_of_row(r, now) for r in await asyncio.to_thread(store.rows)]
     return out
 
@@ -149,9 +151,9 @@ async def create_key(app: web.Application, data: dict[str, Any], who: str) -> tu
         raise BadRequest("the server has no key yet (it is open to anyone): its first key must be an admin's, "
                          "or nobody could manage keys once it is made")
     expires = parse_expiry(f.expires_at, f.expires_in, time.time())
-    spec = KeySpec.model_validate(f.model_dump(include=set(SPEC_FIELDS)))
+    settings = KeySettings.model_validate({**f.model_dump(include=set(KeySettings.model_fields)), "expires_at": expires})
     try:
-        secret, row = await asyncio.to_thread(store.create, f.name, spec, expires, f.note, who)
+        secret, row = await asyncio.to_thread(store.create, settings, who)
     except KeyConflict:
         raise KeyNameTaken(f"key '{f.name}' exists already (a revoked key keeps its name)") from None
     await _reload(app, store)
