@@ -129,12 +129,13 @@ def test_capabilities_are_worked_out_once_per_model(monkeypatch, tmp_path):
 
 
 def test_the_created_models_file_is_looked_at_once_per_request(monkeypatch, tmp_path):
-    """lookup_model (resolve, then the key's check) and the route's defaults share one look."""
+    """model_use.choose resolves the model, checks the key and reads the created model in one look."""
     from aiohttp import web
     from aiohttp.test_utils import make_mocked_request
 
     from vllama_proxy.api.app_state import CATALOG
-    from vllama_proxy.api.routes.model_use import created_of, lookup_model
+    from vllama_proxy.api.request.call import Call
+    from vllama_proxy.api.routes.model_use import choose
     from vllama_proxy.models import state_file
     from vllama_proxy.models.vllm_servers import Backend, BackendSpec, ServedModel
     from vllama_proxy.models.catalog import Catalog
@@ -151,8 +152,8 @@ def test_the_created_models_file_is_looked_at_once_per_request(monkeypatch, tmp_
     request = make_mocked_request("POST", "/api/generate", app=app)
 
     async def one():
-        name, found, _ = await lookup_model(request, "m")
-        return found, created_of(request, name)
+        use = await choose(request, Call(), "m", load=False)
+        return use.model, use.made
 
     assert asyncio.run(one()) == (model, None)
     assert looks == [tmp_path / "created.json"]

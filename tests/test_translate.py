@@ -88,3 +88,13 @@ def test_malformed_tool_arguments_are_kept():
     t.feed({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{oops"}}]}, "finish_reason": None}]})
     t.feed({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})
     assert t.final()["message"]["tool_calls"] == [{"id": "c1", "function": {"index": 0, "name": "f", "arguments": {"__raw__": "{oops"}}}]
+
+
+@pytest.mark.parametrize("value,seconds", [("10m", 600), ("0", 0), (-1, -1), ("", None), (None, None), (True, 1)])
+def test_the_typed_request_holds_keep_alive_in_seconds(value, seconds):
+    """keep_alive is parsed once, by the typed request (the gate's parse): the load/unload decision, the hold's
+    expiry and the unload check read its seconds instead of parsing the string again, three times a request."""
+    from vllama_proxy.api.ollama.types import ChatRequest, GenerateRequest
+
+    for cls in (ChatRequest, GenerateRequest):
+        assert cls.model_validate({"keep_alive": value}).keep_alive == seconds

@@ -1,18 +1,12 @@
 """vllama: the Ollama API in front of vLLM's OpenAI-compatible server.
 
-The package root is the one module both sides share: the server (``settings/``,
-``upstream/``) and the client (``client/``, which imports nothing else of the package,
-``tests/test_import_graph.py``). It holds what both read off the wire the same way, and
-imports only the standard library and orjson:
-
-- :func:`ollama_host`: an ``OLLAMA_HOST`` value -> scheme, host, port, path (the server
-  listens there, the client connects there);
-- :func:`error_text` / :func:`error_message`: the message inside an error body, in any of
-  the shapes Ollama, OpenAI, vLLM and FastAPI answer with;
-- :class:`CliParser`: the argparse parser of ``vllama serve`` and of the client commands
-  (one line and a "did you mean" for a mistyped option);
-- :func:`read_modelfile`: Ollama's Modelfile grammar (``/api/create`` reads the legacy
-  ``modelfile`` text with it, ``vllama create`` a Modelfile on disk).
+The package root is the one module both sides share: the server (``settings/``, ``upstream/``) and the
+client (``client/``, which imports nothing else of the package, ``tests/test_import_graph.py``). It holds what
+both read off the wire the same way, and imports only the standard library and orjson: :func:`ollama_host`
+(an ``OLLAMA_HOST`` value: where the server listens and the client connects), :func:`error_text` /
+:func:`error_message` (the message inside an error body of Ollama, OpenAI, vLLM or FastAPI),
+:class:`CliParser` (the commands' argparse parser, with a "did you mean") and :func:`read_modelfile`
+(Ollama's Modelfile grammar).
 """
 
 from __future__ import annotations

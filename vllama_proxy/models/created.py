@@ -72,6 +72,11 @@ class CreatedModel(BaseModel):
                 del dump[k]
         return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()
 
+    def served_as(self, base: str) -> str:
+        """vLLM's ``model`` for a request to this model on ``base`` (its base as served): its LoRA adapter,
+        which vLLM serves under that name (``models/adapters.py``), else ``base``."""
+        return next(iter(self.adapters), base) if self.adapters else base
+
     def layers(self) -> list[tuple[str, str]]:
         """``(media type, sha256 hex)`` of each Modelfile layer, as Ollama names them in create's progress."""
         parts = [("application/vnd.ollama.image.system", self.system), ("application/vnd.ollama.image.params", self.parameters or None),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TypeVar
 
 from vllama_proxy.errors import BadRequest
 
@@ -21,12 +22,14 @@ _DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|ms|s|m|h)")
 #: refuses a longer one.
 MAX_SECONDS = (2**63 - 1) / 1e9
 
+_D = TypeVar("_D", float, None)
 
-def parse_keep_alive(value: str | float | int | None, default: float) -> float:
+
+def parse_keep_alive(value: str | float | int | None, default: _D) -> float | _D:
     """Ollama ``keep_alive`` -> seconds; negative means forever, 0 unload now.
 
     Accepts a number of seconds or a Go duration string (``"10m"``, ``"1h30m"``,
-    ``"-1m"``, ``"0"``), as Ollama's ``api.Duration`` does. ``None`` gives ``default``.
+    ``"-1m"``, ``"0"``), as Ollama's ``api.Duration`` does. ``None`` or a blank string gives ``default``.
 
     Raises:
         BadRequest: not a number or duration, or one no clock holds: ``NaN``, or longer than Go's

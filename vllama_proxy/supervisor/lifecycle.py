@@ -1,20 +1,13 @@
 """The life of one ``vllm serve`` child: start, health, restart, sleep, wake, stop.
 
-One task (:meth:`Supervisor._run`) owns the state (``states.py``) and every transition: it
-dispatches on the state to one step per state, and each step ends in a transition (or leaves the
-state as it was, to be stepped again). Why a step ended travels in typed values (``states.py``:
-``Crashed``, ``Misconfigured``, ``Idle``, ...), never in strings to parse. Room on
-the GPUs is the pool's to give (``pool.py``, answering with a ``room.py`` verdict); what the
-supervisor does with the answer, and its status, are written here alone. What is wanted of it
-(a request waiting, a neighbour needing its room, its on-demand slot claimed, stop) arrives as
-messages on its one inbox (``inbox.py``), which each step waits on: nothing polls a flag. Callers,
-in any process, wait on the status board (``StatusBoard.wait_ready``). What needs no I/O is decided
-by pure deciders beside it: whether a stall is a hang (``hang.py``), when a new adapter needs a
-restart (``lora_restart.py``), an on-demand slot's new model (``respec.py``), the wait after a failure
-(``restarts.py``), whether an idle model sleeps or stops and a sleeping one is stopped for real
-(``warm.py``). Patterns from Ollama's ``llm/server.go`` ``WaitUntilRunning`` (startup deadline
-pushed back while loading progresses; the child's last output shown on failure) and llama-swap's
-process owner loop (``internal/process/process.go``: one state enum, one loop that alone changes it).
+Invariant: one task (:meth:`Supervisor._run`) owns the state (``states.py``) and every transition, one step
+per state, each ending in a transition; why a step ended travels in typed values (``states.py``), never in
+strings to parse. What is wanted of it (a request waiting, a neighbour needing room, its on-demand slot
+claimed, stop) arrives on its one inbox (``inbox.py``), which each step waits on: nothing polls a flag.
+Callers, in any process, wait on the status board (``StatusBoard.wait_ready``). Room on the GPUs is the
+pool's to give (``pool.py``); what needs no I/O is decided by pure deciders beside it (``hang.py``,
+``lora_restart.py``, ``respec.py``, ``restarts.py``, ``warm.py``). Patterns: Ollama's ``llm/server.go``
+``WaitUntilRunning`` and llama-swap's process owner loop (``internal/process/process.go``).
 """
 
 from __future__ import annotations

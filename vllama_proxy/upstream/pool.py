@@ -1,16 +1,14 @@
 """The shared pool of connections to vLLM (and a router): sessions, connector, limits, the bounded connects.
 
-One ``aiohttp.ClientSession`` per app, with an unlimited pool and no total timeout (vLLM batches
-continuously, so a request may queue for minutes: ``docs/wire.md`` "The upstream"); a connect timeout
-and an idle-read timeout apply instead. Idle connections retire after :func:`idle_lifetime`, before
-vLLM's uvicorn closes them (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``), and a request that fails on a reused
-connection before any byte of the answer is sent once more on a fresh one (RFC 9112 section 9.3.1).
-A router's control calls (:meth:`Upstream.answer`) use :data:`CONTROL_CONNECTIONS` kept-alive
-connections of their own. Invariants: new connections open ``connect_concurrency`` at a time
-(``supervisor/sizing.py``), the rest waiting here, not as SYNs in the kernel's queue; a connect not
-answered within :data:`CONNECT_TRY_S` is retried on a new socket with doubling time; and a connect
-fails only when ``connect_timeout`` passed both since it began and since this process last connected
-to that server (then one try each until one succeeds). Why, with numbers: ``docs/decisions.md``.
+One ``aiohttp.ClientSession`` per app, with an unlimited pool and no total timeout (a request may queue in
+vLLM for minutes: ``docs/wire.md`` "The upstream"), a connect timeout and an idle-read timeout instead. Idle
+connections retire after :func:`idle_lifetime`, before vLLM's uvicorn closes them, and a request that fails
+on a reused connection before any byte of the answer is sent once more on a fresh one (RFC 9112 9.3.1); a
+router's control calls (:meth:`Upstream.answer`) have :data:`CONTROL_CONNECTIONS` of their own. Invariants:
+new connections open ``connect_concurrency`` at a time (``supervisor/sizing.py``), the rest waiting here,
+not as SYNs in the kernel's queue; a connect not answered within :data:`CONNECT_TRY_S` is retried on a new
+socket with doubling time, and fails only when ``connect_timeout`` passed both since it began and since
+this process last connected to that server. Why, with numbers: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

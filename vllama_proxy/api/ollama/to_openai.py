@@ -242,9 +242,13 @@ def check_capabilities(model: str, caps: list[str], *, tools: bool = False, thin
         raise UnsupportedCapability(model, "vision")
 
 
-def _common(served: str, options: Options | None, fmt: Any, logprobs: bool | None, top_logprobs: int | None, chat: bool) -> tuple[dict[str, Any], list[str]]:
+def _common(served: str, options: Options | None, fmt: Any, logprobs: bool | None, top_logprobs: int | None, chat: bool,
+            whole: bool) -> tuple[dict[str, Any], list[str]]:
+    """What every body shares: streamed upstream with its usage (``whole``: one unstreamed answer, :func:`final_only`),
+    the sampling options, the format, the logprobs asked."""
     params, ignored = sampling_params(options)
-    body: dict[str, Any] = {"model": served, "stream": True, "stream_options": _STREAM_OPTIONS, **params}
+    stream: dict[str, Any] = {"stream": False} if whole else {"stream": True, "stream_options": _STREAM_OPTIONS}
+    body: dict[str, Any] = {"model": served, **stream, **params}
     rf = response_format(fmt)
     if rf is not None:
         body["response_format"] = rf
@@ -258,9 +262,10 @@ def _common(served: str, options: Options | None, fmt: Any, logprobs: bool | Non
     return body, ignored
 
 
-def chat_body(req: ChatRequest, served: str) -> tuple[dict[str, Any], list[str]]:
-    """``/api/chat`` -> ``/v1/chat/completions`` body (always streamed upstream) and ignored options."""
-    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True)
+def chat_body(req: ChatRequest, served: str, *, whole: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """``/api/chat`` -> ``/v1/chat/completions`` body (streamed upstream, but ``whole``: asked for one answer,
+    :func:`final_only`) and ignored options."""
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True, whole=whole)
     body["messages"] = messages_to_openai(req.messages or [])
     if req.tools:
         body["tools"] = req.tools
@@ -296,19 +301,15 @@ def with_model_defaults(req: ChatRequest | GenerateRequest, made: CreatedModel |
     return req.model_copy(update=update), before
 
 
-def upstream_model(made: CreatedModel | None, served: str) -> str:
-    """vLLM's ``model`` for a request: a created model's LoRA adapter (vLLM serves it under that
-    name, ``models/adapters.py``), else the served model."""
-    return next(iter(made.adapters), served) if made is not None and made.adapters else served
-
-
-def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, Any], list[str]]:
+def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]] | None = None, *,
+                  whole: bool = False) -> tuple[str, dict[str, Any], list[str]]:
     """``/api/generate`` -> ``(upstream path, body, ignored options)``.
 
     ``raw: true`` sends the prompt untouched to ``/v1/completions``. Otherwise the
     model's own chat template is applied by vLLM: ``system`` + ``prompt`` (+ ``images``)
     go to ``/v1/chat/completions`` as a system and a user message (Ollama applies its
     Modelfile TEMPLATE the same way); ``before`` (a created model's ``MESSAGE``s) between them.
+    Streamed upstream, but ``whole``: asked for one answer (:func:`final_only`).
 
     Raises:
         BadRequest: ``raw`` combined with ``template``/``system``/``context`` (as Ollama),
@@ -324,7 +325,7 @@ def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]
             raise BadRequest("raw mode does not support template, system, or context")
         if req.images:
             raise BadRequest("raw mode does not support images: send them without raw to apply the model's template")
-        body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False)
+        body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False, whole=whole)
         body["prompt"] = req.prompt or ""
         return "/v1/completions", body, ignored
     if req.template:
@@ -332,7 +333,7 @@ def generate_body(req: GenerateRequest, served: str, before: list[dict[str, Any]
             "custom templates are not supported: vllama applies the model's own chat template; "
             "render the prompt yourself and send it with raw: true"
         )
-    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True)
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=True, whole=whole)
     messages: list[dict[str, Any]] = []
     if req.system:
         messages.append({"role": "system", "content": req.system})
@@ -357,21 +358,14 @@ def final_only(vllm_args: tuple[str, ...] | list[str]) -> bool:
     return PER_REQUEST_METRICS in vllm_args and "--disable-log-stats" not in vllm_args
 
 
-def unstreamed(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` (from :func:`generate_body`, :func:`chat_body`, :func:`fim_body`) asking vLLM for
-    one answer instead of a stream: ``stream`` false, no ``stream_options``. Returns ``body``."""
-    body["stream"] = False
-    body.pop("stream_options", None)
-    return body
-
-
-def fim_body(req: GenerateRequest, served: str, fmt: FimFormat) -> tuple[dict[str, Any], list[str]]:
+def fim_body(req: GenerateRequest, served: str, fmt: FimFormat, *, whole: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``/api/generate`` with ``suffix`` -> a ``/v1/completions`` body holding the model's FIM prompt.
 
     As Ollama's templates render ``.Suffix``: ``prompt`` is what precedes the cursor, ``suffix``
     what follows; ``system`` is not part of a FIM prompt (Ollama's code templates leave it out).
     The format's stop tokens go as ``stop_token_ids`` (a special token never appears in the text
-    vLLM matches ``stop`` strings against), the rest as ``stop`` beside the client's own.
+    vLLM matches ``stop`` strings against), the rest as ``stop`` beside the client's own. Streamed upstream,
+    but ``whole``: asked for one answer (:func:`final_only`).
 
     Raises:
         BadRequest: ``suffix`` with ``raw`` (a raw prompt is never templated), ``images``, or ``template``.
@@ -384,7 +378,7 @@ def fim_body(req: GenerateRequest, served: str, fmt: FimFormat) -> tuple[dict[st
         raise BadRequest("suffix (fill-in-the-middle) does not take images")
     if req.template:
         raise BadRequest("custom templates are not supported: vllama builds the model's own fill-in-the-middle prompt from suffix")
-    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False)
+    body, ignored = _common(served, req.options, req.format, req.logprobs, req.top_logprobs, chat=False, whole=whole)
     body["prompt"] = fmt.prompt(req.prompt or "", req.suffix or "")
     stop = [*body.get("stop", []), *(s for s in fmt.stop if s not in body.get("stop", []))]
     if stop:
@@ -392,46 +386,3 @@ def fim_body(req: GenerateRequest, served: str, fmt: FimFormat) -> tuple[dict[st
     if fmt.stop_token_ids:
         body["stop_token_ids"] = list(fmt.stop_token_ids)
     return body, ignored
-
-
-#: The fields of each generating route that bound the answer's length, in tokens; the first is set
-#: when a key's cap applies and the request gives none (vLLM's ``protocol.py`` of each route).
-OUTPUT_TOKEN_FIELDS: dict[str, tuple[str, ...]] = {
-    "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
-    "/v1/completions": ("max_tokens",),
-    "/v1/messages": ("max_tokens",),
-    "/v1/responses": ("max_output_tokens",),
-}
-
-
-def cap_output_tokens(body: dict[str, Any], fields: tuple[str, ...], room: int | None, key_cap: int | None) -> dict[str, Any]:
-    """Clamp ``body``'s output-token ``fields`` to what the model can hold and the key may take.
-
-    Each integer field above ``room`` (tokens the context holds after the prompt: the model's
-    ``max_model_len`` less the prompt's tokens when counted, else ``max_model_len``; vLLM answers
-    400 for more, Ollama clamps ``num_predict``) or ``key_cap`` (the key's ``max_tokens``) is
-    lowered to the smaller; with ``key_cap`` and none of ``fields`` given, the first is set to it
-    (an answer without a bound runs until the context is full). ``None``: no such limit. A field
-    that is not an integer is left for vLLM to refuse in its own words. Returns ``body``.
-    """
-    limit = min((x for x in (room, key_cap) if x is not None), default=None)
-    if limit is None:
-        return body
-    limit = max(limit, 1)
-    given = False
-    for field in fields:
-        value = body.get(field)
-        if isinstance(value, int) and not isinstance(value, bool):
-            given = True
-            if value > limit:
-                body[field] = limit
-        elif value is not None:
-            given = True
-    if key_cap is not None and not given:
-        body[fields[0]] = limit
-    return body
-
-
-def output_tokens_asked(body: dict[str, Any], fields: tuple[str, ...]) -> int:
-    """The largest integer of ``body``'s output-token ``fields`` (0: none given)."""
-    return max((v for f in fields if isinstance(v := body.get(f), int) and not isinstance(v, bool)), default=0)

@@ -11,7 +11,7 @@ serialises them with orjson (see ``ollama/to_ollama.py`` and ``relay.py``).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError, field_validator
@@ -110,15 +110,19 @@ Format = Union[Literal["", "json"], dict[str, Any]]
 Think = Union[StrictBool, Literal["low", "medium", "high", "max"]]
 
 
-def _valid_keep_alive(v: Any) -> Any:
+def _keep_alive_seconds(v: Any) -> float | None:
+    """A request's ``keep_alive``, parsed once here (``models/keep_alive.py``), in seconds; ``None``: not given (or
+    blank), the model's own applies. Negative: forever; 0: unload now."""
     try:
-        parse_keep_alive(v, default=0.0)
+        return parse_keep_alive(v, default=None)
     except BadRequest as e:
         raise ValueError(e.message) from None
-    return v
 
 
-KeepAlive = Annotated[Union[str, float, int], AfterValidator(_valid_keep_alive)]
+if TYPE_CHECKING:
+    KeepAlive = float
+else:  # accepted as Ollama's ``api.Duration`` is (seconds or a Go duration), held as seconds
+    KeepAlive = Annotated[Union[str, float, int], AfterValidator(_keep_alive_seconds)]
 
 
 class GenerateRequest(_Loose):
@@ -395,10 +399,3 @@ def validation_message(e: ValidationError) -> str:
     if allowed is None:
         allowed = "a valid value"
     return f"invalid {path}: must be {allowed}, not {_shown(err.get('input'))}"
-
-
-def require_model(name: str | None) -> str:
-    """Ollama's check: a missing or empty ``model`` is a 400 ``model is required``."""
-    if not name:
-        raise BadRequest("model is required")
-    return name

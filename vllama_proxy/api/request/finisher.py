@@ -1,23 +1,20 @@
 """The finisher: the one place that completes every body vLLM receives, for every route.
 
 A route builds what vLLM is asked (translated, ``ollama/to_openai.py``, or the gate's checked fields);
-:func:`finish` then adds what every body owes the other tenants and the operator, in one order, so
-that no route can forget one: (1) the model as vLLM serves it (a created model's adapter) and, when
-relayed, a created model's ``SYSTEM`` and ``PARAMETER`` defaults under the client's; (2) the vLLM
-``priority`` (a user key never goes before others); (3) the key's prefix- and media-cache share
-(``cache_salt.py``); (4) output tokens capped by the key's ``max_tokens`` and the context
-(``routes/output_tokens.py``); (5) a stream's usage asked of vLLM for the settler (dropped for a
-client that did not ask); (6) a user key's Responses request stateless, Anthropic's thinking budget
-below ``max_tokens``; (7) with ``--resume``, the token ids of an Ollama route's answer or of a ``/v1`` completions
-or chat stream asked of vLLM (``return_token_ids``), so a stream vLLM breaks can be asked again (``resume.py``). Runs with the model
-held, once per request, never per token.
+:func:`finish` then adds what every body owes the other tenants and the operator, in one pass, so that no
+route can forget one: the model as vLLM serves it (a created model's adapter); the stamps of its own (the
+vLLM ``priority``: a user key never goes before others; a stream's usage asked of vLLM for the settler,
+dropped for a client that did not ask; a user key's Responses request stateless; with ``--resume``, the
+token ids of an Ollama route's answer or of a ``/v1`` completions or chat stream, ``return_token_ids``, so a
+stream vLLM breaks can be asked again, ``resume.py``); when relayed, a created model's ``SYSTEM`` and ``PARAMETER`` defaults under the client's;
+the key's prefix- and media-cache share (``cache_salt.py``); and last the answer's length
+(``output_tokens.py``: capped by the key's ``max_tokens`` and the context). Runs with the model held, once
+per request, never per token.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from aiohttp import web
 
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.vllm_servers import ServedModel
@@ -25,7 +22,7 @@ from vllama_proxy.upstream import Upstream
 
 from ..policy.cache_salt import own_media, salted
 from .call import Call
-from ..ollama.to_openai import OUTPUT_TOKEN_FIELDS, sampling_params, upstream_model
+from ..ollama.to_openai import sampling_params
 from .output_tokens import cap_output
 
 #: The upstream routes whose vLLM request model takes ``priority`` (Anthropic's has none: it would be dropped).
@@ -40,7 +37,7 @@ _DEFAULTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages
 _STREAMED_USAGE = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
-async def finish(request: web.Request, call: Call, body: dict[str, Any], path: str, *, served: str,
+async def finish(call: Call, body: dict[str, Any], path: str, *, served: str,
                  model: ServedModel | None, upstream: Upstream, made: CreatedModel | None = None,
                  relayed: bool = False, token_ids: bool = False) -> dict[str, Any]:
     """``body`` (what vLLM at ``path`` is asked) completed for ``call``, in place; returns it.
@@ -57,27 +54,22 @@ async def finish(request: web.Request, call: Call, body: dict[str, Any], path: s
         BadRequest: a client's ``cache_salt`` vLLM would refuse (``cache_salt.salted``).
     """
     key = call.key
-    body["model"] = upstream_model(made, served)
-    if relayed and made is not None and path in _DEFAULTED:
-        _defaults(body, path, made)
+    body["model"] = made.served_as(served) if made is not None else served
     if path in _PRIORITY:
         _priority(body, call.priority, key.admin)
-    if path in _SALTED or not relayed:
-        salted(body, key.cache_salt)
-        if relayed:
-            own_media(body, key.cache_salt)
-    fields = OUTPUT_TOKEN_FIELDS.get(path)
-    if fields is not None:
-        await cap_output(request, upstream, model, body, fields)
     if relayed and path in _STREAMED_USAGE:
         call.drop_usage = _ask_usage(body)
     if path == "/v1/responses" and not key.admin:
         body["store"] = False  # stateless, as Ollama serves it: vLLM would keep every response in memory
-    elif path == "/v1/messages":
-        _budget_below(body)
     if token_ids and path in ("/v1/chat/completions", "/v1/completions"):
         body["return_token_ids"] = True
-    return body
+    if relayed and made is not None and path in _DEFAULTED:
+        _defaults(body, path, made)  # before the cap: a PARAMETER num_predict is capped as the client's own
+    if path in _SALTED or not relayed:
+        salted(body, key.cache_salt)
+        if relayed:
+            own_media(body, key.cache_salt)
+    return await cap_output(upstream, model, body, path, key.max_tokens, relayed=relayed)
 
 
 def _priority(body: dict[str, Any], priority: int | None, admin: bool) -> None:
@@ -105,14 +97,6 @@ def _ask_usage(body: dict[str, Any]) -> bool:
     body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True,
                               "continuous_usage_stats": False}
     return True
-
-
-def _budget_below(body: dict[str, Any]) -> None:
-    """Anthropic's rule (and vLLM's check): ``thinking.budget_tokens`` stays below ``max_tokens``."""
-    thinking, most = body.get("thinking"), body.get("max_tokens")
-    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and isinstance(most, int) \
-            and thinking["budget_tokens"] >= most:
-        body["thinking"] = {**thinking, "budget_tokens": max(most - 1, 1)}
 
 
 #: A created model's ``PARAMETER`` s as each relayed route names them (Ollama's options -> vLLM's fields,

@@ -23,7 +23,7 @@ from aiohttp import web
 from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_json, read_some
 from ..app_state import ACCEPTED
-from .call import call_of
+from .call import Call
 from ..policy.fair_queue import prompt_tokens_guess
 from ..metrics import TTFT, observe_stages, observe_tpot
 from ..ollama.ndjson import begin
@@ -49,7 +49,7 @@ async def in_own_task(loop: Coroutine[Any, Any, _T]) -> _T:
     return await asyncio.get_running_loop().create_task(loop)
 
 
-async def _unstreamed(request: web.Request, resp: Any, translator: Translator) -> web.Response:
+async def _unstreamed(request: web.Request, call: Call, resp: Any, translator: Translator) -> web.Response:
     """The aggregated Ollama answer from vLLM's non-streamed one (``relay(final_only=True)``)."""
     t = translator.t
     data = await read_json(resp)
@@ -62,18 +62,19 @@ async def _unstreamed(request: web.Request, resp: Any, translator: Translator) -
     unstreamed_timings(t, data, end)
     observe_stages(request.get(ACCEPTED) or t.received, t, 0)
     final = translator.final()
-    _charged(request, t, translator)
+    _charged(request, call, t, translator)
     return web.Response(body=orjson.dumps(final), content_type="application/json")
 
 
-def _charged(request: web.Request, t: Any, translator: Translator) -> None:
+def _charged(request: web.Request, call: Call, t: Any, translator: Translator) -> None:
     """A finished answer's TPOT observed and its ``(prompt, output)`` tokens left for the settler."""
-    call_of(request).usage = (translator.prompt_eval_count, translator.output_tokens)
+    call.usage = (translator.prompt_eval_count, translator.output_tokens)
     observe_tpot(request.path, t, translator.output_tokens)
 
 
 async def relay(
     request: web.Request,
+    call: Call,
     upstream: Upstream,
     path: str,
     body: dict[str, Any],
@@ -84,7 +85,8 @@ async def relay(
     final_only: bool = False,
     resume: Resume | None = None,
 ) -> web.StreamResponse:
-    """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format.
+    """Send ``body`` to vLLM at ``path`` and answer the client in Ollama's format; ``call`` (the request's record)
+    gets the usage vLLM reported, or what was relayed before vLLM failed, and a stream's error, for the settler.
 
     Errors before the first byte to the client (vLLM's 4xx, unreachable upstream, and an
     error event vLLM streams before any token, such as a bad JSON schema) propagate as
@@ -98,7 +100,7 @@ async def relay(
     task of its own (:func:`in_own_task`), as does the loop gathering a non-streamed answer.
     ``headers`` replace the JSON content type sent upstream (``api/fleet/affinity.py`` adds the
     conversation's key for a router). ``final_only`` (with ``stream`` false): ``body`` asks
-    vLLM for one unstreamed answer (``to_openai.unstreamed``) and the durations come from its
+    vLLM for one unstreamed answer (``to_openai``'s ``whole``) and the durations come from its
     ``metrics`` (``to_ollama.unstreamed_timings``). ``resume``: a stream (or a non-streamed answer read as
     one) that vLLM breaks is asked again and continued (``resume.py``).
     """
@@ -109,22 +111,22 @@ async def relay(
             async with upstream.request("POST", path, body=encode_json(body), headers=headers) as resp:
                 t.headers = time.perf_counter_ns()
                 if final_only and not stream:
-                    return await _unstreamed(request, resp, translator)  # one read: no loop to run in a task of its own
+                    return await _unstreamed(request, call, resp, translator)  # one read: no loop to run in a task of its own
                 # vLLM streams either way: an event per token, read in a task of the loop's own
-                return await in_own_task((_streamed if stream else _aggregated)(request, upstream, resp, translator, resume))
+                return await in_own_task((_streamed if stream else _aggregated)(request, call, upstream, resp, translator, resume))
         except VllamaError as e:
             # vLLM failed before its answer began (its engine dead: a 500, or the connection refused): asked again
             if t.headers or resume is None or not resume.can(e, before_answer=True):
                 raise
             resp = await resume.reopen(e)
             t.headers = time.perf_counter_ns()
-            return await in_own_task((_streamed if stream else _aggregated)(request, upstream, resp, translator, resume))
+            return await in_own_task((_streamed if stream else _aggregated)(request, call, upstream, resp, translator, resume))
     finally:
         if resume is not None and resume.times:
             await resume.close()
 
 
-async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, translator: Translator,
+async def _aggregated(request: web.Request, call: Call, upstream: Upstream, resp: Any, translator: Translator,
                       resume: Resume | None = None) -> web.Response:
     """The aggregated Ollama answer from vLLM's stream (:func:`relay` without ``stream``)."""
     t = translator.t
@@ -152,11 +154,11 @@ async def _aggregated(request: web.Request, upstream: Upstream, resp: Any, trans
     final = translator.final()
     if t.first:
         TTFT.labels(request.path).observe((t.first - t.received) / 1e9)
-    _charged(request, t, translator)
+    _charged(request, call, t, translator)
     return web.Response(body=orjson.dumps(final), content_type="application/json")
 
 
-async def _streamed(request: web.Request, upstream: Upstream, resp: Any, translator: Translator,
+async def _streamed(request: web.Request, call: Call, upstream: Upstream, resp: Any, translator: Translator,
                     resume: Resume | None = None) -> web.StreamResponse:
     """The streamed answer's loop (:func:`relay` with ``stream``): one pass per upstream read; with ``resume``, a
     break of vLLM's stream pauses the client's while the stream is asked again (``resume.py``)."""
@@ -205,11 +207,10 @@ async def _streamed(request: web.Request, upstream: Upstream, resp: Any, transla
         if not translator.finished:
             raise _unfinished()
         last = dumps(translator.final()) + b"\n"
-        _charged(request, t, translator)
+        _charged(request, call, t, translator)
     except VllamaError as e:
         if out is None:
             raise  # nothing sent yet: the client gets the status and the error
-        call = call_of(request)
         call.stream_error = e
         if translator.output_tokens:  # what was relayed before vLLM failed was made, and read
             call.usage = (translator.prompt_eval_count or int(prompt_tokens_guess(call.body)), translator.output_tokens)

@@ -1,5 +1,16 @@
 """``/admin``: the operator's page, server-rendered HTML with no script and no build step.
 
+<<<<<<< HEAD
+It shows the models, GPU memory, requests in flight, each key's tokens against its budget, today's requests
+and the last failed ones (the usage ledger), mints and changes keys through ``routes/keys.py``'s functions,
+and frames the live data (``GET /admin/live``, refreshed every 15 s); ``docs/operations.md`` "The admin
+page". A browser posts an admin key once (``POST /admin/login``) and gets a cookie ``vllama_admin`` holding
+the key's name, an expiry and their HMAC-SHA-256 keyed by the key's digest: valid on any worker, void once
+the key is rotated, revoked, expired or gone, ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`).
+Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin`` and carry
+:func:`csrf_token`; rotating and revoking need the ``confirm`` box; no framing, no scripts (CSP), every value
+HTML-escaped.
+=======
 It shows each model and its state, GPU memory, requests in flight per key, each key's tokens this day
 and month against its budget, today's requests by key and model, and the last failed requests (the
 usage ledger). Only an admin key opens it (anyone on an open server). A browser posts the key once
@@ -17,6 +28,7 @@ form's ``confirm`` box. The cookie is void too once its key is rotated, revoked 
 With ``--admin-oidc-issuer`` a person may sign in through an OpenID Connect provider instead (``admin_oidc.py``):
 the same cookie, named ``~`` + their name (base64url; no key's name starts with ``~``) and signed with a key derived
 from the client secret, so the CSRF token, sign-out and audit log (their name is "who") work as for a key.
+>>>>>>> main
 """
 
 from __future__ import annotations

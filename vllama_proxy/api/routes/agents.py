@@ -25,8 +25,8 @@ from ..request.finisher import finish
 from ..request.gate import upstream_fields
 from ..ollama.types import json_object
 from ..app_state import CATALOG, CLIENT_AFFINITY, SETTINGS
-from ..ollama.to_openai import check_capabilities, upstream_model
-from .model_use import created_of, resolve_model
+from ..ollama.to_openai import check_capabilities
+from .model_use import choose
 from .openai import _rename, forward
 
 
@@ -61,12 +61,13 @@ async def _forward(request: web.Request, path: str, *, generates: bool = True) -
     if not isinstance(data, dict):  # not through the gate (admission runs it for every POST under /v1/)
         data = json_object(call.body or b"")
         call.asked = data.get("model") if isinstance(data.get("model"), str) else None
-    name, model, backend = await resolve_model(request, call.asked)
+    use = await choose(request, call, call.asked)
+    name, model, backend, made = use.name, use.model, use.backend, use.made
+    assert backend is not None
     catalog = request.app[CATALOG]
-    made = created_of(request, name)
     if generates and _function_tools(data.get("tools")):
         check_capabilities(name, await catalog.capabilities(model), tools=True)
-    data["model"] = upstream_model(made, model.name)
+    data["model"] = use.served
     settings = request.app[SETTINGS]  # the conversation's key, so that a router keeps it on one engine
     clients = request.app[CLIENT_AFFINITY]
 
@@ -74,7 +75,7 @@ async def _forward(request: web.Request, path: str, *, generates: bool = True) -
         """The body as sent, built once the model is held: its context is known then (a model that was
         not running has no ``max_model_len`` before), and vLLM can count the prompt."""
         held = model if model.max_model_len else await catalog.resolve(name, made=made)
-        await finish(request, call, data, path, served=held.name, model=held, upstream=backend.upstream, made=made, relayed=True)
+        await finish(call, data, path, served=held.name, model=held, upstream=backend.upstream, made=made, relayed=True)
         return encode_json(data)
 
     with clients.hold_request(request) as own:  # the client's own key, scoped, counted until the end

@@ -9,10 +9,11 @@ from ..ollama.types import ChatRequest
 from ..app_state import CATALOG, SETTINGS
 from ..ollama.timestamps import Timings, now_ns
 from ..ollama.to_ollama import ChatTranslator
-from ..ollama.to_openai import chat_body, check_capabilities, upstream_model, with_model_defaults
+from ..ollama.to_openai import chat_body, check_capabilities, final_only, with_model_defaults
+from ..request.call import call_of
 from .answer import answer
-from .body import log_ignored, read_request
-from .model_use import created_of, load_reply, resolve_model
+from .body import log_ignored
+from .model_use import choose, load_reply
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -21,20 +22,20 @@ async def chat(request: web.Request) -> web.StreamResponse:
     No messages only (pre)loads the model (``done_reason: load``/``unload``).
     """
     timings = Timings(now_ns())
-    req = await read_request(request, ChatRequest)
+    call = call_of(request)
+    req: ChatRequest = call.typed  # the gate's parse (request/gate.py)
+    use = await choose(request, call, req.model, load=bool(req.messages) or req.keep_alive != 0)  # an unload loads nothing
     if not req.messages:
-        return await load_reply(request, req.model, req.keep_alive, chat=True)
-    name, model, backend = await resolve_model(request, req.model)
-    made = created_of(request, name)
-    req, _ = with_model_defaults(req, made)
+        return await load_reply(request, call, use, req.keep_alive, chat=True)
+    model = use.model
     caps = await request.app[CATALOG].capabilities(model)
-    images = any(m.images for m in req.messages)
-    check_capabilities(name, caps, tools=bool(req.tools), think=req.think, images=images)
-    served = upstream_model(made, model.name)  # the base's name, or its LoRA adapter's
-    body, ignored = chat_body(req, served)
+    req, _ = with_model_defaults(req, use.made)
+    check_capabilities(use.name, caps, tools=bool(req.tools), think=req.think, images=any(m.images for m in req.messages))
+    whole = req.stream is False and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
+    body, ignored = chat_body(req, use.served, whole=whole)  # to the base's name, or its LoRA adapter's
     log_ignored(ignored)
     settings = request.app[SETTINGS]
-    key = affinity.chat_key(served, req.messages, settings.session_key, per_request=settings.request_sessions == "on")
-    return await answer(request, name, model, backend, "/v1/chat/completions", body, ChatTranslator, timings,
-                        stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made,
+    key = affinity.chat_key(use.served, req.messages, settings.session_key, per_request=settings.request_sessions == "on")
+    return await answer(request, call, use, "/v1/chat/completions", body, ChatTranslator, timings,
+                        stream=req.stream is not False, whole=whole, keep_alive=req.keep_alive, session_key=key,
                         truncate=req.truncate is not False, shift=req.shift is not False)

@@ -16,10 +16,9 @@ from aiohttp import web
 from vllama_proxy.errors import UnsupportedCapability, UpstreamRejected
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from .body import read_request
-from ..policy.keys import key_of
-from ..request.call import call_of
+from ..request.call import Call, call_of
 from ..request.finisher import finish
-from .model_use import lookup_model, model_in_use, resolve_model
+from .model_use import choose, model_in_use
 from ..app_state import SETTINGS
 from ..ollama.timestamps import now_ns
 from ..ollama.types import EmbedRequest, EmbeddingsRequest
@@ -31,7 +30,7 @@ def l2_normalize(vec: list[float]) -> list[float]:
     return [x / norm for x in vec] if norm else vec
 
 
-async def _embeddings(request: web.Request, backend: Backend, name: str, model: ServedModel, inputs: list[str],
+async def _embeddings(call: Call, backend: Backend, name: str, model: ServedModel, inputs: list[str],
                       truncate: bool) -> tuple[list[list[float]], int]:
     """``(vectors, prompt tokens)`` of ``inputs`` from vLLM's ``/v1/embeddings``, the body finished as every
     route's is (``finisher.py``: the request's vLLM ``priority``, its key's ``cache_salt``).
@@ -40,7 +39,7 @@ async def _embeddings(request: web.Request, backend: Backend, name: str, model: 
         UnsupportedCapability: a generation model (vLLM serves no ``/v1/embeddings`` for it: 404).
         UpstreamError: vLLM's other failures."""
     body: dict[str, Any] = {"input": inputs, "encoding_format": "float"}
-    await finish(request, call_of(request), body, "/v1/embeddings", served=model.name, model=model, upstream=backend.upstream)
+    await finish(call, body, "/v1/embeddings", served=model.name, model=model, upstream=backend.upstream)
     if truncate:
         body["truncate_prompt_tokens"] = -1  # vLLM: -1 truncates to the model's max length
     try:
@@ -66,9 +65,11 @@ async def embed(request: web.Request) -> web.Response:
     """
     t0 = now_ns()
     req = await read_request(request, EmbedRequest)
+    call = call_of(request)
     inputs = [req.input] if isinstance(req.input, str) else list(req.input or [])
     inputs = [i for i in inputs if i]
-    name, model, backend = await (resolve_model if inputs else lookup_model)(request, req.model)
+    use = await choose(request, call, req.model, load=bool(inputs))
+    name, model, backend = use.name, use.model, use.backend
     t_sent = now_ns()
     vectors: list[list[float]] = []
     count = 0
@@ -76,14 +77,14 @@ async def embed(request: web.Request) -> web.Response:
         assert backend is not None
         # a user key's long list goes in parts of --max-inputs, one after another: Ollama takes any number, and vLLM
         # never holds more of this request's inputs at once than the bound lets one request send (api/request/gate.py)
-        most = len(inputs) if key_of(request).admin else request.app[SETTINGS].max_inputs
+        most = len(inputs) if call.key.admin else request.app[SETTINGS].max_inputs
         async with model_in_use(request, backend, req.keep_alive):
             for start in range(0, len(inputs), most):
-                part, tokens = await _embeddings(request, backend, name, model, inputs[start:start + most],
+                part, tokens = await _embeddings(call, backend, name, model, inputs[start:start + most],
                                                  req.truncate is not False)
                 vectors += part
                 count += tokens
-        call_of(request).usage = (count, 0)  # charged by the settler
+        call.usage = (count, 0)  # charged by the settler
         if req.dimensions:
             vectors = [v[: req.dimensions] for v in vectors]
         vectors = [l2_normalize(v) for v in vectors]
@@ -101,12 +102,14 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     """Legacy embeddings: ``{model, prompt}`` -> ``{"embedding": [float]}`` (not normalised, as Ollama)."""
     req = await read_request(request, EmbeddingsRequest)
-    name, model, backend = await (resolve_model if req.prompt else lookup_model)(request, req.model)
+    call = call_of(request)
+    use = await choose(request, call, req.model, load=bool(req.prompt))
+    name, model, backend = use.name, use.model, use.backend
     vec: list[float] = []
     if req.prompt:
         assert backend is not None
         async with model_in_use(request, backend, req.keep_alive):
-            vectors, count = await _embeddings(request, backend, name, model, [req.prompt], True)
-        call_of(request).usage = (count, 0)
+            vectors, count = await _embeddings(call, backend, name, model, [req.prompt], True)
+        call.usage = (count, 0)
         vec = vectors[0] if vectors else []
     return web.Response(body=orjson.dumps({"embedding": vec}), content_type="application/json")

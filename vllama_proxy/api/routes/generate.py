@@ -10,10 +10,11 @@ from ..app_state import CATALOG
 from ..ollama.types import GenerateRequest
 from ..ollama.timestamps import Timings, now_ns
 from ..ollama.to_ollama import GenerateTranslator
-from ..ollama.to_openai import check_capabilities, fim_body, generate_body, upstream_model, with_model_defaults
+from ..ollama.to_openai import check_capabilities, fim_body, final_only, generate_body, with_model_defaults
+from ..request.call import call_of
 from .answer import answer
-from .body import log_ignored, read_request
-from .model_use import created_of, load_reply, resolve_model
+from .body import log_ignored
+from .model_use import choose, load_reply
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -25,27 +26,29 @@ async def generate(request: web.Request) -> web.StreamResponse:
     gets Ollama's 400 ``"X" does not support insert``. A non-empty ``context`` is refused (400).
     """
     timings = Timings(now_ns())
-    req = await read_request(request, GenerateRequest)
-    if not req.prompt and not req.images and not req.suffix:
-        return await load_reply(request, req.model, req.keep_alive, chat=False)
-    name, model, backend = await resolve_model(request, req.model)
+    call = call_of(request)
+    req: GenerateRequest = call.typed  # the gate's parse (request/gate.py)
+    generates = bool(req.prompt or req.images or req.suffix)
+    use = await choose(request, call, req.model, load=generates or req.keep_alive != 0)  # an unload loads nothing
+    if not generates:
+        return await load_reply(request, call, use, req.keep_alive, chat=False)
     catalog = request.app[CATALOG]
-    made = created_of(request, name)
-    req, before = with_model_defaults(req, made)
-    served = upstream_model(made, model.name)
+    model = use.model
     caps = await catalog.capabilities(model)
-    if req.suffix:
-        fmt = await catalog.fim(model)
+    fmt = await catalog.fim(model) if req.suffix else None
+    req, before = with_model_defaults(req, use.made)
+    whole = req.stream is False and final_only(model.vllm_args)  # vLLM reports the timings: ask it for one answer
+    if not req.suffix:
+        check_capabilities(use.name, caps, think=None if req.raw else req.think, images=bool(req.images))
+        path, body, ignored = generate_body(req, use.served, before, whole=whole)
+    else:  # fill-in-the-middle: the model's own FIM prompt
         if fmt is None or "insert" not in caps:
-            raise UnsupportedCapability(name, "insert")
-        check_capabilities(name, caps)
+            raise UnsupportedCapability(use.name, "insert")
+        check_capabilities(use.name, caps)
         path = "/v1/completions"
-        body, ignored = fim_body(req, served, fmt)
-    else:
-        check_capabilities(name, caps, think=None if req.raw else req.think, images=bool(req.images))
-        path, body, ignored = generate_body(req, served, before)
+        body, ignored = fim_body(req, use.served, fmt, whole=whole)
     log_ignored(ignored)
-    key = affinity.generate_key(served, req.system)
-    return await answer(request, name, model, backend, path, body, GenerateTranslator, timings,
-                        stream=req.stream is not False, keep_alive=req.keep_alive, session_key=key, made=made,
+    key = affinity.generate_key(use.served, req.system)
+    return await answer(request, call, use, path, body, GenerateTranslator, timings,
+                        stream=req.stream is not False, whole=whole, keep_alive=req.keep_alive, session_key=key,
                         truncate=req.truncate is not False, shift=req.shift is not False)

@@ -37,11 +37,12 @@ from vllama_proxy.models.pull_room import PullLimits
 from vllama_proxy.supervisor.states import State
 
 from ..app_state import CATALOG, SETTINGS, WORKER
-from ..ollama.types import ModelRef, require_model
+from ..ollama.types import ModelRef
 from ..request.call import call_of
 from ..ollama.ndjson import NDJSON
 from .body import read_request
 from .create import unload_adapter
+from .model_use import require_model
 
 log = get_logger("vllama.routes")
 

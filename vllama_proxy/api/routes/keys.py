@@ -1,24 +1,12 @@
 """``/api/keys``: mint, list, change, rotate and revoke API keys without editing a file (admin keys only:
-``route_roles.py``). The keys live hashed in the usage database (``policy/key_store.py``); the keys file's stay as
-they are and are listed read-only. The ``/admin`` page's forms call the same functions (``routes/admin.py``).
+``route_roles.py``); the ``/admin`` page's forms call the same functions (``routes/admin.py``). The routes,
+their bodies and answers, an entry's fields and the errors are in ``docs/api.md`` "Keys".
 
-- ``GET /api/keys``: ``{"keys": [entry]}``, the file's and the minted ones, revoked ones too.
-- ``POST /api/keys`` with a key's settings, the keys file's fields but the secret (``policy/keys.py``'s
-  ``KeySettings``: ``name``, ``role``, ``models``, the limits, the end-user settings such as ``trusted_front`` and
-  ``user_max_in_flight``, ``expires_at``, ``note``) or ``expires_in`` instead of ``expires_at``: ``{"key": entry,
-  "secret": "vk-..."}``, the secret shown this once.
-- ``PATCH /api/keys/{name}`` (the same fields but ``name``; ``"expires_at": null`` clears an expiry): ``{"key": entry}``.
-- ``POST /api/keys/{name}/rotate``: ``{"key": entry, "secret": "vk-..."}``; the old secret is refused from now on.
-- ``DELETE /api/keys/{name}`` or ``POST /api/keys/{name}/revoke``: ``{"key": entry}``; refused from now on.
-- ``GET /api/keys/audit?limit=N``: ``{"audit": [{"ts", "time", "who", "action", "key", "detail"}]}``, newest first.
-
-An entry: ``name``, ``source`` (``file`` or ``api``), ``read_only``, ``state`` (``active``, ``expired``,
-``revoked``), ``prefix`` (the secret's first 8 hex, minted keys), every ``KeySettings`` field, ``expires_at`` (RFC 3339
-UTC or ``null``), ``note``, ``created_at``/``created_by``/``updated_at``/``updated_by``. Never a secret or its hash.
-
-``expires_at``: RFC 3339 (``2026-12-31T00:00:00Z``) or seconds since the epoch; ``expires_in``: a duration
-``30d``, ``12h``, ``90m``, ``45s`` or seconds. Errors in Ollama's shape: 400 a malformed field, 404 an unknown or
-revoked key, 409 a name taken or a keys-file key, 501 with ``--usage-db off``.
+A key's settings are the keys file's fields but the secret (``policy/keys.py``'s ``KeySettings``). The keys live
+hashed in the usage database (``policy/key_store.py``); the keys file's stay as they are and are listed read-only
+(409 on a change). Invariants: a secret is shown once, when it is minted or rotated, and never an entry's secret
+or hash afterwards; a rotated or revoked secret is refused from then on; every change is in the audit log with
+who made it. ``expires_at`` takes RFC 3339 or seconds since the epoch, ``expires_in`` a duration or seconds.
 """
 
 from __future__ import annotations

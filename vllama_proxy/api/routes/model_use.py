@@ -1,11 +1,12 @@
 """What a request does with its model before it goes upstream: the load/evict protocol.
 
-The name is resolved (an on-demand model claims a slot, ``models/catalog.py``), the request's
-key is checked against it (``api/policy/keys.py``), and :func:`model_in_use` holds the model for the
-request: a sleeping or unloaded one is woken or started (idle ones make room), the request
-counts in flight so the supervisor neither puts it to sleep nor evicts it, and its keep_alive
-is renewed at the start and the end. :func:`load_reply` answers Ollama's load and unload
-requests (an empty prompt, ``keep_alive: 0``) with the same protocol.
+:func:`choose` resolves the name once, in one step: the created model it names, the served model (an
+on-demand model claims a slot, ``models/catalog.py``) and the key checked against it
+(``api/policy/keys.py``) before anything is claimed; its :class:`Resolved` is all that later steps read of
+the model. :func:`model_in_use` holds the model for the request: a sleeping or unloaded one is woken or
+started (idle ones make room), the request counts in flight so the supervisor neither puts it to sleep nor
+evicts it, and its keep_alive is renewed at the start and the end. :func:`load_reply` answers Ollama's load
+and unload requests (an empty prompt, ``keep_alive: 0``) with the same protocol.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,67 +30,106 @@ from vllama_proxy.errors import (
 )
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.models.created import CreatedModel
-from vllama_proxy.models.keep_alive import parse_keep_alive
 from vllama_proxy.logs import get_logger
 from vllama_proxy.supervisor.states import State
 
 from ..app_state import CATALOG, SETTINGS, WORKER
 from ..policy.keys import Key, key_of
-from ..request.call import call_of
-from ..ollama.types import require_model
+from ..request.call import Call
 from ..ollama.timestamps import CLOCK
 
 log = get_logger("vllama.routes")
 
 
-async def resolve_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend]:
-    """``(name as sent, served model, its backend)`` for inference or an explicit load: a local model
-    no on-demand slot holds claims one, only once the key may use it (the name is looked
-    up and the key checked first, so a refused request claims, loads and evicts nothing).
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """The model a request named, resolved for it once (:func:`choose`): what every later step reads.
+
+    Attributes:
+        name: the name as the client sent it (echoed in its answer).
+        model: the served model (a created model's base).
+        backend: its vLLM server; ``None`` for a lookup of an on-demand model no slot holds.
+        made: the model made with ``/api/create`` that ``name`` names, else ``None``.
+    """
+
+    name: str
+    model: ServedModel
+    backend: Backend | None
+    made: CreatedModel | None
+
+    @property
+    def served(self) -> str:
+        """vLLM's ``model`` for the request: a created model's LoRA adapter, else the served model's name."""
+        return self.made.served_as(self.model.name) if self.made is not None else self.model.name
+
+
+async def choose(request: web.Request, call: Call, name: str | None, *, load: bool = True) -> Resolved:
+    """The model ``name`` names, looked up once and checked against ``call.key`` in one step, before anything
+    is claimed or loaded. With ``load`` (inference, an explicit load) a local model no on-demand slot holds
+    claims one and the request is charged to it (``call.model``, ``settler.py``); without (an unload, a
+    lookup) nothing is claimed and an on-demand model no slot holds has no backend.
 
     Raises:
         BadRequest: no model named.
-        ModelNotFound: the name is unknown.
-        Forbidden: the key may not use it, or may not start it (``--on-demand-admin-only``).
+        Forbidden: the key may not use the name (asked whether or not such a model exists: a 404 beside
+            another tenant's 403 would tell a key which models exist outside its patterns), or may not
+            start it (``--on-demand-admin-only``).
+        ModelNotFound: the name is unknown (to a key that may use it).
     """
     name = require_model(name)
-    catalog = request.app[CATALOG]
-    key = key_of(request)
-    _, model, backend = await lookup_model(request, name)  # raises Forbidden before anything is claimed
-    if backend is None:
-        if not key.admin and request.app[SETTINGS].on_demand_admin_only:
-            raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
-                            "this server starts models on demand for admin keys only (--on-demand-admin-only)")
-        model = await catalog.resolve(name, claim=True, evict_kept=key.admin)  # a user ends no other's keep_alive
-        backend = catalog.backend_of(model)
-    call_of(request).model = model.name  # charged to it (settler.py)
-    return name, model, backend
+    app = request.app
+    catalog = app[CATALOG]
+    key = call.key
+    made = catalog.created(name)  # the created models' file: looked at once per request
+    missing: ModelNotFound | None = None
+    try:
+        model: ServedModel | None = await catalog.resolve(name, made=made)
+    except ModelNotFound as e:
+        model, missing = None, e
+    check_model(key, name, model, made)  # before the 404: a key learns no model outside its patterns
+    if missing is not None:
+        raise missing
+    assert model is not None
+    try:
+        backend: Backend | None = catalog.backend_of(model)
+    except ModelNotFound:
+        backend = None  # an on-demand model no slot holds (looking a model up never loads it)
+    if load:
+        if backend is None:
+            if not key.admin and app[SETTINGS].on_demand_admin_only:
+                raise Forbidden(f"key '{key.name}' (role {key.role}) may not start '{name}', which is not loaded: "
+                                "this server starts models on demand for admin keys only (--on-demand-admin-only)")
+            model = await catalog.resolve(name, claim=True, made=made, evict_kept=key.admin)  # a user ends no other's keep_alive
+            backend = catalog.backend_of(model)
+        call.model = model.name  # charged to it (settler.py)
+    return Resolved(name, model, backend, made)
+
+
+def require_model(name: str | None) -> str:
+    """Ollama's check: a missing or empty ``model`` is a 400 ``model is required``."""
+    if not name:
+        raise BadRequest("model is required")
+    return name
 
 
 def refuse_outside(key: Key, name: str) -> None:
-    """403 for a name the key's patterns do not match, whether or not such a model exists (called when
-    it does not): otherwise a 404 for an unknown name beside the 403 for another tenant's model would
-    tell a key which models exist outside its patterns.
+    """403 for a name the key's patterns do not match, asked when no such model exists (as :func:`choose`
+    does, for a route that looks models up on its own).
 
     Raises:
-        Forbidden: ``name`` is outside ``key``'s ``models`` patterns (as :func:`check_model` words it).
+        Forbidden: ``name`` is outside ``key``'s ``models`` patterns.
     """
-    if not key.may_use(name):
-        raise _outside(key, name)
+    check_model(key, name, None)
 
 
-def _outside(key: Key, name: str) -> Forbidden:
-    return Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
-
-
-def check_model(key: Key, name: str, model: ServedModel, made: CreatedModel | None = None) -> None:
-    """403 unless ``key`` may use ``model`` (asked as ``name``): its ``models`` patterns match the
-    name as asked, the served name or the repo (``api/policy/keys.py``). A model made with ``/api/create``
-    (``made``; ``model`` is then its base) is matched by its own name only: a key that may use a
-    base does not thereby use every model made of it, with its adapter and system prompt."""
-    allowed = key.may_use(name, made.name) if made is not None else key.may_use(name, model.name, model.root)
-    if not allowed:
-        raise _outside(key, name)
+def check_model(key: Key, name: str, model: ServedModel | None, made: CreatedModel | None = None) -> None:
+    """403 unless ``key`` may use ``model`` (asked as ``name``; ``None``: no such model): its ``models`` patterns
+    (``Key.may_use``) match the name as asked, or the served name or repo of the model found. A created model
+    (``made``; ``model`` is then its base) is matched by its own name only: a key that may use a base does not
+    thereby use every model made of it, with its adapter and system prompt."""
+    names = (name,) if model is None else (name, made.name) if made is not None else (name, model.name, model.root)
+    if not key.may_use(*names):
+        raise Forbidden(f"key '{key.name}' may not use model '{name}' (its models: {', '.join(key.models)})")
 
 
 def may_list(request: web.Request, model: ServedModel, names: list[str]) -> bool:
@@ -104,43 +145,6 @@ def may_list_created(request: web.Request, made: CreatedModel) -> bool:
     return not key.models or key.may_use(made.name)
 
 
-#: The request's ``(name, the model made with /api/create it names or None)``, as :func:`lookup_model` read it.
-CREATED = "vllama.created"
-
-
-def created_of(request: web.Request, name: str) -> CreatedModel | None:
-    """The model made with ``/api/create`` that ``name`` names, as this request's :func:`lookup_model`
-    read it (the created models' file is looked at once per request), else read now."""
-    seen = request.get(CREATED)
-    if seen is not None and seen[0] == name:
-        return seen[1]
-    return request.app[CATALOG].created(name)
-
-
-async def lookup_model(request: web.Request, name: str | None) -> tuple[str, ServedModel, Backend | None]:
-    """``(name as sent, served model, its backend or None)`` without loading anything: an on-demand
-    model no slot holds has no backend (looking a model up never loads it)."""
-    name = require_model(name)
-    catalog = request.app[CATALOG]
-    made = catalog.created(name)  # read once per request (a stat of its file each time): see created_of
-    request[CREATED] = (name, made)
-    try:
-        model = await catalog.resolve(name, made=made)
-    except ModelNotFound:
-        refuse_outside(key_of(request), name)  # a 404 only for names the key may use: it learns no other's models
-        raise
-    check_model(key_of(request), name, model, made)
-    try:
-        return name, model, catalog.backend_of(model)
-    except ModelNotFound:
-        return name, model, None
-
-
-def wants_unload(request: web.Request, keep_alive: Any) -> bool:
-    """Whether a load request's ``keep_alive`` unloads (0): it must not load the model first."""
-    return parse_keep_alive(keep_alive, default=1.0) == 0
-
-
 def where_models_change(request: web.Request) -> str:
     """How the served models are changed, true to the mode vllama runs in."""
     upstream = request.app[SETTINGS].upstream
@@ -149,30 +153,27 @@ def where_models_change(request: web.Request) -> str:
     return "change the served models with `vllama serve --model M` or the config file's [[models]] (see README)"
 
 
-async def load_reply(request: web.Request, asked: str | None, keep_alive: Any, *, chat: bool) -> web.Response:
-    """Ollama's answer to an empty prompt / no messages for the model ``asked`` (the request's
-    ``model``): the model is (un)loaded, nothing generated.
+async def load_reply(request: web.Request, call: Call, use: Resolved, keep_alive: float | None, *,
+                     chat: bool) -> web.Response:
+    """Ollama's answer to an empty prompt / no messages (a load request) for the model ``use``
+    (:func:`choose`: with ``load`` unless ``keep_alive`` is 0): the model is (un)loaded, nothing generated.
 
     ``done_reason`` is ``load`` (a sleeping or unloaded model is brought back first), or
-    ``unload`` when ``keep_alive`` is 0: the keep-alive ends now and the supervisor puts
-    vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
-    GenerateHandler/ChatHandler). An unload only looks the model up (:func:`lookup_model`: it
-    never loads the model first); a load resolves it (:func:`resolve_model`).
+    ``unload`` when ``keep_alive`` (seconds, ``None``: the model's default) is 0: the keep-alive ends
+    now and the supervisor puts vLLM to sleep or stops it at its next check (Ollama ``server/routes.go``
+    GenerateHandler/ChatHandler). An unload's model was only looked up: it is never loaded first.
 
     Raises:
         BadRequest: an unload of a model vllama does not run (``--upstream``): a 400 saying so,
             not a ``done_reason: unload`` for a model that stays loaded.
-        What :func:`lookup_model` and :func:`resolve_model` raise (404, 403, 503...).
+        Forbidden: a user key's unload of a model others use, or the operator runs.
+        What :func:`model_in_use` and :func:`_stopped` raise (503...).
     """
-    backend: Backend | None
-    if wants_unload(request, keep_alive):
-        name, _, backend = await lookup_model(request, asked)
-    else:
-        name, _, backend = await resolve_model(request, asked)
+    name, backend = use.name, use.backend
     board = backend.board if backend is not None else None
     default = board.keep_alive if board is not None else request.app[SETTINGS].keep_alive_seconds()
-    unload = parse_keep_alive(keep_alive, default=default) == 0
-    key = key_of(request)
+    unload = (default if keep_alive is None else keep_alive) == 0
+    key = call.key
     if unload and backend is None:
         pass  # an on-demand model no slot holds: nothing is loaded, nothing to unload
     elif unload and not key.admin and board is not None and (board.in_flight or backend.slot is None):
@@ -229,13 +230,14 @@ async def _stopped(request: web.Request, board: Any, name: str) -> None:
 
 
 @asynccontextmanager
-async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) -> AsyncIterator[None]:
+async def model_in_use(request: web.Request, backend: Backend, keep_alive: float | None) -> AsyncIterator[None]:
     """Hold ``backend``'s model for one request: loaded, counted in flight, keep-alive renewed.
 
     When vllama runs the model: a sleeping or unloaded one is woken or started (bounded
     by ``--load-timeout``, while idle models make room), the request counts as in flight
     (so the model is neither put to sleep nor evicted under it), and its keep_alive
-    (Ollama: per request, else the model's default; negative forever) counts from the
+    (Ollama's, in seconds, as the request's typed body holds it: ``api/ollama/types.py``; ``None``: the
+    model's default; negative forever) counts from the
     start and again from the end of the request. With ``--upstream`` it does nothing.
 
     Raises:
@@ -246,7 +248,7 @@ async def model_in_use(request: web.Request, backend: Backend, keep_alive: Any) 
     if board is None:
         yield
         return
-    seconds = parse_keep_alive(keep_alive, default=board.keep_alive)
+    seconds = board.keep_alive if keep_alive is None else keep_alive
     if seconds <= 0 and not key_of(request).admin:
         seconds = board.keep_alive  # a user neither unloads after its request nor pins a model forever
     slot = request.app[WORKER]

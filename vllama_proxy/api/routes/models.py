@@ -26,8 +26,9 @@ from vllama_proxy.models.created import CreatedModel, parameter_lines, render_mo
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from vllama_proxy.supervisor import gpu
 from .body import read_request
-from .model_use import lookup_model, may_list, may_list_created
+from .model_use import choose, may_list, may_list_created
 from ..policy.keys import key_of
+from ..request.call import Call
 from ..ollama.types import ModelRef
 from ..app_state import CATALOG
 from ..ollama.timestamps import rfc3339
@@ -169,7 +170,8 @@ async def tags(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     """Ollama's show for ``{"model": X}`` (or legacy ``{"name": X}``)."""
     req = await read_request(request, ModelRef)
-    name, model, _ = await lookup_model(request, req.ref)  # never loads it
+    use = await choose(request, Call(key=key_of(request)), req.ref, load=False)  # never loads it (not admitted: no call.key)
+    name, model = use.name, use.model
     catalog = request.app[CATALOG]
     files = await catalog.files(model)
     params = parameters_text(model, files)

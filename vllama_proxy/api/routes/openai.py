@@ -30,8 +30,7 @@ from vllama_proxy.upstream import SSEDecoder, encode_json, read_raw, read_respon
 from ..request.relay import in_own_task
 from ..request.resume import Resume, refusal, resumable, resume_timeout
 from ..request.body_reader import read_body
-from ..ollama.to_openai import upstream_model
-from .model_use import check_model, created_of, may_list, may_list_created, model_in_use, refuse_outside, resolve_model
+from .model_use import check_model, choose, may_list, may_list_created, model_in_use, refuse_outside
 from ..policy.keys import key_of
 from ..request.call import Call, call_of
 from ..policy.fair_queue import prompt_tokens_guess
@@ -99,7 +98,7 @@ async def _route(request: web.Request, call: Call) -> tuple[Any, ServedModel | N
     """``(what goes upstream, its model, the backend it goes to, the created model it names)``, from the gate's
     typed request (``call.typed``; what goes upstream is ``None`` for a form or no body, forwarded as sent).
 
-    The model resolves as on every route (``model_use.resolve_model``: the key is checked against it before
+    The model resolves as on every route (``model_use.choose``: the key is checked against it before
     anything is claimed or loaded, and only an allowed request for an on-demand model claims its slot, under
     ``--on-demand-admin-only`` an admin's). With one backend, a
     request without a model goes to the served default, and is charged to it; one naming a model vllama
@@ -130,14 +129,15 @@ async def _route(request: web.Request, call: Call) -> tuple[Any, ServedModel | N
                 data["model"] = model.name
         return data, model, default, None
     try:
-        name, model, backend = await resolve_model(request, name)  # the key checked before anything is claimed
+        use = await choose(request, call, name)  # the key checked before anything is claimed
     except ModelNotFound:
         if one:
             return data, None, catalog.backends[0], None  # vLLM answers the 404 in its own words
         raise NoSuchModel(name) from None
     if isinstance(data, dict):
-        data["model"] = model.name
-    return data, model, backend, created_of(request, name)
+        data["model"] = use.model.name
+    assert use.backend is not None
+    return data, use.model, use.backend, use.made
 
 
 async def _forwarded(request: web.Request, call: Call, body: bytes, data: Any, model: ServedModel | None, backend: Backend,
@@ -150,7 +150,7 @@ async def _forwarded(request: web.Request, call: Call, body: bytes, data: Any, m
         return body
     if isinstance(call.typed, Body):
         served = model.name if model is not None else data.get("model")
-        await finish(request, call, data, request.path, served=served, model=model, upstream=backend.upstream, made=made,
+        await finish(call, data, request.path, served=served, model=model, upstream=backend.upstream, made=made,
                      relayed=True, token_ids=token_ids)
     return encode_json(data)
 
@@ -204,7 +204,7 @@ def _rename(made: CreatedModel | None, model: ServedModel | None, asked: str | N
     answers with the model the client named); ``None`` otherwise."""
     if made is None or model is None or asked is None:
         return None
-    served = upstream_model(made, model.name)
+    served = made.served_as(model.name)
     return b'"model":' + orjson.dumps(served), b'"model":' + orjson.dumps(asked)
 
 
