@@ -12,6 +12,11 @@ The tiny model makes a token in 1-3 ms, faster than a client on a busy machine r
 client's 50th token came after vLLM had made all 200). So each engine step lasts 20 ms, as a large model's on a GPU
 (``slow_steps.py``, a logits processor that changes no logit), and the kill is placed by vLLM's own count of the
 tokens it made (:class:`Killer`).
+
+The same server then serves the OpenAI routes' streams (``/v1/chat/completions``, ``/v1/completions``: continued,
+one stream as their client sees it; ``/v1/messages``: vLLM's own API, ended as before with the reason logged), and a
+last test starts the shipped tool model the same way: a tool call cut mid-way is written again and reaches an
+``/api/chat`` client whole.
 """
 
 from __future__ import annotations
@@ -312,50 +317,26 @@ def test_openai_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model)
     assert _resumed(server.url) > before and _counter(server.url, "vllama_resumed_streams_total") >= streams + len(OPENAI)
 
 
-class Throttle:
-    """The shared tool server's engine (every process under its API server ``root``) stopped 20 ms of every 21
-    (SIGSTOP/SIGCONT) from a thread, until :meth:`stop`: it runs without ``slow_steps.py`` (its other tests would pay
-    20 ms a token), and its tool call is a few dozen tokens of 1-3 ms each. It slows vLLM less than its duty says
-    (a step fits in a run window), hence the retries of the test that uses it."""
+@pytest.fixture
+def tool_engine(start_real) -> RealVllama:
+    """The shipped tool model (vLLM's hermes and qwen3 parsers, told by vllama from its chat template) with each
+    engine step made 20 ms (``slow_steps.py``), so that a kill lands inside its tool call of some twenty tokens.
+    Started last in this module: it stops the module's ``server``."""
+    from .conftest import TOOL_MODEL, TOOL_NAME
 
-    def __init__(self, root: psutil.Process) -> None:
-        self.engine = [p.pid for p in root.children(recursive=True)]
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        import time
-
-        try:
-            while not self.done.is_set():
-                self._send(signal.SIGSTOP)
-                self.done.wait(0.02)
-                self._send(signal.SIGCONT)
-                time.sleep(0.001)
-        finally:
-            self._send(signal.SIGCONT)
-
-    def _send(self, sig: int) -> None:
-        for pid in self.engine:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join()
+    v = start_real("resume-tools", model=TOOL_MODEL, flags=["--served-model-name", TOOL_NAME, "--restart-reset-after", "0"],
+                   vllm_args=ARGS, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+                                        "VLLAMA_TEST_STEP_S": str(STEP_S)})
+    v.wait_ready()
+    return v
 
 
-def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_whole(tool_server):
+def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_whole(tool_engine):
     """The shipped tool model (vLLM's hermes parser) asked for a tool call on ``/api/chat`` (streamed, think false)
-    beside the same request on ``/v1/chat/completions``; once the latter has two fragments of its call (mid-call), the
-    engine core is SIGKILLed. ``/api/chat``, which sends calls only whole, is asked again and its client gets the one
-    call of the uninterrupted answer, in one chunk; the ``/v1`` stream, whose client already had fragments of the
-    call, ends with an error event as before, and the log says why. The kill is placed by the ``/v1`` client's
-    second fragment (the engine throttled: a token takes ~20 ms; vLLM's token count, read every 10 ms, came after
-    the ~20 tokens of both calls); an attempt whose ``/api/chat`` stream vLLM had finished is tried again."""
+    beside the same request on ``/v1/chat/completions``; once vLLM has made about half of each call, the engine core
+    is SIGKILLed. ``/api/chat``, which sends calls only whole, is asked again and its client gets the one call of the
+    uninterrupted answer, in one chunk; the ``/v1`` stream, whose client already had fragments of the call, ends
+    with an error event as before, and the log says why."""
     import sys
 
     import openai
@@ -365,12 +346,13 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
     sys.path.insert(0, str(ROOT / "benchmarks" / "tool_model"))
     import e2e_tools
 
+    tool_server = tool_engine
     url, model = tool_server.url, TOOL_NAME
     weather = [{"role": "user", "content": "What's the weather in Paris?"}]
     options = {"temperature": 0, "num_predict": 160}
     tools = e2e_tools.TOOLS
 
-    async def run(kill=None) -> tuple[dict, dict]:
+    async def run() -> tuple[dict, dict]:
         a: dict = {"calls": [], "chunks_with_calls": 0}
         b: dict = {"fragments": 0}
 
@@ -383,7 +365,7 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
                         a["chunks_with_calls"] += 1
                         a["calls"] += [(c.function.name, dict(c.function.arguments)) for c in ch.message.tool_calls]
                     if ch.done:
-                        a["done"] = ch.done_reason
+                        a["done"], a["eval_count"] = ch.done_reason, ch.eval_count
             except ollama.ResponseError as e:
                 a["error"] = str(e)
 
@@ -396,8 +378,6 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
                 async for ch in stream:
                     if ch.choices and ch.choices[0].delta.tool_calls:
                         b["fragments"] += 1
-                        if kill is not None and b["fragments"] == 2:
-                            kill()
             except openai.APIError as e:
                 b["error"] = repr(e)
 
@@ -406,27 +386,20 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
 
     reference, _ = asyncio.run(run())
     assert reference["calls"] == [("get_weather", {"city": "Paris"})] and reference["chunks_with_calls"] == 1, reference
-    for attempt in range(3):
-        restarts = tool_server.ready()["restarts"]
-        throttle = Throttle(psutil.Process(tool_server.ready()["pid"]))
-        core = _engine_core(tool_server)
-
-        def kill(throttle: Throttle = throttle, core: psutil.Process = core) -> None:
-            throttle.stop()
-            os.kill(core.pid, signal.SIGKILL)
-
-        try:
-            a, b = asyncio.run(run(kill))
-        finally:
-            throttle.stop()
-        assert "error" not in a, (a, tool_server.tail())
-        assert a["calls"] == reference["calls"] and a["chunks_with_calls"] == 1, a  # only the whole call reached it
-        tool_server.wait_state(model, ("ready",), restarts=restarts + 1)
-        lines = [json.loads(x) for x in tool_server.log.read_text().splitlines() if x.startswith("{")]
-        if "error" in b:  # cut after its client had fragments of the call: not continued, and the log says why
-            assert any(x.get("event") == "resume_refused" and "tool call reached the client" in x.get("why", "")
-                       for x in lines), (b, tool_server.tail())
-        if any(x.get("event") == "stream_resumed" and x.get("client_request_id") == "tools-a" for x in lines):
-            return  # the /api/chat stream was cut mid-call and asked again
-        print(f"attempt {attempt + 1}: vLLM had finished the /api/chat stream before the kill")
-    pytest.fail("the /api/chat stream was not cut by the kill in 3 attempts")
+    restarts = tool_server.ready()["restarts"]
+    killer = Killer(psutil.Process(tool_server.ready()["pid"]), _engine_core(tool_server),
+                    kill_after=2 * (reference["eval_count"] // 2))  # half of each request's tokens: mid-call
+    try:
+        a, b = asyncio.run(run())
+    finally:
+        killer.stop()
+    assert killer.killed.is_set(), "vLLM made every token before the kill"
+    assert "error" not in a, (a, tool_server.tail())
+    assert a["calls"] == reference["calls"] and a["chunks_with_calls"] == 1, a  # only the whole call reached it
+    tool_server.wait_state(model, ("ready",), restarts=restarts + 1)
+    lines = [json.loads(x) for x in tool_server.log.read_text().splitlines() if x.startswith("{")]
+    assert any(x.get("event") == "stream_resumed" and x.get("client_request_id") == "tools-a" for x in lines)
+    if b["fragments"]:  # its client had a piece of the call: not continued, and the log says why
+        assert "error" in b, b
+        assert any(x.get("event") == "resume_refused" and "tool call reached the client" in x.get("why", "")
+                   for x in lines), (b, tool_server.tail())
