@@ -1,4 +1,4 @@
-"""The error tree drawn in ``errors.py``'s docstring is the tree of its classes (issue 29.2).
+"""The error tree drawn in ``docs/api.md`` ("Every error and its status") is the tree of ``errors.py``'s classes.
 
 A reader finds every error a client can see, its parent and its HTTP status in that drawing
 (httpx ``_exceptions.py`` style), so a class added, moved or given another status without
@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 
 from vllama_proxy import errors
+
+#: The page and the heading of the section whose fenced block draws the tree.
+_PAGE, _HEADING = Path(__file__).resolve().parent.parent / "docs" / "api.md", "### Every error and its status"
 
 #: ``├── Name   NNN ...`` (the status is absent where it is not the class's own: UpstreamRejected).
 _LINE = re.compile(r"^[ │├└─]*(?P<name>[A-Z][A-Za-z]+)(?:\s+(?P<status>\d{3}))?(?:\s|$)")
 
 
 def _drawn() -> dict[str, tuple[str | None, int | None]]:
-    """name -> (parent name, status) as the docstring draws them."""
-    doc = errors.__doc__ or ""
-    block = [ln[4:] for ln in doc.splitlines() if ln.startswith("    ") and re.search(r"[A-Z]", ln)]
+    """name -> (parent name, status) as the page's fenced block draws them."""
+    section = _PAGE.read_text().split(_HEADING + "\n", 1)[1]
+    block = [ln for ln in section.split("```\n")[1].splitlines() if re.search(r"[A-Z]", ln)]
     out: dict[str, tuple[str | None, int | None]] = {}
     stack: list[tuple[int, str]] = []
     for line in block:
@@ -38,9 +42,9 @@ def _classes() -> dict[str, type[errors.VllamaError]]:
             if inspect.isclass(c) and issubclass(c, errors.VllamaError) and c.__module__ == errors.__name__}
 
 
-def test_the_docstring_draws_every_class_with_its_parent_and_status() -> None:
+def test_the_docs_draw_every_class_with_its_parent_and_status() -> None:
     drawn, classes = _drawn(), _classes()
-    assert sorted(drawn) == sorted(classes), "classes of errors.py missing from (or only in) its docstring's tree"
+    assert sorted(drawn) == sorted(classes), "classes of errors.py missing from (or only in) docs/api.md's tree"
     for name, cls in classes.items():
         parent, status = drawn[name]
         assert parent == (None if cls is errors.VllamaError else cls.__bases__[0].__name__), name

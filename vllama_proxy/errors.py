@@ -1,73 +1,13 @@
 """The one error tree of vllama, and its one mapping onto the error shape of each route family.
 
 Invariant: every failure a client sees is one of these classes, raised where it is detected
-without a status, and turned into its route family's body (:func:`shape_of`) in one place: the
-middleware of ``api/app.py`` (:func:`error_response`; ``api/request/admission.py`` answers
-:class:`ServerBusy` through it directly), or :func:`error_line` / :func:`error_event` once a
-stream began.
-Each class carries its HTTP status (and any headers)
-as class attributes, so the status of every error is read here, in this tree; only
-:class:`UpstreamRejected` takes its status from vLLM's answer. Lower-layer errors are
-translated into this tree at their boundary, never in handlers: aiohttp client errors
-in ``upstream/mapping.py``, ``huggingface_hub`` errors in ``models/hub.py`` ``hub_error``.
-
-    VllamaError                       500  (never raised bare: every failure has its class)
-    ├── BadRequest                    400  malformed JSON, wrong field types, bad values
-    │   ├── MissingBody               400  "missing request body"
-    │   ├── UnsupportedCapability     400  '"X" does not support tools'
-    │   ├── ModelInUse                400  delete of a model being served
-    │   ├── TooManyChoices            400  a user key's n x prompts over --max-choices
-    │   ├── TooManyInputs             400  a user key's embeddings, rerank or score inputs over --max-inputs
-    │   └── FormNotAccepted           415  a multipart form on a /v1 route that takes JSON
-    ├── Unauthorized                  401  + WWW-Authenticate: Bearer  no key, or an unknown one
-    │   └── SignInFailed              401  an OpenID Connect sign-in to /admin refused, stale, or not verified
-    ├── Forbidden                     403  a key's role or models do not allow it
-    │   ├── SignInNotAdmin            403  an OpenID Connect sign-in whose role claim makes no admin
-    │   └── ModelNotAllowed           403  a local model the on-demand allow-list does not admit
-    ├── ModelNotFound                 404  "model 'X' not found"
-    │   └── NoSuchModel               404  a /v1 request's model no vLLM serves, in vLLM's words
-    ├── KeyNotFound                   404  the admin API names a key not minted, or revoked
-    ├── KeyNameTaken                  409  a minted key's name taken; a keys-file key changed by the API
-    ├── MethodNotAllowed              405  a method a route does not take
-    ├── BodyTimeout                   408  the request body did not arrive within --body-timeout
-    ├── RequestTooLarge               413
-    ├── TooManyRequests               429  + Retry-After  a key over its own limit
-    │   ├── TooManyPulls              429  + Retry-After: 30  --max-pulls pulls are running
-    │   ├── RateLimited               429  + Retry-After, x-ratelimit-*  a key over its rpm or tpm
-    │   └── BudgetExhausted           429  + Retry-After  a key used its budget_tokens for the day or month
-    ├── StorageFailed                 500  vllama could not write or remove its own files
-    ├── SignInProviderFailed          502  the OpenID Connect provider cannot be reached or answered amiss
-    ├── NotSupported                  501  model management vllama leaves to vLLM
-    ├── ServerBusy                    503  + Retry-After  the server-wide bound on requests is full
-    ├── InsufficientStorage           507  the server lacks room for what is asked
-    │   ├── ModelTooLarge             507  the model does not fit in its GPUs' memory (fit check)
-    │   └── NotEnoughSpace            507  a pull or upload does not fit on the disk or in --cache-quota
-    ├── PullFailed                    500  a pull from the Hugging Face Hub failed, none of the below
-    │   ├── HubAuthRequired           401  gated or private: no HF_TOKEN, or one the Hub refused
-    │   ├── HubForbidden              403  the account of HF_TOKEN may not read it; a disabled repository
-    │   ├── HubModelNotFound          404  "pull model manifest: file does not exist: ..."
-    │   ├── HubBadAnswer              502  the Hub (HF_ENDPOINT) answered what it should not
-    │   │   └── DigestMismatch        502  a downloaded file is not the bytes the Hub listed
-    │   └── HubUnavailable            503  unreachable, rate-limiting, or HF_HUB_OFFLINE set
-    └── UpstreamError                 502  the vLLM side failed
-        ├── UpstreamRejected          vLLM's own 4xx/5xx, passed on with vLLM's status/message
-        ├── UpstreamUnavailable       503  refused/reset connection, vLLM starting or gone
-        │   ├── ModelLoading          503 + Retry-After: 1  the model is loading: retrying will help
-        │   └── SlotsFull             503  every on-demand slot holds a model in use
-        │       └── SlotsKept         503  ... each within its keep_alive, for a user key (Retry-After)
-        ├── UpstreamTimeout           504  no byte from vLLM within the idle-read timeout
-        └── UpstreamProtocolError     502  vLLM answered something we cannot parse
-
-One shape per route family (:func:`shape_of`), whichever layer refused, same status and headers
-(sources: ``docs/wire.md`` "Errors"; Ollama ``openai/openai.go`` ``NewError``; vLLM ``ErrorResponse``;
-docs.anthropic.com "Errors"):
-
-- Ollama's routes: ``{"error": msg}``; after a stream began, status 200 and a last NDJSON line of it.
-- ``/v1/*``: ``{"error": {"message", "type", "param", "code"}}``, type by status (:data:`_OPENAI_TYPES`),
-  ``code`` OpenAI's string (:attr:`VllamaError.code`) or the status; after SSE began, one ``data:``
-  event. vLLM's own refusals are relayed as vLLM wrote them.
-- ``/v1/messages*``: Anthropic's ``{"type": "error", "error": {"type", "message"}}``; ``event: error``
-  after a stream began.
+without a status, and turned into its route family's body (:func:`shape_of`: Ollama's, OpenAI's
+or Anthropic's) in one place: the middleware of ``api/app.py`` (:func:`error_response`;
+``api/request/admission.py`` answers :class:`ServerBusy` through it directly), or
+:func:`error_line` / :func:`error_event` once a stream began. Each class carries its HTTP status
+(and any headers) as class attributes; only :class:`UpstreamRejected` takes vLLM's. Lower-layer
+errors are translated at their boundary (``upstream/mapping.py``, ``models/hub.py`` ``hub_error``).
+The tree with every status: ``docs/api.md`` "Every error and its status"; the shapes: its "Errors".
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Fit before start: will a model's vLLM fit in the GPU memory it would get?
 
 vLLM exits at start when less than ``--gpu-memory-utilization`` x the GPU is free, or when its KV cache
-cannot hold one request of ``--max-model-len``: under a supervisor, a crash loop. This module computes
-the same sums from the model's own files first:
-
-    needed per GPU = weights / (tp x pp) + KV bytes per token / (tp x pp) x context + overhead
-
-Invariant: **the estimate is a floor**: a model refused here cannot start with its arguments; where the
-files leave the sum open (MLA, sliding windows, hybrid layers, activations) the smaller reading is
-taken and said in :attr:`Estimate.notes` (each reading: ``docs/decisions.md``). Pure functions: the
-only I/O is ``config.json`` and safetensors headers (:func:`read_shape`); GPU numbers are passed in.
+cannot hold one request of ``--max-model-len``: under a supervisor, a crash loop. This module computes the
+same sums from the model's own files first (per GPU: weights / (tp x pp) + KV bytes per token / (tp x pp)
+x context + overhead). Invariant: **the estimate is a floor**: a model refused here cannot start with its
+arguments; where the files leave the sum open (MLA, sliding windows, hybrid layers, activations) the
+smaller reading is taken and said in :attr:`Estimate.notes` (each reading: ``docs/decisions.md``). Pure
+functions: the only I/O is ``config.json`` and safetensors headers (:func:`read_shape`); GPU numbers are
+passed in.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""The supervisor's states and the transitions allowed between them.
+"""The supervisor's states, the transitions allowed between them (:data:`TRANSITIONS`, drawn above
+:class:`State`), and the typed outcomes of a step of the owner loop.
 
-    starting ──► ready ──► unhealthy ──► restarting ──► starting
-       │  └──────────────────────────────►─┘    ▲
-       └──► failed ──(slow retry)──► starting    │
-    any ──► stopping ──► stopped          failed ┘
-
-    keep_alive expired   ready ──► sleeping ──(request)──► ready        (vLLM sleep mode)
-    or evicted:          ready ──► unloaded ──(request)──► starting     (no sleep mode)
-
-    no room on its GPUs: starting | restarting | failed ──► unloaded    (loads on demand)
-    evicted while asleep,
-    or asleep too long:   sleeping ──► unloaded                         (frees its CUDA context and host RAM)
-    a model loaded on demand starts in unloaded.
-
-One task (``lifecycle.Supervisor._run``) owns every transition, one step per state; everyone
-else waits on them (``StatusBoard.wait_ready``) and never acts on a state they read earlier.
-Why a step ended is one of the typed outcomes below, never a string to parse.
+Invariant: one task (``lifecycle.Supervisor._run``) owns every transition, one step per state; everyone
+else waits on them (``StatusBoard.wait_ready``) and never acts on a state they read earlier. Why a step
+ended is one of the typed outcomes below, never a string to parse. What each state means to a client:
+``docs/operations.md`` "The supervisor (``--model``)".
 """
 
 from __future__ import annotations
@@ -26,6 +15,20 @@ from dataclasses import dataclass
 from .room import Eviction
 
 
+# The transitions, as :data:`TRANSITIONS` allows them:
+#
+#     starting ──► ready ──► unhealthy ──► restarting ──► starting
+#        │  └──────────────────────────────►─┘    ▲
+#        └──► failed ──(slow retry)──► starting    │
+#     any ──► stopping ──► stopped          failed ┘
+#
+#     keep_alive expired   ready ──► sleeping ──(request)──► ready        (vLLM sleep mode)
+#     or evicted:          ready ──► unloaded ──(request)──► starting     (no sleep mode)
+#
+#     no room on its GPUs: starting | restarting | failed ──► unloaded    (loads on demand)
+#     evicted while asleep,
+#     or asleep too long:   sleeping ──► unloaded                         (frees its CUDA context and host RAM)
+#     a model loaded on demand starts in unloaded.
 class State(str, enum.Enum):
     """Where the supervised ``vllm serve`` stands."""
 

@@ -1,15 +1,14 @@
 """What makes a model's next start fast: vLLM's compile cache kept, sleep instead of stop.
 
-vLLM keeps what it compiled (``torch.compile``, CUDA graphs, Inductor's and Triton's caches) under
-``VLLM_CACHE_ROOT`` (``vllm/envs.py``), so a second start of the same model and arguments skips the
-compile; where the home directory is not writable (systemd ``DynamicUser``, a read-only container)
-vllama points it, and ``TRITON_CACHE_DIR`` unless set, into its own state directory. A sleeping model
-(sleep mode level 1) answers again in about a second where a stopped one starts cold, so on-demand
-models and configured ones without ``sleep_mode`` run with ``--enable-sleep-mode`` on a GPU when free
-host RAM holds their weights with ``--sleep-host-memory-reserve`` to spare (:func:`with_sleep`); the
-deciders here say when an idle model is stopped instead (:func:`why_not_asleep`) and when a sleeping
-one is stopped for real (:func:`leave_sleep`). vLLM's first sleep is slow, so such a model sleeps and
-wakes once before it serves (``lifecycle.Supervisor._warm_sleep``). Measurements: ``docs/decisions.md``.
+Where the home directory is not writable (systemd ``DynamicUser``, a read-only container) vllama points
+``VLLM_CACHE_ROOT``, and ``TRITON_CACHE_DIR`` unless set, into its own state directory, so a second start of
+the same model and arguments skips the compile. On-demand models and configured ones without ``sleep_mode``
+run with ``--enable-sleep-mode`` on a GPU when free host RAM holds their weights with
+``--sleep-host-memory-reserve`` to spare (:func:`with_sleep`). Pure deciders: when an idle model is stopped
+instead of put to sleep (:func:`why_not_asleep`), when a sleeping one is stopped for real
+(:func:`leave_sleep`); ``lifecycle.Supervisor`` acts on them, and sleeps and wakes such a model once before
+it serves (``_warm_sleep``). Why, with numbers: ``docs/decisions.md`` "Sleep instead of stop, and one
+warm-up sleep at start"; the cache: ``docs/configuration.md`` "vLLM's compile cache".
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Keys minted through the admin API (``/api/keys``, ``routes/keys.py``) and the ``/admin`` page, kept in the
 usage database beside the ledger (``usage/store.py``'s choice: SQLite by default, PostgreSQL for several fronts).
 
-A minted secret is ``vk-<8 hex>-<43 URL-safe chars>`` (256 random bits from :mod:`secrets`), shown once. The
-database keeps its SHA-256 (hex) and its 8-hex lookup ``prefix`` (shown in lists, so an operator can tell keys
-apart), never the secret. A fast hash without salt is the standard for random API keys (GitHub's, Stripe's): a
-salt or a slow KDF defends guessable passwords against precomputed tables and guessing, and a 256-bit random
-secret cannot be guessed; SHA-256 also keeps the request path's check one hash and one dict lookup, the same as
-the keys file's (``keys.KeyRing.find``).
-
-Every change bumps one counter row (``vllama_keys_version``) in the same transaction. Each worker of each front
-reads that row every :data:`POLL_SECONDS` and reloads the keys when it moved (:func:`follow`): a revoke reaches
-every front on the database within about a second, with no ``SIGHUP``. Polling rather than PostgreSQL's
-``LISTEN/NOTIFY``: one code path for SQLite and PostgreSQL, and a front whose connection dropped catches up at
-its next read instead of missing a notification; its cost is one one-row read a second per worker. The worker
-that made a change reloads at once. An expiry needs no reload: ``KeyRing.find`` compares it with the clock.
-
-Each action is written to ``vllama_keys_audit`` (who, what, which key, when, the fields changed; never a secret).
+A minted secret is ``vk-<8 hex>-<43 URL-safe chars>`` (256 random bits), shown once; the database keeps its
+SHA-256 and its 8-hex ``prefix``, never the secret. Every change bumps one counter row (``vllama_keys_version``)
+in the same transaction, and each action is written to ``vllama_keys_audit`` (never a secret). Invariant: every
+worker of every front reads that row every :data:`POLL_SECONDS` and reloads the keys when it moved
+(:func:`follow`), so a revoke reaches every front within about a second with no ``SIGHUP``; the worker that made
+a change reloads at once; an expiry needs no reload (``KeyRing.find`` compares it with the clock). How to use it:
+``docs/operations.md`` "Keys without editing a file"; why an unsalted SHA-256 and why polling:
+``docs/decisions.md``.
 """
 
 from __future__ import annotations

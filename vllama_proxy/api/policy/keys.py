@@ -1,21 +1,14 @@
 """The clients' API keys with roles: who may do what, and whose share a request counts in.
-(The aiohttp app's own typed keys are ``app_state.py``'s.)
 
-Keys come from ``--api-key`` (admin keys) and ``--api-key-file`` (one key a line, or TOML ``[[keys]]``
-tables, :class:`KeyEntry`: ``docs/configuration.md`` "The keys file"); a table's fields but the secret are
-:class:`KeySettings`, which the minted keys take too. Roles, after LiteLLM and Open
-WebUI: **user** (its models), **admin** (also models and the server), **metrics**. Invariants: a key is
-found by the SHA-256 of what the client sends (one hash, one dict lookup, no early-exit comparison);
-``SIGHUP`` rereads the file in every worker, one that no longer parses leaves the keys as they were;
-with no key every caller is an admin, as in Ollama.
-Keys are also minted, changed, rotated and revoked without a file (``/api/keys``, ``routes/keys.py``; the
-``/admin`` page), kept hashed in the usage database (``key_store.py``) and followed by every worker of every
-front within about a second; :meth:`KeyRing.find` checks both sources, and a minted key's expiry, in its one
-lookup.
-
-Which role reaches which route is ``route_roles.py``'s one table (checked by :func:`middleware`
-before anything else runs: a route not in it is 404 and never relayed); a check inside a handler
-reads the caller's key (:func:`key_of`) and its role.
+Keys come from ``--api-key`` (admin keys), ``--api-key-file`` (one key a line, or TOML ``[[keys]]`` tables,
+:class:`KeyEntry`, whose fields but the secret are :class:`KeySettings`) and the minted keys of
+``key_store.py``; :class:`KeyRing` holds them all. Roles: **user** (its models), **admin** (also models and
+the server), **metrics**. Which role reaches which route is ``route_roles.py``'s one table, checked by
+:func:`middleware` before anything else runs (a route not in it is 404, never relayed); a handler reads the
+caller with :func:`key_of`. Invariants: a key is found by the SHA-256 of what the client sends (one hash, one
+dict lookup, no early-exit comparison; a minted key's expiry in the same lookup); ``SIGHUP`` rereads the file
+in every worker, and one that no longer parses leaves the keys as they were; with no key every caller is an
+admin, as in Ollama. The keys file: ``docs/configuration.md`` "Many users"; why SHA-256: ``docs/decisions.md``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """``/admin``: the operator's page, server-rendered HTML with no script and no build step.
 
-<<<<<<< HEAD
-It shows the models, GPU memory, requests in flight, each key's tokens against its budget, today's requests
-and the last failed ones (the usage ledger), mints and changes keys through ``routes/keys.py``'s functions,
-and frames the live data (``GET /admin/live``, refreshed every 15 s); ``docs/operations.md`` "The admin
-page". A browser posts an admin key once (``POST /admin/login``) and gets a cookie ``vllama_admin`` holding
-the key's name, an expiry and their HMAC-SHA-256 keyed by the key's digest: valid on any worker, void once
-the key is rotated, revoked, expired or gone, ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`).
+It shows the models, GPU memory, requests in flight, each key's tokens against its budget and the usage
+ledger's requests; it mints and changes keys through ``routes/keys.py``'s functions, and frames the live
+data (``GET /admin/live``). A browser posts an admin key once and gets a signed cookie that any worker
+checks (:func:`cookie_key`), void once the key is rotated, revoked, expired or gone; ``POST
+/admin/logout`` ends it everywhere (:class:`SignOuts`). ``admin_oidc.py`` signs people in the same way.
 Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin`` and carry
-:func:`csrf_token`; rotating and revoking need the ``confirm`` box; no framing, no scripts (CSP), every value
-HTML-escaped.
-=======
-It shows each model and its state, GPU memory, requests in flight per key, each key's tokens this day
-and month against its budget, today's requests by key and model, and the last failed requests (the
-usage ledger). Only an admin key opens it (anyone on an open server). A browser posts the key once
-(``POST /admin/login``, body within 4 KB and ``--body-timeout``) and gets a cookie ``vllama_admin``
-(HttpOnly, SameSite=Strict, Path=/admin, Secure on HTTPS, 8 hours) holding the key's name, an expiry
-and their HMAC-SHA-256 keyed by the key's digest: valid on any worker, void once the key leaves the
-keys file, ended everywhere by ``POST /admin/logout`` (:class:`SignOuts`, a file every worker reads).
-Invariants: the key never goes in a URL; the POSTs refuse a foreign ``Origin``; ``frame-ancestors
-'none'``, a CSP without scripts, every value HTML-escaped. Scripts may send ``Authorization: Bearer``.
-The page also mints, scopes, expires, rotates and revokes keys (``routes/keys.py``'s functions, the admin
-API's), shows the audit log, and frames the live data (``GET /admin/live``), which alone refreshes every
-15 s so a form's typing stays. A wrong key answers the sign-in form with the reason (401, 403). CSRF: each
-key form carries :func:`csrf_token` (an HMAC of the sign-in's signature); rotating and revoking need the
-form's ``confirm`` box. The cookie is void too once its key is rotated, revoked or expired.
-With ``--admin-oidc-issuer`` a person may sign in through an OpenID Connect provider instead (``admin_oidc.py``):
-the same cookie, named ``~`` + their name (base64url; no key's name starts with ``~``) and signed with a key derived
-from the client secret, so the CSRF token, sign-out and audit log (their name is "who") work as for a key.
->>>>>>> main
+:func:`csrf_token`; rotating and revoking need the ``confirm`` box; no framing, no scripts (CSP), every
+value HTML-escaped. Routes and cookies: ``docs/operations.md`` "The page's routes and cookies".
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""Signing in to ``/admin`` through an OpenID Connect provider, beside the admin key (``--admin-oidc-issuer``;
-``docs/operations.md`` "Signing in with OpenID Connect").
+"""Signing in to ``/admin`` through an OpenID Connect provider, beside the admin key (``--admin-oidc-issuer``).
 
-The authorization code flow with PKCE (S256), ``state`` and ``nonce``, through authlib (its ``AsyncOAuth2Client``
-over httpx2 for the authorization URL and the code's exchange, ``CodeIDToken`` and joserfc for the ID token's check
-against the provider's published keys):
-
-- ``GET /admin/oidc/login``: a fresh state, nonce and code verifier go into a short-lived cookie (``vllama_oidc``:
-  HttpOnly, SameSite=Lax so that the provider's redirect back carries it, Path ``/admin/oidc``, 10 minutes, signed
-  with :attr:`OidcSignIn.session_key`), and the browser to the provider's authorization endpoint.
-- ``GET /admin/oidc/callback``: the state must match the cookie's; the code is exchanged (with the verifier and
-  the client's secret); the ID token's signature, issuer, audience, expiry and nonce are checked; the role claim
-  (``--admin-oidc-role-claim``, from the ID token, else from the userinfo endpoint) must hold
-  ``--admin-oidc-admin-value``. Then the page's own sign-in cookie is set (``admin.py``: the same cookie, CSRF
-  token, sign-out and audit log as a key's sign-in), naming the person by their ``email``, else
-  ``preferred_username``, else ``sub``: that name is the audit log's "who". Anyone else gets the sign-in form with
-  the reason (401, 403; 502 when the provider cannot be reached), never a 500.
-
-Invariants: the client secret is never logged nor put in a page; the discovery document and the keys are read
-once an hour (the keys again at once for an unknown ``kid``); no state is kept in the workers (the flow's lives in
-its cookie), so any worker or front with the same settings finishes a sign-in another began.
+The authorization code flow with PKCE (S256), ``state`` and ``nonce``, through authlib (``AsyncOAuth2Client``
+for the authorization URL and the code's exchange, ``CodeIDToken`` and joserfc for the ID token's check against
+the provider's published keys): ``GET /admin/oidc/login`` sends the browser to the provider, ``GET
+/admin/oidc/callback`` checks what comes back and sets ``admin.py``'s sign-in cookie for a person whose role
+claim holds ``--admin-oidc-admin-value``; anyone else gets the sign-in form with the reason, never a 500.
+Invariants: the client secret is never logged nor put in a page; no state is kept in the workers (the flow's
+lives in its cookie), so any worker or front with the same settings finishes a sign-in another began.
+Routes, cookies and checks: ``docs/operations.md`` "Signing in with OpenID Connect", "The page's routes and cookies".
 """
 
 from __future__ import annotations
