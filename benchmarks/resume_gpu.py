@@ -185,6 +185,8 @@ def main() -> None:
     p.add_argument("--cut", type=int, default=50, help="tokens the first stream has when the engine is killed")
     p.add_argument("--routes", default=",".join(ROUTES), help=f"comma-separated, of {', '.join(ROUTES)}")
     p.add_argument("--victim", choices=("core", "vllm"), default="core")
+    p.add_argument("--no-kill", action="store_true", help="the second run uninterrupted too: how many answers equal the "
+                   "reference without a kill (a model that is not batch-invariant differs where its batches differ)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
 
@@ -198,9 +200,9 @@ def main() -> None:
     resumed0 = _counter(args.url, "vllama_resumed_streams_total")
     pid = _victim(args.url, args.model, args.victim)
     t0 = time.perf_counter()
-    got, at = asyncio.run(_run(args, kill=lambda: os.kill(pid, signal.SIGKILL)))
+    got, at = asyncio.run(_run(args, kill=(lambda: None) if args.no_kill else lambda: os.kill(pid, signal.SIGKILL)))
     run_s = time.perf_counter() - t0
-    for _ in range(600):  # the restart seen by the supervisor (the streams may all have ended before it)
+    for _ in range(0 if args.no_kill else 600):  # the restart seen by the supervisor (the streams may all have ended before it)
         state = _ready(args.url, args.model)
         if state.get("restarts") != restarts0 and state.get("state") == "ready":
             break
@@ -215,15 +217,21 @@ def main() -> None:
         same = [r for ref, r in pairs if "error" not in r and r["finish"] and r["text"] == ref["text"]]
         pauses = [x for _, r in pairs if (x := _pause_ms(r, at)) is not None]
         errors = [r["error"] for _, r in pairs if "error" in r]
+        # how far each answer equals the reference from its start: the share of the reference's text
+        prefix = [len(os.path.commonprefix([ref["text"], r["text"]])) / max(1, len(ref["text"])) for ref, r in pairs]
         rows.append({"route": route, "streams": len(pairs), "completed": len(done), "equal": len(same),
                      "longest_pause_ms": round(max(pauses), 1) if pauses else None,
                      "median_pause_ms": round(statistics.median(pauses), 1) if pauses else None,
+                     "same_prefix_p50": round(statistics.median(prefix), 3) if prefix else None,
+                     "same_prefix_min": round(min(prefix), 3) if prefix else None,
                      "errors": len(errors), "error_sample": errors[0] if errors else ""})
     print(f"{args.streams} greedy streams of {args.tokens} tokens on {args.model} ({args.routes}); reference run "
           f"{ref_s:.1f} s; kill of the {'engine core' if args.victim == 'core' else 'vllm serve process'} (pid {pid}) "
-          f"at the first stream's {args.cut}th token, {'' if at else 'NOT '}done; run {run_s:.1f} s")
+          f"at the first stream's {args.cut}th token, {'' if at else 'NOT '}done; run {run_s:.1f} s"
+          + (" (--no-kill: nothing killed)" if args.no_kill else ""))
     print(f"vLLM restarts {restarts0} -> {restarts1}; vllama_resumed_streams_total {resumed0:g} -> {resumed1:g}")
-    head = ("route", "streams", "completed", "equal", "longest_pause_ms", "median_pause_ms", "errors")
+    head = ("route", "streams", "completed", "equal", "same_prefix_p50", "same_prefix_min", "longest_pause_ms",
+            "median_pause_ms", "errors")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows:
