@@ -1,15 +1,12 @@
 """The finisher: the one place that completes every body vLLM receives, for every route.
 
-A route builds what vLLM is asked (translated, ``ollama/to_openai.py``, or the gate's checked fields);
-:func:`finish` then adds what every body owes the other tenants and the operator, in one pass, so that no
-route can forget one: the model as vLLM serves it (a created model's adapter); the stamps of its own (the
-vLLM ``priority``: a user key never goes before others; a stream's usage asked of vLLM for the settler,
-dropped for a client that did not ask; a user key's Responses request stateless; with ``--resume``, the
-token ids of an Ollama route's answer or of a ``/v1`` completions or chat stream, ``return_token_ids``, so a
-stream vLLM breaks can be asked again, ``resume.py``); when relayed, a created model's ``SYSTEM`` and ``PARAMETER`` defaults under the client's;
-the key's prefix- and media-cache share (``cache_salt.py``); and last the answer's length
-(``output_tokens.py``: capped by the key's ``max_tokens`` and the context). Runs with the model held, once
-per request, never per token.
+A route builds what vLLM is asked (``ollama/to_openai.py``, or the gate's checked fields); :func:`finish` adds,
+in one pass, what every body owes the other tenants and the operator, so that no route can forget one: the model
+as vLLM serves it; vLLM's ``priority`` (a user key never goes before others); a stream's usage ask for the
+settler; a user key's Responses request stateless; with ``--resume`` the token ids (``return_token_ids``) a
+broken stream is asked again with (``resume.py``); when relayed, a created model's defaults under the client's;
+the key's cache share (``cache_salt.py``); and last the answer's length (``output_tokens.py``: the key's
+``max_tokens`` and the context). Runs with the model held, once per request, never per token.
 """
 
 from __future__ import annotations

@@ -1,42 +1,14 @@
 """A stream that outlives its vLLM: asked again as token ids, continued on the same client stream.
 
-When vLLM dies mid-answer (its engine core or its API server killed, a restart by vllama, a connection
-reset), every token already written to the client is known to vllama, and vLLM takes a prompt as token ids.
-So a stream that breaks is asked again of the vLLM that serves the model next (the restarted one, or another
-node behind a router) on ``/v1/completions`` with ``prompt`` = the prompt's token ids followed by the output's
-token ids already relayed, the same sampling parameters (greedy stays greedy; a seed is passed on),
-``max_tokens`` less what was sent, the key's ``cache_salt`` and ``priority``. Its chunks are shaped like the
-original route's (a chat's ``delta``; reasoning up to ``</think>`` stays reasoning) and fed to the same
-translator, so the client's stream pauses and continues; its ``usage`` is rewritten to count the client's
-prompt once and the whole answer (the settler, ``settler.py``, charges that), and the resume's own prompt is
-vllama's cost: ``vllama_resumed_streams_total``, ``vllama_resume_prompt_tokens_total`` (``metrics.py``).
-
-The ids come from vLLM itself (``return_token_ids``, asked by the finisher, ``finisher.py``: the prompt's in a
-stream's first chunk, each token's in its chunk), never from the text re-tokenized. A stream waits for the
-model to serve again (its status board's news, ``supervisor/status.py``; an ``--upstream`` vLLM is asked
-again with a growing pause) at most ``--resume-timeout`` seconds (default from the model's latest start:
-:func:`resume_timeout`), then ends with the error it broke with, as without ``--resume``.
-
-The routes: ``/api/generate`` and ``/api/chat`` (``relay.py``), and a client's own ``/v1/completions`` and
-``/v1/chat/completions`` streams (``routes/openai.py``: ``relayed``; the continuation keeps the stream's ``id``,
-``object``, ``created`` and ``model``, and the ids vllama asked for are taken out, ``strip``).
-
-A chat with ``tools`` is continued as a chat, not as token ids (vLLM's tool parser reads only a chat's own
-stream): ``/v1/chat/completions`` with the content sent so far as the assistant's message to continue
-(``continue_final_message``, no generation prompt), or the whole turn asked again when no content was sent; a
-tool call being written when vLLM broke is so written again from its start (``/api/chat`` sends calls only whole,
-``to_ollama.ChatTranslator``, and drops the partial one). Not for a chat whose client already has a call or a
-fragment of one, that sent reasoning, or with a ``tool_choice`` grammar once text was sent; its text, not its
-tokens, is the uninterrupted one's (the text is tokenized again).
-
-Not resumed, the log says why (``resume_refused``): a client's ``n`` > 1, structured output (a grammar would
-begin again at the continuation), ``/v1/messages`` and ``/v1/responses`` (vLLM's own Anthropic Messages and
-Responses APIs render and parse the conversation themselves and return no token ids: ``routes/openai.py`` logs
-the line when their stream fails), ``echo``/``suffix``, a stream that broke before vLLM sent its prompt's ids, a
-client error (4xx), a model that failed or stopped. Known limits: with
-stop strings, text vLLM held back before the break (at most a stop string's length) is not sent; presence and
-frequency penalties see the sent output as prompt. Source: vLLM 0.32 ``entrypoints/openai/*/protocol.py``
-(``return_token_ids``, ``prompt_token_ids``, ``token_ids``).
+A stream vLLM breaks mid-answer is asked again of the vLLM that serves the model next, on ``/v1/completions``
+with the prompt's token ids followed by the output's ids already sent (both from vLLM's ``return_token_ids``,
+asked by ``finisher.py``, never re-tokenized), the same sampling parameters, ``max_tokens`` less what was sent,
+the key's ``cache_salt`` and ``priority``; a chat with tools is asked again as a chat. Its chunks are shaped as
+the route's and fed to the same translator. Invariants: the client's prompt and each output token are charged
+once (``settler.py``), the resume's own prompt is vllama's cost (``metrics.py``); a stream waits at most
+``--resume-timeout`` (:func:`resume_timeout`) on the model's status board, then ends with the error it broke
+with; what is not resumed is logged with why (``resume_refused``). Routes, limits and measurements:
+``docs/operations.md`` "What survives what". Source: vLLM 0.32 ``entrypoints/openai/*/protocol.py``.
 """
 
 from __future__ import annotations
