@@ -72,6 +72,7 @@ FAKE_VLLM_BACKLOG          int (1024): the listen backlog (Linux holds backlog +
                            and drops a SYN beyond them; vLLM's uvicorn listens with 2048, vllm-router with 128).
 FAKE_VLLM_ACCEPT_EVERY     float s (0): accept one connection per this many seconds (a server too busy to
                            accept faster: its listen queue fills whatever the machine's load).
+FAKE_VLLM_TOKEN_IDS        1: a stream's ``return_token_ids`` is answered (Generation, below); else null.
 FAKE_VLLM_METRICS_DELAY    float s (0): /metrics answers this long after it is asked (what it shows is read
                            then), as a busy vLLM's does; /_fake/stats ``metrics_asked``: those answers
                            not yet given.
@@ -113,6 +114,11 @@ counts as 1). Output tokens are ``"tok0 "``, ``"tok1 "``, ...; natural length 8,
 marker ``[[tokens:N]]``. ``max_tokens`` (completions default 16, chat default max_model_len - P)
 cuts with finish ``length``; ``ignore_eos`` generates exactly max_tokens; ``stop`` strings equal to a
 stripped token stop before it (finish ``stop``, ``stop_reason`` = the string).
+Token ids (with FAKE_VLLM_TOKEN_IDS=1, a stream's ``return_token_ids`` as vLLM 0.32 answers it: the
+prompt's in the first chunk, each token's in its chunk; else null, as vLLM 0.26): a prompt word's id is its CRC-32 below 100,000, the marker ``[[tokens:N]]`` 400,000 + N,
+output token ``"tokI "`` 100,000 + I (any other event 300,000 + its index). A ``/v1/completions``
+prompt of token ids ending in output ids continues the answer there: after ``tokI`` comes
+``tok(I+1)``, up to the marker's N (what vllama's resume sends another engine: ``api/request/resume.py``).
 ``response_format`` json_object/json_schema (or ``structured_outputs``/``guided_json``) gives
 ``{"ok": true}`` as two tokens. Chat with ``chat_template_kwargs.enable_thinking`` true first emits
 3 reasoning tokens ``"think0 "`` .. ``"think2 "``. Chat with ``tools`` and ``[[tool]]`` /
@@ -196,6 +202,21 @@ SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-nohash"
 
 _RE_TOKENS = re.compile(r"\[\[tokens:(\d+)\]\]")
 _RE_FAULT = re.compile(r"\[\[fault:([a-z0-9_]+)\]\]")
+#: Token ids (``return_token_ids``): output token I is _OUT_ID + I, the marker [[tokens:N]] _MARK_ID + N.
+_OUT_ID, _OTHER_ID, _MARK_ID = 100_000, 300_000, 400_000
+
+
+def word_id(word: str) -> int:
+    """A prompt word's token id: the length marker keeps its N, any other word its CRC-32 below _OUT_ID."""
+    m = _RE_TOKENS.fullmatch(word)
+    return _MARK_ID + int(m[1]) if m else zlib.crc32(word.encode()) % _OUT_ID
+
+
+def event_id(ev: tuple, i: int) -> int:
+    """An output event's token id: ``"tokI "`` is _OUT_ID + I, any other the index's."""
+    if ev[0] == "c" and ev[1].startswith("tok") and ev[1][3:-1].isdigit():
+        return _OUT_ID + int(ev[1][3:-1])
+    return _OTHER_ID + i
 _RE_TOOLS = re.compile(r"\[\[tools:(\d+)\]\]")
 _TOOL_MARK = "[[tool]]"
 
@@ -280,6 +301,7 @@ class Knobs:
         self.backlog = _env_int("FAKE_VLLM_BACKLOG") or 1024
         self.stale_pending = _env_int("FAKE_VLLM_STALE_PENDING") or 0
         self.accept_every = _env_float("FAKE_VLLM_ACCEPT_EVERY", 0.0)
+        self.token_ids = env.get("FAKE_VLLM_TOKEN_IDS", "") not in ("", "0", "false")
 
 
 class Scheduler:
@@ -656,9 +678,12 @@ class Plan:
     """
 
     def __init__(self, events: list[tuple], finish: str, stop_reason: str | None,
-                 prompt_tokens: int, faults: set[str], words: list[str] | None = None) -> None:
+                 prompt_tokens: int, faults: set[str], words: list[str] | None = None,
+                 ids: list[int] | None = None) -> None:
         self.words = words or []  # the prompt's tokens, for the prefix cache
+        self.ids = ids if ids is not None else [word_id(w) for w in self.words]  # the prompt's token ids
         self.salt: str | None = None  # the request's cache_salt, for the prefix cache
+        self.token_ids = False  # the request's return_token_ids
         self.events = events
         self.finish = finish
         self.stop_reason = stop_reason
@@ -667,15 +692,16 @@ class Plan:
 
 
 def _content_tokens(text: str, max_tokens: int, ignore_eos: bool, stops: list[str],
-                    json_mode: bool) -> tuple[list[str], str, str | None]:
+                    json_mode: bool, start: int = 0) -> tuple[list[str], str, str | None]:
+    """The answer's tokens from ``tok<start>`` on (``start``: output tokens already in the prompt)."""
     if json_mode:
         natural = ['{"ok":', " true}"]
     else:
         m = _RE_TOKENS.findall(text)
-        n = int(m[-1]) if m else 8
+        n = (int(m[-1]) if m else 8) - start
         if ignore_eos:
             n = max_tokens
-        natural = [f"tok{i} " for i in range(min(n, max_tokens + 1))]
+        natural = [f"tok{start + i} " for i in range(max(0, min(n, max_tokens + 1)))]
     stop_at = None
     stop_reason = None
     if stops:
@@ -718,13 +744,17 @@ def plan_completion(state: State, body: dict[str, Any]) -> Plan:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    start = 0
     if isinstance(prompt, str):
         text = prompt
         ptoks = len(prompt.split())
     elif isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        text = ""
+        # token ids: the length marker read back; output ids at the end continue the answer after them
+        text = " ".join(f"[[tokens:{t - _MARK_ID}]]" for t in prompt if t >= _MARK_ID)
         ptoks = len(prompt)
+        while start < len(prompt) and _OUT_ID <= prompt[-1 - start] < _OTHER_ID:
+            start += 1
     elif prompt is None:
         raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.",
                        param="prompt")
@@ -740,9 +770,11 @@ def plan_completion(state: State, body: dict[str, Any]) -> Plan:
     _validate_len(state, ptoks, mt)
     _check_grammar(body)
     toks, finish, stop_reason = _content_tokens(
-        text, mt, bool(body.get("ignore_eos")), _stops(body), _wants_json(body))
-    words = text.split() if text else [str(t) for t in prompt]
-    return Plan([("c", t) for t in toks], finish, stop_reason, ptoks, faults, words)
+        text, mt, bool(body.get("ignore_eos")), _stops(body), _wants_json(body), start)
+    if isinstance(prompt, str):
+        return Plan([("c", t) for t in toks], finish, stop_reason, ptoks, faults, text.split())
+    return Plan([("c", t) for t in toks], finish, stop_reason, ptoks, faults, [str(t) for t in prompt],
+                list(prompt))
 
 
 def plan_chat(state: State, body: dict[str, Any]) -> Plan:
@@ -917,6 +949,7 @@ async def handle_generation(request: web.Request, chat: bool) -> web.StreamRespo
         stream = bool(body.get("stream"))
         plan = plan_chat(state, body) if chat else plan_completion(state, body)
         plan.salt = _cache_salt(body)
+        plan.token_ids = state.knobs.token_ids and bool(body.get("return_token_ids"))
         so = body.get("stream_options")
         include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
     except GrammarError as e:
@@ -967,6 +1000,15 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
     resp = await _start_stream(request)
     sent_role = False
     count = 0
+    ids = plan.token_ids
+
+    def first_ids() -> list[int] | None:
+        """The prompt's token ids, in the first chunk only (``return_token_ids``)."""
+        nonlocal ids
+        if not ids:
+            return None
+        ids = False
+        return plan.ids
 
     def chunk(choice: dict[str, Any], **top: Any) -> bytes:
         return _sse({"id": rid, "object": obj, "created": created, "model": model,
@@ -975,7 +1017,7 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
     async def send_role() -> None:
         await resp.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
                                 "logprobs": None, "finish_reason": None},
-                               prompt_token_ids=None, prompt_text=None))
+                               prompt_token_ids=first_ids(), prompt_text=None))
 
     def finish_fields(last: bool) -> dict[str, Any]:
         if not last:
@@ -1004,6 +1046,7 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
             return resp
         count += 1
         last = merge_finish and count == n
+        tid = [event_id(ev, count - 1)] if plan.token_ids else None
         if chat:
             if not sent_role:
                 sent_role = True
@@ -1018,19 +1061,19 @@ async def _stream(request: web.Request, state: State, plan: Plan, tracker: Track
             else:
                 delta = {"content": None, "tool_calls": [{"index": ev[1], "function": {"arguments": ev[2]}}]}
             await resp.write(chunk({"index": 0, "delta": delta, "logprobs": None,
-                                    **finish_fields(last), "token_ids": None}))
+                                    **finish_fields(last), "token_ids": tid}))
         else:
             await resp.write(chunk({"index": 0, "text": ev[1], "logprobs": None, **finish_fields(last),
-                                    "prompt_token_ids": None, "token_ids": None}))
+                                    "prompt_token_ids": first_ids(), "token_ids": tid}))
     if not merge_finish:
         if chat:
             if not sent_role:
                 await send_role()
             await resp.write(chunk({"index": 0, "delta": {}, "logprobs": None,
-                                    **finish_fields(True), "token_ids": None}))
+                                    **finish_fields(True), "token_ids": [] if plan.token_ids else None}))
         else:
             await resp.write(chunk({"index": 0, "text": "", "logprobs": None, **finish_fields(True),
-                                    "prompt_token_ids": None, "token_ids": None}))
+                                    "prompt_token_ids": first_ids(), "token_ids": [] if plan.token_ids else None}))
     if include_usage:
         p = plan.prompt_tokens
         await resp.write(_sse({

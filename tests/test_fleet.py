@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from ollama import Client, ResponseError
 
@@ -324,8 +325,11 @@ def test_a_tenants_own_session_key_neither_pins_the_fleet_nor_reaches_another_te
 
 
 def test_one_engine_killed(tmp_path, fleet):
+    """An engine killed under a stream of the front's: the node ends the stream at once (its client, the front,
+    asked the token ids), the front continues it through the router on the other node, whole; meanwhile the router
+    sees the engine down, the front stays ready, new chats go to the other engine; the restarted engine comes back."""
     router = fleet(Router, tmp_path / "router.log")
-    env = {"FAKE_VLLM_TOKEN_DELAY": "0.02"}
+    env = {"FAKE_VLLM_TOKEN_DELAY": "0.02", "FAKE_VLLM_TOKEN_IDS": "1"}
     # a's restart takes 3 s: long enough for the router to see it unhealthy
     a = fleet(node, tmp_path, "a", router, env={**env, "FAKE_VLLM_START_DELAY": "3"})
     b = fleet(node, tmp_path, "b", router, env=env)
@@ -341,12 +345,11 @@ def test_one_engine_killed(tmp_path, fleet):
     key = client_key("-", mine)
     on_a = Client(host=front.url, headers={"X-Session-ID": mine})
     stream = on_a.chat(model="tiny", messages=[{"role": "user", "content": "long [[tokens:500]]"}], stream=True)
-    next(stream)
+    parts = [next(stream)]
     old = a.server_pid()
     os.kill(old, signal.SIGKILL)
-    with pytest.raises(ResponseError):  # the stream in flight on the killed engine ends with an error line
-        for _ in stream:
-            pass
+    reader = threading.Thread(target=lambda: parts.extend(stream), daemon=True)  # it goes on, on b
+    reader.start()
 
     # while a restarts: the router's /health is 503, the front stays ready and lists the model,
     # and new conversations are answered (by b)
@@ -363,6 +366,11 @@ def test_one_engine_killed(tmp_path, fleet):
     for s in range(4):
         chat(client, 1, system="During the outage.", first=f"session {s}")
     assert sum(sessions_seen(b).values()) == before_b + 4
+    reader.join(60)
+    assert "".join(p.message.content for p in parts) == "".join(f"tok{i} " for i in range(500))
+    assert parts[-1].done and parts[-1].eval_count == 500
+    assert any(isinstance((r["body"] or {}).get("prompt"), list)  # continued on b, from the token ids sent
+               for r in httpx.get(b.vllm_url + "/_fake/requests").json())  # type: ignore[attr-defined]
 
     # a's supervisor restarts its engine; the router takes it back; the key that hashed to a lands on a again
     a.wait_state("ready", restarts=1)
@@ -373,6 +381,81 @@ def test_one_engine_killed(tmp_path, fleet):
 
     assert a.stop() == 0 and b.stop() == 0
     assert not any(alive(v.server_pid()) for v in (a, b))
+
+
+def test_streams_of_a_node_killed_or_drained_continue_on_another_node(tmp_path, fleet):
+    """The fleet's part of "what survives what" (docs/operations.md): node a, holding three streams of the front's
+    (``/api/chat``, ``/api/generate``, ``/v1/chat/completions``), is SIGKILLed whole (its vllama and its vLLM, as a
+    host that dies); the front asks each again through the router as its prompt's token ids and those already sent
+    (``api/request/resume.py``), the router places it on node b, and each client gets its whole answer, every token
+    once, in order, its counts covering the whole answer. Then b, drained past its ``--drain-timeout`` under a
+    stream of the front's, stops its engine: the stream continues on node c. The stand-in answers
+    ``return_token_ids`` (``FAKE_VLLM_TOKEN_IDS``) and continues a token-id prompt where it ends."""
+    import openai
+
+    router = fleet(Router, tmp_path / "router.log")
+    env = {"FAKE_VLLM_TOKEN_DELAY": "0.02", "FAKE_VLLM_TOKEN_IDS": "1"}
+    a = fleet(node, tmp_path, "a", router, env=env)
+    b = fleet(node, tmp_path, "b", router, env=env, flags=["--drain-timeout", "1"])
+    a.wait_state("ready"), b.wait_state("ready")
+    router.wait_workers({a.url: True, b.url: True})
+    log = tmp_path / "front.log"
+    front = fleet(start_proxy, router.url, vllm_args=[], log=log)
+    from vllama_proxy.api.fleet.affinity import client_key
+    mine = next(k for k in (f"key-{i}" for i in range(64))  # a key of the client's own that the router hashes to a
+                if Client(host=front.url, headers={"X-Session-ID": k}).generate(model="tiny", prompt="x")
+                and client_key("-", k) in {r["headers"].get("x-session-id") or r["headers"].get("X-Session-ID")
+                                           for r in httpx.get(a.vllm_url + "/_fake/requests").json()})  # type: ignore[attr-defined]
+    n = 200
+    whole = "".join(f"tok{i} " for i in range(n))
+    ask = f"long [[tokens:{n}]]"
+    client = Client(host=front.url, headers={"X-Session-ID": mine})
+    chat = client.chat(model="tiny", messages=[{"role": "user", "content": ask}], stream=True)
+    gen = client.generate(model="tiny", prompt=ask, stream=True)
+    oa = openai.OpenAI(base_url=front.url + "/v1", api_key="-", default_headers={"X-Session-ID": mine})
+    v1 = oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": ask}], stream=True,
+                                    stream_options={"include_usage": True})
+    firsts = [next(chat), next(gen), next(v1)]
+    requests_a = [r for r in httpx.get(a.vllm_url + "/_fake/requests").json() if r["path"] != "/v1/models"]  # type: ignore[attr-defined]
+    assert sum(ask in str(r["body"]) for r in requests_a) == 3, "the three streams are on a"
+    node_a = psutil.Process(a.proc.pid)
+    for p in [*node_a.children(recursive=True), node_a]:  # the whole node dies at once
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+    chat_parts = [firsts[0], *chat]
+    gen_parts = [firsts[1], *gen]
+    v1_parts = [firsts[2], *v1]
+    assert "".join(p.message.content for p in chat_parts) == whole
+    assert chat_parts[-1].done and chat_parts[-1].eval_count == n and chat_parts[-1].done_reason == "stop"
+    assert "".join(p.response for p in gen_parts) == whole
+    assert gen_parts[-1].done and gen_parts[-1].eval_count == n
+    assert "".join(c.choices[0].delta.content or "" for c in v1_parts if c.choices) == whole
+    assert v1_parts[-1].usage.completion_tokens == n
+    resumed = [e for e in log_events(log) if e.get("event") == "stream_resumed"]
+    assert len(resumed) == 3 and all(e["tokens_sent"] > 0 for e in resumed), resumed
+    continued = [r for r in httpx.get(b.vllm_url + "/_fake/requests").json()  # type: ignore[attr-defined]
+                 if r["path"] == "/v1/completions" and isinstance(r["body"].get("prompt"), list)]
+    assert len(continued) == 3, "b continued each stream as token ids"
+
+    # b drained past its --drain-timeout (1 s) under a stream of the front's: the stream goes on on c
+    c = fleet(node, tmp_path, "c", router, env=env)
+    c.wait_state("ready")
+    router.wait_workers({a.url: False, b.url: True, c.url: True})  # a, killed, could not leave: listed, unhealthy
+    on_b = next(k for k in (f"key-b{i}" for i in range(64))
+                if Client(host=front.url, headers={"X-Session-ID": k}).generate(model="tiny", prompt="y")
+                and client_key("-", k) in {r["headers"].get("x-session-id") or r["headers"].get("X-Session-ID")
+                                           for r in httpx.get(b.vllm_url + "/_fake/requests").json()})  # type: ignore[attr-defined]
+    drained = Client(host=front.url, headers={"X-Session-ID": on_b}).chat(
+        model="tiny", messages=[{"role": "user", "content": ask}], stream=True)
+    parts = [next(drained)]
+    b.proc.send_signal(signal.SIGTERM)
+    parts += list(drained)
+    assert "".join(p.message.content for p in parts) == whole and parts[-1].eval_count == n
+    assert b.proc.wait(30) == 0
+    assert any(isinstance((r["body"] or {}).get("prompt"), list)  # c continued it as token ids
+               for r in httpx.get(c.vllm_url + "/_fake/requests").json())  # type: ignore[attr-defined]
+    assert len([e for e in log_events(log) if e.get("event") == "stream_resumed"]) == 4
 
 
 def test_router_child_mode(tmp_path, fleet):

@@ -3,6 +3,8 @@ route's (the whole path runs against the real vLLM in ``tests/real_engine/test_r
 
 from __future__ import annotations
 
+import pytest
+
 from vllama_proxy.api.request.resume import Resume, refusal, resumable, resume_timeout
 from vllama_proxy.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 
@@ -118,3 +120,27 @@ def test_a_chat_with_tools_is_continued_as_a_chat_from_the_text_it_sent():
     r = _resume(messages=messages, tools=tools)
     r.take([{"prompt_token_ids": [1], "choices": [{"delta": {"reasoning": "hm"}, "token_ids": [5]}]}])
     assert not r.can(UpstreamUnavailable("closed"), calls_sent=False)
+
+
+async def test_a_continuation_learns_the_context_it_was_not_told():
+    """An ``--upstream`` model listed before its vLLM knew its context: the continuation's ``max_tokens`` comes from
+    ``/v1/models`` asked at the resume (without it vLLM's ``/v1/completions`` would stop at 16 tokens); a model
+    that lists none is not continued."""
+    class Upstream:
+        def __init__(self, listed):
+            self.listed = listed
+
+        async def get_json(self, path):
+            assert path == "/v1/models"
+            return {"data": [{"id": "other", "max_model_len": 99}, self.listed]}
+
+    broke = UpstreamUnavailable("closed")
+    r = Resume("/v1/chat/completions", {"model": "m"}, upstream=Upstream({"id": "m", "max_model_len": 2048}),  # type: ignore[arg-type]
+               board=None, worker=0, timeout=60.0, max_model_len=None, headers=None, route="/api/chat")
+    r.take([{"prompt_token_ids": [1, 2, 3], "choices": [{"delta": {"content": "a"}, "token_ids": [7]}]}])
+    await r._learn_context(broke)
+    assert r._continuation(False)["max_tokens"] == 2048 - 4
+    r = Resume("/v1/chat/completions", {"model": "m"}, upstream=Upstream({"id": "m"}),  # type: ignore[arg-type]
+               board=None, worker=0, timeout=60.0, max_model_len=None, headers=None, route="/api/chat")
+    with pytest.raises(UpstreamUnavailable):
+        await r._learn_context(broke)

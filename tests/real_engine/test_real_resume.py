@@ -14,8 +14,8 @@ client's 50th token came after vLLM had made all 200). So each engine step lasts
 tokens it made (:class:`Killer`).
 
 The same server then serves the OpenAI routes' streams (``/v1/chat/completions``, ``/v1/completions``: continued,
-one stream as their client sees it; ``/v1/messages``: vLLM's own API, ended as before with the reason logged), and a
-last test starts the shipped tool model the same way: a tool call cut mid-way is written again and reaches an
+one stream as their client sees it; ``/v1/messages``: vLLM's own API, ended as before with the reason logged) beside
+seeded sampled streams (nothing repeated or skipped across the boundary), under one kill, and a last test starts the shipped tool model the same way: a tool call cut mid-way is written again and reaches an
 ``/api/chat`` client whole.
 """
 
@@ -187,42 +187,6 @@ def _post(url: str, body: dict) -> dict:
     return r.json()["choices"][0]
 
 
-def test_a_sampled_stream_neither_repeats_nor_skips_across_the_boundary(server, tiny_model):
-    """With sampling the continuation is a new sample, so it is checked against vLLM itself: for each stream cut
-    after ``k`` tokens (vllama's ``stream_broken`` line, by the client's X-Request-ID), the client's text is the
-    seeded answer's first ``k`` tokens followed by what vLLM samples, with the same seed, for the prompt's token ids
-    and exactly those ``k`` (raw prompts: ``/v1/completions`` upstream, the same body vllama sends)."""
-    sampling = {"temperature": 1.0, "seed": 7}
-    options = {**sampling, "num_predict": N}
-    model = tiny_model.name
-    restarts = server.ready()["restarts"]
-    core = _engine_core(server)
-    root = psutil.Process(server.ready()["pid"])
-    mark = "sampled"
-    killer = Killer(root, core, kill_after=CUT * len(PROMPTS))
-    try:
-        got = asyncio.run(_streams(server.url, model, options, raw=True, mark=mark))
-    finally:
-        killer.stop()
-    assert killer.killed.is_set(), "vLLM made every token before the kill"
-    assert all("error" not in r and r["eval_count"] == N for r in got), (got, server.tail())
-    server.wait_state(model, ("ready",), restarts=restarts + 1)
-    lines = [json.loads(x) for x in server.log.read_text().splitlines() if x.startswith("{")]
-    cut = {x["client_request_id"]: x["tokens_sent"] for x in lines
-           if x.get("event") == "stream_broken" and str(x.get("client_request_id", "")).startswith(mark)}
-    cut = {int(i.rsplit("-", 1)[1]): k for i, k in cut.items() if k > 0}
-    assert cut, "no stream was cut after tokens were sent"
-    for i, k in cut.items():
-        ref = _post(server.url, {"model": model, "prompt": PROMPTS[i], "max_tokens": N, "return_token_ids": True,
-                                 **sampling})
-        prompt, ids = ref["prompt_token_ids"], ref["token_ids"]
-        head = _post(server.url, {"model": model, "prompt": prompt, "max_tokens": k, "return_token_ids": True,
-                                  **sampling})
-        assert head["token_ids"] == ids[:k]  # seeded: the same first k tokens as the stream was sent
-        tail = _post(server.url, {"model": model, "prompt": [*prompt, *ids[:k]], "max_tokens": N - k, **sampling})
-        assert got[i]["text"] == head["text"] + tail["text"], (k, got[i]["text"], head["text"], tail["text"])
-
-
 OPENAI = ("chat", "completions", "chat")  # the /v1 streams, beside one of /v1/messages (vLLM's own API: not resumed)
 
 
@@ -288,20 +252,51 @@ async def _openai_streams(url: str, model: str) -> list[dict]:
     return results
 
 
-def test_openai_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model):
-    """``/v1/chat/completions`` and ``/v1/completions`` streams cut by a SIGKILL of the engine core continue on the
-    restarted vLLM as the same stream (its chunk id kept, no token ids the client did not ask for), with the text
-    and usage of an uninterrupted run; a ``/v1/messages`` stream (vLLM's own Anthropic API, no token ids) ends with
-    an error event as before, and the log says why (``resume_refused``)."""
+def _sampled_cut(server: RealVllama, model: str, got: list[dict], mark: str, sampling: dict) -> None:
+    """With sampling the continuation is a new sample, so it is checked against vLLM itself: for each stream cut
+    after ``k`` tokens (vllama's ``stream_broken`` line, by the client's X-Request-ID), the client's text is the
+    seeded answer's first ``k`` tokens followed by what vLLM samples, with the same seed, for the prompt's token ids
+    and exactly those ``k`` (raw prompts: ``/v1/completions`` upstream, the same body vllama sends)."""
+    assert all("error" not in r and r["eval_count"] == N for r in got), (got, server.tail())
+    lines = [json.loads(x) for x in server.log.read_text().splitlines() if x.startswith("{")]
+    cut = {x["client_request_id"]: x["tokens_sent"] for x in lines
+           if x.get("event") == "stream_broken" and str(x.get("client_request_id", "")).startswith(mark)}
+    cut = {int(i.rsplit("-", 1)[1]): k for i, k in cut.items() if k > 0}
+    assert cut, "no sampled stream was cut after tokens were sent"
+    for i, k in cut.items():
+        ref = _post(server.url, {"model": model, "prompt": PROMPTS[i], "max_tokens": N, "return_token_ids": True,
+                                 **sampling})
+        prompt, ids = ref["prompt_token_ids"], ref["token_ids"]
+        head = _post(server.url, {"model": model, "prompt": prompt, "max_tokens": k, "return_token_ids": True,
+                                  **sampling})
+        assert head["token_ids"] == ids[:k]  # seeded: the same first k tokens as the stream was sent
+        tail = _post(server.url, {"model": model, "prompt": [*prompt, *ids[:k]], "max_tokens": N - k, **sampling})
+        assert got[i]["text"] == head["text"] + tail["text"], (k, got[i]["text"], head["text"], tail["text"])
+
+
+def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model):
+    """One kill of the engine core under ``/v1`` streams and seeded sampled ones (one vLLM restart for both: each
+    costs a minute of the suite on 2 CPUs). ``/v1/chat/completions`` and ``/v1/completions`` streams continue on
+    the restarted vLLM as the same stream (its chunk id kept, no token ids the client did not ask for), with the
+    text and usage of an uninterrupted run; a ``/v1/messages`` stream (vLLM's own Anthropic API, no token ids) ends
+    with an error event as before, and the log says why (``resume_refused``). A sampled stream neither repeats nor
+    skips a token across the boundary (:func:`_sampled_cut`)."""
     model = tiny_model.name
     reference = asyncio.run(_openai_streams(server.url, model))
     assert all("error" not in r for r in reference), reference
     assert all(r["usage"][1] == N and r["finish"] == "length" for r in reference[:len(OPENAI)]), reference
     before, restarts = _resumed(server.url), server.ready()["restarts"]
     streams = _counter(server.url, "vllama_resumed_streams_total")
-    killer = Killer(psutil.Process(server.ready()["pid"]), _engine_core(server), kill_after=CUT * len(reference))
+    sampling, mark = {"temperature": 1.0, "seed": 7}, "sampled"
+
+    async def both() -> tuple[list[dict], list[dict]]:
+        return await asyncio.gather(_openai_streams(server.url, model),
+                                    _streams(server.url, model, {**sampling, "num_predict": N}, raw=True, mark=mark))
+
+    killer = Killer(psutil.Process(server.ready()["pid"]), _engine_core(server),
+                    kill_after=CUT * (len(reference) + len(PROMPTS)))
     try:
-        got = asyncio.run(_openai_streams(server.url, model))
+        got, sampled = asyncio.run(both())
     finally:
         killer.stop()
     assert killer.killed.is_set(), "vLLM made every token before the kill"
@@ -315,6 +310,7 @@ def test_openai_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model)
     refused = [x for x in server.log.read_text().splitlines() if '"resume_refused"' in x and "/v1/messages" in x]
     assert refused and "Anthropic Messages API" in refused[-1], (messages, server.tail())
     assert _resumed(server.url) > before and _counter(server.url, "vllama_resumed_streams_total") >= streams + len(OPENAI)
+    _sampled_cut(server, model, sampled, mark, sampling)
 
 
 @pytest.fixture

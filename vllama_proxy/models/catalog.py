@@ -111,6 +111,7 @@ class Catalog:
         else:
             self._fetched_at = 0.0
         self._fetch_task: asyncio.Task[dict[str, ServedModel]] | None = None
+        self._refined: set[str] = set()  # launched models whose context their ready vLLM reported
         self._files: dict[str, asyncio.Task[ModelFiles]] = {}
         self._caps: dict[ServedModel, tuple[ModelFiles, tuple[str, ...]]] = {}  # capabilities(): per model and its files
 
@@ -292,8 +293,9 @@ class Catalog:
         return self.names.lookup(models, name)
 
     async def _current(self) -> dict[str, ServedModel]:
-        if self._models is None:
-            return await self._fetch()
+        if self._models is None or any(b.model is not None and b.model.name not in self._refined
+                                       and b.board is not None and b.board.ready for b in self._backends):
+            return await self._fetch()  # a launched model's vLLM is ready: its context, as it reports it, from now on
         if time.monotonic() - self._fetched_at > self._ttl and (self._fetch_task is None or self._fetch_task.done()):
             self._fetch_task = asyncio.ensure_future(self._do_fetch())
             self._fetch_task.add_done_callback(_consume_exception)
@@ -342,6 +344,7 @@ class Catalog:
         current = (self._models or {}).get(known.name, known)
         if backend.board is None or not backend.board.ready:
             return current
+        self._refined.add(known.name)  # asked once it is ready (again each ttl): not on every request if it fails
         try:
             data = await backend.upstream.get_json("/v1/models")
         except UpstreamError:

@@ -321,6 +321,9 @@ class Resume:
         whole = self.prompt_ids is None or (self.tools and not self.said)
         native = self.tools and not whole  # a chat with tools: continued as a chat, from its text
         path = self.path if whole or native else "/v1/completions"
+        if not (whole or native or self.max_model_len or self.body.get("max_completion_tokens")
+                or self.body.get("max_tokens")):
+            await self._learn_context(error)  # vLLM's /v1/completions would stop the continuation at 16 tokens
         if whole:
             body = encode_json(self.body)
         else:
@@ -367,6 +370,28 @@ class Resume:
         log.info("stream_resumed", route=self.route, paused_s=round(time.monotonic() - t0, 2), tokens_sent=sent,
                  resume_prompt_tokens=prompt, resumes=self.times)
         return resp
+
+    async def _learn_context(self, error: VllamaError) -> None:
+        """The model's context from its vLLM's ``/v1/models`` (a router's: any node's), when vllama did not know it
+        (an ``--upstream`` model listed before its vLLM was ready); ``error`` raised when it cannot be learnt."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                data = await self.upstream.get_json("/v1/models")
+                break
+            except (UpstreamUnavailable, UpstreamTimeout, UpstreamRejected):
+                if time.monotonic() >= deadline:
+                    log.warning("resume_gave_up", route=self.route, waited_s=round(self.timeout, 1))
+                    raise error from None
+                await asyncio.sleep(0.5)  # no vLLM answers yet (the router has none, or only the dead one)
+        for entry in data.get("data", []) if isinstance(data, dict) else []:
+            if isinstance(entry, dict) and entry.get("id") == self.body.get("model") \
+                    and isinstance(entry.get("max_model_len"), int):
+                self.max_model_len = entry["max_model_len"]
+                return
+        log.warning("resume_refused", route=self.route,
+                    why="the model's context length is unknown (a continuation would stop at vLLM's 16 tokens)")
+        raise error
 
     async def _until_serving(self, error: VllamaError, deadline: float) -> None:
         """Until the model's board says it serves (told by its supervisor's news); ``error`` raised when it failed

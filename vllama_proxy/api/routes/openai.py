@@ -158,13 +158,16 @@ async def _forwarded(request: web.Request, call: Call, body: bytes, data: Any, m
 def _resume_of(request: web.Request, call: Call, data: Any, model: ServedModel | None,
                backend: Backend) -> Callable[[Mapping[str, str]], Resume] | None:
     """For a relayed ``/v1/chat/completions`` or ``/v1/completions`` stream under ``--resume``: what builds its
-    :class:`Resume` (given the headers sent upstream) once its body is finished; ``None`` for any other request (or
-    a model vllama does not know)."""
+    :class:`Resume` (given the headers sent upstream) once its body is finished; ``None`` for any other request, a
+    model vllama does not know, or, on a fleet's node, a stream whose client asked its token ids (a front: it goes on
+    through the router on another node at once, not after this node's restart)."""
     settings = request.app[SETTINGS]
     if not (settings.resume and request.method == "POST" and request.path in _PLACED and isinstance(data, dict)
             and data.get("stream") is True and isinstance(call.typed, Body) and model is not None):
         return None
     strip = data.get("return_token_ids") is not True  # asked by vllama: not the client's to see
+    if settings.register_with and not strip:
+        return None  # a fleet's front asked the ids: it continues the stream on another node at once (docs/fleet.md)
     seconds, _ = resume_timeout(settings.resume_timeout, backend.board)
     worker = request.app[WORKER]
     return lambda headers: Resume(request.path, data, backend.upstream, backend.board, worker, seconds,
