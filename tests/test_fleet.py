@@ -6,7 +6,8 @@ What the stand-in shows here is vllama's side of the fleet: nodes join the route
 (``--register-with``) and again after the router restarts, leave it on a clean stop; the front keeps
 a conversation on one engine (its session key, read by ``consistent_hash``), stays ready and keeps
 listing the model while one engine is down (the router's ``/health`` is then 503), a stream in flight
-on a killed engine ends with an error line, new requests go to the other engine, and the restarted
+on a killed engine, or on a node killed or drained, goes on on another node (the front asks it again as token
+ids: the stand-in answers them with FAKE_VLLM_TOKEN_IDS), new requests go to the other engine, and the restarted
 engine takes traffic again. The real engines' version is ``tests/real_engine/test_real_fleet.py``.
 """
 

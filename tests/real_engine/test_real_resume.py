@@ -25,8 +25,6 @@ import asyncio
 import json
 import os
 import re
-import signal
-import threading
 from pathlib import Path
 
 import httpx
@@ -35,6 +33,7 @@ import psutil
 import pytest
 
 from .conftest import RealVllama
+from .killer import Killer
 
 N = 200  # tokens a stream asks for
 CUT = 50  # tokens vLLM has made of each request when it is killed
@@ -45,38 +44,6 @@ STEP_S = 0.02  # an engine step at least (slow_steps.py): 200 tokens in 4 s or m
 ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager",
         "--logits-processors", "real_engine.slow_steps:SlowSteps"]
 TESTS = Path(__file__).resolve().parent.parent
-
-
-class Killer:
-    """``victim`` SIGKILLed from a thread once vLLM has made ``kill_after`` tokens since this was made, read off
-    vLLM's own ``vllm:generation_tokens_total`` (on ``root``'s port) every 10 ms: the kill is placed by what vLLM
-    made, not by what a client has read (a client on a busy machine read its 50th token after vLLM had made all 200).
-    vLLM makes a token per ``STEP_S`` at most here (``slow_steps.py``), so a few steps pass between a read and the
-    kill."""
-
-    def __init__(self, root: psutil.Process, victim: psutil.Process, kill_after: int) -> None:
-        (port,) = {c.laddr.port for c in root.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        self.metrics = f"http://127.0.0.1:{port}/metrics"
-        self.victim = victim
-        self.kill_at = self._made() + kill_after
-        self.done, self.killed = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _made(self) -> float:
-        text = httpx.get(self.metrics, timeout=30).text
-        return sum(float(v) for v in re.findall(r'^vllm:generation_tokens_total(?:\{[^}]*\})? (\S+)$', text, re.M))
-
-    def _run(self) -> None:
-        while not self.done.wait(0.01):
-            if self._made() >= self.kill_at:
-                os.kill(self.victim.pid, signal.SIGKILL)
-                self.killed.set()
-                return
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,10 @@ engine core mid-stream, SIGTERM drain and stop.
 
 One ``vllama serve --model DIR -- ... --api-server-count 2`` for the module; the tests run in file
 order (the last one stops it). A random model answers greedily with newlines and a repeated word
-and never ends on its own, so ``num_predict`` sets how long a stream lasts (~1-3 ms a token here).
+and never ends on its own, so ``num_predict`` sets how long a stream lasts: each engine step lasts at least
+20 ms (``slow_steps.py``, a sleep), so a stream of a few hundred tokens is in flight for seconds without
+keeping the CPUs busy (three streams of 30,000 tokens did, at the tier's raised priority, and starved the
+rest of the suite for minutes), and the kill is placed by vLLM's count of what it made (``killer.py``).
 """
 
 from __future__ import annotations
@@ -15,30 +18,38 @@ import signal
 import threading
 import time
 
+from pathlib import Path
+
 import httpx
 import ollama
 import psutil
 import pytest
 from .conftest import RealVllama
+from .killer import Killer
 
-LONG = {"temperature": 0, "num_predict": 30000}  # 10+ s of streaming on CPU, however fast the machine
-#: BASE_ARGS with a context for LONG; --enforce-eager as every server of the tier (without it each of this
-#: module's two starts spent 10-20 s in torch.compile's warm-up on 2 cores, which nothing here tests).
-ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--api-server-count", "2"]
+LONG = {"temperature": 0, "num_predict": 300}  # 6 s or more of streaming (20 ms steps), however fast the machine
+CUT = 50  # tokens vLLM has made of each stream when its engine core is killed
+STEP_S = 0.02
+#: --enforce-eager as every server of the tier (without it each of this module's two starts spent 10-20 s in
+#: torch.compile's warm-up on 2 cores, which nothing here tests); the slow steps.
+ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--api-server-count", "2",
+        "--logits-processors", "real_engine.slow_steps:SlowSteps"]
+TESTS = Path(__file__).resolve().parent.parent
 
 
-#: Longer than any stream here takes, however busy the machine: the drain test checks that SIGTERM lets
-#: a stream finish, which a 30 s drain cut on 2 busy cores (a 4000-token stream then takes minutes).
+#: Longer than any stream here takes, however busy the machine: the drain test checks that SIGTERM lets a stream
+#: finish (1,000 tokens: 20 s or more at 20 ms steps), which a 30 s drain could cut on 2 busy cores.
 DRAIN = 600
 
 
 @pytest.fixture(scope="module")
 def sup(tiny_model, start_real) -> RealVllama:
-    # --body-timeout 600: three 30,000-token streams keep vLLM's engine core and worker spinning on
-    # the 2 CPUs; in one CI run vllama's worker, starved beside them, read two requests' bodies only
-    # after 68 s and answered 408 before they began. What is tested here is the kill, not the timeout.
+    # --body-timeout 600: on a busy machine vllama's worker once read two requests' bodies only after 68 s and
+    # answered 408 before they began. What is tested here is the kill, not the timeout.
     # not waited for: the first test watches it start
-    return start_real("supervisor", model=tiny_model, flags=["--drain-timeout", str(DRAIN), "--body-timeout", "600", "--no-resume"], vllm_args=ARGS)
+    return start_real("supervisor", model=tiny_model, flags=["--drain-timeout", str(DRAIN), "--body-timeout", "600", "--no-resume"],
+                      vllm_args=ARGS, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+                                           "VLLAMA_TEST_STEP_S": str(STEP_S)})
 
 
 @pytest.fixture
@@ -103,22 +114,18 @@ def test_the_hang_checks_own_request_is_one_the_real_vllm_answers(ready, tiny_mo
     assert works and said == "/v1/completions answered HTTP 200", said
 
 
-def _streams_then_kill(url: str, model: str, engine: psutil.Process) -> tuple[dict[int, dict], str]:
-    """Three streams of LONG; SIGKILL of ``engine`` once each has 2 chunks, or once one has and the others were
-    given 60 s more (twice the ~30 s bursts of this tier's vLLM on 2 CPUs): one CI run's third stream got no byte
-    for 127 s, and the kill, waiting for it, came after the client's own 120 s timeout had ended it; what each
+def _streams_then_kill(url: str, model: str, root: psutil.Process, engine: psutil.Process) -> tuple[dict[int, dict], str]:
+    """Three streams of LONG; SIGKILL of ``engine`` once vLLM (``root``) has made ~CUT tokens of each; what each
     stream got."""
     t0 = time.monotonic()
     results: dict[int, dict] = {}
 
-    async def stream(i: int, began: asyncio.Event) -> None:
+    async def stream(i: int) -> None:
         r = results[i] = {"chunks": 0}
         try:
-            async for chunk in await ollama.AsyncClient(host=url, timeout=120).generate(
+            async for chunk in await ollama.AsyncClient(host=url, timeout=300).generate(
                     model=model, prompt=f"s{i}", stream=True, options=LONG):
                 r["chunks"] += 1
-                if r["chunks"] == 2:
-                    began.set()
                 if chunk.done:
                     r.update(end="done", done_reason=chunk.done_reason, eval_count=chunk.eval_count)
                     break
@@ -130,33 +137,24 @@ def _streams_then_kill(url: str, model: str, engine: psutil.Process) -> tuple[di
             r.update(end=type(e).__name__, error=str(e)[:200])
         finally:
             r["at"] = round(time.monotonic() - t0, 2)
-            began.set()
 
-    async def run() -> float:
-        began = [asyncio.Event() for _ in range(3)]
-        tasks = [asyncio.create_task(stream(i, began[i])) for i in range(3)]
-        waits = [asyncio.ensure_future(b.wait()) for b in began]
-        await asyncio.wait(waits, timeout=300, return_when=asyncio.FIRST_COMPLETED)  # one stream runs
-        await asyncio.wait(waits, timeout=60)  # the others, within the client's 120 s timeout
-        for w in waits:
-            w.cancel()
-        engine.send_signal(signal.SIGKILL)
-        killed = time.monotonic() - t0
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
-        return killed
+    async def run() -> None:
+        await asyncio.wait_for(asyncio.gather(*(stream(i) for i in range(3))), 600)
 
-    killed = asyncio.run(run())
-    return results, f"{results}; SIGKILL at {killed:.2f} s"
+    killer = Killer(root, engine, kill_after=CUT * 3)
+    try:
+        asyncio.run(run())
+    finally:
+        killer.stop()
+    return results, f"{results}; killed: {killer.killed.is_set()}"
 
 
 def test_kill_9_of_the_engine_core_mid_stream(ready, tiny_model):
-    """Every streaming client gets an error line, vLLM is restarted, nothing of the old tree remains.
+    """Every streaming client gets an error line (``--no-resume``: ``test_real_resume.py`` has them continued),
+    vLLM is restarted, nothing of the old tree remains.
 
-    One event loop drives the streams (ollama's AsyncClient), not three threads fighting for the GIL.
-    On 2 CPUs vLLM's engine core and worker spin on both, and the engine core's outputs reach its API
-    server in bursts up to ~30 s apart (seen against vLLM directly, without vllama, and once not
-    before the three 30,000-token streams were complete). So what was in flight is judged by what each
-    stream got, and a kill that cut no stream mid-way is tried once more.
+    One event loop drives the streams (ollama's AsyncClient), not three threads fighting for the GIL. What was
+    in flight is judged by what each stream got, and a kill that cut no stream mid-way is tried once more.
     """
     for attempt in range(2):
         restarts = ready.ready()["restarts"]
@@ -164,7 +162,7 @@ def test_kill_9_of_the_engine_core_mid_stream(ready, tiny_model):
         old_tree = [old_root, *old_root.children(recursive=True)]
         old_session = os.getsid(old_root.pid)
         (engine,) = [p for p in old_tree if p.name().startswith("VLLM::EngineCor")]
-        results, why = _streams_then_kill(ready.url, tiny_model.name, engine)
+        results, why = _streams_then_kill(ready.url, tiny_model.name, old_root, engine)
         # Nothing is lost: a stream ends complete (all LONG["num_predict"] tokens: vLLM had finished
         # it before the kill, its chunks were still on their way) or with an error line, never cut short.
         complete = {i for i, r in results.items() if r.get("eval_count") == LONG["num_predict"]}
@@ -210,7 +208,7 @@ def test_sigterm_drains_in_flight_streams_then_stops_everything(ready, tiny_mode
     def stream() -> None:
         try:
             for chunk in c.generate(model=tiny_model.name, prompt="drain", stream=True,
-                                    options={"temperature": 0, "num_predict": 4000}):
+                                    options={"temperature": 0, "num_predict": 1000}):
                 chunks.append(chunk)
                 first.set()
             result["ok"] = True
@@ -243,7 +241,7 @@ def test_sigterm_drains_in_flight_streams_then_stops_everything(ready, tiny_mode
     t.join(DRAIN)
     drained = time.monotonic() - t0
     assert result == {"ok": True}, result
-    assert chunks[-1].done and chunks[-1].eval_count == 4000  # the in-flight stream finished in full
+    assert chunks[-1].done and chunks[-1].eval_count == 1000  # the in-flight stream finished in full
     assert ready.proc.wait(90) == 0
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive and ready.processes() == [], [(p.pid, p.name()) for p in alive]
