@@ -60,6 +60,9 @@
 #             SIGTERM (it leaves the router, answers 503 to new requests, finishes its streams, stops) and
 #             is started again; turns lost (none expected), how long the drain took, when the new node
 #             was back in rotation; $OUT/drain.json, drain.txt
+#   nodekill  fleet, under the conversation workload (FAILOVER_CONFIG): FAIL_AT s in, the last node SIGKILLed with its
+#             vLLM (a host that dies) and started again; turns lost, the front's resumed streams and their pauses;
+#             $OUT/nodekill.json, nodekill.txt
 #   failover  fleet, FAILOVER_CONFIG (sticky_least_loaded+system): the workload with 3 x S sessions per group, FAIL_AT (4) s into it engine a's EngineCore gets
 #             SIGKILL; which turns failed (and whether each was in flight at the kill), when the last
 #             failure ended, how long until a's supervisor had it ready and the router took it back;
@@ -201,6 +204,13 @@ metrics_urls() {
 start_node() {  # i: fleet node i (waits until ready)
   local gpu=0; [ "$PLACEMENT" = split ] && gpu=$1
   node "${NAMES[$1]}" $((PA + $1)) $((VA + $1)) $gpu --register-with $ROUTER --register-interval 1
+}
+resumed_since() {  # t (date +%s.%N): the streams the fronts continued after a break since t, and their pauses
+  grep -h '"stream_resumed"' $LOGS/front*.log 2>/dev/null | python3 -c "
+import datetime, json, sys
+t = datetime.datetime.fromtimestamp(float(sys.argv[1]), datetime.timezone.utc).isoformat().replace('+00:00', 'Z')
+p = sorted(e['paused_s'] for e in map(json.loads, filter(lambda x: x.startswith('{'), sys.stdin)) if e['timestamp'] >= t)
+print(f'  fronts: {len(p)} streams resumed' + (f', paused p50 {p[len(p) // 2]:.2f} s, max {p[-1]:.2f} s' if p else ''))" "$1"
 }
 turns_lost() {  # json t_event label: failed turns of a conversation run, in flight at t_event or started after
   python3 - "$@" <<'EOF'
@@ -363,6 +373,7 @@ print(f"  kill at {kill:.1f} s: {len(failed)} turns failed ({len(in_flight)} in 
       f"last failure ended {last_end - kill:.2f} s after the kill; engine a ready again {ready - kill:.1f} s after, "
       f"back in the router's rotation {back - kill:.1f} s after; {r['ok']}/{r['requests']} turns ok")
 EOF
+  resumed_since "$t_kill" | tee -a "$OUT/summary.txt" "$OUT/failover.txt"
   report "$OUT/failover.json" failover
   ;;
 throughput)  # distinct prompts, 128 in / 128 out, STREAMS in flight, through the front (or the node)
@@ -445,7 +456,30 @@ drain)  # the last node replaced under the conversation workload: SIGTERM (its d
   log "drain: node $name back in the router's rotation $(awk "BEGIN{printf \"%.1f\", $t_back - $t_term}") s after its SIGTERM"
   wait $lg
   turns_lost "$OUT/drain.json" "$t_term" "drain (SIGTERM)" | tee -a "$OUT/summary.txt" "$OUT/drain.txt"
+  resumed_since "$t_term" | tee -a "$OUT/summary.txt" "$OUT/drain.txt"
   report "$OUT/drain.json" drain
+  ;;
+nodekill)  # the last node SIGKILLed whole (its vllama and its vLLM, as a host that dies) under the conversation
+  # workload, then started again: the front continues each of its streams through the router on another node
+  config "$FAILOVER_CONFIG"
+  # shellcheck disable=SC2086
+  router $policy || exit 1
+  wait_workers $NODES || exit 1
+  last=$((NODES - 1)) name=${NAMES[$((NODES - 1))]}
+  log "node kill of $name under $FAILOVER_CONFIG (router --policy $policy, front $front)"
+  workload "$front" "$OUT/nodekill.json" --conversations $G,$((S * 3)),$T --seed 97 > $LOGS/nodekill.txt 2>&1 &
+  lg=$!
+  sleep "$FAIL_AT"
+  pid=$(cat $LOGS/$name.pid); t_kill=$(now)
+  python3 -c "import psutil; p = psutil.Process($pid); [q.kill() for q in [*p.children(recursive=True), p]]"
+  log "node kill: node $name (pid $pid) and its vLLM SIGKILLed at $FAIL_AT s; starting it again"
+  start_node "$last" || exit 1
+  wait_workers $NODES; t_back=$(now)
+  log "node kill: node $name back in the router's rotation $(awk "BEGIN{printf \"%.1f\", $t_back - $t_kill}") s after the kill"
+  wait $lg
+  turns_lost "$OUT/nodekill.json" "$t_kill" "node killed (SIGKILL)" | tee -a "$OUT/summary.txt" "$OUT/nodekill.txt"
+  resumed_since "$t_kill" | tee -a "$OUT/summary.txt"
+  report "$OUT/nodekill.json" nodekill
   ;;
 hop)  # issue 43's hop, fleet up, the router on round_robin: the same 1,024 streams (STREAMS) four ways, in
   # alternating rounds (HOP_ROUNDS, 2): NODES loadgens in parallel, each straight at one node's vLLM (vllm),
