@@ -218,7 +218,11 @@ def start_proxy(upstream: str, *flags: str, vllm_args: list[str] = VLLM_ARGS, en
     proc = subprocess.Popen(cmd, env={**os.environ, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_CPUS": "2", **hub, **(env or {})}, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb") if log else subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/", proc)
+    try:
+        wait_http(url + "/", proc)
+    except BaseException:  # a timeout too (pytest-timeout's): no fixture stops what it never got
+        stop(proc)
+        raise
     return Server(url, proc, port)
 
 
