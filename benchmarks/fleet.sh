@@ -437,49 +437,37 @@ EOF
     log "throughput: $TOPOLOGY, $STREAMS streams, $PROMPT_WORDS words in / $TOKENS_T tokens out"; tput "$TOPOLOGY"
   fi
   ;;
-drain)  # the last node replaced under the conversation workload: SIGTERM (its drain), then started again
+drain|nodekill)  # the last node under the conversation workload, FAIL_AT s in: drain, SIGTERM (its drain);
+  # nodekill, SIGKILLed whole with its vLLM (a host that dies: the front continues each of its streams through the
+  # router on another node); then started again
   config "$FAILOVER_CONFIG"
   # shellcheck disable=SC2086
   router $policy || exit 1
   wait_workers $NODES || exit 1
-  last=$((NODES - 1)) name=${NAMES[$((NODES - 1))]}
-  log "drain of node $name under $FAILOVER_CONFIG (router --policy $policy, front $front)"
-  workload "$front" "$OUT/drain.json" --conversations $G,$((S * 3)),$T --seed 98 > $LOGS/drain.txt 2>&1 &
+  last=$((NODES - 1)) name=${NAMES[$((NODES - 1))]} seed=98
+  [ "$phase" = nodekill ] && seed=97
+  log "$phase of node $name under $FAILOVER_CONFIG (router --policy $policy, front $front)"
+  workload "$front" "$OUT/$phase.json" --conversations $G,$((S * 3)),$T --seed $seed > $LOGS/$phase.txt 2>&1 &
   lg=$!
   sleep "$FAIL_AT"
-  pid=$(cat $LOGS/$name.pid); t_term=$(now); kill -TERM "$pid"
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
-  t_gone=$(now)
-  log "drain: node $name (pid $pid) got SIGTERM at $FAIL_AT s, exited $(awk "BEGIN{printf \"%.1f\", $t_gone - $t_term}") s later; starting it again"
+  pid=$(cat $LOGS/$name.pid); t_event=$(now)
+  if [ "$phase" = drain ]; then
+    what="its SIGTERM" label="drain (SIGTERM)"
+    kill -TERM "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+    log "drain: node $name (pid $pid) got SIGTERM at $FAIL_AT s, exited $(awk "BEGIN{printf \"%.1f\", $(now) - $t_event}") s later; starting it again"
+  else
+    what="the kill" label="node killed (SIGKILL)"
+    python3 -c "import psutil; p = psutil.Process($pid); [q.kill() for q in [*p.children(recursive=True), p]]"
+    log "nodekill: node $name (pid $pid) and its vLLM SIGKILLed at $FAIL_AT s; starting it again"
+  fi
   start_node "$last" || exit 1
   wait_workers $NODES; t_back=$(now)
-  log "drain: node $name back in the router's rotation $(awk "BEGIN{printf \"%.1f\", $t_back - $t_term}") s after its SIGTERM"
+  log "$phase: node $name back in the router's rotation $(awk "BEGIN{printf \"%.1f\", $t_back - $t_event}") s after $what"
   wait $lg
-  turns_lost "$OUT/drain.json" "$t_term" "drain (SIGTERM)" | tee -a "$OUT/summary.txt" "$OUT/drain.txt"
-  resumed_since "$t_term" | tee -a "$OUT/summary.txt" "$OUT/drain.txt"
-  report "$OUT/drain.json" drain
-  ;;
-nodekill)  # the last node SIGKILLed whole (its vllama and its vLLM, as a host that dies) under the conversation
-  # workload, then started again: the front continues each of its streams through the router on another node
-  config "$FAILOVER_CONFIG"
-  # shellcheck disable=SC2086
-  router $policy || exit 1
-  wait_workers $NODES || exit 1
-  last=$((NODES - 1)) name=${NAMES[$((NODES - 1))]}
-  log "node kill of $name under $FAILOVER_CONFIG (router --policy $policy, front $front)"
-  workload "$front" "$OUT/nodekill.json" --conversations $G,$((S * 3)),$T --seed 97 > $LOGS/nodekill.txt 2>&1 &
-  lg=$!
-  sleep "$FAIL_AT"
-  pid=$(cat $LOGS/$name.pid); t_kill=$(now)
-  python3 -c "import psutil; p = psutil.Process($pid); [q.kill() for q in [*p.children(recursive=True), p]]"
-  log "node kill: node $name (pid $pid) and its vLLM SIGKILLed at $FAIL_AT s; starting it again"
-  start_node "$last" || exit 1
-  wait_workers $NODES; t_back=$(now)
-  log "node kill: node $name back in the router's rotation $(awk "BEGIN{printf \"%.1f\", $t_back - $t_kill}") s after the kill"
-  wait $lg
-  turns_lost "$OUT/nodekill.json" "$t_kill" "node killed (SIGKILL)" | tee -a "$OUT/summary.txt" "$OUT/nodekill.txt"
-  resumed_since "$t_kill" | tee -a "$OUT/summary.txt"
-  report "$OUT/nodekill.json" nodekill
+  turns_lost "$OUT/$phase.json" "$t_event" "$label" | tee -a "$OUT/summary.txt" "$OUT/$phase.txt"
+  resumed_since "$t_event" | tee -a "$OUT/summary.txt" "$OUT/$phase.txt"
+  report "$OUT/$phase.json" $phase
   ;;
 hop)  # issue 43's hop, fleet up, the router on round_robin: the same 1,024 streams (STREAMS) four ways, in
   # alternating rounds (HOP_ROUNDS, 2): NODES loadgens in parallel, each straight at one node's vLLM (vllm),
