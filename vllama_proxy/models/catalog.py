@@ -349,10 +349,16 @@ class Catalog:
             data = await backend.upstream.get_json("/v1/models")
         except UpstreamError:
             return current
-        for entry in _entries(data):
-            if entry["id"] == known.name and isinstance(entry.get("max_model_len"), int):
-                return replace(current, max_model_len=entry["max_model_len"])
-        return current
+        context = reported_context(data, known.name)
+        return replace(current, max_model_len=context) if context is not None else current
+
+
+def reported_context(data: object, name: str) -> int | None:
+    """The ``max_model_len`` a ``/v1/models`` answer (vLLM's ``ModelCard``) gives model ``name``; ``None``: none."""
+    for entry in _entries(data):
+        if entry["id"] == name and isinstance(entry.get("max_model_len"), int):
+            return entry["max_model_len"]
+    return None
 
 
 def _entries(data: object) -> list[dict]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from vllama_proxy.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, VllamaError
 from vllama_proxy.logs import get_logger
+from vllama_proxy.models.catalog import reported_context
 from vllama_proxy.upstream import Upstream, encode_json
 from ..metrics import RESUME_PROMPT_TOKENS, RESUMED_STREAMS
 
@@ -384,11 +385,9 @@ class Resume:
                     log.warning("resume_gave_up", route=self.route, waited_s=round(self.timeout, 1))
                     raise error from None
                 await asyncio.sleep(0.5)  # no vLLM answers yet (the router has none, or only the dead one)
-        for entry in data.get("data", []) if isinstance(data, dict) else []:
-            if isinstance(entry, dict) and entry.get("id") == self.body.get("model") \
-                    and isinstance(entry.get("max_model_len"), int):
-                self.max_model_len = entry["max_model_len"]
-                return
+        self.max_model_len = reported_context(data, str(self.body.get("model")))
+        if self.max_model_len is not None:
+            return
         log.warning("resume_refused", route=self.route,
                     why="the model's context length is unknown (a continuation would stop at vLLM's 16 tokens)")
         raise error

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from vllama_proxy.errors import UpstreamError, VllamaError
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
-from vllama_proxy.models.catalog import ollama_name
+from vllama_proxy.models.catalog import ollama_name, reported_context
 from vllama_proxy.models.created import CreatedModel, parameter_lines, render_modelfile
 from vllama_proxy.models.model_files import ModelFiles, format_parameter_size
 from vllama_proxy.supervisor import gpu
@@ -272,7 +272,4 @@ async def _reported_context(backend: Backend, name: str) -> int:
         data = await backend.upstream.get_json("/v1/models")
     except UpstreamError:
         return 0
-    for entry in data.get("data", []) if isinstance(data, dict) else []:
-        if isinstance(entry, dict) and entry.get("id") == name and isinstance(entry.get("max_model_len"), int):
-            return entry["max_model_len"]
-    return 0
+    return reported_context(data, name) or 0
