@@ -20,7 +20,7 @@ import sys
 
 import httpx
 import orjson
-from conftest import ROOT, log_events, place
+from conftest import ROOT, log_events, metric, place
 
 from vllama_proxy.api.policy.fair_queue import FairQueue
 from vllama_proxy.api.usage.store import Row, open_store
@@ -61,8 +61,7 @@ def _sent(s) -> list[dict]:
 
 def _in_flight(s) -> float:
     """vllama's ``vllama_requests_in_flight``: requests admitted, running or queued."""
-    text = httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-boss"}).text
-    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("vllama_requests_in_flight"))
+    return metric(httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sk-boss"}).text, "vllama_requests_in_flight")
 
 
 def _stats(s) -> dict:

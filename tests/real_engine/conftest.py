@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,6 +107,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- servers -------------------------------------------------------------------------------------------------
+
+
+def counter(url: str, name: str) -> float:
+    """The sum of a counter's series on ``/metrics`` at ``url`` (vllama's, or vLLM's)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(v) for v in re.findall(rf'^{name}(?:\{{[^}}]*\}})? (\S+)$', text, re.M))
 
 
 def free_port() -> int:

@@ -9,12 +9,12 @@ vLLM had made all 200, and streams of 30,000 tokens that kept a kill mid-way cos
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 
-import httpx
 import psutil
+
+from .conftest import counter
 
 
 class Killer:
@@ -26,7 +26,7 @@ class Killer:
 
     def __init__(self, root: psutil.Process, victim: psutil.Process, kill_after: int) -> None:
         (port,) = {c.laddr.port for c in root.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        self.metrics = f"http://127.0.0.1:{port}/metrics"
+        self.url = f"http://127.0.0.1:{port}"
         self.victim = victim
         self.kill_at = self._made() + kill_after
         self.done, self.killed = threading.Event(), threading.Event()
@@ -34,8 +34,7 @@ class Killer:
         self.thread.start()
 
     def _made(self) -> float:
-        text = httpx.get(self.metrics, timeout=30).text
-        return sum(float(v) for v in re.findall(r'^vllm:generation_tokens_total(?:\{[^}]*\})? (\S+)$', text, re.M))
+        return counter(self.url, "vllm:generation_tokens_total")
 
     def _run(self) -> None:
         while not self.done.wait(0.01):

@@ -25,7 +25,7 @@ import ollama
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import BIN, RealVllama, free_port
+from .conftest import BIN, RealVllama, counter, free_port
 
 pytestmark = pytest.mark.skipif(os.environ.get("VLLAMA_TEST_FLEET") != "1", reason="the real fleet tier: VLLAMA_TEST_FLEET=1")
 #: each engine step at least 20 ms (slow_steps.py, a sleep): a long stream is in flight for seconds without keeping the
@@ -58,6 +58,7 @@ def counters(node: RealVllama) -> dict[str, float]:
 
 
 LONG = 400  # tokens: 8 s or more of streaming (20 ms steps)
+RESUMED = "vllama_resumed_streams_total"  # the front's streams continued after a break (every route)
 LONG_OPTS = {"temperature": 0, "num_predict": LONG, "ignore_eos": True}
 
 
@@ -90,13 +91,6 @@ def ended(read: tuple, timeout: float = 300) -> tuple[str, str]:
     reader, outcome, parts = read
     reader.join(timeout)
     return (outcome[0] if outcome else "still streaming"), "".join(p.message.content or "" for p in parts)
-
-
-def resumed(front_url: str) -> float:
-    """The front's ``vllama_resumed_streams_total`` (every route)."""
-    text = httpx.get(front_url + "/metrics", timeout=30).text
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "vllama_resumed_streams"
-               for s in f.samples if s.name.endswith("_total"))
 
 
 def restarted(node: RealVllama, restarts: int, timeout: float = 420) -> None:
@@ -206,11 +200,11 @@ def test_fleet_of_real_engines(fleet, tiny_model):
     # complete before the kill lands: a kill whose stream the front did not resume is tried once more
     uninterrupted = client.chat(model=model, messages=messages, options=LONG_OPTS).message.content
     for attempt in range(2):
-        restarts, before_resumes = nodes[home].ready()["restarts"], resumed(front_url)
+        restarts, before_resumes = nodes[home].ready()["restarts"], counter(front_url, RESUMED)
         read = stream_then_kill(client, model, messages, nodes[home])
-        while resumed(front_url) == before_resumes and read[0].is_alive():  # the front continues it, or it ended
+        while counter(front_url, RESUMED) == before_resumes and read[0].is_alive():  # the front continues it, or it ended
             time.sleep(0.2)
-        if attempt or resumed(front_url) > before_resumes:
+        if attempt or counter(front_url, RESUMED) > before_resumes:
             break
         how, text = ended(read)
         assert how == "complete" and text == uninterrupted, how  # never cut short silently
@@ -229,7 +223,7 @@ def test_fleet_of_real_engines(fleet, tiny_model):
         assert client.chat(model=model, messages=[{"role": "user", "content": distinct(200 + i)}], options=opts).done
     assert delta(before_other, counters(other))["requests"] >= 3  # and the continuation, if it ended meanwhile
     how, text = ended(read)
-    assert how == "complete" and resumed(front_url) > before_resumes, how  # continued, not failed
+    assert how == "complete" and counter(front_url, RESUMED) > before_resumes, how  # continued, not failed
     assert text == uninterrupted  # greedy: the same tokens as the answer no kill cut
 
     # restarted by its supervisor, back in the router's rotation, and taking traffic again

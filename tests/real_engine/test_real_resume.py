@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 from pathlib import Path
 
 import httpx
@@ -32,7 +31,7 @@ import ollama
 import psutil
 import pytest
 
-from .conftest import RealVllama
+from .conftest import RealVllama, counter
 from .killer import Killer
 
 N = 200  # tokens a stream asks for
@@ -57,17 +56,10 @@ def server(tiny_model, start_real) -> RealVllama:
     return v
 
 
-def _counter(url: str, name: str) -> float:
-    """The sum of a counter's series on vllama's ``/metrics``."""
-    text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(v) for v in re.findall(rf'^{name}(?:\{{[^}}]*\}})? (\S+)$', text, re.M))
-
-
 def _resumed(url: str) -> float:
     """The prompt tokens of vllama's resumes so far: more than before once a stream was continued after tokens were
     sent (one asked again whole, before its first token, adds none)."""
-    text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(v) for v in re.findall(r'^vllama_resume_prompt_tokens_total\{[^}]*\} (\S+)$', text, re.M))
+    return counter(url, "vllama_resume_prompt_tokens_total")
 
 
 async def _streams(url: str, model: str, options: dict, *, raw: bool = False, mark: str = "s") -> list[dict]:
@@ -119,7 +111,7 @@ def _kill_and_compare(server: RealVllama, model: str, victim: str) -> None:
     before, restarts = _resumed(server.url), server.ready()["restarts"]
     root = psutil.Process(server.ready()["pid"])
     core = _engine_core(server)
-    charged = [_counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
+    charged = [counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
     killer = Killer(root, core if victim == "core" else root, kill_after=CUT * len(PROMPTS))
     try:
         got = asyncio.run(_streams(server.url, model, GREEDY))
@@ -127,7 +119,7 @@ def _kill_and_compare(server: RealVllama, model: str, victim: str) -> None:
         killer.stop()
     assert killer.killed.is_set(), "vLLM made every token before the kill"
     # the settler's one charge (ledger, tpm, budgets, fair share alike): each prompt once, each output token once
-    after = [_counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
+    after = [counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
     assert after[0] - charged[0] == sum(r["prompt_eval_count"] for r in reference)
     assert after[1] - charged[1] == N * len(PROMPTS)
     for ref, r in zip(reference, got):
@@ -253,7 +245,7 @@ def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server,
     assert all("error" not in r for r in reference), reference
     assert all(r["usage"][1] == N and r["finish"] == "length" for r in reference[:len(OPENAI)]), reference
     before, restarts = _resumed(server.url), server.ready()["restarts"]
-    streams = _counter(server.url, "vllama_resumed_streams_total")
+    streams = counter(server.url, "vllama_resumed_streams_total")
     sampling, mark = {"temperature": 1.0, "seed": 7}, "sampled"
 
     async def both() -> tuple[list[dict], list[dict]]:
@@ -276,7 +268,7 @@ def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server,
     assert "error" in messages, messages  # cut by the kill (vLLM had made ~CUT of N): ended as before, the reason logged
     refused = [x for x in server.log.read_text().splitlines() if '"resume_refused"' in x and "/v1/messages" in x]
     assert refused and "Anthropic Messages API" in refused[-1], (messages, server.tail())
-    assert _resumed(server.url) > before and _counter(server.url, "vllama_resumed_streams_total") >= streams + len(OPENAI)
+    assert _resumed(server.url) > before and counter(server.url, "vllama_resumed_streams_total") >= streams + len(OPENAI)
     _sampled_cut(server, model, sampled, mark, sampling)
 
 
