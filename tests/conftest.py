@@ -187,8 +187,9 @@ class Server:
     port: int
 
 
-def start_fake(model_dir: Path, env: dict[str, str] | None = None, extra: list[str] | None = None) -> Server:
-    port = free_port()
+def start_fake(model_dir: Path, env: dict[str, str] | None = None, extra: list[str] | None = None,
+               port: int | None = None) -> Server:
+    port = port or free_port()
     proc = subprocess.Popen(
         [sys.executable, str(FAKE), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
          "--served-model-name", SERVED, "--max-model-len", "4096", *(extra or [])],

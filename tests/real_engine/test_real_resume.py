@@ -14,7 +14,7 @@ client's 50th token came after vLLM had made all 200). So each engine step lasts
 tokens it made (:class:`Killer`).
 
 The same server then serves the OpenAI routes' streams (``/v1/chat/completions``, ``/v1/completions``: continued,
-one stream as their client sees it; ``/v1/messages``: vLLM's own API, ended as before with the reason logged) beside
+one stream as their client sees it; their non-streamed requests: asked again whole; ``/v1/messages``: vLLM's own API, ended as before with the reason logged) beside
 seeded sampled streams (nothing repeated or skipped across the boundary), under one kill, and a last test starts the shipped tool model the same way: a tool call cut mid-way is written again and reaches an
 ``/api/chat`` client whole.
 """
@@ -146,13 +146,14 @@ def _post(url: str, body: dict) -> dict:
     return r.json()["choices"][0]
 
 
-OPENAI = ("chat", "completions", "chat")  # the /v1 streams, beside one of /v1/messages (vLLM's own API: not resumed)
+#: the /v1 requests (streams, and two answered whole), beside a stream of /v1/messages (vLLM's own API: not resumed)
+OPENAI = ("chat", "completions", "chat", "whole chat", "whole completions")
 
 
 async def _openai_streams(url: str, model: str) -> list[dict]:
-    """Greedy streams of ``N`` tokens with the real ``openai`` client, with ``include_usage``: two of
-    ``/v1/chat/completions`` (one with logprobs), one of ``/v1/completions``; and one of ``/v1/messages`` read with
-    httpx. Each: its text, usage, chunk ids, extra fields seen, or its error."""
+    """Greedy requests of ``N`` tokens with the real ``openai`` client: streams with ``include_usage``, two of
+    ``/v1/chat/completions`` (one with logprobs), one of ``/v1/completions``; one of each answered whole; and a
+    stream of ``/v1/messages`` read with httpx. Each: its text, usage, chunk ids, extra fields seen, or its error."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=900, max_retries=0)
@@ -179,6 +180,21 @@ async def _openai_streams(url: str, model: str) -> list[dict]:
                         elif line.startswith("data:") and "text_delta" in line:
                             r["text"].append(json.loads(line[5:])["delta"]["text"])
                             tick(r)
+                return
+            if OPENAI[i].startswith("whole"):  # non-streamed: asked again whole when vLLM dies under it
+                del common["stream"], common["stream_options"]
+                if OPENAI[i] == "whole chat":
+                    answer = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
+                    r["text"].append(answer.choices[0].message.content)
+                else:
+                    answer = await client.completions.create(prompt=prompt, **common)
+                    r["text"].append(answer.choices[0].text)
+                r["ids"].add(answer.id)
+                dumped = answer.model_dump()
+                r["extra"].update(k for k in ("prompt_token_ids",) if dumped.get(k) is not None)
+                r["extra"].update(k for k in ("token_ids", "prompt_token_ids") if dumped["choices"][0].get(k) is not None)
+                r["usage"] = (answer.usage.prompt_tokens, answer.usage.completion_tokens)
+                r["finish"] = answer.choices[0].finish_reason
                 return
             if OPENAI[i] == "chat":
                 stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}],
@@ -237,7 +253,8 @@ def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server,
     """One kill of the engine core under ``/v1`` streams and seeded sampled ones (one vLLM restart for both: each
     costs a minute of the suite on 2 CPUs). ``/v1/chat/completions`` and ``/v1/completions`` streams continue on
     the restarted vLLM as the same stream (its chunk id kept, no token ids the client did not ask for), with the
-    text and usage of an uninterrupted run; a ``/v1/messages`` stream (vLLM's own Anthropic API, no token ids) ends
+    text and usage of an uninterrupted run; their non-streamed requests are asked again whole and answered as the
+    uninterrupted run; a ``/v1/messages`` stream (vLLM's own Anthropic API, no token ids) ends
     with an error event as before, and the log says why (``resume_refused``). A sampled stream neither repeats nor
     skips a token across the boundary (:func:`_sampled_cut`)."""
     model = tiny_model.name

@@ -42,8 +42,9 @@ CLIENT_WRITE_STALLS = Counter("vllama_client_write_stalls", "Client connections 
                               "had left), by route.", ["route"])
 STATE_STORE_ERRORS = Counter("vllama_state_store_errors", "Calls to the --state-url store (Redis) that failed, or were "
                              "skipped while it was down: each front applied its own per-key limits meanwhile.")
-RESUMED_STREAMS = Counter("vllama_resumed_streams", "Streams asked again of vLLM after it broke mid-answer and continued "
-                          "(api/resume.py), by route; each resume counts once.", ["route"])
+RESUMED_STREAMS = Counter("vllama_resumed_streams", "Streams asked again of vLLM after it broke mid-answer and continued, "
+                          "and non-streamed /v1 requests asked again whole "
+                          "(api/request/resume.py), by route; each resume counts once.", ["route"])
 RESUME_PROMPT_TOKENS = Counter("vllama_resume_prompt_tokens", "Prompt tokens of those resumes (the client's prompt and "
                                "the output already sent, asked again): vllama's cost, charged to no key.", ["route"])
 TTFT = Histogram("vllama_time_to_first_token_seconds", "Time from request received to first token written, Ollama side.", ["route"], buckets=_LATENCY_BUCKETS)

@@ -9,9 +9,9 @@ aiohttp's errors into ``errors.UpstreamError``'s tree, in one place.
 
 from .body import BodyWatch, SSEDecoder, encode_json, iter_sse, read_json, read_raw, read_response, read_some
 from .client import Upstream
-from .mapping import map_client_error, mapped_errors, raise_mapped
+from .mapping import map_client_error, mapped_errors, never_sent, raise_mapped
 from .pool import CONNECT_CONCURRENCY, CONNECT_TRY_S, CONTROL_CONNECTIONS, Pool, idle_lifetime
 
 __all__ = ["CONNECT_CONCURRENCY", "CONNECT_TRY_S", "CONTROL_CONNECTIONS", "BodyWatch", "Pool", "SSEDecoder", "Upstream",
-           "encode_json", "idle_lifetime", "iter_sse", "map_client_error", "mapped_errors", "raise_mapped", "read_json",
+           "encode_json", "idle_lifetime", "iter_sse", "map_client_error", "mapped_errors", "never_sent", "raise_mapped", "read_json",
            "read_raw", "read_response", "read_some"]

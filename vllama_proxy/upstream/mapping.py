@@ -37,6 +37,11 @@ def map_client_error(e: BaseException, where: str) -> UpstreamError | None:
     return None
 
 
+def never_sent(e: BaseException) -> bool:
+    """Whether the upstream error ``e`` (mapped here) came before vLLM took the request: its connect failed."""
+    return isinstance(e.__cause__, aiohttp.ClientConnectorError)
+
+
 def raise_mapped(e: BaseException, where: str) -> NoReturn:
     """Raise ``e`` as the upstream error tree (:func:`map_client_error`, chained ``from e``); ``e`` itself
     when it is one already or is not about the upstream (cancellation, a generator being closed).

@@ -20,13 +20,13 @@ import orjson
 from aiohttp import web
 
 from vllama_proxy.errors import (BadRequest, ModelNotFound, NoSuchModel, UnsupportedCapability, UpstreamError,
-                                 UpstreamRejected, error_event, shape_of)
+                                 UpstreamRejected, UpstreamTimeout, error_event, shape_of)
 from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.names import ollama_name
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.errors import VllamaError
 from vllama_proxy.logs import get_logger
-from vllama_proxy.upstream import SSEDecoder, encode_json, read_raw, read_response, read_some
+from vllama_proxy.upstream import SSEDecoder, encode_json, never_sent, read_raw, read_response, read_some
 from ..request.relay import in_own_task
 from ..request.resume import Resume, refusal, resumable, resume_timeout
 from ..request.body_reader import read_body
@@ -157,17 +157,18 @@ async def _forwarded(request: web.Request, call: Call, body: bytes, data: Any, m
 
 def _resume_of(request: web.Request, call: Call, data: Any, model: ServedModel | None,
                backend: Backend) -> Callable[[Mapping[str, str]], Resume] | None:
-    """For a relayed ``/v1/chat/completions`` or ``/v1/completions`` stream under ``--resume``: what builds its
-    :class:`Resume` (given the headers sent upstream) once its body is finished; ``None`` for any other request, a
-    model vllama does not know, or, on a fleet's node, a stream whose client asked its token ids (a front: it goes on
-    through the router on another node at once, not after this node's restart)."""
+    """For a relayed ``/v1/chat/completions`` or ``/v1/completions`` request under ``--resume``: what builds its
+    :class:`Resume` (given the headers sent upstream) once its body is finished: a stream is continued, a
+    non-streamed request asked again whole (:func:`_answered_whole`). ``None`` for any other request, a model vllama
+    does not know, or, on a fleet's node, a stream whose client asked its token ids or any non-streamed request (a
+    front's: it goes on through the router on another node at once, not after this node's restart)."""
     settings = request.app[SETTINGS]
     if not (settings.resume and request.method == "POST" and request.path in _PLACED and isinstance(data, dict)
-            and data.get("stream") is True and isinstance(call.typed, Body) and model is not None):
+            and isinstance(call.typed, Body) and model is not None):
         return None
     strip = data.get("return_token_ids") is not True  # asked by vllama: not the client's to see
-    if settings.register_with and not strip:
-        return None  # a fleet's front asked the ids: it continues the stream on another node at once (docs/fleet.md)
+    if settings.register_with and (not strip or data.get("stream") is not True):
+        return None  # a fleet's front continues it on another node at once (docs/fleet.md)
     seconds, _ = resume_timeout(settings.resume_timeout, backend.board)
     worker = request.app[WORKER]
     return lambda headers: Resume(request.path, data, backend.upstream, backend.board, worker, seconds,
@@ -195,7 +196,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         try:
             return await forward(request, backend, "/v1/" + request.match_info["tail"], body, session_headers=sent,
                                ready_body=lambda: _forwarded(request, call, body, data, model, backend, made,
-                                                             token_ids=resume_of is not None),
+                                                             token_ids=resume_of is not None and data.get("stream") is True),
                                rename=rename, resume_of=resume_of)
         finally:
             if release is not None:  # after the answer's last byte, or its error, or the client's leaving
@@ -268,6 +269,8 @@ async def forward(request: web.Request, backend: Backend, path: str, body: bytes
             if resume_of is not None:
                 resume = resume_of(headers)
                 try:
+                    if resume.body.get("stream") is not True:
+                        return await _answered_whole(request, backend, path, body, headers, rename, resume)
                     return await _sent_resumable(request, backend, path, body, headers, rename, resume)
                 finally:
                     if resume.times:
@@ -318,6 +321,42 @@ async def _sent_resumable(request: web.Request, backend: Backend, path: str, bod
     out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await out.prepare(request)
     return await in_own_task(_continued(request, backend, resp, out, rename, resume))
+
+
+async def _answered_whole(request: web.Request, backend: Backend, path: str, body: bytes, headers: dict[str, str],
+                          rename: tuple[bytes, bytes] | None, resume: Resume) -> web.StreamResponse:
+    """:func:`_sent` for a non-streamed chat or completion under ``--resume``: vLLM's answer read whole before the
+    client gets it. Broken before its last byte (vLLM's 5xx, the connection reset or closed; a connect that failed
+    too where vllama runs the vLLM), nothing has reached the client: the request is asked again whole once the model
+    serves again (``Resume.reopen``), and the client gets that answer, charged once by its usage (the broken one's
+    work is vllama's cost). Not on the idle-read timeout: a long answer is not a dead engine."""
+    try:
+        async with backend.upstream.request("POST", path, body=body, headers=headers, params=request.query,
+                                            check=False) as resp:
+            if resp.status < 500 and resp.status != 200:  # vLLM's refusal (a 4xx), copied as it wrote it
+                return await _copy_whole(request, resp, path)
+            data = await read_response(resp)
+            if resp.status == 200:
+                return _whole(request, resp, data, rename)
+            failed: VllamaError = UpstreamRejected(data[:300].decode(errors="replace"), resp.status)
+    except UpstreamError as e:
+        failed = e
+    while not isinstance(failed, UpstreamTimeout) and resume.can(failed, before_answer=never_sent(failed)):
+        resp = await resume.reopen(failed)
+        try:
+            return _whole(request, resp, await read_response(resp), rename)
+        except UpstreamError as e:  # broken again: asked again while the timeout lasts
+            failed = e
+    raise failed
+
+
+def _whole(request: web.Request, resp: Any, data: bytes, rename: tuple[bytes, bytes] | None) -> web.Response:
+    """vLLM's whole 200 answer ``data`` as the client's, its usage read for the settler."""
+    usage = _usage(data, request.path)
+    if usage is not None:
+        call_of(request).usage = usage
+    return web.Response(status=200, body=data.replace(*rename) if rename is not None else data,
+                        headers={h: resp.headers[h] for h in _FORWARD_RESPONSE if h in resp.headers})
 
 
 async def _copy_whole(request: web.Request, resp: Any, path: str) -> web.StreamResponse:

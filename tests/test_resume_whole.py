@@ -1,0 +1,102 @@
+"""A non-streamed ``/v1`` answer whose vLLM dies is asked again whole (``api/routes/openai.py`` ``_answered_whole``).
+
+``vllama serve`` over the stand-in vLLM (20 ms a token); a non-streamed ``/v1/chat/completions`` and
+``/v1/completions`` of the real ``openai`` client are in vLLM's hands when it is SIGKILLed: nothing had reached
+their clients, so each is asked again of the restarted vLLM and answered whole, equal to an uninterrupted run,
+and charged once. On the code before, each got a 5xx. (Streams, and the real vLLM: ``test_resume.py``,
+``real_engine/test_real_resume.py``.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from conftest import SERVED, metric, start_fake, start_proxy, stop
+
+N = 100  # tokens each request asks for (of the 500 its prompt makes the stand-in write): 2 s
+
+
+def _charged(url: str) -> tuple[float, float]:
+    text = httpx.get(url + "/metrics").text
+    return metric(text, "vllama_key_prompt_tokens_total"), metric(text, "vllama_key_output_tokens_total")
+
+
+def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama):
+    v = vllama(env={"FAKE_VLLM_TOKEN_DELAY": "0.02"})
+    v.wait_state("ready")
+    client = openai.OpenAI(base_url=v.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    asks = {
+        "chat": lambda: client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "a whole chat [[tokens:500]]"}], max_tokens=N, temperature=0),
+        "completions": lambda: client.completions.create(model="tiny", prompt="a whole completion [[tokens:500]]", max_tokens=N,
+                                                         temperature=0),
+    }
+    reference = {k: ask() for k, ask in asks.items()}
+    prompt = sum(r.usage.prompt_tokens for r in reference.values())
+    assert all(r.usage.completion_tokens == N for r in reference.values())
+    deadline = time.monotonic() + 30
+    while _charged(v.url) != (prompt, 2 * N):  # the settler's charge follows the answer
+        assert time.monotonic() < deadline, _charged(v.url)
+        time.sleep(0.05)
+
+    def made() -> float:
+        return metric(httpx.get(v.url + "/vllm/metrics").text, "vllm:generation_tokens_total")
+
+    start = made()
+    with ThreadPoolExecutor(2) as pool:
+        futures = {k: pool.submit(ask) for k, ask in asks.items()}
+        while made() < start + N:  # about half of each made: both in vLLM's hands, neither answered
+            assert not any(f.done() for f in futures.values()), {k: f.result() for k, f in futures.items() if f.done()}
+            time.sleep(0.02)
+        os.kill(v.server_pid(), signal.SIGKILL)
+        got = {k: f.result() for k, f in futures.items()}
+    assert v.ready()["restarts"] == 1
+    for k, ref in reference.items():
+        text = got[k].choices[0].message.content if k == "chat" else got[k].choices[0].text
+        want = ref.choices[0].message.content if k == "chat" else ref.choices[0].text
+        assert text == want and got[k].usage == ref.usage and got[k].choices[0].finish_reason == "length", (k, got[k])
+    deadline = time.monotonic() + 30
+    while _charged(v.url) < (2 * prompt, 4 * N):
+        assert time.monotonic() < deadline, _charged(v.url)
+        time.sleep(0.05)
+    assert _charged(v.url) == (2 * prompt, 4 * N)  # each prompt and output token once: the broken work is vllama's
+    text = httpx.get(v.url + "/metrics").text
+    for route in ("/v1/chat/completions", "/v1/completions"):
+        assert metric(text, "vllama_resumed_streams_total", route=route) == 1, route
+
+
+def test_an_upstream_vllm_restarted_by_another_answers_the_request_again(model_dir, tmp_path):
+    """``--upstream``: a vLLM that vllama does not run (restarted by its own supervisor: here the test, on the same
+    port) dies under a non-streamed request: the request waits for it (``Resume.reopen``'s growing pauses) and is
+    answered whole by the new one. A vLLM that was down before the request was sent is today's 503 at once."""
+    env = {"FAKE_VLLM_TOKEN_DELAY": "0.02"}
+    fake = start_fake(model_dir, env=env)
+    proxy = start_proxy(fake.url, vllm_args=[])
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(client.completions.create, model=SERVED, prompt="whole [[tokens:500]]", max_tokens=N,
+                                 temperature=0)
+            while metric(httpx.get(fake.url + "/metrics").text, "vllm:generation_tokens_total") < N / 2:
+                assert not answer.done(), answer.result()
+                time.sleep(0.02)
+            fake.proc.kill()
+            fake.proc.wait()
+            fake = start_fake(model_dir, env=env, port=fake.port)
+            got = answer.result()
+        assert got.usage.completion_tokens == N and got.choices[0].text == "".join(f"tok{i} " for i in range(N))
+        fake.proc.kill()
+        fake.proc.wait()
+        with pytest.raises(openai.APIStatusError) as refused:  # refused at connect: not held
+            client.completions.create(model=SERVED, prompt="x", max_tokens=1)
+        assert refused.value.status_code == 503
+    finally:
+        stop(proxy.proc)
+        stop(fake.proc)
