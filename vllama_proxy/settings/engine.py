@@ -30,7 +30,8 @@ class Engine(BaseModel):
         True,
         description="A stream whose vLLM dies, is restarted or breaks its connection mid-answer is asked again of the vLLM "
         "that serves the model next, as its prompt's token ids followed by those already sent, and continues on the same "
-        "client stream (api/request/resume.py, docs/operations.md); off (--no-resume): it ends with an error line.",
+        "client stream (api/request/resume.py, docs/operations.md); a non-streamed /v1 chat or completion it breaks is asked "
+        "again whole; off (--no-resume): it ends with an error line (a 5xx).",
     )
     resume_timeout: float | None = Field(
         None, gt=0,
