@@ -67,6 +67,18 @@ def test_a_resumed_chunk_is_shaped_as_the_chats_with_the_whole_answers_usage():
     assert r.ids == [5, 6, 7, 8, 9, 10]
 
 
+def test_a_non_streamed_request_is_asked_again_whole_whatever_a_continuation_refuses():
+    """Nothing of a non-streamed answer reached its client: ``n`` > 1, a grammar, a batch of prompts or ``echo``
+    refuse a continuation from the middle, not the request asked again whole."""
+    for path, body in (("/v1/chat/completions", {"n": 2, "response_format": {"type": "json_object"}}),
+                       ("/v1/completions", {"prompt": ["a", "b"], "echo": True})):
+        assert not _resume(path, **body).can(UpstreamUnavailable("closed"))
+        r = Resume(path, {"model": "m", **body}, upstream=None, board=None, worker=0, timeout=60.0,  # type: ignore[arg-type]
+                   max_model_len=2048, headers=None, route=path, whole=True)
+        assert r.can(UpstreamUnavailable("closed")) and r.can(UpstreamRejected("EngineDeadError", 500))
+        assert not r.can(UpstreamRejected("bad", 400))
+
+
 def test_a_stream_without_its_prompts_ids_is_not_continued_once_it_began():
     r = _resume()
     assert r.can(UpstreamUnavailable("refused"))  # nothing relayed yet: asked again whole

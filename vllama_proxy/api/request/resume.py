@@ -100,15 +100,17 @@ class Resume:
         max_model_len: the model's context (for ``max_tokens`` when the body set none), ``None``: unknown.
         headers: what went upstream with the body (a router's session key).
         route: the client's route (the metrics' label).
+        whole: a non-streamed request: only ever asked again whole (nothing of it reached the client), so
+            nothing that refuses a continuation (:func:`refusal`: ``n`` > 1, structured output...) refuses it.
     """
 
     __slots__ = ("path", "body", "upstream", "board", "worker", "timeout", "max_model_len", "headers", "route",
                  "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen", "blind",
-                 "relayed", "strip", "head", "thinking", "tools", "said", "kept", "called", "reasoned", "native")
+                 "relayed", "strip", "head", "thinking", "tools", "said", "kept", "called", "reasoned", "native", "whole")
 
     def __init__(self, path: str, body: dict[str, Any], upstream: Upstream, board: Any, worker: int, timeout: float,
                  max_model_len: int | None, headers: Any, route: str, *, relayed: bool = False,
-                 strip: bool = False) -> None:
+                 strip: bool = False, whole: bool = False) -> None:
         self.path = path
         self.body = body
         self.upstream = upstream
@@ -125,7 +127,8 @@ class Resume:
         self.chat = path == "/v1/chat/completions"
         self.reasoning = False  # a resumed chat continues inside its reasoning (until </think>)
         self.stack = AsyncExitStack()  # the resumes' upstream responses, closed with the stream
-        self.why_not = refusal(path, body)
+        self.whole = whole
+        self.why_not = None if whole else refusal(path, body)
         self.blind = False  # a chunk with text came without its token ids: what was sent is not known as ids
         self.seen = False  # a chunk of the answer arrived (without the prompt's ids it cannot be continued)
         self.shaped = False  # the chunks now come from a continuation on /v1/completions: shaped as the route's

@@ -171,8 +171,9 @@ def _resume_of(request: web.Request, call: Call, data: Any, model: ServedModel |
         return None  # a fleet's front continues it on another node at once (docs/fleet.md)
     seconds, _ = resume_timeout(settings.resume_timeout, backend.board)
     worker = request.app[WORKER]
+    whole = data.get("stream") is not True
     return lambda headers: Resume(request.path, data, backend.upstream, backend.board, worker, seconds,
-                                  model.max_model_len, headers, request.path, relayed=True, strip=strip)
+                                  model.max_model_len, headers, request.path, relayed=True, strip=strip, whole=whole)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -269,7 +270,7 @@ async def forward(request: web.Request, backend: Backend, path: str, body: bytes
             if resume_of is not None:
                 resume = resume_of(headers)
                 try:
-                    if resume.body.get("stream") is not True:
+                    if resume.whole:
                         return await _answered_whole(request, backend, path, body, headers, rename, resume)
                     return await _sent_resumable(request, backend, path, body, headers, rename, resume)
                 finally:
