@@ -74,7 +74,7 @@ def test_a_non_streamed_request_is_asked_again_whole_whatever_a_continuation_ref
                        ("/v1/completions", {"prompt": ["a", "b"], "echo": True})):
         assert not _resume(path, **body).can(UpstreamUnavailable("closed"))
         r = Resume(path, {"model": "m", **body}, upstream=None, board=None, worker=0, timeout=60.0,  # type: ignore[arg-type]
-                   max_model_len=2048, headers=None, route=path, whole=True)
+                   max_model_len=2048, headers=None, route=path, unstreamed=True)
         assert r.can(UpstreamUnavailable("closed")) and r.can(UpstreamRejected("EngineDeadError", 500))
         assert not r.can(UpstreamRejected("bad", 400))
 

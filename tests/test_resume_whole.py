@@ -3,12 +3,14 @@
 ``vllama serve`` over the stand-in vLLM (20 ms a token); a non-streamed ``/v1/chat/completions`` and
 ``/v1/completions`` of the real ``openai`` client are in vLLM's hands when it is SIGKILLed: nothing had reached
 their clients, so each is asked again of the restarted vLLM and answered whole, equal to an uninterrupted run,
-and charged once. On the code before, each got a 5xx. (Streams, and the real vLLM: ``test_resume.py``,
+and charged once. On the code before, each got a 5xx. A vLLM that still serves and fails a request itself gives
+that error at once; a client that leaves while its request waits for the restart is charged nothing. (Streams, and the real vLLM: ``test_resume.py``,
 ``real_engine/test_real_resume.py``.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -18,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import SERVED, metric, start_fake, start_proxy, stop
+from conftest import SERVED, log_events, metric, start_fake, start_proxy, stop
 
 N = 100  # tokens each request asks for (of the 500 its prompt makes the stand-in write): 2 s
 
@@ -28,10 +30,35 @@ def _charged(url: str) -> tuple[float, float]:
     return metric(text, "vllama_key_prompt_tokens_total"), metric(text, "vllama_key_output_tokens_total")
 
 
-def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama):
-    v = vllama(env={"FAKE_VLLM_TOKEN_DELAY": "0.02"})
+def _vllm(v, name: str) -> float:
+    return metric(httpx.get(v.url + "/vllm/metrics").text, name)
+
+
+def _until(cond, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _events(v, event: str, **match) -> list[dict]:
+    return [e for e in log_events(v.log) if e.get("event") == event and all(e.get(k) == x for k, x in match.items())]
+
+
+def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama, tmp_path):
+    """Also: a vLLM that still serves and fails a request itself (its 500) gives that error at once, and a client that
+    leaves while its request waits for the restarted vLLM is charged nothing (no vLLM had it)."""
+    gate = tmp_path / "gate"  # the stand-in's starts finish while it exists (FAKE_VLLM_START_GATE)
+    gate.touch()
+    v = vllama(env={"FAKE_VLLM_TOKEN_DELAY": "0.02", "FAKE_VLLM_START_GATE": str(gate)})
     v.wait_state("ready")
     client = openai.OpenAI(base_url=v.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    with pytest.raises(openai.InternalServerError):  # vLLM's own 500, its engine alive: not asked again
+        client.completions.create(model="tiny", prompt="x [[fault:http500]]", max_tokens=5)
+    refused = _events(v, "resume_refused")
+    assert len(refused) == 1 and "still serves" in refused[0]["why"] and not _events(v, "stream_broken"), refused
+
     asks = {
         "chat": lambda: client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "a whole chat [[tokens:500]]"}], max_tokens=N, temperature=0),
@@ -41,20 +68,15 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama)
     reference = {k: ask() for k, ask in asks.items()}
     prompt = sum(r.usage.prompt_tokens for r in reference.values())
     assert all(r.usage.completion_tokens == N for r in reference.values())
-    deadline = time.monotonic() + 30
-    while _charged(v.url) != (prompt, 2 * N):  # the settler's charge follows the answer
-        assert time.monotonic() < deadline, _charged(v.url)
-        time.sleep(0.05)
+    _until(lambda: _charged(v.url) == (prompt, 2 * N), "the settler's charge follows the answer")
 
-    def made() -> float:
-        return metric(httpx.get(v.url + "/vllm/metrics").text, "vllm:generation_tokens_total")
-
-    start = made()
+    start = _vllm(v, "vllm:generation_tokens_total")
     with ThreadPoolExecutor(2) as pool:
         futures = {k: pool.submit(ask) for k, ask in asks.items()}
-        while made() < start + N:  # about half of each made: both in vLLM's hands, neither answered
-            assert not any(f.done() for f in futures.values()), {k: f.result() for k, f in futures.items() if f.done()}
-            time.sleep(0.02)
+        # both in vLLM's hands, about half of each made
+        _until(lambda: _vllm(v, "vllm:num_requests_running") == 2 and _vllm(v, "vllm:generation_tokens_total") >= start + N,
+               "both requests running")
+        assert not any(f.done() for f in futures.values())
         os.kill(v.server_pid(), signal.SIGKILL)
         got = {k: f.result() for k, f in futures.items()}
     assert v.ready()["restarts"] == 1
@@ -62,14 +84,35 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama)
         text = got[k].choices[0].message.content if k == "chat" else got[k].choices[0].text
         want = ref.choices[0].message.content if k == "chat" else ref.choices[0].text
         assert text == want and got[k].usage == ref.usage and got[k].choices[0].finish_reason == "length", (k, got[k])
-    deadline = time.monotonic() + 30
-    while _charged(v.url) < (2 * prompt, 4 * N):
-        assert time.monotonic() < deadline, _charged(v.url)
-        time.sleep(0.05)
+    _until(lambda: _charged(v.url) >= (2 * prompt, 4 * N), "the charge of the answers asked again")
     assert _charged(v.url) == (2 * prompt, 4 * N)  # each prompt and output token once: the broken work is vllama's
     text = httpx.get(v.url + "/metrics").text
     for route in ("/v1/chat/completions", "/v1/completions"):
         assert metric(text, "vllama_resumed_streams_total", route=route) == 1, route
+
+    # a client that leaves while its request waits for the restarted vLLM (held loading by the gate): charged nothing
+    gate.unlink()
+    before, broken, answered = _charged(v.url), len(_events(v, "stream_broken")), len(_events(v, "request", path="/v1/completions"))
+
+    async def leave() -> None:
+        async with httpx.AsyncClient(timeout=120) as h:
+            asked = asyncio.create_task(h.post(v.url + "/v1/completions", json={
+                "model": "tiny", "prompt": "a client that leaves [[tokens:500]]", "max_tokens": N}))
+            start = _vllm(v, "vllm:generation_tokens_total")
+            while _vllm(v, "vllm:generation_tokens_total") < start + 10:
+                assert not asked.done()
+                await asyncio.sleep(0.02)
+            os.kill(v.server_pid(), signal.SIGKILL)
+            while len(_events(v, "stream_broken")) == broken:  # waiting for the restarted vLLM
+                assert not asked.done()
+                await asyncio.sleep(0.02)
+            asked.cancel()
+
+    asyncio.run(leave())
+    _until(lambda: len(_events(v, "request", path="/v1/completions")) > answered, "the access line of the request its client left")
+    assert _charged(v.url) == before
+    gate.touch()
+    v.wait_state("ready", restarts=2, timeout=60)
 
 
 def test_an_upstream_vllm_restarted_by_another_answers_the_request_again(model_dir, tmp_path):

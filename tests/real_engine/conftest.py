@@ -109,10 +109,11 @@ def pytest_collection_modifyitems(config, items):
 # --- servers -------------------------------------------------------------------------------------------------
 
 
-def counter(url: str, name: str) -> float:
-    """The sum of a counter's series on ``/metrics`` at ``url`` (vllama's, or vLLM's)."""
+def counter(url: str, name: str, **labels: str) -> float:
+    """The sum of a counter's series on ``/metrics`` at ``url`` (vllama's, or vLLM's) whose labels include ``labels``."""
     text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(v) for v in re.findall(rf'^{name}(?:\{{[^}}]*\}})? (\S+)$', text, re.M))
+    return sum(float(v) for block, v in re.findall(rf'^{name}(\{{[^}}]*\}})? (\S+)$', text, re.M)
+               if all(f'{k}="{x}"' in block for k, x in labels.items()))
 
 
 def free_port() -> int:

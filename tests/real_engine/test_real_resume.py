@@ -262,7 +262,8 @@ def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server,
     assert all("error" not in r for r in reference), reference
     assert all(r["usage"][1] == N and r["finish"] == "length" for r in reference[:len(OPENAI)]), reference
     before, restarts = _resumed(server.url), server.ready()["restarts"]
-    streams = counter(server.url, "vllama_resumed_streams_total")
+    routes = {"/v1/chat/completions": 3, "/v1/completions": 2}  # of OPENAI: each one asked again once
+    resumed = {route: counter(server.url, "vllama_resumed_streams_total", route=route) for route in routes}
     sampling, mark = {"temperature": 1.0, "seed": 7}, "sampled"
 
     async def both() -> tuple[list[dict], list[dict]]:
@@ -285,7 +286,9 @@ def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server,
     assert "error" in messages, messages  # cut by the kill (vLLM had made ~CUT of N): ended as before, the reason logged
     refused = [x for x in server.log.read_text().splitlines() if '"resume_refused"' in x and "/v1/messages" in x]
     assert refused and "Anthropic Messages API" in refused[-1], (messages, server.tail())
-    assert _resumed(server.url) > before and counter(server.url, "vllama_resumed_streams_total") >= streams + len(OPENAI)
+    assert _resumed(server.url) > before
+    assert {route: counter(server.url, "vllama_resumed_streams_total", route=route) - resumed[route]
+            for route in routes} == routes
     _sampled_cut(server, model, sampled, mark, sampling)
 
 

@@ -35,7 +35,8 @@ class Engine(BaseModel):
     )
     resume_timeout: float | None = Field(
         None, gt=0,
-        description="Seconds a broken stream waits for its model's vLLM to serve again before it ends with its error line "
+        description="Seconds a broken stream (or non-streamed /v1 request) waits for its model's vLLM to serve again before "
+        "it ends with its error line "
         "(default: three times that vLLM's latest start, at least 60 s; 120 s for an --upstream vLLM vllama does not run; "
         "logged with each broken stream as resume_timeout_s).",
     )

@@ -100,17 +100,19 @@ class Resume:
         max_model_len: the model's context (for ``max_tokens`` when the body set none), ``None``: unknown.
         headers: what went upstream with the body (a router's session key).
         route: the client's route (the metrics' label).
-        whole: a non-streamed request: only ever asked again whole (nothing of it reached the client), so
-            nothing that refuses a continuation (:func:`refusal`: ``n`` > 1, structured output...) refuses it.
+        unstreamed: a non-streamed request: only ever asked again whole (nothing of it reached the client), so
+            nothing that refuses a continuation (:func:`refusal`: ``n`` > 1, structured output...) refuses it, and
+            what breaks the restarted vLLM too, or vLLM's refusal of it, is final (:meth:`reopen`).
     """
 
     __slots__ = ("path", "body", "upstream", "board", "worker", "timeout", "max_model_len", "headers", "route",
                  "prompt_ids", "ids", "times", "base", "chat", "reasoning", "stack", "why_not", "shaped", "seen", "blind",
-                 "relayed", "strip", "head", "thinking", "tools", "said", "kept", "called", "reasoned", "native", "whole")
+                 "relayed", "strip", "head", "thinking", "tools", "said", "kept", "called", "reasoned", "native", "unstreamed",
+                 "sending")
 
     def __init__(self, path: str, body: dict[str, Any], upstream: Upstream, board: Any, worker: int, timeout: float,
                  max_model_len: int | None, headers: Any, route: str, *, relayed: bool = False,
-                 strip: bool = False, whole: bool = False) -> None:
+                 strip: bool = False, unstreamed: bool = False) -> None:
         self.path = path
         self.body = body
         self.upstream = upstream
@@ -127,8 +129,9 @@ class Resume:
         self.chat = path == "/v1/chat/completions"
         self.reasoning = False  # a resumed chat continues inside its reasoning (until </think>)
         self.stack = AsyncExitStack()  # the resumes' upstream responses, closed with the stream
-        self.whole = whole
-        self.why_not = None if whole else refusal(path, body)
+        self.unstreamed = unstreamed
+        self.sending = False  # a request of the resume's is in vLLM's hands now
+        self.why_not = None if unstreamed else refusal(path, body)
         self.blind = False  # a chunk with text came without its token ids: what was sent is not known as ids
         self.seen = False  # a chunk of the answer arrived (without the prompt's ids it cannot be continued)
         self.shaped = False  # the chunks now come from a continuation on /v1/completions: shaped as the route's
@@ -339,18 +342,29 @@ class Resume:
         while True:
             if self.board is not None:
                 await self._until_serving(error, deadline)
+            restarted = self.board is not None and self.board.restarts > restarts and self.board.ready
             try:
+                self.sending = True
                 resp = await self.stack.enter_async_context(
                     self.upstream.request("POST", path, body=body, headers=self.headers))
                 break
             except UpstreamRejected as e:
                 # a 5xx of the vLLM that broke (its engine dead, not yet restarted) is waited out; one of the vLLM
-                # started since, or any 4xx, is its answer to the continuation: final
-                if e.status < 500 or (self.board is not None and self.board.restarts > restarts and self.board.ready):
+                # started since, or any 4xx, is its answer to the continuation: final (a non-streamed request's
+                # client gets it as vLLM wrote it)
+                if e.status < 500 or restarted:
                     log.warning("resume_refused", route=self.route, why=f"vLLM refused the continuation: {e.message}")
+                    if self.unstreamed:
+                        raise
                     raise error from e
-            except (UpstreamUnavailable, UpstreamTimeout):
-                pass
+            except (UpstreamUnavailable, UpstreamTimeout) as e:
+                # a non-streamed answer's idle read is its length, not a death; one that breaks the restarted vLLM
+                # too is not asked a third time (a request that kills its engine would take it down for everyone)
+                if self.unstreamed and (isinstance(e, UpstreamTimeout) or restarted):
+                    log.warning("resume_refused", route=self.route, why=f"asked again, it broke again: {e}")
+                    raise
+            finally:
+                self.sending = False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("resume_gave_up", route=self.route, waited_s=round(time.monotonic() - t0, 1))

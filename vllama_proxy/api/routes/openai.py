@@ -25,6 +25,7 @@ from vllama_proxy.models.created import CreatedModel
 from vllama_proxy.models.names import ollama_name
 from vllama_proxy.models.vllm_servers import Backend, ServedModel
 from vllama_proxy.errors import VllamaError
+from vllama_proxy import error_message
 from vllama_proxy.logs import get_logger
 from vllama_proxy.upstream import SSEDecoder, encode_json, never_sent, read_raw, read_response, read_some
 from ..request.relay import in_own_task
@@ -171,9 +172,10 @@ def _resume_of(request: web.Request, call: Call, data: Any, model: ServedModel |
         return None  # a fleet's front continues it on another node at once (docs/fleet.md)
     seconds, _ = resume_timeout(settings.resume_timeout, backend.board)
     worker = request.app[WORKER]
-    whole = data.get("stream") is not True
+    unstreamed = data.get("stream") is not True
     return lambda headers: Resume(request.path, data, backend.upstream, backend.board, worker, seconds,
-                                  model.max_model_len, headers, request.path, relayed=True, strip=strip, whole=whole)
+                                  model.max_model_len, headers, request.path, relayed=True, strip=strip,
+                                  unstreamed=unstreamed)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -270,7 +272,7 @@ async def forward(request: web.Request, backend: Backend, path: str, body: bytes
             if resume_of is not None:
                 resume = resume_of(headers)
                 try:
-                    if resume.whole:
+                    if resume.unstreamed:
                         return await _answered_whole(request, backend, path, body, headers, rename, resume)
                     return await _sent_resumable(request, backend, path, body, headers, rename, resume)
                 finally:
@@ -328,9 +330,12 @@ async def _answered_whole(request: web.Request, backend: Backend, path: str, bod
                           rename: tuple[bytes, bytes] | None, resume: Resume) -> web.StreamResponse:
     """:func:`_sent` for a non-streamed chat or completion under ``--resume``: vLLM's answer read whole before the
     client gets it. Broken before its last byte (vLLM's 5xx, the connection reset or closed; a connect that failed
-    too where vllama runs the vLLM), nothing has reached the client: the request is asked again whole once the model
-    serves again (``Resume.reopen``), and the client gets that answer, charged once by its usage (the broken one's
-    work is vllama's cost). Not on the idle-read timeout: a long answer is not a dead engine."""
+    too where vllama runs the vLLM) by a vLLM that no longer serves (its ``/health`` fails: an engine dead), nothing
+    has reached the client: the request is asked again whole, once, when the model serves again
+    (``Resume.reopen``), and the client gets that answer, charged once by its usage (the broken one's work is
+    vllama's cost; a client that leaves while no vLLM has its request is charged nothing). A vLLM that still serves
+    failed the request itself: its error at once. Never on the idle-read timeout: a long answer is not a dead
+    engine."""
     try:
         async with backend.upstream.request("POST", path, body=body, headers=headers, params=request.query,
                                             check=False) as resp:
@@ -339,16 +344,32 @@ async def _answered_whole(request: web.Request, backend: Backend, path: str, bod
             data = await read_response(resp)
             if resp.status == 200:
                 return _whole(request, resp, data, rename)
-            failed: VllamaError = UpstreamRejected(data[:300].decode(errors="replace"), resp.status)
+            failed: VllamaError = UpstreamRejected(error_message(data, f"vLLM answered HTTP {resp.status}"), resp.status)
     except UpstreamError as e:
         failed = e
-    while not isinstance(failed, UpstreamTimeout) and resume.can(failed, before_answer=never_sent(failed)):
+    if isinstance(failed, UpstreamTimeout) or not resume.can(failed, before_answer=never_sent(failed)):
+        raise failed
+    if await _serves(backend):
+        log.info("resume_refused", route=request.path, why="vLLM still serves: the failure was the request's own",
+                 error=str(failed)[:200])
+        raise failed
+    try:
         resp = await resume.reopen(failed)
-        try:
-            return _whole(request, resp, await read_response(resp), rename)
-        except UpstreamError as e:  # broken again: asked again while the timeout lasts
-            failed = e
-    raise failed
+    except (ConnectionError, asyncio.CancelledError):
+        if not resume.sending:
+            call_of(request).usage = (0, 0)  # the client left while no vLLM had its request
+        raise
+    return _whole(request, resp, await read_response(resp), rename)
+
+
+async def _serves(backend: Backend) -> bool:
+    """Whether ``backend``'s vLLM answers ``/health`` with 200 within 5 s (vLLM's fails once its engine is dead;
+    a router's says only that the router is up)."""
+    try:
+        status, _ = await asyncio.wait_for(backend.upstream.answer("GET", "/health", {}), 5)
+    except (UpstreamError, asyncio.TimeoutError):
+        return False
+    return status == 200
 
 
 def _whole(request: web.Request, resp: Any, data: bytes, rename: tuple[bytes, bytes] | None) -> web.Response:
