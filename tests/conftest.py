@@ -8,10 +8,12 @@ the proxy is driven by the real ``ollama`` and ``openai`` clients.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -60,11 +62,37 @@ def write_keys(path: Path, *keys: dict) -> Path:
     return path
 
 
+#: The ports a test's servers are given: below vllama's own picks for its vLLMs (``supervisor/ports.py``: the 12,000
+#: under the kernel's ephemeral range) and that range, each xdist worker in a slice of its own, taken in turn.
+_TEST_PORTS = range(12_000, 20_000)  # above the defaults of Ollama (11434), vLLM (8000), Redis, PostgreSQL
+_next_port = itertools.count()
+
+
 def free_port() -> int:
-    """A loopback port no one listens on, for a server a test starts: vllama's own pick for its vLLMs,
-    below the kernel's ephemeral range, so no client socket of the suite (thousands, two xdist workers,
-    vLLM's processes) takes it before the server binds it (CI saw the fake Hub exit so)."""
+    """A loopback port no one listens on, for a server a test starts. Neither a client socket of the suite (the
+    kernel's ephemeral range), nor a vLLM port a ``vllama serve`` picks, nor another xdist worker's pick can take it
+    between the pick and the server's bind (seconds on a busy machine): each worker takes its own slice of
+    :data:`_TEST_PORTS` in turn, each port checked free (a test's vllama once found its port taken so, and another
+    test's server answered in its place)."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % workers
+    size = len(_TEST_PORTS) // workers
+    for _ in range(size):
+        port = _TEST_PORTS[worker * size + next(_next_port) % size]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
     return free_loopback_port()
+
+
+def in_one_minute(needed: float) -> None:
+    """Wait, if need be, so that the next ``needed`` seconds fall in one wall-clock minute (the window of a key's
+    ``rpm``, ``tpm`` and ``user_rpm``, ``api/policy/rate_limits.py``)."""
+    if time.time() % 60 > 60 - needed:
+        time.sleep(60 - time.time() % 60 + 0.1)
 
 
 def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:

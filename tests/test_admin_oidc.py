@@ -136,9 +136,9 @@ def test_a_provider_that_does_not_answer_gives_the_sign_in_form_with_the_reason(
                     env={"VLLAMA_STATE_DIR": str(tmp_path / "state"), "VLLAMA_ADMIN_OIDC_ISSUER": gone,
                          "VLLAMA_ADMIN_OIDC_CLIENT_ID": "vllama", "VLLAMA_ADMIN_OIDC_CLIENT_SECRET": CLIENT_SECRET})
     try:
-        r = httpx.get(p.url + "/admin/oidc/login")
+        r = httpx.get(p.url + "/admin/oidc/login", timeout=60)  # its first sign-in imports authlib: seconds on a busy machine
         assert r.status_code == 502 and "did not answer" in r.text and 'name="key"' in r.text, r.text
-        r = httpx.get(p.url + "/admin/oidc/callback?code=x&state=y")  # no flow cookie: refused before any call out
+        r = httpx.get(p.url + "/admin/oidc/callback?code=x&state=y", timeout=60)  # no flow cookie: refused before any call out
         assert r.status_code == 401 and "sign in again" in r.text
     finally:
         stop(p.proc)

@@ -19,6 +19,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import ALIAS, ROOT, SERVED, get_json, start_fake, start_proxy, stop
@@ -181,12 +182,18 @@ def wait_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 20.0
     raise TimeoutError(f"{path}: fewer than {n} lines")
 
 
-def settle(fake_url: str) -> None:
-    """Wait until the fake has nothing in flight (the dead client's requests were aborted)."""
-    deadline = time.monotonic() + 10
-    while get_json(fake_url + "/_fake/stats")["in_flight"] and time.monotonic() < deadline:
+def settle(fake_url: str, proxy_port: int | None = None) -> None:
+    """Wait until a dead client's requests are over: the proxy at ``proxy_port`` has closed each of its client
+    connections (a request it read after the kill still reached the fake: on a busy machine, after the fake had
+    nothing in flight) and the fake has nothing in flight (the requests were aborted)."""
+    deadline = time.monotonic() + 120
+    while True:
+        clients = [c for c in psutil.net_connections("tcp") if proxy_port is not None and c.laddr
+                   and c.laddr.port == proxy_port and c.status in ("ESTABLISHED", "CLOSE_WAIT", "SYN_RECV")]
+        if not clients and not get_json(fake_url + "/_fake/stats")["in_flight"]:
+            return
+        assert time.monotonic() < deadline, (clients, get_json(fake_url + "/_fake/stats"))
         time.sleep(0.02)
-    time.sleep(0.1)
 
 
 def test_resume_after_sigkill(slow_stack, tmp_path):
@@ -206,7 +213,7 @@ def test_resume_after_sigkill(slow_stack, tmp_path):
     first = read_results(out)  # whole lines only, even after SIGKILL
     assert 60 <= len(first) < n
     done = set(by_custom_id(first))
-    settle(fake.url)
+    settle(fake.url, proxy.port)
     first_sent = sent_ids(fake.url)
     assert {f"item-{c[1:]}" for c in done} <= set(first_sent)
     # A torn last line, as a crash in the middle of a write (or a power loss) leaves it.

@@ -8,14 +8,19 @@ accepts one connection per 10 ms behind a listen queue of 8 whatever the machine
 is 0.8 s, under the kernel's 1 s before it sends a dropped SYN again (the code before bounded connects failed 64 of
 400): 400 requests cannot all connect within it (4 s of accepts), and each must still be answered. With 0.5 s a CPU
 hog beside the suite starved the stand-in's accepts or vllama's loop past the budget (40 of 400 failed beside
-``stress-ng --cpu 2``): a test of the machine, not of vllama.
+``stress-ng --cpu 2``), and with 0.8 s too (175 of 400): a test of the machine, not of vllama. A budget of 1 s or
+more no longer tells the code before from today's (checked: 2 s passes on it), so both processes run at nice -5
+where that is allowed (root, as in CI; the real-engine tier's vLLMs run so too): a hog at nice 0 does not starve
+them for the budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import ollama
+import psutil
 import pytest
 
 from conftest import SERVED, start_fake, start_proxy, stop
@@ -28,6 +33,9 @@ ACCEPT_EVERY_S = 0.01  # 400 connections take 4 s to accept: five times the conn
 def slow_accepting(model_dir):
     fake = start_fake(model_dir, env={"FAKE_VLLM_BACKLOG": "8", "FAKE_VLLM_ACCEPT_EVERY": str(ACCEPT_EVERY_S)})
     proxy = start_proxy(fake.url, "--workers", "1", "--connect-timeout", "0.8")
+    for proc in (fake.proc, proxy.proc):
+        with contextlib.suppress(psutil.AccessDenied):  # not root: as it is
+            psutil.Process(proc.pid).nice(-5)
     yield proxy
     stop(proxy.proc)
     stop(fake.proc)

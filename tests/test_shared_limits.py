@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from conftest import ALIAS, free_port, start_fake, start_proxy, stop
+from conftest import ALIAS, free_port, in_one_minute, start_fake, start_proxy, stop
 
 pytest.importorskip("redis", reason="the redis package (pip install 'vllama-proxy[redis]')")
 REDIS = shutil.which("redis-server")
@@ -128,12 +128,6 @@ async def test_store_counts_over_processes(redis_url):
         await b.close()
 
 
-def _in_one_minute(needed: float) -> None:
-    """Wait, if need be, so that the next ``needed`` seconds fall in one wall-clock minute (the window)."""
-    if time.time() % 60 > 60 - needed:
-        time.sleep(60 - time.time() % 60 + 0.1)
-
-
 RATED = """
 [[keys]]
 name = "capped"
@@ -164,7 +158,7 @@ def test_two_fronts_share_a_keys_rpm_and_tpm_and_fail_open_to_their_own(tmp_path
                                 "options": {"num_predict": n}})
 
     try:
-        _in_one_minute(20)
+        in_one_minute(20)
         answers = [ask(fronts[0], "sk-capped"), ask(fronts[1], "sk-capped"), ask(fronts[0], "sk-capped")]
         assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
         assert [r.headers["x-ratelimit-remaining-requests"] for r in answers] == ["2", "1", "0"]
@@ -391,7 +385,7 @@ def test_an_end_users_limits_hold_over_two_fronts(tmp_path, model_dir, redis_url
 
     try:
         with httpx.Client(timeout=30) as http:
-            _in_one_minute(25)
+            in_one_minute(25)
             assert ask(http, fronts[0], "alice").status_code == 200
             assert ask(http, fronts[1], "alice").status_code == 200
             for front in fronts:  # her third, on either front: her minute is spent over both
