@@ -56,8 +56,10 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama,
 
     with pytest.raises(openai.InternalServerError):  # vLLM's own 500, its engine alive: not asked again
         client.completions.create(model="tiny", prompt="x [[fault:http500]]", max_tokens=5)
+    with pytest.raises(openai.InternalServerError):  # nor a stream's, before its answer began
+        client.completions.create(model="tiny", prompt="x [[fault:http500]]", max_tokens=5, stream=True)
     refused = _events(v, "resume_refused")
-    assert len(refused) == 1 and "still serves" in refused[0]["why"] and not _events(v, "stream_broken"), refused
+    assert len(refused) == 2 and all("still serves" in r["why"] for r in refused) and not _events(v, "stream_broken"), refused
 
     asks = {
         "chat": lambda: client.chat.completions.create(

@@ -303,8 +303,9 @@ async def _sent(request: web.Request, backend: Backend, path: str, body: bytes, 
 async def _sent_resumable(request: web.Request, backend: Backend, path: str, body: bytes, headers: dict[str, str],
                           rename: tuple[bytes, bytes] | None, resume: Resume) -> web.StreamResponse:
     """:func:`_sent` for a stream that is continued when vLLM breaks it (``resume.py``): vLLM's failure before its
-    answer began (its engine dead: a 5xx, or the connection refused) is asked again once the model serves again;
-    its SSE answer is relayed by :func:`_continued`."""
+    answer began (its engine dead: a 5xx, or the connection refused) is asked again once the model serves again,
+    but a 5xx of a vLLM that still serves (:func:`_serves`) is the request's own, passed on at once; its SSE answer
+    is relayed by :func:`_continued`."""
     try:
         async with backend.upstream.request("POST", path, body=body, headers=headers, params=request.query,
                                             check=False) as resp:
@@ -319,6 +320,10 @@ async def _sent_resumable(request: web.Request, backend: Backend, path: str, bod
     except UpstreamError as e:
         failed = e
     if not resume.can(failed, before_answer=True):
+        raise failed
+    if isinstance(failed, UpstreamRejected) and await _serves(backend):  # vLLM's answer to the request itself
+        log.info("resume_refused", route=request.path, why="vLLM still serves: the failure was the request's own",
+                 error=str(failed)[:200])
         raise failed
     resp = await resume.reopen(failed)
     out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
