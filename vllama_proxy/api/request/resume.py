@@ -18,7 +18,7 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any
 
-from vllama_proxy.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, VllamaError
+from vllama_proxy.errors import UpstreamError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, VllamaError
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.catalog import reported_context
 from vllama_proxy.upstream import Upstream, encode_json
@@ -388,6 +388,20 @@ class Resume:
         log.info("stream_resumed", route=self.route, paused_s=round(time.monotonic() - t0, 2), tokens_sent=sent,
                  resume_prompt_tokens=prompt, resumes=self.times)
         return resp
+
+    async def its_own(self, error: VllamaError) -> bool:
+        """Whether the request itself, not a dead engine, failed with ``error``: its vLLM still answers ``/health``
+        with 200 within 5 s (vLLM's fails once its engine is dead; a router's says only that the router is up).
+        Logged (``resume_refused``) when so: the request is not asked again."""
+        try:
+            status, _ = await asyncio.wait_for(self.upstream.answer("GET", "/health", {}), 5)
+        except (UpstreamError, asyncio.TimeoutError):
+            return False
+        if status != 200:
+            return False
+        log.info("resume_refused", route=self.route, why="vLLM still serves: the failure was the request's own",
+                 error=str(error)[:200])
+        return True
 
     async def _learn_context(self, error: VllamaError) -> None:
         """The model's context from its vLLM's ``/v1/models`` (a router's: any node's), when vllama did not know it

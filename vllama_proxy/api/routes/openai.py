@@ -304,7 +304,7 @@ async def _sent_resumable(request: web.Request, backend: Backend, path: str, bod
                           rename: tuple[bytes, bytes] | None, resume: Resume) -> web.StreamResponse:
     """:func:`_sent` for a stream that is continued when vLLM breaks it (``resume.py``): vLLM's failure before its
     answer began (its engine dead: a 5xx, or the connection refused) is asked again once the model serves again,
-    but a 5xx of a vLLM that still serves (:func:`_serves`) is the request's own, passed on at once; its SSE answer
+    but a 5xx of a vLLM that still serves (``Resume.its_own``) is the request's own, passed on at once; its SSE answer
     is relayed by :func:`_continued`."""
     try:
         async with backend.upstream.request("POST", path, body=body, headers=headers, params=request.query,
@@ -321,9 +321,7 @@ async def _sent_resumable(request: web.Request, backend: Backend, path: str, bod
         failed = e
     if not resume.can(failed, before_answer=True):
         raise failed
-    if isinstance(failed, UpstreamRejected) and await _serves(backend):  # vLLM's answer to the request itself
-        log.info("resume_refused", route=request.path, why="vLLM still serves: the failure was the request's own",
-                 error=str(failed)[:200])
+    if isinstance(failed, UpstreamRejected) and await resume.its_own(failed):  # vLLM's answer to the request itself
         raise failed
     resp = await resume.reopen(failed)
     out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -354,9 +352,7 @@ async def _answered_whole(request: web.Request, backend: Backend, path: str, bod
         failed = e
     if isinstance(failed, UpstreamTimeout) or not resume.can(failed, before_answer=never_sent(failed)):
         raise failed
-    if await _serves(backend):
-        log.info("resume_refused", route=request.path, why="vLLM still serves: the failure was the request's own",
-                 error=str(failed)[:200])
+    if await resume.its_own(failed):
         raise failed
     try:
         resp = await resume.reopen(failed)
@@ -365,16 +361,6 @@ async def _answered_whole(request: web.Request, backend: Backend, path: str, bod
             call_of(request).usage = (0, 0)  # the client left while no vLLM had its request
         raise
     return _whole(request, resp, await read_response(resp), rename)
-
-
-async def _serves(backend: Backend) -> bool:
-    """Whether ``backend``'s vLLM answers ``/health`` with 200 within 5 s (vLLM's fails once its engine is dead;
-    a router's says only that the router is up)."""
-    try:
-        status, _ = await asyncio.wait_for(backend.upstream.answer("GET", "/health", {}), 5)
-    except (UpstreamError, asyncio.TimeoutError):
-        return False
-    return status == 200
 
 
 def _whole(request: web.Request, resp: Any, data: bytes, rename: tuple[bytes, bytes] | None) -> web.Response:
