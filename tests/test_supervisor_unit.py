@@ -54,9 +54,11 @@ async def test_ready_is_awaited_on_the_board_through_startup(tmp_path, knobs):
 
 
 async def test_progress_pushes_the_startup_deadline(tmp_path, knobs):
-    # loading takes 3 s, the deadline is 1 s, but every 0.5 s vLLM logs loading progress
-    knobs.setenv("FAKE_VLLM_START_DELAY", "3")
-    sup = await run(settings(tmp_path, startup_timeout=1.0, startup_progress_extension=2.0))
+    # loading takes 8 s, the deadline is 4 s, but every 0.5 s vLLM logs loading progress. The deadline
+    # leaves the stand-in's interpreter room to start on a busy machine (its first progress line came
+    # after 1 s there, beside a CPU hog), so that only the loading outlasts it.
+    knobs.setenv("FAKE_VLLM_START_DELAY", "8")
+    sup = await run(settings(tmp_path, startup_timeout=4.0, startup_progress_extension=3.0))
     try:
         await sup.board.wait_ready(20)
         assert sup.restarts == 0
