@@ -4,7 +4,7 @@
 ``/v1/completions`` of the real ``openai`` client are in vLLM's hands when it is SIGKILLed: nothing had reached
 their clients, so each is asked again of the restarted vLLM and answered whole, equal to an uninterrupted run,
 and charged once. On the code before, each got a 5xx. A vLLM that still serves and fails a request itself gives
-that error at once; a client that leaves while its request waits for the restart is charged nothing. (Streams, and the real vLLM: ``test_resume.py``,
+that error at once (Ollama's routes too); a client that leaves while its request waits for the restart is charged nothing. (Streams, and the real vLLM: ``test_resume.py``,
 ``real_engine/test_real_resume.py``.)
 """
 
@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -58,8 +59,16 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama,
         client.completions.create(model="tiny", prompt="x [[fault:http500]]", max_tokens=5)
     with pytest.raises(openai.InternalServerError):  # nor a stream's, before its answer began
         client.completions.create(model="tiny", prompt="x [[fault:http500]]", max_tokens=5, stream=True)
+    ollama_client = ollama.Client(host=v.url, timeout=120)  # and Ollama's routes, streamed or not (request/relay.py)
+    for ask in (lambda **kw: ollama_client.generate(model="tiny", prompt="x [[fault:http500]]", **kw),
+                lambda **kw: ollama_client.chat(model="tiny", messages=[{"role": "user", "content": "x [[fault:http500]]"}], **kw)):
+        with pytest.raises(ollama.ResponseError) as e:
+            ask()
+        assert e.value.status_code >= 500, e.value
+        with pytest.raises(ollama.ResponseError):
+            list(ask(stream=True))
     refused = _events(v, "resume_refused")
-    assert len(refused) == 2 and all("still serves" in r["why"] for r in refused) and not _events(v, "stream_broken"), refused
+    assert len(refused) == 6 and all("still serves" in r["why"] for r in refused) and not _events(v, "stream_broken"), refused
 
     asks = {
         "chat": lambda: client.chat.completions.create(
