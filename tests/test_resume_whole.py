@@ -51,7 +51,8 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama,
     leaves while its request waits for the restarted vLLM is charged nothing (no vLLM had it)."""
     gate = tmp_path / "gate"  # the stand-in's starts finish while it exists (FAKE_VLLM_START_GATE)
     gate.touch()
-    v = vllama(env={"FAKE_VLLM_TOKEN_DELAY": "0.02", "FAKE_VLLM_START_GATE": str(gate)})
+    # --restart-reset-after 0: each of its three kills is a crash of a vLLM that was ready, not a crash loop
+    v = vllama(env={"FAKE_VLLM_TOKEN_DELAY": "0.02", "FAKE_VLLM_START_GATE": str(gate)}, flags=["--restart-reset-after", "0"])
     v.wait_state("ready")
     client = openai.OpenAI(base_url=v.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
@@ -123,16 +124,48 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama,
     _until(lambda: len(_events(v, "request", path="/v1/completions")) > answered, "the access line of the request its client left")
     assert _charged(v.url) == before
     gate.touch()
-    v.wait_state("ready", restarts=2, timeout=60)
+
+    # but one that leaves once the restarted vLLM has its request again is charged as any request vLLM had whose
+    # client left before the answer: its prompt and the output it asked for (routes/openai.py _charge_left)
+    restarts = v.wait_state("ready", timeout=60)["restarts"]
+    before, answered = _charged(v.url), len(_events(v, "request", path="/v1/completions"))
+
+    def running() -> float:
+        try:
+            return _vllm(v, "vllm:num_requests_running")
+        except (httpx.HTTPError, AssertionError):
+            return -1.0  # the killed vLLM, not yet restarted
+
+    async def leave_later() -> None:
+        async with httpx.AsyncClient(timeout=120) as h:
+            asked = asyncio.create_task(h.post(v.url + "/v1/completions", json={
+                "model": "tiny", "prompt": "a client that leaves later [[tokens:500]]", "max_tokens": N}))
+            start = _vllm(v, "vllm:generation_tokens_total")
+            while _vllm(v, "vllm:generation_tokens_total") < start + 10:
+                assert not asked.done()
+                await asyncio.sleep(0.02)
+            os.kill(v.server_pid(), signal.SIGKILL)
+            while v.ready()["restarts"] == restarts or running() != 1:  # the restarted vLLM has it again
+                assert not asked.done()
+                await asyncio.sleep(0.02)
+            asked.cancel()
+
+    asyncio.run(leave_later())
+    _until(lambda: len(_events(v, "request", path="/v1/completions")) > answered, "the access line of the request its client left")
+    prompt_after, output_after = _charged(v.url)
+    assert prompt_after > before[0] and output_after - before[1] == N, (before, _charged(v.url))
 
 
 def test_an_upstream_vllm_restarted_by_another_answers_the_request_again(model_dir, tmp_path):
     """``--upstream``: a vLLM that vllama does not run (restarted by its own supervisor: here the test, on the same
     port) dies under a non-streamed request: the request waits for it (``Resume.reopen``'s growing pauses) and is
-    answered whole by the new one. A vLLM that was down before the request was sent is today's 503 at once."""
+    answered whole by the new one. A vLLM that was down before the request was sent is today's 503 at once. A request
+    that breaks the vLLM started since too is not asked a third time, though vllama cannot see that vLLM's restarts:
+    its error at once; nor is one that a vLLM which serves again (its ``/health``) fails itself."""
     env = {"FAKE_VLLM_TOKEN_DELAY": "0.02"}
     fake = start_fake(model_dir, env=env)
-    proxy = start_proxy(fake.url, vllm_args=[])
+    log = tmp_path / "proxy.log"
+    proxy = start_proxy(fake.url, "--resume-timeout", "30", vllm_args=[], log=log)
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="none", max_retries=0, timeout=120)
     try:
         with ThreadPoolExecutor(1) as pool:
@@ -151,6 +184,42 @@ def test_an_upstream_vllm_restarted_by_another_answers_the_request_again(model_d
         with pytest.raises(openai.APIStatusError) as refused:  # refused at connect: not held
             client.completions.create(model=SERVED, prompt="x", max_tokens=1)
         assert refused.value.status_code == 503
+
+        fake = start_fake(model_dir, env=env, port=fake.port)
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(client.completions.create, model=SERVED, prompt="again [[tokens:500]]", max_tokens=N)
+            start = metric(httpx.get(fake.url + "/metrics").text, "vllm:generation_tokens_total")
+            while metric(httpx.get(fake.url + "/metrics").text, "vllm:generation_tokens_total") < start + 10:
+                assert not answer.done(), answer.result()
+                time.sleep(0.02)
+            fake.proc.kill()
+            fake.proc.wait()
+            fake = start_fake(model_dir, env={**env, "FAKE_VLLM_CRASH_AFTER": "1"}, port=fake.port)  # dies under it too
+            with pytest.raises(openai.APIStatusError) as broke:
+                answer.result()
+        assert broke.value.status_code >= 500
+        events = [e.get("event") for e in log_events(log)]
+        assert "resume_gave_up" not in events and any(
+            e.get("event") == "resume_refused" and "broke again" in e.get("why", "") for e in log_events(log)), events
+
+        # a vLLM whose /health failed when the request broke (busy, or restarting) and then fails it itself (its
+        # 500) while its /health answers: that 500 is the client's, once /health says so, not waited out
+        sick = tmp_path / "unhealthy"
+        fake.proc.wait()
+        fake = start_fake(model_dir, env={**env, "FAKE_VLLM_UNHEALTHY_FILE": str(sick)}, port=fake.port)
+        sick.touch()
+        seen = len(log_events(log))
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(client.completions.create, model=SERVED, prompt="own [[fault:http500]]", max_tokens=5)
+            while not any(e.get("event") == "stream_broken" for e in log_events(log)[seen:]):
+                assert not answer.done(), answer.result()
+                time.sleep(0.02)
+            sick.unlink()
+            with pytest.raises(openai.InternalServerError):
+                answer.result()
+        events = log_events(log)[seen:]
+        assert "resume_gave_up" not in [e.get("event") for e in events] and any(
+            e.get("event") == "resume_refused" and "refused the continuation" in e.get("why", "") for e in events), events
     finally:
         stop(proxy.proc)
         stop(fake.proc)

@@ -21,7 +21,7 @@ from typing import Any
 from vllama_proxy.errors import UpstreamError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, VllamaError
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.catalog import reported_context
-from vllama_proxy.upstream import Upstream, encode_json
+from vllama_proxy.upstream import Upstream, encode_json, never_sent
 from ..metrics import RESUME_PROMPT_TOKENS, RESUMED_STREAMS
 
 log = get_logger("vllama.resume")
@@ -343,28 +343,32 @@ class Resume:
             if self.board is not None:
                 await self._until_serving(error, deadline)
             restarted = self.board is not None and self.board.restarts > restarts and self.board.ready
+            self.sending = True  # until vLLM answers or fails it (a client leaving meanwhile leaves it set)
             try:
-                self.sending = True
                 resp = await self.stack.enter_async_context(
                     self.upstream.request("POST", path, body=body, headers=self.headers))
                 break
             except UpstreamRejected as e:
+                self.sending = False
                 # a 5xx of the vLLM that broke (its engine dead, not yet restarted) is waited out; one of the vLLM
-                # started since, or any 4xx, is its answer to the continuation: final (a non-streamed request's
+                # started since, one of a vLLM that serves (its /health: where vllama runs it, or for a request
+                # asked whole), or any 4xx, is its answer to the continuation: final (a non-streamed request's
                 # client gets it as vLLM wrote it)
-                if e.status < 500 or restarted:
+                if e.status < 500 or restarted or (
+                        (self.board is not None or self.unstreamed) and await self.its_own(e)):
                     log.warning("resume_refused", route=self.route, why=f"vLLM refused the continuation: {e.message}")
                     if self.unstreamed:
                         raise
                     raise error from e
             except (UpstreamUnavailable, UpstreamTimeout) as e:
+                self.sending = False
                 # a non-streamed answer's idle read is its length, not a death; one that breaks the restarted vLLM
-                # too is not asked a third time (a request that kills its engine would take it down for everyone)
-                if self.unstreamed and (isinstance(e, UpstreamTimeout) or restarted):
+                # too (or, for an --upstream vLLM whose restarts vllama cannot see, any that took the request) is not
+                # asked a third time (a request that kills its engine would take it down for everyone)
+                if self.unstreamed and (isinstance(e, UpstreamTimeout) or restarted
+                                        or (self.board is None and not never_sent(e))):
                     log.warning("resume_refused", route=self.route, why=f"asked again, it broke again: {e}")
                     raise
-            finally:
-                self.sending = False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("resume_gave_up", route=self.route, waited_s=round(time.monotonic() - t0, 1))

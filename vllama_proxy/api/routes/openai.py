@@ -352,9 +352,9 @@ async def _answered_whole(request: web.Request, backend: Backend, path: str, bod
         failed = e
     if isinstance(failed, UpstreamTimeout) or not resume.can(failed, before_answer=never_sent(failed)):
         raise failed
-    if await resume.its_own(failed):
-        raise failed
     try:
+        if await resume.its_own(failed):
+            raise failed
         resp = await resume.reopen(failed)
     except (ConnectionError, asyncio.CancelledError):
         if not resume.sending:
