@@ -13,10 +13,12 @@ client's 50th token came after vLLM had made all 200). So each engine step lasts
 (``slow_steps.py``, a logits processor that changes no logit), and the kill is placed by vLLM's own count of the
 tokens it made (:class:`Killer`).
 
-The same server then serves the OpenAI routes' streams (``/v1/chat/completions``, ``/v1/completions``: continued,
-one stream as their client sees it; their non-streamed requests: asked again whole; ``/v1/messages``: vLLM's own API, ended as before with the reason logged) beside
-seeded sampled streams (nothing repeated or skipped across the boundary), under one kill, and a last test starts the shipped tool model the same way: a tool call cut mid-way is written again and reaches an
-``/api/chat`` client whole.
+The engine core's kill falls on those requests, the OpenAI routes' (``/v1/chat/completions``, ``/v1/completions``:
+continued, one stream as their client sees it; their non-streamed requests: asked again whole; ``/v1/messages``:
+vLLM's own API, ended as before with the reason logged) and seeded sampled streams (nothing repeated or skipped
+across the boundary) at once: one restart for all, each restart being a minute of the suite on 2 CPUs. A last test
+starts the shipped tool model the same way: a tool call cut mid-way is written again and reaches an ``/api/chat``
+client whole.
 """
 
 from __future__ import annotations
@@ -105,14 +107,26 @@ def _engine_core(server: RealVllama) -> psutil.Process:
     return core
 
 
-def _kill_and_compare(server: RealVllama, model: str, victim: str) -> None:
+def _equal_greedy(server: RealVllama, reference: list[dict], got: list[dict]) -> None:
+    """Each of ``got`` (:func:`_streams`, cut by a kill) completed, equal to its uninterrupted ``reference``."""
+    for ref, r in zip(reference, got):
+        assert "error" not in r, (r, server.tail())
+        assert r["eval_count"] == N and r["done_reason"] == "length", r
+        assert r["prompt_eval_count"] == ref["prompt_eval_count"], (ref, r)
+        assert r["text"] == ref["text"], (ref["text"], r["text"])
+        assert r["tokens"] == ref["tokens"]
+
+
+def test_streams_survive_a_sigkill_of_vllm(server, tiny_model):
+    """The whole ``vllm serve`` killed under Ollama's greedy requests: each completes equal to an uninterrupted run,
+    and the key is charged each prompt once and each output token once."""
+    model = tiny_model.name
     reference = asyncio.run(_streams(server.url, model, GREEDY))
     assert all(r.get("eval_count") == N and "error" not in r for r in reference), reference
     before, restarts = _resumed(server.url), server.ready()["restarts"]
     root = psutil.Process(server.ready()["pid"])
-    core = _engine_core(server)
     charged = [counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
-    killer = Killer(root, core if victim == "core" else root, kill_after=CUT * len(PROMPTS))
+    killer = Killer(root, root, kill_after=CUT * len(PROMPTS))
     try:
         got = asyncio.run(_streams(server.url, model, GREEDY))
     finally:
@@ -122,22 +136,9 @@ def _kill_and_compare(server: RealVllama, model: str, victim: str) -> None:
     after = [counter(server.url, f"vllama_key_{kind}_tokens_total") for kind in ("prompt", "output")]
     assert after[0] - charged[0] == sum(r["prompt_eval_count"] for r in reference)
     assert after[1] - charged[1] == N * len(PROMPTS)
-    for ref, r in zip(reference, got):
-        assert "error" not in r, (r, server.tail())
-        assert r["eval_count"] == N and r["done_reason"] == "length", r
-        assert r["prompt_eval_count"] == ref["prompt_eval_count"], (ref, r)
-        assert r["text"] == ref["text"], (ref["text"], r["text"])
-        assert r["tokens"] == ref["tokens"]
+    _equal_greedy(server, reference, got)
     server.wait_state(model, ("ready",), restarts=restarts + 1)  # the kill was seen and vLLM restarted
     assert _resumed(server.url) > before  # streams were cut mid-way (vLLM had made ~CUT of N each) and continued
-
-
-def test_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model):
-    _kill_and_compare(server, tiny_model.name, "core")
-
-
-def test_streams_survive_a_sigkill_of_vllm(server, tiny_model):
-    _kill_and_compare(server, tiny_model.name, "vllm")
 
 
 def _post(url: str, body: dict) -> dict:
@@ -231,7 +232,10 @@ def _sampled_cut(server: RealVllama, model: str, got: list[dict], mark: str, sam
     """With sampling the continuation is a new sample, so it is checked against vLLM itself: for each stream cut
     after ``k`` tokens (vllama's ``stream_broken`` line, by the client's X-Request-ID), the client's text is the
     seeded answer's first ``k`` tokens followed by what vLLM samples, with the same seed, for the prompt's token ids
-    and exactly those ``k`` (raw prompts: ``/v1/completions`` upstream, the same body vllama sends)."""
+    and exactly those ``k`` (raw prompts: ``/v1/completions`` upstream, the same body vllama sends): its first
+    tokens, where a token repeated or skipped at the boundary would show. Not the whole rest: these references run
+    alone, the streams ran in a batch of a dozen, and on the CPU another batch shape moves the logits enough that a
+    sampled token far from the boundary came out otherwise (seen once beside a CPU hog, 120 tokens past it)."""
     assert all("error" not in r and r["eval_count"] == N for r in got), (got, server.tail())
     lines = [json.loads(x) for x in server.log.read_text().splitlines() if x.startswith("{")]
     cut = {x["client_request_id"]: x["tokens_sent"] for x in lines
@@ -245,38 +249,44 @@ def _sampled_cut(server: RealVllama, model: str, got: list[dict], mark: str, sam
         head = _post(server.url, {"model": model, "prompt": prompt, "max_tokens": k, "return_token_ids": True,
                                   **sampling})
         assert head["token_ids"] == ids[:k]  # seeded: the same first k tokens as the stream was sent
-        tail = _post(server.url, {"model": model, "prompt": [*prompt, *ids[:k]], "max_tokens": N - k, **sampling})
-        assert got[i]["text"] == head["text"] + tail["text"], (k, got[i]["text"], head["text"], tail["text"])
+        after = _post(server.url, {"model": model, "prompt": [*prompt, *ids[:k]], "max_tokens": 3, **sampling})
+        text = got[i]["text"]
+        assert text.startswith(head["text"]), (k, text, head["text"])
+        assert text[len(head["text"]):].startswith(after["text"]), (k, text[len(head["text"]):], after["text"])
 
 
-def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server, tiny_model):
-    """One kill of the engine core under ``/v1`` streams and seeded sampled ones (one vLLM restart for both: each
-    costs a minute of the suite on 2 CPUs). ``/v1/chat/completions`` and ``/v1/completions`` streams continue on
+def test_streams_of_every_route_survive_a_sigkill_of_the_engine_core(server, tiny_model):
+    """One kill of the engine core under Ollama's greedy requests, ``/v1`` ones and seeded sampled streams (one vLLM
+    restart for all: each costs a minute of the suite on 2 CPUs). Ollama's streams and its non-streamed request
+    complete equal to an uninterrupted run. ``/v1/chat/completions`` and ``/v1/completions`` streams continue on
     the restarted vLLM as the same stream (its chunk id kept, no token ids the client did not ask for), with the
     text and usage of an uninterrupted run; their non-streamed requests are asked again whole and answered as the
     uninterrupted run; a ``/v1/messages`` stream (vLLM's own Anthropic API, no token ids) ends
     with an error event as before, and the log says why (``resume_refused``). A sampled stream neither repeats nor
     skips a token across the boundary (:func:`_sampled_cut`)."""
     model = tiny_model.name
+    greedy_reference = asyncio.run(_streams(server.url, model, GREEDY))
+    assert all(r.get("eval_count") == N and "error" not in r for r in greedy_reference), greedy_reference
     reference = asyncio.run(_openai_streams(server.url, model))
     assert all("error" not in r for r in reference), reference
     assert all(r["usage"][1] == N and r["finish"] == "length" for r in reference[:len(OPENAI)]), reference
     before, restarts = _resumed(server.url), server.ready()["restarts"]
-    routes = {"/v1/chat/completions": 3, "/v1/completions": 2}  # of OPENAI: each one asked again once
+    routes = {"/api/generate": 3, "/api/chat": 1, "/v1/chat/completions": 3, "/v1/completions": 2}  # each asked again once
     resumed = {route: counter(server.url, "vllama_resumed_streams_total", route=route) for route in routes}
     sampling, mark = {"temperature": 1.0, "seed": 7}, "sampled"
 
-    async def both() -> tuple[list[dict], list[dict]]:
-        return await asyncio.gather(_openai_streams(server.url, model),
+    async def every() -> tuple[list[dict], list[dict], list[dict]]:
+        return await asyncio.gather(_openai_streams(server.url, model), _streams(server.url, model, GREEDY),
                                     _streams(server.url, model, {**sampling, "num_predict": N}, raw=True, mark=mark))
 
     killer = Killer(psutil.Process(server.ready()["pid"]), _engine_core(server),
-                    kill_after=CUT * (len(reference) + len(PROMPTS)))
+                    kill_after=CUT * (len(reference) + 2 * len(PROMPTS)))
     try:
-        got, sampled = asyncio.run(both())
+        got, greedy, sampled = asyncio.run(every())
     finally:
         killer.stop()
     assert killer.killed.is_set(), "vLLM made every token before the kill"
+    _equal_greedy(server, greedy_reference, greedy)
     for ref, r in zip(reference[:len(OPENAI)], got):
         assert "error" not in r, (r, server.tail())
         assert r["text"] == ref["text"] and r["usage"] == ref["usage"] and r["finish"] == "length", (ref, r)
@@ -287,8 +297,10 @@ def test_openai_and_sampled_streams_survive_a_sigkill_of_the_engine_core(server,
     refused = [x for x in server.log.read_text().splitlines() if '"resume_refused"' in x and "/v1/messages" in x]
     assert refused and "Anthropic Messages API" in refused[-1], (messages, server.tail())
     assert _resumed(server.url) > before
-    assert {route: counter(server.url, "vllama_resumed_streams_total", route=route) - resumed[route]
-            for route in routes} == routes
+    # each cut request asked again once (the sampled streams, raw prompts on /api/generate, are counted apart)
+    counts = {route: counter(server.url, "vllama_resumed_streams_total", route=route) - resumed[route] for route in routes}
+    assert {r: counts[r] for r in routes if r != "/api/generate"} == {r: n for r, n in routes.items() if r != "/api/generate"}
+    assert counts["/api/generate"] >= routes["/api/generate"], counts
     _sampled_cut(server, model, sampled, mark, sampling)
 
 
