@@ -156,3 +156,37 @@ async def test_a_continuation_learns_the_context_it_was_not_told():
                board=None, worker=0, timeout=60.0, max_model_len=None, headers=None, route="/api/chat")
     with pytest.raises(UpstreamUnavailable):
         await r._learn_context(broke)
+
+
+async def test_a_5xx_of_a_vllm_that_serves_is_final_even_after_a_health_probe_that_failed():
+    """The first ``/health`` look failed (a busy vLLM's, past its 5 s), so the request was asked again; the vLLM,
+    never restarted (the board's count unchanged), fails it again with its 500 while ``/health`` now answers: that
+    500 is the request's own, passed on at once, not asked again until ``--resume-timeout``."""
+    import asyncio
+    import contextlib
+
+    class Board:
+        ready, restarts = True, 0
+
+        def news(self, worker):
+            return asyncio.sleep(3600)
+
+    class Upstream:
+        posts = 0
+
+        @contextlib.asynccontextmanager
+        async def request(self, method, path, body=None, headers=None):
+            self.posts += 1
+            raise UpstreamRejected("EngineCore encountered an issue", 500)
+            yield  # pragma: no cover
+
+        async def answer(self, method, path, body):
+            assert path == "/health"
+            return 200, b""
+
+    up = Upstream()
+    r = Resume("/v1/completions", {"model": "m", "prompt": "x"}, upstream=up, board=Board(), worker=0,  # type: ignore[arg-type]
+               timeout=60.0, max_model_len=2048, headers=None, route="/v1/completions", unstreamed=True)
+    with pytest.raises(UpstreamRejected):
+        await asyncio.wait_for(r.reopen(UpstreamRejected("EngineCore encountered an issue", 500)), 10)
+    assert up.posts == 1 and not r.sending
