@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import orjson
 from aiohttp import web
 
-from vllama_proxy.errors import UpstreamProtocolError, UpstreamRejected, VllamaError, error_line
+from vllama_proxy.errors import UpstreamProtocolError, VllamaError, error_line
 from vllama_proxy.upstream import SSEDecoder, Upstream, encode_json, iter_sse, read_json, read_some
 from ..app_state import ACCEPTED
 from .call import Call
@@ -117,9 +117,7 @@ async def relay(
         except VllamaError as e:
             # vLLM failed before its answer began (its engine dead: a 500, or the connection refused): asked again,
             # unless the vLLM still serves (a 500 of its own for this request: passed on at once)
-            if t.headers or resume is None or not resume.can(e, before_answer=True):
-                raise
-            if isinstance(e, UpstreamRejected) and await resume.its_own(e):
+            if t.headers or resume is None or not await resume.asked_again(e):
                 raise
             resp = await resume.reopen(e)
             t.headers = time.perf_counter_ns()

@@ -393,6 +393,13 @@ class Resume:
                  resume_prompt_tokens=prompt, resumes=self.times)
         return resp
 
+    async def asked_again(self, error: VllamaError) -> bool:
+        """Whether vLLM's failure ``error`` before its answer began is asked again (:meth:`reopen`): resumable where
+        vllama runs the vLLM (:meth:`can`), unless it is a 5xx of a vLLM that still serves (:meth:`its_own`)."""
+        if not self.can(error, before_answer=True):
+            return False
+        return not (isinstance(error, UpstreamRejected) and await self.its_own(error))
+
     async def its_own(self, error: VllamaError) -> bool:
         """Whether the request itself, not a dead engine, failed with ``error``: its vLLM still answers ``/health``
         with 200 within 5 s (vLLM's fails once its engine is dead; a router's says only that the router is up).

@@ -319,9 +319,7 @@ async def _sent_resumable(request: web.Request, backend: Backend, path: str, bod
             failed: VllamaError = UpstreamRejected((await read_response(resp))[:300].decode(errors="replace"), resp.status)
     except UpstreamError as e:
         failed = e
-    if not resume.can(failed, before_answer=True):
-        raise failed
-    if isinstance(failed, UpstreamRejected) and await resume.its_own(failed):  # vLLM's answer to the request itself
+    if not await resume.asked_again(failed):
         raise failed
     resp = await resume.reopen(failed)
     out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
