@@ -106,21 +106,22 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama,
     gate.unlink()
     before, broken, answered = _charged(v.url), len(_events(v, "stream_broken")), len(_events(v, "request", path="/v1/completions"))
 
-    async def leave() -> None:
+    async def leave(prompt: str, left) -> None:
+        """A non-streamed completion whose vLLM is SIGKILLed 10 tokens in; its client leaves once ``left()``."""
         async with httpx.AsyncClient(timeout=120) as h:
             asked = asyncio.create_task(h.post(v.url + "/v1/completions", json={
-                "model": "tiny", "prompt": "a client that leaves [[tokens:500]]", "max_tokens": N}))
+                "model": "tiny", "prompt": f"{prompt} [[tokens:500]]", "max_tokens": N}))
             start = _vllm(v, "vllm:generation_tokens_total")
             while _vllm(v, "vllm:generation_tokens_total") < start + 10:
                 assert not asked.done()
                 await asyncio.sleep(0.02)
             os.kill(v.server_pid(), signal.SIGKILL)
-            while len(_events(v, "stream_broken")) == broken:  # waiting for the restarted vLLM
+            while not left():
                 assert not asked.done()
                 await asyncio.sleep(0.02)
             asked.cancel()
 
-    asyncio.run(leave())
+    asyncio.run(leave("a client that leaves", lambda: len(_events(v, "stream_broken")) > broken))  # waiting for the restart
     _until(lambda: len(_events(v, "request", path="/v1/completions")) > answered, "the access line of the request its client left")
     assert _charged(v.url) == before
     gate.touch()
@@ -136,21 +137,8 @@ def test_a_non_streamed_answer_broken_by_its_engine_is_asked_again_whole(vllama,
         except (httpx.HTTPError, AssertionError):
             return -1.0  # the killed vLLM, not yet restarted
 
-    async def leave_later() -> None:
-        async with httpx.AsyncClient(timeout=120) as h:
-            asked = asyncio.create_task(h.post(v.url + "/v1/completions", json={
-                "model": "tiny", "prompt": "a client that leaves later [[tokens:500]]", "max_tokens": N}))
-            start = _vllm(v, "vllm:generation_tokens_total")
-            while _vllm(v, "vllm:generation_tokens_total") < start + 10:
-                assert not asked.done()
-                await asyncio.sleep(0.02)
-            os.kill(v.server_pid(), signal.SIGKILL)
-            while v.ready()["restarts"] == restarts or running() != 1:  # the restarted vLLM has it again
-                assert not asked.done()
-                await asyncio.sleep(0.02)
-            asked.cancel()
-
-    asyncio.run(leave_later())
+    asyncio.run(leave("a client that leaves later",  # once the restarted vLLM has it again
+                      lambda: v.ready()["restarts"] > restarts and running() == 1))
     _until(lambda: len(_events(v, "request", path="/v1/completions")) > answered, "the access line of the request its client left")
     prompt_after, output_after = _charged(v.url)
     assert prompt_after > before[0] and output_after - before[1] == N, (before, _charged(v.url))
