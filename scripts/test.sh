@@ -40,6 +40,10 @@ mypy_pid=$!
 trap 'kill "$mypy_pid" 2>/dev/null || true; rm -f "$types"' EXIT
 cpus=$("$venv/bin/python" -c 'import os; print(len(os.sched_getaffinity(0)))')
 workers=${VLLAMA_TEST_WORKERS:-$(( cpus + 2 < 6 ? cpus + 2 : 6 ))}
+# pytest keeps the test modules it rewrote for its assert messages as bytecode of its own, which compileall cannot
+# write; where PYTHONDONTWRITEBYTECODE is set, every xdist worker of every later run rewrote them all anew (~10 s
+# of CPU each). The tests' processes read the bytecode compiled above either way.
+unset PYTHONDONTWRITEBYTECODE
 rc=0
 if [ "$workers" -gt 0 ]; then
   "$venv/bin/python" -m pytest -n "$workers" --dist load "$@" || rc=$?
