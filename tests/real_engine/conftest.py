@@ -14,7 +14,7 @@ run **one at a time** (the tier runs in two halves on two workers: ``report.py``
   its own flags); stopped when the module ends.
 - a *shared* server, one per model and configuration for the whole session, reached through a
   function-scoped fixture that calls ``real_engines.shared(fixture name, ...)`` (``tool_server``,
-  ``routes_server``): every module using that fixture runs next to the others (the collection hook
+  ``routes_server``, ``keys_server``): every module using that fixture runs next to the others (the collection hook
   groups them, in collection order), and the server stops once the next test does not use it. A new
   module joins by asking for the fixture. A test that ends its server may be the last user of a
   shared one (test_real_routes.py's SIGKILL of vllama, after test_real_modelfile.py's tests).
@@ -388,7 +388,7 @@ class Engines:
 
 
 #: The shared servers' fixtures (see the module docstring); the collection hook groups their users.
-SHARED = ("tool_server", "routes_server")
+SHARED = ("tool_server", "routes_server", "keys_server")
 
 
 @pytest.fixture(scope="session")
@@ -435,16 +435,86 @@ TOOL_MODEL = ROOT / "tests" / "assets" / "tool-model"
 TOOL_NAME = "toolmodel"
 
 
+@pytest.fixture(scope="session")
+def tool_step_file(tmp_path_factory) -> Path:
+    """How long each engine step of ``tool_server`` lasts at least, in seconds, while this file exists
+    (``slow_steps.py``): a test that must act mid-way through a tool call writes it and removes it after."""
+    return tmp_path_factory.getbasetemp() / "tool-server-step-s"
+
+
 @pytest.fixture
-def tool_server(real_engines) -> RealVllama:
+def tool_server(real_engines, tool_step_file) -> RealVllama:
     """vllama over the real vLLM serving the shipped tool model, shared by the session's modules that
-    ask for it (test_real_tools.py, test_real_agents.py), ready. No parser flags are given: vllama
-    tells ``hermes`` and ``qwen3`` from the model's chat template (``models/family.py``), as for any
-    local model. ``claude-sonnet-4-5`` is an alias of it (a name Claude Code sends when its model
-    variables are not set)."""
+    ask for it (test_real_tools.py, test_real_agents.py, test_real_context_fit.py, test_real_resume.py's tool
+    call), ready. No parser flags are given: vllama tells ``hermes`` and ``qwen3`` from the model's chat template
+    (``models/family.py``), as for any local model. ``claude-sonnet-4-5`` is an alias of it (a name Claude Code
+    sends when its model variables are not set). Its engine steps take no longer than vLLM makes them unless
+    ``tool_step_file`` says so; ``--restart-reset-after 0``: the resume test's kill of its engine core is a
+    crash of a vLLM that was ready, not the start of a crash loop."""
+    tool_step_file.unlink(missing_ok=True)
     return real_engines.shared("tool_server", model=TOOL_MODEL,
-                               flags=["--served-model-name", TOOL_NAME, "--alias", f"claude-sonnet-4-5={TOOL_NAME}"],
-                               vllm_args=BASE_ARGS)
+                               flags=["--served-model-name", TOOL_NAME, "--alias", f"claude-sonnet-4-5={TOOL_NAME}",
+                                      "--restart-reset-after", "0"],
+                               vllm_args=[*BASE_ARGS, "--logits-processors", "real_engine.slow_steps:SlowSteps"],
+                               env={"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
+                                    "VLLAMA_TEST_STEP_FILE": str(tool_step_file)})
+
+
+#: ``keys_server``'s keys: an admin; user keys with a ``max_tokens`` cap of ``CAP``, none, a day's budget of
+#: ``BUDGET`` tokens, a ``tpm`` of ``TPM``, a priority of 2, a ``max_tokens`` cap of 2; ``--max-choices CHOICES``.
+ADMIN, CAPPED, BOB, THRIFTY, MINUTE, ALICE, CAROL = ("sk-root", "sk-gd-capped", "sk-gd-bob", "sk-gd-thrifty", "sk-gd-minute",
+                                                     "sk-alice", "sk-carol")
+CAP, CHOICES, BUDGET, TPM = 4, 2, 100, 100
+KEYS = f"""
+[[keys]]
+name = "root"
+key = "{ADMIN}"
+role = "admin"
+
+[[keys]]
+name = "capped"
+key = "{CAPPED}"
+max_tokens = {CAP}
+
+[[keys]]
+name = "bob"
+key = "{BOB}"
+
+[[keys]]
+name = "thrifty"
+key = "{THRIFTY}"
+budget_tokens = {BUDGET}
+budget_period = "day"
+
+[[keys]]
+name = "minute"
+key = "{MINUTE}"
+tpm = {TPM}
+
+[[keys]]
+name = "alice"
+key = "{ALICE}"
+priority = 2
+
+[[keys]]
+name = "carol"
+key = "{CAROL}"
+max_tokens = 2
+"""
+
+
+@pytest.fixture
+def keys_server(real_engines, tiny_model, tmp_path_factory) -> RealVllama:
+    """vllama with a keys file (``KEYS``) over the real vLLM serving the tiny model as ``tiny``, shared by
+    test_real_gate.py and test_real_many_users.py, ready: ``--max-choices``, one worker (``/api/usage`` writes its own
+    process's rows first), a short ``--usage-flush-interval``, vLLM's prefix cache on (each key's cache salt)."""
+    keys = tmp_path_factory.getbasetemp() / "keys-server.toml"
+    if not keys.exists():
+        keys.write_text(KEYS)
+    return real_engines.shared("keys_server", model=tiny_model,
+                               flags=["--served-model-name", "tiny", "--api-key-file", str(keys), "--max-choices", str(CHOICES),
+                                      "--workers", "1", "--usage-flush-interval", "0.1"],
+                               vllm_args=[*BASE_ARGS, "--enable-prefix-caching"])
 
 
 #: The two models of ``routes_server``: generation and embeddings, one vLLM each.

@@ -99,7 +99,7 @@ def pytest_testnodedown(node, error):
 #: The tier's modules that run on a second worker, beside the rest of the tier (each half one vLLM at a time): the
 #: modules with servers of their own, about half the tier's time. The rest (the shared servers' users among them)
 #: and any new module stay on the first.
-SECOND_HALF = frozenset({"test_real_supervisor.py", "test_real_cpu.py", "test_real_adapters.py", "test_real_many_users.py",
+SECOND_HALF = frozenset({"test_real_supervisor.py", "test_real_cpu.py", "test_real_adapters.py",
                          "test_real_on_demand.py", "test_real_start_errors.py", "test_real_draft.py", "test_real_fleet.py"})
 
 

@@ -17,10 +17,9 @@ chat and completions (one without ``model``) was answered and charged nothing, a
 answered 200 instead of refused (vLLM ran 8 choices, 200 tokens); 16 requests at once spent a 100-token
 budget (and a 100-token ``tpm``) as 672 tokens. (Its /v1/messages examples passed there.)
 
-One server for the module (``start_real``, the tiny model): neither shared server (``tool_server``,
-``routes_server``) takes a keys file, and these tests need user keys with a ``max_tokens`` cap, a budget,
-a ``tpm``, ``--max-choices 2``, one worker (``/api/usage`` writes its own process's rows first) and a
-short ``--usage-flush-interval``.
+The session's ``keys_server`` (``conftest.py``, shared with test_real_many_users.py; these tests run first on it):
+the tiny model with user keys that have a ``max_tokens`` cap, a budget, a ``tpm``, ``--max-choices 2``, one worker
+(``/api/usage`` writes its own process's rows first) and a short ``--usage-flush-interval``.
 """
 
 from __future__ import annotations
@@ -34,40 +33,11 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import Phase, event, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, given, settings, strategies as st
 
-from .conftest import BASE_ARGS, RealVllama
+from .conftest import ADMIN, BOB, BUDGET, CAP, CAPPED, CHOICES, MINUTE, THRIFTY, TPM, RealVllama
 
 MODEL = "tiny"
-ADMIN, CAPPED, BOB, THRIFTY, MINUTE = "sk-gd-root", "sk-gd-capped", "sk-gd-bob", "sk-gd-thrifty", "sk-gd-minute"
-#: The capped key's ``max_tokens``, vllama's ``--max-choices`` for user keys, the budget and the tpm.
-CAP, CHOICES, BUDGET, TPM = 4, 2, 100, 100
-KEYS = f"""
-[[keys]]
-name = "root"
-key = "{ADMIN}"
-role = "admin"
-
-[[keys]]
-name = "capped"
-key = "{CAPPED}"
-max_tokens = {CAP}
-
-[[keys]]
-name = "bob"
-key = "{BOB}"
-
-[[keys]]
-name = "thrifty"
-key = "{THRIFTY}"
-budget_tokens = {BUDGET}
-budget_period = "day"
-
-[[keys]]
-name = "minute"
-key = "{MINUTE}"
-tpm = {TPM}
-"""
 #: How long a counter (vLLM's, the ledger's) may take to show a request that was answered: a failure's bound.
 SETTLE_S = 60.0
 
@@ -156,16 +126,9 @@ class Server:
         return self.v.url
 
 
-@pytest.fixture(scope="module")
-def server(start_real, tiny_model, tmp_path_factory) -> Server:
-    keys = tmp_path_factory.mktemp("gate-keys") / "keys.toml"
-    keys.write_text(KEYS)
-    v = start_real("gate", model=tiny_model,
-                   flags=["--served-model-name", MODEL, "--api-key-file", str(keys), "--max-choices", str(CHOICES),
-                          "--workers", "1", "--usage-flush-interval", "0.1"],
-                   vllm_args=BASE_ARGS)
-    v.wait_ready()
-    return Server(v, vllm_url(v))
+@pytest.fixture
+def server(keys_server) -> Server:
+    return Server(keys_server, vllm_url(keys_server))
 
 
 # --- one answer, as the client saw it ------------------------------------------------------------------------
@@ -307,8 +270,9 @@ def bodies(draw, path: str) -> dict:
 
 
 @pytest.mark.parametrize("path", list(ROUTES))
+# the server fixture is function-scoped but the session's one server (conftest.keys_server): every example meets it
 @settings(max_examples=8, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
-          print_blob=True)
+          print_blob=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_spelling_of_a_policy_field_stays_within_the_caps_and_every_answer_is_charged(server, path, data):
     """A user key with ``max_tokens = 4`` and ``--max-choices 2``: whatever the spelling of ``n``, the output

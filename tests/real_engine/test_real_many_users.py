@@ -3,9 +3,10 @@
 both, through the Ollama routes and the OpenAI passthrough, for a user key and an admin key. Each
 key's ``cache_salt`` (``--cache-isolation key``) too, and its prefix cache is its own.
 
-One server for the module (one vLLM start): the tiny model with one keys file holding every key the
-tests use (``root`` an admin, ``alice`` with a priority, ``carol`` with a ``max_tokens`` cap). The
-tests run in file order: the first checks the counters and the ledger before the second uses a key.
+The session's ``keys_server`` (``conftest.py``, shared with test_real_gate.py, whose tests run on it first): the tiny
+model with one keys file holding every key the tests use (``root`` an admin, ``alice`` with a priority, ``carol``
+with a ``max_tokens`` cap). The tests run in file order: the first checks the counters and the ledger before the
+second uses a key.
 """
 
 from __future__ import annotations
@@ -19,19 +20,12 @@ import ollama
 import openai
 import pytest
 
-from .conftest import BASE_ARGS, RealVllama
+from .conftest import RealVllama
 
 
-@pytest.fixture(scope="module")
-def server(start_real, tiny_model) -> RealVllama:
-    keys = tiny_model.parent / "keys.toml"
-    keys.write_text('[[keys]]\nname = "root"\nkey = "sk-root"\nrole = "admin"\n\n'
-                    '[[keys]]\nname = "alice"\nkey = "sk-alice"\npriority = 2\n\n'
-                    '[[keys]]\nname = "carol"\nkey = "sk-carol"\nmax_tokens = 2\n')
-    v = start_real("many-users", model=tiny_model, flags=["--served-model-name", "tiny", "--api-key-file", str(keys)],
-                   vllm_args=[*BASE_ARGS, "--enable-prefix-caching"])
-    v.wait_ready()
-    return v
+@pytest.fixture
+def server(keys_server) -> RealVllama:
+    return keys_server
 
 
 def test_keys_file_runs_vllm_with_priority_scheduling_and_requests_carry_priorities(server):

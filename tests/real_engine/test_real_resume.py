@@ -17,8 +17,8 @@ The engine core's kill falls on those requests, the OpenAI routes' (``/v1/chat/c
 continued, one stream as their client sees it; their non-streamed requests: asked again whole; ``/v1/messages``:
 vLLM's own API, ended as before with the reason logged) and seeded sampled streams (nothing repeated or skipped
 across the boundary) at once: one restart for all, each restart being a minute of the suite on 2 CPUs. A last test
-starts the shipped tool model the same way: a tool call cut mid-way is written again and reaches an ``/api/chat``
-client whole.
+kills the engine core of the session's ``tool_server`` (the shipped tool model) the same way: a tool call cut
+mid-way is written again and reaches an ``/api/chat`` client whole.
 """
 
 from __future__ import annotations
@@ -304,27 +304,24 @@ def test_streams_of_every_route_survive_a_sigkill_of_the_engine_core(server, tin
     _sampled_cut(server, model, sampled, mark, sampling)
 
 
-@pytest.fixture
-def tool_engine(start_real) -> RealVllama:
-    """The shipped tool model (vLLM's hermes and qwen3 parsers, told by vllama from its chat template) with each
-    engine step made 100 ms (``slow_steps.py``), so that a kill lands inside its tool call of some twenty tokens
-    (with 20 ms the call was over before the killer's read of vLLM's count came back, on a busy machine).
-    Started last in this module: it stops the module's ``server``."""
-    from .conftest import TOOL_MODEL, TOOL_NAME
-
-    v = start_real("resume-tools", model=TOOL_MODEL, flags=["--served-model-name", TOOL_NAME, "--restart-reset-after", "0"],
-                   vllm_args=ARGS, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-                                        "VLLAMA_TEST_STEP_S": "0.1"})
-    v.wait_ready()
-    return v
-
-
-def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_whole(tool_engine):
+def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_whole(tool_server, tool_step_file):
     """The shipped tool model (vLLM's hermes parser) asked for a tool call on ``/api/chat`` (streamed, think false)
     beside the same request on ``/v1/chat/completions``; once vLLM has made about half of each call, the engine core
     is SIGKILLed. ``/api/chat``, which sends calls only whole, is asked again and its client gets the one call of the
     uninterrupted answer, in one chunk; the ``/v1`` stream, whose client already had fragments of the call, ends
-    with an error event as before, and the log says why."""
+    with an error event as before, and the log says why.
+
+    On the session's ``tool_server`` (its restart after the kill is the one vLLM start this test costs), each engine
+    step made 100 ms while the test runs (``slow_steps.py``), so that a kill lands inside a tool call of some twenty
+    tokens (with 20 ms the call was over before the killer's read of vLLM's count came back, on a busy machine)."""
+    tool_step_file.write_text("0.1")
+    try:
+        _tool_call_cut(tool_server)
+    finally:
+        tool_step_file.unlink(missing_ok=True)
+
+
+def _tool_call_cut(tool_server: RealVllama) -> None:
     import sys
 
     import openai
@@ -334,7 +331,6 @@ def test_a_tool_call_cut_by_the_kill_is_written_again_and_reaches_the_client_who
     sys.path.insert(0, str(ROOT / "benchmarks" / "tool_model"))
     import e2e_tools
 
-    tool_server = tool_engine
     url, model = tool_server.url, TOOL_NAME
     weather = [{"role": "user", "content": "What's the weather in Paris?"}]
     options = {"temperature": 0, "num_predict": 160}
