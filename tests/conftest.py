@@ -43,6 +43,23 @@ pytest_plugins = ["real_engine.report"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "long: a stand-in test of minutes, started before the others (the soak)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``long`` run first after the real-engine tier (which starts first: its two halves are the
+    suite's longest path), so that they run beside the others on a worker of their own: collected in name order,
+    the soak's 150 s ran last on 2 cores, alone for its last two minutes."""
+    long = [item for item in items if item.get_closest_marker("long")]
+    if not long:
+        return
+    rest = [item for item in items if not item.get_closest_marker("long")]
+    tier = TESTS / "real_engine"
+    at = next((n for n, item in enumerate(rest) if not Path(str(item.fspath)).resolve().is_relative_to(tier)), len(rest))
+    items[:] = rest[:at] + long + rest[at:]
 FAKE = TESTS / "fake_vllm.py"
 SERVED = "fake-model"
 ALIAS = "fake:7b"

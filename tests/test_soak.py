@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT
 
 
+@pytest.mark.long  # started before the other stand-in tests (conftest.py)
 @pytest.mark.timeout(600)  # 150 s of traffic, plus vllama's start and stop: minutes on a loaded 2-core machine
 def test_a_short_soak_answers_every_request_and_stays_flat(tmp_path):
     out = tmp_path / "soak.json"
