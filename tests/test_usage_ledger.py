@@ -306,6 +306,44 @@ def test_a_database_that_goes_away_costs_no_rows_until_the_cap_and_is_opened_aga
     asyncio.run(run())
 
 
+def test_rows_being_written_still_count_against_a_budget():
+    """While a batch is in the database's hands (a write of SQLite's in a thread, long on a busy machine) its tokens
+    count for the key's budget as before and after: the requests that made them have given their reservations back
+    (``api/request/settler.py``), so a key whose used tokens dipped during each write was admitted past its budget
+    (the real gate's 16 requests at once against a budget of 100: 252 tokens answered, in a CI run on 2 busy cores)."""
+    import threading
+
+    from vllama_proxy.api.usage.ledger import Ledger
+    from vllama_proxy.api.usage.store import Row
+
+    writing, written = threading.Event(), threading.Event()
+
+    class Slow(_Store):
+        def write(self, rows) -> None:
+            writing.set()
+            written.wait(60)
+            super().write(rows)
+
+    async def run() -> None:
+        ledger = Ledger(Slow, flush_interval=3600, refresh_interval=3600)
+        await ledger.start()
+        ledger.record(Row(time.time(), "h", "thrifty", "m", "/v1/chat/completions", 200, 12, 30, 1.0))
+        assert ledger.used("thrifty", "day") == 42
+        flush = asyncio.create_task(ledger.flush())
+        try:
+            assert await asyncio.to_thread(writing.wait, 60)
+            assert ledger.used("thrifty", "day") == 42  # in the database's hands, still counted
+            ledger.record(Row(time.time(), "h", "thrifty", "m", "/v1/chat/completions", 200, 12, 30, 1.0))
+            assert ledger.used("thrifty", "day") == 84
+        finally:
+            written.set()
+        await flush
+        assert ledger.used("thrifty", "day") == 84  # the first written, the second still queued
+        await ledger.close()
+
+    asyncio.run(run())
+
+
 def test_rows_left_at_close_with_the_connection_gone_are_written_on_a_new_one():
     """A stop that cancels the ledger's task between a failed write and its reopen leaves no
     connection: close() opens one for the rows left, as a clean stop loses none (the test above

@@ -80,9 +80,11 @@ class Ledger:
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
-        # tokens per (key, period, period start): as the database said at the last refresh; written since; still pending
+        # tokens per (key, period, period start): as the database said at the last refresh; written since; in the
+        # database's hands now (their requests gave their budget reservations back: counted until written); still pending
         self._db: dict[tuple[str, str, float], int] = {}
         self._written: dict[tuple[str, str, float], int] = {}
+        self._writing: dict[tuple[str, str, float], int] = {}
         self._queued: dict[tuple[str, str, float], int] = {}
         self._refreshed_at = float("-inf")
         self._last_id = 0  # the highest row id the totals hold: each refresh reads only the rows after it
@@ -109,7 +111,7 @@ class Ledger:
         """Tokens (prompt + output) ``key`` used in the current ``period`` (as of ``now``): the
         database's total at the last refresh, plus this process's rows since. No I/O."""
         k = (key, period, self._start(period, self.clock() if now is None else now))
-        return self._db.get(k, 0) + self._written.get(k, 0) + self._queued.get(k, 0)
+        return self._db.get(k, 0) + self._written.get(k, 0) + self._writing.get(k, 0) + self._queued.get(k, 0)
 
     def _start(self, period: str, ts: float) -> float:
         bounds = self._bounds.get(period)
@@ -180,16 +182,19 @@ class Ledger:
             await self._connected()
             batch, self._pending = self._pending, []
             if batch:
-                queued, self._queued = self._queued, {}
+                self._writing, self._queued = self._queued, {}
                 try:
                     await asyncio.to_thread(self.store.write, batch)
                 except BaseException:
                     self._pending[:0] = batch  # not written: first in the next batch
-                    for k, n in queued.items():
+                    for k, n in self._writing.items():
                         self._queued[k] = self._queued.get(k, 0) + n
                     raise
-                for k, n in queued.items():
-                    self._written[k] = self._written.get(k, 0) + n
+                else:
+                    for k, n in self._writing.items():
+                        self._written[k] = self._written.get(k, 0) + n
+                finally:
+                    self._writing = {}
             now = self.clock()
             if self._prunes and now - self._pruned_at >= 86400:
                 self._pruned_at = now
