@@ -60,6 +60,17 @@ from .report import ENGINE, ENGINES, MARK, engine  # noqa: E402  (the tier's rep
 #: --enforce-eager: no torch.compile warm-up at start (20-40 s of each start on 2 cores; vLLM's
 #: on-disk compile cache did not load back on the next start), which nothing here measures.
 BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
+#: vLLM's arguments that load ``slow_steps.py`` (each engine step at least ``VLLAMA_TEST_STEP_S`` s, a sleep), with
+#: the environment of :func:`slow_steps_env`.
+SLOW_STEPS = ["--logits-processors", "real_engine.slow_steps:SlowSteps"]
+
+
+def slow_steps_env(**env: str) -> dict[str, str]:
+    """The environment a vLLM given ``SLOW_STEPS`` needs: ``tests/`` on ``PYTHONPATH``, and ``env``
+    (``VLLAMA_TEST_STEP_S``, or ``VLLAMA_TEST_STEP_FILE``)."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])), **env}
+
+
 #: Supervisor timings for tests (the defaults suit GPUs: 30 s grace, 1 s health checks).
 FAST = ["--no-gpu-check", "--health-interval", "0.5", "--startup-poll-interval", "0.2", "--restart-backoff-initial", "0.2",
         "--restart-backoff-max", "1", "--stop-grace", "10", "--drain-timeout", "30", "--keep-alive", "-1"]
@@ -455,9 +466,7 @@ def tool_server(real_engines, tool_step_file) -> RealVllama:
     return real_engines.shared("tool_server", model=TOOL_MODEL,
                                flags=["--served-model-name", TOOL_NAME, "--alias", f"claude-sonnet-4-5={TOOL_NAME}",
                                       "--restart-reset-after", "0"],
-                               vllm_args=[*BASE_ARGS, "--logits-processors", "real_engine.slow_steps:SlowSteps"],
-                               env={"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])),
-                                    "VLLAMA_TEST_STEP_FILE": str(tool_step_file)})
+                               vllm_args=[*BASE_ARGS, *SLOW_STEPS], env=slow_steps_env(VLLAMA_TEST_STEP_FILE=str(tool_step_file)))
 
 
 #: ``keys_server``'s keys: an admin; user keys with a ``max_tokens`` cap of ``CAP``, none, a day's budget of

@@ -25,14 +25,12 @@ import ollama
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import BIN, RealVllama, counter, free_port
+from .conftest import BIN, SLOW_STEPS, RealVllama, counter, free_port, slow_steps_env
 
 pytestmark = pytest.mark.skipif(os.environ.get("VLLAMA_TEST_FLEET") != "1", reason="the real fleet tier: VLLAMA_TEST_FLEET=1")
 #: each engine step at least 20 ms (slow_steps.py, a sleep): a long stream is in flight for seconds without keeping the
 #: CPUs busy (30,000-token streams did, and starved the readings of the engines' metrics for 30 s and more)
-ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--enable-prefix-caching",
-        "--logits-processors", "real_engine.slow_steps:SlowSteps"]
-TESTS = Path(__file__).resolve().parent.parent
+ARGS = ["--max-model-len", "32768", "--kv-cache-memory-bytes", str(64 << 20), "--enable-prefix-caching", *SLOW_STEPS]
 SYSTEM = "You are a terse assistant for a fleet test. " * 40  # ~400 tokens shared by every turn
 
 
@@ -147,7 +145,7 @@ def fleet(tiny_model, tmp_path_factory):
     flags = ["--register-with", router.url, "--register-interval", "1"]
     for n in ("a", "b"):
         (tmp / n).mkdir()
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])), "VLLAMA_TEST_STEP_S": "0.02"}
+    env = slow_steps_env(VLLAMA_TEST_STEP_S="0.02")
     nodes = [RealVllama(tmp / n, model=tiny_model, flags=flags, vllm_args=ARGS, env=env) for n in ("a", "b")]
     front_port = free_port()
     front = subprocess.Popen([str(BIN / "vllama"), "serve", "--upstream", router.url, "--port", str(front_port)],

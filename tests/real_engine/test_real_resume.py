@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from pathlib import Path
 
 import httpx
 import ollama
 import psutil
 import pytest
 
-from .conftest import RealVllama, counter
+from .conftest import SLOW_STEPS, RealVllama, counter, slow_steps_env
 from .killer import Killer
 
 N = 200  # tokens a stream asks for
@@ -42,9 +40,7 @@ GREEDY = {"temperature": 0, "num_predict": N}
 PROMPTS = [f"resume {i}: tell a story" for i in range(4)]  # the last one asked with stream: false
 WHOLE = 3
 STEP_S = 0.02  # an engine step at least (slow_steps.py): 200 tokens in 4 s or more
-ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager",
-        "--logits-processors", "real_engine.slow_steps:SlowSteps"]
-TESTS = Path(__file__).resolve().parent.parent
+ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", *SLOW_STEPS]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +48,7 @@ TESTS = Path(__file__).resolve().parent.parent
 # minutes would leave the model failed, and a stream then ends as before: resume.py)
 def server(tiny_model, start_real) -> RealVllama:
     v = start_real("resume", model=tiny_model, flags=["--body-timeout", "600", "--restart-reset-after", "0"], vllm_args=ARGS,
-                   env={"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-                        "VLLAMA_TEST_STEP_S": str(STEP_S)})
+                   env=slow_steps_env(VLLAMA_TEST_STEP_S=str(STEP_S)))
     v.wait_ready()
     return v
 

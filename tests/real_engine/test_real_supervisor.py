@@ -18,13 +18,11 @@ import signal
 import threading
 import time
 
-from pathlib import Path
-
 import httpx
 import ollama
 import psutil
 import pytest
-from .conftest import RealVllama
+from .conftest import SLOW_STEPS, RealVllama, slow_steps_env
 from .killer import Killer
 
 LONG = {"temperature": 0, "num_predict": 300}  # 6 s or more of streaming (20 ms steps), however fast the machine
@@ -33,8 +31,7 @@ STEP_S = 0.02
 #: --enforce-eager as every server of the tier (without it each of this module's two starts spent 10-20 s in
 #: torch.compile's warm-up on 2 cores, which nothing here tests); the slow steps.
 ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--api-server-count", "2",
-        "--logits-processors", "real_engine.slow_steps:SlowSteps"]
-TESTS = Path(__file__).resolve().parent.parent
+        *SLOW_STEPS]
 
 
 #: Longer than any stream here takes, however busy the machine: the drain test checks that SIGTERM lets a stream
@@ -48,8 +45,7 @@ def sup(tiny_model, start_real) -> RealVllama:
     # answered 408 before they began. What is tested here is the kill, not the timeout.
     # not waited for: the first test watches it start
     return start_real("supervisor", model=tiny_model, flags=["--drain-timeout", str(DRAIN), "--body-timeout", "600", "--no-resume"],
-                      vllm_args=ARGS, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-                                           "VLLAMA_TEST_STEP_S": str(STEP_S)})
+                      vllm_args=ARGS, env=slow_steps_env(VLLAMA_TEST_STEP_S=str(STEP_S)))
 
 
 @pytest.fixture
