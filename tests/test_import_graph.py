@@ -341,6 +341,19 @@ def test_a_client_command_loads_nothing_of_the_server() -> None:
     loaded = sorted({m if m.startswith(PKG) else m.split(".")[0] for m in r.stdout.split()
                      if any(m == h or m.startswith(h + ".") for h in heavy)})
     assert not loaded, f"`vllama list` loaded the server's modules: {loaded}"
+
+
+def test_a_server_imports_the_hubs_api_only_to_pull() -> None:
+    """Every worker of every ``vllama serve`` imports the app (``front/server.py``); huggingface_hub's API,
+    errors and HTTP client (httpx2, ~0.1 s of each import) come only with a pull, a delete or a scan of the
+    cache (``models/hub.py``, ``models/local.py``, ``models/pull_room.py`` import them in those functions)."""
+    code = "import sys\nimport vllama_proxy.front.server\nprint(' '.join(sorted(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    loaded = sorted(m for m in r.stdout.split() if m in ("httpx2", "huggingface_hub.hf_api", "huggingface_hub.errors",
+                                                          "huggingface_hub.file_download", "huggingface_hub.utils"))
+    assert not loaded, f"the server's import loaded huggingface_hub's API: {loaded}"
 # ---------------------------------------------------------------------------- errors (issue 29.2)
 
 #: Where errors become HTTP answers: the error middleware (``api/app.py``; aiohttp's own 404/405/413

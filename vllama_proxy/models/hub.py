@@ -26,34 +26,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx2
-from huggingface_hub import (
-    HfApi,
-    constants,
-    get_token,
-    hf_hub_download,
-    scan_cache_dir,
-    snapshot_download,
-    try_to_load_from_cache,
-)
-from huggingface_hub.errors import (
-    CacheNotFound,
-    DisabledRepoError,
-    FileMetadataError,
-    GatedRepoError,
-    HfHubHTTPError,
-    HFValidationError,
-    LocalEntryNotFoundError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.file_download import repo_folder_name
-from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import validate_repo_id
+# huggingface_hub's API, errors and HTTP client (httpx2) are imported by the functions that pull, delete
+# or validate (~0.1 s, and most servers never pull): every worker of every ``vllama serve`` imports this module.
+from huggingface_hub import constants
 
 from vllama_proxy import __version__
 from vllama_proxy.errors import (
@@ -72,6 +49,10 @@ from vllama_proxy.errors import (
 )
 from vllama_proxy.logs import get_logger
 from vllama_proxy.models.pull_room import PullLimits, reserve
+
+if TYPE_CHECKING:
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.hf_api import RepoFile
 
 log = get_logger("vllama.hub")
 
@@ -130,6 +111,8 @@ def parse_model(name: str) -> HubModel | None:
     repo_id, _, tag = base.partition(":")
     if repo_id.count("/") != 1 or "/" in tag:
         return None
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
     try:
         if not repo_id.isascii():  # the Hub's names are ASCII; validate_repo_id's \w is not
             raise HFValidationError(repo_id)
@@ -223,6 +206,8 @@ class _Verify:
 
 def _pull(model: HubModel, emit: Emit, cancel: threading.Event, limits: PullLimits | None = None) -> None:
     """The blocking pull, run in a worker thread; ``emit`` hands one event to the event loop."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub.hf_api import RepoFile
     started = time.monotonic()
     emit({"status": MANIFEST})
     if constants.is_offline_mode():
@@ -280,12 +265,15 @@ def _pull_file(model: HubModel, commit: str, f: RepoFile, cached: str | None, em
 
 
 def _download(model: HubModel, commit: str, path: str, bar: type) -> str:
+    from huggingface_hub import hf_hub_download
     return hf_hub_download(model.repo_id, path, revision=commit, tqdm_class=bar,
                            library_name="vllama", library_version=__version__)
 
 
 def _pull_offline(model: HubModel) -> None:
     """With ``HF_HUB_OFFLINE`` set a pull succeeds only for a model already complete in the cache."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
     try:
         snapshot_download(model.repo_id, revision=model.rev, local_files_only=True)
     except LocalEntryNotFoundError:  # IncompleteSnapshotError too
@@ -426,6 +414,7 @@ def _write_ref(model: HubModel, commit: str) -> None:
     """``refs/<revision>`` -> commit (the cache's own record of a branch or tag), written atomically."""
     if model.rev == commit:
         return
+    from huggingface_hub.file_download import repo_folder_name
     ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=model.repo_id, repo_type="model") / "refs" / model.rev
     ref.parent.mkdir(parents=True, exist_ok=True)
     tmp = ref.with_name(f"{ref.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -445,6 +434,8 @@ def delete(model: HubModel, name: str) -> list[str]:
     Raises:
         ModelNotFound: nothing of it is cached (``model 'name' not found``).
     """
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
     try:
         info = scan_cache_dir()
     except CacheNotFound:
@@ -486,6 +477,19 @@ def hub_error(exc: BaseException, model: HubModel) -> VllamaError:
     """
     if isinstance(exc, VllamaError):
         return exc
+    import httpx2
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import (
+        DisabledRepoError,
+        FileMetadataError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     chain = list(_chain(exc))
 
     def find(*types: type[BaseException]) -> Any:

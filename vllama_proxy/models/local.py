@@ -18,9 +18,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import scan_cache_dir
-from huggingface_hub.errors import CacheNotFound
-
 from .library import Library, looks_like_library_name
 
 _WEIGHTS = ".safetensors"
@@ -65,6 +62,8 @@ def scan(library: Library | None) -> list[LocalModel]:
     module's docstring); ``[]`` when there is no cache. A repo is loadable when the revision its
     ``main`` ref points to (else its newest) has ``config.json`` and safetensors at its top; a
     half-downloaded or corrupted one is skipped (the library lists it in its warnings)."""
+    from huggingface_hub import scan_cache_dir  # here: the server's import stays light (models/hub.py says why)
+    from huggingface_hub.errors import CacheNotFound
     try:
         cache = scan_cache_dir()
     except CacheNotFound:

@@ -14,8 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import constants, scan_cache_dir
-from huggingface_hub.errors import CacheNotFound
+from huggingface_hub import constants
 
 from vllama_proxy.errors import NotEnoughSpace, TooManyPulls
 
@@ -67,6 +66,8 @@ def reserve(model: str, needed: int, limits: PullLimits | None) -> Iterator[None
         reserved = sum(others.values())
         _check_free_space(model, needed + reserved, reserved)
         if limits.cache_quota is not None:
+            from huggingface_hub import scan_cache_dir
+            from huggingface_hub.errors import CacheNotFound
             try:
                 used = scan_cache_dir().size_on_disk
             except CacheNotFound:
