@@ -60,6 +60,9 @@ from .report import ENGINE, ENGINES, MARK, engine  # noqa: E402  (the tier's rep
 #: --enforce-eager: no torch.compile warm-up at start (20-40 s of each start on 2 cores; vLLM's
 #: on-disk compile cache did not load back on the next start), which nothing here measures.
 BASE_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager"]
+#: A vLLM plugin every real server loads (on its ``PYTHONPATH``): vLLM's engine core and worker wait for each other
+#: sleeping 0.1 ms a turn, not spinning on a core (``vllm_plugin/quiet_waits.py`` says what it saves).
+VLLM_PLUGIN = HERE / "vllm_plugin"
 #: vLLM's arguments that load ``slow_steps.py`` (each engine step at least ``VLLAMA_TEST_STEP_S`` s, a sleep), with
 #: the environment of :func:`slow_steps_env`.
 SLOW_STEPS = ["--logits-processors", "real_engine.slow_steps:SlowSteps"]
@@ -200,6 +203,8 @@ class RealVllama:
         env = {**os.environ, "VLLAMA_TEST_TAG": self.tag, "VLLAMA_LOG_FORMAT": "json", "VLLAMA_STATE_DIR": str(tmp / "state"),
                "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf"), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **(env or {})}
+        # vLLM's processes wait for each other sleeping, not spinning (vllm_plugin/quiet_waits.py)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VLLM_PLUGIN), env.get("PYTHONPATH")]))
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=self.log.open("ab"))
         self.t_start = time.monotonic()
