@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.request
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -404,13 +404,19 @@ class Vllama:
             raise AssertionError(f"vllama had not exited {timeout:g} s on; its threads then:\n{log_tail(self.log, 120)}") from None
 
     def wait_state(self, state: str, timeout: float = 20.0, **match) -> dict:
+        return self.wait_until(lambda body: body["state"] == state and all(body.get(k) == v for k, v in match.items()),
+                               f"state {state} {match}", timeout)
+
+    def wait_until(self, reached: Callable[[dict], bool], what: str = "the state", timeout: float = 20.0) -> dict:
+        """``/readyz``'s body once ``reached(body)``; for a state that may pass between two polls on a busy machine
+        (``restarting``), ask for what stays (``restarts`` counted)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             body = self.ready()
-            if body["state"] == state and all(body.get(k) == v for k, v in match.items()):
+            if reached(body):
                 return body
             time.sleep(0.05)
-        raise AssertionError(f"state {state} {match} not reached; last {body}")
+        raise AssertionError(f"{what} not reached; last {body}")
 
     def server_pid(self) -> int:
         return int(Path(str(self.pidfile) + ".server").read_text())
