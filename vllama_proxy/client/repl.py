@@ -11,6 +11,7 @@ with ``/`` gets ``Unknown command '/x'. Type /? for help`` and is not sent to th
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -354,6 +355,11 @@ class Session:
 
 
 def interactive(client: Client, args: argparse.Namespace) -> int:
-    """Chat with ``args.model`` at the ``>>>`` prompt until /bye or Ctrl-D; returns the exit status."""
+    """Chat with ``args.model`` at the ``>>>`` prompt until /bye or Ctrl-D; returns the exit status.
+
+    Ctrl-C stops an answer even in a process that started with SIGINT ignored (a background job of a
+    non-interactive shell or a script passes that on): Python raises ``KeyboardInterrupt`` only for a SIGINT
+    it handles, so the handler is set here, as Ollama's CLI catches the signal itself (``cmd/cmd.go``: ``signal.Notify``)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     return Session(client, args).run()
 
