@@ -31,7 +31,7 @@ import ollama
 import psutil
 import pytest
 
-from .conftest import SLOW_STEPS, RealVllama, counter, slow_steps_env
+from .conftest import BASE_ARGS, SLOW_STEPS, RealVllama, counter, slow_steps_env
 from .killer import Killer
 
 N = 200  # tokens a stream asks for
@@ -40,7 +40,7 @@ GREEDY = {"temperature": 0, "num_predict": N}
 PROMPTS = [f"resume {i}: tell a story" for i in range(4)]  # the last one asked with stream: false
 WHOLE = 3
 STEP_S = 0.02  # an engine step at least (slow_steps.py): 200 tokens in 4 s or more
-ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", *SLOW_STEPS]
+ARGS = [*BASE_ARGS, *SLOW_STEPS]
 
 
 @pytest.fixture(scope="module")

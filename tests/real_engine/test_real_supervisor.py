@@ -22,16 +22,15 @@ import httpx
 import ollama
 import psutil
 import pytest
-from .conftest import SLOW_STEPS, RealVllama, slow_steps_env
+from .conftest import BASE_ARGS, SLOW_STEPS, RealVllama, slow_steps_env
 from .killer import Killer
 
 LONG = {"temperature": 0, "num_predict": 300}  # 6 s or more of streaming (20 ms steps), however fast the machine
 CUT = 50  # tokens vLLM has made of each stream when its engine core is killed
 STEP_S = 0.02
-#: --enforce-eager as every server of the tier (without it each of this module's two starts spent 10-20 s in
-#: torch.compile's warm-up on 2 cores, which nothing here tests); the slow steps.
-ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--api-server-count", "2",
-        *SLOW_STEPS]
+#: The tier's BASE_ARGS (their --enforce-eager: without it each of this module's two starts spent 10-20 s in
+#: torch.compile's warm-up on 2 cores, which nothing here tests); two API servers; the slow steps.
+ARGS = [*BASE_ARGS, "--api-server-count", "2", *SLOW_STEPS]
 
 
 #: Longer than any stream here takes, however busy the machine: the drain test checks that SIGTERM lets a stream
