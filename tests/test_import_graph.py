@@ -328,17 +328,23 @@ def test_client_libraries_are_small() -> None:
     assert not wrong, "libraries the client side may not import:\n" + "\n".join(wrong)
 
 
+def _modules_after(code: str) -> tuple[list[str], str]:
+    """``sys.modules`` of a fresh Python (the source tree on its path) once ``code`` has run, and its stderr."""
+    r = subprocess.run([sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(sorted(sys.modules)))"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split(), r.stderr
+
+
 def test_a_client_command_loads_nothing_of_the_server() -> None:
     """Run, not read: ``vllama list`` through the ``vllama`` entry point (``cli.py``, which also
     dispatches ``serve``) leaves no server module and none of its libraries in ``sys.modules``."""
-    code = ("import sys\nfrom vllama_proxy.cli import main\ntry:\n    main(['list', '--host', '127.0.0.1:9'])\n"
-            "except SystemExit:\n    pass\nprint(' '.join(sorted(sys.modules)))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
-                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
-    assert "could not connect" in r.stderr, r.stderr  # the command ran
+    modules, stderr = _modules_after("from vllama_proxy.cli import main\ntry:\n    main(['list', '--host', '127.0.0.1:9'])\n"
+                                     "except SystemExit:\n    pass")
+    assert "could not connect" in stderr, stderr  # the command ran
     heavy = tuple(SERVER) + ("pydantic", "pydantic_settings", "structlog", "prometheus_client", "aiohttp")
-    loaded = sorted({m if m.startswith(PKG) else m.split(".")[0] for m in r.stdout.split()
+    loaded = sorted({m if m.startswith(PKG) else m.split(".")[0] for m in modules
                      if any(m == h or m.startswith(h + ".") for h in heavy)})
     assert not loaded, f"`vllama list` loaded the server's modules: {loaded}"
 
@@ -347,12 +353,9 @@ def test_a_server_imports_the_hubs_api_only_to_pull() -> None:
     """Every worker of every ``vllama serve`` imports the app (``front/server.py``); huggingface_hub's API,
     errors and HTTP client (httpx2, ~0.1 s of each import) come only with a pull, a delete or a scan of the
     cache (``models/hub.py``, ``models/local.py``, ``models/pull_room.py`` import them in those functions)."""
-    code = "import sys\nimport vllama_proxy.front.server\nprint(' '.join(sorted(sys.modules)))"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
-                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
-    loaded = sorted(m for m in r.stdout.split() if m in ("httpx2", "huggingface_hub.hf_api", "huggingface_hub.errors",
-                                                          "huggingface_hub.file_download", "huggingface_hub.utils"))
+    modules, _ = _modules_after("import vllama_proxy.front.server")
+    loaded = sorted(m for m in modules if m in ("httpx2", "huggingface_hub.hf_api", "huggingface_hub.errors",
+                                                "huggingface_hub.file_download", "huggingface_hub.utils"))
     assert not loaded, f"the server's import loaded huggingface_hub's API: {loaded}"
 # ---------------------------------------------------------------------------- errors (issue 29.2)
 
